@@ -1,0 +1,65 @@
+//! The data dir: where `serve` keeps its SQLite file and the secrets it generates on first start.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use recovea_control::random;
+
+pub(crate) const ADMIN_TOKEN_FILE: &str = "admin-token";
+const MASTER_KEY_FILE: &str = "master.key";
+
+/// A secret read from the data dir, or generated there now.
+pub(crate) struct Secret {
+    pub(crate) value: String,
+    pub(crate) generated: bool,
+}
+
+pub(crate) fn create(dir: &Path) -> Result<(), String> {
+    fs::create_dir_all(dir).map_err(|e| format!("--data-dir {}: {e}", dir.display()))
+}
+
+pub(crate) fn admin_token(dir: &Path) -> Result<Secret, String> {
+    read_or_generate(dir, ADMIN_TOKEN_FILE, || Ok(recovea_core::ids::mint("rat_", 43, random::random_byte())))
+}
+
+pub(crate) fn master_key(dir: &Path) -> Result<Secret, String> {
+    read_or_generate(dir, MASTER_KEY_FILE, || {
+        let bytes = random::bytes::<32>().map_err(|e| e.to_string())?;
+        Ok(recovea_core::crypto::MasterKey::from_bytes(bytes).to_hex())
+    })
+}
+
+/// The admin token saved in `dir`, if any: lets `recovea admin` work next to a local `serve`.
+pub(crate) fn saved_admin_token(dir: &Path) -> Option<String> {
+    fs::read_to_string(dir.join(ADMIN_TOKEN_FILE)).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+}
+
+fn read_or_generate(
+    dir: &Path,
+    file: &str,
+    generate: impl FnOnce() -> Result<String, String>,
+) -> Result<Secret, String> {
+    let path = dir.join(file);
+    match fs::read_to_string(&path) {
+        Ok(value) => Ok(Secret { value: value.trim().to_owned(), generated: false }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let value = generate()?;
+            write_private(&path, &value).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(Secret { value, generated: true })
+        }
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// Writes a file only its owner can read: it holds a secret.
+fn write_private(path: &Path, value: &str) -> std::io::Result<()> {
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path)?;
+    file.write_all(value.as_bytes())?;
+    file.write_all(b"\n")?;
+    file.sync_all()
+}

@@ -1,0 +1,120 @@
+//! `recovea serve`: the admin API and one gateway node in one process, on embedded SQLite.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use recovea_control::Control;
+use recovea_core::crypto::MasterKey;
+use recovea_gateway::{Gateway, GatewayConfig};
+use recovea_store::SqliteStore;
+use tokio::net::TcpListener;
+
+use crate::{ServeArgs, data_dir};
+
+pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
+    init_logging(&args.log)?;
+    let config = GatewayConfig::new(
+        &args.openai_base_url,
+        &args.anthropic_base_url,
+        args.max_body_size,
+        args.upstream_timeout,
+        args.connect_timeout,
+    )
+    .map_err(|e| e.to_string())?;
+    data_dir::create(&args.data_dir)?;
+    let database = sqlite_path(&args)?;
+    let master_key = match &args.master_key {
+        Some(hex) => MasterKey::parse_hex(hex).map_err(|e| format!("--master-key: {e}"))?,
+        None => {
+            let saved = data_dir::master_key(&args.data_dir)?;
+            MasterKey::parse_hex(&saved.value)
+                .map_err(|e| format!("the master key saved in the data dir: {e}"))?
+        }
+    };
+    let (admin_token, token_generated) = match &args.admin_token {
+        Some(token) if token.trim().is_empty() => return Err("--admin-token: must not be empty".into()),
+        Some(token) => (token.trim().to_owned(), false),
+        None => {
+            let saved = data_dir::admin_token(&args.data_dir)?;
+            (saved.value, saved.generated)
+        }
+    };
+    let store =
+        SqliteStore::open(&database).map_err(|e| format!("--database-url {}: {e}", database.display()))?;
+
+    let gateway = Gateway::new(config);
+    let publish_to = gateway.clone();
+    let control = Control::new(
+        Arc::new(store),
+        master_key,
+        &admin_token,
+        Arc::new(move |snapshot| publish_to.install_snapshot(snapshot)),
+    );
+    let gateway_listener =
+        TcpListener::bind(args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let admin_listener = TcpListener::bind(args.admin_listen)
+        .await
+        .map_err(|e| format!("--admin-listen {}: {e}", args.admin_listen))?;
+    control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
+
+    let gateway_addr = gateway_listener.local_addr().map_err(|e| e.to_string())?;
+    let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
+    println!("recovea gateway: http://{gateway_addr}");
+    println!("recovea admin:   http://{admin_addr}/admin/v1");
+    if token_generated {
+        println!(
+            "admin token:     {admin_token}  (saved in {}; printed only this once)",
+            args.data_dir.join(data_dir::ADMIN_TOKEN_FILE).display()
+        );
+    }
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let admin = tokio::spawn(recovea_control::serve(control, admin_listener, wait(stopped.clone())));
+    let node = tokio::spawn(recovea_gateway::serve(gateway, gateway_listener, wait(stopped)));
+    shutdown_signal().await;
+    tracing::info!("shutting down: draining in-flight requests");
+    let _ = stop.send(true);
+    let _ = tokio::join!(admin, node);
+    Ok(())
+}
+
+fn sqlite_path(args: &ServeArgs) -> Result<PathBuf, String> {
+    match &args.database_url {
+        None => Ok(args.data_dir.join("recovea.db")),
+        Some(url) => match url.strip_prefix("sqlite://") {
+            Some(path) if !path.is_empty() => Ok(PathBuf::from(path)),
+            _ => Err(format!("--database-url {url:?}: `serve` takes sqlite://PATH")),
+        },
+    }
+}
+
+fn init_logging(filter: &str) -> Result<(), String> {
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| format!("--log {filter:?}: {e}"))?;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

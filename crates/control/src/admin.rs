@@ -1,0 +1,309 @@
+//! The admin API under `/admin/v1`: routing, request bodies, and the JSON of its answers.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use recovea_core::crypto::{self, MasterKey};
+use recovea_core::ids::{KeyId, OrgId};
+use recovea_core::keys;
+use recovea_core::snapshot::ProviderKind;
+use recovea_core::timestamp::Timestamp;
+use recovea_store::{ControlStore, KeyRecord, OrgRecord, ProviderRecord};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::random::{self, random_byte};
+use crate::snapshot::seal_context;
+use crate::{Control, sha256};
+
+pub(crate) const OPENAPI: &str = include_str!("openapi.json");
+
+/// A successful admin answer: its status and JSON body.
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) body: Value,
+}
+
+fn ok(body: Value) -> Result<Reply, ApiError> {
+    Ok(Reply { status: StatusCode::OK, body })
+}
+
+fn created(body: Value) -> Result<Reply, ApiError> {
+    Ok(Reply { status: StatusCode::CREATED, body })
+}
+
+impl Control {
+    pub(crate) fn authorized(&self, authorization: Option<&str>) -> bool {
+        let presented = authorization.and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).unwrap_or("");
+        // Comparing digests keeps the comparison's timing independent of the token's characters.
+        !presented.is_empty() && sha256(presented.as_bytes()) == self.inner.admin_token_hash
+    }
+
+    /// Routes one authorized admin request (`segments` follow `/admin/v1/`).
+    pub(crate) async fn route(
+        &self,
+        method: &Method,
+        segments: &[&str],
+        body: Bytes,
+    ) -> Result<Reply, ApiError> {
+        let reply = match (segments, method) {
+            (["orgs"], &Method::POST) => self.create_org(parse(&body)?).await,
+            (["orgs"], &Method::GET) => self.list_orgs().await,
+            (["orgs", org], &Method::GET) => self.get_org(org_id(org)?).await,
+            (["orgs", org, "keys"], &Method::POST) => self.create_key(org_id(org)?, parse(&body)?).await,
+            (["orgs", org, "keys"], &Method::GET) => self.list_keys(org_id(org)?).await,
+            (["keys", key, "revoke"], &Method::POST) => self.revoke_key(key_id(key)?).await,
+            (["orgs", org, "providers"], &Method::GET) => self.list_providers(org_id(org)?).await,
+            (["orgs", org, "providers", name], &Method::PUT) => {
+                self.put_provider(org_id(org)?, name, parse(&body)?).await
+            }
+            (["orgs"] | ["orgs", _] | ["orgs", _, "keys"] | ["keys", _, "revoke"], _)
+            | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _) => Err(ApiError::MethodNotAllowed),
+            _ => Err(ApiError::NotFound("Unknown admin path.".into())),
+        }?;
+        if method != Method::GET {
+            self.publish_latest().await?;
+        }
+        Ok(reply)
+    }
+
+    async fn store<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&dyn ControlStore) -> recovea_store::Result<T> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let store = Arc::clone(&self.inner.store);
+        Ok(tokio::task::spawn_blocking(move || work(store.as_ref())).await.map_err(ApiError::internal)??)
+    }
+
+    async fn require_org(&self, id: &OrgId) -> Result<OrgRecord, ApiError> {
+        let id = id.clone();
+        let missing = format!("No organization {id}.");
+        self.store(move |s| s.org(&id)).await?.ok_or(ApiError::NotFound(missing))
+    }
+
+    async fn create_org(&self, body: NewOrg) -> Result<Reply, ApiError> {
+        let org = OrgRecord {
+            id: OrgId::mint(random_byte()),
+            name: name_field("name", body.name)?,
+            created_at: now(),
+        };
+        let row = org.clone();
+        self.store(move |s| s.create_org(&row)).await?;
+        created(org_json(&org))
+    }
+
+    async fn list_orgs(&self) -> Result<Reply, ApiError> {
+        let orgs = self.store(|s| s.list_orgs()).await?;
+        ok(json!({ "orgs": orgs.iter().map(org_json).collect::<Vec<_>>() }))
+    }
+
+    async fn get_org(&self, id: OrgId) -> Result<Reply, ApiError> {
+        ok(org_json(&self.require_org(&id).await?))
+    }
+
+    async fn create_key(&self, org_id: OrgId, body: NewKey) -> Result<Reply, ApiError> {
+        self.require_org(&org_id).await?;
+        let created_at = now();
+        let expires_at = match body.expires_at {
+            None => None,
+            Some(text) => {
+                let at = Timestamp::parse_rfc3339(&text).ok_or_else(|| {
+                    ApiError::BadRequest(
+                        "expires_at: expected an RFC 3339 time such as 2027-01-01T00:00:00Z".into(),
+                    )
+                })?;
+                if at <= created_at {
+                    return Err(ApiError::BadRequest("expires_at: must be in the future".into()));
+                }
+                Some(at)
+            }
+        };
+        let secret = keys::mint_secret(random_byte());
+        let key = KeyRecord {
+            id: KeyId::mint(random_byte()),
+            org_id,
+            name: name_field("name", body.name)?,
+            prefix: keys::shown_prefix(&secret).to_owned(),
+            created_at,
+            expires_at,
+            revoked_at: None,
+        };
+        let (row, hash) = (key.clone(), keys::hash_secret(&secret));
+        self.store(move |s| s.create_key(&row, hash)).await?;
+        let mut body = key_json(&key);
+        body["secret"] = Value::String(secret);
+        created(body)
+    }
+
+    async fn list_keys(&self, org_id: OrgId) -> Result<Reply, ApiError> {
+        self.require_org(&org_id).await?;
+        let keys = self.store(move |s| s.list_keys(&org_id)).await?;
+        ok(json!({ "keys": keys.iter().map(key_json).collect::<Vec<_>>() }))
+    }
+
+    async fn revoke_key(&self, id: KeyId) -> Result<Reply, ApiError> {
+        let missing = format!("No key {id}.");
+        let key = self.store(move |s| s.revoke_key(&id, now())).await?.ok_or(ApiError::NotFound(missing))?;
+        ok(key_json(&key))
+    }
+
+    async fn list_providers(&self, org_id: OrgId) -> Result<Reply, ApiError> {
+        self.require_org(&org_id).await?;
+        let providers = self.store(move |s| s.list_providers(&org_id)).await?;
+        ok(json!({ "providers": providers.iter().map(provider_json).collect::<Vec<_>>() }))
+    }
+
+    async fn put_provider(&self, org_id: OrgId, name: &str, body: ProviderBody) -> Result<Reply, ApiError> {
+        if !recovea_providers::is_credential_name(name) {
+            return Err(ApiError::BadRequest(
+                "name: a provider name is 1 to 64 characters of a-z, 0-9, '-' and '_'".into(),
+            ));
+        }
+        let kind = ProviderKind::parse(&body.kind)
+            .ok_or_else(|| ApiError::BadRequest("kind: expected \"openai\" or \"anthropic\"".into()))?;
+        let base_url = body
+            .base_url
+            .map(|url| recovea_providers::normalize_base_url(&url))
+            .transpose()
+            .map_err(|why| ApiError::BadRequest(format!("base_url: {why}")))?;
+        let api_key = body.api_key.trim();
+        if api_key.is_empty() || !api_key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ApiError::BadRequest(
+                "api_key: expected a non-empty key of printable characters".into(),
+            ));
+        }
+        self.require_org(&org_id).await?;
+        let record = ProviderRecord {
+            sealed_key: seal(
+                &self.inner.master_key,
+                &seal_context(org_id.as_str(), name),
+                api_key.as_bytes(),
+            )?,
+            key_hint: crypto::key_hint(api_key),
+            org_id,
+            name: name.to_owned(),
+            kind,
+            base_url,
+            updated_at: now(),
+        };
+        let row = record.clone();
+        self.store(move |s| s.put_provider(&row)).await?;
+        ok(provider_json(&record))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewOrg {
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewKey {
+    name: String,
+    expires_at: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProviderBody {
+    kind: String,
+    base_url: Option<String>,
+    api_key: String,
+}
+
+/// Parses a JSON body; the error names the offending field, never echoes a value.
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = if inner.is_syntax() || inner.is_eof() {
+            "body: expected a JSON object".to_owned()
+        } else if path == "." {
+            format!("body: {}", strip_position(&inner.to_string()))
+        } else {
+            format!("{path}: {}", strip_position(&inner.to_string()))
+        };
+        ApiError::BadRequest(message)
+    })
+}
+
+/// serde_json appends " at line L column C", which helps nobody reading an API error.
+fn strip_position(message: &str) -> &str {
+    message.find(" at line ").map_or(message, |i| &message[..i])
+}
+
+fn name_field(field: &str, value: String) -> Result<String, ApiError> {
+    let value = value.trim().to_owned();
+    if value.is_empty() || value.chars().count() > 200 {
+        return Err(ApiError::BadRequest(format!("{field}: expected 1 to 200 characters")));
+    }
+    Ok(value)
+}
+
+fn org_id(s: &str) -> Result<OrgId, ApiError> {
+    OrgId::parse(s).ok_or_else(|| ApiError::NotFound(format!("No organization {s}.")))
+}
+
+fn key_id(s: &str) -> Result<KeyId, ApiError> {
+    KeyId::parse(s).ok_or_else(|| ApiError::NotFound(format!("No key {s}.")))
+}
+
+fn now() -> Timestamp {
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    Timestamp(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
+fn seal(master_key: &MasterKey, context: &[u8], plaintext: &[u8]) -> Result<Vec<u8>, ApiError> {
+    let nonce = random::bytes::<12>().map_err(ApiError::internal)?;
+    Ok(master_key.seal(nonce, context, plaintext))
+}
+
+fn org_json(org: &OrgRecord) -> Value {
+    json!({ "id": org.id, "name": org.name, "created_at": org.created_at })
+}
+
+fn key_json(key: &KeyRecord) -> Value {
+    json!({
+        "id": key.id,
+        "org_id": key.org_id,
+        "name": key.name,
+        "prefix": key.prefix,
+        "created_at": key.created_at,
+        "expires_at": key.expires_at,
+        "revoked_at": key.revoked_at,
+    })
+}
+
+fn provider_json(p: &ProviderRecord) -> Value {
+    json!({ "name": p.name, "kind": p.kind.as_str(), "base_url": p.base_url, "key_hint": p.key_hint })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_errors_name_the_field() {
+        let message = |body: &str| match parse::<ProviderBody>(body.as_bytes()) {
+            Err(ApiError::BadRequest(m)) => m,
+            _ => panic!("expected a bad request"),
+        };
+        assert_eq!(message(r#"{"kind":"openai"}"#), "body: missing field `api_key`");
+        assert_eq!(
+            message(r#"{"kind":1,"api_key":"x"}"#),
+            "kind: invalid type: integer `1`, expected a string"
+        );
+        assert!(
+            message(r#"{"kind":"openai","api_key":"x","extra":1}"#)
+                .starts_with("body: unknown field `extra`")
+        );
+        assert_eq!(message("not json"), "body: expected a JSON object");
+    }
+}

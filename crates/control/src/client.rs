@@ -1,0 +1,70 @@
+//! A small client of the admin API, for `recovea admin`.
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+pub struct AdminClient {
+    base_url: String,
+    token: String,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+}
+
+#[derive(Debug)]
+pub enum ClientError {
+    BadUrl(String),
+    Unreachable(String),
+    /// The API answered with an error: its status and body.
+    Api(StatusCode, Value),
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::BadUrl(url) => write!(f, "--admin-url {url:?} is not an http:// URL"),
+            Self::Unreachable(why) => write!(f, "the admin API could not be reached: {why}"),
+            Self::Api(status, body) => {
+                write!(f, "{status}: {}", serde_json::to_string_pretty(body).unwrap_or_default())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl AdminClient {
+    pub fn new(base_url: &str, token: &str) -> Self {
+        Self {
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    /// Sends one request to `/admin/v1{path}` and returns the JSON answer of a 2xx.
+    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value, ClientError> {
+        let url = format!("{}/admin/v1{path}", self.base_url);
+        let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        let request = Request::builder()
+            .method(method)
+            .uri(&url)
+            .header(header::AUTHORIZATION, format!("Bearer {}", self.token))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .map_err(|_| ClientError::BadUrl(self.base_url.clone()))?;
+        let response =
+            self.client.request(request).await.map_err(|e| ClientError::Unreachable(e.to_string()))?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ClientError::Unreachable(e.to_string()))?
+            .to_bytes();
+        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if status.is_success() { Ok(value) } else { Err(ClientError::Api(status, value)) }
+    }
+}

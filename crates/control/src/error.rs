@@ -1,0 +1,58 @@
+//! The admin API's errors, and the one place they become HTTP answers.
+
+use recovea_core::Answer;
+use recovea_store::StoreError;
+
+#[derive(Debug)]
+pub enum ApiError {
+    /// The request body (or a parameter) is invalid; the text names the field.
+    BadRequest(String),
+    Unauthorized,
+    /// The text names what was not found.
+    NotFound(String),
+    MethodNotAllowed,
+    /// Something of ours failed. The cause goes to the log, never to the client.
+    Internal(String),
+}
+
+impl ApiError {
+    pub(crate) fn internal(e: impl std::fmt::Display) -> Self {
+        Self::Internal(e.to_string())
+    }
+
+    pub fn answer(&self) -> Answer {
+        match self {
+            Self::BadRequest(message) => {
+                Answer::error(400, "invalid_request_error", "invalid_request", message)
+            }
+            Self::Unauthorized => {
+                Answer::error(401, "invalid_request_error", "invalid_admin_token", "Invalid admin token.")
+            }
+            Self::NotFound(message) => Answer::error(404, "invalid_request_error", "not_found", message),
+            Self::MethodNotAllowed => Answer::error(
+                405,
+                "invalid_request_error",
+                "method_not_allowed",
+                "Method not allowed on this path.",
+            ),
+            Self::Internal(cause) => {
+                tracing::error!(cause = %cause, "admin request failed");
+                Answer::error(
+                    500,
+                    "api_error",
+                    "internal_error",
+                    "Internal error; see the control plane's log.",
+                )
+            }
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound => Self::NotFound("Not found.".into()),
+            StoreError::Backend(cause) => Self::Internal(cause),
+        }
+    }
+}

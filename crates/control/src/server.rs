@@ -1,0 +1,100 @@
+//! The admin API's HTTP server: authentication, body limits, and writing replies and errors.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::admin::OPENAPI;
+use crate::{ApiError, Control};
+
+const PREFIX: &str = "/admin/v1/";
+/// Admin bodies are small JSON documents.
+const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Serves the admin API on `listener` until `shutdown` resolves.
+pub async fn serve(control: Control, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let control = control.clone();
+                let service = service_fn(move |request: Request<Incoming>| {
+                    let control = control.clone();
+                    async move { Ok::<_, Infallible>(control.handle(request).await) }
+                });
+                let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service).into_owned());
+                tokio::spawn(connection);
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
+}
+
+impl Control {
+    /// Answers one admin request.
+    pub async fn handle<B>(&self, request: Request<B>) -> Response<Full<Bytes>>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let path = request.uri().path().to_owned();
+        if request.method() == Method::GET && path == "/healthz" {
+            return json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}"));
+        }
+        if request.method() == Method::GET && path == "/admin/v1/openapi.json" {
+            return json_response(StatusCode::OK, Bytes::from_static(OPENAPI.as_bytes()));
+        }
+        let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let result = match path.strip_prefix(PREFIX) {
+            None => Err(ApiError::NotFound("Unknown admin path.".into())),
+            Some(_) if !self.authorized(authorization) => Err(ApiError::Unauthorized),
+            Some(rest) => {
+                let method = request.method().clone();
+                let segments: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+                match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
+                    Ok(body) => self.route(&method, &segments, body.to_bytes()).await,
+                    Err(_) => Err(ApiError::BadRequest("body: unreadable or larger than 1 MiB".into())),
+                }
+            }
+        };
+        match result {
+            Ok(reply) => {
+                let body = serde_json::to_vec_pretty(&reply.body).unwrap_or_default();
+                json_response(reply.status, Bytes::from(body))
+            }
+            Err(error) => {
+                let answer = error.answer();
+                json_response(
+                    StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                    Bytes::from(answer.body),
+                )
+            }
+        }
+    }
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}

@@ -1,0 +1,112 @@
+//! Identifiers and random tokens: their alphabet and how random bytes become one.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// The characters of every token we mint: URL-safe, copy-paste safe, no punctuation.
+pub const BASE62: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/// Appends `len` base62 characters drawn without bias from `next_byte`.
+///
+/// Bytes at or above 248 (the largest multiple of 62 that fits in a byte) are rejected so that
+/// every character is equally likely.
+pub fn push_base62(out: &mut String, len: usize, mut next_byte: impl FnMut() -> u8) {
+    let mut pushed = 0;
+    while pushed < len {
+        let byte = next_byte();
+        if byte < 248 {
+            out.push(BASE62[usize::from(byte % 62)] as char);
+            pushed += 1;
+        }
+    }
+}
+
+/// `prefix` followed by `len` random base62 characters.
+pub fn mint(prefix: &str, len: usize, next_byte: impl FnMut() -> u8) -> String {
+    let mut out = String::with_capacity(prefix.len() + len);
+    out.push_str(prefix);
+    push_base62(&mut out, len, next_byte);
+    out
+}
+
+pub fn is_base62(s: &str) -> bool {
+    s.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(Arc<str>);
+
+        impl $name {
+            pub const PREFIX: &'static str = $prefix;
+
+            pub fn mint(next_byte: impl FnMut() -> u8) -> Self {
+                Self(mint(Self::PREFIX, 20, next_byte).into())
+            }
+
+            /// Accepts any string that has the right prefix; ids are opaque beyond that.
+            pub fn parse(s: &str) -> Option<Self> {
+                (s.starts_with(Self::PREFIX) && s.len() > Self::PREFIX.len() && is_base62(&s[Self::PREFIX.len()..]))
+                    .then(|| Self(s.into()))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// An organization: the customer that owns keys, caps and provider credentials.
+    OrgId,
+    "org_"
+);
+id_type!(
+    /// A Recovea key's public id (never its secret).
+    KeyId,
+    "key_"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejection_sampling_skips_biased_bytes() {
+        let mut bytes = [255u8, 248, 0, 61, 62].into_iter();
+        let mut out = String::new();
+        push_base62(&mut out, 3, || bytes.next().expect("enough bytes"));
+        assert_eq!(out, "0z0");
+    }
+
+    #[test]
+    fn ids_parse_only_their_own_prefix() {
+        let org = OrgId::mint(|| 7);
+        assert_eq!(org.as_str().len(), 24);
+        assert_eq!(OrgId::parse(org.as_str()), Some(org.clone()));
+        assert_eq!(KeyId::parse(org.as_str()), None);
+        assert_eq!(OrgId::parse("org_"), None);
+        assert_eq!(OrgId::parse("org_a/b"), None);
+    }
+}

@@ -1,0 +1,89 @@
+//! Recovea keys: their format, the hash they are stored and looked up by, the prefix shown to people.
+
+use ring::digest;
+
+use crate::ids;
+
+/// Every Recovea key secret starts with this.
+pub const SECRET_PREFIX: &str = "rk_";
+/// 43 base62 characters carry just over 256 bits of randomness.
+pub const SECRET_RANDOM_LEN: usize = 43;
+/// The shortest random part accepted from clients; keys are never shorter than this.
+const MIN_RANDOM_LEN: usize = 40;
+/// How much of the secret the listing shows, so people can tell their keys apart.
+const SHOWN_PREFIX_LEN: usize = SECRET_PREFIX.len() + 6;
+
+/// SHA-256 of a key secret: the only form in which a key is stored or looked up.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyHash(pub [u8; 32]);
+
+impl std::fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyHash({:02x}{:02x}{:02x}{:02x}..)", self.0[0], self.0[1], self.0[2], self.0[3])
+    }
+}
+
+pub fn mint_secret(next_byte: impl FnMut() -> u8) -> String {
+    ids::mint(SECRET_PREFIX, SECRET_RANDOM_LEN, next_byte)
+}
+
+/// Whether `s` has the shape of a Recovea key. A malformed key is refused like an unknown one.
+pub fn is_well_formed(s: &str) -> bool {
+    s.strip_prefix(SECRET_PREFIX)
+        .is_some_and(|rest| rest.len() >= MIN_RANDOM_LEN && rest.len() <= 128 && ids::is_base62(rest))
+}
+
+pub fn hash_secret(secret: &str) -> KeyHash {
+    let digest = digest::digest(&digest::SHA256, secret.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest.as_ref());
+    KeyHash(out)
+}
+
+/// The first characters of a secret, safe to show in listings.
+pub fn shown_prefix(secret: &str) -> &str {
+    secret.get(..SHOWN_PREFIX_LEN).unwrap_or(SECRET_PREFIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn minted_secrets_are_well_formed() {
+        let mut n = 0u8;
+        let secret = mint_secret(|| {
+            n = n.wrapping_add(37);
+            n
+        });
+        assert!(secret.starts_with("rk_"));
+        assert_eq!(secret.len(), 3 + 43);
+        assert!(is_well_formed(&secret));
+        assert_eq!(shown_prefix(&secret).len(), 9);
+    }
+
+    #[test]
+    fn malformed_secrets_are_recognised() {
+        assert!(!is_well_formed(""));
+        assert!(!is_well_formed("rk_short"));
+        assert!(!is_well_formed("sk-0123456789012345678901234567890123456789abc"));
+        assert!(!is_well_formed("rk_0123456789012345678901234567890123456789-bc"));
+        assert!(is_well_formed("rk_0123456789012345678901234567890123456789"));
+    }
+
+    #[test]
+    fn hash_is_sha256() {
+        let h = hash_secret("abc");
+        assert_eq!(h.0[..4], [0xba, 0x78, 0x16, 0xbf]);
+    }
+
+    proptest! {
+        #[test]
+        fn any_minted_secret_is_well_formed(bytes in proptest::collection::vec(any::<u8>(), 64..256)) {
+            let mut it = bytes.into_iter().cycle().chain(std::iter::repeat(0));
+            let secret = mint_secret(|| it.next().unwrap_or(0));
+            prop_assert!(is_well_formed(&secret));
+        }
+    }
+}

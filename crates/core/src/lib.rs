@@ -1,0 +1,20 @@
+//! The gateway's business rules as pure functions and plain data: no I/O, no tasks, no clock.
+//!
+//! Everything that decides (admission, refusals, key formats, secrets sealing) lives here so that it
+//! can be unit- and property-tested without a server. Callers pass the current time and any
+//! randomness in.
+
+pub mod admission;
+pub mod answer;
+pub mod credential;
+pub mod crypto;
+pub mod ids;
+pub mod keys;
+pub mod snapshot;
+pub mod timestamp;
+
+pub use admission::{Admitted, Decision, FailOpenReason, admit};
+pub use answer::Answer;
+pub use credential::{Credential, CredentialHeader};
+pub use snapshot::Snapshot;
+pub use timestamp::Timestamp;

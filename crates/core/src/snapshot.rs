@@ -1,0 +1,160 @@
+//! The state a node decides from: keys by hash, organizations and their provider credentials.
+//!
+//! A snapshot is immutable once built; a new one replaces it whole (the gateway swaps an `Arc`), so
+//! readers never lock and never see half an update.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use crate::ids::{KeyId, OrgId};
+use crate::keys::KeyHash;
+use crate::timestamp::Timestamp;
+
+/// The wire dialect a credential speaks, which decides its auth header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProviderKind {
+    OpenAi,
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OpenAi => "openai",
+            Self::Anthropic => "anthropic",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "openai" => Some(Self::OpenAi),
+            "anthropic" => Some(Self::Anthropic),
+            _ => None,
+        }
+    }
+}
+
+/// A provider key Recovea holds for an organization, opened and ready to inject.
+#[derive(Clone)]
+pub struct ProviderCredential {
+    pub name: String,
+    pub kind: ProviderKind,
+    /// `None`: the node's default base URL for this kind.
+    pub base_url: Option<String>,
+    pub api_key: String,
+}
+
+impl std::fmt::Debug for ProviderCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderCredential")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("base_url", &self.base_url)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+pub struct Org {
+    pub id: OrgId,
+    pub providers: HashMap<String, ProviderCredential>,
+}
+
+impl Org {
+    pub fn provider(&self, name: &str) -> Option<&ProviderCredential> {
+        self.providers.get(name)
+    }
+}
+
+/// What admission needs to know of a key. Revoked keys are not in a snapshot at all.
+#[derive(Debug, Clone)]
+pub struct KeyEntry {
+    pub id: KeyId,
+    pub org: Arc<Org>,
+    pub expires_at: Option<Timestamp>,
+}
+
+/// Key hashes are already uniformly random: their first eight bytes are a perfect hash, so SipHash
+/// over all 32 would be work for nothing on every request.
+#[derive(Default)]
+pub struct KeyHashHasher(u64);
+
+impl Hasher for KeyHashHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for (i, b) in bytes.iter().take(8).enumerate() {
+            self.0 ^= u64::from(*b) << (i * 8);
+        }
+    }
+}
+
+type KeyTable = HashMap<KeyHash, KeyEntry, BuildHasherDefault<KeyHashHasher>>;
+
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub version: u64,
+    keys: KeyTable,
+    orgs: HashMap<OrgId, Arc<Org>>,
+}
+
+impl Snapshot {
+    pub fn key(&self, hash: &KeyHash) -> Option<&KeyEntry> {
+        self.keys.get(hash)
+    }
+
+    pub fn org(&self, id: &OrgId) -> Option<&Arc<Org>> {
+        self.orgs.get(id)
+    }
+
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+/// Builds a snapshot: organizations with their credentials first, then the keys that point at them.
+#[derive(Debug, Default)]
+pub struct SnapshotBuilder {
+    version: u64,
+    orgs: HashMap<OrgId, Org>,
+    keys: Vec<(KeyHash, KeyId, OrgId, Option<Timestamp>)>,
+}
+
+impl SnapshotBuilder {
+    pub fn new(version: u64) -> Self {
+        Self { version, ..Self::default() }
+    }
+
+    pub fn org(&mut self, id: OrgId) -> &mut Self {
+        self.orgs.entry(id.clone()).or_insert_with(|| Org { id, providers: HashMap::new() });
+        self
+    }
+
+    pub fn provider(&mut self, org: &OrgId, credential: ProviderCredential) -> &mut Self {
+        if let Some(entry) = self.orgs.get_mut(org) {
+            entry.providers.insert(credential.name.clone(), credential);
+        }
+        self
+    }
+
+    pub fn key(&mut self, hash: KeyHash, id: KeyId, org: OrgId, expires_at: Option<Timestamp>) -> &mut Self {
+        self.keys.push((hash, id, org, expires_at));
+        self
+    }
+
+    /// Keys of organizations the builder does not hold are dropped: they could not be served.
+    pub fn build(self) -> Snapshot {
+        let orgs: HashMap<OrgId, Arc<Org>> =
+            self.orgs.into_iter().map(|(id, org)| (id, Arc::new(org))).collect();
+        let mut keys = KeyTable::with_capacity_and_hasher(self.keys.len(), BuildHasherDefault::default());
+        for (hash, id, org_id, expires_at) in self.keys {
+            if let Some(org) = orgs.get(&org_id) {
+                keys.insert(hash, KeyEntry { id, org: Arc::clone(org), expires_at });
+            }
+        }
+        Snapshot { version: self.version, keys, orgs }
+    }
+}

@@ -1,0 +1,127 @@
+//! The node's counters, kept in atomics and printed in the Prometheus text format.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use recovea_core::FailOpenReason;
+
+/// How a request through the proxy ended; each is a label of `recovea_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted and answered by the provider (whatever its status).
+    Forwarded,
+    FailOpen,
+    InvalidKey,
+    ProviderNotConfigured,
+    BodyTooLarge,
+    BodyUnreadable,
+    UnknownRoute,
+    UpstreamUnreachable,
+    UpstreamTimeout,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 9] = [
+        Self::Forwarded,
+        Self::FailOpen,
+        Self::InvalidKey,
+        Self::ProviderNotConfigured,
+        Self::BodyTooLarge,
+        Self::BodyUnreadable,
+        Self::UnknownRoute,
+        Self::UpstreamUnreachable,
+        Self::UpstreamTimeout,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Forwarded => "forwarded",
+            Self::FailOpen => "fail_open",
+            Self::InvalidKey => "invalid_key",
+            Self::ProviderNotConfigured => "provider_not_configured",
+            Self::BodyTooLarge => "body_too_large",
+            Self::BodyUnreadable => "body_unreadable",
+            Self::UnknownRoute => "unknown_route",
+            Self::UpstreamUnreachable => "upstream_unreachable",
+            Self::UpstreamTimeout => "upstream_timeout",
+        }
+    }
+}
+
+const FAIL_OPEN_REASONS: [FailOpenReason; 2] = [FailOpenReason::NoSnapshot, FailOpenReason::AdmissionFault];
+
+#[derive(Default)]
+pub(crate) struct Metrics {
+    requests: [AtomicU64; Outcome::ALL.len()],
+    fail_open: [AtomicU64; FAIL_OPEN_REASONS.len()],
+    /// Unix milliseconds of the last snapshot install; 0 before the first.
+    snapshot_installed_ms: AtomicU64,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Metrics {
+    pub(crate) fn request(&self, outcome: Outcome) {
+        self.requests[outcome as usize].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn fail_open(&self, reason: FailOpenReason) {
+        let index = FAIL_OPEN_REASONS.iter().position(|r| *r == reason).unwrap_or(0);
+        self.fail_open[index].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot_installed(&self) {
+        self.snapshot_installed_ms.store(unix_ms(), Relaxed);
+    }
+
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::with_capacity(1024);
+        out.push_str("# HELP recovea_requests_total Requests through the proxy, by how they ended.\n");
+        out.push_str("# TYPE recovea_requests_total counter\n");
+        for outcome in Outcome::ALL {
+            let n = self.requests[outcome as usize].load(Relaxed);
+            let _ = writeln!(out, "recovea_requests_total{{outcome=\"{}\"}} {n}", outcome.label());
+        }
+        out.push_str("# HELP recovea_fail_open_total Requests passed through unadmitted, by reason.\n");
+        out.push_str("# TYPE recovea_fail_open_total counter\n");
+        for (i, reason) in FAIL_OPEN_REASONS.iter().enumerate() {
+            let n = self.fail_open[i].load(Relaxed);
+            let _ = writeln!(out, "recovea_fail_open_total{{reason=\"{}\"}} {n}", reason.label());
+        }
+        let installed = self.snapshot_installed_ms.load(Relaxed);
+        if installed > 0 {
+            let age = unix_ms().saturating_sub(installed) as f64 / 1000.0;
+            out.push_str(
+                "# HELP recovea_snapshot_age_seconds Time since the serving snapshot was installed.\n",
+            );
+            out.push_str("# TYPE recovea_snapshot_age_seconds gauge\n");
+            let _ = writeln!(out, "recovea_snapshot_age_seconds {age:.3}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_label_with_its_count() {
+        let m = Metrics::default();
+        m.request(Outcome::InvalidKey);
+        m.request(Outcome::InvalidKey);
+        m.fail_open(FailOpenReason::AdmissionFault);
+        let text = m.render();
+        assert!(text.contains("recovea_requests_total{outcome=\"invalid_key\"} 2\n"), "{text}");
+        assert!(text.contains("recovea_requests_total{outcome=\"forwarded\"} 0\n"), "{text}");
+        assert!(text.contains("recovea_fail_open_total{reason=\"admission_fault\"} 1\n"), "{text}");
+        assert!(!text.contains("snapshot_age"), "no snapshot yet: {text}");
+        m.snapshot_installed();
+        assert!(m.render().contains("recovea_snapshot_age_seconds "));
+    }
+}

@@ -1,0 +1,134 @@
+//! Header rules of the hop: what is dropped both ways, where the Recovea key is removed, and how
+//! each provider kind carries its key.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use recovea_core::credential::{API_KEY_HEADER, RECOVEA_KEY_HEADER};
+use recovea_core::keys::SECRET_PREFIX;
+use recovea_core::snapshot::ProviderKind;
+
+/// Headers that describe one connection, not the message (RFC 9110 section 7.6.1), plus the
+/// non-standard ones proxies are known to meet.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// Removes hop-by-hop headers, including those the `Connection` header names, and `Upgrade`.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+/// Removes every place a Recovea key can travel in, whichever one the request used.
+pub fn remove_recovea_key(headers: &mut HeaderMap) {
+    headers.remove(RECOVEA_KEY_HEADER);
+    remove_values(headers, header::AUTHORIZATION, |v| {
+        v.split_once(' ').is_some_and(|(_, token)| token.trim().starts_with(SECRET_PREFIX))
+    });
+    remove_values(headers, HeaderName::from_static(API_KEY_HEADER), |v| v.trim().starts_with(SECRET_PREFIX));
+}
+
+fn remove_values(headers: &mut HeaderMap, name: HeaderName, is_recovea: impl Fn(&str) -> bool) {
+    let kept: Vec<HeaderValue> =
+        headers.get_all(&name).iter().filter(|v| !v.to_str().is_ok_and(&is_recovea)).cloned().collect();
+    headers.remove(&name);
+    for value in kept {
+        headers.append(name.clone(), value);
+    }
+}
+
+/// Replaces whatever provider auth the client sent with the managed key, in the kind's own header.
+pub fn set_managed_key(headers: &mut HeaderMap, kind: ProviderKind, api_key: &str) -> Result<(), InvalidKey> {
+    headers.remove(header::AUTHORIZATION);
+    headers.remove(API_KEY_HEADER);
+    match kind {
+        ProviderKind::OpenAi => {
+            let mut value = HeaderValue::try_from(format!("Bearer {api_key}")).map_err(|_| InvalidKey)?;
+            value.set_sensitive(true);
+            headers.insert(header::AUTHORIZATION, value);
+        }
+        ProviderKind::Anthropic => {
+            let mut value = HeaderValue::try_from(api_key).map_err(|_| InvalidKey)?;
+            value.set_sensitive(true);
+            headers.insert(API_KEY_HEADER, value);
+        }
+    }
+    Ok(())
+}
+
+/// A stored provider key that cannot be a header value (the admin API refuses those; this guards
+/// the hop all the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidKey;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(*k, HeaderValue::from_str(v).expect("valid"));
+        }
+        m
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_go() {
+        let mut h = map(&[
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "1"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("content-type", "application/json"),
+        ]);
+        remove_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("content-type"));
+    }
+
+    #[test]
+    fn recovea_key_is_removed_wherever_it_is() {
+        let rk = "rk_0123456789012345678901234567890123456789";
+        let mut h = map(&[
+            ("x-recovea-key", rk),
+            ("authorization", &format!("Bearer {rk}")),
+            ("authorization", "Bearer sk-own"),
+            ("x-api-key", rk),
+            ("anthropic-version", "2023-06-01"),
+        ]);
+        remove_recovea_key(&mut h);
+        assert_eq!(h.get_all("authorization").iter().collect::<Vec<_>>(), vec!["Bearer sk-own"]);
+        assert!(!h.contains_key("x-api-key"));
+        assert!(!h.contains_key("x-recovea-key"));
+        assert!(h.contains_key("anthropic-version"));
+    }
+
+    #[test]
+    fn managed_key_goes_in_the_kinds_header() {
+        let mut h = map(&[("authorization", "Bearer sk-client"), ("x-api-key", "sk-client")]);
+        set_managed_key(&mut h, ProviderKind::OpenAi, "sk-managed").expect("valid");
+        assert_eq!(h.get("authorization").expect("set"), "Bearer sk-managed");
+        assert!(!h.contains_key("x-api-key"));
+        set_managed_key(&mut h, ProviderKind::Anthropic, "sk-ant").expect("valid");
+        assert_eq!(h.get("x-api-key").expect("set"), "sk-ant");
+        assert!(!h.contains_key("authorization"));
+        assert_eq!(set_managed_key(&mut h, ProviderKind::Anthropic, "bad\nkey"), Err(InvalidKey));
+    }
+}

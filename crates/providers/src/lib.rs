@@ -1,0 +1,42 @@
+//! What differs between providers: which credential a path goes to, how its auth header looks, and
+//! which headers must not cross the proxy.
+
+pub mod headers;
+pub mod route;
+
+pub use route::{Route, is_credential_name, route};
+
+/// Checks that `url` is an absolute http(s) URL without query or fragment, and drops a trailing
+/// slash so that the request path (`/v1/...`) can be appended as is.
+pub fn normalize_base_url(url: &str) -> Result<String, String> {
+    let trimmed = url.trim().trim_end_matches('/');
+    let uri: http::Uri = trimmed.parse().map_err(|_| format!("{url:?} is not a URL"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("{url:?} must start with http:// or https://")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} has no host"));
+    }
+    if uri.query().is_some() || trimmed.contains('#') {
+        return Err(format!("{url:?} must not carry a query or fragment"));
+    }
+    Ok(trimmed.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls_are_checked_and_trimmed() {
+        assert_eq!(
+            normalize_base_url("https://api.groq.com/openai/").as_deref(),
+            Ok("https://api.groq.com/openai")
+        );
+        assert_eq!(normalize_base_url("http://127.0.0.1:9").as_deref(), Ok("http://127.0.0.1:9"));
+        for bad in ["", "api.openai.com", "ftp://x", "https://x/?a=1", "https://x/#f", "http://"] {
+            assert!(normalize_base_url(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Routing by path: which named credential serves a request, and the path the provider sees.
+
+use recovea_core::snapshot::ProviderKind;
+
+/// Where a request goes: a credential of the organization, chosen by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route<'p> {
+    /// The name of the organization's credential that serves this route.
+    pub credential: &'p str,
+    /// The kind to assume when the organization has no such credential (a client bringing its own
+    /// key, or a fail-open pass): known only for the default names `openai` and `anthropic`.
+    pub fallback_kind: Option<ProviderKind>,
+    /// The path (and query) as the provider sees it, always starting with `/v1/`.
+    pub upstream_path: &'p str,
+}
+
+/// Routes a path and query: `/v1/messages...` to `anthropic`, any other `/v1/...` to `openai`,
+/// `/{name}/v1/...` to the credential called `name`. Anything else is not ours to proxy.
+pub fn route(path_and_query: &str) -> Option<Route<'_>> {
+    if is_versioned(path_and_query) {
+        let rest = &path_and_query[3..];
+        let is_messages = rest
+            .strip_prefix("/messages")
+            .is_some_and(|tail| tail.is_empty() || tail.starts_with(['/', '?']));
+        let kind = if is_messages { ProviderKind::Anthropic } else { ProviderKind::OpenAi };
+        return Some(Route {
+            credential: kind.as_str(),
+            fallback_kind: Some(kind),
+            upstream_path: path_and_query,
+        });
+    }
+    let named = path_and_query.strip_prefix('/')?;
+    let (name, rest) = named.split_at(named.find('/')?);
+    if !is_credential_name(name) || !is_versioned(rest) {
+        return None;
+    }
+    Some(Route { credential: name, fallback_kind: ProviderKind::parse(name), upstream_path: rest })
+}
+
+/// `/v1/` followed by something.
+fn is_versioned(path: &str) -> bool {
+    path.strip_prefix("/v1/").is_some_and(|rest| !rest.is_empty())
+}
+
+/// Credential names are short slugs, so they can sit in a path without escaping.
+pub fn is_credential_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn r(credential: &str, kind: Option<ProviderKind>, upstream_path: &str) -> Option<Route<'static>> {
+        let leak = |s: &str| -> &'static str { Box::leak(s.to_owned().into_boxed_str()) };
+        Some(Route { credential: leak(credential), fallback_kind: kind, upstream_path: leak(upstream_path) })
+    }
+
+    #[test]
+    fn default_routes() {
+        use ProviderKind::*;
+        assert_eq!(route("/v1/messages"), r("anthropic", Some(Anthropic), "/v1/messages"));
+        assert_eq!(
+            route("/v1/messages?beta=true"),
+            r("anthropic", Some(Anthropic), "/v1/messages?beta=true")
+        );
+        assert_eq!(
+            route("/v1/messages/count_tokens"),
+            r("anthropic", Some(Anthropic), "/v1/messages/count_tokens")
+        );
+        assert_eq!(route("/v1/chat/completions"), r("openai", Some(OpenAi), "/v1/chat/completions"));
+        assert_eq!(route("/v1/messagesx"), r("openai", Some(OpenAi), "/v1/messagesx"));
+        assert_eq!(route("/v1/responses?x=1"), r("openai", Some(OpenAi), "/v1/responses?x=1"));
+    }
+
+    #[test]
+    fn named_routes() {
+        assert_eq!(route("/groq/v1/chat/completions"), r("groq", None, "/v1/chat/completions"));
+        assert_eq!(
+            route("/anthropic/v1/messages"),
+            r("anthropic", Some(ProviderKind::Anthropic), "/v1/messages")
+        );
+        assert_eq!(route("/openai/v1/models"), r("openai", Some(ProviderKind::OpenAi), "/v1/models"));
+    }
+
+    #[test]
+    fn not_ours() {
+        for path in
+            ["/", "/v1", "/v1/", "/v2/chat", "/healthz", "/Groq/v1/x", "/a/b/v1/x", "//v1/x", "/groq/v1/"]
+        {
+            assert_eq!(route(path), None, "{path}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn upstream_path_is_always_versioned(path in "/[a-z0-9/_?=.-]{0,40}") {
+            if let Some(route) = route(&path) {
+                prop_assert!(route.upstream_path.starts_with("/v1/"));
+                prop_assert!(path.ends_with(route.upstream_path));
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! The control store: organizations, keys (as hashes) and sealed provider credentials, behind one
+//! trait so that SQLite and PostgreSQL serve the same control plane.
+//!
+//! **Invariant:** the store never sees a key secret or an opened provider key; it holds hashes and
+//! sealed bytes only. It knows nothing of HTTP.
+
+pub mod sqlite;
+
+use recovea_core::ids::{KeyId, OrgId};
+use recovea_core::keys::KeyHash;
+use recovea_core::snapshot::ProviderKind;
+use recovea_core::timestamp::Timestamp;
+
+pub use sqlite::SqliteStore;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrgRecord {
+    pub id: OrgId,
+    pub name: String,
+    pub created_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub id: KeyId,
+    pub org_id: OrgId,
+    pub name: String,
+    pub prefix: String,
+    pub created_at: Timestamp,
+    pub expires_at: Option<Timestamp>,
+    pub revoked_at: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderRecord {
+    pub org_id: OrgId,
+    pub name: String,
+    pub kind: ProviderKind,
+    /// `None`: the node's default for the kind.
+    pub base_url: Option<String>,
+    /// The provider key sealed under the master key.
+    pub sealed_key: Vec<u8>,
+    pub key_hint: String,
+    pub updated_at: Timestamp,
+}
+
+/// Everything a snapshot is built from, read in one consistent transaction.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// Grows with every change, so that readers can tell whether they hold the latest state.
+    pub version: u64,
+    pub orgs: Vec<OrgRecord>,
+    /// Keys that are not revoked, with the hash admission looks them up by.
+    pub active_keys: Vec<(KeyRecord, KeyHash)>,
+    pub providers: Vec<ProviderRecord>,
+}
+
+#[derive(Debug)]
+pub enum StoreError {
+    /// The row the change refers to does not exist.
+    NotFound,
+    /// The database failed; the text is for operators' logs, never for API clients.
+    Backend(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotFound => f.write_str("not found"),
+            Self::Backend(message) => write!(f, "store backend: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The control plane's durable state. Calls block: the control plane runs them off its async
+/// threads, and nothing on the request path ever calls them.
+pub trait ControlStore: Send + Sync + 'static {
+    fn create_org(&self, org: &OrgRecord) -> Result<()>;
+    fn list_orgs(&self) -> Result<Vec<OrgRecord>>;
+    fn org(&self, id: &OrgId) -> Result<Option<OrgRecord>>;
+
+    /// Fails with `NotFound` when the organization does not exist.
+    fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()>;
+    fn list_keys(&self, org: &OrgId) -> Result<Vec<KeyRecord>>;
+    /// Revokes the key (keeping the first revocation time) and returns it; `None` for an unknown id.
+    fn revoke_key(&self, id: &KeyId, at: Timestamp) -> Result<Option<KeyRecord>>;
+
+    /// Creates or replaces the credential of that name; `NotFound` when the organization does not exist.
+    fn put_provider(&self, provider: &ProviderRecord) -> Result<()>;
+    fn list_providers(&self, org: &OrgId) -> Result<Vec<ProviderRecord>>;
+
+    fn state(&self) -> Result<State>;
+}
