@@ -1,0 +1,345 @@
+//! The HTTP server: connections, routing, the `/__mock/` control endpoints and the script's effects.
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::body::MockBody;
+use crate::request::{Answer, Ctx, Fields, json_string};
+use crate::script::{Behaviour, InvalidBehaviour, Log, Plan, RecordedRequest, Script};
+use crate::usage::input_tokens;
+use crate::{anthropic, openai};
+
+/// A running mock provider; it stops serving when dropped or shut down.
+pub struct MockProvider {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    /// Dropping or signalling it stops the accept loop and every open connection.
+    stop: watch::Sender<()>,
+    accept: Option<JoinHandle<()>>,
+}
+
+/// State shared by all connections.
+struct Shared {
+    log: Log,
+    script: Script,
+    /// The number of the last provider request, for ids and `x-request-id`.
+    counter: AtomicU64,
+    models: Bytes,
+}
+
+/// Makes hyper drop the connection without answering (the script's `close_without_response`,
+/// or a request body that could not be read).
+#[derive(Debug)]
+struct Dropped;
+
+impl fmt::Display for Dropped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("connection dropped by the mock")
+    }
+}
+
+impl std::error::Error for Dropped {}
+
+impl MockProvider {
+    /// Serves on an ephemeral port of 127.0.0.1.
+    ///
+    /// # Panics
+    ///
+    /// If no local port can be bound, which leaves a test nothing to do anyway.
+    pub async fn start() -> Self {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("binding an ephemeral port on 127.0.0.1")
+    }
+
+    /// Serves on `addr`.
+    pub async fn start_on(addr: SocketAddr) -> io::Result<Self> {
+        Self::serve(TcpListener::bind(addr).await?)
+    }
+
+    /// Serves on an already bound listener. Must be called within a tokio runtime.
+    pub fn serve(listener: TcpListener) -> io::Result<Self> {
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            log: Log::default(),
+            script: Script::default(),
+            counter: AtomicU64::new(0),
+            models: openai::models(),
+        });
+        let (stop, stopped) = watch::channel(());
+        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&shared), stopped));
+        Ok(Self { addr, shared, stop, accept: Some(accept) })
+    }
+
+    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Every provider request received so far, oldest first.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.log.snapshot()
+    }
+
+    /// Queues `behaviour` for the next request(s).
+    ///
+    /// # Panics
+    ///
+    /// If the behaviour is invalid (see [`Self::try_script`]): a test's mistake to fix at once.
+    pub fn script(&self, behaviour: Behaviour) {
+        if let Err(e) = self.try_script(behaviour) {
+            panic!("{e}");
+        }
+    }
+
+    /// Queues `behaviour`, unless its status or a header cannot be sent.
+    pub fn try_script(&self, behaviour: Behaviour) -> Result<(), InvalidBehaviour> {
+        let (plan, times) = behaviour.prepare()?;
+        self.shared.script.push(plan, times);
+        Ok(())
+    }
+
+    /// Clears the request log and the script, and restarts request numbering at 1.
+    pub fn reset(&self) {
+        self.shared.reset();
+    }
+
+    /// Keeps only the `limit` most recent requests in the log (0 records nothing).
+    /// The log is unbounded by default.
+    pub fn set_record_limit(&self, limit: usize) {
+        self.shared.log.set_limit(limit);
+    }
+
+    /// Stops accepting, closes open connections, and waits for the accept loop to end.
+    pub async fn shutdown(mut self) {
+        self.stop.send_replace(());
+        if let Some(accept) = self.accept.take() {
+            // The loop ends on the signal; a join error only means it had already been aborted.
+            let _ = accept.await;
+        }
+    }
+}
+
+impl Drop for MockProvider {
+    fn drop(&mut self) {
+        self.stop.send_replace(());
+        if let Some(accept) = self.accept.take() {
+            accept.abort();
+        }
+    }
+}
+
+impl Shared {
+    fn reset(&self) {
+        self.log.clear();
+        self.script.clear();
+        self.counter.store(0, Ordering::Relaxed);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<()>) {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped.changed() => return,
+        };
+        let stream = match stream {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Typically out of file descriptors: back off instead of spinning.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        // Nagle would delay small SSE events and hurt latency measurements.
+        let _ = stream.set_nodelay(true);
+        let builder = builder.clone();
+        let shared = Arc::clone(&shared);
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| handle(Arc::clone(&shared), req));
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stopped.changed() => {}
+            }
+        });
+    }
+}
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<MockBody>, Dropped> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map_err(|_| Dropped)?.to_bytes();
+    let path = parts.uri.path();
+    if let Some(action) = path.strip_prefix("/__mock/") {
+        return Ok(control(&shared, &parts.method, action, &body));
+    }
+    let n = shared.counter.fetch_add(1, Ordering::Relaxed) + 1;
+    let plan = shared.script.next();
+    let path_and_query = parts.uri.path_and_query().map_or(path, |pq| pq.as_str());
+    shared.log.record(&parts.method, path_and_query, &parts.headers, &body);
+
+    let plan = plan.as_deref();
+    if let Some(plan) = plan {
+        if !plan.delay.is_zero() {
+            tokio::time::sleep(plan.delay).await;
+        }
+        if plan.close {
+            return Err(Dropped);
+        }
+    }
+    let anthropic = path.starts_with("/v1/messages");
+    let answer = match plan {
+        Some(Plan { status, body: scripted, .. }) if status.is_some() || scripted.is_some() => {
+            let status = status.unwrap_or(StatusCode::OK);
+            let body = scripted.clone().unwrap_or_else(|| {
+                error_body(anthropic, status, &format!("mock: scripted error (status {})", status.as_u16()))
+            });
+            Answer::Json(status, body)
+        }
+        _ => route(&shared, &parts.method, path, &body, n, plan.and_then(|p| p.usage.as_deref())),
+    };
+
+    let mut response = match answer {
+        Answer::Json(status, json) => {
+            let mut r = Response::new(MockBody::json(json));
+            *r.status_mut() = status;
+            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        Answer::Events(events) => {
+            let (gap, cut) = plan.map_or((Duration::ZERO, None), |p| (p.chunk_delay, p.cut_after));
+            let mut r = Response::new(MockBody::events(events, gap, cut));
+            let headers = r.headers_mut();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            r
+        }
+    };
+    let id_header = if anthropic { "request-id" } else { "x-request-id" };
+    let id = HeaderValue::try_from(format!("mock-req-{n}")).expect("ASCII letters and digits");
+    response.headers_mut().insert(HeaderName::from_static(id_header), id);
+    if let Some(plan) = plan {
+        for (name, value) in &plan.headers {
+            response.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    Ok(response)
+}
+
+/// The generated answer for a provider request.
+fn route(shared: &Shared, method: &Method, path: &str, body: &[u8], n: u64, usage: Option<&str>) -> Answer {
+    let anthropic = path.starts_with("/v1/messages");
+    if *method == Method::GET {
+        if path == "/v1/models" {
+            return Answer::Json(StatusCode::OK, shared.models.clone());
+        }
+        if let Some(id) = path.strip_prefix("/v1/models/").filter(|id| !id.is_empty()) {
+            return openai::model(id);
+        }
+    }
+    let known = [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+    ];
+    if *method != Method::POST || !known.contains(&path) {
+        let message = format!("Invalid URL ({method} {path})");
+        return Answer::Json(StatusCode::NOT_FOUND, error_body(anthropic, StatusCode::NOT_FOUND, &message));
+    }
+    let (Ok(fields), Some(input_tokens)) = (serde_json::from_slice::<Fields>(body), input_tokens(body))
+    else {
+        let message = "The request body is not valid JSON or has fields of the wrong type.";
+        return Answer::Json(
+            StatusCode::BAD_REQUEST,
+            error_body(anthropic, StatusCode::BAD_REQUEST, message),
+        );
+    };
+    let ctx = Ctx {
+        n,
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        model: json_string(fields.model()),
+        fields: &fields,
+        input_tokens,
+        usage,
+    };
+    match path {
+        "/v1/chat/completions" => openai::chat(&ctx),
+        "/v1/completions" => openai::completions(&ctx),
+        "/v1/responses" => openai::responses(&ctx),
+        "/v1/embeddings" => openai::embeddings(&ctx, body),
+        "/v1/messages/count_tokens" => anthropic::count_tokens(&ctx),
+        _ => anthropic::messages(&ctx),
+    }
+}
+
+fn error_body(anthropic: bool, status: StatusCode, message: &str) -> Bytes {
+    if anthropic { anthropic::error_body(status, message) } else { openai::error_body(status, message) }
+}
+
+/// `/__mock/<action>`: what black-box tests use instead of the in-process methods.
+fn control(shared: &Shared, method: &Method, action: &str, body: &[u8]) -> Response<MockBody> {
+    let reply = |status: StatusCode, body: MockBody| {
+        let mut r = Response::new(body);
+        *r.status_mut() = status;
+        if status != StatusCode::NO_CONTENT {
+            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        r
+    };
+    let problem = |status: StatusCode, message: &str| {
+        let json = format!(r#"{{"error":{}}}"#, json_string(message));
+        reply(status, MockBody::json(json.into()))
+    };
+    match (method.as_str(), action) {
+        ("GET", "requests") => {
+            let requests = shared.log.snapshot();
+            let wire: Vec<_> = requests.iter().map(RecordedRequest::wire).collect();
+            match serde_json::to_vec(&wire) {
+                Ok(json) => reply(StatusCode::OK, MockBody::json(json.into())),
+                Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+            }
+        }
+        ("POST", "script") => {
+            let prepared = serde_json::from_slice::<Behaviour>(body)
+                .map_err(|e| e.to_string())
+                .and_then(|b| b.prepare().map_err(|e| e.to_string()));
+            match prepared {
+                Ok((plan, times)) => {
+                    shared.script.push(plan, times);
+                    reply(StatusCode::NO_CONTENT, MockBody::empty())
+                }
+                Err(message) => problem(StatusCode::BAD_REQUEST, &message),
+            }
+        }
+        ("POST", "reset") => {
+            shared.reset();
+            reply(StatusCode::NO_CONTENT, MockBody::empty())
+        }
+        _ => problem(StatusCode::NOT_FOUND, "unknown control endpoint"),
+    }
+}
