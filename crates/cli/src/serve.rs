@@ -60,13 +60,14 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let gateway_addr = gateway_listener.local_addr().map_err(|e| e.to_string())?;
     let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
     println!("recovea gateway: http://{gateway_addr}");
-    println!("recovea admin:   http://{admin_addr}/admin/v1");
     if token_generated {
         println!(
             "admin token:     {admin_token}  (saved in {}; printed only this once)",
             args.data_dir.join(data_dir::ADMIN_TOKEN_FILE).display()
         );
     }
+    // The admin URL comes last: scripts wait for it as the sign that both servers are up.
+    println!("recovea admin:   http://{admin_addr}/admin/v1");
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -1,0 +1,395 @@
+//! Black-box tests of the `recovea` binary: start-up, flags, the admin CLI, and the serving path.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use recovea_testkit::MockProvider;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_recovea");
+const TOKEN: &str = "test-admin-token";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("recovea-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// A running `recovea serve`, killed when dropped.
+struct Serve {
+    child: Child,
+    stdout: Vec<String>,
+    gateway: String,
+    admin: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    fn start(data_dir: &Path, mock_url: &str, extra: &[&str]) -> Self {
+        let (gateway_port, admin_port) = (free_port(), free_port());
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", &format!("127.0.0.1:{gateway_port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+            .args(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(extra)
+            .env_remove("RECOVEA_ADMIN_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("recovea starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut stdout = Vec::new();
+        // `serve` prints its admin URL once it is ready; everything before is part of that banner.
+        while let Some(Ok(line)) = lines.next() {
+            let done = line.starts_with("recovea admin:");
+            stdout.push(line);
+            if done {
+                break;
+            }
+        }
+        assert!(
+            stdout.iter().any(|l| l.starts_with("recovea admin:")),
+            "serve did not become ready: {stdout:?}"
+        );
+        std::thread::spawn(move || for _ in lines {});
+        Self {
+            child,
+            stdout,
+            gateway: format!("http://127.0.0.1:{gateway_port}"),
+            admin: format!("http://127.0.0.1:{admin_port}"),
+        }
+    }
+}
+
+async fn call(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let mut request = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+    let response = client.request(request.body(Full::new(body)).expect("request")).await.expect("answer");
+    let status = response.status();
+    let bytes = response.into_body().collect().await.expect("body").to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+fn admin_cli(serve: &Serve, data_dir: &Path, args: &[&str]) -> Value {
+    let output = Command::new(BIN)
+        .args(["admin", "--admin-url", &serve.admin, "--data-dir"])
+        .arg(data_dir)
+        .args(args)
+        .env_remove("RECOVEA_ADMIN_TOKEN")
+        .output()
+        .expect("admin runs");
+    assert!(output.status.success(), "admin {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).expect("admin prints JSON")
+}
+
+fn chat() -> (String, Value) {
+    (
+        "/v1/chat/completions".into(),
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_setup_start_generates_secrets_once_and_serves_through_the_admin_cli() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("zero-setup");
+    let serve = Serve::start(&dir, &mock.url(), &[]);
+    let token_lines: Vec<&String> = serve.stdout.iter().filter(|l| l.starts_with("admin token:")).collect();
+    assert_eq!(token_lines.len(), 1, "{:?}", serve.stdout);
+    let saved_token =
+        std::fs::read_to_string(dir.join("admin-token")).expect("token saved").trim().to_owned();
+    assert!(token_lines[0].contains(&saved_token));
+    #[cfg(unix)]
+    for secret_file in ["admin-token", "master.key"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.join(secret_file)).expect("exists").permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{secret_file} must be private");
+    }
+
+    // The admin CLI finds the saved token in the data dir.
+    let org = admin_cli(&serve, &dir, &["orgs", "create", "--name", "acme"]);
+    let org_id = org["id"].as_str().expect("id").to_owned();
+    assert!(org_id.starts_with("org_"));
+    assert_eq!(admin_cli(&serve, &dir, &["orgs", "list"])["orgs"][0]["id"], org["id"]);
+    assert_eq!(admin_cli(&serve, &dir, &["orgs", "get", &org_id])["name"], "acme");
+
+    let key = admin_cli(&serve, &dir, &["keys", "create", "--org", &org_id, "--name", "prod"]);
+    let secret = key["secret"].as_str().expect("secret").to_owned();
+    assert!(
+        secret.starts_with("rk_")
+            && secret.len() >= 43
+            && secret[3..].bytes().all(|b| b.is_ascii_alphanumeric())
+    );
+    assert_eq!(key["prefix"].as_str().expect("prefix"), &secret[..9]);
+    let listed = admin_cli(&serve, &dir, &["keys", "list", "--org", &org_id]);
+    assert_eq!(listed["keys"][0]["id"], key["id"]);
+    assert!(listed["keys"][0].get("secret").is_none(), "the secret is shown only once");
+
+    let provider_key = "sk-managed-zero-setup-0123456789";
+    let provider = admin_cli(
+        &serve,
+        &dir,
+        &[
+            "providers",
+            "set",
+            "--org",
+            &org_id,
+            "--name",
+            "openai",
+            "--kind",
+            "openai",
+            "--api-key",
+            provider_key,
+        ],
+    );
+    assert_eq!(
+        provider,
+        json!({"name": "openai", "kind": "openai", "base_url": null, "key_hint": "...6789"})
+    );
+    let listed = admin_cli(&serve, &dir, &["providers", "list", "--org", &org_id]);
+    assert!(!listed.to_string().contains(provider_key));
+
+    let (path, body) = chat();
+    let bearer = format!("Bearer {secret}");
+    let (status, answer) = call(
+        Method::POST,
+        &format!("{}{path}", serve.gateway),
+        &[("authorization", &bearer)],
+        Some(body.clone()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(mock.requests()[0].header("authorization"), Some(format!("Bearer {provider_key}").as_str()));
+
+    // Revocation reaches the serving snapshot within a second.
+    let revoked = admin_cli(&serve, &dir, &["keys", "revoke", key["id"].as_str().expect("id")]);
+    assert!(revoked["revoked_at"].is_string());
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let (status, _) = call(
+            Method::POST,
+            &format!("{}{path}", serve.gateway),
+            &[("authorization", &bearer)],
+            Some(body.clone()),
+        )
+        .await;
+        if status == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the revocation did not reach the gateway within a second");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Secrets at rest: neither the key secret nor the provider key appears in any file of the data dir.
+    for entry in std::fs::read_dir(&dir).expect("data dir") {
+        let path = entry.expect("entry").path();
+        let bytes = std::fs::read(&path).expect("readable");
+        for needle in [secret.as_bytes(), provider_key.as_bytes()] {
+            assert!(
+                !bytes.windows(needle.len()).any(|w| w == needle),
+                "{} holds a secret in clear",
+                path.display()
+            );
+        }
+    }
+    drop(serve);
+
+    // A second start reuses the saved secrets, keeps the state, and prints no token.
+    let again = Serve::start(&dir, &mock.url(), &[]);
+    assert!(again.stdout.iter().all(|l| !l.starts_with("admin token:")), "{:?}", again.stdout);
+    assert_eq!(admin_cli(&again, &dir, &["orgs", "get", &org_id])["name"], "acme");
+    let (status, _) =
+        call(Method::POST, &format!("{}{path}", again.gateway), &[("authorization", &bearer)], Some(body))
+            .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a revoked key stays revoked across restarts");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_errors_use_the_error_shape() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("admin-errors");
+    let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
+    let auth = format!("Bearer {TOKEN}");
+    let url = |path: &str| format!("{}/admin/v1{path}", serve.admin);
+
+    let (status, body) = call(Method::GET, &url("/orgs"), &[("authorization", "Bearer wrong")], None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["error"]["code"], "invalid_admin_token");
+    let (status, _) = call(Method::GET, &url("/orgs"), &[], None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    let (status, body) =
+        call(Method::POST, &url("/orgs"), &[("authorization", &auth)], Some(json!({}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["message"], "body: missing field `name`");
+    assert_eq!(body["error"]["param"], Value::Null);
+
+    let (_, org) =
+        call(Method::POST, &url("/orgs"), &[("authorization", &auth)], Some(json!({"name": "a"}))).await;
+    let org_id = org["id"].as_str().expect("id");
+    let bad_kind = json!({"kind": "cohere", "api_key": "x"});
+    let (status, body) = call(
+        Method::PUT,
+        &url(&format!("/orgs/{org_id}/providers/openai")),
+        &[("authorization", &auth)],
+        Some(bad_kind),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"]["message"].as_str().expect("message").starts_with("kind:"), "{body}");
+    let bad_url = json!({"kind": "openai", "api_key": "sk-1", "base_url": "ftp://x"});
+    let (status, body) = call(
+        Method::PUT,
+        &url(&format!("/orgs/{org_id}/providers/openai")),
+        &[("authorization", &auth)],
+        Some(bad_url),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"]["message"].as_str().expect("message").starts_with("base_url:"), "{body}");
+    let (status, body) = call(
+        Method::POST,
+        &url(&format!("/orgs/{org_id}/keys")),
+        &[("authorization", &auth)],
+        Some(json!({"name": "k", "expires_at": "tomorrow"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"]["message"].as_str().expect("message").starts_with("expires_at:"), "{body}");
+
+    for (method, path) in [
+        (Method::GET, "/orgs/org_doesnotexist".to_owned()),
+        (Method::POST, "/keys/key_doesnotexist/revoke".to_owned()),
+        (Method::GET, "/orgs/org_nope/keys".to_owned()),
+        (Method::GET, "/nothing/here".to_owned()),
+    ] {
+        let (status, body) = call(method, &url(&path), &[("authorization", &auth)], None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(body["error"]["code"], "not_found", "{path}");
+    }
+
+    let (status, doc) = call(Method::GET, &url("/openapi.json"), &[], None).await;
+    assert_eq!(status, StatusCode::OK);
+    for path in
+        ["/orgs", "/orgs/{org}", "/orgs/{org}/keys", "/keys/{key}/revoke", "/orgs/{org}/providers/{name}"]
+    {
+        assert!(doc["paths"].get(path).is_some(), "openapi.json lacks {path}");
+    }
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn help_works_on_every_subcommand() {
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["admin", "--help"],
+        &["admin", "orgs", "--help"],
+        &["admin", "orgs", "create", "--help"],
+        &["admin", "keys", "create", "--help"],
+        &["admin", "keys", "revoke", "--help"],
+        &["admin", "providers", "set", "--help"],
+    ] {
+        let output = Command::new(BIN).args(args).output().expect("runs");
+        assert!(output.status.success(), "{args:?}");
+        assert!(String::from_utf8_lossy(&output.stdout).contains("Usage:"), "{args:?}");
+    }
+}
+
+#[test]
+fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
+    let dir = temp_dir("bad-flags");
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case<'_>; 7] = [
+        (&["--master-key", "zz"], &[], "--master-key"),
+        (&["--openai-base-url", "ftp://x"], &[], "--openai-base-url"),
+        (&["--listen", "not-an-address"], &[], "--listen"),
+        (&["--max-body-size", "12parsecs"], &[], "--max-body-size"),
+        (&[], &[("RECOVEA_UPSTREAM_TIMEOUT", "soon")], "--upstream-timeout"),
+        (&[], &[("RECOVEA_ANTHROPIC_BASE_URL", "nowhere")], "--anthropic-base-url"),
+        (&["--database-url", "mysql://x"], &[], "--database-url"),
+    ];
+    for (args, env, named) in cases {
+        let output = Command::new(BIN)
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("runs");
+        assert!(!output.status.success(), "{args:?} {env:?} should fail");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(named), "{args:?} {env:?}: {stderr}");
+    }
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_flag_reads_its_environment_variable() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("env");
+    let (gateway_port, admin_port) = (free_port(), free_port());
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .env("RECOVEA_LISTEN", format!("127.0.0.1:{gateway_port}"))
+        .env("RECOVEA_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
+        .env("RECOVEA_DATA_DIR", &dir)
+        .env("RECOVEA_ADMIN_TOKEN", TOKEN)
+        .env("RECOVEA_MASTER_KEY", "11".repeat(32))
+        .env("RECOVEA_OPENAI_BASE_URL", mock.url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let url = format!("http://127.0.0.1:{admin_port}/admin/v1/orgs");
+    let status = loop {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let request =
+            Request::get(&url).header("authorization", format!("Bearer {TOKEN}")).body(Full::default());
+        if let Ok(response) = client.request(request.expect("request")).await {
+            break response.status();
+        }
+        assert!(Instant::now() < deadline, "serve did not come up from environment variables");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, StatusCode::OK);
+    assert!(dir.join("recovea.db").exists(), "RECOVEA_DATA_DIR was used");
+    assert!(!dir.join("master.key").exists(), "RECOVEA_MASTER_KEY was used, none generated");
+    assert!(!dir.join("admin-token").exists(), "RECOVEA_ADMIN_TOKEN was used, none generated");
+    let _ = child.kill();
+    let _ = child.wait();
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -1,0 +1,478 @@
+//! The request path in-process, over real sockets: a gateway node in front of the mock provider.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use recovea_core::ids::{KeyId, OrgId};
+use recovea_core::keys::hash_secret;
+use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
+use recovea_core::{Answer, Timestamp};
+use recovea_gateway::{Gateway, GatewayConfig};
+use recovea_testkit::{Behaviour, MockProvider};
+use tokio::net::TcpListener;
+
+const KEY: &str = "rk_live0000000000000000000000000000000000000001";
+const BYO_KEY: &str = "rk_byo00000000000000000000000000000000000000002";
+const EXPIRED_KEY: &str = "rk_expired00000000000000000000000000000000000003";
+const NO_CREDENTIALS_KEY: &str = "rk_bare0000000000000000000000000000000000000004";
+const UNKNOWN_KEY: &str = "rk_unknown00000000000000000000000000000000000005";
+const MANAGED_OPENAI: &str = "sk-managed-openai-0123456789";
+const MANAGED_ANTHROPIC: &str = "sk-ant-managed-0123456789";
+const MANAGED_GROQ: &str = "gsk-managed-0123456789";
+
+struct Harness {
+    mock: MockProvider,
+    gateway: Gateway,
+    url: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+fn config(openai: &str, anthropic: &str, max_body: u64, timeout: Duration) -> GatewayConfig {
+    GatewayConfig::new(openai, anthropic, max_body, timeout, Duration::from_secs(2)).expect("valid config")
+}
+
+impl Harness {
+    async fn start() -> Self {
+        let mock = MockProvider::start().await;
+        let cfg = config(&mock.url(), &mock.url(), 1024 * 1024, Duration::from_secs(30));
+        Self::with_config(mock, cfg, true).await
+    }
+
+    async fn with_config(mock: MockProvider, config: GatewayConfig, install: bool) -> Self {
+        let gateway = Gateway::new(config);
+        if install {
+            gateway.install_snapshot(Arc::new(snapshot(&mock.url())));
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(recovea_gateway::serve(gateway.clone(), listener, async move {
+            let _ = stopped.await;
+        }));
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Self { mock, gateway, url, client, _stop: stop }
+    }
+
+    async fn send(&self, request: http::request::Builder, body: &str) -> Response<hyper::body::Incoming> {
+        let request = request.body(Full::new(Bytes::from(body.to_owned()))).expect("request");
+        self.client.request(request).await.expect("gateway answers")
+    }
+
+    fn post(&self, path: &str) -> http::request::Builder {
+        Request::post(format!("{}{path}", self.url)).header("content-type", "application/json")
+    }
+}
+
+fn snapshot(mock_url: &str) -> recovea_core::Snapshot {
+    let org = OrgId::parse("org_acme").expect("id");
+    let bare = OrgId::parse("org_bare").expect("id");
+    let mut b = SnapshotBuilder::new(1);
+    b.org(org.clone()).org(bare.clone());
+    let credential = |name: &str, kind, base_url: Option<String>, key: &str| ProviderCredential {
+        name: name.into(),
+        kind,
+        base_url,
+        api_key: key.into(),
+    };
+    b.provider(&org, credential("openai", ProviderKind::OpenAi, None, MANAGED_OPENAI));
+    b.provider(&org, credential("anthropic", ProviderKind::Anthropic, None, MANAGED_ANTHROPIC));
+    b.provider(
+        &org,
+        credential("groq", ProviderKind::OpenAi, Some(format!("{mock_url}/groq")), MANAGED_GROQ),
+    );
+    b.key(hash_secret(KEY), KeyId::parse("key_live").expect("id"), org.clone(), None);
+    b.key(hash_secret(BYO_KEY), KeyId::parse("key_byo").expect("id"), bare.clone(), None);
+    b.key(hash_secret(EXPIRED_KEY), KeyId::parse("key_expired").expect("id"), org, Some(Timestamp(1)));
+    b.key(hash_secret(NO_CREDENTIALS_KEY), KeyId::parse("key_bare").expect("id"), bare, None);
+    b.build()
+}
+
+const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello"}]}"#;
+const MESSAGES: &str =
+    r#"{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"Hi"}]}"#;
+
+async fn body_of(response: Response<hyper::body::Incoming>) -> Bytes {
+    response.into_body().collect().await.expect("complete body").to_bytes()
+}
+
+fn assert_answer(status: StatusCode, body: &[u8], expected: &Answer) {
+    assert_eq!(status.as_u16(), expected.status);
+    assert_eq!(
+        std::str::from_utf8(body).expect("utf-8"),
+        std::str::from_utf8(&expected.body).expect("utf-8")
+    );
+}
+
+/// No trace of the Recovea key anywhere in what the provider received.
+fn assert_no_recovea_key(mock: &MockProvider) {
+    for request in mock.requests() {
+        for (name, value) in &request.headers {
+            assert!(!value.contains("rk_"), "header {name} carried a Recovea key");
+        }
+        assert!(!String::from_utf8_lossy(&request.body).contains("rk_"));
+    }
+}
+
+#[tokio::test]
+async fn openai_route_swaps_in_the_managed_bearer_key() {
+    let h = Harness::start().await;
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let request_id =
+        response.headers().get("x-request-id").expect("request id").to_str().expect("text").to_owned();
+    assert!(request_id.starts_with("req_"), "{request_id}");
+    assert_eq!(response.headers().get("x-upstream-request-id").expect("provider id"), "mock-req-1");
+    let body: serde_json::Value = serde_json::from_slice(&body_of(response).await).expect("json");
+    assert_eq!(body["object"], "chat.completion");
+
+    let seen = h.mock.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].path, "/v1/chat/completions");
+    assert_eq!(seen[0].header("authorization"), Some(format!("Bearer {MANAGED_OPENAI}").as_str()));
+    assert_eq!(seen[0].body, Bytes::from_static(CHAT.as_bytes()));
+    assert_no_recovea_key(&h.mock);
+}
+
+#[tokio::test]
+async fn anthropic_route_uses_x_api_key() {
+    let h = Harness::start().await;
+    let response = h
+        .send(
+            h.post("/v1/messages?beta=true")
+                .header("x-api-key", KEY)
+                .header("anthropic-version", "2023-06-01"),
+            MESSAGES,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = h.mock.requests();
+    assert_eq!(seen[0].path, "/v1/messages?beta=true");
+    assert_eq!(seen[0].header("x-api-key"), Some(MANAGED_ANTHROPIC));
+    assert_eq!(seen[0].header("authorization"), None);
+    assert_eq!(seen[0].header("anthropic-version"), Some("2023-06-01"));
+    assert_no_recovea_key(&h.mock);
+}
+
+#[tokio::test]
+async fn named_route_goes_to_that_credentials_base_url() {
+    let h = Harness::start().await;
+    let response = h
+        .send(h.post("/groq/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT)
+        .await;
+    // The mock has no `/groq/v1/...` endpoint: its 404 proves where the request went.
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let seen = h.mock.requests();
+    assert_eq!(seen[0].path, "/groq/v1/chat/completions");
+    assert_eq!(seen[0].header("authorization"), Some(format!("Bearer {MANAGED_GROQ}").as_str()));
+}
+
+#[tokio::test]
+async fn a_key_in_x_recovea_key_forwards_the_clients_own_provider_key() {
+    let h = Harness::start().await;
+    let response = h
+        .send(
+            h.post("/v1/chat/completions")
+                .header("x-recovea-key", BYO_KEY)
+                .header("authorization", "Bearer sk-client-own"),
+            CHAT,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = h
+        .send(
+            h.post("/v1/chat/completions")
+                .header("x-recovea-key", KEY)
+                .header("authorization", "Bearer sk-client-2"),
+            CHAT,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = h.mock.requests();
+    assert_eq!(seen[0].header("authorization"), Some("Bearer sk-client-own"));
+    assert_eq!(
+        seen[1].header("authorization"),
+        Some("Bearer sk-client-2"),
+        "own key wins over the managed one"
+    );
+    assert_no_recovea_key(&h.mock);
+}
+
+#[tokio::test]
+async fn every_bad_key_gets_the_identical_401_and_nothing_is_forwarded() {
+    let h = Harness::start().await;
+    let mut answers = Vec::new();
+    for (case, header) in [
+        ("unknown", Some(("authorization", format!("Bearer {UNKNOWN_KEY}")))),
+        ("expired", Some(("authorization", format!("Bearer {EXPIRED_KEY}")))),
+        ("malformed", Some(("x-recovea-key", "rk_short".to_owned()))),
+        ("malformed api key", Some(("x-api-key", "rk_!!".to_owned()))),
+        ("missing", None),
+        ("provider key only", Some(("authorization", "Bearer sk-not-ours".to_owned()))),
+    ] {
+        let mut request = h.post("/v1/chat/completions");
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
+        }
+        let response = h.send(request, CHAT).await;
+        let mut headers: Vec<(String, String)> = response
+            .headers()
+            .iter()
+            .filter(|(n, _)| *n != "x-request-id" && *n != "date")
+            .map(|(n, v)| (n.to_string(), v.to_str().expect("text").to_owned()))
+            .collect();
+        headers.sort();
+        let status = response.status();
+        let body = body_of(response).await;
+        assert_answer(status, &body, &Answer::invalid_api_key());
+        answers.push((case, status, headers, body));
+    }
+    for (case, status, headers, body) in &answers[1..] {
+        assert_eq!((status, headers, body), (&answers[0].1, &answers[0].2, &answers[0].3), "{case}");
+    }
+    assert!(h.mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_route_without_a_credential_is_refused_with_400() {
+    let h = Harness::start().await;
+    let response = h
+        .send(
+            h.post("/v1/chat/completions").header("authorization", format!("Bearer {NO_CREDENTIALS_KEY}")),
+            CHAT,
+        )
+        .await;
+    let status = response.status();
+    assert_answer(status, &body_of(response).await, &Answer::provider_not_configured("openai"));
+    let response =
+        h.send(h.post("/mistral/v1/chat/completions").header("x-recovea-key", BYO_KEY), CHAT).await;
+    let status = response.status();
+    assert_answer(status, &body_of(response).await, &Answer::provider_not_configured("mistral"));
+    assert!(h.mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_get_413_declared_or_streamed() {
+    let mock = MockProvider::start().await;
+    let cfg = config(&mock.url(), &mock.url(), 64, Duration::from_secs(5));
+    let h = Harness::with_config(mock, cfg, true).await;
+    let big = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#, "x".repeat(100));
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), &big).await;
+    let status = response.status();
+    assert_answer(status, &body_of(response).await, &Answer::request_too_large(64));
+
+    // Without a content-length (chunked), the limit holds all the same.
+    let (mut sender, body) = futures_channel_body();
+    let request = Request::post(format!("{}/v1/chat/completions", h.url))
+        .header("authorization", format!("Bearer {KEY}"))
+        .body(body)
+        .expect("request");
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let pending = tokio::spawn(async move { client.request(request).await });
+    for _ in 0..4 {
+        sender.send(Bytes::from_static(b"0123456789abcdef0123456789")).await;
+    }
+    drop(sender);
+    let response = pending.await.expect("join").expect("answer");
+    let status = response.status();
+    assert_answer(status, &body_of(response).await, &Answer::request_too_large(64));
+    assert!(h.mock.requests().is_empty());
+}
+
+/// A request body streamed in pieces, without a declared length.
+fn futures_channel_body() -> (ChunkSender, http_body_util::StreamBody<ChunkStream>) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
+    (ChunkSender(tx), http_body_util::StreamBody::new(ChunkStream(rx)))
+}
+
+struct ChunkSender(tokio::sync::mpsc::Sender<Bytes>);
+
+impl ChunkSender {
+    async fn send(&mut self, chunk: Bytes) {
+        // The gateway may already have answered 413 and stopped reading: that is fine.
+        let _ = self.0.send(chunk).await;
+    }
+}
+
+struct ChunkStream(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl futures_util::Stream for ChunkStream {
+    type Item = Result<http_body::Frame<Bytes>, std::convert::Infallible>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx).map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
+    }
+}
+
+#[tokio::test]
+async fn unreachable_provider_is_502_and_tls_failure_too() {
+    let mock = MockProvider::start().await;
+    // A port nobody listens on: bind one, then free it.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr")
+    };
+    let cfg = config(
+        &format!("http://{closed}"),
+        &format!("https://{}", mock.addr()),
+        1 << 20,
+        Duration::from_secs(5),
+    );
+    let h = Harness::with_config(mock, cfg, true).await;
+    // The snapshot's credentials use the node defaults for openai and anthropic.
+    let refused =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let status = refused.status();
+    assert_answer(status, &body_of(refused).await, &Answer::upstream_unreachable());
+    // TLS spoken to a plain-HTTP port fails the handshake.
+    let tls = h.send(h.post("/v1/messages").header("x-api-key", KEY), MESSAGES).await;
+    let status = tls.status();
+    assert_answer(status, &body_of(tls).await, &Answer::upstream_unreachable());
+}
+
+#[tokio::test]
+async fn no_response_headers_within_the_timeout_is_504() {
+    let mock = MockProvider::start().await;
+    let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_millis(200));
+    let h = Harness::with_config(mock, cfg, true).await;
+    h.mock.script(Behaviour::default().delay_ms(5_000));
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let status = response.status();
+    assert_answer(status, &body_of(response).await, &Answer::upstream_timeout());
+}
+
+#[tokio::test]
+async fn provider_errors_come_back_unchanged() {
+    let h = Harness::start().await;
+    let error = serde_json::json!({"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}});
+    h.mock.script(
+        Behaviour::error(429).body(error.clone()).header("retry-after", "7").header("x-custom", "kept"),
+    );
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers().get("retry-after").expect("kept"), "7");
+    assert_eq!(response.headers().get("x-custom").expect("kept"), "kept");
+    let body: serde_json::Value = serde_json::from_slice(&body_of(response).await).expect("json");
+    assert_eq!(body, error);
+}
+
+#[tokio::test]
+async fn hop_by_hop_headers_do_not_cross() {
+    let h = Harness::start().await;
+    let response = h
+        .send(
+            h.post("/v1/chat/completions")
+                .header("authorization", format!("Bearer {KEY}"))
+                .header("connection", "keep-alive, x-connection-private")
+                .header("x-connection-private", "1")
+                .header("proxy-authorization", "Basic abc")
+                .header("te", "trailers")
+                .header("x-kept", "yes"),
+            CHAT,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = &h.mock.requests()[0];
+    for dropped in ["x-connection-private", "proxy-authorization", "te", "x-recovea-key"] {
+        assert_eq!(seen.header(dropped), None, "{dropped}");
+    }
+    assert_eq!(seen.header("x-kept"), Some("yes"));
+    assert_eq!(seen.header("host"), Some(h.mock.addr().to_string().as_str()));
+}
+
+#[tokio::test]
+async fn streams_pass_through_event_by_event() {
+    let h = Harness::start().await;
+    // Ten seconds between events: a buffering proxy could not deliver the first one in time.
+    h.mock.script(Behaviour::default().chunk_delay_ms(10_000));
+    let stream = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response
+            .headers()
+            .get("content-type")
+            .expect("type")
+            .to_str()
+            .expect("text")
+            .starts_with("text/event-stream")
+    );
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("the first event arrives before the stream ends")
+        .expect("a frame")
+        .expect("data");
+    let first = first.into_data().expect("data frame");
+    assert!(first.starts_with(b"data: {"), "{first:?}");
+    assert!(std::str::from_utf8(&first).expect("utf-8").contains("chat.completion.chunk"));
+}
+
+#[tokio::test]
+async fn a_cut_stream_reaches_the_client_as_a_cut_stream() {
+    let h = Harness::start().await;
+    h.mock.script(Behaviour::default().cut_after_events(2));
+    let stream =
+        r#"{"model":"claude","stream":true,"max_tokens":9,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let response = h.send(h.post("/v1/messages").header("x-api-key", KEY), stream).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.into_body().collect().await.is_err(), "the client must see the stream end abnormally");
+}
+
+#[tokio::test]
+async fn without_a_snapshot_requests_fail_open_with_the_key_stripped() {
+    let mock = MockProvider::start().await;
+    let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_secs(5));
+    let h = Harness::with_config(mock, cfg, false).await;
+    assert!(!h.gateway.is_ready());
+    let response = h
+        .send(
+            h.post("/v1/chat/completions")
+                .header("x-recovea-key", KEY)
+                .header("authorization", "Bearer sk-client-own"),
+            CHAT,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = h.send(h.post("/v1/messages").header("x-api-key", KEY), MESSAGES).await;
+    // The mock accepts any key; a real provider would refuse, and that answer would come back as is.
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = h.mock.requests();
+    assert_eq!(seen[0].header("authorization"), Some("Bearer sk-client-own"));
+    assert_eq!(seen[1].header("x-api-key"), None, "no managed key on a fail-open pass");
+    assert_no_recovea_key(&h.mock);
+
+    let metrics = h.send(Request::get(format!("{}/metrics", h.url)), "").await;
+    let text = String::from_utf8(body_of(metrics).await.to_vec()).expect("utf-8");
+    assert!(text.contains("recovea_fail_open_total{reason=\"no_snapshot\"} 2\n"), "{text}");
+    let ready = h.send(Request::get(format!("{}/readyz", h.url)), "").await;
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn unknown_paths_are_404_and_health_endpoints_answer() {
+    let h = Harness::start().await;
+    let response =
+        h.send(h.post("/v2/whatever").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let status = response.status();
+    assert_answer(status, &body_of(response).await, &Answer::unknown_route());
+    for path in ["/healthz", "/readyz"] {
+        let response = h.send(Request::get(format!("{}{path}", h.url)), "").await;
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert!(response.headers().contains_key("x-request-id"));
+    }
+}
