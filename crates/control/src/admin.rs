@@ -302,7 +302,7 @@ mod tests {
         );
         assert!(
             message(r#"{"kind":"openai","api_key":"x","extra":1}"#)
-                .starts_with("body: unknown field `extra`")
+                .starts_with("extra: unknown field `extra`")
         );
         assert_eq!(message("not json"), "body: expected a JSON object");
     }
