@@ -12,6 +12,7 @@ pub mod ids;
 pub mod keys;
 pub mod snapshot;
 pub mod timestamp;
+pub mod usage;
 
 pub use admission::{Admitted, Decision, FailOpenReason, admit};
 pub use answer::Answer;

@@ -1,0 +1,55 @@
+//! Token usage of one request, in the receipt's terms, whichever provider reported it.
+
+/// Token counts as a receipt records them.
+///
+/// `input_tokens` counts every input token: plain, read from the cache, and written to the cache
+/// (for Anthropic: `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`).
+/// `cached_input_tokens` and `cache_write_input_tokens` are the parts of it read from and written to
+/// the provider's cache. `output_tokens` includes reasoning tokens; `reasoning_tokens` is that part.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub cached_input_tokens: u64,
+    pub cache_write_input_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+}
+
+impl Usage {
+    /// Input tokens billed at the plain input price: neither read from nor written to the cache.
+    pub fn plain_input_tokens(&self) -> u64 {
+        self.input_tokens.saturating_sub(self.cached_input_tokens).saturating_sub(self.cache_write_input_tokens)
+    }
+}
+
+/// Where a receipt's usage came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UsageSource {
+    /// Reported by the provider in its answer.
+    Provider,
+    /// The provider reported none (a cut stream, an omitted block): estimated from the request and
+    /// the content seen.
+    Estimated,
+}
+
+impl UsageSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Provider => "provider",
+            Self::Estimated => "estimated",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_input_excludes_cache_reads_and_writes() {
+        let usage = Usage { input_tokens: 100, cached_input_tokens: 30, cache_write_input_tokens: 20, ..Usage::default() };
+        assert_eq!(usage.plain_input_tokens(), 50);
+        let inconsistent = Usage { input_tokens: 10, cached_input_tokens: 30, ..Usage::default() };
+        assert_eq!(inconsistent.plain_input_tokens(), 0);
+    }
+}
