@@ -40,7 +40,7 @@ enum Resource {
 #[derive(Subcommand)]
 enum Orgs {
     Create {
-        #[arg(long)]
+        #[arg(long, env = "RECOVEA_ORG_NAME")]
         name: String,
     },
     List,
@@ -53,16 +53,16 @@ enum Orgs {
 enum Keys {
     /// Creates a key and prints its secret (shown only this once).
     Create {
-        #[arg(long)]
+        #[arg(long, env = "RECOVEA_ORG")]
         org: String,
-        #[arg(long)]
+        #[arg(long, env = "RECOVEA_KEY_NAME")]
         name: String,
         /// RFC 3339 time after which the key is refused.
-        #[arg(long)]
+        #[arg(long, env = "RECOVEA_KEY_EXPIRES_AT")]
         expires_at: Option<String>,
     },
     List {
-        #[arg(long)]
+        #[arg(long, env = "RECOVEA_ORG")]
         org: String,
     },
     Revoke {
@@ -74,21 +74,21 @@ enum Keys {
 enum Providers {
     /// Creates or replaces the organization's credential called NAME.
     Set {
-        #[arg(long)]
+        #[arg(long, env = "RECOVEA_ORG")]
         org: String,
         /// `openai` and `anthropic` serve the default routes; other names serve `/{name}/v1/...`.
-        #[arg(long)]
+        #[arg(long, env = "RECOVEA_PROVIDER_NAME")]
         name: String,
-        #[arg(long, value_parser = ["openai", "anthropic"])]
+        #[arg(long, env = "RECOVEA_PROVIDER_KIND", value_parser = ["openai", "anthropic"])]
         kind: String,
         #[arg(long, env = "RECOVEA_PROVIDER_API_KEY", hide_env_values = true)]
         api_key: String,
         /// The provider's root, without the version path (for example https://api.groq.com/openai).
-        #[arg(long)]
+        #[arg(long, env = "RECOVEA_PROVIDER_BASE_URL")]
         base_url: Option<String>,
     },
     List {
-        #[arg(long)]
+        #[arg(long, env = "RECOVEA_ORG")]
         org: String,
     },
 }

@@ -20,7 +20,7 @@ pub(crate) fn create(dir: &Path) -> Result<(), String> {
 }
 
 pub(crate) fn admin_token(dir: &Path) -> Result<Secret, String> {
-    read_or_generate(dir, ADMIN_TOKEN_FILE, || Ok(recovea_core::ids::mint("rat_", 43, random::random_byte())))
+    read_or_generate(dir, ADMIN_TOKEN_FILE, || random::token("rat_", 43).map_err(|e| e.to_string()))
 }
 
 pub(crate) fn master_key(dir: &Path) -> Result<Secret, String> {
@@ -42,6 +42,10 @@ fn read_or_generate(
 ) -> Result<Secret, String> {
     let path = dir.join(file);
     match fs::read_to_string(&path) {
+        Ok(value) if value.trim().is_empty() => Err(format!(
+            "{} is empty: delete it to generate a new one, or write the value in it",
+            path.display()
+        )),
         Ok(value) => Ok(Secret { value: value.trim().to_owned(), generated: false }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let value = generate()?;

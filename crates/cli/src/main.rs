@@ -66,6 +66,9 @@ pub(crate) struct ServeArgs {
     /// How long to wait for a connection to a provider before answering 502.
     #[arg(long, env = "RECOVEA_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     connect_timeout: Duration,
+    /// How long a client may take to send its request body before it gets 408.
+    #[arg(long, env = "RECOVEA_REQUEST_BODY_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    request_body_timeout: Duration,
     /// Log filter, in `RUST_LOG` syntax.
     #[arg(long, env = "RECOVEA_LOG", default_value = "info")]
     log: String,

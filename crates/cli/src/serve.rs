@@ -2,10 +2,11 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use recovea_control::Control;
 use recovea_core::crypto::MasterKey;
-use recovea_gateway::{Gateway, GatewayConfig};
+use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
 use recovea_store::SqliteStore;
 use tokio::net::TcpListener;
 
@@ -13,13 +14,14 @@ use crate::{ServeArgs, data_dir};
 
 pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     init_logging(&args.log)?;
-    let config = GatewayConfig::new(
-        &args.openai_base_url,
-        &args.anthropic_base_url,
-        args.max_body_size,
-        args.upstream_timeout,
-        args.connect_timeout,
-    )
+    let config = GatewayConfig::new(GatewaySettings {
+        openai_base_url: args.openai_base_url.clone(),
+        anthropic_base_url: args.anthropic_base_url.clone(),
+        max_body_bytes: args.max_body_size,
+        upstream_timeout: args.upstream_timeout,
+        connect_timeout: args.connect_timeout,
+        body_read_timeout: args.request_body_timeout,
+    })
     .map_err(|e| e.to_string())?;
     data_dir::create(&args.data_dir)?;
     let database = sqlite_path(&args)?;
@@ -73,12 +75,14 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    let publisher =
+        tokio::spawn(control.clone().keep_published(Duration::from_millis(250), wait(stopped.clone())));
     let admin = tokio::spawn(recovea_control::serve(control, admin_listener, wait(stopped.clone())));
     let node = tokio::spawn(recovea_gateway::serve(gateway, gateway_listener, wait(stopped)));
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     let _ = stop.send(true);
-    let _ = tokio::join!(admin, node);
+    let _ = tokio::join!(admin, node, publisher);
     Ok(())
 }
 

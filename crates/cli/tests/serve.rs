@@ -16,10 +16,6 @@ use serde_json::{Value, json};
 const BIN: &str = env!("CARGO_BIN_EXE_recovea");
 const TOKEN: &str = "test-admin-token";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("recovea-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -43,11 +39,10 @@ impl Drop for Serve {
 }
 
 impl Serve {
+    /// Starts `serve` on ports the system picks, and reads the addresses it bound from its banner.
     fn start(data_dir: &Path, mock_url: &str, extra: &[&str]) -> Self {
-        let (gateway_port, admin_port) = (free_port(), free_port());
         let mut child = Command::new(BIN)
-            .args(["serve", "--listen", &format!("127.0.0.1:{gateway_port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url])
             .arg("--data-dir")
             .arg(data_dir)
@@ -59,7 +54,7 @@ impl Serve {
             .expect("recovea starts");
         let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         let mut stdout = Vec::new();
-        // `serve` prints its admin URL once it is ready; everything before is part of that banner.
+        // `serve` prints its admin URL last, once both servers are up.
         while let Some(Ok(line)) = lines.next() {
             let done = line.starts_with("recovea admin:");
             stdout.push(line);
@@ -67,17 +62,16 @@ impl Serve {
                 break;
             }
         }
-        assert!(
-            stdout.iter().any(|l| l.starts_with("recovea admin:")),
-            "serve did not become ready: {stdout:?}"
-        );
         std::thread::spawn(move || for _ in lines {});
-        Self {
-            child,
-            stdout,
-            gateway: format!("http://127.0.0.1:{gateway_port}"),
-            admin: format!("http://127.0.0.1:{admin_port}"),
-        }
+        let url_after = |label: &str| {
+            stdout
+                .iter()
+                .find_map(|l| l.strip_prefix(label))
+                .map(|rest| rest.trim().trim_end_matches("/admin/v1").to_owned())
+                .unwrap_or_else(|| panic!("serve did not print {label:?}: {stdout:?}"))
+        };
+        let (gateway, admin) = (url_after("recovea gateway:"), url_after("recovea admin:"));
+        Self { child, stdout, gateway, admin }
     }
 }
 
@@ -330,7 +324,9 @@ fn help_works_on_every_subcommand() {
 fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     let dir = temp_dir("bad-flags");
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
-    let cases: [Case<'_>; 7] = [
+    std::fs::write(dir.join("admin-token"), "\n").expect("an empty token file");
+    let cases: [Case<'_>; 8] = [
+        (&[], &[], "admin-token is empty"),
         (&["--master-key", "zz"], &[], "--master-key"),
         (&["--openai-base-url", "ftp://x"], &[], "--openai-base-url"),
         (&["--listen", "not-an-address"], &[], "--listen"),
@@ -356,40 +352,154 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
+#[test]
+fn every_flag_of_every_subcommand_names_its_environment_variable() {
+    let subcommands: [&[&str]; 10] = [
+        &["serve"],
+        &["admin"],
+        &["admin", "orgs", "create"],
+        &["admin", "orgs", "get"],
+        &["admin", "keys", "create"],
+        &["admin", "keys", "list"],
+        &["admin", "keys", "revoke"],
+        &["admin", "providers", "set"],
+        &["admin", "providers", "list"],
+        &["admin", "orgs", "list"],
+    ];
+    for args in subcommands {
+        let output = Command::new(BIN).args(args).arg("--help").output().expect("runs");
+        let help = String::from_utf8_lossy(&output.stdout).into_owned();
+        // Each option's block runs from its `--flag` line to the next option or the end.
+        let mut blocks: Vec<String> = Vec::new();
+        for line in help.lines() {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("--") || (trimmed.starts_with('-') && trimmed.contains(", --")) {
+                blocks.push(trimmed.to_owned());
+            } else if let Some(block) = blocks.last_mut() {
+                block.push(' ');
+                block.push_str(trimmed);
+            }
+        }
+        let flags: Vec<&String> =
+            blocks.iter().filter(|b| !b.contains("--help") && !b.contains("--version")).collect();
+        if args == ["serve"] {
+            assert_eq!(flags.len(), 13, "{help}");
+        }
+        for block in flags {
+            assert!(block.contains("[env: RECOVEA_"), "{args:?}: {block}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_flag_reads_its_environment_variable() {
+async fn serve_reads_its_settings_from_the_environment() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("env");
-    let (gateway_port, admin_port) = (free_port(), free_port());
     let mut child = Command::new(BIN)
         .arg("serve")
-        .env("RECOVEA_LISTEN", format!("127.0.0.1:{gateway_port}"))
-        .env("RECOVEA_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
+        .env("RECOVEA_LISTEN", "127.0.0.1:0")
+        .env("RECOVEA_ADMIN_LISTEN", "127.0.0.1:0")
         .env("RECOVEA_DATA_DIR", &dir)
         .env("RECOVEA_ADMIN_TOKEN", TOKEN)
         .env("RECOVEA_MASTER_KEY", "11".repeat(32))
         .env("RECOVEA_OPENAI_BASE_URL", mock.url())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("starts");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let url = format!("http://127.0.0.1:{admin_port}/admin/v1/orgs");
-    let status = loop {
-        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-        let request =
-            Request::get(&url).header("authorization", format!("Bearer {TOKEN}")).body(Full::default());
-        if let Ok(response) = client.request(request.expect("request")).await {
-            break response.status();
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut urls = Vec::new();
+    while let Some(Ok(line)) = lines.next() {
+        if let Some(url) = line.split_whitespace().last().filter(|u| u.starts_with("http://")) {
+            urls.push(url.trim_end_matches("/admin/v1").to_owned());
         }
-        assert!(Instant::now() < deadline, "serve did not come up from environment variables");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(status, StatusCode::OK);
+        if line.starts_with("recovea admin:") {
+            break;
+        }
+    }
+    let [gateway, admin] = <[String; 2]>::try_from(urls).expect("two URLs in the banner");
+    let auth = format!("Bearer {TOKEN}");
+    let (status, _) =
+        call(Method::GET, &format!("{admin}/admin/v1/orgs"), &[("authorization", &auth)], None).await;
+    assert_eq!(status, StatusCode::OK, "RECOVEA_ADMIN_TOKEN was used");
+    let (status, body) = call(
+        Method::POST,
+        &format!("{gateway}/v1/chat/completions"),
+        &[("authorization", "Bearer rk_0000000000000000000000000000000000000000000")],
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "RECOVEA_LISTEN was used: {body}");
     assert!(dir.join("recovea.db").exists(), "RECOVEA_DATA_DIR was used");
     assert!(!dir.join("master.key").exists(), "RECOVEA_MASTER_KEY was used, none generated");
     assert!(!dir.join("admin-token").exists(), "RECOVEA_ADMIN_TOKEN was used, none generated");
     let _ = child.kill();
     let _ = child.wait();
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_whose_client_hangs_up_still_reaches_the_gateway() {
+    use std::io::Write;
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("hang-up");
+    let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
+    let auth = format!("Bearer {TOKEN}");
+    let url = |path: &str| format!("{}/admin/v1{path}", serve.admin);
+    let (_, org) =
+        call(Method::POST, &url("/orgs"), &[("authorization", &auth)], Some(json!({"name": "a"}))).await;
+    let org_id = org["id"].as_str().expect("id");
+    let (_, key) = call(
+        Method::POST,
+        &url(&format!("/orgs/{org_id}/keys")),
+        &[("authorization", &auth)],
+        Some(json!({"name": "k"})),
+    )
+    .await;
+    let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
+    call(
+        Method::PUT,
+        &url(&format!("/orgs/{org_id}/providers/openai")),
+        &[("authorization", &auth)],
+        Some(provider),
+    )
+    .await;
+    let bearer = format!("Bearer {}", key["secret"].as_str().expect("secret"));
+    let (path, body) = chat();
+    let (status, _) = call(
+        Method::POST,
+        &format!("{}{path}", serve.gateway),
+        &[("authorization", &bearer)],
+        Some(body.clone()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Send the revocation and hang up without reading the answer.
+    let admin_addr = serve.admin.trim_start_matches("http://").to_owned();
+    let key_id = key["id"].as_str().expect("id");
+    let mut stream = std::net::TcpStream::connect(&admin_addr).expect("connect");
+    write!(
+        stream,
+        "POST /admin/v1/keys/{key_id}/revoke HTTP/1.1\r\nhost: {admin_addr}\r\nauthorization: {auth}\r\ncontent-length: 0\r\n\r\n"
+    )
+    .expect("send");
+    drop(stream);
+
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let (status, _) = call(
+            Method::POST,
+            &format!("{}{path}", serve.gateway),
+            &[("authorization", &bearer)],
+            Some(body.clone()),
+        )
+        .await;
+        if status == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the revocation did not reach the gateway within a second");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }

@@ -1,7 +1,7 @@
 //! The admin API under `/admin/v1`: routing, request bodies, and the JSON of its answers.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -15,10 +15,10 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use crate::Control;
 use crate::error::ApiError;
-use crate::random::{self, random_byte};
+use crate::random;
 use crate::snapshot::seal_context;
-use crate::{Control, sha256};
 
 pub(crate) const OPENAPI: &str = include_str!("openapi.json");
 
@@ -40,7 +40,7 @@ impl Control {
     pub(crate) fn authorized(&self, authorization: Option<&str>) -> bool {
         let presented = authorization.and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).unwrap_or("");
         // Comparing digests keeps the comparison's timing independent of the token's characters.
-        !presented.is_empty() && sha256(presented.as_bytes()) == self.inner.admin_token_hash
+        !presented.is_empty() && keys::hash_secret(presented) == self.inner.admin_token_hash
     }
 
     /// Routes one authorized admin request (`segments` follow `/admin/v1/`).
@@ -65,8 +65,11 @@ impl Control {
             | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _) => Err(ApiError::MethodNotAllowed),
             _ => Err(ApiError::NotFound("Unknown admin path.".into())),
         }?;
-        if method != Method::GET {
-            self.publish_latest().await?;
+        if method != Method::GET
+            && let Err(e) = self.publish_latest().await
+        {
+            // The change is saved; `keep_published` retries the publication.
+            tracing::error!(error = ?e, "a saved change could not be published yet");
         }
         Ok(reply)
     }
@@ -87,7 +90,7 @@ impl Control {
 
     async fn create_org(&self, body: NewOrg) -> Result<Reply, ApiError> {
         let org = OrgRecord {
-            id: OrgId::mint(random_byte()),
+            id: new_id(OrgId::PREFIX, OrgId::parse)?,
             name: name_field("name", body.name)?,
             created_at: now(),
         };
@@ -122,9 +125,10 @@ impl Control {
                 Some(at)
             }
         };
-        let secret = keys::mint_secret(random_byte());
+        let secret =
+            random::token(keys::SECRET_PREFIX, keys::SECRET_RANDOM_LEN).map_err(ApiError::internal)?;
         let key = KeyRecord {
-            id: KeyId::mint(random_byte()),
+            id: new_id(KeyId::PREFIX, KeyId::parse)?,
             org_id,
             name: name_field("name", body.name)?,
             prefix: keys::shown_prefix(&secret).to_owned(),
@@ -256,8 +260,12 @@ fn key_id(s: &str) -> Result<KeyId, ApiError> {
 }
 
 fn now() -> Timestamp {
-    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
-    Timestamp(i64::try_from(ms).unwrap_or(i64::MAX))
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+fn new_id<T>(prefix: &str, parse: fn(&str) -> Option<T>) -> Result<T, ApiError> {
+    let token = random::token(prefix, OrgId::RANDOM_LEN).map_err(ApiError::internal)?;
+    parse(&token).ok_or_else(|| ApiError::internal("a minted id did not parse"))
 }
 
 fn seal(master_key: &MasterKey, context: &[u8], plaintext: &[u8]) -> Result<Vec<u8>, ApiError> {

@@ -32,10 +32,12 @@ pub struct Control {
 struct Inner {
     store: Arc<dyn ControlStore>,
     master_key: MasterKey,
-    admin_token_hash: [u8; 32],
+    /// Compared as hashes, so the comparison takes the same time whatever the presented token.
+    admin_token_hash: recovea_core::keys::KeyHash,
     publish: Publish,
-    /// Serialises rebuilds so that an older state is never published after a newer one.
-    publishing: tokio::sync::Mutex<u64>,
+    /// The version last published; the lock serialises rebuilds so that an older state is never
+    /// published after a newer one.
+    published: tokio::sync::Mutex<Option<u64>>,
 }
 
 impl Control {
@@ -49,33 +51,62 @@ impl Control {
             inner: Arc::new(Inner {
                 store,
                 master_key,
-                admin_token_hash: sha256(admin_token.as_bytes()),
+                admin_token_hash: recovea_core::keys::hash_secret(admin_token),
                 publish,
-                publishing: tokio::sync::Mutex::new(0),
+                published: tokio::sync::Mutex::new(None),
             }),
         }
     }
 
-    /// Rebuilds the snapshot from the store and publishes it, unless a newer one already went out.
+    /// Rebuilds the snapshot from the store and publishes it, unless it is already out.
     pub async fn publish_latest(&self) -> Result<(), ApiError> {
-        let mut published = self.inner.publishing.lock().await;
+        let mut published = self.inner.published.lock().await;
         let store = Arc::clone(&self.inner.store);
         let state =
             tokio::task::spawn_blocking(move || store.state()).await.map_err(ApiError::internal)??;
-        if state.version < *published {
+        if published.is_some_and(|version| state.version <= version) {
             return Ok(());
         }
-        let version = state.version;
         let snapshot = build_snapshot(&state, &self.inner.master_key);
         (self.inner.publish)(Arc::new(snapshot));
-        *published = version;
+        *published = Some(state.version);
         Ok(())
     }
-}
 
-pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    let mut out = [0u8; 32];
-    out.copy_from_slice(digest.as_ref());
-    out
+    /// Republishes whenever the store's version moves past the published one, until `shutdown`.
+    /// Admin changes publish at once; this catches what they could not (a failed rebuild) and
+    /// changes made by anyone else sharing the store.
+    pub async fn keep_published(
+        self,
+        interval: std::time::Duration,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = &mut shutdown => return,
+            }
+            let store = Arc::clone(&self.inner.store);
+            let current = match tokio::task::spawn_blocking(move || store.version()).await {
+                Ok(Ok(version)) => version,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "reading the store's version failed");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the store's version failed");
+                    continue;
+                }
+            };
+            let published = *self.inner.published.lock().await;
+            if published.is_none_or(|version| current > version)
+                && let Err(e) = self.publish_latest().await
+            {
+                tracing::warn!(error = ?e, "publishing the latest state failed; retrying");
+            }
+        }
+    }
 }

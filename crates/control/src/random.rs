@@ -19,18 +19,32 @@ pub fn bytes<const N: usize>() -> Result<[u8; N], RandomUnavailable> {
     Ok(out)
 }
 
-/// An endless source of secure random bytes, for minting ids and secrets.
-pub fn random_byte() -> impl FnMut() -> u8 {
-    let rng = SystemRandom::new();
-    let mut buffer = [0u8; 64];
-    let mut used = buffer.len();
-    move || {
-        if used == buffer.len() {
-            // Continuing past a failed system generator with weaker bytes is not an option.
-            rng.fill(&mut buffer).expect("the operating system's random generator failed");
-            used = 0;
+/// `prefix` followed by `len` random base62 characters: ids, key secrets, tokens.
+pub fn token(prefix: &str, len: usize) -> Result<String, RandomUnavailable> {
+    let mut out = String::with_capacity(prefix.len() + len);
+    out.push_str(prefix);
+    let target = prefix.len() + len;
+    while out.len() < target {
+        for c in bytes::<64>()?.into_iter().filter_map(recovea_core::ids::base62_char) {
+            if out.len() == target {
+                break;
+            }
+            out.push(c);
         }
-        used += 1;
-        buffer[used - 1]
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_have_the_prefix_and_length_asked_for() {
+        let a = token("rk_", 43).expect("random");
+        let b = token("rk_", 43).expect("random");
+        assert_eq!(a.len(), 46);
+        assert!(recovea_core::keys::is_well_formed(&a));
+        assert_ne!(a, b);
     }
 }

@@ -69,9 +69,19 @@ impl Control {
             Some(_) if !self.authorized(authorization) => Err(ApiError::Unauthorized),
             Some(rest) => {
                 let method = request.method().clone();
-                let segments: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+                let segments: Vec<String> =
+                    rest.trim_end_matches('/').split('/').map(str::to_owned).collect();
                 match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
-                    Ok(body) => self.route(&method, &segments, body.to_bytes()).await,
+                    Ok(body) => {
+                        // A change and its publication run to the end even if the client hangs up:
+                        // a revocation saved but never served would be worse than none.
+                        let control = self.clone();
+                        let work = tokio::spawn(async move {
+                            let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+                            control.route(&method, &segments, body.to_bytes()).await
+                        });
+                        work.await.unwrap_or_else(|e| Err(ApiError::internal(e)))
+                    }
                     Err(_) => Err(ApiError::BadRequest("body: unreadable or larger than 1 MiB".into())),
                 }
             }

@@ -76,6 +76,11 @@ impl Answer {
         )
     }
 
+    /// The client did not finish sending its body in time.
+    pub fn request_body_timeout() -> Self {
+        Self::error(408, "invalid_request_error", "request_timeout", "Request body was not received in time.")
+    }
+
     pub fn unknown_route() -> Self {
         Self::error(
             404,

@@ -23,10 +23,6 @@ impl std::fmt::Debug for KeyHash {
     }
 }
 
-pub fn mint_secret(next_byte: impl FnMut() -> u8) -> String {
-    ids::mint(SECRET_PREFIX, SECRET_RANDOM_LEN, next_byte)
-}
-
 /// Whether `s` has the shape of a Recovea key. A malformed key is refused like an unknown one.
 pub fn is_well_formed(s: &str) -> bool {
     s.strip_prefix(SECRET_PREFIX)
@@ -53,7 +49,7 @@ mod tests {
     #[test]
     fn minted_secrets_are_well_formed() {
         let mut n = 0u8;
-        let secret = mint_secret(|| {
+        let secret = ids::mint(SECRET_PREFIX, SECRET_RANDOM_LEN, || {
             n = n.wrapping_add(37);
             n
         });
@@ -82,7 +78,7 @@ mod tests {
         #[test]
         fn any_minted_secret_is_well_formed(bytes in proptest::collection::vec(any::<u8>(), 64..256)) {
             let mut it = bytes.into_iter().cycle().chain(std::iter::repeat(0));
-            let secret = mint_secret(|| it.next().unwrap_or(0));
+            let secret = ids::mint(SECRET_PREFIX, SECRET_RANDOM_LEN, || it.next().unwrap_or(0));
             prop_assert!(is_well_formed(&secret));
         }
     }

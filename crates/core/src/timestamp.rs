@@ -11,6 +11,12 @@ impl Timestamp {
         Self(ms)
     }
 
+    /// The caller reads the clock; core only converts.
+    pub fn from_system_time(at: std::time::SystemTime) -> Self {
+        let ms = at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        Self(i64::try_from(ms).unwrap_or(i64::MAX))
+    }
+
     pub fn unix_millis(self) -> i64 {
         self.0
     }

@@ -18,7 +18,9 @@ pub struct Usage {
 impl Usage {
     /// Input tokens billed at the plain input price: neither read from nor written to the cache.
     pub fn plain_input_tokens(&self) -> u64 {
-        self.input_tokens.saturating_sub(self.cached_input_tokens).saturating_sub(self.cache_write_input_tokens)
+        self.input_tokens
+            .saturating_sub(self.cached_input_tokens)
+            .saturating_sub(self.cache_write_input_tokens)
     }
 }
 
@@ -47,7 +49,12 @@ mod tests {
 
     #[test]
     fn plain_input_excludes_cache_reads_and_writes() {
-        let usage = Usage { input_tokens: 100, cached_input_tokens: 30, cache_write_input_tokens: 20, ..Usage::default() };
+        let usage = Usage {
+            input_tokens: 100,
+            cached_input_tokens: 30,
+            cache_write_input_tokens: 20,
+            ..Usage::default()
+        };
         assert_eq!(usage.plain_input_tokens(), 50);
         let inconsistent = Usage { input_tokens: 10, cached_input_tokens: 30, ..Usage::default() };
         assert_eq!(inconsistent.plain_input_tokens(), 0);

@@ -6,6 +6,7 @@
 
 mod metrics;
 mod proxy;
+mod refusal;
 mod server;
 mod upstream;
 
@@ -19,6 +20,17 @@ use recovea_core::snapshot::ProviderKind;
 pub use metrics::Outcome;
 pub use server::serve;
 
+/// The node's settings as given (flags, environment); [`GatewayConfig::new`] validates them.
+#[derive(Debug, Clone)]
+pub struct GatewaySettings {
+    pub openai_base_url: String,
+    pub anthropic_base_url: String,
+    pub max_body_bytes: u64,
+    pub upstream_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub body_read_timeout: Duration,
+}
+
 /// A validated node configuration: only [`GatewayConfig::new`] builds one.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -27,6 +39,7 @@ pub struct GatewayConfig {
     max_body_bytes: u64,
     upstream_timeout: Duration,
     connect_timeout: Duration,
+    body_read_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,27 +54,26 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl GatewayConfig {
-    pub fn new(
-        openai_base_url: &str,
-        anthropic_base_url: &str,
-        max_body_bytes: u64,
-        upstream_timeout: Duration,
-        connect_timeout: Duration,
-    ) -> Result<Self, ConfigError> {
-        if upstream_timeout.is_zero() {
-            return Err(ConfigError("--upstream-timeout must be greater than zero".into()));
+    pub fn new(settings: GatewaySettings) -> Result<Self, ConfigError> {
+        for (flag, value) in [
+            ("--upstream-timeout", settings.upstream_timeout),
+            ("--connect-timeout", settings.connect_timeout),
+            ("--request-body-timeout", settings.body_read_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError(format!("{flag} must be greater than zero")));
+            }
         }
-        if connect_timeout.is_zero() {
-            return Err(ConfigError("--connect-timeout must be greater than zero".into()));
-        }
+        let base_url = |flag: &str, url: &str| {
+            recovea_providers::normalize_base_url(url).map_err(|why| ConfigError(format!("{flag}: {why}")))
+        };
         Ok(Self {
-            openai_base_url: recovea_providers::normalize_base_url(openai_base_url)
-                .map_err(|why| ConfigError(format!("--openai-base-url: {why}")))?,
-            anthropic_base_url: recovea_providers::normalize_base_url(anthropic_base_url)
-                .map_err(|why| ConfigError(format!("--anthropic-base-url: {why}")))?,
-            max_body_bytes,
-            upstream_timeout,
-            connect_timeout,
+            openai_base_url: base_url("--openai-base-url", &settings.openai_base_url)?,
+            anthropic_base_url: base_url("--anthropic-base-url", &settings.anthropic_base_url)?,
+            max_body_bytes: settings.max_body_bytes,
+            upstream_timeout: settings.upstream_timeout,
+            connect_timeout: settings.connect_timeout,
+            body_read_timeout: settings.body_read_timeout,
         })
     }
 

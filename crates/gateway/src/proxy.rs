@@ -1,12 +1,13 @@
-//! One request's way through the node, as named phases: read credential, admit, route, read body,
-//! forward, respond. [`RequestContext`] carries what each phase learned to the next.
+//! One request's way through the node, as named phases: route check, read credential, admit,
+//! route, read body, forward, respond. [`RequestContext`] carries what each phase learned.
 
 use std::panic::AssertUnwindSafe;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::request::Parts;
+use http::{HeaderMap, Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use recovea_core::admission::{Admitted, Decision, FailOpenReason};
@@ -16,6 +17,7 @@ use recovea_providers::{Route, headers};
 
 use crate::Shared;
 use crate::metrics::Outcome;
+use crate::refusal::Refusal;
 use crate::upstream::UpstreamError;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -24,13 +26,18 @@ pub(crate) type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Where a provider's own request id goes, since `x-request-id` carries the gateway's.
 const UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
-/// How long a client may take to send its request body.
-const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the phases of one request learned, in the order they learned it.
 pub(crate) struct RequestContext {
     pub(crate) request_id: HeaderValue,
-    pub(crate) outcome: Outcome,
+    received_at: Instant,
+    /// The name of the credential the path routes to.
+    credential: Option<String>,
+    /// Who is calling, once admitted.
+    admitted: Option<Admitted>,
+    /// Why the request was passed through unadmitted, if it was.
+    fail_open: Option<FailOpenReason>,
+    outcome: Outcome,
 }
 
 impl RequestContext {
@@ -39,7 +46,14 @@ impl RequestContext {
         id.push_str("req_");
         recovea_core::ids::push_base62(&mut id, 20, || fastrand::u8(..));
         let request_id = HeaderValue::try_from(id).expect("base62 is a valid header value");
-        Self { request_id, outcome: Outcome::Forwarded }
+        Self {
+            request_id,
+            received_at: Instant::now(),
+            credential: None,
+            admitted: None,
+            fail_open: None,
+            outcome: Outcome::Forwarded,
+        }
     }
 }
 
@@ -62,15 +76,13 @@ where
 {
     let response = match run(shared, ctx, request).await {
         Ok(response) => response,
-        Err((outcome, answer)) => {
-            ctx.outcome = outcome;
-            answer_response(answer)
+        Err(refusal) => {
+            ctx.outcome = refusal.outcome();
+            answer_response(refusal.into_answer())
         }
     };
     respond(shared, ctx, response)
 }
-
-type Refusal = (Outcome, Answer);
 
 async fn run<B>(
     shared: &Shared,
@@ -83,72 +95,38 @@ where
 {
     let (mut parts, body) = request.into_parts();
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
-    let Some(route) = recovea_providers::route(&path_and_query) else {
-        return Err((Outcome::UnknownRoute, Answer::unknown_route()));
-    };
+    let route = recovea_providers::route(&path_and_query).ok_or(Refusal::UnknownRoute)?;
+    ctx.credential = Some(route.credential.to_owned());
 
-    // Phases: read credential, then admit.
-    let decision = admit(shared, &parts.headers);
-
-    // Phase: route to a target.
+    let decision = read_credential_and_admit(shared, &parts.headers);
     let target = match decision {
-        Decision::Admit(admitted) => target_for(shared, &route, &admitted)?,
-        Decision::Refuse(answer) => return Err((Outcome::InvalidKey, answer)),
+        Decision::Admit(admitted) => {
+            let target = target_for(shared, &route, &admitted, &parts.headers)?;
+            ctx.admitted = Some(admitted);
+            target
+        }
+        Decision::Refuse(answer) => return Err(Refusal::Admission(answer)),
         Decision::FailOpen(reason) => {
             ctx.outcome = Outcome::FailOpen;
+            ctx.fail_open = Some(reason);
             shared.metrics.fail_open(reason);
             tracing::error!(reason = reason.label(), request_id = ?ctx.request_id, "fail-open pass: forwarding unadmitted");
-            let kind = route.fallback_kind.ok_or_else(|| {
-                (Outcome::ProviderNotConfigured, Answer::provider_not_configured(route.credential))
-            })?;
+            let kind = route
+                .fallback_kind
+                .ok_or_else(|| Refusal::ProviderNotConfigured(route.credential.to_owned()))?;
             Target { base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None }
         }
     };
 
-    // Phase: read body.
-    let body = read_body(shared.config.max_body_bytes, &parts.headers, body).await?;
-
-    // Phase: forward.
-    headers::remove_hop_by_hop(&mut parts.headers);
-    headers::remove_recovea_key(&mut parts.headers);
-    parts.headers.remove(header::HOST);
-    parts.headers.remove(header::CONTENT_LENGTH);
-    if let Some((kind, key)) = &target.managed_key {
-        // The admin API accepts only keys that are valid header values, so this holds.
-        headers::set_managed_key(&mut parts.headers, *kind, key).map_err(|_| {
-            (Outcome::ProviderNotConfigured, Answer::provider_not_configured(route.credential))
-        })?;
-    }
-    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    parts.uri = format!("{}{}", target.base_url, route.upstream_path)
-        .parse::<Uri>()
-        .map_err(|_| (Outcome::UnknownRoute, Answer::unknown_route()))?;
-    parts.version = Version::HTTP_11;
-    let upstream_request = Request::from_parts(parts, Full::new(body));
-
-    match shared.upstream.send(upstream_request, shared.config.upstream_timeout).await {
-        Ok(response) => {
-            let (mut parts, body) = response.into_parts();
-            headers::remove_hop_by_hop(&mut parts.headers);
-            let body = body.map_err(BoxError::from).boxed_unsync();
-            Ok(Response::from_parts(parts, body))
-        }
-        Err(UpstreamError::Unreachable(e)) => {
-            tracing::warn!(request_id = ?ctx.request_id, error = %e, "provider unreachable");
-            Err((Outcome::UpstreamUnreachable, Answer::upstream_unreachable()))
-        }
-        Err(UpstreamError::Timeout) => Err((Outcome::UpstreamTimeout, Answer::upstream_timeout())),
-    }
+    let body = read_body(shared, &parts.headers, body).await?;
+    let upstream_request = upstream_request(&mut parts, &route, &target, body)?;
+    forward(shared, ctx, upstream_request).await
 }
 
-/// Reads the credential and decides. A panic inside admission is a fault of ours, so the request
+/// Phases read credential and admit. A panic inside admission is a fault of ours, so the request
 /// passes through rather than fail.
-fn admit(shared: &Shared, request_headers: &http::HeaderMap) -> Decision {
-    let now = Timestamp(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-    );
+fn read_credential_and_admit(shared: &Shared, request_headers: &HeaderMap) -> Decision {
+    let now = Timestamp::from_system_time(SystemTime::now());
     std::panic::catch_unwind(AssertUnwindSafe(|| {
         let snapshot = shared.snapshot.load();
         recovea_core::admit(snapshot.as_deref(), credential::read(request_headers), now)
@@ -156,42 +134,101 @@ fn admit(shared: &Shared, request_headers: &http::HeaderMap) -> Decision {
     .unwrap_or(Decision::FailOpen(FailOpenReason::AdmissionFault))
 }
 
-fn target_for(shared: &Shared, route: &Route<'_>, admitted: &Admitted) -> Result<Target, Refusal> {
-    let own_key = admitted.credential_header.brings_own_provider_key();
-    match admitted.org.provider(route.credential) {
-        Some(credential) => Ok(Target {
+/// Phase route: the organization's credential, or the client's own provider key when it sent its
+/// Recovea key in `x-recovea-key` together with a provider key of its own.
+fn target_for(
+    shared: &Shared,
+    route: &Route<'_>,
+    admitted: &Admitted,
+    request_headers: &HeaderMap,
+) -> Result<Target, Refusal> {
+    let brings_own =
+        admitted.credential_header.brings_own_provider_key() && headers::has_provider_auth(request_headers);
+    match (admitted.org.provider(route.credential), route.fallback_kind) {
+        (Some(credential), _) => Ok(Target {
             base_url: credential
                 .base_url
                 .clone()
                 .unwrap_or_else(|| shared.config.default_base_url(credential.kind).to_owned()),
-            managed_key: (!own_key).then(|| (credential.kind, credential.api_key.clone())),
+            managed_key: (!brings_own).then(|| (credential.kind, credential.api_key.clone())),
         }),
-        None => match route.fallback_kind {
-            Some(kind) if own_key => {
-                Ok(Target { base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None })
-            }
-            _ => Err((Outcome::ProviderNotConfigured, Answer::provider_not_configured(route.credential))),
-        },
+        (None, Some(kind)) if brings_own => {
+            Ok(Target { base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None })
+        }
+        (None, _) => Err(Refusal::ProviderNotConfigured(route.credential.to_owned())),
     }
 }
 
-async fn read_body<B>(limit: u64, request_headers: &http::HeaderMap, body: B) -> Result<Bytes, Refusal>
+/// Phase read body: buffered, within the size limit and the time limit.
+async fn read_body<B>(shared: &Shared, request_headers: &HeaderMap, body: B) -> Result<Bytes, Refusal>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let too_large = || (Outcome::BodyTooLarge, Answer::request_too_large(limit));
+    let limit = shared.config.max_body_bytes;
     let declared =
         request_headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit) || body.size_hint().lower() > limit {
-        return Err(too_large());
+        return Err(Refusal::BodyTooLarge(limit));
     }
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let unreadable = || (Outcome::BodyUnreadable, Answer::request_body_unreadable());
-    match tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, limit).collect()).await {
+    let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
+    match tokio::time::timeout(shared.config.body_read_timeout, limited.collect()).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large()),
-        Ok(Err(_)) | Err(_) => Err(unreadable()),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(Refusal::BodyTooLarge(limit)),
+        Ok(Err(_)) => Err(Refusal::BodyUnreadable),
+        Err(_) => Err(Refusal::BodyTimeout),
+    }
+}
+
+/// The request as the provider sees it: no hop-by-hop headers, no Recovea key, the provider's auth.
+fn upstream_request(
+    parts: &mut Parts,
+    route: &Route<'_>,
+    target: &Target,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, Refusal> {
+    let request_headers = &mut parts.headers;
+    let had_length = request_headers.contains_key(header::CONTENT_LENGTH)
+        || request_headers.contains_key(header::TRANSFER_ENCODING);
+    headers::remove_hop_by_hop(request_headers);
+    headers::remove_recovea_key(request_headers);
+    request_headers.remove(header::HOST);
+    request_headers.remove(header::CONTENT_LENGTH);
+    if let Some((kind, key)) = &target.managed_key {
+        // The admin API accepts only keys that are valid header values, so this holds.
+        headers::set_managed_key(request_headers, *kind, key)
+            .map_err(|_| Refusal::ProviderNotConfigured(route.credential.to_owned()))?;
+    }
+    if had_length || !body.is_empty() {
+        request_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    }
+    let uri = format!("{}{}", target.base_url, route.upstream_path)
+        .parse::<Uri>()
+        .map_err(|_| Refusal::UnknownRoute)?;
+    let mut builder = Request::builder().method(parts.method.clone()).uri(uri).version(Version::HTTP_11);
+    if let Some(headers) = builder.headers_mut() {
+        *headers = std::mem::take(request_headers);
+    }
+    builder.body(Full::new(body)).map_err(|_| Refusal::UnknownRoute)
+}
+
+/// Phase forward: the provider's answer, its body still streaming.
+async fn forward(
+    shared: &Shared,
+    ctx: &RequestContext,
+    request: Request<Full<Bytes>>,
+) -> Result<Response<ResponseBody>, Refusal> {
+    match shared.upstream.send(request, shared.config.upstream_timeout).await {
+        Ok(response) => {
+            let (mut parts, body) = response.into_parts();
+            headers::remove_hop_by_hop(&mut parts.headers);
+            Ok(Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync()))
+        }
+        Err(UpstreamError::Unreachable(e)) => {
+            tracing::warn!(request_id = ?ctx.request_id, error = %e, "provider unreachable");
+            Err(Refusal::UpstreamUnreachable)
+        }
+        Err(UpstreamError::Timeout) => Err(Refusal::UpstreamTimeout),
     }
 }
 
@@ -210,7 +247,7 @@ pub(crate) fn answer_response(answer: Answer) -> Response<ResponseBody> {
     response
 }
 
-/// The last phase: every answer carries the gateway's request id, and the outcome is counted.
+/// Phase respond: every answer carries the gateway's request id; the outcome is counted and logged.
 fn respond(
     shared: &Shared,
     ctx: &RequestContext,
@@ -222,5 +259,16 @@ fn respond(
     }
     headers.insert(REQUEST_ID, ctx.request_id.clone());
     shared.metrics.request(ctx.outcome);
+    tracing::debug!(
+        request_id = ?ctx.request_id,
+        outcome = ?ctx.outcome,
+        status = response.status().as_u16(),
+        credential = ctx.credential.as_deref(),
+        org_id = ctx.admitted.as_ref().map(|a| a.org.id.as_str()),
+        key_id = ctx.admitted.as_ref().map(|a| a.key_id.as_str()),
+        fail_open = ctx.fail_open.map(FailOpenReason::label),
+        elapsed_ms = ctx.received_at.elapsed().as_millis() as u64,
+        "answered"
+    );
     response
 }

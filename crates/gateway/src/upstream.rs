@@ -1,15 +1,20 @@
 //! The pooled client that carries requests to providers: HTTP/1.1 and HTTP/2 over rustls.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::proxy::BoxError;
 
 /// Why a provider gave no answer.
 #[derive(Debug)]
@@ -21,8 +26,10 @@ pub(crate) enum UpstreamError {
     Timeout,
 }
 
+type Connector = ConnectWithin<HttpsConnector<HttpConnector>>;
+
 pub(crate) struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<Connector, Full<Bytes>>,
 }
 
 impl Upstream {
@@ -30,7 +37,6 @@ impl Upstream {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
         http.set_keepalive(Some(Duration::from_secs(60)));
         let https = HttpsConnectorBuilder::new()
             .with_webpki_roots()
@@ -42,7 +48,7 @@ impl Upstream {
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
-            .build(https);
+            .build(ConnectWithin { inner: https, limit: connect_timeout });
         Self { client }
     }
 
@@ -57,5 +63,50 @@ impl Upstream {
             Ok(Err(e)) => Err(UpstreamError::Unreachable(e)),
             Err(_) => Err(UpstreamError::Timeout),
         }
+    }
+}
+
+/// Bounds the whole connection set-up (DNS, TCP and the TLS handshake) by one limit: a provider
+/// that accepts but never completes a handshake is as unreachable as one that refuses.
+#[derive(Clone)]
+struct ConnectWithin<C> {
+    inner: C,
+    limit: Duration,
+}
+
+#[derive(Debug)]
+struct ConnectTimeout;
+
+impl std::fmt::Display for ConnectTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connecting to the provider timed out")
+    }
+}
+
+impl std::error::Error for ConnectTimeout {}
+
+impl<C> tower_service::Service<Uri> for ConnectWithin<C>
+where
+    C: tower_service::Service<Uri>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let limit = self.limit;
+        Box::pin(async move {
+            match tokio::time::timeout(limit, connecting).await {
+                Ok(connected) => connected.map_err(Into::into),
+                Err(_) => Err(Box::new(ConnectTimeout) as BoxError),
+            }
+        })
     }
 }

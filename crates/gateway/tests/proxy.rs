@@ -13,7 +13,7 @@ use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::{Answer, Timestamp};
-use recovea_gateway::{Gateway, GatewayConfig};
+use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider};
 use tokio::net::TcpListener;
 
@@ -35,7 +35,15 @@ struct Harness {
 }
 
 fn config(openai: &str, anthropic: &str, max_body: u64, timeout: Duration) -> GatewayConfig {
-    GatewayConfig::new(openai, anthropic, max_body, timeout, Duration::from_secs(2)).expect("valid config")
+    GatewayConfig::new(GatewaySettings {
+        openai_base_url: openai.into(),
+        anthropic_base_url: anthropic.into(),
+        max_body_bytes: max_body,
+        upstream_timeout: timeout,
+        connect_timeout: Duration::from_millis(500),
+        body_read_timeout: Duration::from_secs(2),
+    })
+    .expect("valid config")
 }
 
 impl Harness {
@@ -206,6 +214,36 @@ async fn a_key_in_x_recovea_key_forwards_the_clients_own_provider_key() {
 }
 
 #[tokio::test]
+async fn x_recovea_key_without_a_provider_key_uses_the_managed_one_or_is_refused() {
+    let h = Harness::start().await;
+    let response = h.send(h.post("/v1/chat/completions").header("x-recovea-key", KEY), CHAT).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        h.mock.requests()[0].header("authorization"),
+        Some(format!("Bearer {MANAGED_OPENAI}").as_str())
+    );
+    // No credential on the route and none brought: nothing to forward with.
+    for path in ["/v1/chat/completions", "/v1/messages"] {
+        let response = h.send(h.post(path).header("x-recovea-key", BYO_KEY), CHAT).await;
+        let status = response.status();
+        let credential = if path == "/v1/messages" { "anthropic" } else { "openai" };
+        assert_answer(status, &body_of(response).await, &Answer::provider_not_configured(credential));
+    }
+    assert_eq!(h.mock.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn paths_that_climb_out_of_the_base_url_are_not_forwarded() {
+    let h = Harness::start().await;
+    for path in ["/groq/v1/../../secret", "/v1/%2e%2e/admin", "/groq/v1/a%2Fb"] {
+        let response = h.send(h.post(path).header("authorization", format!("Bearer {KEY}")), CHAT).await;
+        let status = response.status();
+        assert_answer(status, &body_of(response).await, &Answer::unknown_route());
+    }
+    assert!(h.mock.requests().is_empty());
+}
+
+#[tokio::test]
 async fn every_bad_key_gets_the_identical_401_and_nothing_is_forwarded() {
     let h = Harness::start().await;
     let mut answers = Vec::new();
@@ -342,6 +380,74 @@ async fn unreachable_provider_is_502_and_tls_failure_too() {
 }
 
 #[tokio::test]
+async fn a_stalled_tls_handshake_or_a_dns_failure_is_502() {
+    // Accepts connections and never says a word: the TLS handshake cannot complete.
+    let silent = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let silent_addr = silent.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let mock = MockProvider::start().await;
+    let cfg = config(
+        &format!("https://{silent_addr}"),
+        "http://recovea-test-host.invalid",
+        1 << 20,
+        Duration::from_secs(30),
+    );
+    let h = Harness::with_config(mock, cfg, true).await;
+    let started = std::time::Instant::now();
+    let stalled =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let status = stalled.status();
+    assert_answer(status, &body_of(stalled).await, &Answer::upstream_unreachable());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the connect timeout, not the response timeout, applies"
+    );
+    let dns = h.send(h.post("/v1/messages").header("x-api-key", KEY), MESSAGES).await;
+    let status = dns.status();
+    assert_answer(status, &body_of(dns).await, &Answer::upstream_unreachable());
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_408() {
+    let h = Harness::start().await;
+    let (mut sender, body) = futures_channel_body();
+    let request = Request::post(format!("{}/v1/chat/completions", h.url))
+        .header("authorization", format!("Bearer {KEY}"))
+        .body(body)
+        .expect("request");
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let pending = tokio::spawn(async move { client.request(request).await });
+    sender.send(Bytes::from_static(b"{\"model\":")).await;
+    // The sender stays open and silent: the gateway's body timeout (2 s here) answers.
+    let response = pending.await.expect("join").expect("answer");
+    let status = response.status();
+    assert_answer(status, &body_of(response).await, &Answer::request_body_timeout());
+    drop(sender);
+    assert!(h.mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_request_without_a_body_is_sent_without_one() {
+    let h = Harness::start().await;
+    let response = h
+        .send(
+            Request::get(format!("{}/v1/models", h.url)).header("authorization", format!("Bearer {KEY}")),
+            "",
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = &h.mock.requests()[0];
+    assert_eq!(seen.method, "GET");
+    assert_eq!(seen.header("content-length"), None);
+    assert_eq!(seen.header("transfer-encoding"), None);
+}
+
+#[tokio::test]
 async fn no_response_headers_within_the_timeout_is_504() {
     let mock = MockProvider::start().await;
     let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_millis(200));
@@ -372,6 +478,12 @@ async fn provider_errors_come_back_unchanged() {
 #[tokio::test]
 async fn hop_by_hop_headers_do_not_cross() {
     let h = Harness::start().await;
+    h.mock.script(
+        Behaviour::default()
+            .header("keep-alive", "timeout=5")
+            .header("proxy-authenticate", "Basic")
+            .header("x-kept", "yes"),
+    );
     let response = h
         .send(
             h.post("/v1/chat/completions")
@@ -385,8 +497,11 @@ async fn hop_by_hop_headers_do_not_cross() {
         )
         .await;
     assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers().get("keep-alive"), None);
+    assert_eq!(response.headers().get("proxy-authenticate"), None);
+    assert_eq!(response.headers().get("x-kept").expect("end-to-end header"), "yes");
     let seen = &h.mock.requests()[0];
-    for dropped in ["x-connection-private", "proxy-authorization", "te", "x-recovea-key"] {
+    for dropped in ["x-connection-private", "proxy-authorization", "te", "keep-alive"] {
         assert_eq!(seen.header(dropped), None, "{dropped}");
     }
     assert_eq!(seen.header("x-kept"), Some("yes"));

@@ -52,6 +52,22 @@ fn remove_values(headers: &mut HeaderMap, name: HeaderName, is_recovea: impl Fn(
     }
 }
 
+/// Whether the client sent a provider key of its own (`Authorization` or `x-api-key` that is not a
+/// Recovea key): only then does a key in `x-recovea-key` mean "forward my provider key untouched".
+pub fn has_provider_auth(headers: &HeaderMap) -> bool {
+    let bearer_is_ours =
+        |v: &str| v.split_once(' ').is_some_and(|(_, token)| token.trim().starts_with(SECRET_PREFIX));
+    let authorization = headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .any(|v| v.to_str().map_or(true, |v| !bearer_is_ours(v)));
+    let api_key = headers
+        .get_all(API_KEY_HEADER)
+        .iter()
+        .any(|v| v.to_str().map_or(true, |v| !v.trim().starts_with(SECRET_PREFIX)));
+    authorization || api_key
+}
+
 /// Replaces whatever provider auth the client sent with the managed key, in the kind's own header.
 pub fn set_managed_key(headers: &mut HeaderMap, kind: ProviderKind, api_key: &str) -> Result<(), InvalidKey> {
     headers.remove(header::AUTHORIZATION);
@@ -118,6 +134,15 @@ mod tests {
         assert!(!h.contains_key("x-api-key"));
         assert!(!h.contains_key("x-recovea-key"));
         assert!(h.contains_key("anthropic-version"));
+    }
+
+    #[test]
+    fn own_provider_auth_is_told_from_recovea_keys() {
+        let rk = "rk_0123456789012345678901234567890123456789";
+        assert!(!has_provider_auth(&map(&[("x-recovea-key", rk)])));
+        assert!(!has_provider_auth(&map(&[("authorization", &format!("Bearer {rk}")), ("x-api-key", rk)])));
+        assert!(has_provider_auth(&map(&[("authorization", "Bearer sk-own")])));
+        assert!(has_provider_auth(&map(&[("x-api-key", "sk-ant-own")])));
     }
 
     #[test]

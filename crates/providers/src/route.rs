@@ -17,6 +17,9 @@ pub struct Route<'p> {
 /// Routes a path and query: `/v1/messages...` to `anthropic`, any other `/v1/...` to `openai`,
 /// `/{name}/v1/...` to the credential called `name`. Anything else is not ours to proxy.
 pub fn route(path_and_query: &str) -> Option<Route<'_>> {
+    if escapes_its_root(path_and_query) {
+        return None;
+    }
     if is_versioned(path_and_query) {
         let rest = &path_and_query[3..];
         let is_messages = rest
@@ -35,6 +38,20 @@ pub fn route(path_and_query: &str) -> Option<Route<'_>> {
         return None;
     }
     Some(Route { credential: name, fallback_kind: ProviderKind::parse(name), upstream_path: rest })
+}
+
+/// Whether the path could climb out of a credential's base URL once a server normalises it: a `.` or
+/// `..` segment, literal or percent-encoded, or an encoded slash or backslash.
+fn escapes_its_root(path_and_query: &str) -> bool {
+    let path = path_and_query.split_once('?').map_or(path_and_query, |(path, _)| path);
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2f") || lower.contains("%5c") || lower.contains('\\') {
+        return true;
+    }
+    lower.split('/').any(|segment| {
+        let dots = segment.replace("%2e", ".");
+        dots == "." || dots == ".."
+    })
 }
 
 /// `/v1/` followed by something.
@@ -93,6 +110,24 @@ mod tests {
         {
             assert_eq!(route(path), None, "{path}");
         }
+    }
+
+    #[test]
+    fn paths_that_climb_out_are_not_routed() {
+        for path in [
+            "/groq/v1/../../secret",
+            "/v1/../admin",
+            "/v1/./chat",
+            "/v1/chat/..",
+            "/groq/v1/%2e%2e/x",
+            "/groq/v1/%2E./x",
+            "/v1/a%2fb",
+            "/v1/a%5Cb",
+        ] {
+            assert_eq!(route(path), None, "{path}");
+        }
+        assert!(route("/v1/chat/completions?next=../x").is_some(), "queries are not paths");
+        assert!(route("/v1/files/file-abc.jsonl").is_some());
     }
 
     proptest! {

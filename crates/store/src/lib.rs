@@ -94,4 +94,6 @@ pub trait ControlStore: Send + Sync + 'static {
     fn list_providers(&self, org: &OrgId) -> Result<Vec<ProviderRecord>>;
 
     fn state(&self) -> Result<State>;
+    /// The state's version alone: cheap enough to poll.
+    fn version(&self) -> Result<u64>;
 }

@@ -255,6 +255,12 @@ impl ControlStore for SqliteStore {
             .map_err(backend)
     }
 
+    fn version(&self) -> Result<u64> {
+        let version: i64 =
+            self.conn().query_row("SELECT version FROM state_version", [], |r| r.get(0)).map_err(backend)?;
+        Ok(u64::try_from(version).unwrap_or(0))
+    }
+
     fn state(&self) -> Result<State> {
         let mut conn = self.conn();
         // One read transaction, so the version matches the rows read with it.
@@ -333,6 +339,7 @@ mod tests {
 
         let after = store.state().expect("state");
         assert!(after.version > before.version);
+        assert_eq!(store.version().expect("version"), after.version);
         assert_eq!(after.active_keys.len(), 1);
         assert_eq!(after.active_keys[0].1, hash_secret("rk_b"));
     }

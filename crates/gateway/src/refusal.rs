@@ -1,0 +1,47 @@
+//! Every way the gateway itself answers a proxied request instead of the provider, and the one
+//! place each becomes an outcome label and an answer.
+
+use recovea_core::Answer;
+
+use crate::metrics::Outcome;
+
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    UnknownRoute,
+    /// Admission refused; core decided the answer (today always the one 401).
+    Admission(Answer),
+    /// The named credential is missing and the client brought no provider key of its own.
+    ProviderNotConfigured(String),
+    BodyTooLarge(u64),
+    BodyTimeout,
+    BodyUnreadable,
+    UpstreamUnreachable,
+    UpstreamTimeout,
+}
+
+impl Refusal {
+    pub(crate) fn outcome(&self) -> Outcome {
+        match self {
+            Self::UnknownRoute => Outcome::UnknownRoute,
+            Self::Admission(_) => Outcome::InvalidKey,
+            Self::ProviderNotConfigured(_) => Outcome::ProviderNotConfigured,
+            Self::BodyTooLarge(_) => Outcome::BodyTooLarge,
+            Self::BodyTimeout | Self::BodyUnreadable => Outcome::BodyUnreadable,
+            Self::UpstreamUnreachable => Outcome::UpstreamUnreachable,
+            Self::UpstreamTimeout => Outcome::UpstreamTimeout,
+        }
+    }
+
+    pub(crate) fn into_answer(self) -> Answer {
+        match self {
+            Self::UnknownRoute => Answer::unknown_route(),
+            Self::Admission(answer) => answer,
+            Self::ProviderNotConfigured(name) => Answer::provider_not_configured(&name),
+            Self::BodyTooLarge(limit) => Answer::request_too_large(limit),
+            Self::BodyTimeout => Answer::request_body_timeout(),
+            Self::BodyUnreadable => Answer::request_body_unreadable(),
+            Self::UpstreamUnreachable => Answer::upstream_unreachable(),
+            Self::UpstreamTimeout => Answer::upstream_timeout(),
+        }
+    }
+}
