@@ -10,6 +10,8 @@ pub mod credential;
 pub mod crypto;
 pub mod ids;
 pub mod keys;
+pub mod money;
+pub mod pricing;
 pub mod snapshot;
 pub mod timestamp;
 pub mod usage;
