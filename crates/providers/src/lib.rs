@@ -2,7 +2,10 @@
 //! which headers must not cross the proxy.
 
 pub mod headers;
+pub mod rewrite;
 pub mod route;
+pub mod sse;
+pub mod usage;
 
 pub use route::{Route, is_credential_name, route};
 

@@ -1,0 +1,474 @@
+//! Token usage read from a provider's answer as it passes, and estimated when it carries none.
+
+mod wire;
+
+use recovea_core::snapshot::ProviderKind;
+use recovea_core::usage::Usage;
+use serde_json::Value;
+
+use crate::sse::{SseEvent, SseReader};
+use wire::{
+    AnthropicEvent, AnthropicMessage, AnthropicUsage, OpenAiCompletion, OpenAiEmbeddings, OutputChars,
+    ResponseBody, ResponsesEvent, StrOrNothing,
+};
+
+/// The most of an answer the tap keeps: a JSON body it parses at the end, or one stream event.
+/// Beyond it the usage is given up (`None`) rather than memory grown without bound.
+pub const MAX_TAPPED_BYTES: usize = 16 << 20;
+
+/// The estimation rule of thumb: about four characters of English per token.
+const CHARS_PER_TOKEN: u64 = 4;
+
+/// Tokens every request costs beyond its text (OpenAI primes each reply with 3).
+const REQUEST_OVERHEAD_TOKENS: u64 = 3;
+
+/// One image, file or audio part of a request, whatever its size: its bytes say little about its
+/// tokens (a 1024x1024 image is about 765 tokens at OpenAI, about 1,600 at Anthropic).
+const MEDIA_PART_TOKENS: u64 = 1_000;
+
+/// The request fields that hold what the model reads.
+const INPUT_FIELDS: [&str; 7] =
+    ["messages", "system", "input", "prompt", "instructions", "tools", "functions"];
+
+/// Content part types whose payload is media, counted flat rather than by characters.
+const MEDIA_PART_TYPES: [&str; 7] =
+    ["image_url", "input_image", "image", "document", "input_file", "file", "input_audio"];
+
+/// Which API answered, and so which usage shape to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    ChatCompletions,
+    Completions,
+    Responses,
+    Embeddings,
+    Messages,
+    /// Anything else (models, files, images, audio, `messages/count_tokens`, batches): not tapped.
+    Other,
+}
+
+/// What the tap learned from one answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tapped {
+    /// The provider's own report; `None` when the answer carried none (cut, error, oversized).
+    pub usage: Option<Usage>,
+    /// Characters of generated text, tool arguments and thinking seen, for an estimate.
+    pub output_chars: u64,
+    /// The model that answered, as the provider names it.
+    pub model: Option<String>,
+    /// `usage` is partly estimated: the stream ended before the provider's final count (an Anthropic
+    /// stream cut before `message_delta`), so the receipt must not call it the provider's.
+    pub partial: bool,
+}
+
+/// Watches a response body go by and reads its usage, without changing or holding back a byte.
+#[derive(Debug)]
+pub struct UsageTap {
+    surface: Surface,
+    body: TappedBody,
+}
+
+#[derive(Debug)]
+enum TappedBody {
+    /// A JSON answer, kept until it is whole.
+    Json { copy: Vec<u8>, overflowed: bool },
+    /// An event stream, read event by event (the reader boxed, so a JSON tap stays small).
+    Events { reader: Box<SseReader>, tally: Tally },
+    /// Nothing to read here.
+    Ignored,
+}
+
+/// What the events of a stream have told so far.
+#[derive(Debug, Default)]
+struct Tally {
+    usage: Option<Usage>,
+    /// Anthropic reports usage in `message_start` and again, final, in `message_delta`.
+    anthropic: Option<AnthropicUsage>,
+    anthropic_final: bool,
+    output_chars: u64,
+    model: Option<String>,
+}
+
+#[derive(Default)]
+struct InputCount {
+    chars: u64,
+    media_parts: u64,
+}
+
+impl Surface {
+    /// The surface of an upstream path (a query is ignored).
+    pub fn of(kind: ProviderKind, upstream_path: &str) -> Surface {
+        // The path alone decides: the answer's shape follows the API called, not the vendor, and
+        // each kind's compatible endpoints answer in that API's shape (Anthropic's
+        // `/v1/chat/completions` answers like OpenAI; third parties serve `/v1/messages` too).
+        let _ = kind;
+        let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
+        match path {
+            "/v1/chat/completions" => Surface::ChatCompletions,
+            "/v1/completions" => Surface::Completions,
+            "/v1/responses" => Surface::Responses,
+            "/v1/embeddings" => Surface::Embeddings,
+            "/v1/messages" => Surface::Messages,
+            _ => Surface::Other,
+        }
+    }
+}
+
+impl UsageTap {
+    /// `event_stream`: the response's content type is `text/event-stream`.
+    pub fn new(surface: Surface, event_stream: bool) -> Self {
+        let body = match (surface, event_stream) {
+            (Surface::Other, _) | (Surface::Embeddings, true) => TappedBody::Ignored,
+            (_, true) => TappedBody::Events {
+                reader: Box::new(SseReader::with_max_event_bytes(MAX_TAPPED_BYTES)),
+                tally: Tally::default(),
+            },
+            (_, false) => TappedBody::Json { copy: Vec::new(), overflowed: false },
+        };
+        Self { surface, body }
+    }
+
+    /// Sees the next bytes of the body.
+    pub fn observe(&mut self, chunk: &[u8]) {
+        match &mut self.body {
+            TappedBody::Json { copy, overflowed: overflowed @ false } => {
+                if copy.len() + chunk.len() > MAX_TAPPED_BYTES {
+                    *copy = Vec::new();
+                    *overflowed = true;
+                } else {
+                    copy.extend_from_slice(chunk);
+                }
+            }
+            TappedBody::Events { reader, tally } => {
+                let surface = self.surface;
+                reader.push(chunk, |event| tally.read(surface, event));
+            }
+            TappedBody::Json { overflowed: true, .. } | TappedBody::Ignored => {}
+        }
+    }
+
+    /// At the end of the body, whole or cut.
+    pub fn finish(self) -> Tapped {
+        match self.body {
+            TappedBody::Json { overflowed: true, .. } | TappedBody::Ignored => Tapped::default(),
+            TappedBody::Json { copy, overflowed: false } => read_json(self.surface, &copy),
+            TappedBody::Events { mut reader, mut tally } => {
+                let surface = self.surface;
+                reader.finish(|event| tally.read(surface, event));
+                tally.into_tapped()
+            }
+        }
+    }
+}
+
+/// Reads a whole JSON answer; an error body or a body that does not parse has no usage.
+fn read_json(surface: Surface, body: &[u8]) -> Tapped {
+    let parsed = match surface {
+        Surface::ChatCompletions | Surface::Completions => {
+            serde_json::from_slice(body).map(|a: OpenAiCompletion| {
+                let chars = a.choices.map_or(0, |c| c.total);
+                (a.usage.map(|u| u.to_usage()), chars, a.model)
+            })
+        }
+        Surface::Embeddings => serde_json::from_slice(body).map(|a: OpenAiEmbeddings| {
+            let usage = a.usage.map(|u| Usage { output_tokens: 0, reasoning_tokens: 0, ..u.to_usage() });
+            (usage, 0, a.model)
+        }),
+        Surface::Responses => serde_json::from_slice(body)
+            .map(|a: ResponseBody| (a.usage.map(|u| u.to_usage()), a.output.map_or(0, |o| o.total), a.model)),
+        Surface::Messages => serde_json::from_slice(body).map(|a: AnthropicMessage| {
+            (a.usage.map(AnthropicUsage::to_usage), a.content.map_or(0, |c| c.total), a.model)
+        }),
+        Surface::Other => return Tapped::default(),
+    };
+    match parsed {
+        Ok((usage, output_chars, model)) => {
+            Tapped { usage, output_chars, model: owned_model(&model), partial: false }
+        }
+        Err(_) => Tapped::default(),
+    }
+}
+
+fn owned_model(model: &StrOrNothing<'_>) -> Option<String> {
+    Some(model.as_str()).filter(|m| !m.is_empty()).map(str::to_owned)
+}
+
+impl Tally {
+    fn read(&mut self, surface: Surface, event: &SseEvent<'_>) {
+        match surface {
+            Surface::ChatCompletions | Surface::Completions => self.read_openai_chunk(event.data),
+            Surface::Responses => self.read_responses_event(event),
+            Surface::Messages => self.read_anthropic_event(event),
+            Surface::Embeddings | Surface::Other => {}
+        }
+    }
+
+    /// Every chunk carries text, so every chunk is parsed, into borrowing types that skip what is
+    /// not counted; the usage chunk is the one whose `usage` is not null.
+    fn read_openai_chunk(&mut self, data: &str) {
+        if data.trim_ascii() == "[DONE]" {
+            return;
+        }
+        let Ok(chunk) = serde_json::from_str::<OpenAiCompletion>(data) else { return };
+        self.output_chars = self.output_chars.saturating_add(chunk.choices.map_or(0, |c| c.total));
+        self.note_model(&chunk.model);
+        if let Some(usage) = chunk.usage {
+            self.usage = Some(usage.to_usage());
+        }
+    }
+
+    /// Only the events that carry text, the model or usage are parsed; the event line names them,
+    /// and a stream without event lines is read by the `type` inside.
+    fn read_responses_event(&mut self, event: &SseEvent<'_>) {
+        if event.event.is_some_and(|name| !is_read_responses_event(name)) {
+            return;
+        }
+        let Ok(parsed) = serde_json::from_str::<ResponsesEvent>(event.data) else { return };
+        let kind = match parsed.kind.as_str() {
+            "" => event.event.unwrap_or(""),
+            kind => kind,
+        };
+        match kind {
+            "response.output_text.delta"
+            | "response.refusal.delta"
+            | "response.function_call_arguments.delta" => {
+                let chars = parsed.delta.map_or(0, |d| d.0);
+                self.output_chars = self.output_chars.saturating_add(chars);
+            }
+            "response.created" | "response.in_progress" => {
+                if let Some(response) = parsed.response {
+                    self.note_model(&response.model);
+                }
+            }
+            "response.completed" | "response.incomplete" | "response.failed" => {
+                if let Some(response) = parsed.response {
+                    self.note_model(&response.model);
+                    if let Some(usage) = response.usage {
+                        self.usage = Some(usage.to_usage());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn read_anthropic_event(&mut self, event: &SseEvent<'_>) {
+        if event
+            .event
+            .is_some_and(|name| !matches!(name, "message_start" | "message_delta" | "content_block_delta"))
+        {
+            return;
+        }
+        let Ok(parsed) = serde_json::from_str::<AnthropicEvent>(event.data) else { return };
+        let kind = match parsed.kind.as_str() {
+            "" => event.event.unwrap_or(""),
+            kind => kind,
+        };
+        match kind {
+            "message_start" => {
+                if let Some(message) = parsed.message {
+                    self.note_model(&message.model);
+                    if let Some(usage) = message.usage {
+                        self.anthropic = Some(self.anthropic.unwrap_or_default().updated_by(usage));
+                    }
+                }
+            }
+            "message_delta" => {
+                if let Some(usage) = parsed.usage {
+                    self.anthropic = Some(self.anthropic.unwrap_or_default().updated_by(usage));
+                    self.anthropic_final = true;
+                }
+            }
+            "content_block_delta" => {
+                let chars = parsed.delta.map_or(0, |d| d.output_chars());
+                self.output_chars = self.output_chars.saturating_add(chars);
+            }
+            _ => {}
+        }
+    }
+
+    fn note_model(&mut self, model: &StrOrNothing<'_>) {
+        if self.model.is_none() {
+            self.model = owned_model(model);
+        }
+    }
+
+    fn into_tapped(self) -> Tapped {
+        let anthropic = self.anthropic.map(|reported| {
+            let mut usage = reported.to_usage();
+            if !self.anthropic_final {
+                // Cut before `message_delta`: the input counts of `message_start` are exact, but
+                // its output count is a placeholder (1 or so); the text seen says more.
+                usage.output_tokens = usage.output_tokens.max(estimate_output_tokens(self.output_chars));
+            }
+            usage
+        });
+        let partial = self.anthropic.is_some() && !self.anthropic_final;
+        Tapped {
+            usage: anthropic.or(self.usage),
+            output_chars: self.output_chars,
+            model: self.model,
+            partial,
+        }
+    }
+}
+
+fn is_read_responses_event(name: &str) -> bool {
+    matches!(
+        name,
+        "response.output_text.delta"
+            | "response.refusal.delta"
+            | "response.function_call_arguments.delta"
+            | "response.created"
+            | "response.in_progress"
+            | "response.completed"
+            | "response.incomplete"
+            | "response.failed"
+    )
+}
+
+/// Estimates a request's input tokens when the provider reported none:
+/// `ceil(chars / 4) + 1,000 per media part + 3`, where `chars` counts, inside `messages`, `system`,
+/// `input`, `prompt`, `instructions`, `tools` and `functions`, every string's and object key's
+/// characters, and 4 per number (so a token-id array counts a token per id). An image, file or
+/// audio part (`type` `image_url`, `input_image`, `image`, `document`, `input_file`, `file`,
+/// `input_audio`) counts as 1,000 tokens whatever its size. A body that is not a JSON object: 0.
+pub fn estimate_input_tokens(request_body: &[u8]) -> u64 {
+    let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(request_body) else { return 0 };
+    let mut count = InputCount::default();
+    for field in INPUT_FIELDS {
+        if let Some(value) = request.get(field) {
+            count.add(value);
+        }
+    }
+    count
+        .chars
+        .div_ceil(CHARS_PER_TOKEN)
+        .saturating_add(count.media_parts.saturating_mul(MEDIA_PART_TOKENS))
+        .saturating_add(REQUEST_OVERHEAD_TOKENS)
+}
+
+/// Estimates output tokens from the characters seen: `ceil(chars / 4)`.
+pub fn estimate_output_tokens(output_chars: u64) -> u64 {
+    output_chars.div_ceil(CHARS_PER_TOKEN)
+}
+
+impl InputCount {
+    fn add(&mut self, value: &Value) {
+        match value {
+            Value::String(text) => self.chars = self.chars.saturating_add(text.chars().count() as u64),
+            Value::Number(_) => self.chars = self.chars.saturating_add(CHARS_PER_TOKEN),
+            Value::Array(items) => items.iter().for_each(|item| self.add(item)),
+            Value::Object(fields) => {
+                if fields.get("type").and_then(Value::as_str).is_some_and(|t| MEDIA_PART_TYPES.contains(&t)) {
+                    self.media_parts += 1;
+                    return;
+                }
+                for (key, value) in fields {
+                    self.chars = self.chars.saturating_add(key.chars().count() as u64);
+                    self.add(value);
+                }
+            }
+            Value::Bool(_) | Value::Null => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tap(surface: Surface, event_stream: bool, body: &str) -> Tapped {
+        let mut tap = UsageTap::new(surface, event_stream);
+        tap.observe(body.as_bytes());
+        tap.finish()
+    }
+
+    #[test]
+    fn surfaces_follow_the_path() {
+        use ProviderKind::{Anthropic, OpenAi};
+        assert_eq!(Surface::of(OpenAi, "/v1/chat/completions"), Surface::ChatCompletions);
+        assert_eq!(Surface::of(OpenAi, "/v1/chat/completions?x=1"), Surface::ChatCompletions);
+        assert_eq!(Surface::of(OpenAi, "/v1/completions"), Surface::Completions);
+        assert_eq!(Surface::of(OpenAi, "/v1/responses"), Surface::Responses);
+        assert_eq!(Surface::of(OpenAi, "/v1/embeddings"), Surface::Embeddings);
+        assert_eq!(Surface::of(Anthropic, "/v1/messages"), Surface::Messages);
+        assert_eq!(Surface::of(Anthropic, "/v1/messages?beta=true"), Surface::Messages);
+        assert_eq!(Surface::of(Anthropic, "/v1/chat/completions"), Surface::ChatCompletions);
+        for other in
+            ["/v1/messages/count_tokens", "/v1/messages/batches", "/v1/models", "/v1/responses/resp_1", ""]
+        {
+            assert_eq!(Surface::of(Anthropic, other), Surface::Other, "{other}");
+            assert_eq!(Surface::of(OpenAi, other), Surface::Other, "{other}");
+        }
+    }
+
+    #[test]
+    fn anthropic_stream_keeps_the_latest_value_of_each_field() {
+        let stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-x\",\"usage\":{\"input_tokens\":10,\"cache_read_input_tokens\":5,\"output_tokens\":1}}}\n\n\
+            event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"output_tokens\":7}}\n\n\
+            event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"input_tokens\":12,\"output_tokens\":9}}\n\n";
+        let usage = tap(Surface::Messages, true, stream).usage;
+        assert_eq!(
+            usage,
+            Some(Usage { input_tokens: 17, cached_input_tokens: 5, output_tokens: 9, ..Usage::default() })
+        );
+    }
+
+    #[test]
+    fn json_over_the_cap_gives_no_usage() {
+        let mut tap = UsageTap::new(Surface::ChatCompletions, false);
+        let filler = vec![b' '; MAX_TAPPED_BYTES];
+        tap.observe(b"{\"usage\":{\"prompt_tokens\":1}}");
+        tap.observe(&filler);
+        assert_eq!(tap.finish(), Tapped::default());
+    }
+
+    #[test]
+    fn odd_types_do_not_lose_the_usage_beside_them() {
+        let body = r#"{"model":{"not":"a string"},"choices":[{"message":{"content":["a","bc"]}}],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#;
+        let tapped = tap(Surface::ChatCompletions, false, body);
+        assert_eq!(tapped.model, None);
+        assert_eq!(tapped.output_chars, 3);
+        assert_eq!(tapped.usage.map(|u| (u.input_tokens, u.output_tokens)), Some((3, 4)));
+    }
+
+    #[test]
+    fn escaped_model_names_are_decoded() {
+        let tapped = tap(Surface::Completions, false, r#"{"model":"gpt\u002d3","choices":[{"text":"é"}]}"#);
+        assert_eq!(
+            tapped,
+            Tapped { usage: None, output_chars: 1, model: Some("gpt-3".into()), partial: false }
+        );
+    }
+
+    #[test]
+    fn other_surfaces_and_event_streams_of_embeddings_are_not_read() {
+        assert_eq!(tap(Surface::Other, false, r#"{"usage":{"prompt_tokens":3}}"#), Tapped::default());
+        assert_eq!(
+            tap(Surface::Embeddings, true, "data: {\"usage\":{\"prompt_tokens\":3}}\n\n"),
+            Tapped::default()
+        );
+    }
+
+    #[test]
+    fn input_estimate_counts_text_keys_numbers_and_media() {
+        // "role"+"user"+"content"+"hello world" = 4+4+7+11 = 26 chars -> 7 tokens, + 3 overhead.
+        let chat = br#"{"model":"m","messages":[{"role":"user","content":"hello world"}],"temperature":1}"#;
+        assert_eq!(estimate_input_tokens(chat), 10);
+        // One image part whatever its size, plus "role"+"user"+"content" = 15 chars -> 4 tokens.
+        let image = br#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}"#;
+        assert_eq!(estimate_input_tokens(image), 4 + 1_000 + 3);
+        // Token ids: one token each.
+        assert_eq!(estimate_input_tokens(br#"{"input":[[1,2,3],[4]]}"#), 4 + 3);
+        assert_eq!(estimate_input_tokens(b"not json"), 0);
+        assert_eq!(estimate_input_tokens(b"[1,2]"), 0);
+    }
+
+    #[test]
+    fn output_estimate_rounds_up() {
+        assert_eq!(estimate_output_tokens(0), 0);
+        assert_eq!(estimate_output_tokens(1), 1);
+        assert_eq!(estimate_output_tokens(8), 2);
+        assert_eq!(estimate_output_tokens(9), 3);
+    }
+}
