@@ -35,6 +35,89 @@ enum Resource {
     /// Provider credentials.
     #[command(subcommand)]
     Providers(Providers),
+    /// Receipts of admitted requests.
+    #[command(subcommand)]
+    Receipts(Receipts),
+    /// Model prices (the built-in table with overrides).
+    #[command(subcommand)]
+    Prices(Prices),
+}
+
+#[derive(Args)]
+struct ReceiptFilter {
+    #[arg(long, env = "RECOVEA_ORG")]
+    org: String,
+    /// RFC 3339 time: receipts started at or after it.
+    #[arg(long, env = "RECOVEA_FROM")]
+    from: Option<String>,
+    /// RFC 3339 time: receipts started before it.
+    #[arg(long, env = "RECOVEA_TO")]
+    to: Option<String>,
+    #[arg(long, env = "RECOVEA_KEY_ID")]
+    key_id: Option<String>,
+}
+
+impl ReceiptFilter {
+    fn query(&self, extra: &[(&str, Option<String>)]) -> String {
+        let pairs = [("from", self.from.clone()), ("to", self.to.clone()), ("key_id", self.key_id.clone())];
+        let encoded: Vec<String> = pairs
+            .iter()
+            .chain(extra)
+            .filter_map(|(name, value)| value.as_ref().map(|v| format!("{name}={}", encode(v))))
+            .collect();
+        if encoded.is_empty() { String::new() } else { format!("?{}", encoded.join("&")) }
+    }
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters pass).
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[derive(Subcommand)]
+enum Receipts {
+    /// One page of receipts as JSON; pass the answer's next_cursor as --cursor for the next.
+    List {
+        #[command(flatten)]
+        filter: ReceiptFilter,
+        #[arg(long, env = "RECOVEA_LIMIT")]
+        limit: Option<u32>,
+        #[arg(long, env = "RECOVEA_CURSOR")]
+        cursor: Option<String>,
+    },
+    /// Receipts as CSV on standard output.
+    Export {
+        #[command(flatten)]
+        filter: ReceiptFilter,
+    },
+    /// Spend by day, key and model.
+    Summary {
+        #[command(flatten)]
+        filter: ReceiptFilter,
+    },
+}
+
+#[derive(Subcommand)]
+enum Prices {
+    List,
+    /// Sets a model's price per million tokens (USD decimal strings): a new revision of the table.
+    Set {
+        model: String,
+        #[arg(long, env = "RECOVEA_PRICE_INPUT")]
+        input: String,
+        #[arg(long, env = "RECOVEA_PRICE_OUTPUT")]
+        output: String,
+        #[arg(long, env = "RECOVEA_PRICE_CACHED_INPUT")]
+        cached_input: Option<String>,
+        #[arg(long, env = "RECOVEA_PRICE_CACHE_WRITE")]
+        cache_write: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -124,6 +207,33 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             (Method::PUT, format!("/orgs/{org}/providers/{name}"), Some(body))
         }
         Resource::Providers(Providers::List { org }) => (Method::GET, format!("/orgs/{org}/providers"), None),
+        Resource::Receipts(Receipts::List { filter, limit, cursor }) => {
+            let query = filter.query(&[("limit", limit.map(|l| l.to_string())), ("cursor", cursor)]);
+            (Method::GET, format!("/orgs/{}/receipts{query}", filter.org), None)
+        }
+        Resource::Receipts(Receipts::Export { filter }) => {
+            let query = filter.query(&[("format", Some("csv".into()))]);
+            let csv = client
+                .call_raw(Method::GET, &format!("/orgs/{}/receipts{query}", filter.org), None)
+                .await
+                .map_err(|e| e.to_string())?;
+            print!("{}", String::from_utf8_lossy(&csv));
+            return Ok(());
+        }
+        Resource::Receipts(Receipts::Summary { filter }) => {
+            (Method::GET, format!("/orgs/{}/receipts/summary{}", filter.org, filter.query(&[])), None)
+        }
+        Resource::Prices(Prices::List) => (Method::GET, "/prices".into(), None),
+        Resource::Prices(Prices::Set { model, input, output, cached_input, cache_write }) => {
+            let mut body = json!({ "input_per_mtok_usd": input, "output_per_mtok_usd": output });
+            if let Some(price) = cached_input {
+                body["cached_input_per_mtok_usd"] = Value::String(price);
+            }
+            if let Some(price) = cache_write {
+                body["cache_write_per_mtok_usd"] = Value::String(price);
+            }
+            (Method::PUT, format!("/prices/{}", encode(&model)), Some(body))
+        }
     };
     let answer = client.call(method, &path, body).await.map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());

@@ -8,6 +8,7 @@ use recovea_control::random;
 
 pub(crate) const ADMIN_TOKEN_FILE: &str = "admin-token";
 const MASTER_KEY_FILE: &str = "master.key";
+const NODE_ID_FILE: &str = "node-id";
 
 /// A secret read from the data dir, or generated there now.
 pub(crate) struct Secret {
@@ -28,6 +29,12 @@ pub(crate) fn master_key(dir: &Path) -> Result<Secret, String> {
         let bytes = random::bytes::<32>().map_err(|e| e.to_string())?;
         Ok(recovea_core::crypto::MasterKey::from_bytes(bytes).to_hex())
     })
+}
+
+/// This node's id, generated on first start: receipts name the node that made them.
+pub(crate) fn node_id(dir: &Path) -> Result<String, String> {
+    read_or_generate(dir, NODE_ID_FILE, || random::token("node_", 12).map_err(|e| e.to_string()))
+        .map(|s| s.value)
 }
 
 /// The admin token saved in `dir`, if any: lets `recovea admin` work next to a local `serve`.

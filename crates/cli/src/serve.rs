@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use recovea_control::Control;
+use recovea_control::ingest::LedgerSink;
 use recovea_core::crypto::MasterKey;
+use recovea_gateway::spool::Spool;
 use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
 use recovea_store::SqliteStore;
 use tokio::net::TcpListener;
@@ -41,13 +43,18 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
             (saved.value, saved.generated)
         }
     };
-    let store =
-        SqliteStore::open(&database).map_err(|e| format!("--database-url {}: {e}", database.display()))?;
+    let store = Arc::new(
+        SqliteStore::open(&database).map_err(|e| format!("--database-url {}: {e}", database.display()))?,
+    );
+    let node_id = data_dir::node_id(&args.data_dir)?;
+    let spool_dir = args.data_dir.join("spool");
+    let spool = Arc::new(Spool::open(&spool_dir).map_err(|e| format!("{}: {e}", spool_dir.display()))?);
 
-    let gateway = Gateway::new(config);
+    let gateway = Gateway::new(config, &spool, &node_id);
     let publish_to = gateway.clone();
     let control = Control::new(
-        Arc::new(store),
+        store.clone(),
+        store.clone(),
         master_key,
         &admin_token,
         Arc::new(move |snapshot| publish_to.install_snapshot(snapshot)),
@@ -75,6 +82,13 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    // The shipper stops last, once the servers have drained and the spool is synced.
+    let (stop_shipping, shipping_stopped) = tokio::sync::watch::channel(false);
+    let shipper = {
+        let spool = Arc::clone(&spool);
+        let sink = Arc::new(LedgerSink::new(store.clone()));
+        tokio::spawn(async move { spool.ship(sink, wait(shipping_stopped)).await })
+    };
     let publisher =
         tokio::spawn(control.clone().keep_published(Duration::from_millis(250), wait(stopped.clone())));
     let admin = tokio::spawn(recovea_control::serve(control, admin_listener, wait(stopped.clone())));
@@ -83,6 +97,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     tracing::info!("shutting down: draining in-flight requests");
     let _ = stop.send(true);
     let _ = tokio::join!(admin, node, publisher);
+    // Every response is done: write out what they left in the spool's queue, then deliver it.
+    spool.sync().await;
+    let _ = stop_shipping.send(true);
+    let _ = shipper.await;
     Ok(())
 }
 

@@ -16,6 +16,16 @@ use serde_json::{Value, json};
 const BIN: &str = env!("CARGO_BIN_EXE_recovea");
 const TOKEN: &str = "test-admin-token";
 
+/// Every file below `dir`, at any depth.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("readable dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() { files.extend(files_under(&path)) } else { files.push(path) }
+    }
+    files
+}
+
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("recovea-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -204,8 +214,7 @@ async fn zero_setup_start_generates_secrets_once_and_serves_through_the_admin_cl
     }
 
     // Secrets at rest: neither the key secret nor the provider key appears in any file of the data dir.
-    for entry in std::fs::read_dir(&dir).expect("data dir") {
-        let path = entry.expect("entry").path();
+    for path in files_under(&dir) {
         let bytes = std::fs::read(&path).expect("readable");
         for needle in [secret.as_bytes(), provider_key.as_bytes()] {
             assert!(
@@ -294,9 +303,16 @@ async fn admin_api_errors_use_the_error_shape() {
 
     let (status, doc) = call(Method::GET, &url("/openapi.json"), &[], None).await;
     assert_eq!(status, StatusCode::OK);
-    for path in
-        ["/orgs", "/orgs/{org}", "/orgs/{org}/keys", "/keys/{key}/revoke", "/orgs/{org}/providers/{name}"]
-    {
+    for path in [
+        "/orgs",
+        "/orgs/{org}",
+        "/orgs/{org}/keys",
+        "/keys/{key}/revoke",
+        "/orgs/{org}/providers/{name}",
+        "/orgs/{org}/receipts",
+        "/prices",
+        "/prices/{model}",
+    ] {
         assert!(doc["paths"].get(path).is_some(), "openapi.json lacks {path}");
     }
     std::fs::remove_dir_all(&dir).expect("cleanup");

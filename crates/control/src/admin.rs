@@ -10,7 +10,7 @@ use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
-use recovea_store::{ControlStore, KeyRecord, OrgRecord, ProviderRecord};
+use recovea_store::{ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -22,18 +22,27 @@ use crate::snapshot::seal_context;
 
 pub(crate) const OPENAPI: &str = include_str!("openapi.json");
 
-/// A successful admin answer: its status and JSON body.
+mod prices;
+pub(crate) mod query;
+mod receipts;
+
+/// A successful admin answer: its status and body.
 pub(crate) struct Reply {
     pub(crate) status: StatusCode,
-    pub(crate) body: Value,
+    pub(crate) body: ReplyBody,
+}
+
+pub(crate) enum ReplyBody {
+    Json(Value),
+    Csv(String),
 }
 
 fn ok(body: Value) -> Result<Reply, ApiError> {
-    Ok(Reply { status: StatusCode::OK, body })
+    Ok(Reply { status: StatusCode::OK, body: ReplyBody::Json(body) })
 }
 
 fn created(body: Value) -> Result<Reply, ApiError> {
-    Ok(Reply { status: StatusCode::CREATED, body })
+    Ok(Reply { status: StatusCode::CREATED, body: ReplyBody::Json(body) })
 }
 
 impl Control {
@@ -48,9 +57,18 @@ impl Control {
         &self,
         method: &Method,
         segments: &[&str],
+        query: &str,
         body: Bytes,
     ) -> Result<Reply, ApiError> {
         let reply = match (segments, method) {
+            (["orgs", org, "receipts"], &Method::GET) => self.list_receipts(org_id(org)?, query).await,
+            (["orgs", org, "receipts", "summary"], &Method::GET) => {
+                self.spend_summary(org_id(org)?, query).await
+            }
+            (["prices"], &Method::GET) => self.list_prices(),
+            (["prices", model @ ..], &Method::PUT) if !model.is_empty() => {
+                self.put_price(&model.join("/"), parse(&body)?).await
+            }
             (["orgs"], &Method::POST) => self.create_org(parse(&body)?).await,
             (["orgs"], &Method::GET) => self.list_orgs().await,
             (["orgs", org], &Method::GET) => self.get_org(org_id(org)?).await,
@@ -62,7 +80,10 @@ impl Control {
                 self.put_provider(org_id(org)?, name, parse(&body)?).await
             }
             (["orgs"] | ["orgs", _] | ["orgs", _, "keys"] | ["keys", _, "revoke"], _)
-            | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _) => Err(ApiError::MethodNotAllowed),
+            | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _)
+            | (["orgs", _, "receipts"] | ["orgs", _, "receipts", "summary"] | ["prices", ..], _) => {
+                Err(ApiError::MethodNotAllowed)
+            }
             _ => Err(ApiError::NotFound("Unknown admin path.".into())),
         }?;
         if method != Method::GET
@@ -74,6 +95,14 @@ impl Control {
         Ok(reply)
     }
 
+    async fn ledger<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&dyn ReceiptLedger) -> recovea_store::Result<T> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let ledger = Arc::clone(&self.inner.ledger);
+        Ok(tokio::task::spawn_blocking(move || work(ledger.as_ref())).await.map_err(ApiError::internal)??)
+    }
+
     async fn store<T: Send + 'static>(
         &self,
         work: impl FnOnce(&dyn ControlStore) -> recovea_store::Result<T> + Send + 'static,
@@ -82,7 +111,7 @@ impl Control {
         Ok(tokio::task::spawn_blocking(move || work(store.as_ref())).await.map_err(ApiError::internal)??)
     }
 
-    async fn require_org(&self, id: &OrgId) -> Result<OrgRecord, ApiError> {
+    pub(crate) async fn require_org(&self, id: &OrgId) -> Result<OrgRecord, ApiError> {
         let id = id.clone();
         let missing = format!("No organization {id}.");
         self.store(move |s| s.org(&id)).await?.ok_or(ApiError::NotFound(missing))
@@ -222,7 +251,7 @@ struct ProviderBody {
 }
 
 /// Parses a JSON body; the error names the offending field, never echoes a value.
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -259,7 +288,7 @@ fn key_id(s: &str) -> Result<KeyId, ApiError> {
     KeyId::parse(s).ok_or_else(|| ApiError::NotFound(format!("No key {s}.")))
 }
 
-fn now() -> Timestamp {
+pub(crate) fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
 

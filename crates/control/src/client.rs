@@ -46,6 +46,17 @@ impl AdminClient {
 
     /// Sends one request to `/admin/v1{path}` and returns the JSON answer of a 2xx.
     pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value, ClientError> {
+        let bytes = self.call_raw(method, path, body).await?;
+        Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// Like [`AdminClient::call`], for answers that are not JSON (a CSV export).
+    pub async fn call_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Bytes, ClientError> {
         let url = format!("{}/admin/v1{path}", self.base_url);
         let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
         let request = Request::builder()
@@ -64,7 +75,10 @@ impl AdminClient {
             .await
             .map_err(|e| ClientError::Unreachable(e.to_string()))?
             .to_bytes();
-        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        if status.is_success() { Ok(value) } else { Err(ClientError::Api(status, value)) }
+        if status.is_success() {
+            Ok(bytes)
+        } else {
+            Err(ClientError::Api(status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+        }
     }
 }

@@ -7,6 +7,7 @@
 mod admin;
 pub mod client;
 mod error;
+pub mod ingest;
 pub mod random;
 mod server;
 mod snapshot;
@@ -15,7 +16,8 @@ use std::sync::Arc;
 
 use recovea_core::Snapshot;
 use recovea_core::crypto::MasterKey;
-use recovea_store::ControlStore;
+use recovea_core::snapshot::Prices;
+use recovea_store::{ControlStore, ReceiptLedger};
 
 pub use error::ApiError;
 pub use server::serve;
@@ -31,6 +33,9 @@ pub struct Control {
 
 struct Inner {
     store: Arc<dyn ControlStore>,
+    ledger: Arc<dyn ReceiptLedger>,
+    /// The prices of the last published snapshot, for `GET /prices`.
+    prices: std::sync::Mutex<Prices>,
     master_key: MasterKey,
     /// Compared as hashes, so the comparison takes the same time whatever the presented token.
     admin_token_hash: recovea_core::keys::KeyHash,
@@ -43,6 +48,7 @@ struct Inner {
 impl Control {
     pub fn new(
         store: Arc<dyn ControlStore>,
+        ledger: Arc<dyn ReceiptLedger>,
         master_key: MasterKey,
         admin_token: &str,
         publish: Publish,
@@ -50,6 +56,8 @@ impl Control {
         Self {
             inner: Arc::new(Inner {
                 store,
+                ledger,
+                prices: std::sync::Mutex::new(Prices::default()),
                 master_key,
                 admin_token_hash: recovea_core::keys::hash_secret(admin_token),
                 publish,
@@ -68,6 +76,8 @@ impl Control {
             return Ok(());
         }
         let snapshot = build_snapshot(&state, &self.inner.master_key);
+        *self.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+            snapshot.prices().clone();
         (self.inner.publish)(Arc::new(snapshot));
         *published = Some(state.version);
         Ok(())

@@ -15,7 +15,8 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
-use crate::admin::OPENAPI;
+use crate::admin::query::decode_path_segment;
+use crate::admin::{OPENAPI, Reply, ReplyBody};
 use crate::{ApiError, Control};
 
 const PREFIX: &str = "/admin/v1/";
@@ -69,8 +70,12 @@ impl Control {
             Some(_) if !self.authorized(authorization) => Err(ApiError::Unauthorized),
             Some(rest) => {
                 let method = request.method().clone();
-                let segments: Vec<String> =
-                    rest.trim_end_matches('/').split('/').map(str::to_owned).collect();
+                let query = request.uri().query().unwrap_or("").to_owned();
+                let segments: Option<Vec<String>> =
+                    rest.trim_end_matches('/').split('/').map(decode_path_segment).collect();
+                let Some(segments) = segments else {
+                    return error_response(ApiError::BadRequest("path: bad percent-escape".into()));
+                };
                 match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
                     Ok(body) => {
                         // A change and its publication run to the end even if the client hangs up:
@@ -78,7 +83,7 @@ impl Control {
                         let control = self.clone();
                         let work = tokio::spawn(async move {
                             let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
-                            control.route(&method, &segments, body.to_bytes()).await
+                            control.route(&method, &segments, &query, body.to_bytes()).await
                         });
                         work.await.unwrap_or_else(|e| Err(ApiError::internal(e)))
                     }
@@ -87,19 +92,28 @@ impl Control {
             }
         };
         match result {
-            Ok(reply) => {
-                let body = serde_json::to_vec_pretty(&reply.body).unwrap_or_default();
-                json_response(reply.status, Bytes::from(body))
+            Ok(Reply { status, body: ReplyBody::Json(body) }) => {
+                json_response(status, Bytes::from(serde_json::to_vec_pretty(&body).unwrap_or_default()))
             }
-            Err(error) => {
-                let answer = error.answer();
-                json_response(
-                    StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                    Bytes::from(answer.body),
-                )
+            Ok(Reply { status, body: ReplyBody::Csv(text) }) => {
+                let mut response = Response::new(Full::new(Bytes::from(text)));
+                *response.status_mut() = status;
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/csv; charset=utf-8"));
+                response
             }
+            Err(error) => error_response(error),
         }
     }
+}
+
+fn error_response(error: ApiError) -> Response<Full<Bytes>> {
+    let answer = error.answer();
+    json_response(
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        Bytes::from(answer.body),
+    )
 }
 
 fn json_response(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {

@@ -2,7 +2,10 @@
 
 use recovea_core::Snapshot;
 use recovea_core::crypto::MasterKey;
-use recovea_core::snapshot::{ProviderCredential, SnapshotBuilder};
+use std::sync::Arc;
+
+use recovea_core::pricing::{Price, PriceTable};
+use recovea_core::snapshot::{Prices, ProviderCredential, SnapshotBuilder};
 use recovea_store::State;
 
 /// What a sealed provider key is bound to: its owner and name, so it opens only in its own row.
@@ -41,5 +44,20 @@ pub fn build_snapshot(state: &State, master_key: &MasterKey) -> Snapshot {
     for (key, hash) in &state.active_keys {
         builder.key(*hash, key.id.clone(), key.org_id.clone(), key.expires_at);
     }
+    builder.prices(prices(state));
     builder.build()
+}
+
+/// The built-in table with the operators' prices on top. An override that no longer parses (it
+/// was validated when set) is left out and logged rather than stop every other price.
+fn prices(state: &State) -> Prices {
+    let overrides = state.price_overrides.iter().filter_map(|(model, wire)| match Price::try_from(wire) {
+        Ok(price) => Some((model.clone(), price)),
+        Err(e) => {
+            tracing::error!(model = %model, error = %e, "a stored price override does not parse; ignored");
+            None
+        }
+    });
+    let table = PriceTable::builtin().overlay(&PriceTable::from_entries(overrides));
+    Prices { revision: state.price_revision, table: Arc::new(table) }
 }

@@ -12,6 +12,7 @@ pub mod ids;
 pub mod keys;
 pub mod money;
 pub mod pricing;
+pub mod receipt;
 pub mod snapshot;
 pub mod timestamp;
 pub mod usage;

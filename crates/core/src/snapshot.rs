@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::ids::{KeyId, OrgId};
 use crate::keys::KeyHash;
+use crate::pricing::PriceTable;
 use crate::timestamp::Timestamp;
 
 /// The wire dialect a credential speaks, which decides its auth header.
@@ -99,6 +100,21 @@ pub struct Snapshot {
     pub version: u64,
     keys: KeyTable,
     orgs: HashMap<OrgId, Arc<Org>>,
+    prices: Prices,
+}
+
+/// The effective price table (built-in with the operators' overrides on top) and its revision,
+/// which every receipt records.
+#[derive(Debug, Clone)]
+pub struct Prices {
+    pub revision: u64,
+    pub table: Arc<PriceTable>,
+}
+
+impl Default for Prices {
+    fn default() -> Self {
+        Self { revision: 0, table: Arc::new(PriceTable::builtin().clone()) }
+    }
 }
 
 impl Snapshot {
@@ -113,6 +129,10 @@ impl Snapshot {
     pub fn key_count(&self) -> usize {
         self.keys.len()
     }
+
+    pub fn prices(&self) -> &Prices {
+        &self.prices
+    }
 }
 
 /// Builds a snapshot: organizations with their credentials first, then the keys that point at them.
@@ -121,6 +141,7 @@ pub struct SnapshotBuilder {
     version: u64,
     orgs: HashMap<OrgId, Org>,
     keys: Vec<(KeyHash, KeyId, OrgId, Option<Timestamp>)>,
+    prices: Option<Prices>,
 }
 
 impl SnapshotBuilder {
@@ -145,6 +166,12 @@ impl SnapshotBuilder {
         self
     }
 
+    /// Without this, the built-in table at revision 0.
+    pub fn prices(&mut self, prices: Prices) -> &mut Self {
+        self.prices = Some(prices);
+        self
+    }
+
     /// Keys of organizations the builder does not hold are dropped: they could not be served.
     pub fn build(self) -> Snapshot {
         let orgs: HashMap<OrgId, Arc<Org>> =
@@ -155,6 +182,6 @@ impl SnapshotBuilder {
                 keys.insert(hash, KeyEntry { id, org: Arc::clone(org), expires_at });
             }
         }
-        Snapshot { version: self.version, keys, orgs }
+        Snapshot { version: self.version, keys, orgs, prices: self.prices.unwrap_or_default() }
     }
 }

@@ -4,10 +4,12 @@
 //! **Invariant:** nothing here waits on a database or the control plane. The only inputs of a
 //! decision are the snapshot installed in memory, the request and the clock.
 
+mod metering;
 mod metrics;
 mod proxy;
 mod refusal;
 mod server;
+pub mod spool;
 mod upstream;
 
 use std::sync::Arc;
@@ -96,17 +98,20 @@ struct Shared {
     config: GatewayConfig,
     upstream: upstream::Upstream,
     metrics: metrics::Metrics,
+    meter: metering::Meter,
 }
 
 impl Gateway {
-    pub fn new(config: GatewayConfig) -> Self {
+    /// A node that meters into `spool`, its receipts signed with `node_id`.
+    pub fn new(config: GatewayConfig, spool: &spool::Spool, node_id: &str) -> Self {
         let upstream = upstream::Upstream::new(config.connect_timeout);
         Self {
             shared: Arc::new(Shared {
                 snapshot: ArcSwapOption::empty(),
                 config,
                 upstream,
-                metrics: metrics::Metrics::default(),
+                metrics: metrics::Metrics::new(Arc::clone(&spool.stats)),
+                meter: metering::Meter::new(spool.sender.clone(), node_id.to_owned()),
             }),
         }
     }

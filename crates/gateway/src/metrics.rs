@@ -4,7 +4,11 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::sync::Arc;
+
 use recovea_core::FailOpenReason;
+
+use crate::spool::SpoolStats;
 
 /// How a request through the proxy ended; each is a label of `recovea_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,12 +55,14 @@ impl Outcome {
 
 const FAIL_OPEN_REASONS: [FailOpenReason; 2] = [FailOpenReason::NoSnapshot, FailOpenReason::AdmissionFault];
 
-#[derive(Default)]
 pub(crate) struct Metrics {
     requests: [AtomicU64; Outcome::ALL.len()],
     fail_open: [AtomicU64; FAIL_OPEN_REASONS.len()],
     /// Unix milliseconds of the last snapshot install; 0 before the first.
     snapshot_installed_ms: AtomicU64,
+    receipts_estimated: AtomicU64,
+    receipts_unpriced: AtomicU64,
+    spool: Arc<SpoolStats>,
 }
 
 fn unix_ms() -> u64 {
@@ -66,6 +72,25 @@ fn unix_ms() -> u64 {
 }
 
 impl Metrics {
+    pub(crate) fn new(spool: Arc<SpoolStats>) -> Self {
+        Self {
+            requests: Default::default(),
+            fail_open: Default::default(),
+            snapshot_installed_ms: AtomicU64::new(0),
+            receipts_estimated: AtomicU64::new(0),
+            receipts_unpriced: AtomicU64::new(0),
+            spool,
+        }
+    }
+
+    pub(crate) fn receipt_estimated(&self) {
+        self.receipts_estimated.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn receipt_unpriced(&self) {
+        self.receipts_unpriced.fetch_add(1, Relaxed);
+    }
+
     pub(crate) fn request(&self, outcome: Outcome) {
         self.requests[outcome as usize].fetch_add(1, Relaxed);
     }
@@ -93,6 +118,41 @@ impl Metrics {
             let n = self.fail_open[i].load(Relaxed);
             let _ = writeln!(out, "recovea_fail_open_total{{reason=\"{}\"}} {n}", reason.label());
         }
+        let counters = [
+            (
+                "recovea_receipts_estimated_total",
+                "Receipts whose usage the provider did not report.",
+                self.receipts_estimated.load(Relaxed),
+            ),
+            (
+                "recovea_receipts_unpriced_total",
+                "Receipts of models without a price (cost 0, priced=false).",
+                self.receipts_unpriced.load(Relaxed),
+            ),
+            (
+                "recovea_receipts_delivered_total",
+                "Receipts delivered from the spool to the ledger.",
+                self.spool.delivered.load(Relaxed),
+            ),
+            (
+                "recovea_receipts_dropped_total",
+                "Receipts lost: spool queue full or disk refused.",
+                self.spool.dropped.load(Relaxed),
+            ),
+            (
+                "recovea_spool_corrupt_lines_total",
+                "Spool lines that could not be read back.",
+                self.spool.corrupt.load(Relaxed),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+        }
+        let pending = self.spool.pending.load(Relaxed).max(0);
+        let _ = writeln!(
+            out,
+            "# HELP recovea_receipts_pending Receipts in the spool not yet delivered.\n# TYPE recovea_receipts_pending gauge\nrecovea_receipts_pending {pending}"
+        );
         let installed = self.snapshot_installed_ms.load(Relaxed);
         if installed > 0 {
             let age = unix_ms().saturating_sub(installed) as f64 / 1000.0;
@@ -112,7 +172,7 @@ mod tests {
 
     #[test]
     fn renders_every_label_with_its_count() {
-        let m = Metrics::default();
+        let m = Metrics::new(Arc::default());
         m.request(Outcome::InvalidKey);
         m.request(Outcome::InvalidKey);
         m.fail_open(FailOpenReason::AdmissionFault);

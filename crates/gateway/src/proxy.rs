@@ -15,7 +15,13 @@ use recovea_core::snapshot::ProviderKind;
 use recovea_core::{Answer, Timestamp, credential};
 use recovea_providers::{Route, headers};
 
+use std::sync::Arc;
+
+use recovea_providers::rewrite;
+use recovea_providers::usage::{Surface, Tapped};
+
 use crate::Shared;
+use crate::metering::{Metered, MeteredBody};
 use crate::metrics::Outcome;
 use crate::refusal::Refusal;
 use crate::upstream::UpstreamError;
@@ -31,6 +37,7 @@ const UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-requ
 pub(crate) struct RequestContext {
     pub(crate) request_id: HeaderValue,
     received_at: Instant,
+    started_at: Timestamp,
     /// The name of the credential the path routes to.
     credential: Option<String>,
     /// Who is calling, once admitted.
@@ -49,6 +56,7 @@ impl RequestContext {
         Self {
             request_id,
             received_at: Instant::now(),
+            started_at: Timestamp::from_system_time(SystemTime::now()),
             credential: None,
             admitted: None,
             fail_open: None,
@@ -59,6 +67,7 @@ impl RequestContext {
 
 /// Where an admitted (or failed-open) request goes and with which provider auth.
 struct Target {
+    kind: ProviderKind,
     base_url: String,
     /// The managed key to inject, with its kind; `None` leaves the client's own auth in place.
     managed_key: Option<(ProviderKind, String)>,
@@ -66,7 +75,7 @@ struct Target {
 
 /// Runs the phases for one proxied request and always produces a response.
 pub(crate) async fn handle<B>(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     ctx: &mut RequestContext,
     request: Request<B>,
 ) -> Response<ResponseBody>
@@ -78,14 +87,14 @@ where
         Ok(response) => response,
         Err(refusal) => {
             ctx.outcome = refusal.outcome();
-            answer_response(refusal.into_answer())
+            answer_response(refusal.answer())
         }
     };
     respond(shared, ctx, response)
 }
 
 async fn run<B>(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     ctx: &mut RequestContext,
     request: Request<B>,
 ) -> Result<Response<ResponseBody>, Refusal>
@@ -114,13 +123,57 @@ where
             let kind = route
                 .fallback_kind
                 .ok_or_else(|| Refusal::ProviderNotConfigured(route.credential.to_owned()))?;
-            Target { base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None }
+            Target { kind, base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None }
         }
     };
 
-    let body = read_body(shared, &parts.headers, body).await?;
+    let mut body = read_body(shared, &parts.headers, body).await?;
+    let endpoint = route.upstream_path.split_once('?').map_or(route.upstream_path, |(path, _)| path);
+    let surface = Surface::of(target.kind, endpoint);
+    let facts = rewrite::inspect(&body);
+    // Usage is read from the stream; OpenAI streams carry it only when asked.
+    let mut strip_usage_chunk = false;
+    if matches!(surface, Surface::ChatCompletions | Surface::Completions)
+        && let Some(rewritten) = rewrite::force_include_usage(&body)
+    {
+        body = Bytes::from(rewritten);
+        strip_usage_chunk = !facts.client_asked_usage;
+    }
+    let metered = ctx.admitted.as_ref().map(|admitted| Metered {
+        request_id: ctx.request_id.to_str().unwrap_or_default().to_owned(),
+        org_id: admitted.org.id.to_string(),
+        key_id: admitted.key_id.to_string(),
+        provider: route.credential.to_owned(),
+        endpoint: endpoint.to_owned(),
+        request_model: facts.model.clone(),
+        stream: facts.stream,
+        surface,
+        request_body: body.clone(),
+        started_at: ctx.started_at,
+        prices: shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default(),
+    });
     let upstream_request = upstream_request(&mut parts, &route, &target, body)?;
-    forward(shared, ctx, upstream_request).await
+    let result = forward(shared, ctx, upstream_request).await;
+    let Some(metered) = metered else { return result };
+    match result {
+        Ok(response) => {
+            let (parts, body) = response.into_parts();
+            let event_stream = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            let status = parts.status.as_u16();
+            let strip = strip_usage_chunk && parts.status.is_success();
+            let body = MeteredBody::new(body, Arc::clone(shared), metered, status, event_stream, strip);
+            Ok(Response::from_parts(parts, body.boxed_unsync()))
+        }
+        Err(refusal) => {
+            // Admitted but never answered: the receipt says so, at no cost.
+            shared.meter.record(&shared.metrics, &metered, refusal.answer().status, Tapped::default());
+            Err(refusal)
+        }
+    }
 }
 
 /// Phases read credential and admit. A panic inside admission is a fault of ours, so the request
@@ -146,6 +199,7 @@ fn target_for(
         admitted.credential_header.brings_own_provider_key() && headers::has_provider_auth(request_headers);
     match (admitted.org.provider(route.credential), route.fallback_kind) {
         (Some(credential), _) => Ok(Target {
+            kind: credential.kind,
             base_url: credential
                 .base_url
                 .clone()
@@ -153,7 +207,7 @@ fn target_for(
             managed_key: (!brings_own).then(|| (credential.kind, credential.api_key.clone())),
         }),
         (None, Some(kind)) if brings_own => {
-            Ok(Target { base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None })
+            Ok(Target { kind, base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None })
         }
         (None, _) => Err(Refusal::ProviderNotConfigured(route.credential.to_owned())),
     }
@@ -202,6 +256,8 @@ fn upstream_request(
     if had_length || !body.is_empty() {
         request_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     }
+    // The usage tap reads the answer as it passes: it must not arrive compressed.
+    request_headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     let uri = format!("{}{}", target.base_url, route.upstream_path)
         .parse::<Uri>()
         .map_err(|_| Refusal::UnknownRoute)?;

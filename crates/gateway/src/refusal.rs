@@ -32,12 +32,12 @@ impl Refusal {
         }
     }
 
-    pub(crate) fn into_answer(self) -> Answer {
+    pub(crate) fn answer(&self) -> Answer {
         match self {
             Self::UnknownRoute => Answer::unknown_route(),
-            Self::Admission(answer) => answer,
-            Self::ProviderNotConfigured(name) => Answer::provider_not_configured(&name),
-            Self::BodyTooLarge(limit) => Answer::request_too_large(limit),
+            Self::Admission(answer) => answer.clone(),
+            Self::ProviderNotConfigured(name) => Answer::provider_not_configured(name),
+            Self::BodyTooLarge(limit) => Answer::request_too_large(*limit),
             Self::BodyTimeout => Answer::request_body_timeout(),
             Self::BodyUnreadable => Answer::request_body_unreadable(),
             Self::UpstreamUnreachable => Answer::upstream_unreachable(),

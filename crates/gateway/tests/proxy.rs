@@ -11,8 +11,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
+use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
+use recovea_core::usage::UsageSource;
 use recovea_core::{Answer, Timestamp};
+use recovea_gateway::spool::Spool;
 use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider};
 use tokio::net::TcpListener;
@@ -31,7 +34,44 @@ struct Harness {
     gateway: Gateway,
     url: String,
     client: Client<HttpConnector, Full<Bytes>>,
+    receipts: Arc<MemorySink>,
+    _spool_dir: TempDir,
     _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Receipts as the ledger would get them.
+#[derive(Default)]
+struct MemorySink(std::sync::Mutex<Vec<Receipt>>);
+
+impl ReceiptSink for MemorySink {
+    fn deliver<'a>(
+        &'a self,
+        batch: &'a [Receipt],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + 'a>> {
+        self.0.lock().expect("lock").extend_from_slice(batch);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A directory removed when the test ends.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "recovea-gateway-test-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn config(openai: &str, anthropic: &str, max_body: u64, timeout: Duration) -> GatewayConfig {
@@ -54,7 +94,12 @@ impl Harness {
     }
 
     async fn with_config(mock: MockProvider, config: GatewayConfig, install: bool) -> Self {
-        let gateway = Gateway::new(config);
+        let spool_dir = TempDir::new();
+        let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
+        let gateway = Gateway::new(config, &spool, "node_test");
+        let receipts = Arc::new(MemorySink::default());
+        let sink: Arc<dyn ReceiptSink> = receipts.clone();
+        tokio::spawn(async move { spool.ship(sink, std::future::pending()).await });
         if install {
             gateway.install_snapshot(Arc::new(snapshot(&mock.url())));
         }
@@ -65,7 +110,25 @@ impl Harness {
             let _ = stopped.await;
         }));
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Self { mock, gateway, url, client, _stop: stop }
+        Self { mock, gateway, url, client, receipts, _spool_dir: spool_dir, _stop: stop }
+    }
+
+    /// Waits (with a deadline) until `count` receipts have been delivered, and returns them.
+    async fn receipts(&self, count: usize) -> Vec<Receipt> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let receipts = self.receipts.0.lock().expect("lock").clone();
+            if receipts.len() >= count {
+                assert_eq!(receipts.len(), count, "more receipts than requests: {receipts:#?}");
+                return receipts;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {} of {count} receipts arrived",
+                receipts.len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     async fn send(&self, request: http::request::Builder, body: &str) -> Response<hyper::body::Incoming> {
@@ -590,4 +653,198 @@ async fn unknown_paths_are_404_and_health_endpoints_answer() {
         assert_eq!(response.status(), StatusCode::OK, "{path}");
         assert!(response.headers().contains_key("x-request-id"));
     }
+}
+
+// Metering: every admitted request gets exactly one receipt, from the provider's usage or an estimate.
+
+fn receipt_for<'r>(receipts: &'r [Receipt], response_request_id: &str) -> &'r Receipt {
+    receipts.iter().find(|r| r.request_id == response_request_id).expect("a receipt for the request")
+}
+
+fn request_id(response: &Response<hyper::body::Incoming>) -> String {
+    response.headers().get("x-request-id").expect("id").to_str().expect("text").to_owned()
+}
+
+#[tokio::test]
+async fn a_chat_completion_gets_an_exact_receipt() {
+    let h = Harness::start().await;
+    h.mock.script(Behaviour::default().usage(serde_json::json!({
+        "prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200,
+        "prompt_tokens_details": {"cached_tokens": 400},
+        "completion_tokens_details": {"reasoning_tokens": 50}
+    })));
+    let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"Say hello"}]}"#;
+    let response = h
+        .send(h.post("/v1/chat/completions?x=1").header("authorization", format!("Bearer {KEY}")), body)
+        .await;
+    let id = request_id(&response);
+    body_of(response).await;
+    let receipts = h.receipts(1).await;
+    let r = receipt_for(&receipts, &id);
+    assert_eq!(r.id, id.replace("req_", "rcpt_"));
+    assert_eq!(
+        (r.org_id.as_str(), r.key_id.as_str(), r.provider.as_str()),
+        ("org_acme", "key_live", "openai")
+    );
+    assert_eq!(
+        (r.endpoint.as_str(), r.status, r.stream, r.model.as_deref()),
+        ("/v1/chat/completions", 200, false, Some("gpt-4o"))
+    );
+    assert_eq!(
+        (r.input_tokens, r.cached_input_tokens, r.output_tokens, r.reasoning_tokens),
+        (1000, 400, 200, 50)
+    );
+    // 600 x $2.50 + 400 x $1.25 + 200 x $10.00 per million tokens.
+    assert_eq!(r.cost_usd.to_usd_string(), "0.004");
+    assert_eq!((r.usage_source, r.priced, r.node_id.as_str()), (UsageSource::Provider, true, "node_test"));
+    assert!(r.finished_at >= r.started_at);
+}
+
+#[tokio::test]
+async fn a_stream_that_did_not_ask_for_usage_is_metered_without_showing_it() {
+    let h = Harness::start().await;
+    let stream =
+        r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Say hello"}]}"#;
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    let id = request_id(&response);
+    let text = String::from_utf8(body_of(response).await.to_vec()).expect("utf-8");
+    assert!(!text.contains("\"prompt_tokens\""), "the client did not ask for usage: {text}");
+    assert!(text.contains("This") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    let sent = h.mock.requests()[0].body_json().expect("json");
+    assert_eq!(sent["stream_options"]["include_usage"], true, "the gateway asked for usage upstream");
+
+    let receipts = h.receipts(1).await;
+    let r = receipt_for(&receipts, &id);
+    // The mock counts 1 + the words of the messages (3) in and 5 pieces out.
+    assert_eq!(
+        (r.input_tokens, r.output_tokens, r.stream, r.usage_source),
+        (3, 5, true, UsageSource::Provider)
+    );
+    // 3 x $0.15 + 5 x $0.60 per million tokens.
+    assert_eq!(r.cost_usd.to_usd_string(), "0.00000345");
+}
+
+#[tokio::test]
+async fn a_stream_that_asked_for_usage_gets_it() {
+    let h = Harness::start().await;
+    let stream = r#"{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Hi"}]}"#;
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    let text = String::from_utf8(body_of(response).await.to_vec()).expect("utf-8");
+    assert!(text.contains("\"prompt_tokens\":2"), "{text}");
+    assert_eq!(h.receipts(1).await[0].input_tokens, 2);
+}
+
+#[tokio::test]
+async fn anthropic_cache_reads_and_writes_are_input_and_priced_apart() {
+    let h = Harness::start().await;
+    let usage = serde_json::json!({"input_tokens": 100, "cache_creation_input_tokens": 20, "cache_read_input_tokens": 300, "output_tokens": 50});
+    h.mock.script(Behaviour::default().usage(usage));
+    let stream = r#"{"model":"claude-sonnet-4-5","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let response = h.send(h.post("/v1/messages").header("x-api-key", KEY), stream).await;
+    body_of(response).await;
+    let r = h.receipts(1).await.remove(0);
+    assert_eq!(
+        (r.input_tokens, r.cached_input_tokens, r.cache_write_input_tokens, r.output_tokens),
+        (420, 300, 20, 50)
+    );
+    // 100 x $3 + 300 x $0.30 + 20 x $3.75 + 50 x $15 per million tokens.
+    assert_eq!(r.cost_usd.to_usd_string(), "0.001215");
+    assert_eq!(r.provider, "anthropic");
+}
+
+#[tokio::test]
+async fn a_cut_stream_still_gets_an_estimated_receipt() {
+    let h = Harness::start().await;
+    h.mock.script(Behaviour::default().cut_after_events(3));
+    let stream = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Say hello to everyone"}]}"#;
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    assert!(response.into_body().collect().await.is_err());
+    let r = h.receipts(1).await.remove(0);
+    assert_eq!(r.usage_source, UsageSource::Estimated);
+    assert!(r.input_tokens > 0, "input is estimated from the request");
+    assert!(r.priced && r.cost_usd.0 > 0);
+    let metrics = h.send(Request::get(format!("{}/metrics", h.url)), "").await;
+    let text = String::from_utf8(body_of(metrics).await.to_vec()).expect("utf-8");
+    assert!(text.contains("recovea_receipts_estimated_total 1\n"), "{text}");
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_stream_still_gets_its_receipt() {
+    let h = Harness::start().await;
+    h.mock.script(Behaviour::default().chunk_delay_ms(2_000));
+    let stream = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    let mut body = response.into_body();
+    body.frame().await.expect("a first frame").expect("data");
+    drop(body);
+    let r = h.receipts(1).await.remove(0);
+    assert_eq!((r.usage_source, r.status), (UsageSource::Estimated, 200));
+}
+
+#[tokio::test]
+async fn provider_errors_and_unpriced_models_get_receipts_at_no_cost() {
+    let h = Harness::start().await;
+    h.mock.script(Behaviour::error(500));
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    body_of(response).await;
+    let unpriced = r#"{"model":"mystery-model-9","messages":[{"role":"user","content":"Hi"}]}"#;
+    let response = h
+        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), unpriced)
+        .await;
+    body_of(response).await;
+    let receipts = h.receipts(2).await;
+    let error = receipts.iter().find(|r| r.status == 500).expect("the error's receipt");
+    assert_eq!((error.cost_usd.0, error.input_tokens, error.output_tokens), (0, 0, 0));
+    let mystery = receipts.iter().find(|r| r.model.as_deref() == Some("mystery-model-9")).expect("receipt");
+    assert_eq!((mystery.priced, mystery.cost_usd.0, mystery.input_tokens), (false, 0, 2));
+    let metrics = h.send(Request::get(format!("{}/metrics", h.url)), "").await;
+    let text = String::from_utf8(body_of(metrics).await.to_vec()).expect("utf-8");
+    assert!(text.contains("recovea_receipts_unpriced_total 1\n"), "{text}");
+}
+
+#[tokio::test]
+async fn refusals_and_fail_open_passes_write_no_receipt_but_admitted_failures_do() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let mock = MockProvider::start().await;
+    let cfg = config(&format!("http://{closed}"), &mock.url(), 1 << 20, Duration::from_secs(5));
+    let h = Harness::with_config(mock, cfg, true).await;
+    let response = h
+        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {UNKNOWN_KEY}")), CHAT)
+        .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let response = h
+        .send(
+            h.post("/v1/chat/completions").header("authorization", format!("Bearer {NO_CREDENTIALS_KEY}")),
+            CHAT,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    let receipts = h.receipts(1).await;
+    assert_eq!((receipts[0].status, receipts[0].cost_usd.0), (502, 0));
+
+    let mock = MockProvider::start().await;
+    let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_secs(5));
+    let unready = Harness::with_config(mock, cfg, false).await;
+    let response = unready
+        .send(
+            unready
+                .post("/v1/chat/completions")
+                .header("x-recovea-key", KEY)
+                .header("authorization", "Bearer sk-own"),
+            CHAT,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    body_of(response).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(unready.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass writes no receipt");
 }

@@ -8,6 +8,9 @@ pub mod sqlite;
 
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::KeyHash;
+use recovea_core::money::Nanos;
+use recovea_core::pricing::PriceWire;
+use recovea_core::receipt::Receipt;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 
@@ -53,6 +56,10 @@ pub struct State {
     /// Keys that are not revoked, with the hash admission looks them up by.
     pub active_keys: Vec<(KeyRecord, KeyHash)>,
     pub providers: Vec<ProviderRecord>,
+    /// The latest price table revision (0: no override was ever made).
+    pub price_revision: u64,
+    /// The operators' price for each model they priced, the latest revision of each.
+    pub price_overrides: Vec<(String, PriceWire)>,
 }
 
 #[derive(Debug)]
@@ -94,6 +101,48 @@ pub trait ControlStore: Send + Sync + 'static {
     fn list_providers(&self, org: &OrgId) -> Result<Vec<ProviderRecord>>;
 
     fn state(&self) -> Result<State>;
+    /// Sets a model's price as a new revision of the price table, and returns that revision.
+    fn put_price(&self, model: &str, price: &PriceWire, at: Timestamp) -> Result<u64>;
     /// The state's version alone: cheap enough to poll.
     fn version(&self) -> Result<u64>;
+}
+
+/// Which receipts to read, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceiptQuery {
+    pub org_id: OrgId,
+    /// `started_at` at or after this.
+    pub from: Option<Timestamp>,
+    /// `started_at` before this.
+    pub to: Option<Timestamp>,
+    pub key_id: Option<KeyId>,
+    pub limit: u32,
+    /// Continue after this receipt: its `started_at` and id.
+    pub after: Option<(Timestamp, String)>,
+}
+
+/// One row of the spend summary: what a key spent on a model on one (UTC) day.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpendRow {
+    /// `YYYY-MM-DD`, UTC.
+    pub day: String,
+    pub key_id: String,
+    pub model: Option<String>,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost: Nanos,
+}
+
+/// The receipt ledger: the source of truth for spend. Inserts are idempotent by receipt id.
+pub trait ReceiptLedger: Send + Sync + 'static {
+    /// Inserts the receipts not already present; returns how many were new.
+    fn insert_receipts(&self, receipts: &[Receipt]) -> Result<usize>;
+    fn receipts(&self, query: &ReceiptQuery) -> Result<Vec<Receipt>>;
+    fn spend_summary(
+        &self,
+        org: &OrgId,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+    ) -> Result<Vec<SpendRow>>;
 }

@@ -9,10 +9,18 @@ use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::{ControlStore, KeyRecord, OrgRecord, ProviderRecord, Result, State, StoreError};
+use recovea_core::money::Nanos;
+use recovea_core::pricing::PriceWire;
+use recovea_core::receipt::Receipt;
+
+use crate::{
+    ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger, ReceiptQuery, Result, SpendRow, State,
+    StoreError,
+};
 
 /// Each entry migrates the schema from its index to the next; `PRAGMA user_version` records how far.
-const MIGRATIONS: &[&str] = &[r"
+const MIGRATIONS: &[&str] = &[
+    r"
     CREATE TABLE orgs (
         id TEXT PRIMARY KEY,
         name TEXT NOT NULL,
@@ -41,7 +49,28 @@ const MIGRATIONS: &[&str] = &[r"
     );
     CREATE TABLE state_version (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
     INSERT INTO state_version VALUES (1, 0);
-"];
+",
+    r"
+    CREATE TABLE price_revisions (
+        revision INTEGER PRIMARY KEY AUTOINCREMENT,
+        model TEXT NOT NULL,
+        price TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE receipts (
+        id TEXT PRIMARY KEY,
+        org_id TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        started_at INTEGER NOT NULL,
+        model TEXT,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        cost_nanos INTEGER NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX receipts_by_org_time ON receipts(org_id, started_at, id);
+",
+];
 
 pub struct SqliteStore {
     conn: Mutex<Connection>,
@@ -296,8 +325,154 @@ impl ControlStore for SqliteStore {
                 .collect::<rusqlite::Result<Vec<_>>>()
                 .map_err(backend)?
         };
+        let price_revision: i64 = tx
+            .query_row("SELECT COALESCE(MAX(revision), 0) FROM price_revisions", [], |r| r.get(0))
+            .map_err(backend)?;
+        let price_overrides = {
+            let mut stmt = tx
+                .prepare(
+                    "SELECT model, price FROM price_revisions p WHERE revision =
+                     (SELECT MAX(revision) FROM price_revisions q WHERE q.model = p.model) ORDER BY model",
+                )
+                .map_err(backend)?;
+            stmt.query_map([], |row| {
+                let price: String = row.get(1)?;
+                let wire: PriceWire =
+                    serde_json::from_str(&price).map_err(|e| corrupt(format!("bad price: {e}")))?;
+                Ok((row.get::<_, String>(0)?, wire))
+            })
+            .map_err(backend)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(backend)?
+        };
         tx.commit().map_err(backend)?;
-        Ok(State { version: u64::try_from(version).unwrap_or(0), orgs, active_keys, providers })
+        Ok(State {
+            version: u64::try_from(version).unwrap_or(0),
+            orgs,
+            active_keys,
+            providers,
+            price_revision: u64::try_from(price_revision).unwrap_or(0),
+            price_overrides,
+        })
+    }
+
+    fn put_price(&self, model: &str, price: &PriceWire, at: Timestamp) -> Result<u64> {
+        let price = serde_json::to_string(price).map_err(|e| StoreError::Backend(e.to_string()))?;
+        self.change(|tx| {
+            tx.execute(
+                "INSERT INTO price_revisions (model, price, created_at) VALUES (?1, ?2, ?3)",
+                params![model, price, at.0],
+            )
+            .map_err(backend)?;
+            Ok(u64::try_from(tx.last_insert_rowid()).unwrap_or(0))
+        })
+    }
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl ReceiptLedger for SqliteStore {
+    fn insert_receipts(&self, receipts: &[Receipt]) -> Result<usize> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(backend)?;
+        let mut inserted = 0;
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO receipts
+                     (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                )
+                .map_err(backend)?;
+            for r in receipts {
+                let body = serde_json::to_string(r).map_err(|e| StoreError::Backend(e.to_string()))?;
+                inserted += stmt
+                    .execute(params![
+                        r.id,
+                        r.org_id,
+                        r.key_id,
+                        r.started_at.0,
+                        r.model,
+                        to_i64(r.input_tokens),
+                        to_i64(r.output_tokens),
+                        r.cost_usd.0,
+                        body
+                    ])
+                    .map_err(backend)?;
+            }
+        }
+        tx.commit().map_err(backend)?;
+        Ok(inserted)
+    }
+
+    fn receipts(&self, q: &ReceiptQuery) -> Result<Vec<Receipt>> {
+        let conn = self.conn();
+        let (after_time, after_id) = q.after.as_ref().map_or((i64::MIN, ""), |(t, id)| (t.0, id.as_str()));
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT body FROM receipts WHERE org_id = ?1
+                 AND started_at >= ?2 AND started_at < ?3
+                 AND (?4 IS NULL OR key_id = ?4)
+                 AND (started_at > ?5 OR (started_at = ?5 AND id > ?6))
+                 ORDER BY started_at, id LIMIT ?7",
+            )
+            .map_err(backend)?;
+        let rows = stmt
+            .query_map(
+                params![
+                    q.org_id.as_str(),
+                    q.from.map_or(i64::MIN, |t| t.0),
+                    q.to.map_or(i64::MAX, |t| t.0),
+                    q.key_id.as_ref().map(KeyId::as_str),
+                    after_time,
+                    after_id,
+                    q.limit
+                ],
+                |row| row.get::<_, String>(0),
+            )
+            .map_err(backend)?;
+        rows.map(|body| {
+            let body = body.map_err(backend)?;
+            serde_json::from_str(&body)
+                .map_err(|e| StoreError::Backend(format!("a stored receipt does not parse: {e}")))
+        })
+        .collect()
+    }
+
+    fn spend_summary(
+        &self,
+        org: &OrgId,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+    ) -> Result<Vec<SpendRow>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT date(started_at / 1000, 'unixepoch') AS day, key_id, model, COUNT(*),
+                        SUM(input_tokens), SUM(output_tokens), SUM(cost_nanos)
+                 FROM receipts WHERE org_id = ?1 AND started_at >= ?2 AND started_at < ?3
+                 GROUP BY day, key_id, model ORDER BY day, key_id, model",
+            )
+            .map_err(backend)?;
+        stmt.query_map(
+            params![org.as_str(), from.map_or(i64::MIN, |t| t.0), to.map_or(i64::MAX, |t| t.0)],
+            |row| {
+                Ok(SpendRow {
+                    day: row.get(0)?,
+                    key_id: row.get(1)?,
+                    model: row.get(2)?,
+                    requests: u64::try_from(row.get::<_, i64>(3)?).unwrap_or(0),
+                    input_tokens: u64::try_from(row.get::<_, i64>(4)?).unwrap_or(0),
+                    output_tokens: u64::try_from(row.get::<_, i64>(5)?).unwrap_or(0),
+                    cost: Nanos(row.get(6)?),
+                })
+            },
+        )
+        .map_err(backend)?
+        .collect::<rusqlite::Result<_>>()
+        .map_err(backend)
     }
 }
 
@@ -381,5 +556,90 @@ mod tests {
         let store = SqliteStore::open(&path).expect("reopen");
         assert_eq!(store.list_orgs().expect("list"), vec![org("org_a")]);
         std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    fn receipt(id: &str, key: &str, started_at: i64, cost: i64) -> Receipt {
+        Receipt {
+            id: id.into(),
+            request_id: id.replace("rcpt_", "req_"),
+            org_id: "org_a".into(),
+            key_id: key.into(),
+            provider: "openai".into(),
+            model: Some("gpt-4o".into()),
+            endpoint: "/v1/chat/completions".into(),
+            status: 200,
+            stream: false,
+            input_tokens: 10,
+            output_tokens: 5,
+            cached_input_tokens: 0,
+            cache_write_input_tokens: 0,
+            reasoning_tokens: 0,
+            cost_usd: Nanos(cost),
+            usage_source: recovea_core::usage::UsageSource::Provider,
+            priced: true,
+            price_revision: 0,
+            started_at: Timestamp(started_at),
+            finished_at: Timestamp(started_at + 5),
+            node_id: "node".into(),
+        }
+    }
+
+    #[test]
+    fn receipts_insert_once_and_page_in_order() {
+        let store = SqliteStore::in_memory().expect("open");
+        let day = 86_400_000;
+        let batch = [
+            receipt("rcpt_b", "key_a", 2, 7),
+            receipt("rcpt_a", "key_a", 2, 3),
+            receipt("rcpt_c", "key_b", day + 1, 11),
+        ];
+        assert_eq!(store.insert_receipts(&batch).expect("insert"), 3);
+        assert_eq!(store.insert_receipts(&batch).expect("replay"), 0, "inserts are idempotent by id");
+
+        let org = OrgId::parse("org_a").expect("id");
+        let query = |after, key: Option<&str>| ReceiptQuery {
+            org_id: org.clone(),
+            from: None,
+            to: None,
+            key_id: key.map(|k| KeyId::parse(k).expect("id")),
+            limit: 2,
+            after,
+        };
+        let first = store.receipts(&query(None, None)).expect("page");
+        assert_eq!(first.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["rcpt_a", "rcpt_b"]);
+        let last = &first[1];
+        let next = store.receipts(&query(Some((last.started_at, last.id.clone())), None)).expect("page");
+        assert_eq!(next, vec![batch[2].clone()]);
+        assert_eq!(store.receipts(&query(None, Some("key_b"))).expect("filter"), vec![batch[2].clone()]);
+
+        let summary = store.spend_summary(&org, None, None).expect("summary");
+        assert_eq!(summary.len(), 2);
+        assert_eq!(
+            (summary[0].day.as_str(), summary[0].requests, summary[0].cost),
+            ("1970-01-01", 2, Nanos(10))
+        );
+        assert_eq!(
+            (summary[1].day.as_str(), summary[1].key_id.as_str(), summary[1].cost),
+            ("1970-01-02", "key_b", Nanos(11))
+        );
+    }
+
+    #[test]
+    fn each_price_change_is_a_new_revision() {
+        let store = SqliteStore::in_memory().expect("open");
+        assert_eq!(store.state().expect("state").price_revision, 0);
+        let wire = |input: &str| PriceWire {
+            input_per_mtok_usd: input.into(),
+            output_per_mtok_usd: "1".into(),
+            cached_input_per_mtok_usd: None,
+            cache_write_per_mtok_usd: None,
+        };
+        let first = store.put_price("m", &wire("2"), Timestamp(1)).expect("put");
+        let second = store.put_price("m", &wire("3"), Timestamp(2)).expect("put");
+        store.put_price("n", &wire("4"), Timestamp(3)).expect("put");
+        assert!(second > first);
+        let state = store.state().expect("state");
+        assert_eq!(state.price_revision, 3);
+        assert_eq!(state.price_overrides, vec![("m".to_owned(), wire("3")), ("n".to_owned(), wire("4"))]);
     }
 }

@@ -1,0 +1,290 @@
+//! Black-box tests of metering through the `recovea` binary: receipts survive SIGKILL exactly once,
+//! and the admin CLI reads them and sets prices.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use recovea_testkit::MockProvider;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_recovea");
+const TOKEN: &str = "receipts-test-token";
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("recovea-receipts-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+struct Serve {
+    child: Child,
+    gateway: String,
+    admin: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    fn start(data_dir: &Path, mock_url: &str) -> Self {
+        let mut child = Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--admin-token",
+                TOKEN,
+            ])
+            .args(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("recovea starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let (mut gateway, mut admin) = (None, None);
+        while let Some(Ok(line)) = lines.next() {
+            let url = line.split_whitespace().last().map(|u| u.trim_end_matches("/admin/v1").to_owned());
+            if line.starts_with("recovea gateway:") {
+                gateway = url;
+            } else if line.starts_with("recovea admin:") {
+                admin = url;
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, gateway: gateway.expect("gateway URL"), admin: admin.expect("admin URL") }
+    }
+
+    /// SIGKILL: no drain, no flush, no goodbye.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn call(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (StatusCode, Bytes) {
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let mut request = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+    let response = client.request(request.body(Full::new(body)).expect("request")).await.expect("answer");
+    let status = response.status();
+    (status, response.into_body().collect().await.expect("body").to_bytes())
+}
+
+async fn admin(serve: &Serve, method: Method, path: &str, body: Option<Value>) -> Value {
+    let auth = format!("Bearer {TOKEN}");
+    let (status, bytes) =
+        call(method, &format!("{}/admin/v1{path}", serve.admin), &[("authorization", &auth)], body).await;
+    assert!(status.is_success(), "{path}: {status} {}", String::from_utf8_lossy(&bytes));
+    serde_json::from_slice(&bytes).expect("JSON")
+}
+
+/// An org with a key and an openai credential; returns (org id, key secret).
+async fn tenant(serve: &Serve) -> (String, String) {
+    let org = admin(serve, Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
+    let org_id = org["id"].as_str().expect("id").to_owned();
+    let key = admin(serve, Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
+    let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
+    admin(serve, Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider)).await;
+    (org_id, key["secret"].as_str().expect("secret").to_owned())
+}
+
+/// Every receipt of the org, all pages.
+async fn all_receipts(serve: &Serve, org_id: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let query = cursor.as_ref().map_or("?limit=1000".to_owned(), |c| format!("?limit=1000&cursor={c}"));
+        let page = admin(serve, Method::GET, &format!("/orgs/{org_id}/receipts{query}"), None).await;
+        out.extend(page["receipts"].as_array().expect("receipts").iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return out,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigkill_every_completed_response_has_exactly_one_receipt() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("sigkill");
+    let serve = Serve::start(&dir, &mock.url());
+    let (org_id, secret) = tenant(&serve).await;
+    let bearer = Arc::new(format!("Bearer {secret}"));
+    let url = Arc::new(format!("{}/v1/chat/completions", serve.gateway));
+
+    // Sixteen clients send requests back to back until the process dies under them.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for client_index in 0..16 {
+        let (stop, bearer, url) = (Arc::clone(&stop), Arc::clone(&bearer), Arc::clone(&url));
+        clients.push(tokio::spawn(async move {
+            let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+            let (mut completed, mut sent) = (Vec::new(), 0u32);
+            let body = json!({"model": "gpt-4o-mini", "stream": client_index % 2 == 0, "messages": [{"role": "user", "content": "Hi"}]});
+            while !stop.load(Ordering::Relaxed) && sent < 5_000 {
+                sent += 1;
+                let request = Request::post(url.as_str())
+                    .header("authorization", bearer.as_str())
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .expect("request");
+                let Ok(response) = client.request(request).await else { break };
+                let id = response.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+                let ok = response.status() == StatusCode::OK;
+                // Completed means the whole body arrived.
+                if response.into_body().collect().await.is_ok() && ok {
+                    completed.extend(id);
+                }
+            }
+            (completed, sent)
+        }));
+    }
+    // Kill once a good number of responses completed, with requests still in flight.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let served = mock.requests().len();
+        if served >= 400 || Instant::now() > deadline {
+            break;
+        }
+    }
+    serve.kill();
+    stop.store(true, Ordering::Relaxed);
+    let mut completed = Vec::new();
+    let mut sent = 0;
+    for client in clients {
+        let (ids, n) = client.await.expect("client task");
+        completed.extend(ids);
+        sent += n;
+    }
+    assert!(completed.len() >= 100, "too few completed responses to say anything: {}", completed.len());
+
+    let serve = Serve::start(&dir, &mock.url());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let receipts = loop {
+        let receipts = all_receipts(&serve, &org_id).await;
+        let ids: std::collections::HashSet<&str> =
+            receipts.iter().filter_map(|r| r["request_id"].as_str()).collect();
+        if completed.iter().all(|id| ids.contains(id.as_str())) {
+            break receipts;
+        }
+        let missing = completed.iter().filter(|id| !ids.contains(id.as_str())).count();
+        assert!(Instant::now() < deadline, "{missing} completed responses have no receipt after restart");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut ids: Vec<&str> = receipts.iter().filter_map(|r| r["request_id"].as_str()).collect();
+    let total = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "a request has two receipts");
+    assert!(total as u32 <= sent, "more receipts ({total}) than requests sent ({sent})");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+fn admin_cli(serve: &Serve, args: &[&str]) -> String {
+    let output = Command::new(BIN)
+        .args(["admin", "--admin-url", &serve.admin, "--admin-token", TOKEN])
+        .args(args)
+        .output()
+        .expect("admin runs");
+    assert!(output.status.success(), "admin {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).expect("utf-8")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_cli_sets_prices_and_reads_receipts() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("cli");
+    let serve = Serve::start(&dir, &mock.url());
+    let (org_id, secret) = tenant(&serve).await;
+    let bearer = format!("Bearer {secret}");
+    let chat = json!({"model": "house-model", "messages": [{"role": "user", "content": "Say hello"}]});
+    let url = format!("{}/v1/chat/completions", serve.gateway);
+
+    // Unpriced at first, then priced by an override: a new revision.
+    let (status, _) = call(Method::POST, &url, &[("authorization", &bearer)], Some(chat.clone())).await;
+    assert_eq!(status, StatusCode::OK);
+    let set: Value = serde_json::from_str(&admin_cli(
+        &serve,
+        &["prices", "set", "house-model", "--input", "1.5", "--output", "2", "--cached-input", "0.5"],
+    ))
+    .expect("JSON");
+    assert_eq!(set["model"], "house-model");
+    let revision = set["revision"].as_u64().expect("revision");
+    let listed: Value = serde_json::from_str(&admin_cli(&serve, &["prices", "list"])).expect("JSON");
+    assert_eq!(listed["revision"], revision);
+    assert_eq!(listed["prices"]["house-model"]["input_per_mtok_usd"], "1.50");
+    assert!(listed["prices"]["gpt-4o-mini"].is_object(), "the built-in table is listed too");
+    let (status, _) = call(Method::POST, &url, &[("authorization", &bearer)], Some(chat)).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let page: Value = loop {
+        let page: Value =
+            serde_json::from_str(&admin_cli(&serve, &["receipts", "list", "--org", &org_id])).expect("JSON");
+        if page["receipts"].as_array().is_some_and(|r| r.len() == 2) {
+            break page;
+        }
+        assert!(Instant::now() < deadline, "receipts did not arrive: {page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (before, after) = (&page["receipts"][0], &page["receipts"][1]);
+    assert_eq!((before["priced"].as_bool(), before["cost_usd"].as_str()), (Some(false), Some("0.00")));
+    assert_eq!(before["price_revision"], 0);
+    // 3 input x $1.50 + 5 output x $2 per million tokens.
+    assert_eq!((after["priced"].as_bool(), after["cost_usd"].as_str()), (Some(true), Some("0.0000145")));
+    assert_eq!(after["price_revision"], revision);
+
+    let csv = admin_cli(&serve, &["receipts", "export", "--org", &org_id]);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 3, "{csv}");
+    assert!(lines[0].starts_with("id,request_id,org_id,key_id,provider,model,endpoint,status,stream,"));
+    assert!(lines[2].contains(",0.0000145,provider,true,"), "{csv}");
+
+    let page: Value =
+        serde_json::from_str(&admin_cli(&serve, &["receipts", "list", "--org", &org_id, "--limit", "1"]))
+            .expect("JSON");
+    let cursor = page["next_cursor"].as_str().expect("a next page");
+    let next: Value = serde_json::from_str(&admin_cli(
+        &serve,
+        &["receipts", "list", "--org", &org_id, "--limit", "1", "--cursor", cursor],
+    ))
+    .expect("JSON");
+    assert_eq!(next["receipts"][0]["id"], after["id"]);
+    assert_eq!(next["next_cursor"], Value::Null);
+
+    let summary: Value =
+        serde_json::from_str(&admin_cli(&serve, &["receipts", "summary", "--org", &org_id])).expect("JSON");
+    assert_eq!(summary["rows"][0]["requests"], 2);
+    assert_eq!(summary["rows"][0]["cost_usd"], "0.0000145");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

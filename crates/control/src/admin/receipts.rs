@@ -1,0 +1,172 @@
+//! `GET /orgs/{org}/receipts` (JSON pages or CSV) and the spend summary by day, key and model.
+
+use recovea_core::ids::{KeyId, OrgId};
+use recovea_core::receipt::Receipt;
+use recovea_core::timestamp::Timestamp;
+use recovea_store::ReceiptQuery;
+use serde_json::{Value, json};
+
+use crate::admin::query::Params;
+use crate::admin::{Reply, ReplyBody, ok};
+use crate::{ApiError, Control};
+
+const DEFAULT_LIMIT: u32 = 100;
+const MAX_LIMIT: u32 = 1000;
+/// A CSV export is one answer: bounded so that it cannot exhaust the control plane's memory.
+const MAX_CSV_ROWS: u32 = 100_000;
+
+const CSV_COLUMNS: [&str; 21] = [
+    "id",
+    "request_id",
+    "org_id",
+    "key_id",
+    "provider",
+    "model",
+    "endpoint",
+    "status",
+    "stream",
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_write_input_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+    "usage_source",
+    "priced",
+    "price_revision",
+    "started_at",
+    "finished_at",
+    "node_id",
+];
+
+impl Control {
+    pub(crate) async fn list_receipts(&self, org_id: OrgId, query: &str) -> Result<Reply, ApiError> {
+        self.require_org(&org_id).await?;
+        let params = Params::parse(query)?;
+        let csv = match params.get("format") {
+            None | Some("json") => false,
+            Some("csv") => true,
+            Some(_) => return Err(ApiError::BadRequest("format: expected json or csv".into())),
+        };
+        let limit = match params.get("limit") {
+            None => {
+                if csv {
+                    MAX_CSV_ROWS
+                } else {
+                    DEFAULT_LIMIT
+                }
+            }
+            Some(text) => text
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=if csv { MAX_CSV_ROWS } else { MAX_LIMIT }).contains(n))
+                .ok_or_else(|| ApiError::BadRequest(format!("limit: expected 1 to {MAX_LIMIT}")))?,
+        };
+        let query = ReceiptQuery {
+            org_id,
+            from: params.time("from")?,
+            to: params.time("to")?,
+            key_id: params
+                .get("key_id")
+                .map(|k| KeyId::parse(k).ok_or_else(|| ApiError::BadRequest("key_id: not a key id".into())))
+                .transpose()?,
+            // One more than asked tells whether another page follows.
+            limit: limit + 1,
+            after: params.get("cursor").map(parse_cursor).transpose()?,
+        };
+        let mut receipts = self.ledger(move |l| l.receipts(&query)).await?;
+        let more = receipts.len() > limit as usize;
+        receipts.truncate(limit as usize);
+        if csv {
+            return Ok(Reply { status: http::StatusCode::OK, body: ReplyBody::Csv(to_csv(&receipts)) });
+        }
+        let next_cursor = receipts.last().filter(|_| more).map(|r| format!("{}.{}", r.started_at.0, r.id));
+        ok(json!({ "receipts": receipts, "next_cursor": next_cursor }))
+    }
+
+    pub(crate) async fn spend_summary(&self, org_id: OrgId, query: &str) -> Result<Reply, ApiError> {
+        self.require_org(&org_id).await?;
+        let params = Params::parse(query)?;
+        let (from, to) = (params.time("from")?, params.time("to")?);
+        let rows = self.ledger(move |l| l.spend_summary(&org_id, from, to)).await?;
+        let rows: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "day": r.day,
+                    "key_id": r.key_id,
+                    "model": r.model,
+                    "requests": r.requests,
+                    "input_tokens": r.input_tokens,
+                    "output_tokens": r.output_tokens,
+                    "cost_usd": r.cost,
+                })
+            })
+            .collect();
+        ok(json!({ "rows": rows }))
+    }
+}
+
+fn parse_cursor(cursor: &str) -> Result<(Timestamp, String), ApiError> {
+    let bad = || ApiError::BadRequest("cursor: not a cursor this API gave".into());
+    let (time, id) = cursor.split_once('.').ok_or_else(bad)?;
+    Ok((Timestamp(time.parse().map_err(|_| bad())?), id.to_owned()))
+}
+
+fn to_csv(receipts: &[Receipt]) -> String {
+    let mut out = CSV_COLUMNS.join(",");
+    out.push('\n');
+    for r in receipts {
+        let fields = [
+            r.id.clone(),
+            r.request_id.clone(),
+            r.org_id.clone(),
+            r.key_id.clone(),
+            r.provider.clone(),
+            r.model.clone().unwrap_or_default(),
+            r.endpoint.clone(),
+            r.status.to_string(),
+            r.stream.to_string(),
+            r.input_tokens.to_string(),
+            r.output_tokens.to_string(),
+            r.cached_input_tokens.to_string(),
+            r.cache_write_input_tokens.to_string(),
+            r.reasoning_tokens.to_string(),
+            r.cost_usd.to_usd_string(),
+            r.usage_source.as_str().to_owned(),
+            r.priced.to_string(),
+            r.price_revision.to_string(),
+            r.started_at.to_rfc3339(),
+            r.finished_at.to_rfc3339(),
+            r.node_id.clone(),
+        ];
+        let escaped: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
+        out.push_str(&escaped.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// Quotes a field when it needs it (RFC 4180), and defuses spreadsheet formulas.
+fn csv_field(field: &str) -> String {
+    let field = if field.starts_with(['=', '+', '-', '@']) && field.parse::<f64>().is_err() {
+        format!("'{field}")
+    } else {
+        field.to_owned()
+    };
+    if field.contains([',', '"', '\n', '\r']) { format!("\"{}\"", field.replace('"', "\"\"")) } else { field }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_fields_are_quoted_and_defused() {
+        assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(csv_field("=cmd()"), "'=cmd()");
+        assert_eq!(csv_field("-1.5"), "-1.5");
+    }
+}

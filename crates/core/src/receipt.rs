@@ -1,0 +1,209 @@
+//! Receipts: what one admitted request used and cost, settled from the provider's usage or an estimate.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::money::Nanos;
+use crate::pricing::{self, PriceTable};
+use crate::timestamp::Timestamp;
+use crate::usage::{Usage, UsageSource};
+
+/// The record of one admitted request, as the ledger stores it and the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Receipt {
+    /// Minted once per request, from its request id: replays and retries insert it only once.
+    pub id: String,
+    pub request_id: String,
+    pub org_id: String,
+    pub key_id: String,
+    /// The name of the credential the request went through (`openai`, `anthropic`, `groq`...).
+    pub provider: String,
+    pub model: Option<String>,
+    /// The provider path without its query, such as `/v1/chat/completions`.
+    pub endpoint: String,
+    pub status: u16,
+    pub stream: bool,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_input_tokens: u64,
+    pub cache_write_input_tokens: u64,
+    pub reasoning_tokens: u64,
+    #[serde(deserialize_with = "usd")]
+    pub cost_usd: Nanos,
+    #[serde(with = "usage_source")]
+    pub usage_source: UsageSource,
+    /// False when the model had no price: the cost is 0 because it is unknown, not free.
+    pub priced: bool,
+    /// The price table revision the cost was computed with.
+    pub price_revision: u64,
+    #[serde(deserialize_with = "rfc3339")]
+    pub started_at: Timestamp,
+    #[serde(deserialize_with = "rfc3339")]
+    pub finished_at: Timestamp,
+    pub node_id: String,
+}
+
+/// The receipt id of a request: its request id with the receipt prefix, so it is minted once.
+pub fn receipt_id(request_id: &str) -> String {
+    format!("rcpt_{}", request_id.strip_prefix("req_").unwrap_or(request_id))
+}
+
+/// Usage and cost as a receipt records them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    pub usage: Usage,
+    pub source: UsageSource,
+    pub cost: Nanos,
+    pub priced: bool,
+}
+
+/// Settles a request: the provider's usage when it reported one, else the estimate; priced from
+/// the table when the model has a price, else cost 0 with `priced: false`.
+pub fn settle(
+    reported: Option<Usage>,
+    estimate: Usage,
+    model: Option<&str>,
+    prices: &PriceTable,
+) -> Settlement {
+    let (usage, source) = match reported {
+        Some(usage) => (usage, UsageSource::Provider),
+        None => (estimate, UsageSource::Estimated),
+    };
+    match model.and_then(|m| prices.lookup(m)) {
+        Some(price) => Settlement { usage, source, cost: pricing::cost(&usage, price), priced: true },
+        None => Settlement { usage, source, cost: Nanos::ZERO, priced: false },
+    }
+}
+
+/// Where receipts go once they leave a node's spool: the ledger in `serve`, the control plane's
+/// ingest from a node. Delivery is idempotent by receipt id, so a batch may be sent again.
+pub trait ReceiptSink: Send + Sync + 'static {
+    fn deliver<'a>(
+        &'a self,
+        batch: &'a [Receipt],
+    ) -> Pin<Box<dyn Future<Output = Result<(), DeliveryError>> + Send + 'a>>;
+}
+
+/// A batch was not delivered; it will be sent again. The text is for operators' logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryError(pub String);
+
+impl std::fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "receipt delivery failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for DeliveryError {}
+
+fn usd<'de, D: Deserializer<'de>>(d: D) -> Result<Nanos, D::Error> {
+    let text = String::deserialize(d)?;
+    Nanos::parse_usd(&text).map_err(serde::de::Error::custom)
+}
+
+fn rfc3339<'de, D: Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
+    let text = String::deserialize(d)?;
+    Timestamp::parse_rfc3339(&text).ok_or_else(|| serde::de::Error::custom("expected an RFC 3339 time"))
+}
+
+mod usage_source {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::usage::UsageSource;
+
+    pub(super) fn serialize<S: Serializer>(source: &UsageSource, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(source.as_str())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<UsageSource, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "provider" => Ok(UsageSource::Provider),
+            "estimated" => Ok(UsageSource::Estimated),
+            other => Err(serde::de::Error::custom(format!("unknown usage source {other:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pricing::Price;
+
+    fn table() -> PriceTable {
+        PriceTable::from_entries([(
+            "gpt-4o".to_owned(),
+            Price {
+                input_per_mtok: Nanos(2_500_000_000),
+                output_per_mtok: Nanos(10_000_000_000),
+                cached_input_per_mtok: Some(Nanos(1_250_000_000)),
+                cache_write_per_mtok: None,
+            },
+        )])
+    }
+
+    fn sample() -> Receipt {
+        Receipt {
+            id: receipt_id("req_abc"),
+            request_id: "req_abc".into(),
+            org_id: "org_a".into(),
+            key_id: "key_a".into(),
+            provider: "openai".into(),
+            model: Some("gpt-4o".into()),
+            endpoint: "/v1/chat/completions".into(),
+            status: 200,
+            stream: true,
+            input_tokens: 1000,
+            output_tokens: 200,
+            cached_input_tokens: 400,
+            cache_write_input_tokens: 0,
+            reasoning_tokens: 50,
+            cost_usd: Nanos(3_500_000),
+            usage_source: UsageSource::Provider,
+            priced: true,
+            price_revision: 3,
+            started_at: Timestamp(1_764_460_800_000),
+            finished_at: Timestamp(1_764_460_801_250),
+            node_id: "node_a".into(),
+        }
+    }
+
+    #[test]
+    fn reported_usage_is_priced_exactly() {
+        let usage =
+            Usage { input_tokens: 1000, cached_input_tokens: 400, output_tokens: 200, ..Usage::default() };
+        let s = settle(Some(usage), Usage::default(), Some("gpt-4o-2024-08-06"), &table());
+        // 600 x 2.50 + 400 x 1.25 + 200 x 10.00 per Mtok = 0.0015 + 0.0005 + 0.002 USD.
+        assert_eq!(
+            s,
+            Settlement { usage, source: UsageSource::Provider, cost: Nanos(4_000_000), priced: true }
+        );
+    }
+
+    #[test]
+    fn missing_usage_falls_back_to_the_estimate_and_unknown_models_are_unpriced() {
+        let estimate = Usage { input_tokens: 10, output_tokens: 3, ..Usage::default() };
+        let s = settle(None, estimate, Some("mystery-model"), &table());
+        assert_eq!(
+            s,
+            Settlement { usage: estimate, source: UsageSource::Estimated, cost: Nanos::ZERO, priced: false }
+        );
+        assert!(!settle(None, estimate, None, &table()).priced);
+    }
+
+    #[test]
+    fn receipts_round_trip_through_json() {
+        let receipt = sample();
+        let text = serde_json::to_string(&receipt).expect("serialises");
+        assert!(text.contains(r#""cost_usd":"0.0035""#), "{text}");
+        assert!(text.contains(r#""started_at":"2025-11-30T00:00:00Z""#), "{text}");
+        assert_eq!(serde_json::from_str::<Receipt>(&text).expect("parses"), receipt);
+    }
+
+    #[test]
+    fn receipt_ids_follow_request_ids() {
+        assert_eq!(receipt_id("req_XyZ"), "rcpt_XyZ");
+    }
+}

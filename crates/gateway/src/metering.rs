@@ -1,0 +1,259 @@
+//! Metering: the usage tap on the response body, and the receipt handed to the spool once the body
+//! has ended, been cut, or been dropped by a client that went away.
+//!
+//! Nothing here delays a byte: the tap reads the bytes as they pass, and the receipt goes to the
+//! spool's queue without waiting.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use recovea_core::Timestamp;
+use recovea_core::receipt::{self, Receipt, Settlement};
+use recovea_core::snapshot::Prices;
+use recovea_core::usage::{Usage, UsageSource};
+use recovea_providers::rewrite::UsageChunkFilter;
+use recovea_providers::usage::{self, Surface, Tapped, UsageTap};
+
+use crate::metrics::Metrics;
+use crate::proxy::BoxError;
+use crate::spool::SpoolSender;
+
+/// What the receipt of an admitted request needs to know of it, gathered by the request phases.
+pub(crate) struct Metered {
+    pub(crate) request_id: String,
+    pub(crate) org_id: String,
+    pub(crate) key_id: String,
+    pub(crate) provider: String,
+    pub(crate) endpoint: String,
+    pub(crate) request_model: Option<String>,
+    pub(crate) stream: bool,
+    pub(crate) surface: Surface,
+    /// Kept (a reference-counted view, not a copy) only to estimate input when usage is missing.
+    pub(crate) request_body: Bytes,
+    pub(crate) started_at: Timestamp,
+    pub(crate) prices: Prices,
+}
+
+/// Turns what was learned into receipts and hands them to the spool.
+pub(crate) struct Meter {
+    pub(crate) spool: SpoolSender,
+    pub(crate) node_id: String,
+    /// Models already alarmed about, so that an unpriced model raises one alarm, not one per request.
+    alarmed: Mutex<HashSet<String>>,
+}
+
+impl Meter {
+    pub(crate) fn new(spool: SpoolSender, node_id: String) -> Self {
+        Self { spool, node_id, alarmed: Mutex::new(HashSet::new()) }
+    }
+
+    /// Settles and spools the receipt of a request that ended with `status`.
+    pub(crate) fn record(&self, metrics: &Metrics, request: &Metered, status: u16, tapped: Tapped) {
+        let model = tapped.model.or_else(|| request.request_model.clone());
+        let estimate = if (200..300).contains(&status) {
+            Usage {
+                input_tokens: usage::estimate_input_tokens(&request.request_body),
+                output_tokens: usage::estimate_output_tokens(tapped.output_chars),
+                ..Usage::default()
+            }
+        } else {
+            // An error the provider reported no usage for costs nothing.
+            Usage::default()
+        };
+        let mut settled = receipt::settle(tapped.usage, estimate, model.as_deref(), &request.prices.table);
+        if tapped.partial {
+            settled.source = UsageSource::Estimated;
+        }
+        if settled.source == UsageSource::Estimated {
+            metrics.receipt_estimated();
+        }
+        if !settled.priced {
+            metrics.receipt_unpriced();
+            self.alarm_unpriced(model.as_deref());
+        }
+        let finished_at = Timestamp::from_system_time(SystemTime::now());
+        self.spool.send(self.receipt(request, model, status, settled, finished_at));
+    }
+
+    fn receipt(
+        &self,
+        request: &Metered,
+        model: Option<String>,
+        status: u16,
+        settled: Settlement,
+        finished_at: Timestamp,
+    ) -> Receipt {
+        let usage = settled.usage;
+        Receipt {
+            id: receipt::receipt_id(&request.request_id),
+            request_id: request.request_id.clone(),
+            org_id: request.org_id.clone(),
+            key_id: request.key_id.clone(),
+            provider: request.provider.clone(),
+            model,
+            endpoint: request.endpoint.clone(),
+            status,
+            stream: request.stream,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cached_input_tokens: usage.cached_input_tokens,
+            cache_write_input_tokens: usage.cache_write_input_tokens,
+            reasoning_tokens: usage.reasoning_tokens,
+            cost_usd: settled.cost,
+            usage_source: settled.source,
+            priced: settled.priced,
+            price_revision: request.prices.revision,
+            started_at: request.started_at,
+            finished_at,
+            node_id: self.node_id.clone(),
+        }
+    }
+
+    fn alarm_unpriced(&self, model: Option<&str>) {
+        let model = model.unwrap_or("(no model)");
+        let first = self.alarmed.lock().unwrap_or_else(|p| p.into_inner()).insert(model.to_owned());
+        if first {
+            tracing::error!(
+                model,
+                "ALARM: a model has no price; its receipts cost 0 with priced=false until one is set (PUT /admin/v1/prices/{{model}})"
+            );
+        }
+    }
+}
+
+/// Everything needed to write the receipt when the body is over.
+struct Pending {
+    shared: Arc<crate::Shared>,
+    request: Metered,
+    status: u16,
+}
+
+/// A provider's response body on its way to the client: passed through frame by frame, read by
+/// the usage tap, and (when the client did not ask for it) without the usage-only chunk the
+/// gateway asked for. Its receipt is written exactly once: at the end, on an error, or on drop.
+pub(crate) struct MeteredBody<B> {
+    inner: B,
+    tap: Option<UsageTap>,
+    filter: Option<UsageChunkFilter>,
+    pending: Option<Pending>,
+    done: bool,
+}
+
+impl<B> MeteredBody<B> {
+    pub(crate) fn new(
+        inner: B,
+        shared: Arc<crate::Shared>,
+        request: Metered,
+        status: u16,
+        event_stream: bool,
+        strip_usage_chunk: bool,
+    ) -> Self {
+        Self {
+            inner,
+            tap: Some(UsageTap::new(request.surface, event_stream)),
+            filter: (strip_usage_chunk && event_stream).then(UsageChunkFilter::new),
+            pending: Some(Pending { shared, request, status }),
+            done: false,
+        }
+    }
+
+    fn finish(&mut self) {
+        if let (Some(pending), Some(tap)) = (self.pending.take(), self.tap.take()) {
+            let shared = &pending.shared;
+            shared.meter.record(&shared.metrics, &pending.request, pending.status, tap.finish());
+        }
+    }
+}
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        loop {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(frame))) => {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    };
+                    if let Some(tap) = this.tap.as_mut() {
+                        tap.observe(&data);
+                    }
+                    let mut out = match this.filter.as_mut() {
+                        Some(filter) => filter.push(data),
+                        None => data,
+                    };
+                    if this.inner.is_end_stream() {
+                        // The last bytes: the receipt is spooled before they go, so that no crash can
+                        // leave a completed response without one.
+                        if let Some(rest) =
+                            this.filter.as_mut().map(UsageChunkFilter::finish).filter(|r| !r.is_empty())
+                        {
+                            let mut joined = bytes::BytesMut::from(&out[..]);
+                            joined.extend_from_slice(&rest);
+                            out = joined.freeze();
+                        }
+                        this.done = true;
+                        this.finish();
+                    }
+                    if out.is_empty() {
+                        if this.done {
+                            return Poll::Ready(None);
+                        }
+                        continue;
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(out))));
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.done = true;
+                    this.finish();
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                Poll::Ready(None) => {
+                    this.done = true;
+                    let rest = this.filter.as_mut().map(UsageChunkFilter::finish).unwrap_or_default();
+                    this.finish();
+                    return Poll::Ready((!rest.is_empty()).then(|| Ok(Frame::data(rest))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // The filter may remove bytes, so an exact length would be a lie.
+        match self.filter {
+            Some(_) => SizeHint::default(),
+            None => self.inner.size_hint(),
+        }
+    }
+}
+
+impl<B> Drop for MeteredBody<B> {
+    /// A client that went away drops the body mid-stream: the upstream request is cancelled with
+    /// it, and the receipt is written from what was seen.
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

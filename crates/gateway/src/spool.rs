@@ -1,0 +1,512 @@
+//! The receipt spool: receipts appended to local segment files as each response ends, then shipped
+//! in batches to a [`ReceiptSink`] and forgotten only once delivered.
+//!
+//! A receipt is appended (one `write` to the page cache, no `fsync`) before the last frame of its
+//! response is released, so a process killed at any moment (SIGKILL included) has on disk the receipt
+//! of every response that completed. That append is the only metering work a response waits for: a
+//! few microseconds of local I/O, never the ledger, the network or an `fsync`, which a background
+//! thread does every 200 ms for the sake of power loss. Shipping reads the files, never memory, so a
+//! restart replays whatever was not yet delivered; the sink's inserts are idempotent by receipt id,
+//! so a batch delivered twice is counted once.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use recovea_core::receipt::{Receipt, ReceiptSink};
+use tokio::sync::Notify;
+
+/// A new segment starts past this size, so that delivered ones can be deleted whole.
+const SEGMENT_BYTES: u64 = 8 << 20;
+/// How many receipts one delivery carries at most.
+const BATCH: usize = 512;
+/// How often written data is forced to disk (a SIGKILL loses nothing written; this is for power loss).
+const SYNC_EVERY: Duration = Duration::from_millis(200);
+const SHIPPED_FILE: &str = "shipped";
+
+/// Counters the node reports.
+#[derive(Debug, Default)]
+pub struct SpoolStats {
+    /// Written to the spool and not yet delivered.
+    pub pending: AtomicI64,
+    pub delivered: AtomicU64,
+    /// Dropped because the queue was full or the disk refused them.
+    pub dropped: AtomicU64,
+    /// Lines of a segment that could not be read back (a write torn by a crash).
+    pub corrupt: AtomicU64,
+}
+
+/// The request side of the spool: appends receipts.
+#[derive(Clone)]
+pub struct SpoolSender {
+    appender: Arc<Appender>,
+    stats: Arc<SpoolStats>,
+    written: Arc<Notify>,
+}
+
+impl SpoolSender {
+    /// Appends a finished request's receipt. A disk that refuses it costs the receipt, never the
+    /// response: the failure is counted and logged.
+    pub fn send(&self, receipt: Receipt) {
+        let appended = serde_json::to_vec(&receipt).map_err(io::Error::other).and_then(|mut line| {
+            line.push(b'\n');
+            self.appender.append(&line)
+        });
+        match appended {
+            Ok(()) => {
+                self.stats.pending.fetch_add(1, Relaxed);
+                self.written.notify_one();
+            }
+            Err(e) => {
+                self.stats.dropped.fetch_add(1, Relaxed);
+                tracing::error!(error = %e, receipt_id = %receipt.id, "a receipt could not be written to the spool: lost");
+            }
+        }
+    }
+}
+
+/// A spool directory, appended to by requests and synced by a background thread.
+pub struct Spool {
+    pub sender: SpoolSender,
+    pub stats: Arc<SpoolStats>,
+    dir: PathBuf,
+    written: Arc<Notify>,
+}
+
+impl Spool {
+    /// Opens (or creates) the spool in `dir` and appends to a new segment, so that a segment torn
+    /// by a crash is never appended to.
+    pub fn open(dir: &Path) -> io::Result<Self> {
+        fs::create_dir_all(dir)?;
+        let next = segments(dir)?.last().map_or(1, |(n, _)| n + 1);
+        let stats = Arc::new(SpoolStats::default());
+        stats.pending.store(count_unshipped(dir)?, Relaxed);
+        let appender = Arc::new(Appender::open(dir, next)?);
+        let syncing = Arc::downgrade(&appender);
+        std::thread::Builder::new().name("receipt-spool-sync".into()).spawn(move || {
+            // Ends with the appender, when the last sender is gone.
+            while let Some(appender) = syncing.upgrade() {
+                appender.sync();
+                drop(appender);
+                std::thread::sleep(SYNC_EVERY);
+            }
+        })?;
+        let written = Arc::new(Notify::new());
+        Ok(Self {
+            sender: SpoolSender { appender, stats: Arc::clone(&stats), written: Arc::clone(&written) },
+            stats,
+            dir: dir.to_owned(),
+            written,
+        })
+    }
+
+    /// Delivers spooled receipts to `sink` until `shutdown`, then makes one last attempt.
+    pub async fn ship(&self, sink: Arc<dyn ReceiptSink>, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.ship_available(sink.as_ref()).await {
+                Ok(()) => backoff = Duration::from_millis(100),
+                Err(e) => {
+                    tracing::warn!(error = %e, "receipts not delivered yet; they stay in the spool");
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+            tokio::select! {
+                () = self.written.notified() => {}
+                () = tokio::time::sleep(backoff) => {}
+                () = &mut shutdown => break,
+            }
+        }
+        if let Err(e) = self.ship_available(sink.as_ref()).await {
+            tracing::warn!(error = %e, "receipts left in the spool at shutdown; they are delivered on the next start");
+        }
+    }
+
+    /// Forces every receipt appended so far to disk: at shutdown, after the servers have drained.
+    pub async fn sync(&self) {
+        let appender = Arc::clone(&self.sender.appender);
+        let _ = tokio::task::spawn_blocking(move || appender.sync()).await;
+    }
+
+    /// Delivers everything written so far, batch by batch, recording progress after each batch.
+    async fn ship_available(&self, sink: &dyn ReceiptSink) -> Result<(), String> {
+        loop {
+            let dir = self.dir.clone();
+            let batch = tokio::task::spawn_blocking(move || read_batch(&dir))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            let Some(batch) = batch else { return Ok(()) };
+            if !batch.receipts.is_empty() {
+                sink.deliver(&batch.receipts).await.map_err(|e| e.to_string())?;
+            }
+            let (delivered, corrupt) = (batch.receipts.len(), batch.corrupt);
+            let dir = self.dir.clone();
+            tokio::task::spawn_blocking(move || batch.progress.commit(&dir))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            self.stats.corrupt.fetch_add(corrupt, Relaxed);
+            self.stats.delivered.fetch_add(delivered as u64, Relaxed);
+            self.stats.pending.fetch_sub(delivered as i64, Relaxed);
+        }
+    }
+}
+
+/// The segment being appended to.
+struct Appender {
+    dir: PathBuf,
+    current: Mutex<Segment>,
+}
+
+struct Segment {
+    number: u64,
+    file: File,
+    size: u64,
+    dirty: bool,
+}
+
+impl Segment {
+    fn create(dir: &Path, number: u64) -> io::Result<Self> {
+        let file = OpenOptions::new().create(true).append(true).open(segment_path(dir, number))?;
+        let size = file.metadata()?.len();
+        Ok(Self { number, file, size, dirty: false })
+    }
+}
+
+impl Appender {
+    fn open(dir: &Path, number: u64) -> io::Result<Self> {
+        Ok(Self { dir: dir.to_owned(), current: Mutex::new(Segment::create(dir, number)?) })
+    }
+
+    /// One `write` of a whole line: lines never interleave, and a crash tears at most the last one.
+    fn append(&self, line: &[u8]) -> io::Result<()> {
+        let mut segment = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if segment.size >= SEGMENT_BYTES {
+            segment.file.sync_data()?;
+            *segment = Segment::create(&self.dir, segment.number + 1)?;
+        }
+        if let Err(e) = segment.file.write_all(line) {
+            // The segment may now end in a torn line: continue in a fresh one.
+            let next = segment.number + 1;
+            if let Ok(fresh) = Segment::create(&self.dir, next) {
+                *segment = fresh;
+            }
+            return Err(e);
+        }
+        segment.size += line.len() as u64;
+        segment.dirty = true;
+        Ok(())
+    }
+
+    /// Forces what was appended to disk, outside the lock so that appends never wait on it.
+    fn sync(&self) {
+        let file = {
+            let mut segment = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            if !segment.dirty {
+                return;
+            }
+            segment.dirty = false;
+            segment.file.try_clone()
+        };
+        if let Err(e) = file.and_then(|f| f.sync_data()) {
+            tracing::error!(error = %e, "syncing the receipt spool failed");
+        }
+    }
+}
+
+fn segment_path(dir: &Path, n: u64) -> PathBuf {
+    dir.join(format!("seg-{n:012}.jsonl"))
+}
+
+/// The segments in `dir`, oldest first.
+fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        let number = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("seg-")?.strip_suffix(".jsonl")?.parse::<u64>().ok());
+        if let Some(n) = number {
+            found.push((n, path));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// How far delivery has got: a segment and a byte offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Progress {
+    segment: u64,
+    offset: u64,
+}
+
+impl Progress {
+    fn load(dir: &Path) -> io::Result<Self> {
+        match fs::read_to_string(dir.join(SHIPPED_FILE)) {
+            Ok(text) => {
+                let mut parts = text.split_whitespace().map(str::parse::<u64>);
+                match (parts.next(), parts.next()) {
+                    (Some(Ok(segment)), Some(Ok(offset))) => Ok(Self { segment, offset }),
+                    _ => {
+                        Err(io::Error::new(io::ErrorKind::InvalidData, "the spool's shipped file is corrupt"))
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Self { segment: 0, offset: 0 }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records progress atomically (write then rename), then deletes segments wholly delivered.
+    fn commit(self, dir: &Path) -> io::Result<()> {
+        let tmp = dir.join(format!("{SHIPPED_FILE}.tmp"));
+        {
+            let mut file = File::create(&tmp)?;
+            writeln!(file, "{} {}", self.segment, self.offset)?;
+            file.sync_all()?;
+        }
+        fs::rename(&tmp, dir.join(SHIPPED_FILE))?;
+        for (n, path) in segments(dir)? {
+            if n < self.segment {
+                fs::remove_file(path)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Batch {
+    receipts: Vec<Receipt>,
+    /// Where delivery stands once this batch is delivered.
+    progress: Progress,
+    corrupt: u64,
+}
+
+/// Reads up to [`BATCH`] receipts from where delivery stands. `None`: nothing to do.
+fn read_batch(dir: &Path) -> io::Result<Option<Batch>> {
+    let start = Progress::load(dir)?;
+    let mut progress = start;
+    let all = segments(dir)?;
+    let newest = all.last().map(|(n, _)| *n);
+    let (mut receipts, mut corrupt) = (Vec::new(), 0);
+    for (n, path) in all.iter().filter(|(n, _)| *n >= start.segment) {
+        let offset = if *n == progress.segment { progress.offset } else { 0 };
+        let mut reader = BufReader::new(File::open(path)?);
+        reader.seek(SeekFrom::Start(offset))?;
+        let mut consumed = offset;
+        let mut line = Vec::new();
+        let mut at_end = false;
+        while receipts.len() < BATCH {
+            line.clear();
+            let read = reader.read_until(b'\n', &mut line)?;
+            if read == 0 || line.last() != Some(&b'\n') {
+                // The end, or a line still being written (or torn, in a segment no longer written).
+                if read > 0 && Some(*n) != newest {
+                    corrupt += 1;
+                    consumed += read as u64;
+                }
+                at_end = true;
+                break;
+            }
+            consumed += read as u64;
+            match serde_json::from_slice::<Receipt>(&line) {
+                Ok(receipt) => receipts.push(receipt),
+                Err(e) => {
+                    corrupt += 1;
+                    tracing::error!(error = %e, segment = n, "an unreadable line in the receipt spool was skipped");
+                }
+            }
+        }
+        if at_end && Some(*n) != newest {
+            // This segment is done: move past it so that it can be deleted.
+            progress.segment = n + 1;
+            progress.offset = 0;
+        } else {
+            progress.segment = *n;
+            progress.offset = consumed;
+            break;
+        }
+    }
+    if progress == start && receipts.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Batch { receipts, progress, corrupt }))
+}
+
+/// Counts the receipts written and not yet delivered, for the pending gauge at start-up.
+fn count_unshipped(dir: &Path) -> io::Result<i64> {
+    let start = Progress::load(dir)?;
+    let mut count = 0;
+    for (n, path) in segments(dir)?.iter().filter(|(n, _)| *n >= start.segment) {
+        let mut reader = BufReader::new(File::open(path)?);
+        if *n == start.segment {
+            reader.seek(SeekFrom::Start(start.offset))?;
+        }
+        count += reader.split(b'\n').count() as i64;
+    }
+    Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex as StdMutex;
+
+    use recovea_core::money::Nanos;
+    use recovea_core::receipt::DeliveryError;
+    use recovea_core::timestamp::Timestamp;
+    use recovea_core::usage::UsageSource;
+
+    use super::*;
+
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("recovea-spool-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            Self(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A sink that can be told to fail, recording what it accepted.
+    #[derive(Default)]
+    struct Sink {
+        accepted: StdMutex<Vec<Receipt>>,
+        failing: std::sync::atomic::AtomicBool,
+    }
+
+    impl ReceiptSink for Sink {
+        fn deliver<'a>(
+            &'a self,
+            batch: &'a [Receipt],
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + 'a>>
+        {
+            let result = if self.failing.load(Relaxed) {
+                Err(DeliveryError("ledger down".into()))
+            } else {
+                self.accepted.lock().expect("lock").extend_from_slice(batch);
+                Ok(())
+            };
+            Box::pin(async move { result })
+        }
+    }
+
+    fn receipt(n: usize) -> Receipt {
+        Receipt {
+            id: format!("rcpt_{n}"),
+            request_id: format!("req_{n}"),
+            org_id: "org_a".into(),
+            key_id: "key_a".into(),
+            provider: "openai".into(),
+            model: Some("gpt-4o".into()),
+            endpoint: "/v1/chat/completions".into(),
+            status: 200,
+            stream: false,
+            input_tokens: 1,
+            output_tokens: 1,
+            cached_input_tokens: 0,
+            cache_write_input_tokens: 0,
+            reasoning_tokens: 0,
+            cost_usd: Nanos(n as i64),
+            usage_source: UsageSource::Provider,
+            priced: true,
+            price_revision: 0,
+            started_at: Timestamp(1),
+            finished_at: Timestamp(2),
+            node_id: "node".into(),
+        }
+    }
+
+    async fn ship_all(spool: &Spool, sink: &Arc<Sink>) -> Result<(), String> {
+        let sink: Arc<dyn ReceiptSink> = sink.clone();
+        spool.ship_available(sink.as_ref()).await
+    }
+
+    #[tokio::test]
+    async fn a_dead_sink_keeps_receipts_until_it_is_back_and_a_restart_replays_them_once() {
+        let dir = TempDir::new("dead-sink");
+        let sink = Arc::new(Sink::default());
+        {
+            let spool = Spool::open(&dir.0).expect("open");
+            for n in 0..1200 {
+                spool.sender.send(receipt(n));
+            }
+            sink.failing.store(true, Relaxed);
+            assert!(ship_all(&spool, &sink).await.is_err());
+            assert_eq!(spool.stats.pending.load(Relaxed), 1200);
+            sink.failing.store(false, Relaxed);
+            // Deliver part of it, as if the process died after the first batch.
+            let batch = read_batch(&dir.0).expect("read").expect("a batch");
+            let sink_dyn: Arc<dyn ReceiptSink> = sink.clone();
+            sink_dyn.deliver(&batch.receipts).await.expect("delivered");
+            batch.progress.commit(&dir.0).expect("commit");
+        }
+        let spool = Spool::open(&dir.0).expect("reopen");
+        assert_eq!(spool.stats.pending.load(Relaxed), 1200 - BATCH as i64);
+        spool.sender.send(receipt(5000));
+        ship_all(&spool, &sink).await.expect("delivered");
+        let accepted = sink.accepted.lock().expect("lock").clone();
+        let mut ids: Vec<&str> = accepted.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids.len(), 1201, "each receipt delivered once");
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 1201);
+        assert_eq!(spool.stats.pending.load(Relaxed), 0);
+        // Delivered segments are gone; only the one being written remains.
+        assert_eq!(segments(&dir.0).expect("list").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_torn_last_line_is_skipped_once_its_segment_is_closed() {
+        let dir = TempDir::new("torn");
+        {
+            let spool = Spool::open(&dir.0).expect("open");
+            spool.sender.send(receipt(1));
+        }
+        // A crash in the middle of an append leaves half a line.
+        let first = segments(&dir.0).expect("list")[0].1.clone();
+        OpenOptions::new()
+            .append(true)
+            .open(&first)
+            .expect("open")
+            .write_all(b"{\"id\":\"rcpt_2\",\"requ")
+            .expect("write");
+        let spool = Spool::open(&dir.0).expect("reopen");
+        spool.sender.send(receipt(3));
+        let sink = Arc::new(Sink::default());
+        ship_all(&spool, &sink).await.expect("delivered");
+        let ids: Vec<String> = sink.accepted.lock().expect("lock").iter().map(|r| r.id.clone()).collect();
+        assert_eq!(ids, ["rcpt_1", "rcpt_3"]);
+        assert_eq!(spool.stats.corrupt.load(Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn segments_roll_over_and_are_deleted_once_delivered() {
+        let dir = TempDir::new("roll");
+        let spool = Spool::open(&dir.0).expect("open");
+        let line_len = serde_json::to_vec(&receipt(0)).expect("json").len() as u64 + 1;
+        let count = (SEGMENT_BYTES / line_len + 10) as usize;
+        for n in 0..count {
+            spool.sender.send(receipt(n));
+        }
+        assert_eq!(segments(&dir.0).expect("list").len(), 2);
+        let sink = Arc::new(Sink::default());
+        ship_all(&spool, &sink).await.expect("delivered");
+        assert_eq!(sink.accepted.lock().expect("lock").len(), count);
+        assert_eq!(segments(&dir.0).expect("list").len(), 1);
+    }
+}
