@@ -35,6 +35,19 @@ enum Resource {
     /// Provider credentials.
     #[command(subcommand)]
     Providers(Providers),
+    /// Spend caps.
+    #[command(subcommand)]
+    Caps(Caps),
+    /// Each cap's current window and its spend.
+    Spend {
+        #[arg(long, env = "RECOVEA_ORG")]
+        org: String,
+    },
+    /// Alerts raised by caps.
+    Alerts {
+        #[arg(long, env = "RECOVEA_ORG")]
+        org: String,
+    },
     /// Receipts of admitted requests.
     #[command(subcommand)]
     Receipts(Receipts),
@@ -101,6 +114,63 @@ enum Receipts {
         #[command(flatten)]
         filter: ReceiptFilter,
     },
+}
+
+#[derive(Subcommand)]
+enum Caps {
+    /// Creates a cap; with --hard-stop it refuses at the line (402), without it only counts and alerts.
+    Create {
+        #[arg(long, env = "RECOVEA_ORG")]
+        org: String,
+        #[arg(long, env = "RECOVEA_CAP_SCOPE", value_parser = ["organization", "key"], default_value = "organization")]
+        scope: String,
+        /// The key a cap of scope `key` covers.
+        #[arg(long, env = "RECOVEA_KEY_ID")]
+        key_id: Option<String>,
+        #[arg(long, env = "RECOVEA_CAP_WINDOW", value_parser = ["day", "week", "month"])]
+        window: String,
+        /// USD, as a decimal string.
+        #[arg(long, env = "RECOVEA_CAP_LIMIT")]
+        limit: String,
+        #[arg(long, env = "RECOVEA_CAP_HARD_STOP")]
+        hard_stop: bool,
+        /// Fractions of the limit, comma-separated (default 0.5,0.8,1.0).
+        #[arg(long, env = "RECOVEA_CAP_ALERT_AT", value_delimiter = ',')]
+        alert_at: Option<Vec<String>>,
+        #[arg(long, env = "RECOVEA_CAP_ALERT_WEBHOOK")]
+        alert_webhook: Option<String>,
+    },
+    List {
+        #[arg(long, env = "RECOVEA_ORG")]
+        org: String,
+    },
+    /// Changes a cap's limit, hard stop or alerts.
+    Update {
+        cap: String,
+        #[arg(long, env = "RECOVEA_CAP_LIMIT")]
+        limit: Option<String>,
+        #[arg(long, env = "RECOVEA_CAP_HARD_STOP")]
+        hard_stop: Option<bool>,
+        #[arg(long, env = "RECOVEA_CAP_ALERT_AT", value_delimiter = ',')]
+        alert_at: Option<Vec<String>>,
+        #[arg(long, env = "RECOVEA_CAP_ALERT_WEBHOOK")]
+        alert_webhook: Option<String>,
+    },
+    Delete {
+        cap: String,
+    },
+}
+
+/// Alert thresholds as given on the command line, as JSON numbers.
+fn thresholds(values: &[String]) -> Result<Value, String> {
+    values
+        .iter()
+        .map(|v| {
+            serde_json::from_str::<serde_json::Number>(v.trim())
+                .map_err(|_| format!("--alert-at: {v:?} is not a number"))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(|numbers| Value::Array(numbers.into_iter().map(Value::Number).collect()))
 }
 
 #[derive(Subcommand)]
@@ -223,6 +293,49 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
         Resource::Receipts(Receipts::Summary { filter }) => {
             (Method::GET, format!("/orgs/{}/receipts/summary{}", filter.org, filter.query(&[])), None)
         }
+        Resource::Caps(Caps::Create {
+            org,
+            scope,
+            key_id,
+            window,
+            limit,
+            hard_stop,
+            alert_at,
+            alert_webhook,
+        }) => {
+            let mut body =
+                json!({ "scope": scope, "window": window, "limit_usd": limit, "hard_stop": hard_stop });
+            if let Some(key) = key_id {
+                body["key_id"] = Value::String(key);
+            }
+            if let Some(values) = alert_at {
+                body["alert_at"] = thresholds(&values)?;
+            }
+            if let Some(url) = alert_webhook {
+                body["alert_webhook"] = Value::String(url);
+            }
+            (Method::POST, format!("/orgs/{org}/caps"), Some(body))
+        }
+        Resource::Caps(Caps::List { org }) => (Method::GET, format!("/orgs/{org}/caps"), None),
+        Resource::Caps(Caps::Update { cap, limit, hard_stop, alert_at, alert_webhook }) => {
+            let mut body = json!({});
+            if let Some(limit) = limit {
+                body["limit_usd"] = Value::String(limit);
+            }
+            if let Some(hard_stop) = hard_stop {
+                body["hard_stop"] = Value::Bool(hard_stop);
+            }
+            if let Some(values) = alert_at {
+                body["alert_at"] = thresholds(&values)?;
+            }
+            if let Some(url) = alert_webhook {
+                body["alert_webhook"] = Value::String(url);
+            }
+            (Method::PATCH, format!("/caps/{cap}"), Some(body))
+        }
+        Resource::Caps(Caps::Delete { cap }) => (Method::DELETE, format!("/caps/{cap}"), None),
+        Resource::Spend { org } => (Method::GET, format!("/orgs/{org}/spend"), None),
+        Resource::Alerts { org } => (Method::GET, format!("/orgs/{org}/alerts"), None),
         Resource::Prices(Prices::List) => (Method::GET, "/prices".into(), None),
         Resource::Prices(Prices::Set { model, input, output, cached_input, cache_write }) => {
             let mut body = json!({ "input_per_mtok_usd": input, "output_per_mtok_usd": output });

@@ -9,6 +9,7 @@ use recovea_control::random;
 pub(crate) const ADMIN_TOKEN_FILE: &str = "admin-token";
 const MASTER_KEY_FILE: &str = "master.key";
 const NODE_ID_FILE: &str = "node-id";
+const ALERT_SECRET_FILE: &str = "alert-signing-secret";
 
 /// A secret read from the data dir, or generated there now.
 pub(crate) struct Secret {
@@ -29,6 +30,12 @@ pub(crate) fn master_key(dir: &Path) -> Result<Secret, String> {
         let bytes = random::bytes::<32>().map_err(|e| e.to_string())?;
         Ok(recovea_core::crypto::MasterKey::from_bytes(bytes).to_hex())
     })
+}
+
+/// The key that signs alert webhooks, generated on first start; receivers verify with it.
+pub(crate) fn alert_signing_secret(dir: &Path) -> Result<String, String> {
+    read_or_generate(dir, ALERT_SECRET_FILE, || random::token("whsec_", 43).map_err(|e| e.to_string()))
+        .map(|s| s.value)
 }
 
 /// This node's id, generated on first start: receipts name the node that made them.

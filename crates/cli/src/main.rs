@@ -69,6 +69,9 @@ pub(crate) struct ServeArgs {
     /// How long a client may take to send its request body before it gets 408.
     #[arg(long, env = "RECOVEA_REQUEST_BODY_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     request_body_timeout: Duration,
+    /// Key of the HMAC-SHA256 signature on alert webhooks; generated into the data dir when not given.
+    #[arg(long, env = "RECOVEA_ALERT_SIGNING_SECRET", hide_env_values = true)]
+    alert_signing_secret: Option<String>,
     /// Log filter, in `RUST_LOG` syntax.
     #[arg(long, env = "RECOVEA_LOG", default_value = "info")]
     log: String,

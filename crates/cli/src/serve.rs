@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use recovea_control::Control;
+use recovea_control::alerts::Alerts;
 use recovea_control::ingest::LedgerSink;
 use recovea_core::crypto::MasterKey;
 use recovea_gateway::spool::Spool;
@@ -47,6 +48,13 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
         SqliteStore::open(&database).map_err(|e| format!("--database-url {}: {e}", database.display()))?,
     );
     let node_id = data_dir::node_id(&args.data_dir)?;
+    let alert_secret = match &args.alert_signing_secret {
+        Some(secret) if secret.trim().is_empty() => {
+            return Err("--alert-signing-secret: must not be empty".into());
+        }
+        Some(secret) => secret.trim().to_owned(),
+        None => data_dir::alert_signing_secret(&args.data_dir)?,
+    };
     let spool_dir = args.data_dir.join("spool");
     let spool = Arc::new(Spool::open(&spool_dir).map_err(|e| format!("{}: {e}", spool_dir.display()))?);
 
@@ -86,7 +94,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let (stop_shipping, shipping_stopped) = tokio::sync::watch::channel(false);
     let shipper = {
         let spool = Arc::clone(&spool);
-        let sink = Arc::new(LedgerSink::new(store.clone()));
+        let alerts = Alerts::start(store.clone(), store.clone(), &alert_secret);
+        let sink = Arc::new(LedgerSink::new(store.clone(), Some(alerts)));
         tokio::spawn(async move { spool.ship(sink, wait(shipping_stopped)).await })
     };
     let publisher =

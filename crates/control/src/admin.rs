@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use recovea_core::crypto::{self, MasterKey};
-use recovea_core::ids::{KeyId, OrgId};
+use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
@@ -22,6 +22,7 @@ use crate::snapshot::seal_context;
 
 pub(crate) const OPENAPI: &str = include_str!("openapi.json");
 
+pub(crate) mod caps;
 mod prices;
 pub(crate) mod query;
 mod receipts;
@@ -66,6 +67,13 @@ impl Control {
                 self.spend_summary(org_id(org)?, query).await
             }
             (["prices"], &Method::GET) => self.list_prices(),
+            (["orgs", org, "caps"], &Method::POST) => self.create_cap(org_id(org)?, parse(&body)?).await,
+            (["orgs", org, "caps"], &Method::GET) => self.list_caps(org_id(org)?).await,
+            (["caps", cap], &Method::GET) => self.get_cap(cap_id(cap)?).await,
+            (["caps", cap], &Method::PATCH) => self.update_cap(cap_id(cap)?, parse(&body)?).await,
+            (["caps", cap], &Method::DELETE) => self.delete_cap(cap_id(cap)?).await,
+            (["orgs", org, "spend"], &Method::GET) => self.spend(org_id(org)?).await,
+            (["orgs", org, "alerts"], &Method::GET) => self.list_alerts(org_id(org)?).await,
             (["prices", model @ ..], &Method::PUT) if !model.is_empty() => {
                 self.put_price(&model.join("/"), parse(&body)?).await
             }
@@ -81,7 +89,8 @@ impl Control {
             }
             (["orgs"] | ["orgs", _] | ["orgs", _, "keys"] | ["keys", _, "revoke"], _)
             | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _)
-            | (["orgs", _, "receipts"] | ["orgs", _, "receipts", "summary"] | ["prices", ..], _) => {
+            | (["orgs", _, "receipts"] | ["orgs", _, "receipts", "summary"] | ["prices", ..], _)
+            | (["orgs", _, "caps"] | ["caps", _] | ["orgs", _, "spend"] | ["orgs", _, "alerts"], _) => {
                 Err(ApiError::MethodNotAllowed)
             }
             _ => Err(ApiError::NotFound("Unknown admin path.".into())),
@@ -95,7 +104,7 @@ impl Control {
         Ok(reply)
     }
 
-    async fn ledger<T: Send + 'static>(
+    pub(crate) async fn ledger<T: Send + 'static>(
         &self,
         work: impl FnOnce(&dyn ReceiptLedger) -> recovea_store::Result<T> + Send + 'static,
     ) -> Result<T, ApiError> {
@@ -103,7 +112,7 @@ impl Control {
         Ok(tokio::task::spawn_blocking(move || work(ledger.as_ref())).await.map_err(ApiError::internal)??)
     }
 
-    async fn store<T: Send + 'static>(
+    pub(crate) async fn store<T: Send + 'static>(
         &self,
         work: impl FnOnce(&dyn ControlStore) -> recovea_store::Result<T> + Send + 'static,
     ) -> Result<T, ApiError> {
@@ -284,6 +293,10 @@ fn org_id(s: &str) -> Result<OrgId, ApiError> {
     OrgId::parse(s).ok_or_else(|| ApiError::NotFound(format!("No organization {s}.")))
 }
 
+fn cap_id(s: &str) -> Result<CapId, ApiError> {
+    CapId::parse(s).ok_or_else(|| ApiError::NotFound(format!("No cap {s}.")))
+}
+
 fn key_id(s: &str) -> Result<KeyId, ApiError> {
     KeyId::parse(s).ok_or_else(|| ApiError::NotFound(format!("No key {s}.")))
 }
@@ -292,7 +305,7 @@ pub(crate) fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
 
-fn new_id<T>(prefix: &str, parse: fn(&str) -> Option<T>) -> Result<T, ApiError> {
+pub(crate) fn new_id<T>(prefix: &str, parse: fn(&str) -> Option<T>) -> Result<T, ApiError> {
     let token = random::token(prefix, OrgId::RANDOM_LEN).map_err(ApiError::internal)?;
     parse(&token).ok_or_else(|| ApiError::internal("a minted id did not parse"))
 }

@@ -5,6 +5,7 @@
 //! publishes; if it stops, they keep serving what they last received.
 
 mod admin;
+pub mod alerts;
 pub mod client;
 mod error;
 pub mod ingest;

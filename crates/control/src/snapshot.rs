@@ -44,6 +44,9 @@ pub fn build_snapshot(state: &State, master_key: &MasterKey) -> Snapshot {
     for (key, hash) in &state.active_keys {
         builder.key(*hash, key.id.clone(), key.org_id.clone(), key.expires_at);
     }
+    for cap in &state.caps {
+        builder.cap(cap.cap.clone());
+    }
     builder.prices(prices(state));
     builder.build()
 }

@@ -94,6 +94,26 @@ impl Answer {
     pub fn header(self, name: &'static str, value: impl Into<String>) -> Self {
         self.with_header(name, value)
     }
+
+    /// 402: an armed cap is at or over its limit. A sure answer, so no retry hint: the window resets
+    /// or the cap is raised. `window_adjective` opens the message (`Monthly`, `Weekly`, `Daily`).
+    pub fn budget_exceeded(scope: &str, window: &str, window_adjective: &str) -> Self {
+        let message = format!("{window_adjective} spend cap reached.");
+        Self::error(402, "insufficient_quota", "budget_exceeded", &message)
+            .with_header("x-recovea-budget-scope", scope)
+            .with_header("x-recovea-budget-window", window)
+            .with_header("x-should-retry", "false")
+    }
+
+    /// 503: an armed cap cannot confirm its spend. It clears on its own once the node's counters are
+    /// confirmed again, hence `retry-after: 1`; the message never says a budget was reached.
+    pub fn budget_unverifiable(scope: &str, window: &str, window_adjective: &str) -> Self {
+        let message = format!("{window_adjective} spend cannot be confirmed right now. Retry in a moment.");
+        Self::error(503, "insufficient_quota", "budget_unverifiable", &message)
+            .with_header("retry-after", "1")
+            .with_header("x-recovea-budget-scope", scope)
+            .with_header("x-recovea-budget-window", window)
+    }
 }
 
 #[cfg(test)]
@@ -131,5 +151,84 @@ mod tests {
         );
         assert_eq!(value["error"]["code"], "provider_not_configured");
         assert_eq!(value["error"]["param"], serde_json::Value::Null);
+    }
+
+    fn text(answer: &Answer) -> &str {
+        std::str::from_utf8(&answer.body).expect("utf-8")
+    }
+
+    fn headers(answer: &Answer) -> Vec<(&str, &str)> {
+        answer.headers.iter().map(|(name, value)| (*name, value.as_str())).collect()
+    }
+
+    /// The 503 of the product page "Fail-open and fail-closed", byte for byte.
+    #[test]
+    fn budget_unverifiable_matches_the_product_page() {
+        let answer = Answer::budget_unverifiable("organization", "month", "Monthly");
+        assert_eq!(answer.status, 503);
+        assert_eq!(
+            headers(&answer),
+            [
+                ("retry-after", "1"),
+                ("x-recovea-budget-scope", "organization"),
+                ("x-recovea-budget-window", "month")
+            ]
+        );
+        let page = r#"{
+  "error": {
+    "message": "Monthly spend cannot be confirmed right now. Retry in a moment.",
+    "type": "insufficient_quota",
+    "param": null,
+    "code": "budget_unverifiable"
+  }
+}"#;
+        assert_eq!(text(&answer), page);
+    }
+
+    #[test]
+    fn budget_unverifiable_bytes_for_every_window() {
+        for (window, adjective) in [("day", "Daily"), ("week", "Weekly"), ("month", "Monthly")] {
+            let answer = Answer::budget_unverifiable("key", window, adjective);
+            assert_eq!(answer.status, 503);
+            assert_eq!(
+                headers(&answer),
+                [
+                    ("retry-after", "1"),
+                    ("x-recovea-budget-scope", "key"),
+                    ("x-recovea-budget-window", window)
+                ]
+            );
+            assert_eq!(
+                text(&answer),
+                format!(
+                    "{{\n  \"error\": {{\n    \"message\": \"{adjective} spend cannot be confirmed right now. Retry in a moment.\",\n    \"type\": \"insufficient_quota\",\n    \"param\": null,\n    \"code\": \"budget_unverifiable\"\n  }}\n}}"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn budget_exceeded_bytes_for_every_window() {
+        for (window, adjective) in [("day", "Daily"), ("week", "Weekly"), ("month", "Monthly")] {
+            for scope in ["organization", "key"] {
+                let answer = Answer::budget_exceeded(scope, window, adjective);
+                assert_eq!(answer.status, 402);
+                assert_eq!(
+                    headers(&answer),
+                    [
+                        ("x-recovea-budget-scope", scope),
+                        ("x-recovea-budget-window", window),
+                        ("x-should-retry", "false")
+                    ]
+                );
+                assert!(!answer.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("retry-after")));
+                assert_eq!(
+                    text(&answer),
+                    format!(
+                        "{{\n  \"error\": {{\n    \"message\": \"{adjective} spend cap reached.\",\n    \"type\": \"insufficient_quota\",\n    \"param\": null,\n    \"code\": \"budget_exceeded\"\n  }}\n}}"
+                    )
+                );
+            }
+        }
     }
 }

@@ -90,6 +90,11 @@ id_type!(
     KeyId,
     "key_"
 );
+id_type!(
+    /// A spend cap.
+    CapId,
+    "cap_"
+);
 
 #[cfg(test)]
 mod tests {

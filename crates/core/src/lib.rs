@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod answer;
+pub mod caps;
 pub mod credential;
 pub mod crypto;
 pub mod ids;
@@ -16,6 +17,7 @@ pub mod receipt;
 pub mod snapshot;
 pub mod timestamp;
 pub mod usage;
+pub mod window;
 
 pub use admission::{Admitted, Decision, FailOpenReason, admit};
 pub use answer::Answer;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
+use crate::caps::Cap;
 use crate::ids::{KeyId, OrgId};
 use crate::keys::KeyHash;
 use crate::pricing::PriceTable;
@@ -60,6 +61,8 @@ impl std::fmt::Debug for ProviderCredential {
 pub struct Org {
     pub id: OrgId,
     pub providers: HashMap<String, ProviderCredential>,
+    /// Every cap of the organization, organization- and key-scoped.
+    pub caps: Vec<Cap>,
 }
 
 impl Org {
@@ -150,13 +153,25 @@ impl SnapshotBuilder {
     }
 
     pub fn org(&mut self, id: OrgId) -> &mut Self {
-        self.orgs.entry(id.clone()).or_insert_with(|| Org { id, providers: HashMap::new() });
+        self.orgs.entry(id.clone()).or_insert_with(|| Org {
+            id,
+            providers: HashMap::new(),
+            caps: Vec::new(),
+        });
         self
     }
 
     pub fn provider(&mut self, org: &OrgId, credential: ProviderCredential) -> &mut Self {
         if let Some(entry) = self.orgs.get_mut(org) {
             entry.providers.insert(credential.name.clone(), credential);
+        }
+        self
+    }
+
+    /// Caps of organizations the builder does not hold are dropped.
+    pub fn cap(&mut self, cap: Cap) -> &mut Self {
+        if let Some(entry) = self.orgs.get_mut(&cap.org_id) {
+            entry.caps.push(cap);
         }
         self
     }

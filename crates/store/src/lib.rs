@@ -6,7 +6,8 @@
 
 pub mod sqlite;
 
-use recovea_core::ids::{KeyId, OrgId};
+use recovea_core::caps::Cap;
+use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
@@ -60,6 +61,28 @@ pub struct State {
     pub price_revision: u64,
     /// The operators' price for each model they priced, the latest revision of each.
     pub price_overrides: Vec<(String, PriceWire)>,
+    pub caps: Vec<CapRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapRecord {
+    pub cap: Cap,
+    pub created_at: Timestamp,
+}
+
+/// A threshold of a cap crossed in one window: raised once per (cap, window, threshold).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertRecord {
+    pub id: String,
+    pub cap_id: CapId,
+    pub org_id: OrgId,
+    pub window_start: Timestamp,
+    pub threshold_permille: u32,
+    pub spend: Nanos,
+    pub limit: Nanos,
+    pub raised_at: Timestamp,
+    pub delivered_at: Option<Timestamp>,
+    pub attempts: u32,
 }
 
 #[derive(Debug)]
@@ -103,6 +126,20 @@ pub trait ControlStore: Send + Sync + 'static {
     fn state(&self) -> Result<State>;
     /// Sets a model's price as a new revision of the price table, and returns that revision.
     fn put_price(&self, model: &str, price: &PriceWire, at: Timestamp) -> Result<u64>;
+    /// `NotFound` when the organization does not exist.
+    fn create_cap(&self, cap: &CapRecord) -> Result<()>;
+    fn caps(&self, org: &OrgId) -> Result<Vec<CapRecord>>;
+    fn cap(&self, id: &CapId) -> Result<Option<CapRecord>>;
+    /// Replaces the limit, hard stop and alert settings; `NotFound` for an unknown cap.
+    fn update_cap(&self, cap: &CapRecord) -> Result<()>;
+    /// Whether there was such a cap.
+    fn delete_cap(&self, id: &CapId) -> Result<bool>;
+    /// Stores an alert unless one was already raised for its cap, window and threshold; whether it is new.
+    fn raise_alert(&self, alert: &AlertRecord) -> Result<bool>;
+    fn alerts(&self, org: &OrgId) -> Result<Vec<AlertRecord>>;
+    /// Counts a delivery attempt of an alert's webhook, and when it succeeded.
+    fn alert_delivery(&self, id: &str, delivered_at: Option<Timestamp>) -> Result<()>;
+
     /// The state's version alone: cheap enough to poll.
     fn version(&self) -> Result<u64>;
 }
@@ -145,4 +182,6 @@ pub trait ReceiptLedger: Send + Sync + 'static {
         from: Option<Timestamp>,
         to: Option<Timestamp>,
     ) -> Result<Vec<SpendRow>>;
+    /// The spend of an organization (or one of its keys) in `[from, to)`: the sum of its receipts' costs.
+    fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos>;
 }

@@ -3,10 +3,12 @@
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use recovea_core::ids::{KeyId, OrgId};
+use recovea_core::caps::{Cap, Scope};
+use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
+use recovea_core::window::Window;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use recovea_core::money::Nanos;
@@ -14,8 +16,8 @@ use recovea_core::pricing::PriceWire;
 use recovea_core::receipt::Receipt;
 
 use crate::{
-    ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger, ReceiptQuery, Result, SpendRow, State,
-    StoreError,
+    AlertRecord, CapRecord, ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger, ReceiptQuery,
+    Result, SpendRow, State, StoreError,
 };
 
 /// Each entry migrates the schema from its index to the next; `PRAGMA user_version` records how far.
@@ -69,6 +71,36 @@ const MIGRATIONS: &[&str] = &[
         body TEXT NOT NULL
     );
     CREATE INDEX receipts_by_org_time ON receipts(org_id, started_at, id);
+",
+    r"
+    CREATE TABLE caps (
+        id TEXT PRIMARY KEY,
+        org_id TEXT NOT NULL REFERENCES orgs(id),
+        scope TEXT NOT NULL,
+        key_id TEXT REFERENCES keys(id),
+        window TEXT NOT NULL,
+        limit_nanos INTEGER NOT NULL,
+        hard_stop INTEGER NOT NULL,
+        alert_at TEXT NOT NULL,
+        alert_webhook TEXT,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX caps_by_org ON caps(org_id);
+    CREATE TABLE alerts (
+        id TEXT PRIMARY KEY,
+        cap_id TEXT NOT NULL,
+        org_id TEXT NOT NULL,
+        window_start INTEGER NOT NULL,
+        threshold_permille INTEGER NOT NULL,
+        spend_nanos INTEGER NOT NULL,
+        limit_nanos INTEGER NOT NULL,
+        raised_at INTEGER NOT NULL,
+        delivered_at INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        UNIQUE (cap_id, window_start, threshold_permille)
+    );
+    CREATE INDEX alerts_by_org ON alerts(org_id, raised_at);
+    CREATE INDEX receipts_by_key_time ON receipts(key_id, started_at);
 ",
 ];
 
@@ -284,6 +316,121 @@ impl ControlStore for SqliteStore {
             .map_err(backend)
     }
 
+    fn create_cap(&self, cap: &CapRecord) -> Result<()> {
+        self.change(|tx| {
+            if !org_exists(tx, &cap.cap.org_id)? {
+                return Err(StoreError::NotFound);
+            }
+            tx.execute(
+                &format!("INSERT INTO caps ({CAP_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+                rusqlite::params_from_iter(cap_params(cap)),
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn caps(&self, org: &OrgId) -> Result<Vec<CapRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(&format!("SELECT {CAP_COLUMNS} FROM caps WHERE org_id = ?1 ORDER BY created_at, id"))
+            .map_err(backend)?;
+        stmt.query_map([org.as_str()], cap_row)
+            .map_err(backend)?
+            .collect::<rusqlite::Result<_>>()
+            .map_err(backend)
+    }
+
+    fn cap(&self, id: &CapId) -> Result<Option<CapRecord>> {
+        self.conn()
+            .query_row(&format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = ?1"), [id.as_str()], cap_row)
+            .optional()
+            .map_err(backend)
+    }
+
+    fn update_cap(&self, cap: &CapRecord) -> Result<()> {
+        self.change(|tx| {
+            let changed = tx
+                .execute(
+                    "UPDATE caps SET limit_nanos = ?2, hard_stop = ?3, alert_at = ?4, alert_webhook = ?5 WHERE id = ?1",
+                    params![
+                        cap.cap.id.as_str(),
+                        cap.cap.limit.0,
+                        cap.cap.hard_stop,
+                        alert_at_text(&cap.cap.alert_at_permille),
+                        cap.cap.alert_webhook
+                    ],
+                )
+                .map_err(backend)?;
+            if changed == 0 { Err(StoreError::NotFound) } else { Ok(()) }
+        })
+    }
+
+    fn delete_cap(&self, id: &CapId) -> Result<bool> {
+        self.change(
+            |tx| Ok(tx.execute("DELETE FROM caps WHERE id = ?1", [id.as_str()]).map_err(backend)? > 0),
+        )
+    }
+
+    fn raise_alert(&self, alert: &AlertRecord) -> Result<bool> {
+        let inserted = self
+            .conn()
+            .execute(
+                "INSERT OR IGNORE INTO alerts (id, cap_id, org_id, window_start, threshold_permille, spend_nanos,
+                 limit_nanos, raised_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    alert.id,
+                    alert.cap_id.as_str(),
+                    alert.org_id.as_str(),
+                    alert.window_start.0,
+                    alert.threshold_permille,
+                    alert.spend.0,
+                    alert.limit.0,
+                    alert.raised_at.0
+                ],
+            )
+            .map_err(backend)?;
+        Ok(inserted > 0)
+    }
+
+    fn alerts(&self, org: &OrgId) -> Result<Vec<AlertRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(
+                "SELECT id, cap_id, org_id, window_start, threshold_permille, spend_nanos, limit_nanos, raised_at,
+                 delivered_at, attempts FROM alerts WHERE org_id = ?1 ORDER BY raised_at, id",
+            )
+            .map_err(backend)?;
+        stmt.query_map([org.as_str()], |row| {
+            let cap: String = row.get(1)?;
+            Ok(AlertRecord {
+                id: row.get(0)?,
+                cap_id: CapId::parse(&cap).ok_or_else(|| corrupt(format!("bad cap id {cap:?}")))?,
+                org_id: org_id(row.get(2)?)?,
+                window_start: Timestamp(row.get(3)?),
+                threshold_permille: row.get(4)?,
+                spend: Nanos(row.get(5)?),
+                limit: Nanos(row.get(6)?),
+                raised_at: Timestamp(row.get(7)?),
+                delivered_at: row.get::<_, Option<i64>>(8)?.map(Timestamp),
+                attempts: row.get(9)?,
+            })
+        })
+        .map_err(backend)?
+        .collect::<rusqlite::Result<_>>()
+        .map_err(backend)
+    }
+
+    fn alert_delivery(&self, id: &str, delivered_at: Option<Timestamp>) -> Result<()> {
+        self.conn()
+            .execute(
+                "UPDATE alerts SET attempts = attempts + 1, delivered_at = COALESCE(?2, delivered_at) WHERE id = ?1",
+                params![id, delivered_at.map(|t| t.0)],
+            )
+            .map_err(backend)?;
+        Ok(())
+    }
+
     fn version(&self) -> Result<u64> {
         let version: i64 =
             self.conn().query_row("SELECT version FROM state_version", [], |r| r.get(0)).map_err(backend)?;
@@ -345,8 +492,16 @@ impl ControlStore for SqliteStore {
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(backend)?
         };
+        let caps = {
+            let mut stmt = tx.prepare(&format!("SELECT {CAP_COLUMNS} FROM caps")).map_err(backend)?;
+            stmt.query_map([], cap_row)
+                .map_err(backend)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?
+        };
         tx.commit().map_err(backend)?;
         Ok(State {
+            caps,
             version: u64::try_from(version).unwrap_or(0),
             orgs,
             active_keys,
@@ -367,6 +522,57 @@ impl ControlStore for SqliteStore {
             Ok(u64::try_from(tx.last_insert_rowid()).unwrap_or(0))
         })
     }
+}
+
+const CAP_COLUMNS: &str =
+    "id, org_id, scope, key_id, window, limit_nanos, hard_stop, alert_at, alert_webhook, created_at";
+
+fn alert_at_text(permille: &[u32]) -> String {
+    permille.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn cap_params(record: &CapRecord) -> Vec<Box<dyn rusqlite::ToSql>> {
+    let cap = &record.cap;
+    vec![
+        Box::new(cap.id.as_str().to_owned()),
+        Box::new(cap.org_id.as_str().to_owned()),
+        Box::new(cap.scope.as_str()),
+        Box::new(cap.key_id.as_ref().map(|k| k.as_str().to_owned())),
+        Box::new(cap.window.as_str()),
+        Box::new(cap.limit.0),
+        Box::new(cap.hard_stop),
+        Box::new(alert_at_text(&cap.alert_at_permille)),
+        Box::new(cap.alert_webhook.clone()),
+        Box::new(record.created_at.0),
+    ]
+}
+
+fn cap_row(row: &Row<'_>) -> rusqlite::Result<CapRecord> {
+    let (id, scope, window, alert_at): (String, String, String, String) =
+        (row.get(0)?, row.get(2)?, row.get(4)?, row.get(7)?);
+    let key_id = row
+        .get::<_, Option<String>>(3)?
+        .map(|k| KeyId::parse(&k).ok_or_else(|| corrupt(format!("bad key id {k:?}"))))
+        .transpose()?;
+    let alert_at_permille = alert_at
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u32>().map_err(|_| corrupt(format!("bad alert_at {alert_at:?}"))))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(CapRecord {
+        cap: Cap {
+            id: CapId::parse(&id).ok_or_else(|| corrupt(format!("bad cap id {id:?}")))?,
+            org_id: org_id(row.get(1)?)?,
+            scope: Scope::parse(&scope).ok_or_else(|| corrupt(format!("bad scope {scope:?}")))?,
+            key_id,
+            window: Window::parse(&window).ok_or_else(|| corrupt(format!("bad window {window:?}")))?,
+            limit: Nanos(row.get(5)?),
+            hard_stop: row.get(6)?,
+            alert_at_permille,
+            alert_webhook: row.get(8)?,
+        },
+        created_at: Timestamp(row.get(9)?),
+    })
 }
 
 fn to_i64(n: u64) -> i64 {
@@ -439,6 +645,20 @@ impl ReceiptLedger for SqliteStore {
                 .map_err(|e| StoreError::Backend(format!("a stored receipt does not parse: {e}")))
         })
         .collect()
+    }
+
+    fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = ?1
+                 AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?3 AND started_at < ?4",
+            )
+            .map_err(backend)?;
+        let total: i64 = stmt
+            .query_row(params![org.as_str(), key.map(KeyId::as_str), from.0, to.0], |r| r.get(0))
+            .map_err(backend)?;
+        Ok(Nanos(total))
     }
 
     fn spend_summary(

@@ -1,0 +1,256 @@
+//! Caps (`/orgs/{org}/caps`, `/caps/{cap}`), the spend of their current windows, and their alerts.
+
+use recovea_core::caps::{Cap, Scope};
+use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::money::Nanos;
+use recovea_core::window::Window;
+use recovea_store::{AlertRecord, CapRecord};
+use serde::Deserialize;
+use serde_json::{Number, Value, json};
+
+use crate::admin::{Reply, created, now, ok};
+use crate::{ApiError, Control};
+
+/// Alerts at half, four fifths and all of the limit unless told otherwise.
+const DEFAULT_ALERT_AT: [u32; 3] = [500, 800, 1000];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewCap {
+    scope: String,
+    key_id: Option<String>,
+    window: String,
+    limit_usd: String,
+    hard_stop: bool,
+    alert_at: Option<Vec<Number>>,
+    alert_webhook: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CapPatch {
+    limit_usd: Option<String>,
+    hard_stop: Option<bool>,
+    alert_at: Option<Vec<Number>>,
+    /// `null` removes the webhook.
+    #[serde(default)]
+    alert_webhook: Option<Value>,
+}
+
+impl Control {
+    pub(crate) async fn create_cap(&self, org_id: OrgId, body: NewCap) -> Result<Reply, ApiError> {
+        self.require_org(&org_id).await?;
+        let scope = Scope::parse(&body.scope)
+            .ok_or_else(|| ApiError::BadRequest("scope: expected \"organization\" or \"key\"".into()))?;
+        let key_id = match (scope, body.key_id) {
+            (Scope::Organization, None) => None,
+            (Scope::Organization, Some(_)) => {
+                return Err(ApiError::BadRequest("key_id: only a cap of scope \"key\" names a key".into()));
+            }
+            (Scope::Key, None) => {
+                return Err(ApiError::BadRequest("key_id: a cap of scope \"key\" names its key".into()));
+            }
+            (Scope::Key, Some(text)) => {
+                let key =
+                    KeyId::parse(&text).ok_or_else(|| ApiError::BadRequest("key_id: not a key id".into()))?;
+                let owner = org_id.clone();
+                let keys = self.store(move |s| s.list_keys(&owner)).await?;
+                if !keys.iter().any(|k| k.id == key) {
+                    return Err(ApiError::BadRequest(format!("key_id: {key} is not a key of {org_id}")));
+                }
+                Some(key)
+            }
+        };
+        let cap = Cap {
+            id: self.new_id(CapId::PREFIX, CapId::parse)?,
+            org_id,
+            scope,
+            key_id,
+            window: Window::parse(&body.window).ok_or_else(|| {
+                ApiError::BadRequest("window: expected \"day\", \"week\" or \"month\"".into())
+            })?,
+            limit: limit(&body.limit_usd)?,
+            hard_stop: body.hard_stop,
+            alert_at_permille: body.alert_at.as_deref().map_or(Ok(DEFAULT_ALERT_AT.to_vec()), alert_at)?,
+            alert_webhook: body.alert_webhook.map(|url| webhook(&url)).transpose()?,
+        };
+        let record = CapRecord { cap, created_at: now() };
+        let row = record.clone();
+        self.store(move |s| s.create_cap(&row)).await?;
+        created(cap_json(&record))
+    }
+
+    pub(crate) async fn list_caps(&self, org_id: OrgId) -> Result<Reply, ApiError> {
+        self.require_org(&org_id).await?;
+        let caps = self.store(move |s| s.caps(&org_id)).await?;
+        ok(json!({ "caps": caps.iter().map(cap_json).collect::<Vec<_>>() }))
+    }
+
+    pub(crate) async fn get_cap(&self, id: CapId) -> Result<Reply, ApiError> {
+        ok(cap_json(&self.require_cap(id).await?))
+    }
+
+    pub(crate) async fn update_cap(&self, id: CapId, patch: CapPatch) -> Result<Reply, ApiError> {
+        let mut record = self.require_cap(id).await?;
+        let cap = &mut record.cap;
+        if let Some(text) = patch.limit_usd {
+            cap.limit = limit(&text)?;
+        }
+        if let Some(hard_stop) = patch.hard_stop {
+            cap.hard_stop = hard_stop;
+        }
+        if let Some(values) = patch.alert_at {
+            cap.alert_at_permille = alert_at(&values)?;
+        }
+        match patch.alert_webhook {
+            None => {}
+            Some(Value::Null) => cap.alert_webhook = None,
+            Some(Value::String(url)) => cap.alert_webhook = Some(webhook(&url)?),
+            Some(_) => return Err(ApiError::BadRequest("alert_webhook: expected a URL or null".into())),
+        }
+        let row = record.clone();
+        self.store(move |s| s.update_cap(&row)).await?;
+        ok(cap_json(&record))
+    }
+
+    pub(crate) async fn delete_cap(&self, id: CapId) -> Result<Reply, ApiError> {
+        let missing = format!("No cap {id}.");
+        let cap = id.clone();
+        if !self.store(move |s| s.delete_cap(&cap)).await? {
+            return Err(ApiError::NotFound(missing));
+        }
+        ok(json!({ "id": id, "deleted": true }))
+    }
+
+    /// Each cap's current window and what was spent in it: the sum of that window's receipts.
+    pub(crate) async fn spend(&self, org_id: OrgId) -> Result<Reply, ApiError> {
+        self.require_org(&org_id).await?;
+        let owner = org_id.clone();
+        let caps = self.store(move |s| s.caps(&owner)).await?;
+        let at = now();
+        let mut rows = Vec::with_capacity(caps.len());
+        for record in caps {
+            let cap = record.cap;
+            let (start, end) = (cap.window.start(at), cap.window.end(at));
+            let (org, key) = (org_id.clone(), cap.key_id.clone());
+            let spent = self.ledger(move |l| l.spend(&org, key.as_ref(), start, end)).await?;
+            rows.push(json!({
+                "cap_id": cap.id,
+                "scope": cap.scope.as_str(),
+                "key_id": cap.key_id,
+                "window": cap.window.as_str(),
+                "window_start": start,
+                "window_end": end,
+                "spend_usd": spent,
+                "limit_usd": cap.limit,
+                "hard_stop": cap.hard_stop,
+            }));
+        }
+        ok(json!({ "spend": rows }))
+    }
+
+    pub(crate) async fn list_alerts(&self, org_id: OrgId) -> Result<Reply, ApiError> {
+        self.require_org(&org_id).await?;
+        let alerts = self.store(move |s| s.alerts(&org_id)).await?;
+        ok(json!({ "alerts": alerts.iter().map(alert_json).collect::<Vec<_>>() }))
+    }
+
+    async fn require_cap(&self, id: CapId) -> Result<CapRecord, ApiError> {
+        let missing = format!("No cap {id}.");
+        self.store(move |s| s.cap(&id)).await?.ok_or(ApiError::NotFound(missing))
+    }
+
+    fn new_id<T>(&self, prefix: &str, parse: fn(&str) -> Option<T>) -> Result<T, ApiError> {
+        crate::admin::new_id(prefix, parse)
+    }
+}
+
+fn limit(text: &str) -> Result<Nanos, ApiError> {
+    Nanos::parse_usd(text).map_err(|e| ApiError::BadRequest(format!("limit_usd: {e}")))
+}
+
+/// Thresholds as fractions of the limit (`0.8`), kept as exact thousandths.
+fn alert_at(values: &[Number]) -> Result<Vec<u32>, ApiError> {
+    let bad =
+        || ApiError::BadRequest("alert_at: expected fractions of the limit such as [0.5, 0.8, 1.0]".into());
+    let mut permille = values
+        .iter()
+        .map(|n| {
+            // The number's own digits, so that 0.8 is exactly 800 thousandths.
+            let text = n.to_string();
+            let (whole, fraction) = text.split_once('.').unwrap_or((&text, ""));
+            if fraction.len() > 3 || whole.starts_with('-') || text.contains(['e', 'E']) {
+                return Err(bad());
+            }
+            let whole: u32 = whole.parse().map_err(|_| bad())?;
+            let fraction: u32 = format!("{fraction:0<3}").parse().map_err(|_| bad())?;
+            let value = whole.checked_mul(1000).and_then(|w| w.checked_add(fraction)).ok_or_else(bad)?;
+            if value == 0 || value > 10_000 { Err(bad()) } else { Ok(value) }
+        })
+        .collect::<Result<Vec<u32>, ApiError>>()?;
+    permille.sort_unstable();
+    permille.dedup();
+    Ok(permille)
+}
+
+fn webhook(url: &str) -> Result<String, ApiError> {
+    recovea_providers::normalize_base_url(url)
+        .map(|_| url.trim().to_owned())
+        .map_err(|why| ApiError::BadRequest(format!("alert_webhook: {why}")))
+}
+
+fn permille_number(permille: u32) -> Value {
+    // Thousandths print exactly as a decimal fraction.
+    serde_json::from_str(&format!("{}.{:03}", permille / 1000, permille % 1000)).unwrap_or(Value::Null)
+}
+
+pub(crate) fn cap_json(record: &CapRecord) -> Value {
+    let cap = &record.cap;
+    json!({
+        "id": cap.id,
+        "org_id": cap.org_id,
+        "scope": cap.scope.as_str(),
+        "key_id": cap.key_id,
+        "window": cap.window.as_str(),
+        "limit_usd": cap.limit,
+        "hard_stop": cap.hard_stop,
+        "alert_at": cap.alert_at_permille.iter().map(|p| permille_number(*p)).collect::<Vec<_>>(),
+        "alert_webhook": cap.alert_webhook,
+        "created_at": record.created_at,
+    })
+}
+
+pub(crate) fn alert_json(alert: &AlertRecord) -> Value {
+    json!({
+        "id": alert.id,
+        "cap_id": alert.cap_id,
+        "org_id": alert.org_id,
+        "window_start": alert.window_start,
+        "threshold": permille_number(alert.threshold_permille),
+        "spend_usd": alert.spend,
+        "limit_usd": alert.limit,
+        "raised_at": alert.raised_at,
+        "delivered_at": alert.delivered_at,
+        "delivery_attempts": alert.attempts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbers(text: &str) -> Vec<Number> {
+        serde_json::from_str(text).expect("numbers")
+    }
+
+    #[test]
+    fn thresholds_are_exact_thousandths() {
+        assert_eq!(alert_at(&numbers("[1.0, 0.5, 0.8, 0.8]")).ok(), Some(vec![500, 800, 1000]));
+        assert_eq!(alert_at(&numbers("[0.125, 2]")).ok(), Some(vec![125, 2000]));
+        for bad in ["[0]", "[-0.5]", "[0.0001]", "[11]", "[1e-1]"] {
+            assert!(alert_at(&numbers(bad)).is_err(), "{bad}");
+        }
+        assert_eq!(permille_number(800), json!(0.8));
+        assert_eq!(permille_number(1000), json!(1.0));
+    }
+}

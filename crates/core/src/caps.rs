@@ -1,0 +1,508 @@
+//! Spend caps and the admission rules that apply them: 402 at the line, 503 when spend cannot be
+//! confirmed, never a refusal from a cap whose hard stop is off.
+
+use crate::answer::Answer;
+use crate::ids::{CapId, KeyId, OrgId};
+use crate::money::Nanos;
+use crate::timestamp::Timestamp;
+use crate::window::Window;
+
+/// What a cap covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Every request of the organization.
+    Organization,
+    /// The requests of one key.
+    Key,
+}
+
+impl Scope {
+    /// The wire name, also the value of `x-recovea-budget-scope`: `organization`, `key`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Organization => "organization",
+            Self::Key => "key",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "organization" => Some(Self::Organization),
+            "key" => Some(Self::Key),
+            _ => None,
+        }
+    }
+}
+
+/// A spend limit over a calendar window. With `hard_stop` on it is *armed*: it refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cap {
+    pub id: CapId,
+    pub org_id: OrgId,
+    pub scope: Scope,
+    /// Set exactly when `scope` is `Key`.
+    pub key_id: Option<KeyId>,
+    pub window: Window,
+    pub limit: Nanos,
+    pub hard_stop: bool,
+    /// Alert thresholds as thousandths of the limit (500 = 50 %), ascending.
+    pub alert_at_permille: Vec<u32>,
+    pub alert_webhook: Option<String>,
+}
+
+impl Cap {
+    /// Whether a request by `key` of `org` counts against this cap.
+    pub fn covers(&self, org: &OrgId, key: &KeyId) -> bool {
+        self.org_id == *org
+            && match self.scope {
+                Scope::Organization => true,
+                Scope::Key => self.key_id.as_ref() == Some(key),
+            }
+    }
+}
+
+/// What a node knows of one cap's spend in one window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CapSpend {
+    /// Confirmed spend in the window, plus this node's own spend not yet confirmed: a node's own
+    /// requests count at once.
+    pub spent: Nanos,
+    /// In-flight reservations of requests other than the one being decided (this node's and other
+    /// nodes').
+    pub reserved: Nanos,
+    /// When the counters were last confirmed against the shared store; `None`: never.
+    pub confirmed_at: Option<Timestamp>,
+}
+
+/// The spend a decision reads: implemented by the node's counters.
+pub trait SpendView {
+    fn spend(&self, cap: &CapId, window_start: Timestamp) -> CapSpend;
+}
+
+/// The refusal of one armed cap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CapRefusal {
+    /// Confirmed spend plus in-flight reservations is at or over the limit: 402.
+    Exceeded { scope: Scope, window: Window },
+    /// The counters were not confirmed recently enough to trust: 503, retry in a moment.
+    Unverifiable { scope: Scope, window: Window },
+}
+
+impl CapRefusal {
+    /// The exact answer the gateway gives for this refusal.
+    pub fn answer(&self) -> Answer {
+        match *self {
+            Self::Exceeded { scope, window } => {
+                Answer::budget_exceeded(scope.as_str(), window.as_str(), window.adjective())
+            }
+            Self::Unverifiable { scope, window } => {
+                Answer::budget_unverifiable(scope.as_str(), window.as_str(), window.adjective())
+            }
+        }
+    }
+
+    pub fn cap_scope(&self) -> Scope {
+        match *self {
+            Self::Exceeded { scope, .. } | Self::Unverifiable { scope, .. } => scope,
+        }
+    }
+
+    pub fn cap_window(&self) -> Window {
+        match *self {
+            Self::Exceeded { window, .. } | Self::Unverifiable { window, .. } => window,
+        }
+    }
+}
+
+/// Checks every cap that covers the request (by `key` of `org`) at `now`.
+///
+/// A cap with `hard_stop` off never refuses and its spend is not even read. For each covering armed
+/// cap, the spend of its current window (`cap.window.start(now)`) is read from `view`:
+/// - counters never confirmed, or confirmed more than `max_age_ms` before `now`: `Unverifiable`
+///   (exactly `max_age_ms` old is still fresh; a confirmation stamped after `now`, from clock skew
+///   between nodes, counts as fresh);
+/// - otherwise `spent + reserved >= limit`: `Exceeded`.
+///
+/// The request's own estimate is not in `reserved` (the caller reserves after admission), so a
+/// request is never refused by its own estimate.
+///
+/// When several caps refuse, `Exceeded` wins over `Unverifiable`: a cap confirmed at its line is a
+/// sure answer, and a caller told "retry in a second" would only be refused again by it, while the
+/// stale cap may clear any moment. Among refusals of the same kind, the first in `caps` order wins.
+pub fn check_caps<'c>(
+    caps: impl IntoIterator<Item = &'c Cap>,
+    org: &OrgId,
+    key: &KeyId,
+    view: &dyn SpendView,
+    now: Timestamp,
+    max_age_ms: i64,
+) -> Result<(), CapRefusal> {
+    let mut unverifiable = None;
+    for cap in caps.into_iter().filter(|cap| cap.hard_stop && cap.covers(org, key)) {
+        let (scope, window) = (cap.scope, cap.window);
+        let spend = view.spend(&cap.id, window.start(now));
+        let fresh = spend.confirmed_at.is_some_and(|at| now.0.saturating_sub(at.0) <= max_age_ms);
+        if !fresh {
+            unverifiable.get_or_insert(CapRefusal::Unverifiable { scope, window });
+        } else if spend.spent.saturating_add(spend.reserved) >= cap.limit {
+            return Err(CapRefusal::Exceeded { scope, window });
+        }
+    }
+    unverifiable.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    const MAX_AGE: i64 = 60_000;
+    /// 2026-03-17T12:00:00Z: its day starts at 2026-03-17, its week on Monday 2026-03-16, its month
+    /// on 2026-03-01.
+    const NOW: Timestamp = Timestamp(1_773_748_800_000);
+
+    fn org() -> OrgId {
+        OrgId::parse("org_a").expect("org id")
+    }
+
+    fn key() -> KeyId {
+        KeyId::parse("key_a").expect("key id")
+    }
+
+    fn other_key() -> KeyId {
+        KeyId::parse("key_b").expect("key id")
+    }
+
+    fn cap(id: &str, scope: Scope, window: Window, limit: i64, hard_stop: bool) -> Cap {
+        Cap {
+            id: CapId::parse(id).expect("cap id"),
+            org_id: org(),
+            scope,
+            key_id: (scope == Scope::Key).then(key),
+            window,
+            limit: Nanos(limit),
+            hard_stop,
+            alert_at_permille: vec![500, 800, 1000],
+            alert_webhook: None,
+        }
+    }
+
+    fn armed(id: &str, scope: Scope, window: Window, limit: i64) -> Cap {
+        cap(id, scope, window, limit, true)
+    }
+
+    fn soft(id: &str, scope: Scope, window: Window, limit: i64) -> Cap {
+        cap(id, scope, window, limit, false)
+    }
+
+    /// Spend confirmed `age_ms` before `NOW`.
+    fn confirmed(spent: i64, reserved: i64, age_ms: i64) -> CapSpend {
+        CapSpend {
+            spent: Nanos(spent),
+            reserved: Nanos(reserved),
+            confirmed_at: Some(Timestamp(NOW.0 - age_ms)),
+        }
+    }
+
+    /// Counters keyed by cap and window start; anything else was never confirmed. Records what was read.
+    #[derive(Default)]
+    struct View {
+        spend: HashMap<(CapId, Timestamp), CapSpend>,
+        reads: RefCell<Vec<(CapId, Timestamp)>>,
+    }
+
+    impl View {
+        /// Spend for `cap` in the window that contains `NOW`.
+        fn with(mut self, cap: &Cap, spend: CapSpend) -> Self {
+            self.spend.insert((cap.id.clone(), cap.window.start(NOW)), spend);
+            self
+        }
+    }
+
+    impl SpendView for View {
+        fn spend(&self, cap: &CapId, window_start: Timestamp) -> CapSpend {
+            self.reads.borrow_mut().push((cap.clone(), window_start));
+            self.spend.get(&(cap.clone(), window_start)).copied().unwrap_or_default()
+        }
+    }
+
+    fn check(caps: &[Cap], view: &View) -> Result<(), CapRefusal> {
+        check_caps(caps, &org(), &key(), view, NOW, MAX_AGE)
+    }
+
+    fn exceeded(scope: Scope, window: Window) -> Result<(), CapRefusal> {
+        Err(CapRefusal::Exceeded { scope, window })
+    }
+
+    fn unverifiable(scope: Scope, window: Window) -> Result<(), CapRefusal> {
+        Err(CapRefusal::Unverifiable { scope, window })
+    }
+
+    #[test]
+    fn no_caps_admit() {
+        assert_eq!(check(&[], &View::default()), Ok(()));
+    }
+
+    #[test]
+    fn spent_at_the_limit_refuses_and_one_nano_under_admits() {
+        let month = armed("cap_m", Scope::Organization, Window::Month, 1_000);
+        let at_limit = View::default().with(&month, confirmed(1_000, 0, 0));
+        assert_eq!(
+            check(std::slice::from_ref(&month), &at_limit),
+            exceeded(Scope::Organization, Window::Month)
+        );
+        let over = View::default().with(&month, confirmed(5_000, 0, 0));
+        assert_eq!(check(std::slice::from_ref(&month), &over), exceeded(Scope::Organization, Window::Month));
+        let under = View::default().with(&month, confirmed(999, 0, 0));
+        assert_eq!(check(std::slice::from_ref(&month), &under), Ok(()));
+    }
+
+    #[test]
+    fn reservations_count() {
+        let day = armed("cap_d", Scope::Key, Window::Day, 1_000);
+        let full = View::default().with(&day, confirmed(600, 400, 0));
+        assert_eq!(check(std::slice::from_ref(&day), &full), exceeded(Scope::Key, Window::Day));
+        let room = View::default().with(&day, confirmed(600, 399, 0));
+        assert_eq!(check(std::slice::from_ref(&day), &room), Ok(()));
+        let only_reserved = View::default().with(&day, confirmed(0, 1_000, 0));
+        assert_eq!(check(std::slice::from_ref(&day), &only_reserved), exceeded(Scope::Key, Window::Day));
+    }
+
+    #[test]
+    fn huge_amounts_do_not_overflow() {
+        let day = armed("cap_d", Scope::Key, Window::Day, i64::MAX);
+        let view = View::default().with(&day, confirmed(i64::MAX, i64::MAX, 0));
+        assert_eq!(check(std::slice::from_ref(&day), &view), exceeded(Scope::Key, Window::Day));
+    }
+
+    #[test]
+    fn freshness_is_inclusive_of_max_age() {
+        let week = armed("cap_w", Scope::Organization, Window::Week, 1_000);
+        let exactly_max_age = View::default().with(&week, confirmed(0, 0, MAX_AGE));
+        assert_eq!(check(std::slice::from_ref(&week), &exactly_max_age), Ok(()));
+        let one_ms_over = View::default().with(&week, confirmed(0, 0, MAX_AGE + 1));
+        assert_eq!(
+            check(std::slice::from_ref(&week), &one_ms_over),
+            unverifiable(Scope::Organization, Window::Week)
+        );
+        // A stale cap at its line is still unverifiable: the node does not enforce a figure it cannot trust.
+        let stale_and_over = View::default().with(&week, confirmed(5_000, 0, MAX_AGE + 1));
+        assert_eq!(
+            check(std::slice::from_ref(&week), &stale_and_over),
+            unverifiable(Scope::Organization, Window::Week)
+        );
+    }
+
+    #[test]
+    fn confirmed_in_the_future_counts_as_fresh() {
+        let week = armed("cap_w", Scope::Organization, Window::Week, 1_000);
+        let skewed = View::default().with(&week, confirmed(0, 0, -5_000));
+        assert_eq!(check(std::slice::from_ref(&week), &skewed), Ok(()));
+    }
+
+    #[test]
+    fn never_confirmed_is_unverifiable() {
+        let month = armed("cap_m", Scope::Key, Window::Month, 1_000);
+        let never = View::default()
+            .with(&month, CapSpend { spent: Nanos::ZERO, reserved: Nanos::ZERO, confirmed_at: None });
+        assert_eq!(check(std::slice::from_ref(&month), &never), unverifiable(Scope::Key, Window::Month));
+        assert_eq!(
+            check(std::slice::from_ref(&month), &View::default()),
+            unverifiable(Scope::Key, Window::Month)
+        );
+    }
+
+    #[test]
+    fn soft_caps_never_refuse_and_are_not_read() {
+        let caps = [
+            soft("cap_1", Scope::Organization, Window::Month, 0),
+            soft("cap_2", Scope::Key, Window::Day, 10),
+        ];
+        let view = View::default().with(&caps[1], confirmed(1_000, 1_000, 0));
+        assert_eq!(check(&caps, &view), Ok(()));
+        assert!(view.reads.borrow().is_empty());
+    }
+
+    #[test]
+    fn spend_is_read_in_each_caps_current_window() {
+        let caps = [
+            armed("cap_d", Scope::Key, Window::Day, 1_000),
+            armed("cap_w", Scope::Key, Window::Week, 1_000),
+            armed("cap_m", Scope::Organization, Window::Month, 1_000),
+        ];
+        let view = caps.iter().fold(View::default(), |view, cap| view.with(cap, confirmed(0, 0, 0)));
+        assert_eq!(check(&caps, &view), Ok(()));
+        let start = |s: &str| Timestamp::parse_rfc3339(s).expect("instant");
+        assert_eq!(
+            *view.reads.borrow(),
+            [
+                (caps[0].id.clone(), start("2026-03-17T00:00:00Z")),
+                (caps[1].id.clone(), start("2026-03-16T00:00:00Z")),
+                (caps[2].id.clone(), start("2026-03-01T00:00:00Z")),
+            ]
+        );
+    }
+
+    #[test]
+    fn key_caps_cover_only_their_key_and_org_caps_every_key() {
+        let key_cap = armed("cap_k", Scope::Key, Window::Day, 0);
+        let org_cap = armed("cap_o", Scope::Organization, Window::Day, 0);
+        let view = View::default().with(&key_cap, confirmed(0, 0, 0)).with(&org_cap, confirmed(0, 0, 0));
+        let by = |key: &KeyId, caps: &[Cap]| check_caps(caps, &org(), key, &view, NOW, MAX_AGE);
+        assert_eq!(by(&key(), std::slice::from_ref(&key_cap)), exceeded(Scope::Key, Window::Day));
+        assert_eq!(by(&other_key(), std::slice::from_ref(&key_cap)), Ok(()));
+        assert_eq!(
+            by(&other_key(), std::slice::from_ref(&org_cap)),
+            exceeded(Scope::Organization, Window::Day)
+        );
+    }
+
+    #[test]
+    fn caps_of_other_organizations_are_ignored() {
+        let mut foreign = armed("cap_f", Scope::Organization, Window::Month, 0);
+        foreign.org_id = OrgId::parse("org_b").expect("org id");
+        let mut foreign_key = armed("cap_g", Scope::Key, Window::Month, 0);
+        foreign_key.org_id = OrgId::parse("org_b").expect("org id");
+        let view = View::default();
+        assert_eq!(check(&[foreign, foreign_key], &view), Ok(()));
+        assert!(view.reads.borrow().is_empty());
+    }
+
+    #[test]
+    fn exceeded_wins_over_unverifiable_whatever_the_order() {
+        let stale = armed("cap_s", Scope::Key, Window::Day, 1_000);
+        let full = armed("cap_f", Scope::Organization, Window::Month, 1_000);
+        let view =
+            View::default().with(&stale, confirmed(0, 0, MAX_AGE + 1)).with(&full, confirmed(1_000, 0, 0));
+        let expected = exceeded(Scope::Organization, Window::Month);
+        assert_eq!(check(&[stale.clone(), full.clone()], &view), expected);
+        assert_eq!(check(&[full, stale], &view), expected);
+    }
+
+    #[test]
+    fn among_equal_refusals_the_first_cap_wins() {
+        let day = armed("cap_d", Scope::Key, Window::Day, 1_000);
+        let month = armed("cap_m", Scope::Organization, Window::Month, 1_000);
+        let both_full =
+            View::default().with(&day, confirmed(1_000, 0, 0)).with(&month, confirmed(1_000, 0, 0));
+        assert_eq!(check(&[day.clone(), month.clone()], &both_full), exceeded(Scope::Key, Window::Day));
+        assert_eq!(
+            check(&[month.clone(), day.clone()], &both_full),
+            exceeded(Scope::Organization, Window::Month)
+        );
+        let both_stale = View::default();
+        assert_eq!(check(&[day.clone(), month.clone()], &both_stale), unverifiable(Scope::Key, Window::Day));
+        assert_eq!(check(&[month, day], &both_stale), unverifiable(Scope::Organization, Window::Month));
+    }
+
+    #[test]
+    fn one_refusing_cap_among_several_refuses() {
+        let caps = [
+            armed("cap_1", Scope::Organization, Window::Month, 10_000),
+            soft("cap_2", Scope::Key, Window::Day, 0),
+            armed("cap_3", Scope::Key, Window::Week, 500),
+        ];
+        let view = View::default()
+            .with(&caps[0], confirmed(9_000, 0, 0))
+            .with(&caps[1], confirmed(1_000, 0, 0))
+            .with(&caps[2], confirmed(500, 0, 0));
+        assert_eq!(check(&caps, &view), exceeded(Scope::Key, Window::Week));
+    }
+
+    #[test]
+    fn refusals_carry_their_answer() {
+        let exceeded = CapRefusal::Exceeded { scope: Scope::Key, window: Window::Week };
+        assert_eq!((exceeded.cap_scope(), exceeded.cap_window()), (Scope::Key, Window::Week));
+        assert_eq!(exceeded.answer(), Answer::budget_exceeded("key", "week", "Weekly"));
+        let unverifiable = CapRefusal::Unverifiable { scope: Scope::Organization, window: Window::Month };
+        assert_eq!(
+            (unverifiable.cap_scope(), unverifiable.cap_window()),
+            (Scope::Organization, Window::Month)
+        );
+        assert_eq!(unverifiable.answer(), Answer::budget_unverifiable("organization", "month", "Monthly"));
+        assert_eq!(unverifiable.answer().status, 503);
+        assert_eq!(exceeded.answer().status, 402);
+    }
+
+    #[test]
+    fn scope_names_round_trip() {
+        for scope in [Scope::Organization, Scope::Key] {
+            assert_eq!(Scope::parse(scope.as_str()), Some(scope));
+        }
+        assert_eq!(Scope::parse("org"), None);
+    }
+
+    /// A view that answers the same spend for every cap and window.
+    struct Fixed(CapSpend);
+
+    impl SpendView for Fixed {
+        fn spend(&self, _: &CapId, _: Timestamp) -> CapSpend {
+            self.0
+        }
+    }
+
+    fn any_spend() -> impl Strategy<Value = CapSpend> {
+        (any::<i64>(), any::<i64>(), proptest::option::of(any::<i64>())).prop_map(|(spent, reserved, at)| {
+            CapSpend { spent: Nanos(spent), reserved: Nanos(reserved), confirmed_at: at.map(Timestamp) }
+        })
+    }
+
+    fn any_cap(hard_stop: impl Strategy<Value = bool>) -> impl Strategy<Value = Cap> {
+        (
+            prop_oneof![Just(Scope::Organization), Just(Scope::Key)],
+            prop_oneof![Just(Window::Day), Just(Window::Week), Just(Window::Month)],
+            any::<i64>(),
+            any::<bool>(),
+            hard_stop,
+        )
+            .prop_map(|(scope, window, limit, for_other_key, hard_stop)| {
+                let mut cap = cap("cap_p", scope, window, limit, hard_stop);
+                if for_other_key && scope == Scope::Key {
+                    cap.key_id = Some(other_key());
+                }
+                cap
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn a_soft_cap_never_refuses(
+            caps in proptest::collection::vec(any_cap(Just(false)), 0..6),
+            spend in any_spend(),
+            now in any::<i64>(),
+            max_age in any::<i64>(),
+        ) {
+            prop_assert_eq!(check_caps(&caps, &org(), &key(), &Fixed(spend), Timestamp(now), max_age), Ok(()));
+        }
+
+        /// The rule restated per cap: admitted exactly when every covering armed cap is fresh and
+        /// under its limit; a refusal names a covering armed cap.
+        #[test]
+        fn admits_exactly_when_every_armed_cap_has_room(
+            caps in proptest::collection::vec(any_cap(any::<bool>()), 0..6),
+            spend in any_spend(),
+            now in -4_000_000_000_000_i64..4_000_000_000_000,
+            max_age in 0_i64..120_000,
+        ) {
+            let fresh = spend.confirmed_at.is_some_and(|at| i128::from(now) - i128::from(at.0) <= i128::from(max_age));
+            let used = i128::from(spend.spent.0) + i128::from(spend.reserved.0);
+            let refusing: Vec<&Cap> = caps
+                .iter()
+                .filter(|cap| cap.hard_stop && cap.covers(&org(), &key()))
+                .filter(|cap| !fresh || used.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) >= i128::from(cap.limit.0))
+                .collect();
+            let verdict = check_caps(&caps, &org(), &key(), &Fixed(spend), Timestamp(now), max_age);
+            match (&verdict, refusing.first()) {
+                (Ok(()), None) => {}
+                (Err(refusal), Some(first)) => {
+                    prop_assert_eq!(refusal.cap_scope(), first.scope);
+                    prop_assert_eq!(refusal.cap_window(), first.window);
+                    prop_assert_eq!(matches!(refusal, CapRefusal::Unverifiable { .. }), !fresh);
+                }
+                _ => prop_assert!(false, "verdict {:?} but refusing caps {:?}", verdict, refusing),
+            }
+        }
+    }
+}
