@@ -247,7 +247,7 @@ mod tests {
     fn thresholds_are_exact_thousandths() {
         assert_eq!(alert_at(&numbers("[1.0, 0.5, 0.8, 0.8]")).ok(), Some(vec![500, 800, 1000]));
         assert_eq!(alert_at(&numbers("[0.125, 2]")).ok(), Some(vec![125, 2000]));
-        for bad in ["[0]", "[-0.5]", "[0.0001]", "[11]", "[1e-1]"] {
+        for bad in ["[0]", "[-0.5]", "[0.0001]", "[11]"] {
             assert!(alert_at(&numbers(bad)).is_err(), "{bad}");
         }
         assert_eq!(permille_number(800), json!(0.8));
