@@ -25,6 +25,9 @@ pub struct RequestFacts {
     pub stream: bool,
     /// `"stream_options": {"include_usage": true}`: the client wants the usage chunk itself.
     pub client_asked_usage: bool,
+    /// The most output the client allows (`max_tokens`, `max_completion_tokens` or
+    /// `max_output_tokens`), for the reservation a spend cap makes before the answer is known.
+    pub max_output_tokens: Option<u64>,
 }
 
 /// The request members `inspect` reads; the rest is skipped unread.
@@ -36,6 +39,12 @@ struct RequestHead {
     stream: Value,
     #[serde(default)]
     stream_options: Value,
+    #[serde(default)]
+    max_tokens: Value,
+    #[serde(default)]
+    max_completion_tokens: Value,
+    #[serde(default)]
+    max_output_tokens: Value,
 }
 
 /// The chunk OpenAI sends last when asked for usage: no choices, a usage block.
@@ -81,6 +90,9 @@ pub fn inspect(body: &[u8]) -> RequestFacts {
         model: head.model.as_str().map(str::to_owned),
         stream: head.stream == Value::Bool(true),
         client_asked_usage: head.stream_options.get("include_usage") == Some(&Value::Bool(true)),
+        max_output_tokens: [head.max_completion_tokens, head.max_output_tokens, head.max_tokens]
+            .iter()
+            .find_map(Value::as_u64),
     }
 }
 
@@ -293,13 +305,26 @@ mod tests {
         let facts = inspect(br#"{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true}}"#);
         assert_eq!(
             facts,
-            RequestFacts { model: Some("gpt-4o".into()), stream: true, client_asked_usage: true }
+            RequestFacts {
+                model: Some("gpt-4o".into()),
+                stream: true,
+                client_asked_usage: true,
+                max_output_tokens: None
+            }
         );
         let facts = inspect(br#"{"model":"gpt-4o","stream":"true","stream_options":{"include_usage":1}}"#);
         assert_eq!(
             facts,
-            RequestFacts { model: Some("gpt-4o".into()), stream: false, client_asked_usage: false }
+            RequestFacts {
+                model: Some("gpt-4o".into()),
+                stream: false,
+                client_asked_usage: false,
+                max_output_tokens: None
+            }
         );
+        assert_eq!(inspect(br#"{"max_tokens":64}"#).max_output_tokens, Some(64));
+        assert_eq!(inspect(br#"{"max_output_tokens":9,"max_tokens":64}"#).max_output_tokens, Some(9));
+        assert_eq!(inspect(br#"{"max_completion_tokens":7}"#).max_output_tokens, Some(7));
         for not_a_request in [&b"not json"[..], b"", b"[\"gpt\",true]", b"{\"model\":", b"null"] {
             assert_eq!(inspect(not_a_request), RequestFacts::default());
         }

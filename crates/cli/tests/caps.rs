@@ -1,0 +1,322 @@
+//! Black-box tests of caps through the `recovea` binary: the admin API, spend, and alerts with
+//! signed webhooks.
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use recovea_testkit::{Behaviour, MockProvider};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_recovea");
+const TOKEN: &str = "caps-test-token";
+const SIGNING_SECRET: &str = "whsec_test_secret";
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("recovea-caps-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+struct Serve {
+    child: Child,
+    gateway: String,
+    admin: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    fn start(data_dir: &Path, mock_url: &str, extra: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--admin-token",
+                TOKEN,
+            ])
+            .args(["--alert-signing-secret", SIGNING_SECRET])
+            .args(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("recovea starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let (mut gateway, mut admin) = (None, None);
+        while let Some(Ok(line)) = lines.next() {
+            let url = line.split_whitespace().last().map(|u| u.trim_end_matches("/admin/v1").to_owned());
+            if line.starts_with("recovea gateway:") {
+                gateway = url;
+            } else if line.starts_with("recovea admin:") {
+                admin = url;
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, gateway: gateway.expect("gateway URL"), admin: admin.expect("admin URL") }
+    }
+
+    async fn admin(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let auth = format!("Bearer {TOKEN}");
+        let (status, bytes) =
+            call(method, &format!("{}/admin/v1{path}", self.admin), &[("authorization", &auth)], body).await;
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    async fn ok(&self, method: Method, path: &str, body: Option<Value>) -> Value {
+        let (status, value) = self.admin(method, path, body).await;
+        assert!(status.is_success(), "{path}: {status} {value}");
+        value
+    }
+
+    /// An org with a key and an openai credential: (org id, key id, key secret).
+    async fn tenant(&self) -> (String, String, String) {
+        let org = self.ok(Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
+        let org_id = org["id"].as_str().expect("id").to_owned();
+        let key = self.ok(Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
+        let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
+        self.ok(Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider)).await;
+        (
+            org_id,
+            key["id"].as_str().expect("id").to_owned(),
+            key["secret"].as_str().expect("secret").to_owned(),
+        )
+    }
+}
+
+async fn call(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (StatusCode, Bytes) {
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let mut request = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+    let response = client.request(request.body(Full::new(body)).expect("request")).await.expect("answer");
+    let status = response.status();
+    (status, response.into_body().collect().await.expect("body").to_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_are_created_validated_changed_and_deleted() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("crud");
+    let serve = Serve::start(&dir, &mock.url(), &[]);
+    let (org_id, key_id, _) = serve.tenant().await;
+    let caps = format!("/orgs/{org_id}/caps");
+
+    for (body, field) in [
+        (json!({"scope": "planet", "window": "month", "limit_usd": "1", "hard_stop": true}), "scope:"),
+        (json!({"scope": "organization", "window": "year", "limit_usd": "1", "hard_stop": true}), "window:"),
+        (
+            json!({"scope": "organization", "window": "month", "limit_usd": "-1", "hard_stop": true}),
+            "limit_usd:",
+        ),
+        (
+            json!({"scope": "organization", "window": "month", "limit_usd": "1.0000000001", "hard_stop": true}),
+            "limit_usd:",
+        ),
+        (json!({"scope": "key", "window": "month", "limit_usd": "1", "hard_stop": true}), "key_id:"),
+        (
+            json!({"scope": "key", "key_id": "key_nope", "window": "month", "limit_usd": "1", "hard_stop": true}),
+            "key_id:",
+        ),
+        (
+            json!({"scope": "organization", "window": "month", "limit_usd": "1", "hard_stop": true, "alert_at": [0]}),
+            "alert_at:",
+        ),
+        (
+            json!({"scope": "organization", "window": "month", "limit_usd": "1", "hard_stop": true, "alert_webhook": "ftp://x"}),
+            "alert_webhook:",
+        ),
+        (
+            json!({"scope": "organization", "window": "month", "limit_usd": "1"}),
+            "body: missing field `hard_stop`",
+        ),
+    ] {
+        let (status, answer) = serve.admin(Method::POST, &caps, Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        let message = answer["error"]["message"].as_str().expect("message");
+        assert!(message.starts_with(field), "{body}: {message}");
+    }
+
+    let org_cap = serve
+        .ok(
+            Method::POST,
+            &caps,
+            Some(
+                json!({"scope": "organization", "window": "month", "limit_usd": "25.00", "hard_stop": true}),
+            ),
+        )
+        .await;
+    assert_eq!(org_cap["limit_usd"], "25.00");
+    assert_eq!(org_cap["alert_at"], json!([0.5, 0.8, 1.0]));
+    let key_cap = serve
+        .ok(
+            Method::POST,
+            &caps,
+            Some(json!({"scope": "key", "key_id": key_id, "window": "day", "limit_usd": "0.5", "hard_stop": false, "alert_at": [0.9]})),
+        )
+        .await;
+    assert_eq!((key_cap["scope"].as_str(), key_cap["key_id"].as_str()), (Some("key"), Some(key_id.as_str())));
+    let listed = serve.ok(Method::GET, &caps, None).await;
+    assert_eq!(listed["caps"].as_array().expect("caps").len(), 2);
+
+    let cap_path = format!("/caps/{}", org_cap["id"].as_str().expect("id"));
+    let patched =
+        serve.ok(Method::PATCH, &cap_path, Some(json!({"limit_usd": "30", "hard_stop": false}))).await;
+    assert_eq!((patched["limit_usd"].as_str(), patched["hard_stop"].as_bool()), (Some("30.00"), Some(false)));
+    let spend = serve.ok(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
+    let rows = spend["spend"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2);
+    assert!(
+        rows.iter().all(|r| r["spend_usd"] == "0.00"
+            && r["window_start"].is_string()
+            && r["window_end"].is_string())
+    );
+
+    assert_eq!(serve.ok(Method::DELETE, &cap_path, None).await["deleted"], true);
+    let (status, _) = serve.admin(Method::GET, &cap_path, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = serve.admin(Method::DELETE, &cap_path, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// A webhook receiver on loopback that records what it is sent, and fails the first `fail` times.
+async fn webhook_receiver(fail: usize) -> (String, Arc<Mutex<Vec<(String, Bytes)>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let received: Arc<Mutex<Vec<(String, Bytes)>>> = Arc::default();
+    let seen = Arc::clone(&received);
+    let failures = Arc::new(Mutex::new(fail));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (seen, failures) = (Arc::clone(&seen), Arc::clone(&failures));
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<Incoming>| {
+                    let (seen, failures) = (Arc::clone(&seen), Arc::clone(&failures));
+                    async move {
+                        let signature = request
+                            .headers()
+                            .get("x-recovea-signature")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned();
+                        let body =
+                            request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                        let mut left = failures.lock().expect("lock");
+                        let status = if *left > 0 {
+                            *left -= 1;
+                            StatusCode::INTERNAL_SERVER_ERROR
+                        } else {
+                            seen.lock().expect("lock").push((signature, body));
+                            StatusCode::OK
+                        };
+                        let mut response = Response::new(Full::new(Bytes::new()));
+                        *response.status_mut() = status;
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, received)
+}
+
+fn verify(signature: &str, body: &[u8]) -> bool {
+    let Some((t, v1)) = signature.strip_prefix("t=").and_then(|rest| rest.split_once(",v1=")) else {
+        return false;
+    };
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, SIGNING_SECRET.as_bytes());
+    let mut message = format!("{t}.").into_bytes();
+    message.extend_from_slice(body);
+    let expected: String =
+        ring::hmac::sign(&key, &message).as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    expected == v1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crossing_thresholds_raises_each_alert_once_and_posts_it_signed_with_retries() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("alerts");
+    let serve = Serve::start(&dir, &mock.url(), &[]);
+    let (org_id, _, secret) = serve.tenant().await;
+    let (hook, received) = webhook_receiver(1).await;
+    // Each request: 1000 input + 1000 output tokens of gpt-4o-mini = $0.00015 + $0.0006 = $0.00075.
+    let usage = json!({"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000});
+    mock.script(Behaviour::default().usage(usage).times(4));
+    let cap = serve
+        .ok(
+            Method::POST,
+            &format!("/orgs/{org_id}/caps"),
+            Some(json!({"scope": "organization", "window": "day", "limit_usd": "0.002", "hard_stop": false,
+                        "alert_at": [0.5, 1.0], "alert_webhook": hook})),
+        )
+        .await;
+    let bearer = format!("Bearer {secret}");
+    let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
+    for _ in 0..4 {
+        let (status, _) = call(
+            Method::POST,
+            &format!("{}/v1/chat/completions", serve.gateway),
+            &[("authorization", &bearer)],
+            Some(chat.clone()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "a soft cap never refuses");
+    }
+    // $0.003 spent over a $0.002 limit: both thresholds crossed, each raised once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let alerts = serve.ok(Method::GET, &format!("/orgs/{org_id}/alerts"), None).await;
+        let delivered = received.lock().expect("lock").len();
+        if alerts["alerts"].as_array().is_some_and(|a| a.len() == 2) && delivered == 2 {
+            let thresholds: Vec<&Value> =
+                alerts["alerts"].as_array().expect("alerts").iter().map(|a| &a["threshold"]).collect();
+            assert_eq!(thresholds, [&json!(0.5), &json!(1.0)]);
+            assert!(alerts["alerts"].as_array().expect("alerts").iter().all(|a| a["cap_id"] == cap["id"]));
+            break;
+        }
+        assert!(Instant::now() < deadline, "alerts: {alerts}, delivered: {delivered}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (signature, body) in received.lock().expect("lock").iter() {
+        assert!(verify(signature, body), "bad signature {signature}");
+        let payload: Value = serde_json::from_slice(body).expect("JSON");
+        assert_eq!(payload["type"], "cap.alert");
+        assert_eq!(payload["cap"]["id"], cap["id"]);
+    }
+    let spend = serve.ok(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
+    assert_eq!(spend["spend"][0]["spend_usd"], "0.003");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
