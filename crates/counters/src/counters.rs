@@ -1,0 +1,723 @@
+//! A node's view of spend per (cap, window start): read and written by the request path, no I/O.
+//!
+//! Each window the node tracks is an *entry*: the total last confirmed by the shared store, the
+//! cumulative of every increment this node added (and how much of it the store acknowledged),
+//! this node's live reservations, and the other nodes' reservations as last read. The request path
+//! takes a read lock on the map and one entry's mutex, briefly; only the first sight of a window
+//! and the sync's housekeeping take the write lock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use recovea_core::caps::{CapSpend, SpendView};
+use recovea_core::ids::CapId;
+use recovea_core::money::Nanos;
+use recovea_core::timestamp::Timestamp;
+use tokio::sync::{Notify, watch};
+
+use crate::shared::{CounterError, SharedCounters, SyncPush, WindowPush};
+
+/// An entry not used (reserved, added to, seeded or read) for this many syncs (about an hour at
+/// one a second) and holding nothing unconfirmed is forgotten.
+const IDLE_SYNCS: u64 = 3600;
+/// Past this many entries the least recently used ones holding nothing unconfirmed are forgotten.
+const MAX_WINDOWS: usize = 100_000;
+/// An entry whose window ended this long ago is forgotten even with unconfirmed increments (the
+/// store's keys for it are expiring too).
+const ABANDON_AFTER_END_MS: i64 = 24 * 60 * 60 * 1000;
+const NEVER: i64 = i64::MIN;
+
+/// One cap's window, as the gateway names it for a request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CapWindow {
+    pub cap: CapId,
+    pub start: Timestamp,
+    pub end: Timestamp,
+}
+
+/// What one successful sync did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SyncOutcome {
+    /// How many windows were pushed and read.
+    pub windows: usize,
+    /// Windows the store holds no ledger-rebuilt total for (new, flushed or evicted): rebuild each
+    /// from the ledger and [`Counters::seed`] it.
+    pub missing: Vec<CapWindow>,
+}
+
+/// A node's view of spend: implements [`SpendView`]; cheap, lock-light, never does I/O itself.
+pub struct Counters {
+    /// `{node_id}.{random}`: this process's writer prefix in the shared store.
+    instance: String,
+    windows: RwLock<HashMap<(CapId, Timestamp), Arc<Entry>>>,
+    next_entry: AtomicU64,
+    seq: AtomicU64,
+    /// Sync attempts so far: the clock of idleness.
+    syncs: AtomicU64,
+    confirmed_at: AtomicI64,
+    sync_lock: tokio::sync::Mutex<()>,
+    wake: Notify,
+    missing: watch::Sender<Vec<CapWindow>>,
+}
+
+struct Entry {
+    id: u64,
+    cap: CapId,
+    start: Timestamp,
+    last_used: AtomicU64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Unknown for a window that was only read.
+    end: Option<Timestamp>,
+    /// The store's total as last read (or seeded); it includes `acked`.
+    confirmed: Nanos,
+    /// The last total read while the store held a seeded total, plus what this node pushed since:
+    /// while the store's total is not seeded (lost in a flush) the view never drops below it.
+    floor: Nanos,
+    /// Every increment this entry added.
+    cumulative: Nanos,
+    /// The part of `cumulative` the store acknowledged.
+    acked: Nanos,
+    own_reserved: Nanos,
+    /// Live reservations (an estimate may be zero).
+    live: u32,
+    others_reserved: Nanos,
+    /// A ledger-rebuilt total waiting to be pushed.
+    seed: Option<Nanos>,
+    /// The store reported the window unseeded and no seed is waiting.
+    missing: bool,
+}
+
+impl Counters {
+    pub fn new(node_id: &str) -> Arc<Self> {
+        let token: String = std::iter::repeat_with(fastrand::alphanumeric).take(12).collect();
+        Arc::new(Self {
+            instance: format!("{node_id}.{token}"),
+            windows: RwLock::new(HashMap::new()),
+            next_entry: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            confirmed_at: AtomicI64::new(NEVER),
+            sync_lock: tokio::sync::Mutex::new(()),
+            wake: Notify::new(),
+            missing: watch::Sender::new(Vec::new()),
+        })
+    }
+
+    /// This process's id in the shared store: the node id and a random suffix, new at each start.
+    pub fn instance_id(&self) -> &str {
+        &self.instance
+    }
+
+    /// Reserves `estimate` on each window for an admitted request; the returned guard releases it
+    /// on drop unless settled.
+    pub fn reserve(self: &Arc<Self>, windows: Vec<CapWindow>, estimate: Nanos) -> Reservation {
+        let entries = self.touch(&windows, |s| {
+            s.own_reserved = s.own_reserved.saturating_add(estimate);
+            s.live = s.live.saturating_add(1);
+        });
+        Reservation { entries, estimate, open: true }
+    }
+
+    /// Adds a cost directly (no reservation), e.g. a receipt of a request that had none.
+    pub fn add(&self, windows: &[CapWindow], cost: Nanos) {
+        self.touch(windows, |s| s.cumulative = s.cumulative.saturating_add(cost));
+    }
+
+    /// When the counters were last confirmed against the shared store (`None`: never).
+    pub fn confirmed_at(&self) -> Option<Timestamp> {
+        match self.confirmed_at.load(Ordering::Acquire) {
+            NEVER => None,
+            ms => Some(Timestamp(ms)),
+        }
+    }
+
+    /// Seeds a window's confirmed total (rebuilt from the ledger after a restart or a store flush).
+    /// The view uses it at once; the next sync makes it the store's total unless the store already
+    /// holds a seeded one (the first seed wins, so nodes rebuilding concurrently agree).
+    pub fn seed(&self, window: &CapWindow, total: Nanos) {
+        self.touch(std::slice::from_ref(window), |s| {
+            s.confirmed = total;
+            s.floor = total;
+            s.seed = Some(total);
+            s.missing = false;
+        });
+        self.missing.send_if_modified(|missing| {
+            let before = missing.len();
+            missing.retain(|w| (&w.cap, w.start) != (&window.cap, window.start));
+            missing.len() != before
+        });
+    }
+
+    /// Windows the store reported without a ledger-rebuilt total and not seeded since.
+    pub fn missing(&self) -> Vec<CapWindow> {
+        self.missing.borrow().clone()
+    }
+
+    /// Follows [`missing`](Self::missing): changes after each sync that finds new missing windows.
+    pub fn subscribe_missing(&self) -> watch::Receiver<Vec<CapWindow>> {
+        self.missing.subscribe()
+    }
+
+    /// Pushes this node's increments and reservations to `shared` and reads the totals back. On
+    /// success the counters are confirmed at `now`; on failure nothing changes and the increments
+    /// wait for the next try. Concurrent calls run one after the other.
+    pub async fn sync_with(
+        &self,
+        shared: &dyn SharedCounters,
+        now: Timestamp,
+    ) -> Result<SyncOutcome, CounterError> {
+        let _one_at_a_time = self.sync_lock.lock().await;
+        let syncs = self.syncs.fetch_add(1, Ordering::Relaxed) + 1;
+        self.forget(now, syncs);
+        let entries: Vec<Arc<Entry>> = self.read_map().values().cloned().collect();
+        let push = SyncPush {
+            seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
+            windows: entries.iter().map(|e| e.push()).collect(),
+        };
+        let read = shared.sync(&self.instance, &push, now).await?;
+        if read.windows.len() != push.windows.len() {
+            return Err(CounterError::Protocol("one read per pushed window expected".to_owned()));
+        }
+        let mut missing = Vec::new();
+        for ((entry, pushed), read) in entries.iter().zip(&push.windows).zip(&read.windows) {
+            let mut s = entry.state();
+            let newly_acked = if pushed.end.is_some() {
+                Nanos(
+                    pushed.cumulative.0.saturating_sub(std::mem::replace(&mut s.acked, pushed.cumulative).0),
+                )
+            } else {
+                Nanos::ZERO
+            };
+            if pushed.seed.is_some() && s.seed == pushed.seed {
+                s.seed = None;
+            }
+            s.others_reserved = read.others_reserved;
+            if read.seeded {
+                s.confirmed = read.total;
+                s.floor = read.total;
+            } else {
+                // The store lost the window (or never had it): keep what was known, plus what this
+                // node has added since, until the ledger's total is seeded.
+                s.floor = s.floor.saturating_add(newly_acked);
+                s.confirmed = read.total.max(s.floor);
+            }
+            s.missing = !read.seeded && s.seed.is_none() && s.end.is_some();
+            if let (true, Some(end)) = (s.missing, s.end) {
+                missing.push(CapWindow { cap: entry.cap.clone(), start: entry.start, end });
+            }
+        }
+        self.confirmed_at.store(now.0, Ordering::Release);
+        self.missing.send_if_modified(|current| {
+            let changed = *current != missing;
+            if changed {
+                current.clone_from(&missing);
+            }
+            changed
+        });
+        Ok(SyncOutcome { windows: push.windows.len(), missing })
+    }
+
+    /// Resolves when a window was seen for the first time since the last call: the sync loop then
+    /// syncs at once rather than at its next tick.
+    pub(crate) async fn new_window_seen(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Runs `f` on the state of each window's entry, creating the missing entries.
+    fn touch(&self, windows: &[CapWindow], mut f: impl FnMut(&mut State)) -> Vec<Arc<Entry>> {
+        let syncs = self.syncs.load(Ordering::Relaxed);
+        let mut apply = |entry: &Arc<Entry>, window: &CapWindow| {
+            entry.last_used.store(syncs, Ordering::Relaxed);
+            let mut s = entry.state();
+            s.end.get_or_insert(window.end);
+            f(&mut s);
+            Arc::clone(entry)
+        };
+        {
+            // The map lock is held while the states change, so that `forget` (which takes the
+            // write lock) cannot drop an entry between its lookup and its update.
+            let map = self.read_map();
+            let found: Vec<&Arc<Entry>> =
+                windows.iter().filter_map(|w| map.get(&(w.cap.clone(), w.start))).collect();
+            if found.len() == windows.len() {
+                return found.into_iter().zip(windows).map(|(e, w)| apply(e, w)).collect();
+            }
+        }
+        let mut map = self.write_map();
+        let mut created = false;
+        let entries = windows
+            .iter()
+            .map(|w| {
+                let entry = map.entry((w.cap.clone(), w.start)).or_insert_with(|| {
+                    created = true;
+                    self.new_entry(&w.cap, w.start)
+                });
+                apply(entry, w)
+            })
+            .collect();
+        drop(map);
+        if created {
+            self.wake.notify_one();
+        }
+        entries
+    }
+
+    fn new_entry(&self, cap: &CapId, start: Timestamp) -> Arc<Entry> {
+        Arc::new(Entry {
+            id: self.next_entry.fetch_add(1, Ordering::Relaxed),
+            cap: cap.clone(),
+            start,
+            last_used: AtomicU64::new(self.syncs.load(Ordering::Relaxed)),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// Forgets windows that ended or sat idle with nothing unconfirmed, and keeps the map bounded.
+    fn forget(&self, now: Timestamp, syncs: u64) {
+        let mut map = self.write_map();
+        map.retain(|_, entry| !entry.forgettable(now, syncs));
+        if map.len() > MAX_WINDOWS {
+            let mut clean: Vec<(u64, (CapId, Timestamp))> = map
+                .iter()
+                .filter(|(_, e)| e.state().is_clean())
+                .map(|(key, e)| (e.last_used.load(Ordering::Relaxed), key.clone()))
+                .collect();
+            clean.sort_unstable_by_key(|(last_used, _)| *last_used);
+            let excess = map.len() - MAX_WINDOWS;
+            for (_, key) in clean.into_iter().take(excess) {
+                map.remove(&key);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn tracked(&self) -> usize {
+        self.read_map().len()
+    }
+
+    fn read_map(&self) -> RwLockReadGuard<'_, HashMap<(CapId, Timestamp), Arc<Entry>>> {
+        self.windows.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_map(&self) -> RwLockWriteGuard<'_, HashMap<(CapId, Timestamp), Arc<Entry>>> {
+        self.windows.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Entry {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self) -> WindowPush {
+        let s = self.state();
+        WindowPush {
+            cap: self.cap.clone(),
+            start: self.start,
+            end: s.end,
+            entry: self.id,
+            cumulative: s.cumulative,
+            acked: s.acked,
+            reserved: s.own_reserved,
+            seed: s.seed,
+        }
+    }
+
+    fn forgettable(&self, now: Timestamp, syncs: u64) -> bool {
+        let s = self.state();
+        let idle = syncs.saturating_sub(self.last_used.load(Ordering::Relaxed)) > IDLE_SYNCS;
+        match s.end {
+            Some(end) if end.0.saturating_add(ABANDON_AFTER_END_MS) <= now.0 => true,
+            Some(end) => s.is_clean() && (end <= now || idle),
+            None => idle,
+        }
+    }
+}
+
+impl State {
+    /// Nothing here that the store has not acknowledged, and no live reservation.
+    fn is_clean(&self) -> bool {
+        self.live == 0 && self.cumulative == self.acked && self.seed.is_none()
+    }
+}
+
+impl SpendView for Counters {
+    /// `spent`: the confirmed total plus this node's unconfirmed spend; `reserved`: this node's
+    /// live reservations plus the other nodes' as last read; `confirmed_at`: the last successful
+    /// sync. A window seen for the first time reads as zero until the next sync, which it
+    /// triggers at once.
+    fn spend(&self, cap: &CapId, window_start: Timestamp) -> CapSpend {
+        let confirmed_at = self.confirmed_at();
+        let key = (cap.clone(), window_start);
+        let entry = self.read_map().get(&key).cloned();
+        let entry = match entry {
+            Some(entry) => entry,
+            None => {
+                let mut map = self.write_map();
+                let entry = Arc::clone(map.entry(key).or_insert_with(|| self.new_entry(cap, window_start)));
+                drop(map);
+                self.wake.notify_one();
+                entry
+            }
+        };
+        entry.last_used.store(self.syncs.load(Ordering::Relaxed), Ordering::Relaxed);
+        let s = entry.state();
+        CapSpend {
+            spent: s.confirmed.saturating_add(Nanos(s.cumulative.0.saturating_sub(s.acked.0))),
+            reserved: s.own_reserved.saturating_add(s.others_reserved),
+            confirmed_at,
+        }
+    }
+}
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counters")
+            .field("instance", &self.instance)
+            .field("windows", &self.read_map().len())
+            .field("confirmed_at", &self.confirmed_at())
+            .finish_non_exhaustive()
+    }
+}
+
+/// An admitted request's reservation on its windows. [`settle`](Self::settle) it with the cost;
+/// dropping it unsettled releases it.
+pub struct Reservation {
+    entries: Vec<Arc<Entry>>,
+    estimate: Nanos,
+    open: bool,
+}
+
+impl Reservation {
+    /// The reservation goes and `cost` counts at once in `spent` (before it is confirmed).
+    pub fn settle(mut self, cost: Nanos) {
+        self.close(cost);
+    }
+
+    fn close(&mut self, cost: Nanos) {
+        if !std::mem::replace(&mut self.open, false) {
+            return;
+        }
+        for entry in &self.entries {
+            let mut s = entry.state();
+            s.own_reserved = Nanos(s.own_reserved.0.saturating_sub(self.estimate.0));
+            s.live = s.live.saturating_sub(1);
+            s.cumulative = s.cumulative.saturating_add(cost);
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.close(Nanos::ZERO);
+    }
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("windows", &self.entries.iter().map(|e| (e.cap.as_str(), e.start.0)).collect::<Vec<_>>())
+            .field("estimate", &self.estimate)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::in_process::InProcess;
+    use crate::shared::{StoreOptions, SyncRead};
+    use crate::sync_loop::sync_loop_with_clock;
+
+    const NOW: Timestamp = Timestamp(1_000_000);
+
+    fn cap(name: &str) -> CapId {
+        CapId::parse(&format!("cap_{name}")).expect("cap id")
+    }
+
+    fn window(name: &str) -> CapWindow {
+        CapWindow { cap: cap(name), start: Timestamp(0), end: Timestamp(10_000_000) }
+    }
+
+    fn spend(counters: &Counters, w: &CapWindow) -> CapSpend {
+        counters.spend(&w.cap, w.start)
+    }
+
+    fn at(ms: i64) -> Timestamp {
+        Timestamp(NOW.0 + ms)
+    }
+
+    /// A store that cannot be reached.
+    struct Down;
+
+    impl SharedCounters for Down {
+        fn sync<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a SyncPush,
+            _: Timestamp,
+        ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
+            Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
+        }
+    }
+
+    /// A store that applies the push, then loses the answer (the worst ambiguous failure).
+    struct LosesAnswer<'s>(&'s InProcess);
+
+    impl SharedCounters for LosesAnswer<'static> {
+        fn sync<'a>(
+            &'a self,
+            node_id: &'a str,
+            push: &'a SyncPush,
+            now: Timestamp,
+        ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
+            Box::pin(async move {
+                self.0.sync(node_id, push, now).await?;
+                Err(CounterError::Timeout)
+            })
+        }
+    }
+
+    #[test]
+    fn own_spend_counts_at_once_before_any_sync() {
+        let counters = Counters::new("n1");
+        let w = window("a");
+        counters.add(std::slice::from_ref(&w), Nanos(5));
+        counters.add(std::slice::from_ref(&w), Nanos(7));
+        assert_eq!(
+            spend(&counters, &w),
+            CapSpend { spent: Nanos(12), reserved: Nanos::ZERO, confirmed_at: None }
+        );
+        assert_eq!(counters.confirmed_at(), None);
+    }
+
+    #[test]
+    fn a_settled_reservation_becomes_spend_and_a_dropped_one_is_released() {
+        let counters = Counters::new("n1");
+        let (a, b) = (window("a"), window("b"));
+        let settled = counters.reserve(vec![a.clone(), b.clone()], Nanos(10));
+        let dropped = counters.reserve(vec![a.clone()], Nanos(4));
+        assert_eq!(spend(&counters, &a).reserved, Nanos(14));
+        assert_eq!(spend(&counters, &b).reserved, Nanos(10));
+
+        settled.settle(Nanos(7));
+        assert_eq!((spend(&counters, &a).spent, spend(&counters, &a).reserved), (Nanos(7), Nanos(4)));
+        assert_eq!((spend(&counters, &b).spent, spend(&counters, &b).reserved), (Nanos(7), Nanos::ZERO));
+
+        drop(dropped);
+        assert_eq!((spend(&counters, &a).spent, spend(&counters, &a).reserved), (Nanos(7), Nanos::ZERO));
+    }
+
+    #[tokio::test]
+    async fn others_reservations_come_from_the_store_own_ones_are_live() {
+        let store = InProcess::default();
+        let (a, b) = (Counters::new("a"), Counters::new("b"));
+        let w = window("x");
+        let held = a.reserve(vec![w.clone()], Nanos(10));
+        a.sync_with(&store, NOW).await.expect("sync a");
+        assert_eq!(spend(&b, &w).reserved, Nanos::ZERO, "b has not read the window yet");
+        b.sync_with(&store, NOW).await.expect("sync b");
+        assert_eq!(spend(&b, &w).reserved, Nanos(10), "b sees a's reservation");
+        a.sync_with(&store, at(1)).await.expect("sync a");
+        assert_eq!(spend(&a, &w).reserved, Nanos(10), "a's own reservation is not counted twice");
+
+        held.settle(Nanos(3));
+        assert_eq!((spend(&a, &w).spent, spend(&a, &w).reserved), (Nanos(3), Nanos::ZERO), "at once on a");
+        assert_eq!(spend(&b, &w).reserved, Nanos(10), "b knows only after the syncs");
+        a.sync_with(&store, at(2)).await.expect("sync a");
+        b.sync_with(&store, at(2)).await.expect("sync b");
+        assert_eq!((spend(&b, &w).spent, spend(&b, &w).reserved), (Nanos(3), Nanos::ZERO));
+    }
+
+    #[tokio::test]
+    async fn a_seed_counts_at_once_and_becomes_the_store_total() {
+        let store = InProcess::default();
+        let (a, b) = (Counters::new("a"), Counters::new("b"));
+        let w = window("x");
+        a.seed(&w, Nanos(100));
+        a.add(std::slice::from_ref(&w), Nanos(5));
+        assert_eq!(spend(&a, &w).spent, Nanos(105));
+        let outcome = a.sync_with(&store, NOW).await.expect("sync");
+        assert!(outcome.missing.is_empty());
+        b.sync_with(&store, NOW).await.expect("first sync of b learns the window");
+        spend(&b, &w);
+        b.sync_with(&store, NOW).await.expect("sync b");
+        assert_eq!(spend(&b, &w).spent, Nanos(105));
+
+        b.seed(&w, Nanos(999));
+        b.sync_with(&store, at(1)).await.expect("a second seed");
+        assert_eq!(spend(&b, &w).spent, Nanos(105), "the first seed wins");
+    }
+
+    #[tokio::test]
+    async fn a_window_without_a_seeded_total_is_reported_until_seeded() {
+        let store = InProcess::default();
+        let counters = Counters::new("a");
+        let mut missing = counters.subscribe_missing();
+        let w = window("x");
+        counters.add(std::slice::from_ref(&w), Nanos(5));
+        let outcome = counters.sync_with(&store, NOW).await.expect("sync");
+        assert_eq!(outcome.missing, vec![w.clone()]);
+        assert!(missing.has_changed().expect("sender alive"));
+        assert_eq!(*missing.borrow_and_update(), vec![w.clone()]);
+        assert_eq!(spend(&counters, &w).spent, Nanos(5));
+
+        counters.seed(&w, Nanos(50));
+        assert!(counters.missing().is_empty(), "a seed waiting to be pushed is not missing");
+        let outcome = counters.sync_with(&store, at(1)).await.expect("sync");
+        assert!(outcome.missing.is_empty());
+        assert_eq!(spend(&counters, &w).spent, Nanos(50), "the ledger's total replaces the store's");
+    }
+
+    #[tokio::test]
+    async fn confirmed_at_advances_only_with_successful_syncs() {
+        let store = InProcess::default();
+        let counters = Counters::new("a");
+        let w = window("x");
+        counters.add(std::slice::from_ref(&w), Nanos(5));
+        assert!(counters.sync_with(&Down, NOW).await.is_err());
+        assert_eq!(counters.confirmed_at(), None);
+        counters.sync_with(&store, at(1_000)).await.expect("sync");
+        assert_eq!(counters.confirmed_at(), Some(at(1_000)));
+        assert_eq!(spend(&counters, &w).confirmed_at, Some(at(1_000)));
+        counters.add(std::slice::from_ref(&w), Nanos(3));
+        assert!(counters.sync_with(&Down, at(2_000)).await.is_err());
+        assert_eq!(counters.confirmed_at(), Some(at(1_000)));
+        assert_eq!(spend(&counters, &w).spent, Nanos(8), "pending spend still counts on this node");
+    }
+
+    #[tokio::test]
+    async fn increments_survive_failed_syncs_and_count_once() {
+        let store: &'static InProcess = Box::leak(Box::new(InProcess::default()));
+        let (a, b) = (Counters::new("a"), Counters::new("b"));
+        let w = window("x");
+        a.add(std::slice::from_ref(&w), Nanos(5));
+        assert!(a.sync_with(&Down, NOW).await.is_err());
+        assert!(a.sync_with(&LosesAnswer(store), at(1)).await.is_err(), "applied, answer lost");
+        a.add(std::slice::from_ref(&w), Nanos(3));
+        assert!(a.sync_with(&LosesAnswer(store), at(2)).await.is_err(), "applied again, answer lost");
+        assert_eq!(spend(&a, &w).spent, Nanos(8));
+        a.sync_with(store, at(3)).await.expect("sync");
+        a.sync_with(store, at(4)).await.expect("sync");
+        assert_eq!(spend(&a, &w).spent, Nanos(8));
+        b.add(std::slice::from_ref(&w), Nanos(0));
+        b.sync_with(store, at(5)).await.expect("sync b");
+        assert_eq!(spend(&b, &w).spent, Nanos(8), "counted exactly once in the store");
+    }
+
+    #[tokio::test]
+    async fn a_flushed_store_never_lowers_the_view_below_what_was_known() {
+        let before = InProcess::default();
+        let counters = Counters::new("a");
+        let w = window("x");
+        counters.seed(&w, Nanos(100));
+        counters.add(std::slice::from_ref(&w), Nanos(5));
+        counters.sync_with(&before, NOW).await.expect("sync");
+        let flushed = InProcess::default();
+        counters.add(std::slice::from_ref(&w), Nanos(3));
+        let outcome = counters.sync_with(&flushed, at(1)).await.expect("sync");
+        assert_eq!(outcome.missing, vec![w.clone()]);
+        assert_eq!(spend(&counters, &w).spent, Nanos(108));
+        counters.seed(&w, Nanos(108));
+        counters.sync_with(&flushed, at(2)).await.expect("sync");
+        assert_eq!(spend(&counters, &w).spent, Nanos(108));
+        assert!(counters.missing().is_empty());
+    }
+
+    #[tokio::test]
+    async fn ended_windows_are_forgotten_and_a_late_receipt_counts_once() {
+        let store = InProcess::default();
+        let (a, b) = (Counters::new("a"), Counters::new("b"));
+        let w = CapWindow { cap: cap("x"), start: Timestamp(0), end: at(100) };
+        a.add(std::slice::from_ref(&w), Nanos(5));
+        a.sync_with(&store, NOW).await.expect("sync");
+        a.sync_with(&store, at(100)).await.expect("sync after the end");
+        assert_eq!(a.tracked(), 0, "ended and confirmed: forgotten");
+        a.add(std::slice::from_ref(&w), Nanos(2));
+        a.sync_with(&store, at(200)).await.expect("late receipt");
+        spend(&b, &w);
+        b.sync_with(&store, at(50)).await.expect("sync b");
+        assert_eq!(spend(&b, &w).spent, Nanos(7));
+    }
+
+    #[tokio::test]
+    async fn unconfirmed_windows_are_kept_until_acknowledged() {
+        let counters = Counters::new("a");
+        let w = CapWindow { cap: cap("x"), start: Timestamp(0), end: at(100) };
+        counters.add(std::slice::from_ref(&w), Nanos(5));
+        assert!(counters.sync_with(&Down, at(500)).await.is_err());
+        assert_eq!(counters.tracked(), 1);
+        let held = counters.reserve(vec![window("y")], Nanos(1));
+        for _ in 0..=IDLE_SYNCS {
+            assert!(counters.sync_with(&Down, at(600)).await.is_err());
+        }
+        assert_eq!(counters.tracked(), 2, "a live reservation keeps an idle window");
+        drop(held);
+        assert!(counters.sync_with(&Down, at(700)).await.is_err());
+        assert_eq!(counters.tracked(), 1, "idle and clean: forgotten");
+        assert!(counters.sync_with(&Down, at(ABANDON_AFTER_END_MS + 100)).await.is_err());
+        assert_eq!(counters.tracked(), 0, "abandoned a day after its end");
+    }
+
+    #[tokio::test]
+    async fn a_window_only_read_is_synced_but_not_written() {
+        let store = InProcess::default();
+        let (a, b) = (Counters::new("a"), Counters::new("b"));
+        let w = window("x");
+        a.add(std::slice::from_ref(&w), Nanos(9));
+        a.sync_with(&store, NOW).await.expect("sync a");
+        assert_eq!(spend(&b, &w), CapSpend { spent: Nanos::ZERO, reserved: Nanos::ZERO, confirmed_at: None });
+        let outcome = b.sync_with(&store, NOW).await.expect("sync b");
+        assert!(outcome.missing.is_empty(), "a window known only by reading is never reported");
+        assert_eq!(spend(&b, &w).spent, Nanos(9));
+        let unknown = window("never");
+        spend(&b, &unknown);
+        b.sync_with(&store, NOW).await.expect("sync b");
+        assert!(!store.contains(&unknown.cap, unknown.start, NOW), "reading creates nothing");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_loop_confirms_every_interval_and_pushes_once_more_at_shutdown() {
+        let store = Arc::new(InProcess::new(StoreOptions::default()));
+        let counters = Counters::new("a");
+        let started = tokio::time::Instant::now();
+        let clock =
+            move || Timestamp(NOW.0 + i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(sync_loop_with_clock(
+            Arc::clone(&counters),
+            Arc::clone(&store) as Arc<dyn SharedCounters>,
+            Duration::from_secs(1),
+            async move {
+                let _ = stopped.await;
+            },
+            clock,
+        ));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while counters.confirmed_at().is_none_or(|at| at.0 < NOW.0 + 3_000) {
+            assert!(tokio::time::Instant::now() < deadline, "the loop never confirmed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let w = window("x");
+        counters.add(std::slice::from_ref(&w), Nanos(4));
+        stop.send(()).expect("loop running");
+        task.await.expect("loop ends");
+        let other = Counters::new("b");
+        spend(&other, &w);
+        other.sync_with(store.as_ref(), clock_after(&counters)).await.expect("sync");
+        assert_eq!(spend(&other, &w).spent, Nanos(4), "the last sync pushed the last increment");
+    }
+
+    fn clock_after(counters: &Counters) -> Timestamp {
+        Timestamp(counters.confirmed_at().map_or(NOW.0, |at| at.0 + 1))
+    }
+}

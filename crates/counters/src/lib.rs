@@ -1,0 +1,20 @@
+//! Spend counters behind spend caps: a node's view, the shared store it confirms against, the sync loop.
+//!
+//! [`Counters`] is what the request path reads (it implements [`SpendView`]) and writes (reserve,
+//! settle, add); it never does I/O. [`sync_loop`] confirms it against a [`SharedCounters`] store:
+//! [`InProcess`] for `recovea serve`, [`Redis`] for nodes that share spend. Deciding admission is
+//! core's job (`recovea_core::caps`), not this crate's.
+//!
+//! [`SpendView`]: recovea_core::caps::SpendView
+
+mod counters;
+mod in_process;
+mod redis_store;
+mod shared;
+mod sync_loop;
+
+pub use counters::{CapWindow, Counters, Reservation, SyncOutcome};
+pub use in_process::InProcess;
+pub use redis_store::Redis;
+pub use shared::{CounterError, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowPush, WindowRead};
+pub use sync_loop::{sync_loop, sync_loop_with_clock};

@@ -1,0 +1,166 @@
+//! The shared store in Redis: one atomic Lua script per window, all windows in one pipeline.
+//!
+//! Key layout for a window (cap `cap_x`, start `S` in unix ms), under the prefix `P`; the braces are
+//! a hash tag so that a window's three keys share a Redis Cluster slot:
+//!
+//! | key | type | holds |
+//! | --- | --- | --- |
+//! | `P:{cap_x:S}:t` | hash | `total` (nano-dollars), `seeded` (`1` once rebuilt from the ledger), and per writer `q:<writer>` (last sequence applied) and `c:<writer>` (last cumulative applied) |
+//! | `P:{cap_x:S}:r` | hash | per writer: its live reservations |
+//! | `P:{cap_x:S}:x` | zset | per writer: its reservations' deadline (unix ms) |
+//!
+//! All three expire `key_margin` after the window's end (`PEXPIREAT`, refreshed on every write).
+//! The script is `redis_store/sync.lua`.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use recovea_core::ids::CapId;
+use recovea_core::money::Nanos;
+use recovea_core::timestamp::Timestamp;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind};
+use tokio::sync::Mutex;
+
+use crate::shared::{
+    CounterError, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowRead, expire_at, reserved_until,
+};
+
+const SYNC_SCRIPT: &str = include_str!("redis_store/sync.lua");
+
+/// Spend counters shared through Redis (or Valkey). Connects lazily and reconnects after any
+/// failure, so a node starts and serves while Redis is down (its counters are then unconfirmed).
+pub struct Redis {
+    client: Client,
+    options: StoreOptions,
+    script: Script,
+    connection: Mutex<Option<MultiplexedConnection>>,
+}
+
+impl std::fmt::Debug for Redis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password: only the options are shown.
+        f.debug_struct("Redis").field("options", &self.options).finish_non_exhaustive()
+    }
+}
+
+impl Redis {
+    /// Checks the URL (`redis://host:port/db`, no TLS) and the options; does not connect.
+    pub fn new(url: &str, options: StoreOptions) -> Result<Self, CounterError> {
+        if options.prefix.contains(['{', '}']) {
+            return Err(CounterError::Config("the key prefix must not contain '{' or '}'".to_owned()));
+        }
+        let client = Client::open(url).map_err(|e| CounterError::Config(e.to_string()))?;
+        Ok(Self { client, options, script: Script::new(SYNC_SCRIPT), connection: Mutex::new(None) })
+    }
+
+    /// The window's keys: its total hash, its reservations hash, its reservation deadlines zset.
+    pub fn window_keys(&self, cap: &CapId, start: Timestamp) -> [String; 3] {
+        let base = format!("{}:{{{}:{}}}", self.options.prefix, cap.as_str(), start.0);
+        [format!("{base}:t"), format!("{base}:r"), format!("{base}:x")]
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
+        let mut slot = self.connection.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            return Ok(connection.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.options.timeout))
+            .set_response_timeout(Some(self.options.timeout));
+        let mut connection = self.client.get_multiplexed_async_connection_with_config(&config).await?;
+        self.script.load_async(&mut connection).await?;
+        *slot = Some(connection.clone());
+        Ok(connection)
+    }
+
+    async fn forget_connection(&self) {
+        *self.connection.lock().await = None;
+    }
+
+    fn pipeline(&self, node_id: &str, push: &SyncPush, now: Timestamp) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        for p in &push.windows {
+            let [total, reservations, deadlines] = self.window_keys(&p.cap, p.start);
+            pipe.cmd("EVALSHA")
+                .arg(self.script.get_hash())
+                .arg(3)
+                .arg(total)
+                .arg(reservations)
+                .arg(deadlines)
+                .arg(format!("{node_id}/{}", p.entry))
+                .arg(push.seq)
+                .arg(p.cumulative.0)
+                .arg(p.acked.0)
+                .arg(p.seed.map(|seed| seed.0.to_string()).unwrap_or_default())
+                .arg(p.end.map(|end| expire_at(end, &self.options).0.to_string()).unwrap_or_default())
+                .arg(now.0)
+                .arg(p.reserved.0)
+                .arg(reserved_until(now, &self.options).0);
+        }
+        pipe
+    }
+
+    async fn sync_once(
+        &self,
+        node_id: &str,
+        push: &SyncPush,
+        now: Timestamp,
+    ) -> Result<SyncRead, RedisError> {
+        let mut connection = self.connection().await?;
+        if push.windows.is_empty() {
+            // Nothing to push, but a node is confirmed only by a store that answers.
+            redis::cmd("PING").query_async::<()>(&mut connection).await?;
+            return Ok(SyncRead { windows: Vec::new() });
+        }
+        let pipe = self.pipeline(node_id, push, now);
+        let replies: Vec<Vec<String>> = match pipe.query_async(&mut connection).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                // The server lost its scripts (SCRIPT FLUSH, a restart behind a proxy). The scripts
+                // that did run are idempotent, so the whole pipeline is sent again.
+                self.script.load_async(&mut connection).await?;
+                pipe.query_async(&mut connection).await?
+            }
+            other => other?,
+        };
+        Ok(SyncRead { windows: replies.iter().map(|reply| parse_reply(reply)).collect::<Result<_, _>>()? })
+    }
+}
+
+fn parse_reply(reply: &[String]) -> Result<WindowRead, RedisError> {
+    let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed counter sync reply"));
+    let nanos = |s: &String| s.parse::<i64>().map(Nanos).map_err(|_| bad());
+    let [total, seeded, others @ ..] = reply else { return Err(bad()) };
+    let others_reserved =
+        others.iter().map(nanos).try_fold(Nanos::ZERO, |sum, n| n.map(|n| sum.saturating_add(n)))?;
+    Ok(WindowRead { total: nanos(total)?, others_reserved, seeded: seeded == "1" })
+}
+
+impl SharedCounters for Redis {
+    fn sync<'a>(
+        &'a self,
+        node_id: &'a str,
+        push: &'a SyncPush,
+        now: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
+        Box::pin(async move {
+            let result = tokio::time::timeout(self.options.timeout, self.sync_once(node_id, push, now)).await;
+            let error = match result {
+                Ok(Ok(read)) => {
+                    if read.windows.len() != push.windows.len() {
+                        return Err(CounterError::Protocol("one reply per window expected".to_owned()));
+                    }
+                    return Ok(read);
+                }
+                Ok(Err(e)) if e.kind() == ErrorKind::UnexpectedReturnType => {
+                    CounterError::Protocol(e.to_string())
+                }
+                Ok(Err(e)) => CounterError::Unavailable(e.to_string()),
+                Err(_) => CounterError::Timeout,
+            };
+            // Whatever went wrong, the next sync starts on a fresh connection.
+            self.forget_connection().await;
+            Err(error)
+        })
+    }
+}

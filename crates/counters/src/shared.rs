@@ -1,0 +1,150 @@
+//! The shared store all nodes confirm their spend against: the trait, what a node pushes, what it reads.
+//!
+//! A push is idempotent. For each window a node's *entry* (its writer) sends the cumulative total of
+//! every increment it ever added there, tagged with a sequence number that grows with every sync
+//! attempt; the store keeps, per writer, the last sequence and cumulative it applied, and adds only
+//! the difference. A retry after an ambiguous failure (the store may or may not have applied the
+//! push) therefore counts nothing twice, and a push that arrives late (a lower sequence) is ignored.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use recovea_core::ids::CapId;
+use recovea_core::money::Nanos;
+use recovea_core::timestamp::Timestamp;
+
+/// What a node sends in one sync: one [`WindowPush`] per window it tracks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncPush {
+    /// Grows with every sync attempt of a node (never reused, even after a failure).
+    pub seq: u64,
+    pub windows: Vec<WindowPush>,
+}
+
+/// One window of a [`SyncPush`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowPush {
+    pub cap: CapId,
+    pub start: Timestamp,
+    /// `None`: the node has only read this window and knows no end yet; the store writes nothing
+    /// for it (no increment, no reservation, no seed) and only reads.
+    pub end: Option<Timestamp>,
+    /// The node's entry for this window; the store's writer is `{node_id}/{entry}`. A node that
+    /// forgets a window and meets it again uses a new entry, so its cumulative starts afresh.
+    pub entry: u64,
+    /// Every increment this entry ever added to the window, confirmed or not.
+    pub cumulative: Nanos,
+    /// The part of `cumulative` the store has acknowledged. The store uses it as the base when it
+    /// holds no record of this writer (first push, or the store lost its data): only the
+    /// difference is added.
+    pub acked: Nanos,
+    /// This entry's live reservations in the window: replaces the writer's previous figure and
+    /// lives until `now + reservation_ttl` unless refreshed.
+    pub reserved: Nanos,
+    /// A total rebuilt from the ledger: it replaces the store's total if the window is not seeded
+    /// yet (applied before this push's increments), and is ignored otherwise.
+    pub seed: Option<Nanos>,
+}
+
+/// What the store answered to a [`SyncPush`]: one [`WindowRead`] per pushed window, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncRead {
+    pub windows: Vec<WindowRead>,
+}
+
+/// One window of a [`SyncRead`], read after the push was applied, in the same atomic step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WindowRead {
+    /// The window's total over all nodes (zero for a window the store does not hold).
+    pub total: Nanos,
+    /// The live reservations of every writer other than the pushing one.
+    pub others_reserved: Nanos,
+    /// Whether the store's total was rebuilt from the ledger. `false` for a window the store did
+    /// not hold (created by this push, or lost in a flush or an eviction): its total counts only
+    /// increments pushed since, and the caller should rebuild it from the ledger and
+    /// [`seed`](crate::Counters::seed) it.
+    pub seeded: bool,
+}
+
+/// Why a sync failed. The node keeps its increments and retries them; they are never lost nor
+/// counted twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CounterError {
+    /// The store could not be reached or failed the request.
+    Unavailable(String),
+    /// The store did not answer in time (the push may or may not have been applied).
+    Timeout,
+    /// The store answered something this crate cannot read.
+    Protocol(String),
+    /// The store's configuration is unusable (e.g. a malformed URL).
+    Config(String),
+}
+
+impl fmt::Display for CounterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unavailable(why) => write!(f, "counter store unavailable: {why}"),
+            Self::Timeout => f.write_str("counter store did not answer in time"),
+            Self::Protocol(why) => write!(f, "unexpected answer from the counter store: {why}"),
+            Self::Config(why) => write!(f, "counter store misconfigured: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for CounterError {}
+
+/// How a store keeps what nodes push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// A writer's reservations expire this long after its last sync, so a crashed node's
+    /// reservations stop counting.
+    pub reservation_ttl: Duration,
+    /// A window's keys expire this long after the window ends (late receipts still land).
+    pub key_margin: Duration,
+    /// Redis only: every key starts with this (no `{` or `}`).
+    pub prefix: String,
+    /// Redis only: the bound on connecting and on one sync round trip.
+    pub timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            reservation_ttl: Duration::from_secs(15),
+            key_margin: Duration::from_secs(24 * 60 * 60),
+            prefix: "recovea:counters".to_owned(),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The shared store all nodes confirm against.
+pub trait SharedCounters: Send + Sync + 'static {
+    /// Applies, for each window atomically, the seed, the writer's increments and reservation (a
+    /// writer is `{node_id}/{entry}`), drops reservations whose deadline is at or before `now`,
+    /// and reads the total and the other writers' live reservations. On `Err` nothing may be
+    /// assumed about what was applied.
+    fn sync<'a>(
+        &'a self,
+        node_id: &'a str,
+        push: &'a SyncPush,
+        now: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>>;
+}
+
+/// Milliseconds in a duration, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The instant a window's keys expire.
+pub(crate) fn expire_at(end: Timestamp, options: &StoreOptions) -> Timestamp {
+    Timestamp(end.0.saturating_add(millis(options.key_margin)))
+}
+
+/// The deadline of a reservation pushed at `now`.
+pub(crate) fn reserved_until(now: Timestamp, options: &StoreOptions) -> Timestamp {
+    Timestamp(now.0.saturating_add(millis(options.reservation_ttl)))
+}

@@ -1,0 +1,359 @@
+//! One suite, two stores: `InProcess` and `Redis` (127.0.0.1:6379, or `RECOVEA_TEST_REDIS_URL`).
+//!
+//! Redis must be running: these tests fail, never skip, without it. Each test uses its own random
+//! key prefix and deletes its keys when done.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use recovea_core::caps::{CapSpend, SpendView};
+use recovea_core::ids::CapId;
+use recovea_core::money::Nanos;
+use recovea_core::timestamp::Timestamp;
+use recovea_counters::{
+    CapWindow, CounterError, Counters, InProcess, Redis, SharedCounters, StoreOptions, SyncPush, SyncRead,
+    WindowPush,
+};
+
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    InProcess,
+    Redis,
+}
+
+/// A store under test, and a way to look at it from outside.
+struct Store {
+    shared: Arc<dyn SharedCounters>,
+    in_process: Option<Arc<InProcess>>,
+    redis: Option<(Arc<Redis>, redis::Client, String)>,
+}
+
+fn redis_url() -> String {
+    std::env::var("RECOVEA_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+impl Store {
+    async fn new(backend: Backend, options: StoreOptions) -> Self {
+        match backend {
+            Backend::InProcess => {
+                let store = Arc::new(InProcess::new(options));
+                Self {
+                    shared: Arc::clone(&store) as Arc<dyn SharedCounters>,
+                    in_process: Some(store),
+                    redis: None,
+                }
+            }
+            Backend::Redis => {
+                let url = redis_url();
+                let client = redis::Client::open(url.as_str()).expect("redis url");
+                let mut connection = client.get_multiplexed_async_connection().await.unwrap_or_else(|e| {
+                    panic!("these tests need Redis at {url} (redis-server --save '' --appendonly no): {e}")
+                });
+                redis::cmd("PING").query_async::<()>(&mut connection).await.expect("Redis answers PING");
+                let suffix: String = std::iter::repeat_with(fastrand::alphanumeric).take(16).collect();
+                let prefix = format!("recovea-test:{suffix}");
+                let store = Arc::new(
+                    Redis::new(&url, StoreOptions { prefix: prefix.clone(), ..options }).expect("store"),
+                );
+                Self {
+                    shared: Arc::clone(&store) as Arc<dyn SharedCounters>,
+                    in_process: None,
+                    redis: Some((store, client, prefix)),
+                }
+            }
+        }
+    }
+
+    /// Whether the store still holds anything of the window.
+    async fn holds(&self, w: &CapWindow, now: Timestamp) -> bool {
+        if let Some(store) = &self.in_process {
+            return store.contains(&w.cap, w.start, now);
+        }
+        let (store, client, _) = self.redis.as_ref().expect("a backend");
+        let mut connection = client.get_multiplexed_async_connection().await.expect("connect");
+        let mut exists = redis::cmd("EXISTS");
+        for key in store.window_keys(&w.cap, w.start) {
+            exists.arg(key);
+        }
+        exists.query_async::<i64>(&mut connection).await.expect("EXISTS") > 0
+    }
+
+    async fn raw_total(&self, w: &CapWindow) -> Option<i64> {
+        let (store, client, _) = self.redis.as_ref()?;
+        let mut connection = client.get_multiplexed_async_connection().await.expect("connect");
+        let [total, _, _] = store.window_keys(&w.cap, w.start);
+        redis::cmd("HGET").arg(total).arg("total").query_async(&mut connection).await.expect("HGET")
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let Some((_, client, prefix)) = &self.redis else { return };
+        let Ok(mut connection) = client.get_connection() else { return };
+        let keys: Vec<String> =
+            redis::cmd("KEYS").arg(format!("{prefix}:*")).query(&mut connection).unwrap_or_default();
+        if !keys.is_empty() {
+            let _ = redis::cmd("DEL").arg(keys).query::<i64>(&mut connection);
+        }
+    }
+}
+
+/// Fails before anything reaches the store.
+struct Unreachable;
+
+impl SharedCounters for Unreachable {
+    fn sync<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a SyncPush,
+        _: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
+        Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
+    }
+}
+
+/// The store applies the push, then the answer is lost: the retry cannot know it was applied.
+struct AnswerLost(Arc<dyn SharedCounters>);
+
+impl SharedCounters for AnswerLost {
+    fn sync<'a>(
+        &'a self,
+        node_id: &'a str,
+        push: &'a SyncPush,
+        now: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
+        Box::pin(async move {
+            self.0.sync(node_id, push, now).await.expect("the store applies the push");
+            Err(CounterError::Timeout)
+        })
+    }
+}
+
+fn wall() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+fn cap() -> CapId {
+    let suffix: String = std::iter::repeat_with(fastrand::alphanumeric).take(20).collect();
+    CapId::parse(&format!("cap_{suffix}")).expect("cap id")
+}
+
+/// A window that started a minute ago and ends in an hour.
+fn current_window() -> CapWindow {
+    let now = wall();
+    CapWindow { cap: cap(), start: Timestamp(now.0 - 60_000), end: Timestamp(now.0 + 3_600_000) }
+}
+
+fn spend(counters: &Counters, w: &CapWindow) -> CapSpend {
+    counters.spend(&w.cap, w.start)
+}
+
+async fn sync(counters: &Counters, store: &dyn SharedCounters, now: Timestamp) {
+    counters.sync_with(store, now).await.expect("sync");
+}
+
+async fn totals_converge_across_nodes(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
+    let w = current_window();
+    a.add(std::slice::from_ref(&w), Nanos(5));
+    b.add(std::slice::from_ref(&w), Nanos(7));
+    b.reserve(vec![w.clone()], Nanos(100)).settle(Nanos(11));
+    assert_eq!(spend(&a, &w).spent, Nanos(5));
+    assert_eq!(spend(&b, &w).spent, Nanos(18));
+    let now = wall();
+    sync(&a, store.shared.as_ref(), now).await;
+    sync(&b, store.shared.as_ref(), now).await;
+    sync(&a, store.shared.as_ref(), now).await;
+    assert_eq!(spend(&a, &w).spent, Nanos(23));
+    assert_eq!(spend(&b, &w).spent, Nanos(23));
+    assert_eq!(spend(&a, &w).confirmed_at, Some(now));
+    sync(&b, store.shared.as_ref(), now).await;
+    assert_eq!(spend(&b, &w).spent, Nanos(23), "a sync with nothing new adds nothing");
+    if let Some(total) = store.raw_total(&w).await {
+        assert_eq!(total, 23);
+    }
+}
+
+async fn reservations_of_one_node_are_seen_by_the_other(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
+    let w = current_window();
+    let on_a = a.reserve(vec![w.clone()], Nanos(10));
+    let on_b = b.reserve(vec![w.clone()], Nanos(4));
+    let now = wall();
+    sync(&a, store.shared.as_ref(), now).await;
+    sync(&b, store.shared.as_ref(), now).await;
+    sync(&a, store.shared.as_ref(), now).await;
+    assert_eq!(spend(&a, &w).reserved, Nanos(14));
+    assert_eq!(spend(&b, &w).reserved, Nanos(14));
+    drop(on_a);
+    on_b.settle(Nanos(3));
+    sync(&a, store.shared.as_ref(), now).await;
+    sync(&b, store.shared.as_ref(), now).await;
+    assert_eq!((spend(&b, &w).spent, spend(&b, &w).reserved), (Nanos(3), Nanos::ZERO));
+    sync(&a, store.shared.as_ref(), now).await;
+    assert_eq!((spend(&a, &w).spent, spend(&a, &w).reserved), (Nanos(3), Nanos::ZERO));
+}
+
+async fn reservations_of_a_silent_node_expire(backend: Backend) {
+    let ttl = Duration::from_secs(2);
+    let store = Store::new(backend, StoreOptions { reservation_ttl: ttl, ..StoreOptions::default() }).await;
+    let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
+    let w = current_window();
+    let _held_by_a_node_that_stops_syncing = a.reserve(vec![w.clone()], Nanos(10));
+    let now = wall();
+    sync(&a, store.shared.as_ref(), now).await;
+    spend(&b, &w);
+    sync(&b, store.shared.as_ref(), Timestamp(now.0 + 1_999)).await;
+    assert_eq!(spend(&b, &w).reserved, Nanos(10), "alive within its ttl");
+    sync(&b, store.shared.as_ref(), Timestamp(now.0 + 2_000)).await;
+    assert_eq!(spend(&b, &w).reserved, Nanos::ZERO, "expired at its ttl");
+    sync(&a, store.shared.as_ref(), Timestamp(now.0 + 2_500)).await;
+    sync(&b, store.shared.as_ref(), Timestamp(now.0 + 2_600)).await;
+    assert_eq!(spend(&b, &w).reserved, Nanos(10), "renewed when the node syncs again");
+}
+
+async fn keys_expire_after_the_window_ends(backend: Backend) {
+    let margin = Duration::from_millis(300);
+    let store = Store::new(backend, StoreOptions { key_margin: margin, ..StoreOptions::default() }).await;
+    let a = Counters::new("node-a");
+    let now = wall();
+    let w = CapWindow { cap: cap(), start: Timestamp(now.0 - 1_000), end: Timestamp(now.0 + 300) };
+    let _live = a.reserve(vec![w.clone()], Nanos(1));
+    a.add(std::slice::from_ref(&w), Nanos(5));
+    sync(&a, store.shared.as_ref(), now).await;
+    assert!(store.holds(&w, wall()).await, "held while the window runs");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.holds(&w, wall()).await {
+        assert!(tokio::time::Instant::now() < deadline, "keys still there 10 s after the window's end");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(wall().0 >= w.end.0 + 300, "not before the end plus the margin");
+}
+
+async fn pending_increments_survive_failed_syncs_and_count_once(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let lost = AnswerLost(Arc::clone(&store.shared));
+    let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
+    let w = current_window();
+    let now = wall();
+    a.add(std::slice::from_ref(&w), Nanos(5));
+    assert!(a.sync_with(&Unreachable, now).await.is_err());
+    assert!(a.sync_with(&lost, Timestamp(now.0 + 1)).await.is_err());
+    a.add(std::slice::from_ref(&w), Nanos(3));
+    assert!(a.sync_with(&lost, Timestamp(now.0 + 2)).await.is_err());
+    assert!(a.sync_with(&Unreachable, Timestamp(now.0 + 3)).await.is_err());
+    assert_eq!(a.confirmed_at(), None);
+    assert_eq!(spend(&a, &w).spent, Nanos(8), "pending, still counted on this node");
+    sync(&a, store.shared.as_ref(), Timestamp(now.0 + 4)).await;
+    assert_eq!(spend(&a, &w).spent, Nanos(8));
+    spend(&b, &w);
+    sync(&b, store.shared.as_ref(), Timestamp(now.0 + 5)).await;
+    assert_eq!(spend(&b, &w).spent, Nanos(8), "counted once in the store");
+    sync(&a, store.shared.as_ref(), Timestamp(now.0 + 6)).await;
+    sync(&b, store.shared.as_ref(), Timestamp(now.0 + 7)).await;
+    assert_eq!(spend(&b, &w).spent, Nanos(8));
+}
+
+async fn pushes_are_idempotent_by_sequence(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let w = current_window();
+    let now = wall();
+    let push = |seq: u64, entry: u64, cumulative: i64, acked: i64| SyncPush {
+        seq,
+        windows: vec![WindowPush {
+            cap: w.cap.clone(),
+            start: w.start,
+            end: Some(w.end),
+            entry,
+            cumulative: Nanos(cumulative),
+            acked: Nanos(acked),
+            reserved: Nanos::ZERO,
+            seed: None,
+        }],
+    };
+    let total = |read: SyncRead| read.windows[0].total;
+    let shared = store.shared.as_ref();
+    assert_eq!(total(shared.sync("n", &push(1, 0, 5, 0), now).await.expect("sync")), Nanos(5));
+    assert_eq!(total(shared.sync("n", &push(1, 0, 5, 0), now).await.expect("retry")), Nanos(5));
+    assert_eq!(total(shared.sync("n", &push(3, 0, 9, 0), now).await.expect("sync")), Nanos(9));
+    assert_eq!(
+        total(shared.sync("n", &push(2, 0, 7, 0), now).await.expect("late")),
+        Nanos(9),
+        "stale push ignored"
+    );
+    assert_eq!(total(shared.sync("n", &push(4, 1, 4, 0), now).await.expect("new entry")), Nanos(13));
+    assert_eq!(
+        total(shared.sync("m", &push(1, 0, 10, 6), now).await.expect("no record")),
+        Nanos(17),
+        "without a record of the writer only the unacknowledged part is added"
+    );
+    let big = (1_i64 << 53) + 1;
+    assert_eq!(
+        total(shared.sync("n", &push(5, 0, 9 + big, 0), now).await.expect("big")),
+        Nanos(17 + big),
+        "exact past 2^53"
+    );
+    assert_eq!(total(shared.sync("n", &push(6, 0, 10 + big, 0), now).await.expect("big")), Nanos(18 + big));
+}
+
+async fn the_first_seed_wins_and_replaces_what_was_pushed_before(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
+    let w = current_window();
+    let now = wall();
+    a.add(std::slice::from_ref(&w), Nanos(5));
+    let outcome = a.sync_with(store.shared.as_ref(), now).await.expect("sync");
+    assert_eq!(outcome.missing, vec![w.clone()], "a new window has no ledger total yet");
+    spend(&b, &w);
+    let outcome = b.sync_with(store.shared.as_ref(), now).await.expect("sync");
+    assert!(outcome.missing.is_empty(), "b only reads the window: it cannot name its end");
+    b.add(std::slice::from_ref(&w), Nanos::ZERO);
+    let outcome = b.sync_with(store.shared.as_ref(), now).await.expect("sync");
+    assert_eq!(outcome.missing, vec![w.clone()], "every writer learns the window is missing");
+
+    a.seed(&w, Nanos(100));
+    b.seed(&w, Nanos(200));
+    a.add(std::slice::from_ref(&w), Nanos(1));
+    sync(&a, store.shared.as_ref(), now).await;
+    sync(&b, store.shared.as_ref(), now).await;
+    sync(&a, store.shared.as_ref(), now).await;
+    assert_eq!(spend(&a, &w).spent, Nanos(101), "a's seed replaced the 5 pushed before; the 1 after counts");
+    assert_eq!(spend(&b, &w).spent, Nanos(101), "b's later seed is ignored");
+    assert!(a.missing().is_empty() && b.missing().is_empty());
+}
+
+async fn a_window_only_read_creates_nothing(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let a = Counters::new("node-a");
+    let w = current_window();
+    assert_eq!(spend(&a, &w).spent, Nanos::ZERO);
+    let outcome = a.sync_with(store.shared.as_ref(), wall()).await.expect("sync");
+    assert_eq!(outcome.windows, 1);
+    assert!(!store.holds(&w, wall()).await);
+}
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod in_process {
+            $(#[tokio::test] async fn $name() { super::$name(super::Backend::InProcess).await })*
+        }
+        mod redis_store {
+            $(#[tokio::test] async fn $name() { super::$name(super::Backend::Redis).await })*
+        }
+    };
+}
+
+suite!(
+    totals_converge_across_nodes,
+    reservations_of_one_node_are_seen_by_the_other,
+    reservations_of_a_silent_node_expire,
+    keys_expire_after_the_window_ends,
+    pending_increments_survive_failed_syncs_and_count_once,
+    pushes_are_idempotent_by_sequence,
+    the_first_seed_wins_and_replaces_what_was_pushed_before,
+    a_window_only_read_creates_nothing,
+);
