@@ -1,9 +1,11 @@
 """Session fixtures for the black-box SDK suite.
 
 One mock provider (`recovea-mock-provider`) and one gateway (`recovea serve`) are started for the whole
-session, on free local ports, with a temporary data dir and a fixed admin token. Every test makes its own
-organization, keys and credentials (unique names), so tests are independent; the mock's request log is
-never reset mid-run: a test takes a marker (the log's length) before its calls and reads what came after.
+session, on ports the OS picks (each prints the addresses it listens on), with a temporary data dir and a
+fixed admin token. Every test makes its own organization, keys and credentials (unique names), so tests
+are independent; the mock's request log is never reset mid-run: a test takes a marker (the log's length)
+before its calls and reads what came after. Receipts are read per key (`key_id=`), and `Ledger.settle`
+checks that a key has exactly one receipt per admitted request, the suite's own probes included.
 
 Binaries: `RECOVEA_BIN` and `MOCK_PROVIDER_BIN`, defaulting to `target/debug/recovea` and
 `target/debug/recovea-mock-provider` under the repository root. A missing binary fails the session.
@@ -11,19 +13,20 @@ Binaries: `RECOVEA_BIN` and `MOCK_PROVIDER_BIN`, defaulting to `target/debug/rec
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import queue
 import re
 import secrets
 import signal
-import socket
 import string
 import subprocess
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -50,12 +53,6 @@ def unique(prefix: str) -> str:
 
 def random_base62(n: int) -> str:
     return "".join(secrets.choice(BASE62) for _ in range(n))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _binary(env_var: str, default: str) -> Path:
@@ -219,23 +216,26 @@ class Gateway:
         return self.http.request(method, path, **kw)
 
 
+GATEWAY_BANNER_RE = re.compile(r"^recovea gateway:\s+(http://\S+?)/?$")
+ADMIN_BANNER_RE = re.compile(r"^recovea admin:\s+(http://\S+?)/admin/v1/?$")
+
+
 @pytest.fixture(scope="session")
 def gateway(mock_provider: MockProvider, tmp_path_factory) -> Iterable[Gateway]:
+    """`recovea serve` on ports the OS picks (`127.0.0.1:0`): the addresses are read from its banner, whose
+    last line (`recovea admin:   http://ADDR/admin/v1`) it prints once ready. No port is probed and
+    released beforehand, so no other process can take it in between."""
     binary = _binary("RECOVEA_BIN", "target/debug/recovea")
     workdir = tmp_path_factory.mktemp("gateway")
     data_dir = workdir / "data"
     data_dir.mkdir()
     out_log, err_log = workdir / "stdout.log", workdir / "stderr.log"
-    p1, p2 = free_port(), free_port()
-    while p2 == p1:
-        p2 = free_port()
-    url, admin_url = f"http://127.0.0.1:{p1}", f"http://127.0.0.1:{p2}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECOVEA_")}
     env.setdefault("RUST_LOG", "info")
     cmd = [
         str(binary), "serve",
-        "--listen", f"127.0.0.1:{p1}",
-        "--admin-listen", f"127.0.0.1:{p2}",
+        "--listen", "127.0.0.1:0",
+        "--admin-listen", "127.0.0.1:0",
         "--data-dir", str(data_dir),
         "--admin-token", ADMIN_TOKEN,
         "--openai-base-url", mock_provider.url,
@@ -243,36 +243,43 @@ def gateway(mock_provider: MockProvider, tmp_path_factory) -> Iterable[Gateway]:
     ]
     with open(err_log, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
-    threading.Thread(target=_pump, args=(proc.stdout, out_log, None), daemon=True).start()
+    lines: "queue.Queue[str]" = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, out_log, lines), daemon=True).start()
     _SESSION_LOGS["gateway"] = (out_log, err_log)
-    gw = Gateway(url, admin_url, mock_provider.url, proc, (out_log, err_log))
     try:
+        url = admin_url = None
         deadline = time.monotonic() + STARTUP_DEADLINE_S
-        ready_gw = ready_admin = False
-        last = "no answer"
-        while not (ready_gw and ready_admin):
+        while admin_url is None:
             if proc.poll() is not None:
-                pytest.fail(f"recovea serve exited with {proc.returncode}:\n{gw.log_tail()}", pytrace=False)
-            if time.monotonic() > deadline:
-                pytest.fail(f"recovea serve not ready after {STARTUP_DEADLINE_S}s ({last}):\n{gw.log_tail()}",
+                pytest.fail(f"recovea serve exited with {proc.returncode}:\n{_tail(out_log)}\n{_tail(err_log)}",
                             pytrace=False)
+            if time.monotonic() > deadline:
+                pytest.fail(f"recovea serve printed no 'recovea admin:' banner line after {STARTUP_DEADLINE_S}s:\n"
+                            f"{_tail(out_log)}\n{_tail(err_log)}", pytrace=False)
             try:
-                if not ready_gw:
-                    r = httpx.get(f"{url}/readyz", timeout=1)
-                    ready_gw = r.status_code == 200
-                    last = f"/readyz {r.status_code}"
-                if ready_gw and not ready_admin:
-                    r = httpx.get(f"{admin_url}/admin/v1/orgs", timeout=1,
-                                  headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-                    ready_admin = r.status_code == 200
-                    last = f"GET /admin/v1/orgs {r.status_code}"
-            except httpx.TransportError as e:
-                last = repr(e)
-            if not (ready_gw and ready_admin):
-                time.sleep(0.05)
-        yield gw
+                line = lines.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if m := GATEWAY_BANNER_RE.match(line.strip()):
+                url = m.group(1)
+            elif m := ADMIN_BANNER_RE.match(line.strip()):
+                admin_url = m.group(1)
+        if url is None:
+            pytest.fail(f"recovea serve printed its admin line before any 'recovea gateway:' line:\n{_tail(out_log)}",
+                        pytrace=False)
+        for name, u in (("gateway", url), ("admin", admin_url)):
+            assert not u.endswith(":0"), f"the banner shows the {name} address asked for, not the bound one: {u}"
+        gw = Gateway(url, admin_url, mock_provider.url, proc, (out_log, err_log))
+        # The banner's last line means ready: both listeners answer at once, without polling.
+        r = httpx.get(f"{url}/readyz", timeout=5)
+        assert r.status_code == 200, f"banner printed but GET /readyz is {r.status_code}:\n{gw.log_tail()}"
+        r = httpx.get(f"{admin_url}/admin/v1/orgs", timeout=5, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert r.status_code == 200, f"banner printed but GET /admin/v1/orgs is {r.status_code}:\n{gw.log_tail()}"
+        try:
+            yield gw
+        finally:
+            gw.http.close()
     finally:
-        gw.http.close()
         _stop(proc)
 
 
@@ -331,6 +338,8 @@ class Tenant:
     secret: str
     openai_key: str | None
     anthropic_key: str | None
+    # the x-request-id of every probe the gateway admitted while the tenant was set up: each has a receipt
+    probe_request_ids: list[str] = field(default_factory=list)
 
 
 def refusal_code(r: httpx.Response) -> str | None:
@@ -346,6 +355,13 @@ def refusal_code(r: httpx.Response) -> str | None:
     return None
 
 
+def request_id(headers: Any) -> str:
+    """The gateway's `x-request-id` (`req_...`) from response headers; every receipt names it."""
+    rid = headers.get("x-request-id")
+    assert rid and rid.startswith("req_"), f"no gateway x-request-id (req_...) in {dict(headers)}"
+    return rid
+
+
 def probe(gateway: Gateway, secret: str, route: str) -> httpx.Response:
     """One cheap request on a route (`openai`: Bearer; `anthropic`: `x-api-key`), forwarded if admitted."""
     if route == "openai":
@@ -358,11 +374,14 @@ def probe(gateway: Gateway, secret: str, route: str) -> httpx.Response:
 
 
 def wait_until(gateway: Gateway, secret: str, route: str, want: Callable[[httpx.Response], bool], what: str,
-               deadline_s: float = PROPAGATION_DEADLINE_S) -> httpx.Response:
-    """Probes the route until `want(response)`, failing after `deadline_s`."""
+               deadline_s: float = PROPAGATION_DEADLINE_S, admitted: list[str] | None = None) -> httpx.Response:
+    """Probes the route until `want(response)`, failing after `deadline_s`. The request ids of the probes the
+    gateway admitted (not refused: each has a receipt) are appended to `admitted`."""
     deadline = time.monotonic() + deadline_s
     while True:
         r = probe(gateway, secret, route)
+        if admitted is not None and refusal_code(r) is None:
+            admitted.append(request_id(r.headers))
         if want(r):
             return r
         if time.monotonic() > deadline:
@@ -370,19 +389,20 @@ def wait_until(gateway: Gateway, secret: str, route: str, want: Callable[[httpx.
         time.sleep(0.05)
 
 
-def wait_admitted(gateway: Gateway, secret: str, route: str, configured: bool = True) -> httpx.Response:
+def wait_admitted(gateway: Gateway, secret: str, route: str, configured: bool = True,
+                  admitted: list[str] | None = None) -> httpx.Response:
     """Polls until the gateway knows the key (and, if `configured`, the route's credential)."""
     if configured:
         return wait_until(gateway, secret, route, lambda r: refusal_code(r) is None,
-                          f"key and {route} credential reaching the gateway")
+                          f"key and {route} credential reaching the gateway", admitted=admitted)
     return wait_until(gateway, secret, route, lambda r: refusal_code(r) != "invalid_api_key",
-                      "key reaching the gateway")
+                      "key reaching the gateway", admitted=admitted)
 
 
 def wait_refused(gateway: Gateway, secret: str, route: str = "openai",
-                 deadline_s: float = PROPAGATION_DEADLINE_S) -> httpx.Response:
+                 deadline_s: float = PROPAGATION_DEADLINE_S, admitted: list[str] | None = None) -> httpx.Response:
     return wait_until(gateway, secret, route, lambda r: refusal_code(r) == "invalid_api_key",
-                      "key refused by the gateway", deadline_s)
+                      "key refused by the gateway", deadline_s, admitted=admitted)
 
 
 @pytest.fixture
@@ -398,8 +418,9 @@ def make_tenant(gateway: Gateway, admin: Admin) -> Callable[..., Tenant]:
             admin.put_provider(org["id"], "anthropic", "anthropic", anthropic_key)
         key = admin.create_key(org["id"], unique("sdk-key"))
         tenant = Tenant(org["id"], key["id"], key["secret"], openai_key, anthropic_key)
-        wait_admitted(gateway, tenant.secret, "openai", configured=openai)
-        wait_admitted(gateway, tenant.secret, "anthropic", configured=anthropic)
+        wait_admitted(gateway, tenant.secret, "openai", configured=openai, admitted=tenant.probe_request_ids)
+        wait_admitted(gateway, tenant.secret, "anthropic", configured=anthropic,
+                      admitted=tenant.probe_request_ids)
         return tenant
 
     return make
@@ -506,9 +527,258 @@ def assert_forwarded_with_managed_key(mock: MockProvider, mark: int, tenant: Ten
     return reqs
 
 
-def assert_request_id(headers: Any) -> None:
-    rid = headers.get("x-request-id")
-    assert rid, f"no x-request-id in {dict(headers)}"
+def assert_request_id(headers: Any) -> str:
+    return request_id(headers)
+
+
+# --------------------------------------------------------------------------------------------------
+# Metering: receipts, prices and the expected figures
+# --------------------------------------------------------------------------------------------------
+
+# Receipts are delivered from the node's local spool well within a second; poll up to this long.
+RECEIPT_DEADLINE_S = float(os.environ.get("RECOVEA_SDK_RECEIPT_DEADLINE", "5"))
+
+RECEIPT_FIELDS = {
+    "id", "request_id", "org_id", "key_id", "provider", "model", "endpoint", "status", "stream",
+    "input_tokens", "output_tokens", "cached_input_tokens", "cache_write_input_tokens", "reasoning_tokens",
+    "cost_usd", "usage_source", "priced", "price_revision", "started_at", "finished_at", "node_id",
+}
+USD_RE = re.compile(r"^\d+\.\d{2,9}$")
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per million tokens; a missing cached or cache-write price means the input price."""
+    input: str
+    output: str
+    cached: str | None = None
+    cache_write: str | None = None
+
+
+# The built-in table (crates/core/prices/builtin.json) for the models the suite uses. No test overrides
+# these models' prices: the override tests use models of their own.
+BUILTIN_PRICES = {
+    "gpt-4o-mini": Price("0.15", "0.6", "0.075"),
+    "gpt-4o": Price("2.5", "10", "1.25"),
+    "gpt-3.5-turbo-instruct": Price("1.5", "2"),
+    "text-embedding-3-small": Price("0.02", "0"),
+    "claude-sonnet-4-5": Price("3", "15", "0.3", "3.75"),
+    "claude-sonnet-4-6": Price("3", "15", "0.3", "3.75"),
+    "claude-haiku-4-5": Price("1", "5", "0.1", "1.25"),
+}
+
+MOCK_TEXT_KEYS = frozenset({"content", "text", "input", "prompt", "system", "instructions"})
+MOCK_OUTPUT_TOKENS = 5  # one per streamed piece of "This is a mock response."
+
+
+def mock_input_tokens(body: Any) -> int:
+    """The mock provider's input-token count of a request body (crates/testkit/src/usage.rs): 1 + the
+    whitespace-separated words of every string, and 1 per integer, under a text key, at any depth."""
+    def walk(v: Any, in_text: bool) -> int:
+        if isinstance(v, bool) or v is None or isinstance(v, float):
+            return 0
+        if isinstance(v, int):
+            return int(in_text)
+        if isinstance(v, str):
+            return len(v.split()) if in_text else 0
+        if isinstance(v, list):
+            return sum(walk(x, in_text) for x in v)
+        if isinstance(v, dict):
+            return sum(walk(val, k in MOCK_TEXT_KEYS) for k, val in v.items())
+        raise TypeError(type(v))
+    return 1 + walk(body, False)
+
+
+NANO = Decimal("0.000000001")
+
+
+def format_usd(amount: Decimal) -> str:
+    """The API's money format: trailing zeros trimmed, at least two decimals ("0.00", "0.00000345", "1.50")."""
+    text = format(amount.quantize(NANO), "f").rstrip("0")
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')}"
+
+
+def expected_cost(price: Price, input_tokens: int, output_tokens: int, cached: int = 0, cache_write: int = 0) -> str:
+    """Plain input x input + cached x cached + cache-write x cache-write + output x output, exact, rounded
+    once (half up) to the nano-dollar."""
+    plain = input_tokens - cached - cache_write
+    assert plain >= 0, (input_tokens, cached, cache_write)
+    per_mtok = (plain * Decimal(price.input)
+                + cached * Decimal(price.cached or price.input)
+                + cache_write * Decimal(price.cache_write or price.input)
+                + output_tokens * Decimal(price.output))
+    return format_usd((per_mtok / Decimal(1_000_000)).quantize(NANO, rounding=ROUND_HALF_UP))
+
+
+def parse_time(text: str) -> dt.datetime:
+    assert isinstance(text, str) and text.endswith("Z"), f"not an RFC 3339 UTC time: {text!r}"
+    return dt.datetime.fromisoformat(text[:-1] + "+00:00")
+
+
+class Ledger:
+    """The receipts side of the admin API: listing (all pages), CSV, summary, prices, and `settle`."""
+
+    def __init__(self, admin: Admin, gateway: Gateway):
+        self.http = admin.http
+        self.gateway = gateway
+
+    def page(self, org_id: str, **params: Any) -> dict:
+        r = self.http.get(f"/orgs/{org_id}/receipts", params=params)
+        assert r.status_code == 200, f"GET receipts {params}: {r.status_code} {r.text}"
+        body = r.json()
+        assert set(body) == {"receipts", "next_cursor"}, body
+        assert isinstance(body["receipts"], list), body
+        assert body["next_cursor"] is None or isinstance(body["next_cursor"], str), body
+        return body
+
+    def receipts(self, org_id: str, **params: Any) -> list[dict]:
+        """Every receipt matching `params`, following `next_cursor` to the last page."""
+        out: list[dict] = []
+        cursor = None
+        for _ in range(10_000):
+            body = self.page(org_id, **params, **({"cursor": cursor} if cursor else {}))
+            out.extend(body["receipts"])
+            cursor = body["next_cursor"]
+            if cursor is None:
+                return out
+        pytest.fail("receipts: the cursor never ends", pytrace=False)
+
+    def csv(self, org_id: str, **params: Any) -> httpx.Response:
+        r = self.http.get(f"/orgs/{org_id}/receipts", params={**params, "format": "csv"})
+        assert r.status_code == 200, f"GET receipts as CSV: {r.status_code} {r.text}"
+        return r
+
+    def summary(self, org_id: str, **params: Any) -> list[dict]:
+        r = self.http.get(f"/orgs/{org_id}/receipts/summary", params=params)
+        assert r.status_code == 200, f"GET receipts/summary: {r.status_code} {r.text}"
+        body = r.json()
+        assert set(body) == {"rows"} and isinstance(body["rows"], list), body
+        return body["rows"]
+
+    def prices(self) -> dict:
+        r = self.http.get("/prices")
+        assert r.status_code == 200, f"GET /prices: {r.status_code} {r.text}"
+        body = r.json()
+        assert isinstance(body.get("revision"), int) and isinstance(body.get("prices"), dict), body
+        return body
+
+    def price_revision(self) -> int:
+        return self.prices()["revision"]
+
+    def put_price(self, model: str, price: Price) -> dict:
+        body = {"input_per_mtok_usd": price.input, "output_per_mtok_usd": price.output}
+        if price.cached is not None:
+            body["cached_input_per_mtok_usd"] = price.cached
+        if price.cache_write is not None:
+            body["cache_write_per_mtok_usd"] = price.cache_write
+        r = self.http.put(f"/prices/{model}", json=body)
+        assert r.status_code == 200, f"PUT /prices/{model}: {r.status_code} {r.text}"
+        return r.json()
+
+    def pending(self) -> float:
+        """The gateway's `recovea_receipts_pending`: receipts spooled and not yet delivered."""
+        r = self.gateway.request("GET", "/metrics")
+        assert r.status_code == 200, f"GET /metrics: {r.status_code}"
+        m = re.search(r"^recovea_receipts_pending(?:\{[^}]*\})? (\S+)$", r.text, re.M)
+        assert m, "no recovea_receipts_pending in /metrics"
+        return float(m.group(1))
+
+    def settle(self, org_id: str, key_id: str, request_ids: Iterable[str], also: Iterable[str] = (),
+               deadline_s: float = RECEIPT_DEADLINE_S) -> dict[str, dict]:
+        """Waits until the key has the receipt of every request in `request_ids` and `also` (the suite's
+        own admitted probes) and the spool is empty, then checks that the key has exactly one receipt per
+        such request and no other. Returns the receipts of `request_ids`, by request id."""
+        wanted = list(request_ids)
+        assert len(set(wanted)) == len(wanted), f"a request id was given twice: {wanted}"
+        expected = set(wanted) | set(also)
+        deadline = time.monotonic() + deadline_s
+        while True:
+            got = self.receipts(org_id, key_id=key_id)
+            missing = expected - {r.get("request_id") for r in got}
+            pending = self.pending() if not missing else None
+            if not missing and pending == 0:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"key {key_id}: after {deadline_s}s, no receipt for {sorted(missing)} "
+                    f"(spool pending: {pending}); the key has {[r.get('request_id') for r in got]}",
+                    pytrace=False)
+            time.sleep(0.05)
+        got = self.receipts(org_id, key_id=key_id)
+        rids = [r["request_id"] for r in got]
+        dupes = sorted({x for x in rids if rids.count(x) > 1})
+        assert not dupes, f"key {key_id}: more than one receipt for {dupes}"
+        extra = sorted(set(rids) - expected)
+        assert not extra, f"key {key_id}: receipts for requests it did not make or that were refused: " + \
+            json.dumps([r for r in got if r["request_id"] in extra], indent=1)
+        assert len(got) == len(expected), (len(got), len(expected))
+        ids = [r["id"] for r in got]
+        assert len(set(ids)) == len(ids), f"duplicate receipt ids: {ids}"
+        for r in got:
+            assert RECEIPT_FIELDS <= set(r), f"receipt lacks {RECEIPT_FIELDS - set(r)}: {r}"
+            assert r["org_id"] == org_id and r["key_id"] == key_id, r
+        by_rid = {r["request_id"]: r for r in got}
+        return {rid: by_rid[rid] for rid in wanted}
+
+    def settle_tenant(self, tenant: Tenant, request_ids: Iterable[str] = ()) -> dict[str, dict]:
+        return self.settle(tenant.org_id, tenant.key_id, request_ids, also=tenant.probe_request_ids)
+
+
+@pytest.fixture(scope="session")
+def ledger(admin: Admin, gateway: Gateway) -> Ledger:
+    return Ledger(admin, gateway)
+
+
+def assert_receipt(receipt: dict, *, tenant: Tenant, request_id: str, provider: str, model: str | None,
+                   endpoint: str, stream: bool, input_tokens: int, output_tokens: int, cached: int = 0,
+                   cache_write: int = 0, reasoning: int = 0, status: int = 200, price: Price | None = None,
+                   cost: str | None = None, priced: bool = True, usage_source: str = "provider",
+                   price_revision: int | None = None, not_before: dt.datetime | None = None) -> None:
+    """Every field of one receipt. `price` (default: the built-in price of `model`) gives the expected cost,
+    unless `cost` is given; an unpriced receipt costs "0.00"."""
+    if cost is None:
+        if not priced:
+            cost = "0.00"
+        else:
+            price = price or BUILTIN_PRICES[model]
+            cost = expected_cost(price, input_tokens, output_tokens, cached, cache_write)
+    want = {
+        "id": "rcpt_" + request_id.removeprefix("req_"),
+        "request_id": request_id,
+        "org_id": tenant.org_id,
+        "key_id": tenant.key_id,
+        "provider": provider,
+        "model": model,
+        "endpoint": endpoint,
+        "status": status,
+        "stream": stream,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cached_input_tokens": cached,
+        "cache_write_input_tokens": cache_write,
+        "reasoning_tokens": reasoning,
+        "cost_usd": cost,
+        "usage_source": usage_source,
+        "priced": priced,
+    }
+    if price_revision is not None:
+        want["price_revision"] = price_revision
+    got = {k: receipt.get(k) for k in want}
+    assert got == want, "receipt differs:\n" + "\n".join(
+        f"  {k}: got {got[k]!r}, want {want[k]!r}" for k in want if got[k] != want[k]) + f"\nreceipt: {receipt}"
+    assert USD_RE.match(receipt["cost_usd"]), receipt["cost_usd"]
+    assert isinstance(receipt["price_revision"], int) and receipt["price_revision"] >= 0, receipt
+    assert isinstance(receipt["node_id"], str) and receipt["node_id"], receipt
+    started, finished = parse_time(receipt["started_at"]), parse_time(receipt["finished_at"])
+    now = dt.datetime.now(dt.timezone.utc)
+    assert started <= finished <= now + dt.timedelta(seconds=1), receipt
+    if not_before is not None:
+        assert started >= not_before - dt.timedelta(seconds=1), (receipt["started_at"], not_before)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 # --------------------------------------------------------------------------------------------------

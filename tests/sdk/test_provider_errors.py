@@ -1,4 +1,7 @@
-"""Errors the provider answers come back through the gateway unchanged (status and body bytes)."""
+"""Errors the provider answers come back through the gateway unchanged (status and body bytes).
+
+Each is an admitted request, so it has exactly one receipt: the provider's status, no usage (none was
+reported: `usage_source` "estimated", every count 0) and cost "0.00"."""
 
 from __future__ import annotations
 
@@ -7,7 +10,14 @@ import httpx
 import openai
 import pytest
 
-from conftest import ANTHROPIC_MODEL, ANTHROPIC_VERSION, OPENAI_MODEL, assert_forwarded_with_managed_key
+from conftest import (
+    ANTHROPIC_MODEL,
+    ANTHROPIC_VERSION,
+    OPENAI_MODEL,
+    assert_forwarded_with_managed_key,
+    assert_receipt,
+    assert_request_id,
+)
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -33,6 +43,15 @@ ANTHROPIC_SDK_ERROR = {429: anthropic.RateLimitError, 500: anthropic.InternalSer
                        529: anthropic.InternalServerError}
 
 
+def assert_error_receipts(ledger, tenant, rids: list[str], status: int, provider: str, model: str, endpoint: str,
+                          stream: bool = False) -> None:
+    receipts = ledger.settle_tenant(tenant, rids)
+    for rid in rids:
+        assert_receipt(receipts[rid], tenant=tenant, request_id=rid, provider=provider, model=model,
+                       endpoint=endpoint, stream=stream, status=status, input_tokens=0, output_tokens=0,
+                       cost="0.00", usage_source="estimated")
+
+
 def script_error(mock_provider, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
     mock_provider.script(status=status, body=body, headers=headers or {}, times=1)
 
@@ -47,7 +66,7 @@ def provider_answer(mock_provider, status: int, body: dict, path: str, request: 
 
 
 @pytest.mark.parametrize("status", sorted(OPENAI_ERRORS))
-def test_openai_provider_error_passes_unchanged(tenant, gateway, openai_client, mock_provider, status):
+def test_openai_provider_error_passes_unchanged(tenant, gateway, openai_client, mock_provider, ledger, status):
     body = OPENAI_ERRORS[status]
     request = {"json": {"model": OPENAI_MODEL, "messages": MESSAGES}}
     reference = provider_answer(mock_provider, status, body, "/v1/chat/completions",
@@ -76,10 +95,12 @@ def test_openai_provider_error_passes_unchanged(tenant, gateway, openai_client, 
     assert e.response.content == reference.content
     assert e.body == body["error"]
     assert_forwarded_with_managed_key(mock_provider, mark, tenant, "/v1/chat/completions")
+    assert_error_receipts(ledger, tenant, [assert_request_id(r.headers), assert_request_id(e.response.headers)],
+                          status, "openai", OPENAI_MODEL, "/v1/chat/completions")
 
 
 @pytest.mark.parametrize("status", sorted(ANTHROPIC_ERRORS))
-def test_anthropic_provider_error_passes_unchanged(tenant, gateway, anthropic_client, mock_provider, status):
+def test_anthropic_provider_error_passes_unchanged(tenant, gateway, anthropic_client, mock_provider, ledger, status):
     body = ANTHROPIC_ERRORS[status]
     request = {"json": {"model": ANTHROPIC_MODEL, "max_tokens": 16, "messages": MESSAGES}}
     reference = provider_answer(mock_provider, status, body, "/v1/messages",
@@ -103,9 +124,11 @@ def test_anthropic_provider_error_passes_unchanged(tenant, gateway, anthropic_cl
     assert e.response.content == reference.content
     assert e.body == body
     assert_forwarded_with_managed_key(mock_provider, mark, tenant, "/v1/messages")
+    assert_error_receipts(ledger, tenant, [assert_request_id(r.headers), assert_request_id(e.response.headers)],
+                          status, "anthropic", ANTHROPIC_MODEL, "/v1/messages")
 
 
-def test_provider_error_on_a_stream_request(tenant, openai_client, anthropic_client, mock_provider):
+def test_provider_error_on_a_stream_request(tenant, openai_client, anthropic_client, mock_provider, ledger):
     """A provider error answered to a `stream: true` request is a plain error for the SDK, not a stream."""
     script_error(mock_provider, 429, OPENAI_ERRORS[429], {"retry-after": "7"})
     with pytest.raises(openai.RateLimitError) as ei:
@@ -120,3 +143,14 @@ def test_provider_error_on_a_stream_request(tenant, openai_client, anthropic_cli
             s.get_final_message()
     assert ai.value.status_code == 529
     assert ai.value.response.json() == ANTHROPIC_ERRORS[529]
+
+    # the requests asked for a stream: their receipts say so, whatever came back
+    rid_openai, rid_anthropic = assert_request_id(ei.value.response.headers), assert_request_id(ai.value.response.headers)
+    receipts = ledger.settle_tenant(tenant, [rid_openai, rid_anthropic])
+    for rid, status, provider, model, endpoint in [
+        (rid_openai, 429, "openai", OPENAI_MODEL, "/v1/chat/completions"),
+        (rid_anthropic, 529, "anthropic", ANTHROPIC_MODEL, "/v1/messages"),
+    ]:
+        assert_receipt(receipts[rid], tenant=tenant, request_id=rid, provider=provider, model=model,
+                       endpoint=endpoint, stream=True, status=status, input_tokens=0, output_tokens=0,
+                       cost="0.00", usage_source="estimated")

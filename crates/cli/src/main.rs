@@ -72,6 +72,12 @@ pub(crate) struct ServeArgs {
     /// Key of the HMAC-SHA256 signature on alert webhooks; generated into the data dir when not given.
     #[arg(long, env = "RECOVEA_ALERT_SIGNING_SECRET", hide_env_values = true)]
     alert_signing_secret: Option<String>,
+    /// Shared spend counters (`redis://HOST:PORT/DB`); without it, counters live in this process.
+    #[arg(long, env = "RECOVEA_REDIS_URL")]
+    redis_url: Option<String>,
+    /// An armed cap whose counters were not confirmed for longer than this answers 503.
+    #[arg(long, env = "RECOVEA_COUNTER_MAX_AGE", default_value = "60s", value_parser = humantime::parse_duration)]
+    counter_max_age: Duration,
     /// Log filter, in `RUST_LOG` syntax.
     #[arg(long, env = "RECOVEA_LOG", default_value = "info")]
     log: String,

@@ -7,9 +7,12 @@ use std::time::Duration;
 use recovea_control::Control;
 use recovea_control::alerts::Alerts;
 use recovea_control::ingest::LedgerSink;
+use recovea_control::rebuild::{rebuild_missing, rebuild_window};
 use recovea_core::crypto::MasterKey;
+use recovea_counters::{CapWindow, Counters, InProcess, Redis, SharedCounters, StoreOptions, sync_loop};
 use recovea_gateway::spool::Spool;
 use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
+use recovea_store::ControlStore;
 use recovea_store::SqliteStore;
 use tokio::net::TcpListener;
 
@@ -24,6 +27,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
         upstream_timeout: args.upstream_timeout,
         connect_timeout: args.connect_timeout,
         body_read_timeout: args.request_body_timeout,
+        counter_max_age: args.counter_max_age,
     })
     .map_err(|e| e.to_string())?;
     data_dir::create(&args.data_dir)?;
@@ -58,7 +62,14 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let spool_dir = args.data_dir.join("spool");
     let spool = Arc::new(Spool::open(&spool_dir).map_err(|e| format!("{}: {e}", spool_dir.display()))?);
 
-    let gateway = Gateway::new(config, &spool, &node_id);
+    let counters = Counters::new(&node_id);
+    let shared_counters: Arc<dyn SharedCounters> = match &args.redis_url {
+        None => Arc::new(InProcess::new(StoreOptions::default())),
+        Some(url) => {
+            Arc::new(Redis::new(url, StoreOptions::default()).map_err(|e| format!("--redis-url: {e}"))?)
+        }
+    };
+    let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));
     let publish_to = gateway.clone();
     let control = Control::new(
         store.clone(),
@@ -73,6 +84,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("--admin-listen {}: {e}", args.admin_listen))?;
     control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
+    // The ledger first gets what the spool still holds, then every cap's current window is rebuilt
+    // from it, so that no cap is enforced on a partial figure after a restart.
+    let sink = Arc::new(LedgerSink::new(
+        store.clone(),
+        Some(Alerts::start(store.clone(), store.clone(), &alert_secret)),
+    ));
+    if let Err(e) = spool.ship_available(sink.as_ref()).await {
+        tracing::warn!(error = %e, "the spool could not be delivered at start-up; it will be retried");
+    }
+    seed_current_windows(&counters, &store).await?;
 
     let gateway_addr = gateway_listener.local_addr().map_err(|e| e.to_string())?;
     let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
@@ -94,10 +115,20 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let (stop_shipping, shipping_stopped) = tokio::sync::watch::channel(false);
     let shipper = {
         let spool = Arc::clone(&spool);
-        let alerts = Alerts::start(store.clone(), store.clone(), &alert_secret);
-        let sink = Arc::new(LedgerSink::new(store.clone(), Some(alerts)));
         tokio::spawn(async move { spool.ship(sink, wait(shipping_stopped)).await })
     };
+    let syncer = tokio::spawn(sync_loop(
+        Arc::clone(&counters),
+        shared_counters,
+        Duration::from_secs(1),
+        wait(stopped.clone()),
+    ));
+    let rebuilder = tokio::spawn(rebuild_missing(
+        Arc::clone(&counters),
+        store.clone(),
+        store.clone(),
+        wait(stopped.clone()),
+    ));
     let publisher =
         tokio::spawn(control.clone().keep_published(Duration::from_millis(250), wait(stopped.clone())));
     let admin = tokio::spawn(recovea_control::serve(control, admin_listener, wait(stopped.clone())));
@@ -105,12 +136,38 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     let _ = stop.send(true);
-    let _ = tokio::join!(admin, node, publisher);
+    let _ = tokio::join!(admin, node, publisher, syncer, rebuilder);
     // Every response is done: write out what they left in the spool's queue, then deliver it.
     spool.sync().await;
     let _ = stop_shipping.send(true);
     let _ = shipper.await;
     Ok(())
+}
+
+/// Seeds the counters with each cap's current window as the ledger has it.
+async fn seed_current_windows(counters: &Arc<Counters>, store: &Arc<SqliteStore>) -> Result<(), String> {
+    let store = Arc::clone(store);
+    let counters = Arc::clone(counters);
+    tokio::task::spawn_blocking(move || {
+        let now = recovea_core::Timestamp::from_system_time(std::time::SystemTime::now());
+        for org in store.list_orgs().map_err(|e| e.to_string())? {
+            for record in store.caps(&org.id).map_err(|e| e.to_string())? {
+                let window = CapWindow {
+                    cap: record.cap.id.clone(),
+                    start: record.cap.window.start(now),
+                    end: record.cap.window.end(now),
+                };
+                if let Some(total) =
+                    rebuild_window(store.as_ref(), store.as_ref(), &window).map_err(|e| e.to_string())?
+                {
+                    counters.seed(&window, total);
+                }
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| e.to_string())?
 }
 
 fn sqlite_path(args: &ServeArgs) -> Result<PathBuf, String> {

@@ -10,6 +10,7 @@ pub mod client;
 mod error;
 pub mod ingest;
 pub mod random;
+pub mod rebuild;
 mod server;
 mod snapshot;
 

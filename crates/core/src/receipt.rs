@@ -74,6 +74,8 @@ pub fn settle(
     };
     match model.and_then(|m| prices.lookup(m)) {
         Some(price) => Settlement { usage, source, cost: pricing::cost(&usage, price), priced: true },
+        // No tokens cost nothing at any price (a model listing, an error without usage).
+        None if usage == Usage::default() => Settlement { usage, source, cost: Nanos::ZERO, priced: true },
         None => Settlement { usage, source, cost: Nanos::ZERO, priced: false },
     }
 }
@@ -191,6 +193,12 @@ mod tests {
             Settlement { usage: estimate, source: UsageSource::Estimated, cost: Nanos::ZERO, priced: false }
         );
         assert!(!settle(None, estimate, None, &table()).priced);
+        let nothing = settle(Some(Usage::default()), Usage::default(), None, &table());
+        assert_eq!(
+            (nothing.cost, nothing.priced),
+            (Nanos::ZERO, true),
+            "no tokens cost nothing at any price"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use recovea_core::Snapshot;
 use recovea_core::snapshot::ProviderKind;
+use recovea_counters::Counters;
 
 pub use metrics::Outcome;
 pub use server::serve;
@@ -31,6 +32,8 @@ pub struct GatewaySettings {
     pub upstream_timeout: Duration,
     pub connect_timeout: Duration,
     pub body_read_timeout: Duration,
+    /// An armed cap whose counters were not confirmed for longer than this answers 503.
+    pub counter_max_age: Duration,
 }
 
 /// A validated node configuration: only [`GatewayConfig::new`] builds one.
@@ -42,6 +45,7 @@ pub struct GatewayConfig {
     upstream_timeout: Duration,
     connect_timeout: Duration,
     body_read_timeout: Duration,
+    counter_max_age: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +65,7 @@ impl GatewayConfig {
             ("--upstream-timeout", settings.upstream_timeout),
             ("--connect-timeout", settings.connect_timeout),
             ("--request-body-timeout", settings.body_read_timeout),
+            ("--counter-max-age", settings.counter_max_age),
         ] {
             if value.is_zero() {
                 return Err(ConfigError(format!("{flag} must be greater than zero")));
@@ -76,6 +81,7 @@ impl GatewayConfig {
             upstream_timeout: settings.upstream_timeout,
             connect_timeout: settings.connect_timeout,
             body_read_timeout: settings.body_read_timeout,
+            counter_max_age: settings.counter_max_age,
         })
     }
 
@@ -99,19 +105,22 @@ struct Shared {
     upstream: upstream::Upstream,
     metrics: metrics::Metrics,
     meter: metering::Meter,
+    counters: Arc<Counters>,
 }
 
 impl Gateway {
-    /// A node that meters into `spool`, its receipts signed with `node_id`.
-    pub fn new(config: GatewayConfig, spool: &spool::Spool, node_id: &str) -> Self {
+    /// A node that meters into `spool`, its receipts signed with `node_id`, and decides caps from
+    /// `counters`.
+    pub fn new(config: GatewayConfig, spool: &spool::Spool, node_id: &str, counters: Arc<Counters>) -> Self {
         let upstream = upstream::Upstream::new(config.connect_timeout);
         Self {
             shared: Arc::new(Shared {
                 snapshot: ArcSwapOption::empty(),
                 config,
                 upstream,
-                metrics: metrics::Metrics::new(Arc::clone(&spool.stats)),
+                metrics: metrics::Metrics::new(Arc::clone(&spool.stats), Arc::clone(&counters)),
                 meter: metering::Meter::new(spool.sender.clone(), node_id.to_owned()),
+                counters,
             }),
         }
     }

@@ -13,6 +13,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use recovea_core::Timestamp;
+use recovea_core::money::Nanos;
 use recovea_core::receipt::{self, Receipt, Settlement};
 use recovea_core::snapshot::Prices;
 use recovea_core::usage::{Usage, UsageSource};
@@ -37,6 +38,8 @@ pub(crate) struct Metered {
     pub(crate) request_body: Bytes,
     pub(crate) started_at: Timestamp,
     pub(crate) prices: Prices,
+    /// Settles the spend-cap reservation made at admission with the receipt's cost.
+    pub(crate) settle: Option<Box<dyn FnOnce(Nanos) + Send + Sync>>,
 }
 
 /// Turns what was learned into receipts and hands them to the spool.
@@ -53,7 +56,7 @@ impl Meter {
     }
 
     /// Settles and spools the receipt of a request that ended with `status`.
-    pub(crate) fn record(&self, metrics: &Metrics, request: &Metered, status: u16, tapped: Tapped) {
+    pub(crate) fn record(&self, metrics: &Metrics, mut request: Metered, status: u16, tapped: Tapped) {
         let model = tapped.model.or_else(|| request.request_model.clone());
         let estimate = if (200..300).contains(&status) {
             Usage {
@@ -76,8 +79,11 @@ impl Meter {
             metrics.receipt_unpriced();
             self.alarm_unpriced(model.as_deref());
         }
+        if let Some(settle) = request.settle.take() {
+            settle(settled.cost);
+        }
         let finished_at = Timestamp::from_system_time(SystemTime::now());
-        self.spool.send(self.receipt(request, model, status, settled, finished_at));
+        self.spool.send(self.receipt(&request, model, status, settled, finished_at));
     }
 
     fn receipt(
@@ -165,7 +171,7 @@ impl<B> MeteredBody<B> {
     fn finish(&mut self) {
         if let (Some(pending), Some(tap)) = (self.pending.take(), self.tap.take()) {
             let shared = &pending.shared;
-            shared.meter.record(&shared.metrics, &pending.request, pending.status, tap.finish());
+            shared.meter.record(&shared.metrics, pending.request, pending.status, tap.finish());
         }
     }
 }

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use recovea_core::FailOpenReason;
 
+use recovea_counters::Counters;
+
 use crate::spool::SpoolStats;
 
 /// How a request through the proxy ended; each is a label of `recovea_requests_total`.
@@ -23,10 +25,14 @@ pub enum Outcome {
     UnknownRoute,
     UpstreamUnreachable,
     UpstreamTimeout,
+    BudgetExceeded,
+    BudgetUnverifiable,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 9] = [
+    const ALL: [Outcome; 11] = [
+        Self::BudgetExceeded,
+        Self::BudgetUnverifiable,
         Self::Forwarded,
         Self::FailOpen,
         Self::InvalidKey,
@@ -49,6 +55,8 @@ impl Outcome {
             Self::UnknownRoute => "unknown_route",
             Self::UpstreamUnreachable => "upstream_unreachable",
             Self::UpstreamTimeout => "upstream_timeout",
+            Self::BudgetExceeded => "budget_exceeded",
+            Self::BudgetUnverifiable => "budget_unverifiable",
         }
     }
 }
@@ -63,6 +71,7 @@ pub(crate) struct Metrics {
     receipts_estimated: AtomicU64,
     receipts_unpriced: AtomicU64,
     spool: Arc<SpoolStats>,
+    counters: Arc<Counters>,
 }
 
 fn unix_ms() -> u64 {
@@ -72,7 +81,7 @@ fn unix_ms() -> u64 {
 }
 
 impl Metrics {
-    pub(crate) fn new(spool: Arc<SpoolStats>) -> Self {
+    pub(crate) fn new(spool: Arc<SpoolStats>, counters: Arc<Counters>) -> Self {
         Self {
             requests: Default::default(),
             fail_open: Default::default(),
@@ -80,6 +89,7 @@ impl Metrics {
             receipts_estimated: AtomicU64::new(0),
             receipts_unpriced: AtomicU64::new(0),
             spool,
+            counters,
         }
     }
 
@@ -153,6 +163,13 @@ impl Metrics {
             out,
             "# HELP recovea_receipts_pending Receipts in the spool not yet delivered.\n# TYPE recovea_receipts_pending gauge\nrecovea_receipts_pending {pending}"
         );
+        if let Some(confirmed) = self.counters.confirmed_at() {
+            let age = unix_ms().saturating_sub(u64::try_from(confirmed.0).unwrap_or(0)) as f64 / 1000.0;
+            let _ = writeln!(
+                out,
+                "# HELP recovea_counters_age_seconds Time since the spend counters were last confirmed.\n# TYPE recovea_counters_age_seconds gauge\nrecovea_counters_age_seconds {age:.3}"
+            );
+        }
         let installed = self.snapshot_installed_ms.load(Relaxed);
         if installed > 0 {
             let age = unix_ms().saturating_sub(installed) as f64 / 1000.0;
@@ -172,7 +189,7 @@ mod tests {
 
     #[test]
     fn renders_every_label_with_its_count() {
-        let m = Metrics::new(Arc::default());
+        let m = Metrics::new(Arc::default(), Counters::new("node_test"));
         m.request(Outcome::InvalidKey);
         m.request(Outcome::InvalidKey);
         m.fail_open(FailOpenReason::AdmissionFault);

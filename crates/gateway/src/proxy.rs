@@ -17,8 +17,14 @@ use recovea_providers::{Route, headers};
 
 use std::sync::Arc;
 
-use recovea_providers::rewrite;
-use recovea_providers::usage::{Surface, Tapped};
+use recovea_core::caps::{self, Cap};
+use recovea_core::money::Nanos;
+use recovea_core::pricing;
+use recovea_core::snapshot::Prices;
+use recovea_core::usage::Usage;
+use recovea_counters::{CapWindow, Reservation};
+use recovea_providers::rewrite::{self, RequestFacts};
+use recovea_providers::usage::{self, Surface, Tapped};
 
 use crate::Shared;
 use crate::metering::{Metered, MeteredBody};
@@ -45,6 +51,9 @@ pub(crate) struct RequestContext {
     /// Why the request was passed through unadmitted, if it was.
     fail_open: Option<FailOpenReason>,
     outcome: Outcome,
+    /// Whether the request body was read to its end: a connection whose request body is left
+    /// unread cannot carry another request.
+    body_read: bool,
 }
 
 impl RequestContext {
@@ -61,6 +70,7 @@ impl RequestContext {
             admitted: None,
             fail_open: None,
             outcome: Outcome::Forwarded,
+            body_read: false,
         }
     }
 }
@@ -83,11 +93,20 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let http1 = request.version() <= Version::HTTP_11;
+    let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
+        || request.headers().get(header::CONTENT_LENGTH).is_some_and(|v| v != "0");
     let response = match run(shared, ctx, request).await {
         Ok(response) => response,
         Err(refusal) => {
             ctx.outcome = refusal.outcome();
-            answer_response(refusal.answer())
+            let mut response = answer_response(refusal.answer());
+            if http1 && has_body && !ctx.body_read {
+                // Refused before its body was read: say that the connection ends here, so that
+                // the client does not send its next request down it.
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            response
         }
     };
     respond(shared, ctx, response)
@@ -104,33 +123,25 @@ where
 {
     let (mut parts, body) = request.into_parts();
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
-    let route = recovea_providers::route(&path_and_query).ok_or(Refusal::UnknownRoute)?;
-    ctx.credential = Some(route.credential.to_owned());
-
-    let decision = read_credential_and_admit(shared, &parts.headers);
-    let target = match decision {
-        Decision::Admit(admitted) => {
-            let target = target_for(shared, &route, &admitted, &parts.headers)?;
-            ctx.admitted = Some(admitted);
-            target
-        }
-        Decision::Refuse(answer) => return Err(Refusal::Admission(answer)),
-        Decision::FailOpen(reason) => {
-            ctx.outcome = Outcome::FailOpen;
-            ctx.fail_open = Some(reason);
-            shared.metrics.fail_open(reason);
-            tracing::error!(reason = reason.label(), request_id = ?ctx.request_id, "fail-open pass: forwarding unadmitted");
-            let kind = route
-                .fallback_kind
-                .ok_or_else(|| Refusal::ProviderNotConfigured(route.credential.to_owned()))?;
-            Target { kind, base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None }
+    let (route, target) = match plan(shared, ctx, &parts.headers, &path_and_query) {
+        Ok(planned) => planned,
+        Err(refusal) => {
+            // A small body is read and dropped so that the connection can carry the next request.
+            ctx.body_read = discard(body).await;
+            return Err(refusal);
         }
     };
 
     let mut body = read_body(shared, &parts.headers, body).await?;
+    ctx.body_read = true;
     let endpoint = route.upstream_path.split_once('?').map_or(route.upstream_path, |(path, _)| path);
     let surface = Surface::of(target.kind, endpoint);
     let facts = rewrite::inspect(&body);
+    let prices = shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default();
+    let reservation = match &ctx.admitted {
+        Some(admitted) => check_caps(shared, admitted, &facts, &body, &prices, ctx.started_at)?,
+        None => None,
+    };
     // Usage is read from the stream; OpenAI streams carry it only when asked.
     let mut strip_usage_chunk = false;
     if matches!(surface, Surface::ChatCompletions | Surface::Completions)
@@ -150,7 +161,9 @@ where
         surface,
         request_body: body.clone(),
         started_at: ctx.started_at,
-        prices: shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default(),
+        prices,
+        settle: reservation
+            .map(|r| Box::new(move |cost| r.settle(cost)) as Box<dyn FnOnce(Nanos) + Send + Sync>),
     });
     let upstream_request = upstream_request(&mut parts, &route, &target, body)?;
     let result = forward(shared, ctx, upstream_request).await;
@@ -170,10 +183,62 @@ where
         }
         Err(refusal) => {
             // Admitted but never answered: the receipt says so, at no cost.
-            shared.meter.record(&shared.metrics, &metered, refusal.answer().status, Tapped::default());
+            shared.meter.record(&shared.metrics, metered, refusal.answer().status, Tapped::default());
             Err(refusal)
         }
     }
+}
+
+/// Phases route check, read credential, admit and route: where the request goes, or why not.
+fn plan<'p>(
+    shared: &Shared,
+    ctx: &mut RequestContext,
+    request_headers: &HeaderMap,
+    path_and_query: &'p str,
+) -> Result<(Route<'p>, Target), Refusal> {
+    let route = recovea_providers::route(path_and_query).ok_or(Refusal::UnknownRoute)?;
+    ctx.credential = Some(route.credential.to_owned());
+    let target = match read_credential_and_admit(shared, request_headers) {
+        Decision::Admit(admitted) => {
+            let target = target_for(shared, &route, &admitted, request_headers)?;
+            ctx.admitted = Some(admitted);
+            target
+        }
+        Decision::Refuse(answer) => return Err(Refusal::Admission(answer)),
+        Decision::FailOpen(reason) => {
+            ctx.outcome = Outcome::FailOpen;
+            ctx.fail_open = Some(reason);
+            shared.metrics.fail_open(reason);
+            tracing::error!(reason = reason.label(), request_id = ?ctx.request_id, "fail-open pass: forwarding unadmitted");
+            let kind = route
+                .fallback_kind
+                .ok_or_else(|| Refusal::ProviderNotConfigured(route.credential.to_owned()))?;
+            Target { kind, base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None }
+        }
+    };
+    Ok((route, target))
+}
+
+/// The most of a refused request's body read just to keep its connection open.
+const DISCARD_LIMIT: usize = 64 << 10;
+const DISCARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads a refused request's body to its end when it is small and quick; whether it was.
+async fn discard<B>(body: B) -> bool
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    if body.is_end_stream() {
+        return true;
+    }
+    if body.size_hint().lower() > DISCARD_LIMIT as u64 {
+        return false;
+    }
+    matches!(
+        tokio::time::timeout(DISCARD_TIMEOUT, Limited::new(body, DISCARD_LIMIT).collect()).await,
+        Ok(Ok(_))
+    )
 }
 
 /// Phases read credential and admit. A panic inside admission is a fault of ours, so the request
@@ -211,6 +276,46 @@ fn target_for(
         }
         (None, _) => Err(Refusal::ProviderNotConfigured(route.credential.to_owned())),
     }
+}
+
+/// A request that sets no output limit is reserved as if it produced this much.
+const DEFAULT_OUTPUT_ESTIMATE: u64 = 1024;
+
+/// Phase check caps: every cap covering the caller, read against the node's counters (armed caps
+/// refuse, soft caps never do); an admitted request then reserves its estimated cost on each
+/// covering cap's window, with no await in between so that the check and the reservation are
+/// one step for this node.
+fn check_caps(
+    shared: &Shared,
+    admitted: &Admitted,
+    facts: &RequestFacts,
+    body: &[u8],
+    prices: &Prices,
+    now: Timestamp,
+) -> Result<Option<Reservation>, Refusal> {
+    let (org, key) = (&admitted.org.id, &admitted.key_id);
+    let covering: Vec<&Cap> = admitted.org.caps.iter().filter(|cap| cap.covers(org, key)).collect();
+    if covering.is_empty() {
+        return Ok(None);
+    }
+    let max_age_ms = i64::try_from(shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
+    caps::check_caps(covering.iter().copied(), org, key, shared.counters.as_ref(), now, max_age_ms)
+        .map_err(Refusal::Budget)?;
+    let windows = covering
+        .iter()
+        .map(|cap| CapWindow { cap: cap.id.clone(), start: cap.window.start(now), end: cap.window.end(now) })
+        .collect();
+    let estimate = Usage {
+        input_tokens: usage::estimate_input_tokens(body),
+        output_tokens: facts.max_output_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE),
+        ..Usage::default()
+    };
+    let cost = facts
+        .model
+        .as_deref()
+        .and_then(|m| prices.table.lookup(m))
+        .map_or(Nanos::ZERO, |p| pricing::cost(&estimate, p));
+    Ok(Some(shared.counters.reserve(windows, cost)))
 }
 
 /// Phase read body: buffered, within the size limit and the time limit.

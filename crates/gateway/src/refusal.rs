@@ -2,6 +2,7 @@
 //! place each becomes an outcome label and an answer.
 
 use recovea_core::Answer;
+use recovea_core::caps::CapRefusal;
 
 use crate::metrics::Outcome;
 
@@ -17,6 +18,8 @@ pub(crate) enum Refusal {
     BodyUnreadable,
     UpstreamUnreachable,
     UpstreamTimeout,
+    /// An armed cap at its line (402) or unable to confirm its spend (503).
+    Budget(CapRefusal),
 }
 
 impl Refusal {
@@ -29,6 +32,8 @@ impl Refusal {
             Self::BodyTimeout | Self::BodyUnreadable => Outcome::BodyUnreadable,
             Self::UpstreamUnreachable => Outcome::UpstreamUnreachable,
             Self::UpstreamTimeout => Outcome::UpstreamTimeout,
+            Self::Budget(CapRefusal::Exceeded { .. }) => Outcome::BudgetExceeded,
+            Self::Budget(CapRefusal::Unverifiable { .. }) => Outcome::BudgetUnverifiable,
         }
     }
 
@@ -42,6 +47,7 @@ impl Refusal {
             Self::BodyUnreadable => Answer::request_body_unreadable(),
             Self::UpstreamUnreachable => Answer::upstream_unreachable(),
             Self::UpstreamTimeout => Answer::upstream_timeout(),
+            Self::Budget(refusal) => refusal.answer(),
         }
     }
 }

@@ -134,7 +134,8 @@ impl Spool {
     }
 
     /// Delivers everything written so far, batch by batch, recording progress after each batch.
-    async fn ship_available(&self, sink: &dyn ReceiptSink) -> Result<(), String> {
+    /// At start-up, before serving, this brings the ledger up to date.
+    pub async fn ship_available(&self, sink: &dyn ReceiptSink) -> Result<(), String> {
         loop {
             let dir = self.dir.clone();
             let batch = tokio::task::spawn_blocking(move || read_batch(&dir))

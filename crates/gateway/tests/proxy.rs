@@ -9,12 +9,17 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use recovea_core::caps::{Cap, Scope};
+use recovea_core::ids::CapId;
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
+use recovea_core::money::Nanos;
 use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::usage::UsageSource;
+use recovea_core::window::Window;
 use recovea_core::{Answer, Timestamp};
+use recovea_counters::{Counters, InProcess};
 use recovea_gateway::spool::Spool;
 use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider};
@@ -35,6 +40,7 @@ struct Harness {
     url: String,
     client: Client<HttpConnector, Full<Bytes>>,
     receipts: Arc<MemorySink>,
+    counters: Arc<Counters>,
     _spool_dir: TempDir,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -82,6 +88,7 @@ fn config(openai: &str, anthropic: &str, max_body: u64, timeout: Duration) -> Ga
         upstream_timeout: timeout,
         connect_timeout: Duration::from_millis(500),
         body_read_timeout: Duration::from_secs(2),
+        counter_max_age: Duration::from_secs(60),
     })
     .expect("valid config")
 }
@@ -94,14 +101,20 @@ impl Harness {
     }
 
     async fn with_config(mock: MockProvider, config: GatewayConfig, install: bool) -> Self {
+        Self::with_caps(mock, config, install, Vec::new()).await
+    }
+
+    /// A gateway whose snapshot gives org_acme `caps`; its counters are confirmed once at start.
+    async fn with_caps(mock: MockProvider, config: GatewayConfig, install: bool, caps: Vec<Cap>) -> Self {
         let spool_dir = TempDir::new();
         let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
-        let gateway = Gateway::new(config, &spool, "node_test");
+        let counters = Counters::new("node_test");
+        let gateway = Gateway::new(config, &spool, "node_test", Arc::clone(&counters));
         let receipts = Arc::new(MemorySink::default());
         let sink: Arc<dyn ReceiptSink> = receipts.clone();
         tokio::spawn(async move { spool.ship(sink, std::future::pending()).await });
         if install {
-            gateway.install_snapshot(Arc::new(snapshot(&mock.url())));
+            gateway.install_snapshot(Arc::new(snapshot(&mock.url(), caps)));
         }
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
@@ -110,7 +123,15 @@ impl Harness {
             let _ = stopped.await;
         }));
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Self { mock, gateway, url, client, receipts, _spool_dir: spool_dir, _stop: stop }
+        Self { mock, gateway, url, client, receipts, counters, _spool_dir: spool_dir, _stop: stop }
+    }
+
+    /// Confirms the counters against an in-process store, as `serve`'s sync loop does.
+    async fn confirm(&self, store: &InProcess) {
+        self.counters
+            .sync_with(store, Timestamp::from_system_time(std::time::SystemTime::now()))
+            .await
+            .expect("sync");
     }
 
     /// Waits (with a deadline) until `count` receipts have been delivered, and returns them.
@@ -141,7 +162,7 @@ impl Harness {
     }
 }
 
-fn snapshot(mock_url: &str) -> recovea_core::Snapshot {
+fn snapshot(mock_url: &str, caps: Vec<Cap>) -> recovea_core::Snapshot {
     let org = OrgId::parse("org_acme").expect("id");
     let bare = OrgId::parse("org_bare").expect("id");
     let mut b = SnapshotBuilder::new(1);
@@ -158,6 +179,9 @@ fn snapshot(mock_url: &str) -> recovea_core::Snapshot {
         &org,
         credential("groq", ProviderKind::OpenAi, Some(format!("{mock_url}/groq")), MANAGED_GROQ),
     );
+    for cap in caps {
+        b.cap(cap);
+    }
     b.key(hash_secret(KEY), KeyId::parse("key_live").expect("id"), org.clone(), None);
     b.key(hash_secret(BYO_KEY), KeyId::parse("key_byo").expect("id"), bare.clone(), None);
     b.key(hash_secret(EXPIRED_KEY), KeyId::parse("key_expired").expect("id"), org, Some(Timestamp(1)));
@@ -847,4 +871,114 @@ async fn refusals_and_fail_open_passes_write_no_receipt_but_admitted_failures_do
     body_of(response).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(unready.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass writes no receipt");
+}
+
+// Caps: 402 at the line, 503 when spend cannot be confirmed, soft caps that never refuse.
+
+fn cap(id: &str, scope: Scope, window: Window, limit_usd: &str, hard_stop: bool) -> Cap {
+    Cap {
+        id: CapId::parse(id).expect("id"),
+        org_id: OrgId::parse("org_acme").expect("id"),
+        scope,
+        key_id: (scope == Scope::Key).then(|| KeyId::parse("key_live").expect("id")),
+        window,
+        limit: Nanos::parse_usd(limit_usd).expect("limit"),
+        hard_stop,
+        alert_at_permille: Vec::new(),
+        alert_webhook: None,
+    }
+}
+
+fn assert_refusal(status: StatusCode, headers: &http::HeaderMap, body: &[u8], expected: &Answer) {
+    assert_answer(status, body, expected);
+    for (name, value) in &expected.headers {
+        assert_eq!(headers.get(*name).map(|v| v.to_str().expect("text")), Some(value.as_str()), "{name}");
+    }
+}
+
+/// $0.00075 a request: 1000 input and 1000 output tokens of gpt-4o-mini.
+const COSTLY: &str = r#"{"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000}"#;
+
+#[tokio::test]
+async fn sequential_requests_are_refused_exactly_at_the_line() {
+    let mock = MockProvider::start().await;
+    let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_secs(5));
+    let caps = vec![cap("cap_month", Scope::Organization, Window::Month, "0.00225", true)];
+    let h = Harness::with_caps(mock, cfg, true, caps).await;
+    h.confirm(&InProcess::default()).await;
+    h.mock.script(Behaviour::default().usage(serde_json::from_str(COSTLY).expect("json")).times(10));
+    let chat = r#"{"model":"gpt-4o-mini","max_tokens":10,"messages":[{"role":"user","content":"Hi"}]}"#;
+    for n in 1..=3 {
+        let response = h
+            .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), chat)
+            .await;
+        assert_eq!(response.status(), StatusCode::OK, "request {n} is under the line");
+        body_of(response).await;
+    }
+    // Three requests spent exactly the limit: the fourth is refused without reaching the provider.
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), chat).await;
+    let (status, headers) = (response.status(), response.headers().clone());
+    assert_refusal(
+        status,
+        &headers,
+        &body_of(response).await,
+        &Answer::budget_exceeded("organization", "month", "Monthly"),
+    );
+    assert_eq!(headers.get("retry-after"), None, "a reached cap gives no retry hint");
+    assert_eq!(h.mock.requests().len(), 3);
+    assert_eq!(h.receipts(3).await.len(), 3, "a refused request has no receipt");
+}
+
+#[tokio::test]
+async fn an_armed_cap_that_cannot_confirm_its_spend_answers_503_and_a_soft_cap_never_refuses() {
+    let mock = MockProvider::start().await;
+    let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_secs(5));
+    // Never confirmed: the node has not synced its counters once.
+    let caps = vec![cap("cap_day", Scope::Key, Window::Day, "100", true)];
+    let h = Harness::with_caps(mock, cfg, true, caps).await;
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let (status, headers) = (response.status(), response.headers().clone());
+    assert_refusal(
+        status,
+        &headers,
+        &body_of(response).await,
+        &Answer::budget_unverifiable("key", "day", "Daily"),
+    );
+    assert!(h.mock.requests().is_empty(), "the provider is never called for a refused request");
+    // It clears by itself once the counters are confirmed.
+    h.confirm(&InProcess::default()).await;
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    assert_eq!(response.status(), StatusCode::OK);
+
+    let mock = MockProvider::start().await;
+    let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_secs(5));
+    let soft = vec![cap("cap_soft", Scope::Organization, Window::Week, "0", false)];
+    let h = Harness::with_caps(mock, cfg, true, soft).await;
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "a soft cap at its line, never confirmed, still lets traffic through"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_request_keeps_its_connection_unless_its_body_is_too_big_to_read() {
+    let h = Harness::start().await;
+    let response = h
+        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {UNKNOWN_KEY}")), CHAT)
+        .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(response.headers().get("connection"), None, "a small body is read, the connection stays");
+    let big =
+        format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#, "x".repeat(200_000));
+    let response = h
+        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {UNKNOWN_KEY}")), &big)
+        .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(response.headers().get("connection").expect("connection header"), "close");
 }

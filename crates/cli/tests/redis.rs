@@ -1,0 +1,205 @@
+//! The spec's failure case for caps, with real parts: `recovea serve` on a Redis the test owns.
+//! Killing Redis turns an armed cap's requests into 503 once its counters are older than the max
+//! age, leaves a soft cap's traffic flowing, and restarting Redis clears the 503 by itself.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use recovea_testkit::MockProvider;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_recovea");
+const TOKEN: &str = "redis-test-token";
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("recovea-redis-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// A `redis-server` of the test's own, on a port of its own, with nothing kept on disk.
+struct OwnRedis {
+    child: Child,
+    port: u16,
+}
+
+impl OwnRedis {
+    fn start(port: u16, dir: &Path) -> Self {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed for this test");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not come up on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, port }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Serve {
+    child: Child,
+    gateway: String,
+    admin: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    fn start(data_dir: &Path, mock_url: &str, redis_port: u16) -> Self {
+        let mut child = Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--admin-token",
+                TOKEN,
+            ])
+            .args(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url])
+            .args(["--redis-url", &format!("redis://127.0.0.1:{redis_port}/"), "--counter-max-age", "2s"])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("recovea starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let (mut gateway, mut admin) = (None, None);
+        while let Some(Ok(line)) = lines.next() {
+            let url = line.split_whitespace().last().map(|u| u.trim_end_matches("/admin/v1").to_owned());
+            if line.starts_with("recovea gateway:") {
+                gateway = url;
+            } else if line.starts_with("recovea admin:") {
+                admin = url;
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, gateway: gateway.expect("gateway URL"), admin: admin.expect("admin URL") }
+    }
+
+    async fn admin(&self, method: Method, path: &str, body: Value) -> Value {
+        let (status, bytes, _) =
+            call(method, &format!("{}/admin/v1{path}", self.admin), &format!("Bearer {TOKEN}"), Some(body))
+                .await;
+        assert!(status.is_success(), "{path}: {status}");
+        serde_json::from_slice(&bytes).expect("JSON")
+    }
+
+    /// An org with a key, an openai credential and one cap; returns the key's secret.
+    async fn tenant(&self, hard_stop: bool) -> String {
+        let org = self.admin(Method::POST, "/orgs", json!({"name": "acme"})).await;
+        let org_id = org["id"].as_str().expect("id");
+        let key = self.admin(Method::POST, &format!("/orgs/{org_id}/keys"), json!({"name": "k"})).await;
+        let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
+        self.admin(Method::PUT, &format!("/orgs/{org_id}/providers/openai"), provider).await;
+        let cap =
+            json!({"scope": "organization", "window": "month", "limit_usd": "100", "hard_stop": hard_stop});
+        self.admin(Method::POST, &format!("/orgs/{org_id}/caps"), cap).await;
+        key["secret"].as_str().expect("secret").to_owned()
+    }
+
+    async fn chat(&self, secret: &str) -> (StatusCode, Bytes, http::HeaderMap) {
+        let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
+        call(
+            Method::POST,
+            &format!("{}/v1/chat/completions", self.gateway),
+            &format!("Bearer {secret}"),
+            Some(body),
+        )
+        .await
+    }
+
+    /// Polls until the request answers `want`, or fails after `within`.
+    async fn until(&self, secret: &str, want: StatusCode, within: Duration) -> (Bytes, http::HeaderMap) {
+        let deadline = Instant::now() + within;
+        loop {
+            let (status, body, headers) = self.chat(secret).await;
+            if status == want {
+                return (body, headers);
+            }
+            assert!(Instant::now() < deadline, "still {status} after {within:?}, wanted {want}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+async fn call(
+    method: Method,
+    url: &str,
+    authorization: &str,
+    body: Option<Value>,
+) -> (StatusCode, Bytes, http::HeaderMap) {
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+    let request = Request::builder()
+        .method(method)
+        .uri(url)
+        .header("authorization", authorization)
+        .body(Full::new(body));
+    let response = client.request(request.expect("request")).await.expect("answer");
+    let (status, headers) = (response.status(), response.headers().clone());
+    (status, response.into_body().collect().await.expect("body").to_bytes(), headers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_gone_means_503_for_armed_caps_only_and_it_clears_when_redis_is_back() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("kill");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let mut redis = OwnRedis::start(port, &dir);
+    let serve = Serve::start(&dir, &mock.url(), redis.port);
+    let armed = serve.tenant(true).await;
+    let soft = serve.tenant(false).await;
+    serve.until(&armed, StatusCode::OK, Duration::from_secs(5)).await;
+    serve.until(&soft, StatusCode::OK, Duration::from_secs(5)).await;
+
+    redis.kill();
+    // Past the max age (2 s here) the armed cap will not enforce a figure it cannot trust.
+    let (body, headers) = serve.until(&armed, StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(10)).await;
+    let expected = recovea_core::Answer::budget_unverifiable("organization", "month", "Monthly");
+    assert_eq!(
+        std::str::from_utf8(&body).expect("utf-8"),
+        std::str::from_utf8(&expected.body).expect("utf-8")
+    );
+    assert_eq!(headers.get("retry-after").expect("retry hint"), "1");
+    assert_eq!(headers.get("x-recovea-budget-scope").expect("scope"), "organization");
+    assert_eq!(headers.get("x-recovea-budget-window").expect("window"), "month");
+    let (status, _, _) = serve.chat(&soft).await;
+    assert_eq!(status, StatusCode::OK, "a soft cap keeps flowing while spend cannot be confirmed");
+
+    let _redis = OwnRedis::start(port, &dir);
+    serve.until(&armed, StatusCode::OK, Duration::from_secs(15)).await;
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
