@@ -225,8 +225,12 @@ def gateway(mock_provider: MockProvider, tmp_path_factory) -> Iterable[Gateway]:
     """`recovea serve` on ports the OS picks (`127.0.0.1:0`): the addresses are read from its banner, whose
     last line (`recovea admin:   http://ADDR/admin/v1`) it prints once ready. No port is probed and
     released beforehand, so no other process can take it in between."""
+    yield from launch_serve(mock_provider, tmp_path_factory.mktemp("gateway"), "gateway")
+
+
+def launch_serve(mock_provider: MockProvider, workdir: Path, log_name: str, *extra: str) -> Iterable[Gateway]:
+    """Starts `recovea serve` with `extra` arguments in `workdir`, yields it once ready, stops it after."""
     binary = _binary("RECOVEA_BIN", "target/debug/recovea")
-    workdir = tmp_path_factory.mktemp("gateway")
     data_dir = workdir / "data"
     data_dir.mkdir()
     out_log, err_log = workdir / "stdout.log", workdir / "stderr.log"
@@ -240,12 +244,13 @@ def gateway(mock_provider: MockProvider, tmp_path_factory) -> Iterable[Gateway]:
         "--admin-token", ADMIN_TOKEN,
         "--openai-base-url", mock_provider.url,
         "--anthropic-base-url", mock_provider.url,
+        *extra,
     ]
     with open(err_log, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
     lines: "queue.Queue[str]" = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, out_log, lines), daemon=True).start()
-    _SESSION_LOGS["gateway"] = (out_log, err_log)
+    _SESSION_LOGS[log_name] = (out_log, err_log)
     try:
         url = admin_url = None
         deadline = time.monotonic() + STARTUP_DEADLINE_S
