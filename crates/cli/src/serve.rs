@@ -78,6 +78,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
         &admin_token,
         Arc::new(move |snapshot| publish_to.install_snapshot(snapshot)),
     );
+    control.reconcile_with(counters.clone());
     let gateway_listener =
         TcpListener::bind(args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
     let admin_listener = TcpListener::bind(args.admin_listen)

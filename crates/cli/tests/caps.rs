@@ -318,5 +318,50 @@ async fn crossing_thresholds_raises_each_alert_once_and_posts_it_signed_with_ret
     }
     let spend = serve.ok(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
     assert_eq!(spend["spend"][0]["spend_usd"], "0.003");
+    // Reconciliation: the counters agree with the ledger once every receipt is in.
+    assert_eq!(spend["spend"][0]["counter_usd"], "0.003");
+    assert_eq!(spend["spend"][0]["drift_usd"], "0.00");
+
+    // Arming the cap reaches the serving gateway within a second: it is already over its line.
+    let cap_path = format!("/caps/{}", cap["id"].as_str().expect("id"));
+    serve.ok(Method::PATCH, &cap_path, Some(json!({"hard_stop": true}))).await;
+    let armed_at = Instant::now();
+    loop {
+        let (status, body) = call(
+            Method::POST,
+            &format!("{}/v1/chat/completions", serve.gateway),
+            &[("authorization", &bearer)],
+            Some(chat.clone()),
+        )
+        .await;
+        if status == StatusCode::PAYMENT_REQUIRED {
+            let expected = recovea_core::Answer::budget_exceeded("organization", "day", "Daily");
+            assert_eq!(body, Bytes::from(expected.body));
+            break;
+        }
+        assert!(
+            armed_at.elapsed() < Duration::from_secs(1),
+            "the armed cap did not reach the gateway within a second"
+        );
+    }
+    // Deleting it lets traffic through again, as fast.
+    serve.ok(Method::DELETE, &cap_path, None).await;
+    let deleted_at = Instant::now();
+    loop {
+        let (status, _) = call(
+            Method::POST,
+            &format!("{}/v1/chat/completions", serve.gateway),
+            &[("authorization", &bearer)],
+            Some(chat.clone()),
+        )
+        .await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            deleted_at.elapsed() < Duration::from_secs(1),
+            "the deleted cap still refused after a second"
+        );
+    }
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }

@@ -36,6 +36,9 @@ pub struct Control {
 struct Inner {
     store: Arc<dyn ControlStore>,
     ledger: Arc<dyn ReceiptLedger>,
+    /// The serving node's counters, when they are in this process: the spend report compares them
+    /// with the ledger.
+    counters: std::sync::OnceLock<Arc<dyn recovea_core::caps::SpendView + Send + Sync>>,
     /// The prices of the last published snapshot, for `GET /prices`.
     prices: std::sync::Mutex<Prices>,
     master_key: MasterKey,
@@ -59,6 +62,7 @@ impl Control {
             inner: Arc::new(Inner {
                 store,
                 ledger,
+                counters: std::sync::OnceLock::new(),
                 prices: std::sync::Mutex::new(Prices::default()),
                 master_key,
                 admin_token_hash: recovea_core::keys::hash_secret(admin_token),
@@ -66,6 +70,11 @@ impl Control {
                 published: tokio::sync::Mutex::new(None),
             }),
         }
+    }
+
+    /// Lets the spend report reconcile the counters of the node in this process with the ledger.
+    pub fn reconcile_with(&self, counters: Arc<dyn recovea_core::caps::SpendView + Send + Sync>) {
+        let _ = self.inner.counters.set(counters);
     }
 
     /// Rebuilds the snapshot from the store and publishes it, unless it is already out.

@@ -134,7 +134,7 @@ impl Control {
             let (start, end) = (cap.window.start(at), cap.window.end(at));
             let (org, key) = (org_id.clone(), cap.key_id.clone());
             let spent = self.ledger(move |l| l.spend(&org, key.as_ref(), start, end)).await?;
-            rows.push(json!({
+            let mut row = json!({
                 "cap_id": cap.id,
                 "scope": cap.scope.as_str(),
                 "key_id": cap.key_id,
@@ -144,7 +144,15 @@ impl Control {
                 "spend_usd": spent,
                 "limit_usd": cap.limit,
                 "hard_stop": cap.hard_stop,
-            }));
+            });
+            // Reconciliation: the counters are a cache of the ledger; receipts still on their way
+            // from the spool make a small, passing drift.
+            if let Some(counters) = self.inner.counters.get() {
+                let counted = counters.spend(&cap.id, start).spent;
+                row["counter_usd"] = json!(counted);
+                row["drift_usd"] = json!(format_signed(Nanos(counted.0.saturating_sub(spent.0))));
+            }
+            rows.push(row);
         }
         ok(json!({ "spend": rows }))
     }
@@ -162,6 +170,15 @@ impl Control {
 
     fn new_id<T>(&self, prefix: &str, parse: fn(&str) -> Option<T>) -> Result<T, ApiError> {
         crate::admin::new_id(prefix, parse)
+    }
+}
+
+/// A signed amount as a decimal string: "-0.0015" when the counters are behind the ledger.
+fn format_signed(amount: Nanos) -> String {
+    if amount.0 < 0 {
+        format!("-{}", Nanos(amount.0.saturating_neg()).to_usd_string())
+    } else {
+        amount.to_usd_string()
     }
 }
 
