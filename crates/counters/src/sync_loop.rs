@@ -10,6 +10,9 @@ use tokio::time::MissedTickBehavior;
 use crate::counters::Counters;
 use crate::shared::SharedCounters;
 
+/// The least time between two syncs asked for early.
+const WOKEN_SYNC_GAP: Duration = Duration::from_millis(20);
+
 /// Runs until `shutdown`: syncs `counters` with `shared` every `interval` (at once when a window is
 /// seen for the first time), then makes one last attempt so that a graceful stop leaves no
 /// increment behind (signal `shutdown` after draining requests). A failed sync leaves the
@@ -38,13 +41,19 @@ pub async fn sync_loop_with_clock(
     let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(1)));
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut failing = false;
+    let mut last_sync = tokio::time::Instant::now();
     loop {
         tokio::select! {
             biased;
             () = &mut shutdown => break,
             _ = ticker.tick() => {}
-            () = counters.new_window_seen() => {}
+            () = counters.new_window_seen() => {
+                // Woken early: keep a short gap, so that a busy cap near its line costs the store
+                // at most a few dozen syncs a second per node.
+                tokio::time::sleep_until(last_sync + WOKEN_SYNC_GAP.min(interval)).await;
+            }
         }
+        last_sync = tokio::time::Instant::now();
         let result = counters.sync_with(shared.as_ref(), clock()).await;
         match result {
             Ok(outcome) => {

@@ -315,7 +315,18 @@ fn check_caps(
         .as_deref()
         .and_then(|m| prices.table.lookup(m))
         .map_or(Nanos::ZERO, |p| pricing::cost(&estimate, p));
+    if covering.iter().any(|cap| cap.hard_stop && near_the_line(shared.counters.as_ref(), cap, now, cost)) {
+        // Other nodes' spend matters most here: learn it sooner than the next tick.
+        shared.counters.sync_soon();
+    }
     Ok(Some(shared.counters.reserve(windows, cost)))
+}
+
+/// Whether a cap's spend, with this request, is within a fifth of its limit.
+fn near_the_line(view: &dyn caps::SpendView, cap: &Cap, now: Timestamp, estimate: Nanos) -> bool {
+    let spend = view.spend(&cap.id, cap.window.start(now));
+    let committed = i128::from(spend.spent.0) + i128::from(spend.reserved.0) + i128::from(estimate.0);
+    committed * 5 >= i128::from(cap.limit.0) * 4
 }
 
 /// Phase read body: buffered, within the size limit and the time limit.
