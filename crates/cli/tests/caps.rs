@@ -2,9 +2,7 @@
 //! signed webhooks.
 
 use std::convert::Infallible;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,71 +11,23 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use recovea_testkit::{Behaviour, MockProvider};
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_recovea");
+#[path = "support/harness.rs"]
+mod harness;
+
+use harness::{Serve, temp_dir};
+
 const TOKEN: &str = "caps-test-token";
 const SIGNING_SECRET: &str = "whsec_test_secret";
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("recovea-caps-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
-
-struct Serve {
-    child: Child,
-    gateway: String,
-    admin: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn start(data_dir: &Path, mock_url: &str) -> Serve {
+    Serve::start(data_dir, mock_url, &["--admin-token", TOKEN, "--alert-signing-secret", SIGNING_SECRET])
 }
 
 impl Serve {
-    fn start(data_dir: &Path, mock_url: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--admin-token",
-                TOKEN,
-            ])
-            .args(["--alert-signing-secret", SIGNING_SECRET])
-            .args(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("recovea starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let (mut gateway, mut admin) = (None, None);
-        while let Some(Ok(line)) = lines.next() {
-            let url = line.split_whitespace().last().map(|u| u.trim_end_matches("/admin/v1").to_owned());
-            if line.starts_with("recovea gateway:") {
-                gateway = url;
-            } else if line.starts_with("recovea admin:") {
-                admin = url;
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Self { child, gateway: gateway.expect("gateway URL"), admin: admin.expect("admin URL") }
-    }
-
     async fn admin(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
         let auth = format!("Bearer {TOKEN}");
         let (status, bytes) =
@@ -112,22 +62,15 @@ async fn call(
     headers: &[(&str, &str)],
     body: Option<Value>,
 ) -> (StatusCode, Bytes) {
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let mut request = Request::builder().method(method).uri(url);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-    let response = client.request(request.body(Full::new(body)).expect("request")).await.expect("answer");
-    let status = response.status();
-    (status, response.into_body().collect().await.expect("body").to_bytes())
+    let answer = harness::call(method, url, headers, body).await;
+    (answer.status, answer.body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caps_are_created_validated_changed_and_deleted() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("crud");
-    let serve = Serve::start(&dir, &mock.url(), &[]);
+    let serve = start(&dir, &mock.url());
     let (org_id, key_id, _) = serve.tenant().await;
     let caps = format!("/orgs/{org_id}/caps");
 
@@ -269,7 +212,7 @@ fn verify(signature: &str, body: &[u8]) -> bool {
 async fn crossing_thresholds_raises_each_alert_once_and_posts_it_signed_with_retries() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("alerts");
-    let serve = Serve::start(&dir, &mock.url(), &[]);
+    let serve = start(&dir, &mock.url());
     let (org_id, _, secret) = serve.tenant().await;
     let (hook, received) = webhook_receiver(1).await;
     // Each request: 1000 input + 1000 output tokens of gpt-4o-mini = $0.00015 + $0.0006 = $0.00075.

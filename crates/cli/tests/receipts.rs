@@ -1,9 +1,8 @@
 //! Black-box tests of metering through the `recovea` binary: receipts survive SIGKILL exactly once,
 //! and the admin CLI reads them and sets prices.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,69 +15,12 @@ use hyper_util::rt::TokioExecutor;
 use recovea_testkit::MockProvider;
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_recovea");
+#[path = "support/harness.rs"]
+mod harness;
+
+use harness::{BIN, Serve, temp_dir};
+
 const TOKEN: &str = "receipts-test-token";
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("recovea-receipts-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
-
-struct Serve {
-    child: Child,
-    gateway: String,
-    admin: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Serve {
-    fn start(data_dir: &Path, mock_url: &str) -> Self {
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--admin-token",
-                TOKEN,
-            ])
-            .args(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("recovea starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let (mut gateway, mut admin) = (None, None);
-        while let Some(Ok(line)) = lines.next() {
-            let url = line.split_whitespace().last().map(|u| u.trim_end_matches("/admin/v1").to_owned());
-            if line.starts_with("recovea gateway:") {
-                gateway = url;
-            } else if line.starts_with("recovea admin:") {
-                admin = url;
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Self { child, gateway: gateway.expect("gateway URL"), admin: admin.expect("admin URL") }
-    }
-
-    /// SIGKILL: no drain, no flush, no goodbye.
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 async fn call(
     method: Method,
@@ -86,15 +28,12 @@ async fn call(
     headers: &[(&str, &str)],
     body: Option<Value>,
 ) -> (StatusCode, Bytes) {
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let mut request = Request::builder().method(method).uri(url);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-    let response = client.request(request.body(Full::new(body)).expect("request")).await.expect("answer");
-    let status = response.status();
-    (status, response.into_body().collect().await.expect("body").to_bytes())
+    let answer = harness::call(method, url, headers, body).await;
+    (answer.status, answer.body)
+}
+
+fn start(data_dir: &Path, mock_url: &str) -> Serve {
+    Serve::start(data_dir, mock_url, &["--admin-token", TOKEN])
 }
 
 async fn admin(serve: &Serve, method: Method, path: &str, body: Option<Value>) -> Value {
@@ -134,7 +73,7 @@ async fn all_receipts(serve: &Serve, org_id: &str) -> Vec<Value> {
 async fn after_sigkill_every_completed_response_has_exactly_one_receipt() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("sigkill");
-    let serve = Serve::start(&dir, &mock.url());
+    let serve = start(&dir, &mock.url());
     let (org_id, secret) = tenant(&serve).await;
     let bearer = Arc::new(format!("Bearer {secret}"));
     let url = Arc::new(format!("{}/v1/chat/completions", serve.gateway));
@@ -186,7 +125,7 @@ async fn after_sigkill_every_completed_response_has_exactly_one_receipt() {
     }
     assert!(completed.len() >= 100, "too few completed responses to say anything: {}", completed.len());
 
-    let serve = Serve::start(&dir, &mock.url());
+    let serve = start(&dir, &mock.url());
     let deadline = Instant::now() + Duration::from_secs(15);
     let receipts = loop {
         let receipts = all_receipts(&serve, &org_id).await;
@@ -223,7 +162,7 @@ fn admin_cli(serve: &Serve, args: &[&str]) -> String {
 async fn the_admin_cli_sets_prices_and_reads_receipts() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("cli");
-    let serve = Serve::start(&dir, &mock.url());
+    let serve = start(&dir, &mock.url());
     let (org_id, secret) = tenant(&serve).await;
     let bearer = format!("Bearer {secret}");
     let chat = json!({"model": "house-model", "messages": [{"role": "user", "content": "Say hello"}]});

@@ -2,28 +2,21 @@
 //! Killing Redis turns an armed cap's requests into 503 once its counters are older than the max
 //! age, leaves a soft cap's traffic flowing, and restarting Redis clears the 503 by itself.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http::{Method, StatusCode};
 use recovea_testkit::MockProvider;
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_recovea");
-const TOKEN: &str = "redis-test-token";
+#[path = "support/harness.rs"]
+mod harness;
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("recovea-redis-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
+use harness::{Serve, temp_dir};
+
+const TOKEN: &str = "redis-test-token";
 
 /// A `redis-server` of the test's own, on a port of its own, with nothing kept on disk.
 struct OwnRedis {
@@ -61,54 +54,16 @@ impl Drop for OwnRedis {
     }
 }
 
-struct Serve {
-    child: Child,
-    gateway: String,
-    admin: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn start(data_dir: &Path, mock_url: &str, redis_port: u16) -> Serve {
+    let redis_url = format!("redis://127.0.0.1:{redis_port}/");
+    Serve::start(
+        data_dir,
+        mock_url,
+        &["--admin-token", TOKEN, "--redis-url", &redis_url, "--counter-max-age", "2s"],
+    )
 }
 
 impl Serve {
-    fn start(data_dir: &Path, mock_url: &str, redis_port: u16) -> Self {
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--admin-token",
-                TOKEN,
-            ])
-            .args(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url])
-            .args(["--redis-url", &format!("redis://127.0.0.1:{redis_port}/"), "--counter-max-age", "2s"])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("recovea starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let (mut gateway, mut admin) = (None, None);
-        while let Some(Ok(line)) = lines.next() {
-            let url = line.split_whitespace().last().map(|u| u.trim_end_matches("/admin/v1").to_owned());
-            if line.starts_with("recovea gateway:") {
-                gateway = url;
-            } else if line.starts_with("recovea admin:") {
-                admin = url;
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Self { child, gateway: gateway.expect("gateway URL"), admin: admin.expect("admin URL") }
-    }
-
     async fn admin(&self, method: Method, path: &str, body: Value) -> Value {
         let (status, bytes, _) =
             call(method, &format!("{}/admin/v1{path}", self.admin), &format!("Bearer {TOKEN}"), Some(body))
@@ -161,16 +116,8 @@ async fn call(
     authorization: &str,
     body: Option<Value>,
 ) -> (StatusCode, Bytes, http::HeaderMap) {
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-    let request = Request::builder()
-        .method(method)
-        .uri(url)
-        .header("authorization", authorization)
-        .body(Full::new(body));
-    let response = client.request(request.expect("request")).await.expect("answer");
-    let (status, headers) = (response.status(), response.headers().clone());
-    (status, response.into_body().collect().await.expect("body").to_bytes(), headers)
+    let answer = harness::call(method, url, &[("authorization", authorization)], body).await;
+    (answer.status, answer.body, answer.headers)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,7 +126,7 @@ async fn redis_gone_means_503_for_armed_caps_only_and_it_clears_when_redis_is_ba
     let dir = temp_dir("kill");
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let mut redis = OwnRedis::start(port, &dir);
-    let serve = Serve::start(&dir, &mock.url(), redis.port);
+    let serve = start(&dir, &mock.url(), redis.port);
     let armed = serve.tenant(true).await;
     let soft = serve.tenant(false).await;
     serve.until(&armed, StatusCode::OK, Duration::from_secs(5)).await;

@@ -2,18 +2,18 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http::{Method, StatusCode};
 use recovea_testkit::MockProvider;
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_recovea");
+#[path = "support/harness.rs"]
+mod harness;
+
+use harness::{BIN, Serve, temp_dir};
+
 const TOKEN: &str = "test-admin-token";
 
 /// Every file below `dir`, at any depth.
@@ -26,81 +26,14 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("recovea-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
-
-/// A running `recovea serve`, killed when dropped.
-struct Serve {
-    child: Child,
-    stdout: Vec<String>,
-    gateway: String,
-    admin: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Serve {
-    /// Starts `serve` on ports the system picks, and reads the addresses it bound from its banner.
-    fn start(data_dir: &Path, mock_url: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-            .args(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(extra)
-            .env_remove("RECOVEA_ADMIN_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("recovea starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let mut stdout = Vec::new();
-        // `serve` prints its admin URL last, once both servers are up.
-        while let Some(Ok(line)) = lines.next() {
-            let done = line.starts_with("recovea admin:");
-            stdout.push(line);
-            if done {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        let url_after = |label: &str| {
-            stdout
-                .iter()
-                .find_map(|l| l.strip_prefix(label))
-                .map(|rest| rest.trim().trim_end_matches("/admin/v1").to_owned())
-                .unwrap_or_else(|| panic!("serve did not print {label:?}: {stdout:?}"))
-        };
-        let (gateway, admin) = (url_after("recovea gateway:"), url_after("recovea admin:"));
-        Self { child, stdout, gateway, admin }
-    }
-}
-
 async fn call(
     method: Method,
     url: &str,
     headers: &[(&str, &str)],
     body: Option<Value>,
 ) -> (StatusCode, Value) {
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let mut request = Request::builder().method(method).uri(url);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-    let response = client.request(request.body(Full::new(body)).expect("request")).await.expect("answer");
-    let status = response.status();
-    let bytes = response.into_body().collect().await.expect("body").to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    let answer = harness::call(method, url, headers, body).await;
+    (answer.status, answer.json())
 }
 
 fn admin_cli(serve: &Serve, data_dir: &Path, args: &[&str]) -> Value {

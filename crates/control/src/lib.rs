@@ -38,7 +38,7 @@ struct Inner {
     ledger: Arc<dyn ReceiptLedger>,
     /// The serving node's counters, when they are in this process: the spend report compares them
     /// with the ledger.
-    counters: std::sync::OnceLock<Arc<dyn recovea_core::caps::SpendView + Send + Sync>>,
+    counters: std::sync::OnceLock<Arc<recovea_counters::Counters>>,
     /// The prices of the last published snapshot, for `GET /prices`.
     prices: std::sync::Mutex<Prices>,
     master_key: MasterKey,
@@ -72,8 +72,9 @@ impl Control {
         }
     }
 
-    /// Lets the spend report reconcile the counters of the node in this process with the ledger.
-    pub fn reconcile_with(&self, counters: Arc<dyn recovea_core::caps::SpendView + Send + Sync>) {
+    /// The counters of the node in this process: a new cap's window is seeded from the ledger
+    /// before the cap is published, and the spend report reconciles them with the ledger.
+    pub fn reconcile_with(&self, counters: Arc<recovea_counters::Counters>) {
         let _ = self.inner.counters.set(counters);
     }
 

@@ -398,7 +398,7 @@ impl ControlStore for SqliteStore {
         let mut stmt = conn
             .prepare(
                 "SELECT id, cap_id, org_id, window_start, threshold_permille, spend_nanos, limit_nanos, raised_at,
-                 delivered_at, attempts FROM alerts WHERE org_id = ?1 ORDER BY raised_at, id",
+                 delivered_at, attempts FROM alerts WHERE org_id = ?1 ORDER BY raised_at, threshold_permille, id",
             )
             .map_err(backend)?;
         stmt.query_map([org.as_str()], |row| {

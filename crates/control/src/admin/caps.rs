@@ -1,9 +1,10 @@
 //! Caps (`/orgs/{org}/caps`, `/caps/{cap}`), the spend of their current windows, and their alerts.
 
-use recovea_core::caps::{Cap, Scope};
+use recovea_core::caps::{Cap, Scope, SpendView};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::window::Window;
+use recovea_counters::CapWindow;
 use recovea_store::{AlertRecord, CapRecord};
 use serde::Deserialize;
 use serde_json::{Number, Value, json};
@@ -77,6 +78,7 @@ impl Control {
         let record = CapRecord { cap, created_at: now() };
         let row = record.clone();
         self.store(move |s| s.create_cap(&row)).await?;
+        self.seed_current_window(&record.cap).await?;
         created(cap_json(&record))
     }
 
@@ -161,6 +163,18 @@ impl Control {
         self.require_org(&org_id).await?;
         let alerts = self.store(move |s| s.alerts(&org_id)).await?;
         ok(json!({ "alerts": alerts.iter().map(alert_json).collect::<Vec<_>>() }))
+    }
+
+    /// A new cap counts the spend already made in its window: its counter starts from the ledger
+    /// before any request can reserve on it (the cap is published after this).
+    async fn seed_current_window(&self, cap: &Cap) -> Result<(), ApiError> {
+        let Some(counters) = self.inner.counters.get() else { return Ok(()) };
+        let at = now();
+        let window = CapWindow { cap: cap.id.clone(), start: cap.window.start(at), end: cap.window.end(at) };
+        let (org, key, (start, end)) = (cap.org_id.clone(), cap.key_id.clone(), (window.start, window.end));
+        let spent = self.ledger(move |l| l.spend(&org, key.as_ref(), start, end)).await?;
+        counters.seed(&window, spent);
+        Ok(())
     }
 
     async fn require_cap(&self, id: CapId) -> Result<CapRecord, ApiError> {
