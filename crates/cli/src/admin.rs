@@ -213,6 +213,20 @@ enum Keys {
         /// RFC 3339 time after which the key is refused.
         #[arg(long, env = "RECOVEA_KEY_EXPIRES_AT")]
         expires_at: Option<String>,
+        /// Requests a minute this key may make (a minute's worth may come at once).
+        #[arg(long, env = "RECOVEA_KEY_REQUESTS_PER_MINUTE")]
+        requests_per_minute: Option<u32>,
+        /// Tokens (input and output) a minute this key may use.
+        #[arg(long, env = "RECOVEA_KEY_TOKENS_PER_MINUTE")]
+        tokens_per_minute: Option<u32>,
+    },
+    /// Changes a key's rate limits.
+    Update {
+        key: String,
+        #[arg(long, env = "RECOVEA_KEY_REQUESTS_PER_MINUTE")]
+        requests_per_minute: Option<u32>,
+        #[arg(long, env = "RECOVEA_KEY_TOKENS_PER_MINUTE")]
+        tokens_per_minute: Option<u32>,
     },
     List {
         #[arg(long, env = "RECOVEA_ORG")]
@@ -260,14 +274,30 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
         }
         Resource::Orgs(Orgs::List) => (Method::GET, "/orgs".into(), None),
         Resource::Orgs(Orgs::Get { org }) => (Method::GET, format!("/orgs/{org}"), None),
-        Resource::Keys(Keys::Create { org, name, expires_at }) => {
+        Resource::Keys(Keys::Create { org, name, expires_at, requests_per_minute, tokens_per_minute }) => {
             let mut body = json!({ "name": name });
             if let Some(at) = expires_at {
                 body["expires_at"] = Value::String(at);
             }
+            if let Some(n) = requests_per_minute {
+                body["requests_per_minute"] = json!(n);
+            }
+            if let Some(n) = tokens_per_minute {
+                body["tokens_per_minute"] = json!(n);
+            }
             (Method::POST, format!("/orgs/{org}/keys"), Some(body))
         }
         Resource::Keys(Keys::List { org }) => (Method::GET, format!("/orgs/{org}/keys"), None),
+        Resource::Keys(Keys::Update { key, requests_per_minute, tokens_per_minute }) => {
+            let mut body = json!({});
+            if let Some(n) = requests_per_minute {
+                body["requests_per_minute"] = json!(n);
+            }
+            if let Some(n) = tokens_per_minute {
+                body["tokens_per_minute"] = json!(n);
+            }
+            (Method::PATCH, format!("/keys/{key}"), Some(body))
+        }
         Resource::Keys(Keys::Revoke { key }) => (Method::POST, format!("/keys/{key}/revoke"), None),
         Resource::Providers(Providers::Set { org, name, kind, api_key, base_url }) => {
             let mut body = json!({ "kind": kind, "api_key": api_key });

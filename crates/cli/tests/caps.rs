@@ -131,6 +131,13 @@ async fn caps_are_created_validated_changed_and_deleted() {
     let listed = serve.ok(Method::GET, &caps, None).await;
     assert_eq!(listed["caps"].as_array().expect("caps").len(), 2);
 
+    let key_cap_path = format!("/caps/{}", key_cap["id"].as_str().expect("id"));
+    let hooked = serve
+        .ok(Method::PATCH, &key_cap_path, Some(json!({"alert_webhook": "https://hooks.example.com/x"})))
+        .await;
+    assert_eq!(hooked["alert_webhook"], "https://hooks.example.com/x");
+    let cleared = serve.ok(Method::PATCH, &key_cap_path, Some(json!({"alert_webhook": null}))).await;
+    assert_eq!(cleared["alert_webhook"], Value::Null, "null removes the webhook");
     let cap_path = format!("/caps/{}", org_cap["id"].as_str().expect("id"));
     let patched =
         serve.ok(Method::PATCH, &cap_path, Some(json!({"limit_usd": "30", "hard_stop": false}))).await;

@@ -303,7 +303,8 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
 
 #[test]
 fn every_flag_of_every_subcommand_names_its_environment_variable() {
-    let subcommands: [&[&str]; 21] = [
+    let subcommands: [&[&str]; 22] = [
+        &["admin", "keys", "update"],
         &["admin", "caps", "create"],
         &["admin", "caps", "list"],
         &["admin", "caps", "update"],
@@ -478,6 +479,68 @@ async fn a_revocation_whose_client_hangs_up_still_reaches_the_gateway() {
         }
         assert!(Instant::now() < deadline, "the saved revocation did not reach the gateway within a second");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_rate_limits_are_set_changed_and_enforced() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("rate-limits");
+    let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
+    let auth = format!("Bearer {TOKEN}");
+    let url = |path: &str| format!("{}/admin/v1{path}", serve.admin);
+    let (_, org) =
+        call(Method::POST, &url("/orgs"), &[("authorization", &auth)], Some(json!({"name": "a"}))).await;
+    let org_id = org["id"].as_str().expect("id");
+    let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
+    call(
+        Method::PUT,
+        &url(&format!("/orgs/{org_id}/providers/openai")),
+        &[("authorization", &auth)],
+        Some(provider),
+    )
+    .await;
+    let (status, key) = call(
+        Method::POST,
+        &url(&format!("/orgs/{org_id}/keys")),
+        &[("authorization", &auth)],
+        Some(json!({"name": "k", "requests_per_minute": 1})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!((key["requests_per_minute"].as_u64(), key["tokens_per_minute"].as_u64()), (Some(1), None));
+    let key_path = url(&format!("/keys/{}", key["id"].as_str().expect("id")));
+    let (status, body) =
+        call(Method::PATCH, &key_path, &[("authorization", &auth)], Some(json!({"tokens_per_minute": 0})))
+            .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"]["message"].as_str().expect("message").starts_with("tokens_per_minute:"), "{body}");
+
+    let bearer = format!("Bearer {}", key["secret"].as_str().expect("secret"));
+    let (path, chat) = chat();
+    let gateway = format!("{}{path}", serve.gateway);
+    let (status, _) = call(Method::POST, &gateway, &[("authorization", &bearer)], Some(chat.clone())).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) =
+        call(Method::POST, &gateway, &[("authorization", &bearer)], Some(chat.clone())).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+
+    // Lifting the limit reaches the gateway within a second.
+    let (status, key) = call(
+        Method::PATCH,
+        &key_path,
+        &[("authorization", &auth)],
+        Some(json!({"requests_per_minute": null})),
+    )
+    .await;
+    assert_eq!((status, key["requests_per_minute"].is_null()), (StatusCode::OK, true));
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while call(Method::POST, &gateway, &[("authorization", &bearer)], Some(chat.clone())).await.0
+        != StatusCode::OK
+    {
+        assert!(Instant::now() < deadline, "the lifted limit still refused after a second");
     }
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }

@@ -8,6 +8,7 @@ use http::{Method, StatusCode};
 use recovea_core::crypto::{self, MasterKey};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys;
+use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use recovea_store::{ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger};
@@ -83,11 +84,12 @@ impl Control {
             (["orgs", org, "keys"], &Method::POST) => self.create_key(org_id(org)?, parse(&body)?).await,
             (["orgs", org, "keys"], &Method::GET) => self.list_keys(org_id(org)?).await,
             (["keys", key, "revoke"], &Method::POST) => self.revoke_key(key_id(key)?).await,
+            (["keys", key], &Method::PATCH) => self.update_key(key_id(key)?, parse(&body)?).await,
             (["orgs", org, "providers"], &Method::GET) => self.list_providers(org_id(org)?).await,
             (["orgs", org, "providers", name], &Method::PUT) => {
                 self.put_provider(org_id(org)?, name, parse(&body)?).await
             }
-            (["orgs"] | ["orgs", _] | ["orgs", _, "keys"] | ["keys", _, "revoke"], _)
+            (["orgs"] | ["orgs", _] | ["orgs", _, "keys"] | ["keys", _, "revoke"] | ["keys", _], _)
             | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _)
             | (["orgs", _, "receipts"] | ["orgs", _, "receipts", "summary"] | ["prices", ..], _)
             | (["orgs", _, "caps"] | ["caps", _] | ["orgs", _, "spend"] | ["orgs", _, "alerts"], _) => {
@@ -173,6 +175,10 @@ impl Control {
             created_at,
             expires_at,
             revoked_at: None,
+            limits: KeyLimits {
+                requests_per_minute: positive("requests_per_minute", body.requests_per_minute)?,
+                tokens_per_minute: positive("tokens_per_minute", body.tokens_per_minute)?,
+            },
         };
         let (row, hash) = (key.clone(), keys::hash_secret(&secret));
         self.store(move |s| s.create_key(&row, hash)).await?;
@@ -185,6 +191,30 @@ impl Control {
         self.require_org(&org_id).await?;
         let keys = self.store(move |s| s.list_keys(&org_id)).await?;
         ok(json!({ "keys": keys.iter().map(key_json).collect::<Vec<_>>() }))
+    }
+
+    async fn update_key(&self, id: KeyId, patch: KeyPatch) -> Result<Reply, ApiError> {
+        let missing = format!("No key {id}.");
+        let (lookup, owner) = (id.clone(), id.clone());
+        let current =
+            self.store(move |s| s.key(&lookup)).await?.ok_or_else(|| ApiError::NotFound(missing.clone()))?;
+        let limits = KeyLimits {
+            requests_per_minute: limit_patch(
+                "requests_per_minute",
+                patch.requests_per_minute,
+                current.limits.requests_per_minute,
+            )?,
+            tokens_per_minute: limit_patch(
+                "tokens_per_minute",
+                patch.tokens_per_minute,
+                current.limits.tokens_per_minute,
+            )?,
+        };
+        let key = self
+            .store(move |s| s.set_key_limits(&owner, limits))
+            .await?
+            .ok_or(ApiError::NotFound(missing))?;
+        ok(key_json(&key))
     }
 
     async fn revoke_key(&self, id: KeyId) -> Result<Reply, ApiError> {
@@ -249,6 +279,24 @@ struct NewOrg {
 struct NewKey {
     name: String,
     expires_at: Option<String>,
+    requests_per_minute: Option<u32>,
+    tokens_per_minute: Option<u32>,
+}
+
+/// `PATCH /keys/{key}`: a member left out keeps its value; `null` removes the limit.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyPatch {
+    #[serde(default, deserialize_with = "present")]
+    requests_per_minute: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    tokens_per_minute: Option<Value>,
+}
+
+/// For patch members: `Some(Value::Null)` for an explicit `null`, where a plain `Option` would
+/// read it as left out.
+pub(crate) fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -319,8 +367,32 @@ fn org_json(org: &OrgRecord) -> Value {
     json!({ "id": org.id, "name": org.name, "created_at": org.created_at })
 }
 
+/// A rate limit given on creation: absent or a positive number.
+fn positive(field: &str, value: Option<u32>) -> Result<Option<u32>, ApiError> {
+    match value {
+        Some(0) => Err(ApiError::BadRequest(format!("{field}: expected a positive number or no limit"))),
+        other => Ok(other),
+    }
+}
+
+/// A rate limit in a patch: left out keeps `current`, `null` removes it, a positive number sets it.
+fn limit_patch(field: &str, value: Option<Value>, current: Option<u32>) -> Result<Option<u32>, ApiError> {
+    match value {
+        None => Ok(current),
+        Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| *n > 0)
+            .map(Some)
+            .ok_or_else(|| ApiError::BadRequest(format!("{field}: expected a positive number or null"))),
+    }
+}
+
 fn key_json(key: &KeyRecord) -> Value {
     json!({
+        "requests_per_minute": key.limits.requests_per_minute,
+        "tokens_per_minute": key.limits.tokens_per_minute,
         "id": key.id,
         "org_id": key.org_id,
         "name": key.name,

@@ -42,7 +42,7 @@ pub fn build_snapshot(state: &State, master_key: &MasterKey) -> Snapshot {
         }
     }
     for (key, hash) in &state.active_keys {
-        builder.key(*hash, key.id.clone(), key.org_id.clone(), key.expires_at);
+        builder.key_with_limits(*hash, key.id.clone(), key.org_id.clone(), key.expires_at, key.limits);
     }
     for cap in &state.caps {
         builder.cap(cap.cap.clone());

@@ -6,6 +6,7 @@ use crate::answer::Answer;
 use crate::credential::{Credential, CredentialHeader};
 use crate::ids::KeyId;
 use crate::keys;
+use crate::ratelimit::KeyLimits;
 use crate::snapshot::{Org, Snapshot};
 use crate::timestamp::Timestamp;
 
@@ -33,6 +34,7 @@ pub struct Admitted {
     pub key_id: KeyId,
     pub org: Arc<Org>,
     pub credential_header: CredentialHeader,
+    pub limits: KeyLimits,
 }
 
 #[derive(Debug, Clone)]
@@ -63,6 +65,7 @@ pub fn admit(snapshot: Option<&Snapshot>, credential: Option<Credential<'_>>, no
         key_id: entry.id.clone(),
         org: Arc::clone(&entry.org),
         credential_header: credential.header,
+        limits: entry.limits,
     })
 }
 

@@ -114,6 +114,15 @@ impl Answer {
             .with_header("x-recovea-budget-scope", scope)
             .with_header("x-recovea-budget-window", window)
     }
+
+    /// 429: the key's rate limit. `retry-after` in whole seconds (rounded up) and `retry-after-ms`.
+    pub fn rate_limited(retry_after_ms: u64) -> Self {
+        let seconds = retry_after_ms.div_ceil(1000).max(1);
+        let message = format!("Rate limit reached for this key. Retry in {retry_after_ms} ms.");
+        Self::error(429, "rate_limit_error", "rate_limit_exceeded", &message)
+            .with_header("retry-after", seconds.to_string())
+            .with_header("retry-after-ms", retry_after_ms.to_string())
+    }
 }
 
 #[cfg(test)]
@@ -138,6 +147,20 @@ mod tests {
         assert_eq!(
             String::from_utf8(answer.body).expect("utf-8"),
             "{\n  \"error\": {\n    \"message\": \"Upstream provider unreachable.\",\n    \"type\": \"api_error\",\n    \"param\": null,\n    \"code\": \"upstream_unreachable\"\n  }\n}"
+        );
+    }
+
+    #[test]
+    fn rate_limited_says_when_to_retry() {
+        let answer = Answer::rate_limited(1500);
+        assert_eq!(answer.status, 429);
+        assert_eq!(
+            answer.headers,
+            vec![("retry-after", "2".to_owned()), ("retry-after-ms", "1500".to_owned())]
+        );
+        assert_eq!(
+            String::from_utf8(answer.body).expect("utf-8"),
+            "{\n  \"error\": {\n    \"message\": \"Rate limit reached for this key. Retry in 1500 ms.\",\n    \"type\": \"rate_limit_error\",\n    \"param\": null,\n    \"code\": \"rate_limit_exceeded\"\n  }\n}"
         );
     }
 

@@ -13,6 +13,7 @@ pub mod ids;
 pub mod keys;
 pub mod money;
 pub mod pricing;
+pub mod ratelimit;
 pub mod receipt;
 pub mod snapshot;
 pub mod timestamp;

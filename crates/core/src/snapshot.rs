@@ -11,6 +11,7 @@ use crate::caps::Cap;
 use crate::ids::{KeyId, OrgId};
 use crate::keys::KeyHash;
 use crate::pricing::PriceTable;
+use crate::ratelimit::KeyLimits;
 use crate::timestamp::Timestamp;
 
 /// The wire dialect a credential speaks, which decides its auth header.
@@ -77,6 +78,7 @@ pub struct KeyEntry {
     pub id: KeyId,
     pub org: Arc<Org>,
     pub expires_at: Option<Timestamp>,
+    pub limits: KeyLimits,
 }
 
 /// Key hashes are already uniformly random: their first eight bytes are a perfect hash, so SipHash
@@ -143,7 +145,7 @@ impl Snapshot {
 pub struct SnapshotBuilder {
     version: u64,
     orgs: HashMap<OrgId, Org>,
-    keys: Vec<(KeyHash, KeyId, OrgId, Option<Timestamp>)>,
+    keys: Vec<(KeyHash, KeyId, OrgId, Option<Timestamp>, KeyLimits)>,
     prices: Option<Prices>,
 }
 
@@ -177,7 +179,18 @@ impl SnapshotBuilder {
     }
 
     pub fn key(&mut self, hash: KeyHash, id: KeyId, org: OrgId, expires_at: Option<Timestamp>) -> &mut Self {
-        self.keys.push((hash, id, org, expires_at));
+        self.key_with_limits(hash, id, org, expires_at, KeyLimits::default())
+    }
+
+    pub fn key_with_limits(
+        &mut self,
+        hash: KeyHash,
+        id: KeyId,
+        org: OrgId,
+        expires_at: Option<Timestamp>,
+        limits: KeyLimits,
+    ) -> &mut Self {
+        self.keys.push((hash, id, org, expires_at, limits));
         self
     }
 
@@ -192,9 +205,9 @@ impl SnapshotBuilder {
         let orgs: HashMap<OrgId, Arc<Org>> =
             self.orgs.into_iter().map(|(id, org)| (id, Arc::new(org))).collect();
         let mut keys = KeyTable::with_capacity_and_hasher(self.keys.len(), BuildHasherDefault::default());
-        for (hash, id, org_id, expires_at) in self.keys {
+        for (hash, id, org_id, expires_at, limits) in self.keys {
             if let Some(org) = orgs.get(&org_id) {
-                keys.insert(hash, KeyEntry { id, org: Arc::clone(org), expires_at });
+                keys.insert(hash, KeyEntry { id, org: Arc::clone(org), expires_at, limits });
             }
         }
         Snapshot { version: self.version, keys, orgs, prices: self.prices.unwrap_or_default() }

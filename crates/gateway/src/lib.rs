@@ -7,6 +7,7 @@
 mod metering;
 mod metrics;
 mod proxy;
+mod ratelimit;
 mod refusal;
 mod server;
 pub mod spool;
@@ -106,6 +107,7 @@ struct Shared {
     metrics: metrics::Metrics,
     meter: metering::Meter,
     counters: Arc<Counters>,
+    limiter: ratelimit::RateLimiter,
 }
 
 impl Gateway {
@@ -121,6 +123,7 @@ impl Gateway {
                 metrics: metrics::Metrics::new(Arc::clone(&spool.stats), Arc::clone(&counters)),
                 meter: metering::Meter::new(spool.sender.clone(), node_id.to_owned()),
                 counters,
+                limiter: ratelimit::RateLimiter::default(),
             }),
         }
     }

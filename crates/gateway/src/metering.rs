@@ -38,8 +38,9 @@ pub(crate) struct Metered {
     pub(crate) request_body: Bytes,
     pub(crate) started_at: Timestamp,
     pub(crate) prices: Prices,
-    /// Settles the spend-cap reservation made at admission with the receipt's cost.
-    pub(crate) settle: Option<Box<dyn FnOnce(Nanos) + Send + Sync>>,
+    /// Settles what admission took on account with the receipt's cost and tokens (input + output):
+    /// the spend-cap reservation and the key's token lane.
+    pub(crate) settle: Option<Box<dyn FnOnce(Nanos, u64) + Send + Sync>>,
 }
 
 /// Turns what was learned into receipts and hands them to the spool.
@@ -80,7 +81,7 @@ impl Meter {
             self.alarm_unpriced(model.as_deref());
         }
         if let Some(settle) = request.settle.take() {
-            settle(settled.cost);
+            settle(settled.cost, settled.usage.input_tokens.saturating_add(settled.usage.output_tokens));
         }
         let finished_at = Timestamp::from_system_time(SystemTime::now());
         self.spool.send(self.receipt(&request, model, status, settled, finished_at));

@@ -27,10 +27,12 @@ pub enum Outcome {
     UpstreamTimeout,
     BudgetExceeded,
     BudgetUnverifiable,
+    RateLimited,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 11] = [
+    const ALL: [Outcome; 12] = [
+        Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,
         Self::Forwarded,
@@ -57,6 +59,7 @@ impl Outcome {
             Self::UpstreamTimeout => "upstream_timeout",
             Self::BudgetExceeded => "budget_exceeded",
             Self::BudgetUnverifiable => "budget_unverifiable",
+            Self::RateLimited => "rate_limited",
         }
     }
 }

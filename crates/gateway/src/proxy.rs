@@ -162,8 +162,7 @@ where
         request_body: body.clone(),
         started_at: ctx.started_at,
         prices,
-        settle: reservation
-            .map(|r| Box::new(move |cost| r.settle(cost)) as Box<dyn FnOnce(Nanos) + Send + Sync>),
+        settle: Some(settle(shared, ctx.admitted.as_ref(), reservation)),
     });
     let upstream_request = upstream_request(&mut parts, &route, &target, body)?;
     let result = forward(shared, ctx, upstream_request).await;
@@ -200,6 +199,7 @@ fn plan<'p>(
     ctx.credential = Some(route.credential.to_owned());
     let target = match read_credential_and_admit(shared, request_headers) {
         Decision::Admit(admitted) => {
+            rate_limit(shared, ctx, &admitted)?;
             let target = target_for(shared, &route, &admitted, request_headers)?;
             ctx.admitted = Some(admitted);
             target
@@ -217,6 +217,22 @@ fn plan<'p>(
         }
     };
     Ok((route, target))
+}
+
+/// Phase rate limit: the key's requests and tokens per minute. A fault inside the limiter (a
+/// panic) is a fault of ours: the request passes, counted as a fail-open.
+fn rate_limit(shared: &Shared, ctx: &RequestContext, admitted: &Admitted) -> Result<(), Refusal> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| {
+        shared.limiter.admit(&admitted.key_id, admitted.limits)
+    })) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(wait_ms)) => Err(Refusal::RateLimited(wait_ms)),
+        Err(_) => {
+            shared.metrics.fail_open(FailOpenReason::AdmissionFault);
+            tracing::error!(request_id = ?ctx.request_id, "rate limiter fault: request let through");
+            Ok(())
+        }
+    }
 }
 
 /// The most of a refused request's body read just to keep its connection open.
@@ -276,6 +292,24 @@ fn target_for(
         }
         (None, _) => Err(Refusal::ProviderNotConfigured(route.credential.to_owned())),
     }
+}
+
+/// What a finished request's receipt settles: its cap reservation, and its key's token lane.
+fn settle(
+    shared: &Arc<Shared>,
+    admitted: Option<&Admitted>,
+    reservation: Option<Reservation>,
+) -> Box<dyn FnOnce(Nanos, u64) + Send + Sync> {
+    let key = admitted.filter(|a| a.limits.tokens_per_minute.is_some()).map(|a| (a.key_id.clone(), a.limits));
+    let shared = Arc::clone(shared);
+    Box::new(move |cost, tokens| {
+        if let Some(reservation) = reservation {
+            reservation.settle(cost);
+        }
+        if let Some((key, limits)) = key {
+            shared.limiter.charge_tokens(&key, limits, tokens);
+        }
+    })
 }
 
 /// A request that sets no output limit is reserved as if it produced this much.

@@ -20,6 +20,8 @@ pub(crate) enum Refusal {
     UpstreamTimeout,
     /// An armed cap at its line (402) or unable to confirm its spend (503).
     Budget(CapRefusal),
+    /// The key's rate limit: retry after this many milliseconds.
+    RateLimited(u64),
 }
 
 impl Refusal {
@@ -34,6 +36,7 @@ impl Refusal {
             Self::UpstreamTimeout => Outcome::UpstreamTimeout,
             Self::Budget(CapRefusal::Exceeded { .. }) => Outcome::BudgetExceeded,
             Self::Budget(CapRefusal::Unverifiable { .. }) => Outcome::BudgetUnverifiable,
+            Self::RateLimited(_) => Outcome::RateLimited,
         }
     }
 
@@ -48,6 +51,7 @@ impl Refusal {
             Self::UpstreamUnreachable => Answer::upstream_unreachable(),
             Self::UpstreamTimeout => Answer::upstream_timeout(),
             Self::Budget(refusal) => refusal.answer(),
+            Self::RateLimited(ms) => Answer::rate_limited(*ms),
         }
     }
 }

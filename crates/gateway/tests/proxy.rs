@@ -14,6 +14,7 @@ use recovea_core::ids::CapId;
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::money::Nanos;
+use recovea_core::ratelimit::KeyLimits;
 use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::usage::UsageSource;
@@ -30,6 +31,7 @@ const BYO_KEY: &str = "rk_byo00000000000000000000000000000000000000002";
 const EXPIRED_KEY: &str = "rk_expired00000000000000000000000000000000000003";
 const NO_CREDENTIALS_KEY: &str = "rk_bare0000000000000000000000000000000000000004";
 const UNKNOWN_KEY: &str = "rk_unknown00000000000000000000000000000000000005";
+const LIMITED_KEY: &str = "rk_limited00000000000000000000000000000000000006";
 const MANAGED_OPENAI: &str = "sk-managed-openai-0123456789";
 const MANAGED_ANTHROPIC: &str = "sk-ant-managed-0123456789";
 const MANAGED_GROQ: &str = "gsk-managed-0123456789";
@@ -183,6 +185,13 @@ fn snapshot(mock_url: &str, caps: Vec<Cap>) -> recovea_core::Snapshot {
         b.cap(cap);
     }
     b.key(hash_secret(KEY), KeyId::parse("key_live").expect("id"), org.clone(), None);
+    b.key_with_limits(
+        hash_secret(LIMITED_KEY),
+        KeyId::parse("key_limited").expect("id"),
+        org.clone(),
+        None,
+        KeyLimits { requests_per_minute: Some(2), tokens_per_minute: None },
+    );
     b.key(hash_secret(BYO_KEY), KeyId::parse("key_byo").expect("id"), bare.clone(), None);
     b.key(hash_secret(EXPIRED_KEY), KeyId::parse("key_expired").expect("id"), org, Some(Timestamp(1)));
     b.key(hash_secret(NO_CREDENTIALS_KEY), KeyId::parse("key_bare").expect("id"), bare, None);
@@ -981,4 +990,40 @@ async fn a_refused_request_keeps_its_connection_unless_its_body_is_too_big_to_re
         .await;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(response.headers().get("connection").expect("connection header"), "close");
+}
+
+#[tokio::test]
+async fn a_key_over_its_rate_limit_gets_429_saying_when_to_retry() {
+    let h = Harness::start().await;
+    for _ in 0..2 {
+        let response = h
+            .send(
+                h.post("/v1/chat/completions").header("authorization", format!("Bearer {LIMITED_KEY}")),
+                CHAT,
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        body_of(response).await;
+    }
+    let response = h
+        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {LIMITED_KEY}")), CHAT)
+        .await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let wait_ms: u64 = response
+        .headers()
+        .get("retry-after-ms")
+        .expect("ms hint")
+        .to_str()
+        .expect("text")
+        .parse()
+        .expect("number");
+    assert!((29_000..=30_000).contains(&wait_ms), "two a minute: the next in about 30 s, not {wait_ms} ms");
+    assert_eq!(response.headers().get("retry-after").expect("hint"), &wait_ms.div_ceil(1000).to_string());
+    let status = response.status();
+    assert_answer(status, &body_of(response).await, &Answer::rate_limited(wait_ms));
+    assert_eq!(h.mock.requests().len(), 2, "a rate-limited request is not forwarded");
+    // Other keys are not held back by this one's limit.
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    assert_eq!(response.status(), StatusCode::OK);
 }

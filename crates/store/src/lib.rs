@@ -11,6 +11,7 @@ use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
+use recovea_core::ratelimit::KeyLimits;
 use recovea_core::receipt::Receipt;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
@@ -33,6 +34,7 @@ pub struct KeyRecord {
     pub created_at: Timestamp,
     pub expires_at: Option<Timestamp>,
     pub revoked_at: Option<Timestamp>,
+    pub limits: KeyLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +118,9 @@ pub trait ControlStore: Send + Sync + 'static {
     /// Fails with `NotFound` when the organization does not exist.
     fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()>;
     fn list_keys(&self, org: &OrgId) -> Result<Vec<KeyRecord>>;
+    fn key(&self, id: &KeyId) -> Result<Option<KeyRecord>>;
+    /// Sets a key's rate limits and returns it; `None` for an unknown id.
+    fn set_key_limits(&self, id: &KeyId, limits: KeyLimits) -> Result<Option<KeyRecord>>;
     /// Revokes the key (keeping the first revocation time) and returns it; `None` for an unknown id.
     fn revoke_key(&self, id: &KeyId, at: Timestamp) -> Result<Option<KeyRecord>>;
 

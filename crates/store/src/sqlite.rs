@@ -13,6 +13,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
+use recovea_core::ratelimit::KeyLimits;
 use recovea_core::receipt::Receipt;
 
 use crate::{
@@ -102,6 +103,10 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX alerts_by_org ON alerts(org_id, raised_at);
     CREATE INDEX receipts_by_key_time ON receipts(key_id, started_at);
 ",
+    r"
+    ALTER TABLE keys ADD COLUMN requests_per_minute INTEGER;
+    ALTER TABLE keys ADD COLUMN tokens_per_minute INTEGER;
+",
 ];
 
 pub struct SqliteStore {
@@ -169,7 +174,8 @@ fn org_row(row: &Row<'_>) -> rusqlite::Result<OrgRecord> {
     Ok(OrgRecord { id: org_id(row.get(0)?)?, name: row.get(1)?, created_at: Timestamp(row.get(2)?) })
 }
 
-const KEY_COLUMNS: &str = "id, org_id, name, prefix, created_at, expires_at, revoked_at";
+const KEY_COLUMNS: &str =
+    "id, org_id, name, prefix, created_at, expires_at, revoked_at, requests_per_minute, tokens_per_minute";
 
 fn key_row(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
     let id: String = row.get(0)?;
@@ -181,6 +187,7 @@ fn key_row(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
         created_at: Timestamp(row.get(4)?),
         expires_at: row.get::<_, Option<i64>>(5)?.map(Timestamp),
         revoked_at: row.get::<_, Option<i64>>(6)?.map(Timestamp),
+        limits: KeyLimits { requests_per_minute: row.get(7)?, tokens_per_minute: row.get(8)? },
     })
 }
 
@@ -238,7 +245,9 @@ impl ControlStore for SqliteStore {
                 return Err(StoreError::NotFound);
             }
             tx.execute(
-                &format!("INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+                &format!(
+                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                ),
                 params![
                     key.id.as_str(),
                     key.org_id.as_str(),
@@ -247,6 +256,8 @@ impl ControlStore for SqliteStore {
                     key.created_at.0,
                     key.expires_at.map(|t| t.0),
                     key.revoked_at.map(|t| t.0),
+                    key.limits.requests_per_minute,
+                    key.limits.tokens_per_minute,
                     &hash.0[..],
                 ],
             )
@@ -264,6 +275,26 @@ impl ControlStore for SqliteStore {
             .map_err(backend)?
             .collect::<rusqlite::Result<_>>()
             .map_err(backend)
+    }
+
+    fn key(&self, id: &KeyId) -> Result<Option<KeyRecord>> {
+        self.conn()
+            .query_row(&format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = ?1"), [id.as_str()], key_row)
+            .optional()
+            .map_err(backend)
+    }
+
+    fn set_key_limits(&self, id: &KeyId, limits: KeyLimits) -> Result<Option<KeyRecord>> {
+        self.change(|tx| {
+            tx.execute(
+                "UPDATE keys SET requests_per_minute = ?2, tokens_per_minute = ?3 WHERE id = ?1",
+                params![id.as_str(), limits.requests_per_minute, limits.tokens_per_minute],
+            )
+            .map_err(backend)?;
+            tx.query_row(&format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = ?1"), [id.as_str()], key_row)
+                .optional()
+                .map_err(backend)
+        })
     }
 
     fn revoke_key(&self, id: &KeyId, at: Timestamp) -> Result<Option<KeyRecord>> {
@@ -455,7 +486,7 @@ impl ControlStore for SqliteStore {
                 .prepare(&format!("SELECT {KEY_COLUMNS}, hash FROM keys WHERE revoked_at IS NULL"))
                 .map_err(backend)?;
             stmt.query_map([], |row| {
-                let hash: Vec<u8> = row.get(7)?;
+                let hash: Vec<u8> = row.get(9)?;
                 let hash: [u8; 32] =
                     hash.try_into().map_err(|_| corrupt("key hash is not 32 bytes".into()))?;
                 Ok((key_row(row)?, KeyHash(hash)))
@@ -714,6 +745,7 @@ mod tests {
             created_at: Timestamp(2),
             expires_at: None,
             revoked_at: None,
+            limits: KeyLimits::default(),
         }
     }
 

@@ -34,7 +34,7 @@ pub(crate) struct CapPatch {
     hard_stop: Option<bool>,
     alert_at: Option<Vec<Number>>,
     /// `null` removes the webhook.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::admin::present")]
     alert_webhook: Option<Value>,
 }
 
