@@ -4,6 +4,7 @@
 //! **Invariant:** the store never sees a key secret or an opened provider key; it holds hashes and
 //! sealed bytes only. It knows nothing of HTTP.
 
+pub mod postgres;
 pub mod sqlite;
 
 use recovea_core::caps::Cap;
@@ -16,6 +17,7 @@ use recovea_core::receipt::Receipt;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,122 @@
+//! The PostgreSQL schema and its migrations, recorded in `schema_migrations` and applied once each,
+//! even when several control replicas start at the same moment.
+
+use postgres::Client;
+
+use super::backend;
+use crate::Result;
+
+/// Entry `i` is migration version `i + 1`. Append only: a migration applied somewhere never changes.
+///
+/// Text columns that are sorted or compared on (ids, names, models) use the `"C"` collation, so that
+/// order is by bytes whatever the database's locale, as in SQLite.
+pub(super) const MIGRATIONS: &[&str] = &[r#"
+    CREATE TABLE orgs (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        name TEXT NOT NULL,
+        created_at BIGINT NOT NULL
+    );
+    CREATE TABLE keys (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        org_id TEXT COLLATE "C" NOT NULL REFERENCES orgs(id),
+        name TEXT NOT NULL,
+        prefix TEXT NOT NULL,
+        hash BYTEA NOT NULL UNIQUE,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT,
+        revoked_at BIGINT,
+        requests_per_minute BIGINT,
+        tokens_per_minute BIGINT
+    );
+    CREATE INDEX keys_by_org ON keys(org_id);
+    CREATE TABLE providers (
+        org_id TEXT COLLATE "C" NOT NULL REFERENCES orgs(id),
+        name TEXT COLLATE "C" NOT NULL,
+        kind TEXT NOT NULL,
+        base_url TEXT,
+        sealed_key BYTEA NOT NULL,
+        key_hint TEXT NOT NULL,
+        updated_at BIGINT NOT NULL,
+        PRIMARY KEY (org_id, name)
+    );
+    CREATE TABLE state_version (id INTEGER PRIMARY KEY CHECK (id = 1), version BIGINT NOT NULL);
+    INSERT INTO state_version VALUES (1, 0);
+    CREATE TABLE price_revisions (
+        revision BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        model TEXT COLLATE "C" NOT NULL,
+        price TEXT NOT NULL,
+        created_at BIGINT NOT NULL
+    );
+    CREATE INDEX price_revisions_by_model ON price_revisions(model, revision);
+    CREATE TABLE receipts (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        org_id TEXT COLLATE "C" NOT NULL,
+        key_id TEXT COLLATE "C" NOT NULL,
+        started_at BIGINT NOT NULL,
+        model TEXT COLLATE "C",
+        input_tokens BIGINT NOT NULL,
+        output_tokens BIGINT NOT NULL,
+        cost_nanos BIGINT NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX receipts_by_org_time ON receipts(org_id, started_at, id);
+    CREATE INDEX receipts_by_key_time ON receipts(key_id, started_at);
+    CREATE TABLE caps (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        org_id TEXT COLLATE "C" NOT NULL REFERENCES orgs(id),
+        scope TEXT NOT NULL,
+        key_id TEXT COLLATE "C" REFERENCES keys(id),
+        cap_window TEXT NOT NULL,
+        limit_nanos BIGINT NOT NULL,
+        hard_stop BOOLEAN NOT NULL,
+        alert_at TEXT NOT NULL,
+        alert_webhook TEXT,
+        created_at BIGINT NOT NULL
+    );
+    CREATE INDEX caps_by_org ON caps(org_id);
+    CREATE TABLE alerts (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        cap_id TEXT COLLATE "C" NOT NULL,
+        org_id TEXT COLLATE "C" NOT NULL,
+        window_start BIGINT NOT NULL,
+        threshold_permille BIGINT NOT NULL,
+        spend_nanos BIGINT NOT NULL,
+        limit_nanos BIGINT NOT NULL,
+        raised_at BIGINT NOT NULL,
+        delivered_at BIGINT,
+        attempts BIGINT NOT NULL DEFAULT 0,
+        UNIQUE (cap_id, window_start, threshold_permille)
+    );
+    CREATE INDEX alerts_by_org ON alerts(org_id, raised_at);
+"#];
+
+/// The advisory lock that serializes migrations across every process on the database ("recovea!").
+const MIGRATION_LOCK: i64 = 0x7265_636f_7665_6121;
+
+/// Applies the migrations not yet recorded, each in its own transaction under the migration lock:
+/// a replica that waited on the lock sees the other's record once it gets it, and skips.
+pub(super) fn migrate(client: &mut Client) -> Result<()> {
+    for (index, sql) in MIGRATIONS.iter().enumerate() {
+        let version = i64::try_from(index + 1).unwrap_or(i64::MAX);
+        let mut tx = client.transaction().map_err(backend)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).map_err(backend)?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (
+                version BIGINT PRIMARY KEY,
+                applied_at BIGINT NOT NULL DEFAULT (extract(epoch FROM now()) * 1000)::BIGINT
+            )",
+        )
+        .map_err(backend)?;
+        let applied = tx
+            .query_opt("SELECT 1 FROM schema_migrations WHERE version = $1", &[&version])
+            .map_err(backend)?
+            .is_some();
+        if !applied {
+            tx.batch_execute(sql).map_err(backend)?;
+            tx.execute("INSERT INTO schema_migrations (version) VALUES ($1)", &[&version])
+                .map_err(backend)?;
+        }
+        tx.commit().map_err(backend)?;
+    }
+    Ok(())
+}

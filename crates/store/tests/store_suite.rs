@@ -1,0 +1,719 @@
+//! One suite, two backends: every test body runs against `SqliteStore` (a file in a temporary
+//! directory) and `PostgresStore` (a database of its own, created for the test and dropped after).
+//!
+//! PostgreSQL is required, never skipped: the server is `RECOVEA_TEST_POSTGRES_URL` (default
+//! `postgres://postgres@127.0.0.1:5432`, trust auth), and a test fails loudly when it cannot connect.
+
+use std::path::PathBuf;
+use std::sync::Barrier;
+
+use recovea_core::caps::{Cap, Scope};
+use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::keys::hash_secret;
+use recovea_core::money::Nanos;
+use recovea_core::pricing::PriceWire;
+use recovea_core::ratelimit::KeyLimits;
+use recovea_core::receipt::Receipt;
+use recovea_core::snapshot::ProviderKind;
+use recovea_core::timestamp::Timestamp;
+use recovea_core::window::Window;
+use recovea_store::{
+    AlertRecord, CapRecord, ControlStore, KeyRecord, OrgRecord, PostgresStore, ProviderRecord, ReceiptLedger,
+    ReceiptQuery, SqliteStore, StoreError,
+};
+
+/// A fresh, empty database; `open` gives a new store instance on it each time it is called.
+trait Backend {
+    type Store: ControlStore + ReceiptLedger;
+    fn open(&self) -> Self::Store;
+}
+
+struct Sqlite {
+    dir: PathBuf,
+}
+
+impl Sqlite {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "recovea-store-suite-{}-{:016x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).expect("temporary directory");
+        Self { dir }
+    }
+}
+
+impl Backend for Sqlite {
+    type Store = SqliteStore;
+
+    fn open(&self) -> SqliteStore {
+        SqliteStore::open(&self.dir.join("control.db")).expect("open SQLite")
+    }
+}
+
+impl Drop for Sqlite {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+struct Postgres {
+    server: String,
+    name: String,
+}
+
+impl Postgres {
+    fn new() -> Self {
+        let server = std::env::var("RECOVEA_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let name = format!("recovea_test_{:016x}", fastrand::u64(..));
+        let mut admin = ::postgres::Client::connect(&format!("{server}/postgres"), ::postgres::NoTls)
+            .unwrap_or_else(|e| {
+                panic!("these tests need PostgreSQL at {server} (set RECOVEA_TEST_POSTGRES_URL): {e:?}")
+            });
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("CREATE DATABASE");
+        Self { server, name }
+    }
+
+    fn url(&self) -> String {
+        format!("{}/{}", self.server, self.name)
+    }
+
+    fn admin(&self) -> Result<::postgres::Client, ::postgres::Error> {
+        ::postgres::Client::connect(&format!("{}/postgres", self.server), ::postgres::NoTls)
+    }
+
+    /// A plain client on the test's database, to look under the store.
+    fn client(&self) -> ::postgres::Client {
+        ::postgres::Client::connect(&self.url(), ::postgres::NoTls).expect("connect to the test database")
+    }
+}
+
+impl Backend for Postgres {
+    type Store = PostgresStore;
+
+    fn open(&self) -> PostgresStore {
+        PostgresStore::connect(&self.url()).expect("connect PostgresStore")
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let dropped = self.admin().and_then(|mut admin| admin.batch_execute(&sql));
+        if let Err(e) = dropped {
+            eprintln!("could not drop test database {}: {e:?}", self.name);
+        }
+    }
+}
+
+/// Runs each named body once per backend, as `sqlite::name` and `postgres::name`.
+macro_rules! suite {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[test] fn $test() { super::$test(&super::Sqlite::new()); } )*
+        }
+        mod postgres {
+            $( #[test] fn $test() { super::$test(&super::Postgres::new()); } )*
+        }
+    };
+}
+
+suite!(
+    keys_revoke_once_and_leave_the_active_state,
+    key_limits_are_kept_and_changed,
+    children_of_unknown_orgs_are_refused,
+    state_survives_reopening,
+    state_holds_every_table,
+    receipts_insert_once_and_page_in_order,
+    spend_summary_groups_by_day_key_and_model,
+    spend_sums_costs_in_a_window,
+    each_price_change_is_a_new_revision,
+    caps_are_created_read_updated_and_deleted,
+    alerts_are_raised_once_per_threshold,
+    the_state_version_grows_with_each_change,
+    two_stores_on_one_database_see_each_others_changes,
+    concurrent_changes_each_bump_the_version,
+    concurrent_replays_insert_each_receipt_once,
+);
+
+fn org_id(id: &str) -> OrgId {
+    OrgId::parse(id).expect("org id")
+}
+
+fn key_id(id: &str) -> KeyId {
+    KeyId::parse(id).expect("key id")
+}
+
+fn cap_id(id: &str) -> CapId {
+    CapId::parse(id).expect("cap id")
+}
+
+fn org(id: &str) -> OrgRecord {
+    OrgRecord { id: org_id(id), name: format!("{id} name"), created_at: Timestamp(1) }
+}
+
+fn key(id: &str, org: &str) -> KeyRecord {
+    KeyRecord {
+        id: key_id(id),
+        org_id: org_id(org),
+        name: "k".into(),
+        prefix: "rk_abc".into(),
+        created_at: Timestamp(2),
+        expires_at: None,
+        revoked_at: None,
+        limits: KeyLimits::default(),
+    }
+}
+
+fn provider(org: &str) -> ProviderRecord {
+    ProviderRecord {
+        org_id: org_id(org),
+        name: "openai".into(),
+        kind: ProviderKind::OpenAi,
+        base_url: None,
+        sealed_key: vec![1, 2, 3],
+        key_hint: "...".into(),
+        updated_at: Timestamp(3),
+    }
+}
+
+fn cap(id: &str, org: &str, key: Option<&str>) -> CapRecord {
+    CapRecord {
+        cap: Cap {
+            id: cap_id(id),
+            org_id: org_id(org),
+            scope: if key.is_some() { Scope::Key } else { Scope::Organization },
+            key_id: key.map(key_id),
+            window: Window::Month,
+            limit: Nanos(1_000_000_000),
+            hard_stop: true,
+            alert_at_permille: vec![500, 800, 1000],
+            alert_webhook: Some("https://hooks.example/recovea".into()),
+        },
+        created_at: Timestamp(4),
+    }
+}
+
+fn wire(input: &str) -> PriceWire {
+    PriceWire {
+        input_per_mtok_usd: input.into(),
+        output_per_mtok_usd: "1".into(),
+        cached_input_per_mtok_usd: None,
+        cache_write_per_mtok_usd: Some("0.5".into()),
+    }
+}
+
+fn receipt(id: &str, key: &str, started_at: i64, cost: i64) -> Receipt {
+    Receipt {
+        id: id.into(),
+        request_id: id.replace("rcpt_", "req_"),
+        org_id: "org_a".into(),
+        key_id: key.into(),
+        provider: "openai".into(),
+        model: Some("gpt-4o".into()),
+        endpoint: "/v1/chat/completions".into(),
+        status: 200,
+        stream: false,
+        input_tokens: 10,
+        output_tokens: 5,
+        cached_input_tokens: 0,
+        cache_write_input_tokens: 0,
+        reasoning_tokens: 0,
+        cost_usd: Nanos(cost),
+        usage_source: recovea_core::usage::UsageSource::Provider,
+        priced: true,
+        price_revision: 0,
+        started_at: Timestamp(started_at),
+        finished_at: Timestamp(started_at + 5),
+        node_id: "node".into(),
+    }
+}
+
+fn alert(id: &str, window_start: i64, threshold: u32, raised_at: i64) -> AlertRecord {
+    AlertRecord {
+        id: id.into(),
+        cap_id: cap_id("cap_a"),
+        org_id: org_id("org_a"),
+        window_start: Timestamp(window_start),
+        threshold_permille: threshold,
+        spend: Nanos(600),
+        limit: Nanos(1000),
+        raised_at: Timestamp(raised_at),
+        delivered_at: None,
+        attempts: 0,
+    }
+}
+
+fn ids(receipts: &[Receipt]) -> Vec<&str> {
+    receipts.iter().map(|r| r.id.as_str()).collect()
+}
+
+fn keys_revoke_once_and_leave_the_active_state(db: &impl Backend) {
+    let store = db.open();
+    store.create_org(&org("org_a")).expect("org");
+    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a")).expect("key");
+    store.create_key(&key("key_b", "org_a"), hash_secret("rk_b")).expect("key");
+    let before = store.state().expect("state");
+    assert_eq!(before.active_keys.len(), 2);
+
+    let revoked = store.revoke_key(&key_id("key_a"), Timestamp(10)).expect("revoke");
+    assert_eq!(revoked.expect("known").revoked_at, Some(Timestamp(10)));
+    let again = store.revoke_key(&key_id("key_a"), Timestamp(20)).expect("revoke");
+    assert_eq!(again.expect("known").revoked_at, Some(Timestamp(10)), "the first revocation is kept");
+    assert_eq!(store.revoke_key(&key_id("key_zz"), Timestamp(20)).expect("ok"), None);
+
+    let after = store.state().expect("state");
+    assert!(after.version > before.version);
+    assert_eq!(store.version().expect("version"), after.version);
+    assert_eq!(after.active_keys.len(), 1);
+    assert_eq!(after.active_keys[0].1, hash_secret("rk_b"));
+    assert_eq!(store.list_keys(&org_id("org_a")).expect("list").len(), 2, "revoked keys are still listed");
+    assert!(matches!(
+        store.create_key(&key("key_c", "org_a"), hash_secret("rk_b")),
+        Err(StoreError::Backend(_))
+    ));
+}
+
+fn key_limits_are_kept_and_changed(db: &impl Backend) {
+    let store = db.open();
+    store.create_org(&org("org_a")).expect("org");
+    let limited = KeyLimits { requests_per_minute: Some(60), tokens_per_minute: Some(u32::MAX) };
+    let mut record = key("key_a", "org_a");
+    record.limits = limited;
+    record.expires_at = Some(Timestamp(99));
+    store.create_key(&record, hash_secret("rk_a")).expect("key");
+    assert_eq!(store.key(&key_id("key_a")).expect("read"), Some(record.clone()));
+    assert_eq!(store.key(&key_id("key_zz")).expect("read"), None);
+
+    let version = store.version().expect("version");
+    let lifted = KeyLimits { requests_per_minute: None, tokens_per_minute: Some(1000) };
+    let changed = store.set_key_limits(&key_id("key_a"), lifted).expect("set").expect("known");
+    assert_eq!(changed, KeyRecord { limits: lifted, ..record });
+    assert!(store.version().expect("version") > version);
+    assert_eq!(store.state().expect("state").active_keys[0].0.limits, lifted);
+    assert_eq!(store.set_key_limits(&key_id("key_zz"), lifted).expect("ok"), None);
+}
+
+fn children_of_unknown_orgs_are_refused(db: &impl Backend) {
+    let store = db.open();
+    assert!(matches!(store.create_key(&key("key_a", "org_x"), hash_secret("x")), Err(StoreError::NotFound)));
+    let provider = provider("org_x");
+    assert!(matches!(store.put_provider(&provider), Err(StoreError::NotFound)));
+    assert!(matches!(store.create_cap(&cap("cap_a", "org_x", None)), Err(StoreError::NotFound)));
+    assert_eq!(store.version().expect("version"), 0, "refused changes leave the version alone");
+
+    store.create_org(&org("org_x")).expect("org");
+    store.put_provider(&provider).expect("put");
+    let replaced = ProviderRecord {
+        kind: ProviderKind::Anthropic,
+        base_url: Some("http://127.0.0.1:9".into()),
+        sealed_key: vec![9; 40],
+        ..provider.clone()
+    };
+    store.put_provider(&replaced).expect("put again");
+    assert_eq!(store.list_providers(&provider.org_id).expect("list"), vec![replaced]);
+    assert!(matches!(store.create_org(&org("org_x")), Err(StoreError::Backend(_))), "ids are unique");
+}
+
+fn state_survives_reopening(db: &impl Backend) {
+    {
+        let store = db.open();
+        store.create_org(&org("org_a")).expect("org");
+        store.insert_receipts(&[receipt("rcpt_a", "key_a", 1, 1)]).expect("insert");
+    }
+    let store = db.open();
+    assert_eq!(store.list_orgs().expect("list"), vec![org("org_a")]);
+    assert_eq!(store.version().expect("version"), 1);
+    assert_eq!(store.insert_receipts(&[receipt("rcpt_a", "key_a", 1, 1)]).expect("replay"), 0);
+}
+
+fn state_holds_every_table(db: &impl Backend) {
+    let store = db.open();
+    store.create_org(&org("org_a")).expect("org");
+    store.create_org(&OrgRecord { created_at: Timestamp(0), ..org("org_b") }).expect("org");
+    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a")).expect("key");
+    store.put_provider(&provider("org_a")).expect("provider");
+    store.create_cap(&cap("cap_a", "org_a", Some("key_a"))).expect("cap");
+    store.put_price("gpt-4o", &wire("2.5"), Timestamp(5)).expect("price");
+
+    let state = store.state().expect("state");
+    assert_eq!(state.version, 6);
+    let mut orgs = state.orgs.clone();
+    orgs.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+    assert_eq!(orgs, vec![org("org_a"), OrgRecord { created_at: Timestamp(0), ..org("org_b") }]);
+    assert_eq!(state.active_keys, vec![(key("key_a", "org_a"), hash_secret("rk_a"))]);
+    assert_eq!(state.providers, vec![provider("org_a")]);
+    assert_eq!(state.caps, vec![cap("cap_a", "org_a", Some("key_a"))]);
+    assert_eq!(state.price_revision, 1);
+    assert_eq!(state.price_overrides, vec![("gpt-4o".to_owned(), wire("2.5"))]);
+    assert_eq!(store.list_orgs().expect("list")[0].id, org_id("org_b"), "listed oldest first");
+    assert_eq!(store.org(&org_id("org_a")).expect("read"), Some(org("org_a")));
+    assert_eq!(store.org(&org_id("org_zz")).expect("read"), None);
+}
+
+fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
+    let store = db.open();
+    let day = 86_400_000;
+    let batch = [
+        receipt("rcpt_b", "key_a", 2, 7),
+        receipt("rcpt_a", "key_a", 2, 3),
+        receipt("rcpt_c", "key_b", day + 1, 11),
+    ];
+    assert_eq!(store.insert_receipts(&batch).expect("insert"), 3);
+    assert_eq!(store.insert_receipts(&batch).expect("replay"), 0, "inserts are idempotent by id");
+    assert_eq!(store.insert_receipts(&[]).expect("empty"), 0);
+
+    let query = |after, key: Option<&str>| ReceiptQuery {
+        org_id: org_id("org_a"),
+        from: None,
+        to: None,
+        key_id: key.map(key_id),
+        limit: 2,
+        after,
+    };
+    let first = store.receipts(&query(None, None)).expect("page");
+    assert_eq!(ids(&first), ["rcpt_a", "rcpt_b"]);
+    let last = &first[1];
+    let next = store.receipts(&query(Some((last.started_at, last.id.clone())), None)).expect("page");
+    assert_eq!(next, vec![batch[2].clone()]);
+    assert_eq!(store.receipts(&query(None, Some("key_b"))).expect("filter"), vec![batch[2].clone()]);
+    let window = ReceiptQuery {
+        from: Some(Timestamp(2)),
+        to: Some(Timestamp(day + 1)),
+        limit: 10,
+        ..query(None, None)
+    };
+    assert_eq!(ids(&store.receipts(&window).expect("window")), ["rcpt_a", "rcpt_b"], "[from, to)");
+    let other_org = ReceiptQuery { org_id: org_id("org_b"), ..query(None, None) };
+    assert_eq!(store.receipts(&other_org).expect("other org"), vec![]);
+
+    // Ids order by bytes (upper case first), and a batch may carry the same receipt twice.
+    let mixed = [
+        receipt("rcpt_x", "key_a", 50, 1),
+        receipt("rcpt_X", "key_a", 50, 1),
+        receipt("rcpt_x", "key_a", 50, 1),
+    ];
+    assert_eq!(store.insert_receipts(&mixed).expect("insert"), 2);
+    let at_50 =
+        ReceiptQuery { from: Some(Timestamp(50)), to: Some(Timestamp(51)), limit: 10, ..query(None, None) };
+    assert_eq!(ids(&store.receipts(&at_50).expect("page")), ["rcpt_X", "rcpt_x"]);
+    let after_upper = ReceiptQuery { after: Some((Timestamp(50), "rcpt_X".into())), ..at_50 };
+    assert_eq!(ids(&store.receipts(&after_upper).expect("page")), ["rcpt_x"]);
+    assert_eq!(store.receipts(&after_upper).expect("page")[0], mixed[0], "the receipt reads back whole");
+}
+
+fn spend_summary_groups_by_day_key_and_model(db: &impl Backend) {
+    let store = db.open();
+    let day = 86_400_000;
+    let unpriced =
+        Receipt { model: None, input_tokens: 7, output_tokens: 0, ..receipt("rcpt_d", "key_a", 3, 0) };
+    store
+        .insert_receipts(&[
+            receipt("rcpt_b", "key_a", 2, 7),
+            receipt("rcpt_a", "key_a", 2, 3),
+            receipt("rcpt_c", "key_b", day + 1, 11),
+            unpriced,
+        ])
+        .expect("insert");
+    let org = org_id("org_a");
+    let summary = store.spend_summary(&org, None, None).expect("summary");
+    let rows: Vec<_> = summary
+        .iter()
+        .map(|r| {
+            (
+                r.day.as_str(),
+                r.key_id.as_str(),
+                r.model.as_deref(),
+                r.requests,
+                r.input_tokens,
+                r.output_tokens,
+                r.cost,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("1970-01-01", "key_a", None, 1, 7, 0, Nanos(0)),
+            ("1970-01-01", "key_a", Some("gpt-4o"), 2, 20, 10, Nanos(10)),
+            ("1970-01-02", "key_b", Some("gpt-4o"), 1, 10, 5, Nanos(11)),
+        ]
+    );
+    let second_day =
+        store.spend_summary(&org, Some(Timestamp(day)), Some(Timestamp(2 * day))).expect("summary");
+    assert_eq!(second_day.len(), 1);
+    assert_eq!(second_day[0].cost, Nanos(11));
+    assert_eq!(store.spend_summary(&org_id("org_b"), None, None).expect("summary"), vec![]);
+}
+
+fn spend_sums_costs_in_a_window(db: &impl Backend) {
+    let store = db.open();
+    let other_org = Receipt { org_id: "org_b".into(), ..receipt("rcpt_z", "key_a", 5, 1000) };
+    store
+        .insert_receipts(&[
+            receipt("rcpt_a", "key_a", 10, 3),
+            receipt("rcpt_b", "key_b", 15, 5),
+            receipt("rcpt_c", "key_a", 20, 7),
+            other_org,
+        ])
+        .expect("insert");
+    let org = org_id("org_a");
+    let spend = |key: Option<&str>, from, to| {
+        store.spend(&org, key.map(key_id).as_ref(), Timestamp(from), Timestamp(to)).expect("spend")
+    };
+    assert_eq!(spend(None, 0, 100), Nanos(15));
+    assert_eq!(spend(Some("key_a"), 0, 100), Nanos(10));
+    assert_eq!(spend(None, 10, 20), Nanos(8), "from is in, to is out");
+    assert_eq!(spend(Some("key_zz"), 0, 100), Nanos(0));
+    assert_eq!(spend(None, 100, 200), Nanos(0));
+    let big = Receipt { cost_usd: Nanos(i64::MAX / 2), ..receipt("rcpt_big", "key_a", 30, 0) };
+    store.insert_receipts(&[big]).expect("insert");
+    assert_eq!(spend(None, 30, 31), Nanos(i64::MAX / 2), "money is a 64-bit integer");
+}
+
+fn each_price_change_is_a_new_revision(db: &impl Backend) {
+    let store = db.open();
+    assert_eq!(store.state().expect("state").price_revision, 0);
+    let first = store.put_price("m", &wire("2"), Timestamp(1)).expect("put");
+    let second = store.put_price("m", &wire("3"), Timestamp(2)).expect("put");
+    store.put_price("n", &wire("4"), Timestamp(3)).expect("put");
+    assert!(second > first);
+    let state = store.state().expect("state");
+    assert_eq!(state.price_revision, 3);
+    assert_eq!(state.price_overrides, vec![("m".to_owned(), wire("3")), ("n".to_owned(), wire("4"))]);
+}
+
+fn caps_are_created_read_updated_and_deleted(db: &impl Backend) {
+    let store = db.open();
+    store.create_org(&org("org_a")).expect("org");
+    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a")).expect("key");
+    let org_cap = CapRecord { created_at: Timestamp(9), ..cap("cap_b", "org_a", None) };
+    let key_cap = cap("cap_a", "org_a", Some("key_a"));
+    store.create_cap(&org_cap).expect("org cap");
+    store.create_cap(&key_cap).expect("key cap");
+    assert!(
+        matches!(store.create_cap(&cap("cap_c", "org_a", Some("key_zz"))), Err(StoreError::Backend(_))),
+        "a key cap needs its key"
+    );
+    assert_eq!(store.caps(&org_id("org_a")).expect("list"), vec![key_cap.clone(), org_cap.clone()]);
+    assert_eq!(store.caps(&org_id("org_b")).expect("list"), vec![]);
+    assert_eq!(store.cap(&cap_id("cap_b")).expect("read"), Some(org_cap.clone()));
+    assert_eq!(store.cap(&cap_id("cap_zz")).expect("read"), None);
+
+    let mut updated = org_cap.clone();
+    updated.cap.limit = Nanos(5);
+    updated.cap.hard_stop = false;
+    updated.cap.alert_at_permille = vec![];
+    updated.cap.alert_webhook = None;
+    updated.cap.window = Window::Day;
+    updated.created_at = Timestamp(100);
+    store.update_cap(&updated).expect("update");
+    let read = store.cap(&cap_id("cap_b")).expect("read").expect("known");
+    assert_eq!(read.cap.limit, Nanos(5));
+    assert!(!read.cap.hard_stop);
+    assert_eq!(read.cap.alert_at_permille, Vec::<u32>::new());
+    assert_eq!(read.cap.alert_webhook, None);
+    assert_eq!((read.cap.window, read.created_at), (Window::Month, Timestamp(9)), "window and creation stay");
+    assert!(matches!(store.update_cap(&cap("cap_zz", "org_a", None)), Err(StoreError::NotFound)));
+
+    assert!(store.delete_cap(&cap_id("cap_b")).expect("delete"));
+    assert!(!store.delete_cap(&cap_id("cap_b")).expect("delete again"));
+    assert_eq!(store.state().expect("state").caps, vec![key_cap]);
+}
+
+fn alerts_are_raised_once_per_threshold(db: &impl Backend) {
+    let store = db.open();
+    let version = store.version().expect("version");
+    assert!(store.raise_alert(&alert("alrt_1", 0, 500, 10)).expect("raise"));
+    assert!(
+        !store.raise_alert(&alert("alrt_2", 0, 500, 11)).expect("again"),
+        "once per (cap, window, threshold)"
+    );
+    assert!(store.raise_alert(&alert("alrt_3", 0, 800, 10)).expect("next threshold"));
+    assert!(store.raise_alert(&alert("alrt_4", 1000, 500, 12)).expect("next window"));
+    assert!(!store.raise_alert(&alert("alrt_1", 5, 900, 13)).expect("same id"), "ids are unique too");
+    assert_eq!(store.version().expect("version"), version, "alerts are not part of the state");
+
+    let listed = store.alerts(&org_id("org_a")).expect("alerts");
+    assert_eq!(listed.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), ["alrt_1", "alrt_3", "alrt_4"]);
+    assert_eq!(listed[0], alert("alrt_1", 0, 500, 10));
+    assert_eq!(store.alerts(&org_id("org_b")).expect("alerts"), vec![]);
+
+    store.alert_delivery("alrt_1", None).expect("failed attempt");
+    store.alert_delivery("alrt_1", Some(Timestamp(20))).expect("delivered");
+    store.alert_delivery("alrt_1", None).expect("late attempt");
+    store.alert_delivery("alrt_zz", None).expect("unknown ids are ignored");
+    let first = store.alerts(&org_id("org_a")).expect("alerts").remove(0);
+    assert_eq!((first.attempts, first.delivered_at), (3, Some(Timestamp(20))));
+}
+
+fn the_state_version_grows_with_each_change(db: &impl Backend) {
+    let store = db.open();
+    let mut last = store.version().expect("version");
+    let mut grew = |what: &str| {
+        let now = store.version().expect("version");
+        assert!(now > last, "{what} moves the version ({last} -> {now})");
+        assert_eq!(store.state().expect("state").version, now);
+        last = now;
+    };
+    store.create_org(&org("org_a")).expect("org");
+    grew("create_org");
+    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a")).expect("key");
+    grew("create_key");
+    store.set_key_limits(&key_id("key_a"), KeyLimits::default()).expect("limits");
+    grew("set_key_limits");
+    store.revoke_key(&key_id("key_a"), Timestamp(5)).expect("revoke");
+    grew("revoke_key");
+    store.put_provider(&provider("org_a")).expect("provider");
+    grew("put_provider");
+    store.put_price("m", &wire("1"), Timestamp(5)).expect("price");
+    grew("put_price");
+    store.create_cap(&cap("cap_a", "org_a", None)).expect("cap");
+    grew("create_cap");
+    store.update_cap(&cap("cap_a", "org_a", None)).expect("cap");
+    grew("update_cap");
+    store.delete_cap(&cap_id("cap_a")).expect("cap");
+    grew("delete_cap");
+
+    let before = store.version().expect("version");
+    store.insert_receipts(&[receipt("rcpt_a", "key_a", 1, 1)]).expect("insert");
+    store.raise_alert(&alert("alrt_a", 0, 500, 1)).expect("alert");
+    store.alert_delivery("alrt_a", Some(Timestamp(2))).expect("delivery");
+    assert!(matches!(store.update_cap(&cap("cap_a", "org_a", None)), Err(StoreError::NotFound)));
+    assert_eq!(store.version().expect("version"), before, "ledger writes and refused changes leave it");
+}
+
+fn two_stores_on_one_database_see_each_others_changes(db: &impl Backend) {
+    let (a, b) = (db.open(), db.open());
+    assert_eq!(a.version().expect("a"), b.version().expect("b"));
+
+    a.create_org(&org("org_a")).expect("org on a");
+    assert_eq!(b.version().expect("b"), a.version().expect("a"), "b sees a's version move");
+    assert_eq!(b.list_orgs().expect("list on b"), vec![org("org_a")]);
+
+    let before = a.version().expect("a");
+    b.create_key(&key("key_a", "org_a"), hash_secret("rk_a")).expect("key on b");
+    b.put_price("m", &wire("2"), Timestamp(1)).expect("price on b");
+    let revision = a.put_price("m", &wire("3"), Timestamp(2)).expect("price on a");
+    assert!(a.version().expect("a") > before, "a sees b's version move");
+    let (state_a, state_b) = (a.state().expect("a"), b.state().expect("b"));
+    assert_eq!(state_a.version, state_b.version);
+    assert_eq!(state_a.active_keys, state_b.active_keys);
+    assert_eq!(
+        (state_b.price_revision, state_b.price_overrides),
+        (revision, vec![("m".to_owned(), wire("3"))])
+    );
+
+    let batch = [receipt("rcpt_a", "key_a", 1, 3), receipt("rcpt_b", "key_a", 2, 4)];
+    assert_eq!(a.insert_receipts(&batch).expect("a"), 2);
+    assert_eq!(b.insert_receipts(&batch).expect("b"), 0, "a replay through another instance counts once");
+    assert_eq!(b.spend(&org_id("org_a"), None, Timestamp(0), Timestamp(10)).expect("spend"), Nanos(7));
+    assert!(a.raise_alert(&alert("alrt_a", 0, 500, 1)).expect("a"));
+    assert!(!b.raise_alert(&alert("alrt_b", 0, 500, 1)).expect("b"), "one alert across instances");
+}
+
+fn concurrent_changes_each_bump_the_version(db: &impl Backend) {
+    let stores = [db.open(), db.open()];
+    let start = stores[0].version().expect("version");
+    let (threads, each) = (4, 10);
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (store, barrier) = (&stores[t % 2], &barrier);
+            s.spawn(move || {
+                barrier.wait();
+                for i in 0..each {
+                    store.create_org(&org(&format!("org_{t}x{i}"))).expect("org");
+                }
+            });
+        }
+    });
+    let total = u64::try_from(threads * each).expect("small");
+    assert_eq!(stores[1].version().expect("version"), start + total);
+    assert_eq!(stores[0].state().expect("state").orgs.len(), threads * each);
+}
+
+fn concurrent_replays_insert_each_receipt_once(db: &impl Backend) {
+    let stores = [db.open(), db.open()];
+    let batch: Vec<_> = (0..200).map(|i| receipt(&format!("rcpt_{i:03}"), "key_a", i, 1)).collect();
+    let barrier = Barrier::new(4);
+    let inserted: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let (store, barrier, batch) = (&stores[t % 2], &barrier, &batch);
+                s.spawn(move || {
+                    barrier.wait();
+                    store.insert_receipts(batch).expect("insert")
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("thread")).sum()
+    });
+    assert_eq!(inserted, 200);
+    assert_eq!(
+        stores[0].spend(&org_id("org_a"), None, Timestamp(0), Timestamp(1000)).expect("spend"),
+        Nanos(200)
+    );
+}
+
+/// Several control replicas starting at once on a new database: each migration is applied once.
+#[test]
+fn postgres_concurrent_migrations_apply_once() {
+    let db = Postgres::new();
+    let barrier = Barrier::new(4);
+    let stores: Vec<PostgresStore> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    PostgresStore::connect(&db.url())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("thread").expect("every replica starts")).collect()
+    });
+    let mut client = db.client();
+    let versions: Vec<i64> = client
+        .query("SELECT version FROM schema_migrations ORDER BY version", &[])
+        .expect("schema_migrations")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(!versions.is_empty());
+    assert_eq!(versions, (1..=i64::try_from(versions.len()).expect("few")).collect::<Vec<_>>());
+    stores[0].create_org(&org("org_a")).expect("org");
+    assert_eq!(stores[3].version().expect("version"), 1, "one state_version row, seeded once");
+
+    drop(stores);
+    let again = PostgresStore::connect(&db.url()).expect("a later start");
+    assert_eq!(again.list_orgs().expect("list"), vec![org("org_a")]);
+    let count: i64 = client.query_one("SELECT COUNT(*) FROM schema_migrations", &[]).expect("count").get(0);
+    assert_eq!(count, i64::try_from(versions.len()).expect("few"), "nothing re-applied");
+}
+
+#[test]
+fn postgres_connect_errors_are_reported() {
+    let refused = PostgresStore::connect("postgres://postgres@127.0.0.1:1/recovea");
+    assert!(
+        matches!(&refused, Err(StoreError::Backend(m)) if m.contains("connect")),
+        "{:?}",
+        refused.as_ref().err()
+    );
+    assert!(matches!(PostgresStore::connect("postgres://:not-a-port"), Err(StoreError::Backend(_))));
+    let db = Postgres::new();
+    let missing = format!("{}/{}_missing", db.server, db.name);
+    let error = PostgresStore::connect(&missing).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(error.contains("does not exist"), "the server's message is kept: {error}");
+}
+
+/// A store dropped on an async worker thread closes its connections without panicking.
+#[test]
+fn postgres_store_can_be_dropped_inside_a_runtime() {
+    let db = Postgres::new();
+    let store = PostgresStore::connect(&db.url()).expect("connect");
+    store.version().expect("a pooled connection");
+    let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    runtime.block_on(async move { drop(store) });
+}
