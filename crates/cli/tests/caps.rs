@@ -156,7 +156,7 @@ async fn caps_are_created_validated_changed_and_deleted() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = serve.admin(Method::DELETE, &cap_path, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    std::fs::remove_dir_all(&dir).expect("cleanup");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A webhook receiver on loopback that records what it is sent, and fails the first `fail` times.
@@ -313,5 +313,5 @@ async fn crossing_thresholds_raises_each_alert_once_and_posts_it_signed_with_ret
             "the deleted cap still refused after a second"
         );
     }
-    std::fs::remove_dir_all(&dir).expect("cleanup");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -145,7 +145,7 @@ async fn after_sigkill_every_completed_response_has_exactly_one_receipt() {
     assert_eq!(ids.len(), total, "a request has two receipts");
     assert!(total as u32 <= sent, "more receipts ({total}) than requests sent ({sent})");
     drop(serve);
-    std::fs::remove_dir_all(&dir).expect("cleanup");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn admin_cli(serve: &Serve, args: &[&str]) -> String {
@@ -225,5 +225,5 @@ async fn the_admin_cli_sets_prices_and_reads_receipts() {
     assert_eq!(summary["rows"][0]["requests"], 2);
     assert_eq!(summary["rows"][0]["cost_usd"], "0.0000145");
     drop(serve);
-    std::fs::remove_dir_all(&dir).expect("cleanup");
+    let _ = std::fs::remove_dir_all(&dir);
 }

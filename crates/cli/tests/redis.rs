@@ -148,5 +148,5 @@ async fn redis_gone_means_503_for_armed_caps_only_and_it_clears_when_redis_is_ba
 
     let _redis = OwnRedis::start(port, &dir);
     serve.until(&armed, StatusCode::OK, Duration::from_secs(15)).await;
-    std::fs::remove_dir_all(&dir).expect("cleanup");
+    let _ = std::fs::remove_dir_all(&dir);
 }

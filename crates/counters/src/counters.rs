@@ -18,9 +18,6 @@ use tokio::sync::{Notify, watch};
 
 use crate::shared::{CounterError, SharedCounters, SyncPush, WindowPush};
 
-/// An entry not used (reserved, added to, seeded or read) for this many syncs (about an hour at
-/// one a second) and holding nothing unconfirmed is forgotten.
-const IDLE_SYNCS: u64 = 3600;
 /// Past this many entries the least recently used ones holding nothing unconfirmed are forgotten.
 const MAX_WINDOWS: usize = 100_000;
 /// An entry whose window ended this long ago is forgotten even with unconfirmed increments (the
@@ -172,8 +169,8 @@ impl Counters {
         now: Timestamp,
     ) -> Result<SyncOutcome, CounterError> {
         let _one_at_a_time = self.sync_lock.lock().await;
-        let syncs = self.syncs.fetch_add(1, Ordering::Relaxed) + 1;
-        self.forget(now, syncs);
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.forget(now);
         let entries: Vec<Arc<Entry>> = self.read_map().values().cloned().collect();
         let push = SyncPush {
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
@@ -284,9 +281,9 @@ impl Counters {
     }
 
     /// Forgets windows that ended or sat idle with nothing unconfirmed, and keeps the map bounded.
-    fn forget(&self, now: Timestamp, syncs: u64) {
+    fn forget(&self, now: Timestamp) {
         let mut map = self.write_map();
-        map.retain(|_, entry| !entry.forgettable(now, syncs));
+        map.retain(|_, entry| !entry.forgettable(now));
         if map.len() > MAX_WINDOWS {
             let mut clean: Vec<(u64, (CapId, Timestamp))> = map
                 .iter()
@@ -334,13 +331,14 @@ impl Entry {
         }
     }
 
-    fn forgettable(&self, now: Timestamp, syncs: u64) -> bool {
+    fn forgettable(&self, now: Timestamp) -> bool {
         let s = self.state();
-        let idle = syncs.saturating_sub(self.last_used.load(Ordering::Relaxed)) > IDLE_SYNCS;
+        // A window that has not ended is kept however idle (the LRU bound of `forget` aside):
+        // forgotten, its next read would count from zero and let a cap's line be crossed.
         match s.end {
             Some(end) if end.0.saturating_add(ABANDON_AFTER_END_MS) <= now.0 => true,
-            Some(end) => s.is_clean() && (end <= now || idle),
-            None => idle,
+            Some(end) => s.is_clean() && end <= now,
+            None => false,
         }
     }
 }
@@ -663,13 +661,15 @@ mod tests {
         assert!(counters.sync_with(&Down, at(500)).await.is_err());
         assert_eq!(counters.tracked(), 1);
         let held = counters.reserve(vec![window("y")], Nanos(1));
-        for _ in 0..=IDLE_SYNCS {
+        for _ in 0..=3600 {
             assert!(counters.sync_with(&Down, at(600)).await.is_err());
         }
         assert_eq!(counters.tracked(), 2, "a live reservation keeps an idle window");
         drop(held);
         assert!(counters.sync_with(&Down, at(700)).await.is_err());
-        assert_eq!(counters.tracked(), 1, "idle and clean: forgotten");
+        assert_eq!(counters.tracked(), 2, "idle and clean, but not ended: kept, or it would read as zero");
+        assert!(counters.sync_with(&Down, Timestamp(10_000_000)).await.is_err());
+        assert_eq!(counters.tracked(), 1, "clean and ended: forgotten");
         assert!(counters.sync_with(&Down, at(ABANDON_AFTER_END_MS + 100)).await.is_err());
         assert_eq!(counters.tracked(), 0, "abandoned a day after its end");
     }

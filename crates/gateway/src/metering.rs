@@ -40,8 +40,15 @@ pub(crate) struct Metered {
     pub(crate) prices: Prices,
     /// Settles what admission took on account with the receipt's cost and tokens (input + output):
     /// the spend-cap reservation and the key's token lane.
-    pub(crate) settle: Option<Box<dyn FnOnce(Nanos, u64) + Send + Sync>>,
+    pub(crate) settle: Option<Settle>,
 }
+
+/// How many unpriced model names are remembered as already alarmed about.
+const MAX_ALARMED_MODELS: usize = 1024;
+
+/// Settles what admission took on account, given the receipt's cost, its tokens and the request's
+/// start (which decides the cap windows it falls in).
+pub(crate) type Settle = Box<dyn FnOnce(Nanos, u64, Timestamp) + Send + Sync>;
 
 /// Turns what was learned into receipts and hands them to the spool.
 pub(crate) struct Meter {
@@ -59,7 +66,9 @@ impl Meter {
     /// Settles and spools the receipt of a request that ended with `status`.
     pub(crate) fn record(&self, metrics: &Metrics, mut request: Metered, status: u16, tapped: Tapped) {
         let model = tapped.model.or_else(|| request.request_model.clone());
-        let estimate = if (200..300).contains(&status) {
+        // The provider answered, or may have been working when the answer was cut short: the
+        // input was sent, so it is estimated. An error without usage, or no connection, costs nothing.
+        let estimate = if (200..300).contains(&status) || status == CLIENT_CLOSED || status == 504 {
             Usage {
                 input_tokens: usage::estimate_input_tokens(&request.request_body),
                 output_tokens: usage::estimate_output_tokens(tapped.output_chars),
@@ -81,7 +90,8 @@ impl Meter {
             self.alarm_unpriced(model.as_deref());
         }
         if let Some(settle) = request.settle.take() {
-            settle(settled.cost, settled.usage.input_tokens.saturating_add(settled.usage.output_tokens));
+            let tokens = settled.usage.input_tokens.saturating_add(settled.usage.output_tokens);
+            settle(settled.cost, tokens, request.started_at);
         }
         let finished_at = Timestamp::from_system_time(SystemTime::now());
         self.spool.send(self.receipt(&request, model, status, settled, finished_at));
@@ -123,12 +133,49 @@ impl Meter {
 
     fn alarm_unpriced(&self, model: Option<&str>) {
         let model = model.unwrap_or("(no model)");
-        let first = self.alarmed.lock().unwrap_or_else(|p| p.into_inner()).insert(model.to_owned());
+        let first = {
+            let mut alarmed = self.alarmed.lock().unwrap_or_else(|p| p.into_inner());
+            // Model names come from clients: keep the set bounded (alarms then repeat, never stop).
+            if alarmed.len() >= MAX_ALARMED_MODELS {
+                alarmed.clear();
+            }
+            alarmed.insert(model.to_owned())
+        };
         if first {
             tracing::error!(
                 model,
                 "ALARM: a model has no price; its receipts cost 0 with priced=false until one is set (PUT /admin/v1/prices/{{model}})"
             );
+        }
+    }
+}
+
+/// The status a receipt records for a client that went away before the answer's head arrived
+/// (nginx's convention; no answer was sent to anyone).
+pub(crate) const CLIENT_CLOSED: u16 = 499;
+
+/// The receipt of a request from the moment it is sent to the provider until its answer's body
+/// takes over: dropped unanswered (the client went away mid-flight), it writes the receipt itself.
+pub(crate) struct PendingReceipt {
+    shared: Arc<crate::Shared>,
+    metered: Option<Metered>,
+}
+
+impl PendingReceipt {
+    pub(crate) fn new(shared: Arc<crate::Shared>, metered: Metered) -> Self {
+        Self { shared, metered: Some(metered) }
+    }
+
+    /// Hands the request over to whoever writes its receipt now.
+    pub(crate) fn take(mut self) -> Metered {
+        self.metered.take().expect("a pending receipt is taken once: take consumes it")
+    }
+}
+
+impl Drop for PendingReceipt {
+    fn drop(&mut self) {
+        if let Some(metered) = self.metered.take() {
+            self.shared.meter.record(&self.shared.metrics, metered, CLIENT_CLOSED, Tapped::default());
         }
     }
 }

@@ -18,6 +18,7 @@ use recovea_providers::{Route, headers};
 use std::sync::Arc;
 
 use recovea_core::caps::{self, Cap};
+use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::pricing;
 use recovea_core::snapshot::Prices;
@@ -27,7 +28,7 @@ use recovea_providers::rewrite::{self, RequestFacts};
 use recovea_providers::usage::{self, Surface, Tapped};
 
 use crate::Shared;
-use crate::metering::{Metered, MeteredBody};
+use crate::metering::{Metered, MeteredBody, PendingReceipt, Settle};
 use crate::metrics::Outcome;
 use crate::refusal::Refusal;
 use crate::upstream::UpstreamError;
@@ -150,21 +151,28 @@ where
         body = Bytes::from(rewritten);
         strip_usage_chunk = !facts.client_asked_usage;
     }
-    let metered = ctx.admitted.as_ref().map(|admitted| Metered {
-        request_id: ctx.request_id.to_str().unwrap_or_default().to_owned(),
-        org_id: admitted.org.id.to_string(),
-        key_id: admitted.key_id.to_string(),
-        provider: route.credential.to_owned(),
-        endpoint: endpoint.to_owned(),
-        request_model: facts.model.clone(),
-        stream: facts.stream,
-        surface,
-        request_body: body.clone(),
-        started_at: ctx.started_at,
-        prices,
-        settle: Some(settle(shared, ctx.admitted.as_ref(), reservation)),
+    let upstream_request = upstream_request(&mut parts, &route, &target, body.clone())?;
+    let metered = ctx.admitted.as_ref().map(|admitted| {
+        // From here the provider is called: the receipt is written however the request ends, a
+        // client gone before the answer's head included.
+        PendingReceipt::new(
+            Arc::clone(shared),
+            Metered {
+                request_id: ctx.request_id.to_str().unwrap_or_default().to_owned(),
+                org_id: admitted.org.id.to_string(),
+                key_id: admitted.key_id.to_string(),
+                provider: route.credential.to_owned(),
+                endpoint: endpoint.to_owned(),
+                request_model: facts.model.clone(),
+                stream: facts.stream,
+                surface,
+                request_body: body,
+                started_at: ctx.started_at,
+                prices,
+                settle: Some(settle(shared, admitted, reservation)),
+            },
+        )
     });
-    let upstream_request = upstream_request(&mut parts, &route, &target, body)?;
     let result = forward(shared, ctx, upstream_request).await;
     let Some(metered) = metered else { return result };
     match result {
@@ -177,12 +185,13 @@ where
                 .is_some_and(|v| v.starts_with("text/event-stream"));
             let status = parts.status.as_u16();
             let strip = strip_usage_chunk && parts.status.is_success();
-            let body = MeteredBody::new(body, Arc::clone(shared), metered, status, event_stream, strip);
+            let body =
+                MeteredBody::new(body, Arc::clone(shared), metered.take(), status, event_stream, strip);
             Ok(Response::from_parts(parts, body.boxed_unsync()))
         }
         Err(refusal) => {
-            // Admitted but never answered: the receipt says so, at no cost.
-            shared.meter.record(&shared.metrics, metered, refusal.answer().status, Tapped::default());
+            // Admitted but never answered: the receipt says so.
+            shared.meter.record(&shared.metrics, metered.take(), refusal.answer().status, Tapped::default());
             Err(refusal)
         }
     }
@@ -294,22 +303,43 @@ fn target_for(
     }
 }
 
-/// What a finished request's receipt settles: its cap reservation, and its key's token lane.
+/// What a finished request's receipt settles: its cap reservation; the caps that cover it but
+/// were created after it was admitted (their windows were seeded from a ledger that lacked it);
+/// and its key's token lane.
 fn settle(
     shared: &Arc<Shared>,
-    admitted: Option<&Admitted>,
-    reservation: Option<Reservation>,
-) -> Box<dyn FnOnce(Nanos, u64) + Send + Sync> {
-    let key = admitted.filter(|a| a.limits.tokens_per_minute.is_some()).map(|a| (a.key_id.clone(), a.limits));
+    admitted: &Admitted,
+    reservation: Option<(Reservation, Vec<CapId>)>,
+) -> Settle {
+    let (org, key, limits) = (admitted.org.id.clone(), admitted.key_id.clone(), admitted.limits);
     let shared = Arc::clone(shared);
-    Box::new(move |cost, tokens| {
-        if let Some(reservation) = reservation {
-            reservation.settle(cost);
+    Box::new(move |cost, tokens, started_at| {
+        let reserved = match reservation {
+            Some((reservation, caps)) => {
+                reservation.settle(cost);
+                caps
+            }
+            None => Vec::new(),
+        };
+        if let Some(snapshot) = shared.snapshot.load().as_deref()
+            && let Some(current) = snapshot.org(&org)
+        {
+            let unreserved: Vec<CapWindow> = current
+                .caps
+                .iter()
+                .filter(|cap| cap.covers(&org, &key) && !reserved.contains(&cap.id))
+                .map(|cap| cap_window(cap, started_at))
+                .collect();
+            if !unreserved.is_empty() {
+                shared.counters.add(&unreserved, cost);
+            }
         }
-        if let Some((key, limits)) = key {
-            shared.limiter.charge_tokens(&key, limits, tokens);
-        }
+        shared.limiter.charge_tokens(&key, limits, tokens);
     })
+}
+
+fn cap_window(cap: &Cap, at: Timestamp) -> CapWindow {
+    CapWindow { cap: cap.id.clone(), start: cap.window.start(at), end: cap.window.end(at) }
 }
 
 /// A request that sets no output limit is reserved as if it produced this much.
@@ -326,7 +356,7 @@ fn check_caps(
     body: &[u8],
     prices: &Prices,
     now: Timestamp,
-) -> Result<Option<Reservation>, Refusal> {
+) -> Result<Option<(Reservation, Vec<CapId>)>, Refusal> {
     let (org, key) = (&admitted.org.id, &admitted.key_id);
     let covering: Vec<&Cap> = admitted.org.caps.iter().filter(|cap| cap.covers(org, key)).collect();
     if covering.is_empty() {
@@ -335,10 +365,7 @@ fn check_caps(
     let max_age_ms = i64::try_from(shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
     caps::check_caps(covering.iter().copied(), org, key, shared.counters.as_ref(), now, max_age_ms)
         .map_err(Refusal::Budget)?;
-    let windows = covering
-        .iter()
-        .map(|cap| CapWindow { cap: cap.id.clone(), start: cap.window.start(now), end: cap.window.end(now) })
-        .collect();
+    let windows = covering.iter().map(|cap| cap_window(cap, now)).collect();
     let estimate = Usage {
         input_tokens: usage::estimate_input_tokens(body),
         output_tokens: facts.max_output_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE),
@@ -353,7 +380,8 @@ fn check_caps(
         // Other nodes' spend matters most here: learn it sooner than the next tick.
         shared.counters.sync_soon();
     }
-    Ok(Some(shared.counters.reserve(windows, cost)))
+    let reserved = covering.iter().map(|cap| cap.id.clone()).collect();
+    Ok(Some((shared.counters.reserve(windows, cost), reserved)))
 }
 
 /// Whether a cap's spend, with this request, is within a fifth of its limit.

@@ -189,8 +189,14 @@ impl Appender {
     fn append(&self, line: &[u8]) -> io::Result<()> {
         let mut segment = self.current.lock().unwrap_or_else(|p| p.into_inner());
         if segment.size >= SEGMENT_BYTES {
-            segment.file.sync_data()?;
-            *segment = Segment::create(&self.dir, segment.number + 1)?;
+            let next = Segment::create(&self.dir, segment.number + 1)?;
+            let full = std::mem::replace(&mut *segment, next);
+            // Forced to disk off the request path: appends never wait on an fsync.
+            std::thread::spawn(move || {
+                if let Err(e) = full.file.sync_data() {
+                    tracing::error!(error = %e, "syncing a full receipt spool segment failed");
+                }
+            });
         }
         if let Err(e) = segment.file.write_all(line) {
             // The segment may now end in a torn line: continue in a fresh one.

@@ -1027,3 +1027,41 @@ async fn a_key_over_its_rate_limit_gets_429_saying_when_to_retry() {
         h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
     assert_eq!(response.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_client_gone_before_the_answer_still_gets_a_receipt() {
+    let h = Harness::start().await;
+    h.mock.script(Behaviour::default().delay_ms(1_500));
+    let request = h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}"));
+    let gone = tokio::time::timeout(Duration::from_millis(200), h.send(request, CHAT)).await;
+    assert!(gone.is_err(), "the client gives up before the provider answers");
+    let r = h.receipts(1).await.remove(0);
+    assert_eq!((r.status, r.usage_source), (499, UsageSource::Estimated));
+    assert!(r.input_tokens > 0 && r.cost_usd.0 > 0, "the provider was sent the input: it is estimated");
+}
+
+#[tokio::test]
+async fn spend_already_in_flight_counts_against_a_cap_created_meanwhile() {
+    let h = Harness::start().await;
+    h.mock.script(Behaviour::default().delay_ms(300).usage(serde_json::from_str(COSTLY).expect("json")));
+    let chat = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi"}]}"#;
+    let request = h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}"));
+    let in_flight = h.send(request, chat);
+    let add_cap = async {
+        // The request is admitted with no cap; one arrives while the provider works.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let caps = vec![cap("cap_new", Scope::Organization, Window::Month, "1", true)];
+        h.gateway.install_snapshot(Arc::new(snapshot(&h.mock.url(), caps)));
+    };
+    let (response, ()) = tokio::join!(in_flight, add_cap);
+    body_of(response).await;
+    h.receipts(1).await;
+    let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    let spent = recovea_core::caps::SpendView::spend(
+        h.counters.as_ref(),
+        &CapId::parse("cap_new").expect("id"),
+        Window::Month.start(now),
+    )
+    .spent;
+    assert_eq!(spent.to_usd_string(), "0.00075", "the new cap counts the request it did not see admitted");
+}
