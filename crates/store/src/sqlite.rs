@@ -123,9 +123,10 @@ impl SqliteStore {
     }
 
     fn with_connection(mut conn: Connection) -> Result<Self> {
+        // First, so that the pragmas and migrations below wait for another opener rather than fail.
+        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(backend)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(backend)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(backend)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(backend)?;
         migrate(&mut conn)?;
         Ok(Self { conn: Mutex::new(conn) })
     }
@@ -147,15 +148,17 @@ impl SqliteStore {
     }
 }
 
+/// Applies each missing migration in a write transaction that reads the version itself, so that
+/// several processes opening one fresh file at once apply each migration exactly once.
 fn migrate(conn: &mut Connection) -> Result<()> {
-    let current: usize = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(backend)?;
-    for (index, sql) in MIGRATIONS.iter().enumerate().skip(current) {
-        let tx = conn.transaction().map_err(backend)?;
+    loop {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(backend)?;
+        let current: usize = tx.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(backend)?;
+        let Some(sql) = MIGRATIONS.get(current) else { return Ok(()) };
         tx.execute_batch(sql).map_err(backend)?;
-        tx.pragma_update(None, "user_version", index + 1).map_err(backend)?;
+        tx.pragma_update(None, "user_version", current + 1).map_err(backend)?;
         tx.commit().map_err(backend)?;
     }
-    Ok(())
 }
 
 fn backend(e: rusqlite::Error) -> StoreError {

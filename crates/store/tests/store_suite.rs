@@ -717,3 +717,23 @@ fn postgres_store_can_be_dropped_inside_a_runtime() {
     let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
     runtime.block_on(async move { drop(store) });
 }
+
+/// Several processes (here threads) opening one fresh SQLite file at once each apply the
+/// migrations exactly once, and all succeed.
+#[test]
+fn sqlite_opened_by_many_at_once_migrates_once() {
+    for _ in 0..5 {
+        let db = Sqlite::new();
+        let barrier = Barrier::new(4);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    barrier.wait();
+                    let store = db.open();
+                    store.version().expect("a usable store");
+                });
+            }
+        });
+        assert_eq!(db.open().list_orgs().expect("list"), Vec::new());
+    }
+}
