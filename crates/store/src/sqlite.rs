@@ -125,7 +125,16 @@ impl SqliteStore {
     fn with_connection(mut conn: Connection) -> Result<Self> {
         // First, so that the pragmas and migrations below wait for another opener rather than fail.
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(backend)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(backend)?;
+        // Switching to WAL takes the file's exclusive lock without waiting on the busy handler:
+        // another process opening the same fresh file can hold it for a moment.
+        let mut attempts = 0;
+        while let Err(e) = conn.pragma_update(None, "journal_mode", "WAL") {
+            attempts += 1;
+            if attempts >= 100 || !e.to_string().contains("locked") {
+                return Err(backend(e));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         conn.pragma_update(None, "foreign_keys", "ON").map_err(backend)?;
         migrate(&mut conn)?;
         Ok(Self { conn: Mutex::new(conn) })
