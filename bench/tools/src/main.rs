@@ -259,8 +259,7 @@ async fn load(flags: &Flags) -> Result<(), Error> {
             let mut result = WorkerResult::default();
             while Instant::now() < end {
                 if let Err(_e) =
-                    connection(&authority, &path, &body, key.as_deref(), measure_from, end, &mut result)
-                        .await
+                    connection(&authority, &path, &body, key.as_deref(), measure_from, end, &mut result).await
                 {
                     result.errors += 1;
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -401,7 +400,9 @@ async fn keys(flags: &Flags) -> Result<(), Error> {
                 let status = response.status();
                 let body = response.into_body().collect().await?.to_bytes();
                 if !status.is_success() {
-                    return Err(format!("creating a key: {status}: {}", String::from_utf8_lossy(&body)).into());
+                    return Err(
+                        format!("creating a key: {status}: {}", String::from_utf8_lossy(&body)).into()
+                    );
                 }
             }
             conn.abort();
