@@ -103,7 +103,7 @@ pub fn sign(key: &hmac::Key, unix_seconds: u64, body: &[u8]) -> String {
     let mut message = format!("{unix_seconds}.").into_bytes();
     message.extend_from_slice(body);
     let tag = hmac::sign(key, &message);
-    let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let hex = recovea_core::hex::encode(tag.as_ref());
     format!("t={unix_seconds},v1={hex}")
 }
 
@@ -168,7 +168,7 @@ mod tests {
         let key = hmac::Key::new(hmac::HMAC_SHA256, b"secret");
         let signature = sign(&key, 1_700_000_000, b"{}");
         let expected = hmac::sign(&key, b"1700000000.{}");
-        let hex: String = expected.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        let hex = recovea_core::hex::encode(expected.as_ref());
         assert_eq!(signature, format!("t=1700000000,v1={hex}"));
         assert_eq!(hex.len(), 64);
     }

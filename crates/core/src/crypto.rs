@@ -1,6 +1,9 @@
 //! Sealing provider keys under the master key (AES-256-GCM), at rest and on the wire.
 
-use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+
+/// The length of the random nonce every sealing takes.
+pub const NONCE_LEN: usize = ring::aead::NONCE_LEN;
 
 /// The 32-byte key that seals every provider key. Its `Debug` never shows it.
 #[derive(Clone)]
@@ -44,21 +47,14 @@ impl MasterKey {
     }
 
     pub fn parse_hex(hex: &str) -> Result<Self, MasterKeyError> {
-        let hex = hex.trim();
-        if hex.len() != 64 {
-            return Err(MasterKeyError::BadFormat);
-        }
-        let mut out = [0u8; 32];
-        for (i, pair) in hex.as_bytes().chunks(2).enumerate() {
-            let high = hex_value(pair[0]).ok_or(MasterKeyError::BadFormat)?;
-            let low = hex_value(pair[1]).ok_or(MasterKeyError::BadFormat)?;
-            out[i] = high << 4 | low;
-        }
-        Ok(Self(out))
+        crate::hex::decode(hex.trim())
+            .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+            .map(Self)
+            .ok_or(MasterKeyError::BadFormat)
     }
 
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        crate::hex::encode(&self.0)
     }
 
     fn aead_key(&self) -> LessSafeKey {
@@ -93,13 +89,9 @@ impl MasterKey {
     }
 }
 
-fn hex_value(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
+/// What a sealed provider key is bound to: its owner and name, so it opens only in its own row.
+pub fn provider_key_context(org_id: &str, name: &str) -> Vec<u8> {
+    format!("provider-key/{org_id}/{name}").into_bytes()
 }
 
 /// What may be shown of a provider key: its last four characters.

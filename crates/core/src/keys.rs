@@ -23,6 +23,23 @@ impl std::fmt::Debug for KeyHash {
     }
 }
 
+/// In hex: how a hash travels in the feed and is written in a saved state.
+impl serde::Serialize for KeyHash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&crate::hex::encode(&self.0))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KeyHash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        crate::hex::decode(&text)
+            .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+            .map(KeyHash)
+            .ok_or_else(|| serde::de::Error::custom("a key hash is 64 hex digits"))
+    }
+}
+
 /// Whether `s` has the shape of a Recovea key. A malformed key is refused like an unknown one.
 pub fn is_well_formed(s: &str) -> bool {
     s.strip_prefix(SECRET_PREFIX)

@@ -9,6 +9,8 @@ pub mod answer;
 pub mod caps;
 pub mod credential;
 pub mod crypto;
+pub mod feed;
+pub mod hex;
 pub mod ids;
 pub mod keys;
 pub mod money;

@@ -1,0 +1,548 @@
+//! The snapshot's wire form: the state the control plane feeds its nodes (in full, then as
+//! changes) and the state a node saves to disk. Provider keys stay sealed in it: only a holder of
+//! the master key opens them, when it turns the state into a [`Snapshot`].
+//!
+//! Unknown fields are ignored rather than refused, so that a node and a control plane one release
+//! apart still understand each other during a rolling upgrade.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::caps::{Cap, Scope};
+use crate::crypto::{MasterKey, NONCE_LEN, provider_key_context};
+use crate::ids::{CapId, KeyId, OrgId};
+use crate::keys::KeyHash;
+use crate::money::Nanos;
+use crate::pricing::{Price, PriceTable, PriceWire};
+use crate::ratelimit::KeyLimits;
+use crate::snapshot::{Prices, ProviderCredential, ProviderKind, Snapshot, SnapshotBuilder};
+use crate::timestamp::Timestamp;
+use crate::window::Window;
+
+/// Everything a node decides from, at one version of the control store.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FeedState {
+    pub version: u64,
+    /// By organization id.
+    pub orgs: BTreeMap<String, OrgWire>,
+    /// The keys that are not revoked, by the hash of their secret.
+    pub keys: HashMap<KeyHash, KeyWire>,
+    pub prices: PricesWire,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OrgWire {
+    /// By credential name.
+    pub providers: BTreeMap<String, ProviderWire>,
+    pub caps: Vec<CapWire>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderWire {
+    /// `openai` or `anthropic`.
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The provider key sealed under the master key (bound to organization and name), in hex.
+    pub sealed_key: String,
+}
+
+/// A cap as nodes need it: no webhook (nodes do not alert; the control plane does).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapWire {
+    pub id: String,
+    pub scope: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    pub window: String,
+    pub limit_nanos: i64,
+    pub hard_stop: bool,
+    #[serde(default)]
+    pub alert_at_permille: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyWire {
+    pub id: String,
+    pub org_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u32>,
+}
+
+/// The operators' price overrides; the built-in table is compiled into every node.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PricesWire {
+    pub revision: u64,
+    pub overrides: BTreeMap<String, PriceWire>,
+}
+
+/// What changed between two versions: entries replaced whole, `None` for removed.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FeedChanges {
+    /// The version these changes apply to.
+    pub from: u64,
+    /// The version they lead to.
+    pub version: u64,
+    #[serde(default)]
+    pub orgs: BTreeMap<String, Option<OrgWire>>,
+    #[serde(default)]
+    pub keys: HashMap<KeyHash, Option<KeyWire>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prices: Option<PricesWire>,
+}
+
+/// One answer of the feed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FeedMessage {
+    /// The whole state: the first answer, and whenever the node is too far behind for changes.
+    State(FeedState),
+    Changes(FeedChanges),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FeedError {
+    /// Changes for another version than the one held: the node asks for the whole state.
+    VersionMismatch { held: u64, from: u64 },
+    /// A field that does not parse; the state is refused whole rather than served in part.
+    Invalid(String),
+}
+
+impl std::fmt::Display for FeedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::VersionMismatch { held, from } => {
+                write!(f, "changes from version {from} do not apply to version {held}")
+            }
+            Self::Invalid(what) => write!(f, "invalid feed state: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for FeedError {}
+
+/// A snapshot opened from a feed state, and the credentials that could not be opened (left out, so
+/// that their routes answer `provider_not_configured`, and reported for the operators' logs).
+#[derive(Debug)]
+pub struct Opened {
+    pub snapshot: Snapshot,
+    pub unopened: Vec<(String, String)>,
+}
+
+impl FeedState {
+    /// What turns `older` into `self`.
+    pub fn changes_since(&self, older: &FeedState) -> FeedChanges {
+        let mut orgs = BTreeMap::new();
+        for (id, org) in &self.orgs {
+            if older.orgs.get(id) != Some(org) {
+                orgs.insert(id.clone(), Some(org.clone()));
+            }
+        }
+        for id in older.orgs.keys().filter(|id| !self.orgs.contains_key(*id)) {
+            orgs.insert(id.clone(), None);
+        }
+        let mut keys = HashMap::new();
+        for (hash, key) in &self.keys {
+            if older.keys.get(hash) != Some(key) {
+                keys.insert(*hash, Some(key.clone()));
+            }
+        }
+        for hash in older.keys.keys().filter(|hash| !self.keys.contains_key(*hash)) {
+            keys.insert(*hash, None);
+        }
+        FeedChanges {
+            from: older.version,
+            version: self.version,
+            orgs,
+            keys,
+            prices: (self.prices != older.prices).then(|| self.prices.clone()),
+        }
+    }
+
+    /// Applies changes made for exactly this version.
+    pub fn apply(&mut self, changes: FeedChanges) -> Result<(), FeedError> {
+        if changes.from != self.version {
+            return Err(FeedError::VersionMismatch { held: self.version, from: changes.from });
+        }
+        for (id, org) in changes.orgs {
+            match org {
+                Some(org) => self.orgs.insert(id, org),
+                None => self.orgs.remove(&id),
+            };
+        }
+        for (hash, key) in changes.keys {
+            match key {
+                Some(key) => self.keys.insert(hash, key),
+                None => self.keys.remove(&hash),
+            };
+        }
+        if let Some(prices) = changes.prices {
+            self.prices = prices;
+        }
+        self.version = changes.version;
+        Ok(())
+    }
+
+    /// Opens the provider keys and builds the snapshot a node serves.
+    pub fn open(&self, master_key: &MasterKey) -> Result<Opened, FeedError> {
+        let mut builder = SnapshotBuilder::new(self.version);
+        let mut unopened = Vec::new();
+        for (org_id, org) in &self.orgs {
+            let id = OrgId::parse(org_id).ok_or_else(|| invalid("organization id", org_id))?;
+            builder.org(id.clone());
+            for (name, provider) in &org.providers {
+                let kind =
+                    ProviderKind::parse(&provider.kind).ok_or_else(|| invalid("kind", &provider.kind))?;
+                let context = provider_key_context(org_id, name);
+                let opened = crate::hex::decode(&provider.sealed_key)
+                    .and_then(|sealed| master_key.open(&context, &sealed).ok())
+                    .and_then(|plain| String::from_utf8(plain).ok());
+                match opened {
+                    Some(api_key) => {
+                        builder.provider(
+                            &id,
+                            ProviderCredential {
+                                name: name.clone(),
+                                kind,
+                                base_url: provider.base_url.clone(),
+                                api_key,
+                            },
+                        );
+                    }
+                    None => unopened.push((org_id.clone(), name.clone())),
+                }
+            }
+            for cap in &org.caps {
+                builder.cap(cap.to_cap(&id)?);
+            }
+        }
+        for (hash, key) in &self.keys {
+            builder.key_with_limits(
+                *hash,
+                KeyId::parse(&key.id).ok_or_else(|| invalid("key id", &key.id))?,
+                OrgId::parse(&key.org_id).ok_or_else(|| invalid("organization id", &key.org_id))?,
+                key.expires_at_ms.map(Timestamp),
+                KeyLimits {
+                    requests_per_minute: key.requests_per_minute,
+                    tokens_per_minute: key.tokens_per_minute,
+                },
+            );
+        }
+        builder.prices(self.prices.to_prices()?);
+        Ok(Opened { snapshot: builder.build(), unopened })
+    }
+}
+
+impl FeedChanges {
+    /// These changes followed by `next` (made for the version these lead to), as one set: entries
+    /// are replaced whole, so the later entry wins.
+    pub fn then(mut self, next: FeedChanges) -> FeedChanges {
+        self.orgs.extend(next.orgs);
+        self.keys.extend(next.keys);
+        if next.prices.is_some() {
+            self.prices = next.prices;
+        }
+        self.version = next.version;
+        self
+    }
+}
+
+fn invalid(what: &str, value: &str) -> FeedError {
+    FeedError::Invalid(format!("{what} {value:?}"))
+}
+
+impl CapWire {
+    pub fn from_cap(cap: &Cap) -> Self {
+        Self {
+            id: cap.id.as_str().to_owned(),
+            scope: cap.scope.as_str().to_owned(),
+            key_id: cap.key_id.as_ref().map(|k| k.as_str().to_owned()),
+            window: cap.window.as_str().to_owned(),
+            limit_nanos: cap.limit.0,
+            hard_stop: cap.hard_stop,
+            alert_at_permille: cap.alert_at_permille.clone(),
+        }
+    }
+
+    fn to_cap(&self, org_id: &OrgId) -> Result<Cap, FeedError> {
+        let key_id = match &self.key_id {
+            Some(id) => Some(KeyId::parse(id).ok_or_else(|| invalid("key id", id))?),
+            None => None,
+        };
+        Ok(Cap {
+            id: CapId::parse(&self.id).ok_or_else(|| invalid("cap id", &self.id))?,
+            org_id: org_id.clone(),
+            scope: Scope::parse(&self.scope).ok_or_else(|| invalid("scope", &self.scope))?,
+            key_id,
+            window: Window::parse(&self.window).ok_or_else(|| invalid("window", &self.window))?,
+            limit: Nanos(self.limit_nanos),
+            hard_stop: self.hard_stop,
+            alert_at_permille: self.alert_at_permille.clone(),
+            alert_webhook: None,
+        })
+    }
+}
+
+impl PricesWire {
+    /// The built-in table with the overrides on top. An override that does not parse refuses the
+    /// state: the control plane validated it when it was set, so it is a fault, not a price.
+    pub fn to_prices(&self) -> Result<Prices, FeedError> {
+        let overrides = self
+            .overrides
+            .iter()
+            .map(|(model, wire)| {
+                Price::try_from(wire)
+                    .map(|price| (model.clone(), price))
+                    .map_err(|e| FeedError::Invalid(format!("price of {model:?}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let table = PriceTable::builtin().overlay(&PriceTable::from_entries(overrides));
+        Ok(Prices { revision: self.revision, table: Arc::new(table) })
+    }
+}
+
+/// What a node says of itself with each poll of the feed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub node_id: String,
+    /// The version the node serves; `None` before it has any.
+    pub version: Option<u64>,
+    /// Milliseconds since the control plane last confirmed the node's state as current.
+    #[serde(default)]
+    pub snapshot_age_ms: Option<u64>,
+    #[serde(default)]
+    pub counters_confirmed_at_ms: Option<i64>,
+    #[serde(default)]
+    pub fail_open_total: u64,
+    /// How long the node is willing to wait for a change, in milliseconds.
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+/// A cap's window whose spend a node asks the ledger for (its counters lost it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowSpend {
+    pub cap_id: String,
+    pub start_ms: i64,
+    pub end_ms: i64,
+    /// In the answer: the window's spend in the ledger; `None` when the cap no longer exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_nanos: Option<i64>,
+}
+
+/// A node's last state as it keeps it on disk, sealed under the master key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedState {
+    /// When the control plane last confirmed this state as current: a node booting from it reports
+    /// its age from here.
+    pub confirmed_at_ms: i64,
+    pub state: FeedState,
+}
+
+const SAVED_STATE_CONTEXT: &[u8] = b"recovea/saved-state/v1";
+
+impl SavedState {
+    /// The file's bytes for `state`, confirmed current at `confirmed_at`. The nonce must never
+    /// repeat under one master key: pass random bytes.
+    pub fn seal(
+        state: &FeedState,
+        confirmed_at: Timestamp,
+        master_key: &MasterKey,
+        nonce: [u8; NONCE_LEN],
+    ) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Saving<'a> {
+            confirmed_at_ms: i64,
+            state: &'a FeedState,
+        }
+        let plain =
+            serde_json::to_vec(&Saving { confirmed_at_ms: confirmed_at.0, state }).unwrap_or_default();
+        master_key.seal(nonce, SAVED_STATE_CONTEXT, &plain)
+    }
+
+    /// `None` when the bytes do not open under this master key or do not hold a state.
+    pub fn open(master_key: &MasterKey, sealed: &[u8]) -> Option<Self> {
+        let plain = master_key.open(SAVED_STATE_CONTEXT, sealed).ok()?;
+        serde_json::from_slice(&plain).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn master_key() -> MasterKey {
+        MasterKey::from_bytes([7; 32])
+    }
+
+    fn provider(org: &str, name: &str, api_key: &str) -> ProviderWire {
+        let sealed = master_key().seal([1; NONCE_LEN], &provider_key_context(org, name), api_key.as_bytes());
+        ProviderWire { kind: "openai".into(), base_url: None, sealed_key: crate::hex::encode(&sealed) }
+    }
+
+    fn key(id: &str, org: &str) -> KeyWire {
+        KeyWire {
+            id: id.into(),
+            org_id: org.into(),
+            expires_at_ms: None,
+            requests_per_minute: None,
+            tokens_per_minute: None,
+        }
+    }
+
+    fn state() -> FeedState {
+        let mut org = OrgWire::default();
+        org.providers.insert("openai".into(), provider("org_a", "openai", "sk-secret-a"));
+        org.caps.push(CapWire {
+            id: "cap_1".into(),
+            scope: "organization".into(),
+            key_id: None,
+            window: "month".into(),
+            limit_nanos: 5_000_000_000,
+            hard_stop: true,
+            alert_at_permille: vec![500],
+        });
+        let mut state = FeedState { version: 3, ..FeedState::default() };
+        state.orgs.insert("org_a".into(), org);
+        state.keys.insert(crate::keys::hash_secret("rk_one"), key("key_1", "org_a"));
+        state
+    }
+
+    #[test]
+    fn opens_into_a_snapshot_with_the_provider_key_in_clear() {
+        let opened = state().open(&master_key()).expect("opens");
+        assert!(opened.unopened.is_empty());
+        let entry = opened.snapshot.key(&crate::keys::hash_secret("rk_one")).expect("the key is served");
+        assert_eq!(entry.id.as_str(), "key_1");
+        assert_eq!(entry.org.provider("openai").map(|p| p.api_key.as_str()), Some("sk-secret-a"));
+        assert_eq!(entry.org.caps.len(), 1);
+        assert_eq!(opened.snapshot.version, 3);
+    }
+
+    #[test]
+    fn a_key_sealed_for_another_place_is_left_out_not_served() {
+        let mut state = state();
+        let moved = provider("org_b", "openai", "sk-other");
+        state.orgs.get_mut("org_a").expect("org").providers.insert("openai".into(), moved);
+        let opened = state.open(&master_key()).expect("opens");
+        assert_eq!(opened.unopened, vec![("org_a".to_owned(), "openai".to_owned())]);
+        let entry = opened.snapshot.key(&crate::keys::hash_secret("rk_one")).expect("the key is served");
+        assert!(entry.org.provider("openai").is_none());
+        assert!(state.open(&MasterKey::from_bytes([8; 32])).expect("opens").unopened.len() == 1);
+    }
+
+    #[test]
+    fn a_malformed_field_refuses_the_whole_state() {
+        let mut state = state();
+        state.orgs.get_mut("org_a").expect("org").caps[0].window = "fortnight".into();
+        assert!(matches!(state.open(&master_key()), Err(FeedError::Invalid(_))));
+    }
+
+    #[test]
+    fn changes_apply_only_to_their_version() {
+        let old = state();
+        let mut new = old.clone();
+        new.version = 4;
+        new.keys.clear();
+        let changes = new.changes_since(&old);
+        let mut stale = old.clone();
+        stale.version = 2;
+        assert_eq!(stale.apply(changes.clone()), Err(FeedError::VersionMismatch { held: 2, from: 3 }));
+        let mut current = old;
+        current.apply(changes).expect("applies");
+        assert_eq!(current, new);
+    }
+
+    #[test]
+    fn the_wire_form_round_trips_through_json() {
+        let message = FeedMessage::State(state());
+        let text = serde_json::to_string(&message).expect("serializes");
+        assert!(text.starts_with(r#"{"kind":"state""#), "{text}");
+        assert!(!text.contains("sk-secret-a"), "provider keys travel sealed");
+        assert_eq!(serde_json::from_str::<FeedMessage>(&text).expect("parses"), message);
+    }
+
+    #[test]
+    fn a_saved_state_opens_only_under_its_master_key() {
+        let saved = SavedState { confirmed_at_ms: 1_700_000_000_000, state: state() };
+        let bytes =
+            SavedState::seal(&saved.state, Timestamp(saved.confirmed_at_ms), &master_key(), [3; NONCE_LEN]);
+        assert_eq!(SavedState::open(&master_key(), &bytes), Some(saved));
+        assert_eq!(SavedState::open(&MasterKey::from_bytes([8; 32]), &bytes), None);
+        assert_eq!(SavedState::open(&master_key(), &bytes[..bytes.len() - 1]), None);
+    }
+
+    fn arbitrary_state() -> impl Strategy<Value = FeedState> {
+        let org_ids = prop::sample::select(vec!["org_a", "org_b", "org_c"]);
+        let keys = prop::collection::hash_map(
+            prop::sample::select((0u8..12).collect::<Vec<_>>()),
+            (org_ids.clone(), prop::option::of(1u32..100)),
+            0..8,
+        );
+        let orgs = prop::collection::btree_map(org_ids, (0i64..10, any::<bool>()), 0..3);
+        (1u64..50, orgs, keys, 0u64..3).prop_map(|(version, orgs, keys, revision)| FeedState {
+            version,
+            orgs: orgs
+                .into_iter()
+                .map(|(id, (limit, hard_stop))| {
+                    let cap = CapWire {
+                        id: "cap_x".into(),
+                        scope: "organization".into(),
+                        key_id: None,
+                        window: "day".into(),
+                        limit_nanos: limit,
+                        hard_stop,
+                        alert_at_permille: Vec::new(),
+                    };
+                    (id.to_owned(), OrgWire { providers: BTreeMap::new(), caps: vec![cap] })
+                })
+                .collect(),
+            keys: keys
+                .into_iter()
+                .map(|(n, (org, rpm))| {
+                    let mut wire = key(&format!("key_{n}"), org);
+                    wire.requests_per_minute = rpm;
+                    (KeyHash([n; 32]), wire)
+                })
+                .collect(),
+            prices: PricesWire { revision, overrides: BTreeMap::new() },
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn applying_the_changes_between_two_states_yields_the_newer(
+            old in arbitrary_state(),
+            new in arbitrary_state(),
+        ) {
+            let changes = new.changes_since(&old);
+            let mut applied = old.clone();
+            applied.apply(changes.clone()).expect("changes made for this version apply");
+            prop_assert_eq!(&applied, &new);
+            let text = serde_json::to_string(&FeedMessage::Changes(changes.clone())).expect("serializes");
+            prop_assert_eq!(
+                serde_json::from_str::<FeedMessage>(&text).expect("parses"),
+                FeedMessage::Changes(changes.clone())
+            );
+        }
+
+        #[test]
+        fn merged_changes_equal_their_steps(a in arbitrary_state(), b in arbitrary_state(), c in arbitrary_state()) {
+            let mut b = b;
+            b.version = a.version + 1;
+            let mut c = c;
+            c.version = b.version + 1;
+            let merged = b.changes_since(&a).then(c.changes_since(&b));
+            let mut applied = a.clone();
+            applied.apply(merged).expect("merged changes apply to the first version");
+            prop_assert_eq!(applied, c);
+        }
+    }
+}
