@@ -9,12 +9,16 @@
 
 mod counters;
 mod in_process;
+mod rate_share;
+mod rebuild;
 mod redis_store;
 mod shared;
 mod sync_loop;
 
 pub use counters::{CapWindow, Counters, Reservation, SyncOutcome};
 pub use in_process::InProcess;
+pub use rate_share::{InProcessRateShare, RATE_KEY_TTL, RateShare, RateTotals, RateUsage, RedisRateShare};
+pub use rebuild::{SpendSource, WindowSpendFuture, rebuild_missing};
 pub use redis_store::Redis;
 pub use shared::{CounterError, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowPush, WindowRead};
 pub use sync_loop::{sync_loop, sync_loop_with_clock};
