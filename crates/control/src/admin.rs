@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::Control;
 use crate::error::ApiError;
 use crate::random;
-use crate::snapshot::seal_context;
+use recovea_core::crypto::provider_key_context;
 
 pub(crate) const OPENAPI: &str = include_str!("openapi.json");
 
@@ -36,6 +36,8 @@ pub(crate) struct Reply {
 
 pub(crate) enum ReplyBody {
     Json(Value),
+    /// JSON serialized already (the feed's states, serialized once for every node).
+    Raw(Bytes),
     Csv(String),
 }
 
@@ -68,6 +70,7 @@ impl Control {
                 self.spend_summary(org_id(org)?, query).await
             }
             (["prices"], &Method::GET) => self.list_prices(),
+            (["nodes"], &Method::GET) => self.list_nodes(),
             (["orgs", org, "caps"], &Method::POST) => self.create_cap(org_id(org)?, parse(&body)?).await,
             (["orgs", org, "caps"], &Method::GET) => self.list_caps(org_id(org)?).await,
             (["caps", cap], &Method::GET) => self.get_cap(cap_id(cap)?).await,
@@ -92,9 +95,8 @@ impl Control {
             (["orgs"] | ["orgs", _] | ["orgs", _, "keys"] | ["keys", _, "revoke"] | ["keys", _], _)
             | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _)
             | (["orgs", _, "receipts"] | ["orgs", _, "receipts", "summary"] | ["prices", ..], _)
-            | (["orgs", _, "caps"] | ["caps", _] | ["orgs", _, "spend"] | ["orgs", _, "alerts"], _) => {
-                Err(ApiError::MethodNotAllowed)
-            }
+            | (["orgs", _, "caps"] | ["caps", _] | ["orgs", _, "spend"] | ["orgs", _, "alerts"], _)
+            | (["nodes"], _) => Err(ApiError::MethodNotAllowed),
             _ => Err(ApiError::NotFound("Unknown admin path.".into())),
         }?;
         if method != Method::GET
@@ -252,7 +254,7 @@ impl Control {
         let record = ProviderRecord {
             sealed_key: seal(
                 &self.inner.master_key,
-                &seal_context(org_id.as_str(), name),
+                &provider_key_context(org_id.as_str(), name),
                 api_key.as_bytes(),
             )?,
             key_hint: crypto::key_hint(api_key),

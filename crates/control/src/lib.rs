@@ -8,7 +8,9 @@ mod admin;
 pub mod alerts;
 pub mod client;
 mod error;
+mod feed;
 pub mod ingest;
+mod node_api;
 pub mod random;
 pub mod rebuild;
 mod server;
@@ -16,17 +18,19 @@ mod snapshot;
 
 use std::sync::Arc;
 
-use recovea_core::Snapshot;
 use recovea_core::crypto::MasterKey;
+use recovea_core::feed::FeedState;
+use recovea_core::receipt::ReceiptSink;
 use recovea_core::snapshot::Prices;
 use recovea_store::{ControlStore, ReceiptLedger};
 
 pub use error::ApiError;
 pub use server::serve;
-pub use snapshot::build_snapshot;
+pub use snapshot::feed_state;
 
-/// Receives every new snapshot; in `recovea serve` it installs it straight into the gateway.
-pub type Publish = Arc<dyn Fn(Arc<Snapshot>) + Send + Sync>;
+/// Receives every new state besides the feed; in `recovea serve` it installs it straight into the
+/// gateway in the same process.
+pub type Publish = Arc<dyn Fn(Arc<FeedState>) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct Control {
@@ -45,9 +49,27 @@ struct Inner {
     /// Compared as hashes, so the comparison takes the same time whatever the presented token.
     admin_token_hash: recovea_core::keys::KeyHash,
     publish: Publish,
+    feed: feed::Feed,
+    metrics: Metrics,
+    /// Set when nodes are served: the feed and receipt ingest then answer those who present it.
+    nodes: std::sync::OnceLock<NodeAccess>,
     /// The version last published; the lock serialises rebuilds so that an older state is never
     /// published after a newer one.
     published: tokio::sync::Mutex<Option<u64>>,
+}
+
+/// What `/metrics` counts besides the feed's version.
+#[derive(Default)]
+struct Metrics {
+    polls: std::sync::atomic::AtomicU64,
+    receipts: std::sync::atomic::AtomicU64,
+}
+
+/// How nodes are let in and where their receipts go.
+struct NodeAccess {
+    /// Compared as hashes, like the admin token.
+    token_hash: recovea_core::keys::KeyHash,
+    sink: Arc<dyn ReceiptSink>,
 }
 
 impl Control {
@@ -67,6 +89,9 @@ impl Control {
                 master_key,
                 admin_token_hash: recovea_core::keys::hash_secret(admin_token),
                 publish,
+                feed: feed::Feed::new(),
+                metrics: Metrics::default(),
+                nodes: std::sync::OnceLock::new(),
                 published: tokio::sync::Mutex::new(None),
             }),
         }
@@ -78,7 +103,13 @@ impl Control {
         let _ = self.inner.counters.set(counters);
     }
 
-    /// Rebuilds the snapshot from the store and publishes it, unless it is already out.
+    /// Serves nodes: the feed, and receipt ingest into `sink`, to those presenting `node_token`.
+    pub fn serve_nodes(&self, node_token: &str, sink: Arc<dyn ReceiptSink>) {
+        let access = NodeAccess { token_hash: recovea_core::keys::hash_secret(node_token), sink };
+        let _ = self.inner.nodes.set(access);
+    }
+
+    /// Rebuilds the feed state from the store and publishes it, unless it is already out.
     pub async fn publish_latest(&self) -> Result<(), ApiError> {
         let mut published = self.inner.published.lock().await;
         let store = Arc::clone(&self.inner.store);
@@ -87,10 +118,13 @@ impl Control {
         if published.is_some_and(|version| state.version <= version) {
             return Ok(());
         }
-        let snapshot = build_snapshot(&state, &self.inner.master_key);
-        *self.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-            snapshot.prices().clone();
-        (self.inner.publish)(Arc::new(snapshot));
+        let feed = Arc::new(feed_state(&state));
+        match feed.prices.to_prices() {
+            Ok(prices) => *self.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = prices,
+            Err(e) => tracing::error!(error = %e, "the published prices do not parse"),
+        }
+        self.inner.feed.publish(Arc::clone(&feed));
+        (self.inner.publish)(feed);
         *published = Some(state.version);
         Ok(())
     }

@@ -22,6 +22,8 @@ use crate::{ApiError, Control};
 const PREFIX: &str = "/admin/v1/";
 /// Admin bodies are small JSON documents.
 const MAX_BODY_BYTES: usize = 1 << 20;
+/// A node's batch of receipts is the largest thing a node sends.
+const MAX_NODE_BODY_BYTES: usize = 64 << 20;
 
 /// Serves the admin API on `listener` until `shutdown` resolves.
 pub async fn serve(control: Control, listener: TcpListener, shutdown: impl Future<Output = ()>) {
@@ -61,11 +63,48 @@ impl Control {
         if request.method() == Method::GET && path == "/healthz" {
             return json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}"));
         }
+        if request.method() == Method::GET && path == "/readyz" {
+            return match self.inner.feed.version() {
+                Some(_) => json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ready\"}")),
+                None => json_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Bytes::from_static(b"{\"status\":\"no state loaded yet\"}"),
+                ),
+            };
+        }
+        if request.method() == Method::GET && path == "/metrics" {
+            let mut response = Response::new(Full::new(Bytes::from(self.render_metrics())));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            return response;
+        }
         if request.method() == Method::GET && path == "/admin/v1/openapi.json" {
             return json_response(StatusCode::OK, Bytes::from_static(OPENAPI.as_bytes()));
         }
         let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         let result = match path.strip_prefix(PREFIX) {
+            None if Control::is_node_path(&path) => {
+                if request.method() != Method::POST {
+                    return error_response(ApiError::MethodNotAllowed);
+                }
+                let authorization = authorization.map(str::to_owned);
+                match Limited::new(request.into_body(), MAX_NODE_BODY_BYTES).collect().await {
+                    Ok(body) => {
+                        match self.node_call(&path, authorization.as_deref(), body.to_bytes()).await {
+                            Ok(Some(reply)) => Ok(reply),
+                            Ok(None) => {
+                                let mut response = Response::new(Full::new(Bytes::new()));
+                                *response.status_mut() = StatusCode::NO_CONTENT;
+                                return response;
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    Err(_) => Err(ApiError::BadRequest("body: unreadable or larger than 64 MiB".into())),
+                }
+            }
             None => Err(ApiError::NotFound("Unknown admin path.".into())),
             Some(_) if !self.authorized(authorization) => Err(ApiError::Unauthorized),
             Some(rest) => {
@@ -95,6 +134,7 @@ impl Control {
             Ok(Reply { status, body: ReplyBody::Json(body) }) => {
                 json_response(status, Bytes::from(serde_json::to_vec_pretty(&body).unwrap_or_default()))
             }
+            Ok(Reply { status, body: ReplyBody::Raw(body) }) => json_response(status, body),
             Ok(Reply { status, body: ReplyBody::Csv(text) }) => {
                 let mut response = Response::new(Full::new(Bytes::from(text)));
                 *response.status_mut() = status;
@@ -105,6 +145,32 @@ impl Control {
             }
             Err(error) => error_response(error),
         }
+    }
+}
+
+impl Control {
+    fn render_metrics(&self) -> String {
+        use std::fmt::Write;
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut out = String::with_capacity(512);
+        let version = self.inner.feed.version();
+        let _ = writeln!(out, "# HELP recovea_feed_version The version of the state fed to nodes.");
+        let _ = writeln!(out, "# TYPE recovea_feed_version gauge");
+        let _ = writeln!(out, "recovea_feed_version {}", version.unwrap_or(0));
+        let _ = writeln!(out, "# HELP recovea_feed_polls_total Feed polls answered.");
+        let _ = writeln!(out, "# TYPE recovea_feed_polls_total counter");
+        let _ = writeln!(out, "recovea_feed_polls_total {}", self.inner.metrics.polls.load(Relaxed));
+        let _ = writeln!(
+            out,
+            "# HELP recovea_receipts_ingested_total Receipts delivered by nodes (replays included)."
+        );
+        let _ = writeln!(out, "# TYPE recovea_receipts_ingested_total counter");
+        let _ =
+            writeln!(out, "recovea_receipts_ingested_total {}", self.inner.metrics.receipts.load(Relaxed));
+        let _ = writeln!(out, "# HELP recovea_nodes Nodes that have polled this control plane.");
+        let _ = writeln!(out, "# TYPE recovea_nodes gauge");
+        let _ = writeln!(out, "recovea_nodes {}", self.inner.feed.nodes().len());
+        out
     }
 }
 

@@ -15,15 +15,21 @@ use crate::timestamp::Timestamp;
 pub enum FailOpenReason {
     /// The node has not received (or loaded) any snapshot yet.
     NoSnapshot,
-    /// Something inside admission itself failed (a panic caught there, for instance).
-    AdmissionFault,
+    /// Looking up the snapshot (or a cache in front of it) failed.
+    SnapshotError,
+    /// The rate limiter failed to answer for the key.
+    RateLimiterError,
+    /// A panic inside admission, caught there.
+    AdmissionPanic,
 }
 
 impl FailOpenReason {
     pub fn label(self) -> &'static str {
         match self {
             Self::NoSnapshot => "no_snapshot",
-            Self::AdmissionFault => "admission_fault",
+            Self::SnapshotError => "snapshot_error",
+            Self::RateLimiterError => "rate_limiter_error",
+            Self::AdmissionPanic => "admission_panic",
         }
     }
 }

@@ -4,6 +4,9 @@
 //! **Invariant:** nothing here waits on a database or the control plane. The only inputs of a
 //! decision are the snapshot installed in memory, the request and the clock.
 
+mod alarm;
+mod control_link;
+pub mod feed;
 mod metering;
 mod metrics;
 mod proxy;
@@ -21,8 +24,26 @@ use recovea_core::Snapshot;
 use recovea_core::snapshot::ProviderKind;
 use recovea_counters::Counters;
 
+pub use control_link::ControlLink;
+pub use feed::follow_feed;
 pub use metrics::Outcome;
 pub use server::serve;
+
+/// Arms the failpoints named in the `FAILPOINTS` environment variable, for as long as the guard
+/// lives (the whole process). Only builds with the `failpoints` feature (tests) have failpoints;
+/// in every other build this does nothing and nothing can trigger one.
+pub fn failpoints_from_env() -> FailpointsGuard {
+    FailpointsGuard {
+        #[cfg(feature = "failpoints")]
+        _scenario: fail::FailScenario::setup(),
+    }
+}
+
+/// Keeps the failpoints of [`failpoints_from_env`] armed while it lives.
+pub struct FailpointsGuard {
+    #[cfg(feature = "failpoints")]
+    _scenario: fail::FailScenario<'static>,
+}
 
 /// The node's settings as given (flags, environment); [`GatewayConfig::new`] validates them.
 #[derive(Debug, Clone)]
@@ -47,7 +68,13 @@ pub struct GatewayConfig {
     connect_timeout: Duration,
     body_read_timeout: Duration,
     counter_max_age: Duration,
+    alarm_webhook: Option<http::Uri>,
+    alarm_interval: Duration,
 }
+
+/// How long a fail-open reason stays quiet after its alarm, unless [`GatewayConfig::with_alarm`]
+/// says otherwise.
+pub const DEFAULT_ALARM_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -83,7 +110,24 @@ impl GatewayConfig {
             connect_timeout: settings.connect_timeout,
             body_read_timeout: settings.body_read_timeout,
             counter_max_age: settings.counter_max_age,
+            alarm_webhook: None,
+            alarm_interval: DEFAULT_ALARM_INTERVAL,
         })
+    }
+
+    /// Fail-open passes alarm at most once per reason per `interval`, in the log and, when
+    /// `webhook` is given, by a POST to it.
+    pub fn with_alarm(mut self, webhook: Option<&str>, interval: Duration) -> Result<Self, ConfigError> {
+        if interval.is_zero() {
+            return Err(ConfigError("--alarm-interval must be greater than zero".into()));
+        }
+        self.alarm_webhook = webhook
+            .map(|url| {
+                alarm::parse_webhook(url).map_err(|why| ConfigError(format!("--alarm-webhook: {why}")))
+            })
+            .transpose()?;
+        self.alarm_interval = interval;
+        Ok(self)
     }
 
     fn default_base_url(&self, kind: ProviderKind) -> &str {
@@ -108,6 +152,7 @@ struct Shared {
     meter: metering::Meter,
     counters: Arc<Counters>,
     limiter: ratelimit::RateLimiter,
+    alarm: alarm::Alarm,
 }
 
 impl Gateway {
@@ -115,6 +160,7 @@ impl Gateway {
     /// `counters`.
     pub fn new(config: GatewayConfig, spool: &spool::Spool, node_id: &str, counters: Arc<Counters>) -> Self {
         let upstream = upstream::Upstream::new(config.connect_timeout);
+        let alarm = alarm::Alarm::new(config.alarm_webhook.clone(), config.alarm_interval, node_id);
         Self {
             shared: Arc::new(Shared {
                 snapshot: ArcSwapOption::empty(),
@@ -124,6 +170,7 @@ impl Gateway {
                 meter: metering::Meter::new(spool.sender.clone(), node_id.to_owned()),
                 counters,
                 limiter: ratelimit::RateLimiter::default(),
+                alarm,
             }),
         }
     }

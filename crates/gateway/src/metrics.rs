@@ -64,7 +64,24 @@ impl Outcome {
     }
 }
 
-const FAIL_OPEN_REASONS: [FailOpenReason; 2] = [FailOpenReason::NoSnapshot, FailOpenReason::AdmissionFault];
+/// Every reason, in the order [`reason_index`] numbers them.
+pub(crate) const FAIL_OPEN_REASONS: [FailOpenReason; 4] = [
+    FailOpenReason::NoSnapshot,
+    FailOpenReason::SnapshotError,
+    FailOpenReason::RateLimiterError,
+    FailOpenReason::AdmissionPanic,
+];
+
+/// A reason's slot in [`FAIL_OPEN_REASONS`]; exhaustive, so that a new reason cannot be counted
+/// under another's label.
+pub(crate) fn reason_index(reason: FailOpenReason) -> usize {
+    match reason {
+        FailOpenReason::NoSnapshot => 0,
+        FailOpenReason::SnapshotError => 1,
+        FailOpenReason::RateLimiterError => 2,
+        FailOpenReason::AdmissionPanic => 3,
+    }
+}
 
 pub(crate) struct Metrics {
     requests: [AtomicU64; Outcome::ALL.len()],
@@ -109,12 +126,27 @@ impl Metrics {
     }
 
     pub(crate) fn fail_open(&self, reason: FailOpenReason) {
-        let index = FAIL_OPEN_REASONS.iter().position(|r| *r == reason).unwrap_or(0);
-        self.fail_open[index].fetch_add(1, Relaxed);
+        self.fail_open[reason_index(reason)].fetch_add(1, Relaxed);
     }
 
     pub(crate) fn snapshot_installed(&self) {
         self.snapshot_installed_ms.store(unix_ms(), Relaxed);
+    }
+
+    /// The control plane confirmed the serving state as current at `at` (a node booting from its
+    /// saved state reports the age it had when saved).
+    pub(crate) fn snapshot_confirmed(&self, at: recovea_core::Timestamp) {
+        self.snapshot_installed_ms.store(u64::try_from(at.0).unwrap_or(0), Relaxed);
+    }
+
+    /// Milliseconds since the serving state was last confirmed; `None` without one.
+    pub(crate) fn snapshot_age_ms(&self) -> Option<u64> {
+        let confirmed = self.snapshot_installed_ms.load(Relaxed);
+        (confirmed > 0).then(|| unix_ms().saturating_sub(confirmed))
+    }
+
+    pub(crate) fn fail_open_total(&self) -> u64 {
+        self.fail_open.iter().map(|n| n.load(Relaxed)).sum()
     }
 
     pub(crate) fn render(&self) -> String {
@@ -195,13 +227,23 @@ mod tests {
         let m = Metrics::new(Arc::default(), Counters::new("node_test"));
         m.request(Outcome::InvalidKey);
         m.request(Outcome::InvalidKey);
-        m.fail_open(FailOpenReason::AdmissionFault);
+        m.fail_open(FailOpenReason::RateLimiterError);
         let text = m.render();
         assert!(text.contains("recovea_requests_total{outcome=\"invalid_key\"} 2\n"), "{text}");
         assert!(text.contains("recovea_requests_total{outcome=\"forwarded\"} 0\n"), "{text}");
-        assert!(text.contains("recovea_fail_open_total{reason=\"admission_fault\"} 1\n"), "{text}");
+        assert!(text.contains("recovea_fail_open_total{reason=\"rate_limiter_error\"} 1\n"), "{text}");
+        for reason in ["no_snapshot", "snapshot_error", "admission_panic"] {
+            assert!(text.contains(&format!("recovea_fail_open_total{{reason=\"{reason}\"}} 0\n")), "{text}");
+        }
         assert!(!text.contains("snapshot_age"), "no snapshot yet: {text}");
         m.snapshot_installed();
         assert!(m.render().contains("recovea_snapshot_age_seconds "));
+    }
+
+    #[test]
+    fn every_reason_has_its_own_slot() {
+        for (i, reason) in FAIL_OPEN_REASONS.iter().enumerate() {
+            assert_eq!(reason_index(*reason), i, "{reason:?}");
+        }
     }
 }

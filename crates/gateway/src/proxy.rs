@@ -12,7 +12,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use recovea_core::admission::{Admitted, Decision, FailOpenReason};
 use recovea_core::snapshot::ProviderKind;
-use recovea_core::{Answer, Timestamp, credential};
+use recovea_core::{Answer, Snapshot, Timestamp, credential};
 use recovea_providers::{Route, headers};
 
 use std::sync::Arc;
@@ -74,6 +74,15 @@ impl RequestContext {
             body_read: false,
         }
     }
+}
+
+/// `fail::fail_point!` with the `failpoints` feature, which only tests enable; nothing otherwise.
+/// Each point takes the `fail` actions (`FAILPOINTS=admission.snapshot=return`, `...=panic`).
+macro_rules! failpoint {
+    ($($point:tt)*) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($($point)*);
+    };
 }
 
 /// Where an admitted (or failed-open) request goes and with which provider auth.
@@ -206,19 +215,19 @@ fn plan<'p>(
 ) -> Result<(Route<'p>, Target), Refusal> {
     let route = recovea_providers::route(path_and_query).ok_or(Refusal::UnknownRoute)?;
     ctx.credential = Some(route.credential.to_owned());
-    let target = match read_credential_and_admit(shared, request_headers) {
-        Decision::Admit(admitted) => {
-            rate_limit(shared, ctx, &admitted)?;
+    let target = match admission(shared, request_headers) {
+        Admission::Admit(admitted) => {
             let target = target_for(shared, &route, &admitted, request_headers)?;
             ctx.admitted = Some(admitted);
             target
         }
-        Decision::Refuse(answer) => return Err(Refusal::Admission(answer)),
-        Decision::FailOpen(reason) => {
+        Admission::Refuse(refusal) => return Err(refusal),
+        Admission::FailOpen(reason) => {
+            // Whatever admission had learned is forgotten: no managed key, no caps, no receipt.
             ctx.outcome = Outcome::FailOpen;
             ctx.fail_open = Some(reason);
             shared.metrics.fail_open(reason);
-            tracing::error!(reason = reason.label(), request_id = ?ctx.request_id, "fail-open pass: forwarding unadmitted");
+            shared.alarm.raise(reason, &ctx.request_id);
             let kind = route
                 .fallback_kind
                 .ok_or_else(|| Refusal::ProviderNotConfigured(route.credential.to_owned()))?;
@@ -226,22 +235,6 @@ fn plan<'p>(
         }
     };
     Ok((route, target))
-}
-
-/// Phase rate limit: the key's requests and tokens per minute. A fault inside the limiter (a
-/// panic) is a fault of ours: the request passes, counted as a fail-open.
-fn rate_limit(shared: &Shared, ctx: &RequestContext, admitted: &Admitted) -> Result<(), Refusal> {
-    match std::panic::catch_unwind(AssertUnwindSafe(|| {
-        shared.limiter.admit(&admitted.key_id, admitted.limits)
-    })) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(wait_ms)) => Err(Refusal::RateLimited(wait_ms)),
-        Err(_) => {
-            shared.metrics.fail_open(FailOpenReason::AdmissionFault);
-            tracing::error!(request_id = ?ctx.request_id, "rate limiter fault: request let through");
-            Ok(())
-        }
-    }
 }
 
 /// The most of a refused request's body read just to keep its connection open.
@@ -266,15 +259,50 @@ where
     )
 }
 
-/// Phases read credential and admit. A panic inside admission is a fault of ours, so the request
-/// passes through rather than fail.
-fn read_credential_and_admit(shared: &Shared, request_headers: &HeaderMap) -> Decision {
+/// What the admission phase decided.
+enum Admission {
+    Admit(Admitted),
+    Refuse(Refusal),
+    /// Pass through unadmitted, as if the node knew no key.
+    FailOpen(FailOpenReason),
+}
+
+/// Phases read credential, admit and rate limit. A fault anywhere in them (an error of the
+/// snapshot lookup or of the limiter, a panic) is ours, not the caller's: the request passes
+/// through unadmitted rather than fail, even when the key was already found.
+fn admission(shared: &Shared, request_headers: &HeaderMap) -> Admission {
     let now = Timestamp::from_system_time(SystemTime::now());
     std::panic::catch_unwind(AssertUnwindSafe(|| {
-        let snapshot = shared.snapshot.load();
-        recovea_core::admit(snapshot.as_deref(), credential::read(request_headers), now)
+        failpoint!("admission.panic");
+        let snapshot = match load_snapshot(shared) {
+            Ok(snapshot) => snapshot,
+            Err(reason) => return Admission::FailOpen(reason),
+        };
+        match recovea_core::admit(snapshot.as_deref(), credential::read(request_headers), now) {
+            Decision::Admit(admitted) => match rate_limit(shared, &admitted) {
+                Ok(Ok(())) => Admission::Admit(admitted),
+                Ok(Err(wait_ms)) => Admission::Refuse(Refusal::RateLimited(wait_ms)),
+                Err(reason) => Admission::FailOpen(reason),
+            },
+            Decision::Refuse(answer) => Admission::Refuse(Refusal::Admission(answer)),
+            Decision::FailOpen(reason) => Admission::FailOpen(reason),
+        }
     }))
-    .unwrap_or(Decision::FailOpen(FailOpenReason::AdmissionFault))
+    .unwrap_or(Admission::FailOpen(FailOpenReason::AdmissionPanic))
+}
+
+/// The snapshot to decide from. Loading it from memory cannot fail; the failpoint stands for the
+/// error a cache or store lookup in its place could return.
+fn load_snapshot(shared: &Shared) -> Result<arc_swap::Guard<Option<Arc<Snapshot>>>, FailOpenReason> {
+    failpoint!("admission.snapshot", |_| Err(FailOpenReason::SnapshotError));
+    Ok(shared.snapshot.load())
+}
+
+/// Phase rate limit: the key's requests and tokens per minute, or how many milliseconds to wait.
+/// The in-memory limiter cannot err; the failpoint stands for one that can (a shared store).
+fn rate_limit(shared: &Shared, admitted: &Admitted) -> Result<Result<(), u64>, FailOpenReason> {
+    failpoint!("admission.rate_limiter", |_| Err(FailOpenReason::RateLimiterError));
+    Ok(shared.limiter.admit(&admitted.key_id, admitted.limits))
 }
 
 /// Phase route: the organization's credential, or the client's own provider key when it sent its

@@ -24,62 +24,110 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// A running `recovea serve`, killed (SIGKILL) when dropped.
-pub struct Serve {
+/// A running `recovea` process, killed (SIGKILL) when dropped.
+pub struct Process {
     child: Child,
-    /// The banner, up to and including its last line.
+    /// The banner, up to and including its ready line.
     pub stdout: Vec<String>,
-    pub gateway: String,
-    pub admin: String,
 }
 
-impl Drop for Serve {
+impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-impl Serve {
-    /// Starts `serve` on ports the system picks, sending both providers to `mock_url`, and reads the
-    /// addresses it bound from its banner, whose last line (the admin URL) means ready.
-    pub fn start(data_dir: &Path, mock_url: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-            .args(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(extra)
-            .env_remove("RECOVEA_ADMIN_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("recovea starts");
+impl Process {
+    /// Runs `recovea ARGS` with `envs` and reads its banner up to the line starting with `ready`.
+    pub fn start(args: &[&str], envs: &[(&str, &str)], ready: &str) -> Self {
+        let mut command = Command::new(BIN);
+        command.args(args).env_remove("RECOVEA_ADMIN_TOKEN").stdout(Stdio::piped()).stderr(Stdio::null());
+        for (name, value) in envs {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("recovea starts");
         let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         let mut stdout = Vec::new();
         while let Some(Ok(line)) = lines.next() {
-            let done = line.starts_with("recovea admin:");
+            let done = line.starts_with(ready);
             stdout.push(line);
             if done {
                 break;
             }
         }
         std::thread::spawn(move || for _ in lines {});
-        let url_after = |label: &str| {
-            stdout
-                .iter()
-                .find_map(|l| l.strip_prefix(label))
-                .map(|rest| rest.trim().trim_end_matches("/admin/v1").to_owned())
-                .unwrap_or_else(|| panic!("serve did not print {label:?}: {stdout:?}"))
-        };
-        let (gateway, admin) = (url_after("recovea gateway:"), url_after("recovea admin:"));
-        Self { child, stdout, gateway, admin }
+        assert!(
+            stdout.last().is_some_and(|l| l.starts_with(ready)),
+            "recovea {args:?} exited before printing {ready:?}: {stdout:?}"
+        );
+        Self { child, stdout }
+    }
+
+    /// The URL printed after `label` in the banner (an admin URL without its `/admin/v1`).
+    pub fn url_after(&self, label: &str) -> String {
+        self.stdout
+            .iter()
+            .find_map(|l| l.strip_prefix(label))
+            .map(|rest| {
+                let rest = rest.trim();
+                rest.split_once(": ").map_or(rest, |(_, url)| url).trim_end_matches("/admin/v1").to_owned()
+            })
+            .unwrap_or_else(|| panic!("no {label:?} in the banner: {:?}", self.stdout))
     }
 
     /// SIGKILL: no drain, no flush, no goodbye.
     pub fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits up to `within` for the exit; its status, or `None` if it did not exit.
+    pub fn terminate(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM failed");
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+/// A running `recovea serve`.
+pub struct Serve {
+    pub process: Process,
+    pub stdout: Vec<String>,
+    pub gateway: String,
+    pub admin: String,
+}
+
+impl Serve {
+    /// Starts `serve` on ports the system picks, sending both providers to `mock_url`, and reads the
+    /// addresses it bound from its banner, whose last line (the admin URL) means ready.
+    pub fn start(data_dir: &Path, mock_url: &str, extra: &[&str]) -> Self {
+        let data_dir = data_dir.to_str().expect("a UTF-8 path");
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"];
+        args.extend([
+            "--openai-base-url",
+            mock_url,
+            "--anthropic-base-url",
+            mock_url,
+            "--data-dir",
+            data_dir,
+        ]);
+        args.extend(extra);
+        let process = Process::start(&args, &[], "recovea admin:");
+        let (gateway, admin) = (process.url_after("recovea gateway:"), process.url_after("recovea admin:"));
+        Self { stdout: process.stdout.clone(), process, gateway, admin }
+    }
+
+    /// SIGKILL: no drain, no flush, no goodbye.
+    pub fn kill(self) {
+        self.process.kill();
     }
 
     /// One admin API call with `token`: its status and JSON answer (`Null` when not JSON).

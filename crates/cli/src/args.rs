@@ -1,0 +1,191 @@
+//! The flags of `serve`, `control` and `node`, each with its environment variable, in groups that
+//! the commands share.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use recovea_core::crypto::MasterKey;
+use recovea_gateway::{GatewayConfig, GatewaySettings};
+
+use crate::size;
+
+/// What every long-running command takes.
+#[derive(Args)]
+pub(crate) struct CommonArgs {
+    /// Holds the SQLite file (`serve`, `control`), the generated secrets, the spool and the saved state.
+    #[arg(long, env = "RECOVEA_DATA_DIR", default_value = "./recovea-data")]
+    pub(crate) data_dir: PathBuf,
+    /// Log filter, in `RUST_LOG` syntax.
+    #[arg(long, env = "RECOVEA_LOG", default_value = "info")]
+    pub(crate) log: String,
+    /// `text` for people, `json` (one object per line) for log pipelines.
+    #[arg(long, env = "RECOVEA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The gateway node's flags (`serve`, `node`).
+#[derive(Args)]
+pub(crate) struct GatewayArgs {
+    /// Gateway address.
+    #[arg(long, env = "RECOVEA_LISTEN", default_value = "127.0.0.1:8080")]
+    pub(crate) listen: SocketAddr,
+    /// Default base URL of openai-kind credentials, and where a fail-open pass goes.
+    #[arg(long, env = "RECOVEA_OPENAI_BASE_URL", default_value = "https://api.openai.com")]
+    openai_base_url: String,
+    /// Default base URL of anthropic-kind credentials, and where a fail-open pass goes.
+    #[arg(long, env = "RECOVEA_ANTHROPIC_BASE_URL", default_value = "https://api.anthropic.com")]
+    anthropic_base_url: String,
+    /// Largest request body accepted (bytes, or with a KiB/MiB/GiB suffix); larger ones get 413.
+    #[arg(long, env = "RECOVEA_MAX_BODY_SIZE", default_value = "32MiB", value_parser = size::parse_bytes)]
+    max_body_size: u64,
+    /// How long to wait for a provider's response headers before answering 504.
+    #[arg(long, env = "RECOVEA_UPSTREAM_TIMEOUT", default_value = "600s", value_parser = humantime::parse_duration)]
+    upstream_timeout: Duration,
+    /// How long to wait for a connection to a provider before answering 502.
+    #[arg(long, env = "RECOVEA_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    connect_timeout: Duration,
+    /// How long a client may take to send its request body before it gets 408.
+    #[arg(long, env = "RECOVEA_REQUEST_BODY_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    request_body_timeout: Duration,
+    /// An armed cap whose counters were not confirmed for longer than this answers 503.
+    #[arg(long, env = "RECOVEA_COUNTER_MAX_AGE", default_value = "60s", value_parser = humantime::parse_duration)]
+    counter_max_age: Duration,
+    /// Shared spend counters and rate limits (`redis://HOST:PORT/DB`); without it, they live in this process.
+    #[arg(long, env = "RECOVEA_REDIS_URL")]
+    pub(crate) redis_url: Option<String>,
+    /// Where fail-open alarms are POSTed (JSON), besides the error log.
+    #[arg(long, env = "RECOVEA_ALARM_WEBHOOK")]
+    alarm_webhook: Option<String>,
+    /// The least time between two alarms for one reason; passes in between are counted in the next.
+    #[arg(long, env = "RECOVEA_ALARM_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    alarm_interval: Duration,
+}
+
+impl GatewayArgs {
+    pub(crate) fn config(&self) -> Result<GatewayConfig, String> {
+        GatewayConfig::new(GatewaySettings {
+            openai_base_url: self.openai_base_url.clone(),
+            anthropic_base_url: self.anthropic_base_url.clone(),
+            max_body_bytes: self.max_body_size,
+            upstream_timeout: self.upstream_timeout,
+            connect_timeout: self.connect_timeout,
+            body_read_timeout: self.request_body_timeout,
+            counter_max_age: self.counter_max_age,
+        })
+        .and_then(|config| config.with_alarm(self.alarm_webhook.as_deref(), self.alarm_interval))
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// The admin API's flags (`serve`, `control`).
+#[derive(Args)]
+pub(crate) struct AdminArgs {
+    /// Admin API address.
+    #[arg(long, env = "RECOVEA_ADMIN_LISTEN", default_value = "127.0.0.1:8081")]
+    pub(crate) admin_listen: SocketAddr,
+    /// `sqlite://PATH` or (`control`) `postgres://...`; defaults to a SQLite file in the data dir.
+    #[arg(long, env = "RECOVEA_DATABASE_URL")]
+    pub(crate) database_url: Option<String>,
+    /// Bearer token of the admin API; generated on first start and saved in the data dir when not given.
+    #[arg(long, env = "RECOVEA_ADMIN_TOKEN", hide_env_values = true)]
+    pub(crate) admin_token: Option<String>,
+    /// Key of the HMAC-SHA256 signature on alert webhooks; generated into the data dir when not given.
+    #[arg(long, env = "RECOVEA_ALERT_SIGNING_SECRET", hide_env_values = true)]
+    pub(crate) alert_signing_secret: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) common: CommonArgs,
+    #[command(flatten)]
+    pub(crate) gateway: GatewayArgs,
+    #[command(flatten)]
+    pub(crate) admin: AdminArgs,
+    /// 64 hex characters that seal provider keys at rest; generated into the data dir when not given.
+    #[arg(long, env = "RECOVEA_MASTER_KEY", hide_env_values = true)]
+    pub(crate) master_key: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct ControlArgs {
+    #[command(flatten)]
+    pub(crate) common: CommonArgs,
+    #[command(flatten)]
+    pub(crate) admin: AdminArgs,
+    /// 64 hex characters that seal provider keys at rest and in the feed; the same on every node.
+    #[arg(long, env = "RECOVEA_MASTER_KEY", hide_env_values = true)]
+    pub(crate) master_key: String,
+    /// The shared secret nodes present; without it no node is served.
+    #[arg(long, env = "RECOVEA_NODE_TOKEN", hide_env_values = true)]
+    pub(crate) node_token: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct NodeArgs {
+    #[command(flatten)]
+    pub(crate) common: CommonArgs,
+    #[command(flatten)]
+    pub(crate) gateway: GatewayArgs,
+    /// The control plane: where the node gets its feed and delivers its receipts.
+    #[arg(long, env = "RECOVEA_CONTROL_URL")]
+    pub(crate) control_url: String,
+    /// The shared secret the node presents to the control plane.
+    #[arg(long, env = "RECOVEA_NODE_TOKEN", hide_env_values = true)]
+    pub(crate) node_token: String,
+    /// 64 hex characters: the control plane's master key, which opens provider keys from the feed.
+    #[arg(long, env = "RECOVEA_MASTER_KEY", hide_env_values = true)]
+    pub(crate) master_key: String,
+}
+
+pub(crate) fn parse_master_key(hex: &str) -> Result<MasterKey, String> {
+    MasterKey::parse_hex(hex).map_err(|e| format!("--master-key: {e}"))
+}
+
+/// A secret given on the command line, trimmed; refused when blank.
+pub(crate) fn non_blank(flag: &str, value: &str) -> Result<String, String> {
+    let value = value.trim();
+    if value.is_empty() { Err(format!("{flag}: must not be empty")) } else { Ok(value.to_owned()) }
+}
+
+/// Installs the log subscriber: text or JSON lines on stderr.
+pub(crate) fn init_logging(common: &CommonArgs) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&common.log)
+        .map_err(|e| format!("--log {:?}: {e}", common.log))?;
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match common.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub(crate) async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

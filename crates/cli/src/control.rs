@@ -1,0 +1,59 @@
+//! `recovea control`: the control plane alone, on SQLite or PostgreSQL. Several replicas may share
+//! one PostgreSQL: each polls the store's version and feeds its nodes whatever any of them changed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use recovea_control::Control;
+use recovea_control::alerts::Alerts;
+use recovea_control::ingest::LedgerSink;
+use tokio::net::TcpListener;
+
+use crate::args::{ControlArgs, init_logging, non_blank, parse_master_key, shutdown_signal};
+use crate::data_dir;
+use crate::wiring::{Stop, admin_token, alert_signing_secret, open_stores};
+
+pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
+    init_logging(&args.common)?;
+    let master_key = parse_master_key(&args.master_key)?;
+    let data_dir = &args.common.data_dir;
+    data_dir::create(data_dir)?;
+    let (admin_token, token_generated) = admin_token(&args.admin, data_dir)?;
+    let alert_secret = alert_signing_secret(&args.admin, data_dir)?;
+    let url = args.admin.database_url.clone();
+    let data = data_dir.clone();
+    let stores = tokio::task::spawn_blocking(move || open_stores(url.as_deref(), &data, true))
+        .await
+        .map_err(|e| e.to_string())??;
+    let control =
+        Control::new(stores.store.clone(), stores.ledger.clone(), master_key, &admin_token, Arc::new(|_| {}));
+    match &args.node_token {
+        Some(token) => {
+            let alerts = Alerts::start(stores.store.clone(), stores.ledger.clone(), &alert_secret);
+            let sink = Arc::new(LedgerSink::new(stores.ledger.clone(), Some(alerts)));
+            control.serve_nodes(&non_blank("--node-token", token)?, sink);
+        }
+        None => tracing::warn!("no --node-token: no node can follow this control plane"),
+    }
+    control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
+    let listener = TcpListener::bind(args.admin.admin_listen)
+        .await
+        .map_err(|e| format!("--admin-listen {}: {e}", args.admin.admin_listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    if token_generated {
+        println!(
+            "admin token:     {admin_token}  (saved in {}; printed only this once)",
+            data_dir.join(data_dir::ADMIN_TOKEN_FILE).display()
+        );
+    }
+    println!("recovea admin:   http://{addr}/admin/v1");
+
+    let stop = Stop::new();
+    let publisher = tokio::spawn(control.clone().keep_published(Duration::from_millis(250), stop.stopped()));
+    let server = tokio::spawn(recovea_control::serve(control, listener, stop.stopped()));
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    stop.stop();
+    let _ = tokio::join!(server, publisher);
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! `recovea node`: a gateway node fed by a control plane. It holds no database credentials: its
+//! state comes from the feed (or, while the control plane is away at start, from the state it
+//! saved), its receipts go to the control plane's ingest, and its counters to Redis.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use recovea_counters::{Counters, rebuild_missing, sync_loop};
+use recovea_gateway::{ControlLink, Gateway, follow_feed};
+use tokio::net::TcpListener;
+
+use crate::args::{NodeArgs, init_logging, non_blank, parse_master_key, shutdown_signal};
+use crate::data_dir;
+use crate::wiring::{RATE_SHARE_INTERVAL, Stop, open_spool, rate_share, shared_counters};
+
+pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
+    init_logging(&args.common)?;
+    let config = args.gateway.config()?;
+    let master_key = parse_master_key(&args.master_key)?;
+    let node_token = non_blank("--node-token", &args.node_token)?;
+    let link = Arc::new(ControlLink::new(&args.control_url, &node_token).map_err(|e| e.to_string())?);
+    let data_dir = &args.common.data_dir;
+    data_dir::create(data_dir)?;
+    let node_id = data_dir::node_id(data_dir)?;
+    let spool = open_spool(data_dir)?;
+    let counters = Counters::new(&node_id);
+    let shared_counters = shared_counters(args.gateway.redis_url.as_deref())?;
+    let rate_share = rate_share(args.gateway.redis_url.as_deref())?;
+    let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));
+    let saved = gateway.boot_from_saved(data_dir, &master_key);
+    let listener = TcpListener::bind(args.gateway.listen)
+        .await
+        .map_err(|e| format!("--listen {}: {e}", args.gateway.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("recovea node {node_id}: http://{addr}");
+
+    let stop = Stop::new();
+    // The shipper stops last, once the server has drained and the spool is synced.
+    let stop_shipping = Stop::new();
+    let shipper = {
+        let (spool, link, stopped) = (Arc::clone(&spool), Arc::clone(&link), stop_shipping.stopped());
+        tokio::spawn(async move { spool.ship(link, stopped).await })
+    };
+    let feed = tokio::spawn(follow_feed(
+        gateway.clone(),
+        Arc::clone(&link),
+        master_key,
+        node_id,
+        data_dir.clone(),
+        saved,
+        stop.stopped(),
+    ));
+    let syncer = tokio::spawn(sync_loop(
+        Arc::clone(&counters),
+        shared_counters,
+        Duration::from_secs(1),
+        stop.stopped(),
+    ));
+    let rebuilder = tokio::spawn(rebuild_missing(Arc::clone(&counters), link, stop.stopped()));
+    let rate_sharer = rate_share
+        .map(|share| tokio::spawn(gateway.share_rate_limits(share, RATE_SHARE_INTERVAL, stop.stopped())));
+    let server = tokio::spawn(recovea_gateway::serve(gateway, listener, stop.stopped()));
+    shutdown_signal().await;
+    tracing::info!("shutting down: draining in-flight requests");
+    stop.stop();
+    if let Some(rate_sharer) = rate_sharer {
+        let _ = rate_sharer.await;
+    }
+    let _ = tokio::join!(server, feed, syncer, rebuilder);
+    spool.sync().await;
+    stop_shipping.stop();
+    let _ = shipper.await;
+    Ok(())
+}

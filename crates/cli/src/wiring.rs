@@ -1,0 +1,114 @@
+//! The parts `serve`, `control` and `node` assemble alike: secrets from flags or the data dir, the
+//! store, the counters store, and the background tasks that stop together.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use recovea_counters::{InProcess, RateShare, Redis, RedisRateShare, SharedCounters, StoreOptions};
+use recovea_gateway::spool::Spool;
+use recovea_store::{ControlStore, PostgresStore, ReceiptLedger, SqliteStore};
+use tokio::sync::watch;
+
+use crate::args::{AdminArgs, non_blank};
+use crate::data_dir;
+
+/// The control store and the receipt ledger: one database behind both traits.
+pub(crate) struct Stores {
+    pub(crate) store: Arc<dyn ControlStore>,
+    pub(crate) ledger: Arc<dyn ReceiptLedger>,
+}
+
+/// Opens `--database-url` (`sqlite://PATH`, `postgres://...`) or the SQLite file in the data dir.
+/// `serve` takes SQLite only: it is the zero-setup process.
+pub(crate) fn open_stores(
+    url: Option<&str>,
+    data_dir: &Path,
+    postgres_allowed: bool,
+) -> Result<Stores, String> {
+    fn both<S: ControlStore + ReceiptLedger>(store: S) -> Stores {
+        let store = Arc::new(store);
+        Stores { store: store.clone(), ledger: store }
+    }
+    let sqlite = |path: &Path| {
+        SqliteStore::open(path).map(both).map_err(|e| format!("--database-url {}: {e}", path.display()))
+    };
+    match url {
+        None => sqlite(&data_dir.join("recovea.db")),
+        Some(url) => match url.strip_prefix("sqlite://") {
+            Some(path) if !path.is_empty() => sqlite(Path::new(path)),
+            _ if postgres_allowed && (url.starts_with("postgres://") || url.starts_with("postgresql://")) => {
+                // The URL may carry a password: errors name the scheme only.
+                PostgresStore::connect(url).map(both).map_err(|e| format!("--database-url (postgres): {e}"))
+            }
+            _ if postgres_allowed => {
+                Err("--database-url: expected sqlite://PATH or postgres://...".to_owned())
+            }
+            _ => Err("--database-url: `serve` takes sqlite://PATH; run `control` for PostgreSQL".to_owned()),
+        },
+    }
+}
+
+/// The admin token from the flag, else the one saved in (or generated into) the data dir, and
+/// whether it was generated now.
+pub(crate) fn admin_token(admin: &AdminArgs, data_dir: &Path) -> Result<(String, bool), String> {
+    match &admin.admin_token {
+        Some(token) => Ok((non_blank("--admin-token", token)?, false)),
+        None => data_dir::admin_token(data_dir).map(|saved| (saved.value, saved.generated)),
+    }
+}
+
+pub(crate) fn alert_signing_secret(admin: &AdminArgs, data_dir: &Path) -> Result<String, String> {
+    match &admin.alert_signing_secret {
+        Some(secret) => non_blank("--alert-signing-secret", secret),
+        None => data_dir::alert_signing_secret(data_dir),
+    }
+}
+
+/// Redis when `--redis-url` is given, else counters in this process.
+pub(crate) fn shared_counters(redis_url: Option<&str>) -> Result<Arc<dyn SharedCounters>, String> {
+    Ok(match redis_url {
+        None => Arc::new(InProcess::new(StoreOptions::default())),
+        Some(url) => {
+            Arc::new(Redis::new(url, StoreOptions::default()).map_err(|e| format!("--redis-url: {e}"))?)
+        }
+    })
+}
+
+/// Rate limits shared through Redis when `--redis-url` is given; without it each node limits alone.
+pub(crate) fn rate_share(redis_url: Option<&str>) -> Result<Option<Arc<dyn RateShare>>, String> {
+    let Some(url) = redis_url else { return Ok(None) };
+    let share = RedisRateShare::new(url, "recovea:rate").map_err(|e| format!("--redis-url: {e}"))?;
+    Ok(Some(Arc::new(share)))
+}
+
+/// How often a node exchanges its keys' usage with the others: the lag of a shared rate limit.
+pub(crate) const RATE_SHARE_INTERVAL: Duration = Duration::from_millis(250);
+
+pub(crate) fn open_spool(data_dir: &Path) -> Result<Arc<Spool>, String> {
+    let dir = data_dir.join("spool");
+    Spool::open(&dir).map(Arc::new).map_err(|e| format!("{}: {e}", dir.display()))
+}
+
+/// One signal that every background task watches; sent once, at shutdown.
+#[derive(Clone)]
+pub(crate) struct Stop(watch::Sender<bool>);
+
+impl Stop {
+    pub(crate) fn new() -> Self {
+        Self(watch::Sender::new(false))
+    }
+
+    /// Resolves once [`Stop::stop`] was called.
+    pub(crate) fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.0.subscribe();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.0.send_replace(true);
+    }
+}

@@ -1,0 +1,542 @@
+//! The split deployment with real parts: `recovea control` on a PostgreSQL database of the test's
+//! own, two `recovea node` processes sharing Redis, and the mock provider, all on loopback.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use recovea_testkit::{Behaviour, MockProvider};
+use serde_json::{Value, json};
+
+#[path = "support/harness.rs"]
+mod harness;
+
+use harness::{Answer, Process, call, temp_dir};
+
+const ADMIN_TOKEN: &str = "split-admin-token";
+const NODE_TOKEN: &str = "split-node-token";
+const MASTER_KEY: &str = "6b1f3c5e7a9d0b2e4f6a8c0e2b4d6f8a1c3e5a7b9d1f3a5c7e9b1d3f5a7c9e1b";
+const REDIS_URL: &str = "redis://127.0.0.1:6379/";
+
+/// A PostgreSQL database of the test's own, dropped at the end.
+struct Database {
+    server: String,
+    name: String,
+}
+
+impl Database {
+    fn create() -> Self {
+        let server = std::env::var("RECOVEA_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let name = format!("recovea_split_{:016x}", fastrand::u64(..));
+        // The blocking client runs its own runtime: keep it off the test's.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut admin = postgres::Client::connect(&format!("{server}/postgres"), postgres::NoTls)
+                    .unwrap_or_else(|e| panic!("these tests need PostgreSQL at {server}: {e}"));
+                admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("CREATE DATABASE");
+            });
+        });
+        Self { server, name }
+    }
+
+    fn url(&self) -> String {
+        format!("{}/{}", self.server, self.name)
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let url = format!("{}/postgres", self.server);
+                if let Ok(mut admin) = postgres::Client::connect(&url, postgres::NoTls) {
+                    let _ =
+                        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+                }
+            });
+        });
+    }
+}
+
+/// A port nothing listens on right now, so that a control plane can come back on the same address.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+struct Control {
+    process: Process,
+    admin: String,
+}
+
+impl Control {
+    fn start(database: &Database, port: u16, data_dir: &Path) -> Self {
+        let listen = format!("127.0.0.1:{port}");
+        let process = Process::start(
+            &[
+                "control",
+                "--admin-listen",
+                &listen,
+                "--database-url",
+                &database.url(),
+                "--data-dir",
+                data_dir.to_str().expect("utf-8"),
+                "--admin-token",
+                ADMIN_TOKEN,
+                "--node-token",
+                NODE_TOKEN,
+                "--master-key",
+                MASTER_KEY,
+            ],
+            &[],
+            "recovea admin:",
+        );
+        let admin = process.url_after("recovea admin:");
+        Self { process, admin }
+    }
+
+    async fn admin(&self, method: Method, path: &str, body: Option<Value>) -> Value {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let answer =
+            call(method, &format!("{}/admin/v1{path}", self.admin), &[("authorization", &auth)], body).await;
+        assert!(answer.status.is_success(), "{path}: {} {:?}", answer.status, answer.json());
+        answer.json()
+    }
+
+    /// An org with a managed openai credential and a key: (org id, key id, secret).
+    async fn tenant(&self) -> (String, String, String) {
+        let org = self.admin(Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
+        let org_id = org["id"].as_str().expect("id").to_owned();
+        let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
+        self.admin(Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider)).await;
+        let key = self.admin(Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
+        let (key_id, secret) = (key["id"].as_str().expect("id"), key["secret"].as_str().expect("secret"));
+        (org_id, key_id.to_owned(), secret.to_owned())
+    }
+
+    async fn receipts(&self, org_id: &str) -> Vec<Value> {
+        let page = self.admin(Method::GET, &format!("/orgs/{org_id}/receipts?limit=1000"), None).await;
+        page["receipts"].as_array().expect("receipts").clone()
+    }
+}
+
+struct Node {
+    process: Process,
+    url: String,
+}
+
+impl Node {
+    fn start(data_dir: &Path, control_url: &str, mock_url: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(data_dir, control_url, mock_url, extra, &[])
+    }
+
+    fn start_with_env(
+        data_dir: &Path,
+        control_url: &str,
+        mock_url: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Self {
+        let mut args = vec!["node", "--listen", "127.0.0.1:0", "--control-url", control_url];
+        args.extend(["--node-token", NODE_TOKEN, "--master-key", MASTER_KEY, "--redis-url", REDIS_URL]);
+        args.extend(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url]);
+        args.extend(["--data-dir", data_dir.to_str().expect("utf-8")]);
+        args.extend(extra);
+        let process = Process::start(&args, envs, "recovea node");
+        let url = process.url_after("recovea node");
+        Self { process, url }
+    }
+
+    async fn chat(&self, secret: &str) -> Answer {
+        let auth = format!("Bearer {secret}");
+        let body =
+            json!({"model": "split-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+        call(
+            Method::POST,
+            &format!("{}/v1/chat/completions", self.url),
+            &[("authorization", &auth)],
+            Some(body),
+        )
+        .await
+    }
+
+    /// Waits until the node serves a state from the feed.
+    async fn ready(&self) {
+        within(Duration::from_secs(10), "the node is fed", || async {
+            call(Method::GET, &format!("{}/readyz", self.url), &[], None).await.status == StatusCode::OK
+        })
+        .await;
+    }
+
+    async fn metric(&self, line_prefix: &str) -> Option<f64> {
+        let text = call(Method::GET, &format!("{}/metrics", self.url), &[], None).await;
+        String::from_utf8_lossy(&text.body)
+            .lines()
+            .find_map(|l| l.strip_prefix(line_prefix))
+            .and_then(|v| v.trim().parse().ok())
+    }
+}
+
+/// Polls `check` every 20 ms until it holds; panics with `what` after `within`. Returns the time it took.
+async fn within<F, Fut>(within: Duration, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    loop {
+        if check().await {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_fed_by_two_control_replicas_share_caps_and_revocations() {
+    let dir = temp_dir("split-two-nodes");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let first = Control::start(&database, free_port(), &dir.join("control-1"));
+    let second = Control::start(&database, free_port(), &dir.join("control-2"));
+    // Node A follows the first replica, node B the second: every change below is made through the
+    // first, so B sees it only through the shared database.
+    let a = Node::start(&dir.join("node-a"), &first.admin, &mock.url(), &[]);
+    let b = Node::start(&dir.join("node-b"), &second.admin, &mock.url(), &[]);
+    for node in [&a, &b] {
+        node.ready().await;
+    }
+
+    let (org_id, key_id, secret) = first.tenant().await;
+    let price = json!({"input_per_mtok_usd": "1000000", "output_per_mtok_usd": "0"});
+    first.admin(Method::PUT, "/prices/split-model", Some(price)).await;
+    let cap = json!({"scope": "organization", "window": "month", "limit_usd": "6.00", "hard_stop": true});
+    first.admin(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
+    // Each answer reports one input token: one dollar a request.
+    let usage = json!({"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1});
+    mock.script(Behaviour::default().usage(usage).times(100));
+    for node in [&a, &b] {
+        within(Duration::from_secs(2), "a new key is served by every node", || async {
+            node.chat(&secret).await.status == StatusCode::OK
+        })
+        .await;
+    }
+    let managed = mock.requests();
+    assert!(managed.iter().all(|r| r.header("authorization") == Some("Bearer sk-managed-0123456789")));
+
+    // Two dollars are spent; node A spends the rest up to the line and is refused at it.
+    let mut admitted_by_a = 0;
+    loop {
+        let answer = a.chat(&secret).await;
+        if answer.status == StatusCode::PAYMENT_REQUIRED {
+            break;
+        }
+        assert_eq!(answer.status, StatusCode::OK);
+        admitted_by_a += 1;
+        assert!(admitted_by_a <= 6, "node A kept admitting past the cap");
+    }
+    // Node B learns A's spend through Redis: it refuses within a sync, having admitted at most one
+    // request past the line meanwhile (the overshoot bound: one request per node).
+    let mut admitted_by_b = 0;
+    let mut refusal = None;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        let answer = b.chat(&secret).await;
+        if answer.status == StatusCode::PAYMENT_REQUIRED {
+            refusal = Some(answer);
+            break;
+        }
+        admitted_by_b += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let refusal = refusal.expect("node B refuses once A reached the cap");
+    assert!(admitted_by_b <= 1, "node B admitted {admitted_by_b} past the line");
+    assert_eq!(refusal.headers["x-recovea-budget-scope"], "organization");
+    assert_eq!(refusal.headers["x-recovea-budget-window"], "month");
+    assert_eq!(refusal.headers["x-should-retry"], "false");
+    assert!(refusal.headers.get("retry-after").is_none());
+    assert_eq!(
+        String::from_utf8_lossy(&refusal.body),
+        "{\n  \"error\": {\n    \"message\": \"Monthly spend cap reached.\",\n    \"type\": \"insufficient_quota\",\n    \"param\": null,\n    \"code\": \"budget_exceeded\"\n  }\n}"
+    );
+
+    // Every admitted request's receipt reaches the ledger through the control plane, once.
+    let admitted = 2 + admitted_by_a + admitted_by_b;
+    within(Duration::from_secs(10), "every receipt reaches the ledger", || async {
+        first.receipts(&org_id).await.len() == admitted
+    })
+    .await;
+    let receipts = first.receipts(&org_id).await;
+    let nodes: std::collections::BTreeSet<&str> =
+        receipts.iter().filter_map(|r| r["node_id"].as_str()).collect();
+    assert_eq!(nodes.len(), 2, "both nodes delivered receipts: {nodes:?}");
+
+    // Both nodes report themselves to the replica that feeds them.
+    let listed = second.admin(Method::GET, "/nodes", None).await;
+    let node = &listed["nodes"][0];
+    assert_eq!(listed["nodes"].as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(node["feed_version"], listed["feed_version"], "{listed}");
+    assert!(node["snapshot_age_seconds"].as_u64().is_some_and(|age| age <= 2), "{listed}");
+    assert!(node["counters_confirmed_at"].is_string(), "{listed}");
+    assert_eq!(node["fail_open_total"], 0);
+
+    // A revocation made through the first replica reaches both nodes within a second.
+    first.admin(Method::POST, &format!("/keys/{key_id}/revoke"), None).await;
+    let took = within(Duration::from_secs(1), "the revocation reaches both nodes", || async {
+        a.chat(&secret).await.status == StatusCode::UNAUTHORIZED
+            && b.chat(&secret).await.status == StatusCode::UNAUTHORIZED
+    })
+    .await;
+    eprintln!("revocation reached both nodes in {took:?}");
+    drop((a, b, first, second));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_outage_changes_nothing_for_traffic_and_loses_no_receipt() {
+    let dir = temp_dir("split-outage");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let port = free_port();
+    let control = Control::start(&database, port, &dir.join("control"));
+    let a = Node::start(&dir.join("node-a"), &control.admin, &mock.url(), &[]);
+    let b = Node::start(&dir.join("node-b"), &control.admin, &mock.url(), &[]);
+    let (org_id, _key_id, secret) = control.tenant().await;
+    for node in [&a, &b] {
+        node.ready().await;
+        within(Duration::from_secs(2), "the key is served by every node", || async {
+            node.chat(&secret).await.status == StatusCode::OK
+        })
+        .await;
+    }
+    let mut sent = 2;
+    // Both nodes saved the state they serve before the outage.
+    for node_dir in ["node-a", "node-b"] {
+        let saved = dir.join(node_dir).join("snapshot.sealed");
+        within(Duration::from_secs(2), "the node saves its state", || async { saved.exists() }).await;
+        let bytes = std::fs::read(&saved).expect("saved state");
+        assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_bytes()));
+        assert!(!bytes.windows(10).any(|w| w == b"sk-managed"), "the saved state is sealed");
+    }
+
+    let admin_url = control.admin.clone();
+    control.process.kill();
+    for _ in 0..5 {
+        for node in [&a, &b] {
+            let answer = node.chat(&secret).await;
+            assert_eq!(answer.status, StatusCode::OK, "traffic flows without the control plane");
+            sent += 1;
+        }
+    }
+    for node in [&a, &b] {
+        assert_eq!(
+            call(Method::GET, &format!("{}/readyz", node.url), &[], None).await.status,
+            StatusCode::OK
+        );
+    }
+    within(Duration::from_secs(5), "the snapshot's age grows while the feed is away", || async {
+        a.metric("recovea_snapshot_age_seconds ").await.is_some_and(|age| age >= 1.5)
+    })
+    .await;
+
+    // A node restarted during the outage serves from its saved state.
+    b.process.kill();
+    let b = Node::start(&dir.join("node-b"), &admin_url, &mock.url(), &[]);
+    let answer = b.chat(&secret).await;
+    assert_eq!(answer.status, StatusCode::OK, "a restarted node serves its saved state");
+    sent += 1;
+    let last = mock.requests().pop().expect("the mock saw it");
+    assert_eq!(last.header("authorization"), Some("Bearer sk-managed-0123456789"), "with the managed key");
+    assert!(b.metric("recovea_snapshot_age_seconds ").await.is_some_and(|age| age >= 1.0));
+
+    // The control plane returns on the same address: every receipt made meanwhile arrives, once.
+    let control = Control::start(&database, port, &dir.join("control"));
+    within(Duration::from_secs(15), "the spools deliver everything", || async {
+        control.receipts(&org_id).await.len() >= sent
+    })
+    .await;
+    let receipts = control.receipts(&org_id).await;
+    assert_eq!(receipts.len(), sent, "no receipt duplicated or lost");
+    let ids: std::collections::BTreeSet<&str> =
+        receipts.iter().filter_map(|r| r["request_id"].as_str()).collect();
+    assert_eq!(ids.len(), sent);
+    within(Duration::from_secs(3), "the nodes are fed again", || async {
+        a.metric("recovea_snapshot_age_seconds ").await.is_some_and(|age| age < 1.5)
+    })
+    .await;
+    drop((a, b, control));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The Prometheus value of `name{labels}` on a node, 0 when absent.
+async fn fail_open_count(node: &Node, reason: &str) -> f64 {
+    node.metric(&format!("recovea_fail_open_total{{reason=\"{reason}\"}} ")).await.unwrap_or(0.0)
+}
+
+/// The two ways a fail-open pass may be met: a Recovea key alone reaches the provider with no
+/// credential at all (its answer comes back unchanged), and a client that brought its own provider
+/// key with `x-recovea-key` reaches it with exactly that key.
+async fn assert_passes_through_stripped(node: &Node, mock: &MockProvider, secret: &str, reason: &str) {
+    let before = fail_open_count(node, reason).await;
+    mock.reset();
+    mock.script(
+        Behaviour::error(401).body(json!({"error": {"message": "no key", "code": "provider_said_no"}})),
+    );
+    let answer = node.chat(secret).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{reason}: the provider's answer, unchanged");
+    assert_eq!(answer.json()["error"]["code"], "provider_said_no", "{reason}");
+    let own = call(
+        Method::POST,
+        &format!("{}/v1/chat/completions", node.url),
+        &[("x-recovea-key", secret), ("authorization", "Bearer sk-own-key")],
+        Some(json!({"model": "split-model", "messages": []})),
+    )
+    .await;
+    assert_eq!(own.status, StatusCode::OK, "{reason}: a client with its own key succeeds");
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 2, "{reason}");
+    assert_eq!(seen[0].header("authorization"), None, "{reason}: no Recovea key, no managed key");
+    assert_eq!(seen[1].header("authorization"), Some("Bearer sk-own-key"), "{reason}");
+    assert!(seen.iter().all(|r| r.header("x-recovea-key").is_none()), "{reason}");
+    assert_eq!(fail_open_count(node, reason).await, before + 2.0, "{reason}: each pass is counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_passes_strip_the_key_and_write_no_receipt() {
+    let dir = temp_dir("split-fail-open");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let (org_id, _key_id, secret) = control.tenant().await;
+    let cap = json!({"scope": "organization", "window": "day", "limit_usd": "0.000001", "hard_stop": true});
+    control.admin(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
+
+    // No snapshot at all: no control plane to feed the node, nothing saved.
+    let dead_control = format!("http://127.0.0.1:{}", free_port());
+    let mut blind = Node::start(&dir.join("blind"), &dead_control, &mock.url(), &[]);
+    assert_eq!(
+        call(Method::GET, &format!("{}/readyz", blind.url), &[], None).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_passes_through_stripped(&blind, &mock, &secret, "no_snapshot").await;
+    assert_eq!(blind.process.terminate(Duration::from_secs(10)).map(|s| s.success()), Some(true));
+    let spool = std::fs::read_dir(dir.join("blind").join("spool")).expect("spool dir");
+    let spooled: u64 = spool.filter_map(Result::ok).filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum();
+    assert!(spooled < 64, "a fail-open pass writes no receipt ({spooled} bytes spooled)");
+
+    // Each fault injected inside admission, on a node that does hold a snapshot.
+    for (reason, failpoint) in [
+        ("snapshot_error", "admission.snapshot=return"),
+        ("rate_limiter_error", "admission.rate_limiter=return"),
+        ("admission_panic", "admission.panic=panic"),
+    ] {
+        let node_dir = dir.join(reason);
+        let mut node =
+            Node::start_with_env(&node_dir, &control.admin, &mock.url(), &[], &[("FAILPOINTS", failpoint)]);
+        node.ready().await;
+        // The armed cap is never looked up: a pass is neither 402 nor 503.
+        assert_passes_through_stripped(&node, &mock, &secret, reason).await;
+        assert_eq!(node.process.terminate(Duration::from_secs(10)).map(|s| s.success()), Some(true));
+    }
+    assert!(control.receipts(&org_id).await.is_empty(), "no receipt for any fail-open pass");
+    drop(control);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_and_flushes_the_spool() {
+    let dir = temp_dir("split-drain");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let (org_id, _key_id, secret) = control.tenant().await;
+    let mut node = Node::start(&dir.join("node"), &control.admin, &mock.url(), &[]);
+    node.ready().await;
+    within(Duration::from_secs(5), "the key is served", || async {
+        node.chat(&secret).await.status == StatusCode::OK
+    })
+    .await;
+    mock.script(Behaviour::default().delay_ms(1500));
+    let slow = tokio::spawn({
+        let (url, secret) = (node.url.clone(), secret.clone());
+        async move {
+            let auth = format!("Bearer {secret}");
+            let body = json!({"model": "split-model", "messages": []});
+            call(Method::POST, &format!("{url}/v1/chat/completions"), &[("authorization", &auth)], Some(body))
+                .await
+        }
+    });
+    within(Duration::from_secs(5), "the slow request reaches the provider", || async {
+        mock.requests().len() == 2
+    })
+    .await;
+    let address = node.url.trim_start_matches("http://").to_owned();
+    let exit = tokio::task::spawn_blocking(move || {
+        let exit = node.process.terminate(Duration::from_secs(15));
+        (node, exit)
+    });
+    // While it drains, the node takes no new connection.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = tokio::net::TcpStream::connect(&address).await.is_err();
+    let answer = slow.await.expect("the request task");
+    assert_eq!(answer.status, StatusCode::OK, "the in-flight request finishes");
+    let (_node, exit) = exit.await.expect("terminate");
+    assert_eq!(exit.map(|s| s.success()), Some(true), "the node exits cleanly after draining");
+    assert!(refused, "no new connection is accepted while draining");
+    // Both receipts were delivered before the node exited: the control plane has them now.
+    assert_eq!(control.receipts(&org_id).await.len(), 2, "the spool was flushed at shutdown");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The exact 429: status, both retry headers, and the body that says when.
+fn assert_rate_limited(answer: &Answer) {
+    assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
+    let ms: u64 = answer.headers["retry-after-ms"].to_str().expect("ascii").parse().expect("milliseconds");
+    assert!((1..=60_000).contains(&ms), "{ms}");
+    assert_eq!(answer.headers["retry-after"], ms.div_ceil(1000).to_string().as_str());
+    assert_eq!(answer.headers["content-type"], "application/json");
+    assert_eq!(
+        String::from_utf8_lossy(&answer.body),
+        format!(
+            "{{\n  \"error\": {{\n    \"message\": \"Rate limit reached for this key. Retry in {ms} ms.\",\n    \"type\": \"rate_limit_error\",\n    \"param\": null,\n    \"code\": \"rate_limit_exceeded\"\n  }}\n}}"
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_rate_limit_is_shared_by_the_nodes_through_redis() {
+    let dir = temp_dir("split-rate");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let a = Node::start(&dir.join("node-a"), &control.admin, &mock.url(), &[]);
+    let b = Node::start(&dir.join("node-b"), &control.admin, &mock.url(), &[]);
+    let (_org_id, key_id, secret) = control.tenant().await;
+    control.admin(Method::PATCH, &format!("/keys/{key_id}"), Some(json!({"requests_per_minute": 4}))).await;
+    a.ready().await;
+    b.ready().await;
+    // The limit reaches node A with the key's next state; until then the key passes unlimited.
+    within(Duration::from_secs(2), "node A enforces the limit", || async {
+        a.chat(&secret).await.status == StatusCode::TOO_MANY_REQUESTS
+    })
+    .await;
+    assert_rate_limited(&a.chat(&secret).await);
+    // Node B learns A's use through Redis: after at most the one request it decides alone on a key
+    // new to it, it refuses too.
+    let mut admitted_by_b = 0;
+    let started = Instant::now();
+    let refusal = loop {
+        let answer = b.chat(&secret).await;
+        if answer.status != StatusCode::OK {
+            break answer;
+        }
+        admitted_by_b += 1;
+        assert!(started.elapsed() < Duration::from_secs(3), "node B never learned A's use");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_rate_limited(&refusal);
+    assert!(admitted_by_b <= 1, "node B admitted {admitted_by_b} over a limit A had used up");
+    drop((a, b, control));
+    let _ = std::fs::remove_dir_all(&dir);
+}

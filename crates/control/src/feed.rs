@@ -1,0 +1,188 @@
+//! The feed: what nodes poll for their state (the whole state once, then changes), the endpoints
+//! they deliver receipts to and rebuild spend counters from, and what they last reported of
+//! themselves (`GET /admin/v1/nodes`).
+//!
+//! A poll is a long poll: it is answered at once when the node is behind, otherwise when the next
+//! version is published or its wait runs out (`204`). Every answer confirms to the node that it
+//! holds the latest state, which is how it measures its snapshot's age.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use recovea_core::feed::{FeedChanges, FeedMessage, FeedState, NodeStatus};
+use recovea_core::timestamp::Timestamp;
+use tokio::sync::watch;
+
+/// How many versions of changes are kept for nodes a little behind; further behind, the whole state.
+const KEPT_CHANGES: usize = 64;
+/// The longest a poll is held open.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// A published version, with its whole state serialized once, on first demand.
+struct Published {
+    state: Arc<FeedState>,
+    /// Changes leading to each of the last versions, oldest first: `changes[i].version` is the
+    /// version after applying it.
+    changes: VecDeque<Arc<FeedChanges>>,
+    full: OnceLock<Bytes>,
+}
+
+pub(crate) struct Feed {
+    current: watch::Sender<Option<Arc<Published>>>,
+    nodes: Mutex<BTreeMap<String, NodeReport>>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct NodeReport {
+    pub(crate) status: NodeStatus,
+    pub(crate) seen_at: Timestamp,
+}
+
+impl Feed {
+    pub(crate) fn new() -> Self {
+        Self { current: watch::Sender::new(None), nodes: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// Makes `state` the one nodes are fed; the changes from the previous version are kept.
+    pub(crate) fn publish(&self, state: Arc<FeedState>) {
+        self.current.send_modify(|current| {
+            let mut changes = VecDeque::new();
+            if let Some(previous) = current.as_ref() {
+                if previous.state.version >= state.version {
+                    return;
+                }
+                changes = previous.changes.clone();
+                changes.push_back(Arc::new(state.changes_since(&previous.state)));
+                while changes.len() > KEPT_CHANGES {
+                    changes.pop_front();
+                }
+            }
+            *current = Some(Arc::new(Published { state, changes, full: OnceLock::new() }));
+        });
+    }
+
+    pub(crate) fn version(&self) -> Option<u64> {
+        self.current.borrow().as_ref().map(|p| p.state.version)
+    }
+
+    /// Records the node's report, then answers its poll: the body to send, or `None` when nothing
+    /// changed within its wait.
+    pub(crate) async fn poll(&self, status: NodeStatus, now: Timestamp) -> Option<Bytes> {
+        let held = status.version;
+        let wait = Duration::from_millis(status.wait_ms).min(MAX_WAIT);
+        self.nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(status.node_id.clone(), NodeReport { status, seen_at: now });
+        let mut current = self.current.subscribe();
+        let behind = |published: &Option<Arc<Published>>| {
+            published.as_ref().is_some_and(|p| held.is_none_or(|v| v != p.state.version))
+        };
+        if !behind(&current.borrow_and_update()) {
+            let _ = tokio::time::timeout(wait, current.wait_for(behind)).await;
+        }
+        let published = current.borrow().clone()?;
+        if !behind(&Some(Arc::clone(&published))) {
+            return None;
+        }
+        Some(answer(&published, held))
+    }
+
+    pub(crate) fn nodes(&self) -> Vec<NodeReport> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+}
+
+/// Changes when the node holds a version the kept changes start from, else the whole state.
+fn answer(published: &Published, held: Option<u64>) -> Bytes {
+    if let Some(held) = held
+        && let Some(first) = published.changes.iter().position(|c| c.from == held)
+    {
+        let mut steps = published.changes.iter().skip(first);
+        if let Some(first) = steps.next() {
+            let merged = steps.fold((**first).clone(), |merged, next| merged.then((**next).clone()));
+            return Bytes::from(serde_json::to_vec(&FeedMessage::Changes(merged)).unwrap_or_default());
+        }
+    }
+    published
+        .full
+        .get_or_init(|| {
+            let message = FeedMessage::State((*published.state).clone());
+            Bytes::from(serde_json::to_vec(&message).unwrap_or_default())
+        })
+        .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use recovea_core::feed::KeyWire;
+    use recovea_core::keys::KeyHash;
+
+    fn state(version: u64, keys: &[u8]) -> Arc<FeedState> {
+        let mut state = FeedState { version, ..FeedState::default() };
+        for n in keys {
+            let key = KeyWire {
+                id: format!("key_{n}"),
+                org_id: "org_a".into(),
+                expires_at_ms: None,
+                requests_per_minute: None,
+                tokens_per_minute: None,
+            };
+            state.keys.insert(KeyHash([*n; 32]), key);
+        }
+        Arc::new(state)
+    }
+
+    fn status(version: Option<u64>, wait_ms: u64) -> NodeStatus {
+        NodeStatus {
+            node_id: "node_1".into(),
+            version,
+            snapshot_age_ms: None,
+            counters_confirmed_at_ms: None,
+            fail_open_total: 0,
+            wait_ms,
+        }
+    }
+
+    async fn poll(feed: &Feed, version: Option<u64>, wait_ms: u64) -> Option<FeedMessage> {
+        let body = feed.poll(status(version, wait_ms), Timestamp(0)).await?;
+        Some(serde_json::from_slice(&body).expect("a feed message"))
+    }
+
+    #[tokio::test]
+    async fn a_node_gets_the_whole_state_then_merged_changes_then_waits() {
+        let feed = Feed::new();
+        assert_eq!(poll(&feed, None, 0).await, None, "nothing published yet");
+        feed.publish(state(1, &[1, 2]));
+        assert_eq!(poll(&feed, None, 0).await, Some(FeedMessage::State((*state(1, &[1, 2])).clone())));
+        feed.publish(state(2, &[1, 2, 3]));
+        feed.publish(state(3, &[2, 3]));
+        let Some(FeedMessage::Changes(changes)) = poll(&feed, Some(1), 0).await else {
+            panic!("a node one version behind gets changes")
+        };
+        let mut applied = (*state(1, &[1, 2])).clone();
+        applied.apply(changes).expect("the merged changes apply to version 1");
+        assert_eq!(applied, *state(3, &[2, 3]));
+        assert_eq!(poll(&feed, Some(3), 0).await, None, "current: nothing to send");
+        assert!(matches!(poll(&feed, Some(99), 0).await, Some(FeedMessage::State(_))), "unknown: whole");
+        assert_eq!(feed.nodes().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_poll_is_answered_as_soon_as_a_version_is_published() {
+        let feed = Arc::new(Feed::new());
+        feed.publish(state(1, &[1]));
+        let waiting = tokio::spawn({
+            let feed = Arc::clone(&feed);
+            async move { poll(&feed, Some(1), 20_000).await }
+        });
+        tokio::task::yield_now().await;
+        feed.publish(state(2, &[]));
+        let answered =
+            tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered").expect("ran");
+        assert!(matches!(answered, Some(FeedMessage::Changes(c)) if c.version == 2));
+    }
+}

@@ -1,0 +1,134 @@
+//! What nodes call, with the node token: the feed poll, receipt ingest, and spend rebuilds from
+//! the ledger. A node holds no database credentials: these are its only way to the store.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::StatusCode;
+use recovea_core::feed::{NodeStatus, WindowSpend};
+use recovea_core::ids::CapId;
+use recovea_core::keys;
+use recovea_core::receipt::Receipt;
+use recovea_core::timestamp::Timestamp;
+use recovea_counters::CapWindow;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::admin::{Reply, ReplyBody};
+use crate::rebuild::rebuild_window;
+use crate::{ApiError, Control};
+
+/// The node paths, relative to the root.
+pub(crate) const POLL: &str = "/feed/v1/poll";
+pub(crate) const SPEND: &str = "/feed/v1/spend";
+pub(crate) const RECEIPTS: &str = "/ingest/v1/receipts";
+
+#[derive(Deserialize)]
+struct ReceiptBatch {
+    receipts: Vec<Receipt>,
+}
+
+#[derive(Deserialize)]
+struct SpendQuery {
+    windows: Vec<WindowSpend>,
+}
+
+impl Control {
+    /// Whether `path` is one of the node endpoints.
+    pub(crate) fn is_node_path(path: &str) -> bool {
+        matches!(path, POLL | SPEND | RECEIPTS)
+    }
+
+    /// Answers a node's call; `None` asks for an empty `204` (a poll that saw no change).
+    pub(crate) async fn node_call(
+        &self,
+        path: &str,
+        authorization: Option<&str>,
+        body: Bytes,
+    ) -> Result<Option<Reply>, ApiError> {
+        let Some(access) = self.inner.nodes.get() else {
+            return Err(ApiError::NotFound("This control plane serves no nodes (no --node-token).".into()));
+        };
+        let presented = authorization.and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).unwrap_or("");
+        if presented.is_empty() || keys::hash_secret(presented) != access.token_hash {
+            return Err(ApiError::Unauthorized);
+        }
+        match path {
+            POLL => {
+                let status: NodeStatus = parse(&body)?;
+                self.inner.metrics.polls.fetch_add(1, Relaxed);
+                Ok(self.inner.feed.poll(status, now()).await.map(raw))
+            }
+            RECEIPTS => {
+                let batch: ReceiptBatch = parse(&body)?;
+                access.sink.deliver(&batch.receipts).await.map_err(ApiError::internal)?;
+                self.inner.metrics.receipts.fetch_add(batch.receipts.len() as u64, Relaxed);
+                Ok(Some(json_reply(json!({"accepted": batch.receipts.len()}))))
+            }
+            SPEND => {
+                let query: SpendQuery = parse(&body)?;
+                let mut answered = Vec::with_capacity(query.windows.len());
+                for mut window in query.windows {
+                    let cap = CapId::parse(&window.cap_id)
+                        .ok_or_else(|| ApiError::BadRequest("windows: cap_id".into()))?;
+                    let wanted =
+                        CapWindow { cap, start: Timestamp(window.start_ms), end: Timestamp(window.end_ms) };
+                    let (store, ledger) = (Arc::clone(&self.inner.store), Arc::clone(&self.inner.ledger));
+                    let total = tokio::task::spawn_blocking(move || {
+                        rebuild_window(store.as_ref(), ledger.as_ref(), &wanted)
+                    })
+                    .await
+                    .map_err(ApiError::internal)??;
+                    window.total_nanos = total.map(|t| t.0);
+                    answered.push(window);
+                }
+                Ok(Some(json_reply(json!({ "windows": answered }))))
+            }
+            _ => Err(ApiError::NotFound("Unknown node path.".into())),
+        }
+    }
+
+    /// `GET /admin/v1/nodes`: what each node last reported to this control plane.
+    pub(crate) fn list_nodes(&self) -> Result<Reply, ApiError> {
+        let now = now();
+        let nodes: Vec<Value> = self
+            .inner
+            .feed
+            .nodes()
+            .into_iter()
+            .map(|report| {
+                let since_seen = u64::try_from(now.0.saturating_sub(report.seen_at.0)).unwrap_or(0);
+                let status = report.status;
+                json!({
+                    "id": status.node_id,
+                    "feed_version": status.version,
+                    // The age the node reported, grown by the time since it reported it.
+                    "snapshot_age_seconds": status.snapshot_age_ms.map(|ms| (ms + since_seen) / 1000),
+                    "counters_confirmed_at": status.counters_confirmed_at_ms.map(|ms| Timestamp(ms).to_rfc3339()),
+                    "fail_open_total": status.fail_open_total,
+                    "last_seen_at": report.seen_at.to_rfc3339(),
+                })
+            })
+            .collect();
+        Ok(json_reply(json!({ "nodes": nodes, "feed_version": self.inner.feed.version() })))
+    }
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("body: {e}")))
+}
+
+fn json_reply(body: Value) -> Reply {
+    Reply { status: StatusCode::OK, body: ReplyBody::Json(body) }
+}
+
+fn raw(body: Bytes) -> Reply {
+    Reply { status: StatusCode::OK, body: ReplyBody::Raw(body) }
+}

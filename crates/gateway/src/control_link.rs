@@ -1,0 +1,138 @@
+//! The node's calls to the control plane, all authenticated with the node token: the feed poll,
+//! receipt delivery, and spend rebuilds. None of them is ever on a request's path.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use recovea_core::feed::WindowSpend;
+use recovea_core::money::Nanos;
+use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
+use recovea_counters::{CapWindow, SpendSource, WindowSpendFuture};
+use serde::Serialize;
+
+use crate::ConfigError;
+use crate::upstream::{Upstream, UpstreamError};
+
+/// The largest answer accepted from the control plane: a whole state of millions of keys.
+const MAX_ANSWER_BYTES: usize = 2 << 30;
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct ControlLink {
+    base_url: String,
+    authorization: http::HeaderValue,
+    client: Upstream,
+}
+
+impl std::fmt::Debug for ControlLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlLink").field("base_url", &self.base_url).finish_non_exhaustive()
+    }
+}
+
+impl ControlLink {
+    pub fn new(control_url: &str, node_token: &str) -> Result<Self, ConfigError> {
+        let base_url = recovea_providers::normalize_base_url(control_url)
+            .map_err(|why| ConfigError(format!("--control-url: {why}")))?;
+        if node_token.trim().is_empty() {
+            return Err(ConfigError("--node-token: must not be empty".into()));
+        }
+        let mut authorization = http::HeaderValue::from_str(&format!("Bearer {}", node_token.trim()))
+            .map_err(|_| ConfigError("--node-token: must be printable ASCII".into()))?;
+        authorization.set_sensitive(true);
+        Ok(Self { base_url, authorization, client: Upstream::new(Duration::from_secs(5)) })
+    }
+
+    /// POSTs `body` as JSON to `path` and returns the status and the whole answer. The text of an
+    /// error is for the node's log.
+    pub(crate) async fn post(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let body = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+        let request = Request::post(format!("{}{path}", self.base_url))
+            .header(header::AUTHORIZATION, self.authorization.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let response = self.client.send(request, timeout).await.map_err(|e| match e {
+            UpstreamError::Unreachable(e) => format!("control plane unreachable: {e}"),
+            UpstreamError::Timeout => "control plane did not answer in time".to_owned(),
+        })?;
+        let status = response.status();
+        let read =
+            tokio::time::timeout(timeout, Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect());
+        let body = read
+            .await
+            .map_err(|_| "control plane answer timed out".to_owned())?
+            .map_err(|e| format!("control plane answer unreadable: {e}"))?
+            .to_bytes();
+        Ok((status, body))
+    }
+
+    /// Fails unless the answer is `200 OK`.
+    async fn post_ok(&self, path: &str, body: &impl Serialize) -> Result<Bytes, String> {
+        match self.post(path, body, CALL_TIMEOUT).await? {
+            (StatusCode::OK, body) => Ok(body),
+            (status, body) => Err(format!(
+                "control plane answered {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            )),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ReceiptBatch<'a> {
+    receipts: &'a [Receipt],
+}
+
+/// A node's spool ships to the control plane's ingest, which is idempotent by receipt id.
+impl ReceiptSink for ControlLink {
+    fn deliver<'a>(
+        &'a self,
+        batch: &'a [Receipt],
+    ) -> Pin<Box<dyn Future<Output = Result<(), DeliveryError>> + Send + 'a>> {
+        Box::pin(async move {
+            self.post_ok("/ingest/v1/receipts", &ReceiptBatch { receipts: batch })
+                .await
+                .map(drop)
+                .map_err(DeliveryError)
+        })
+    }
+}
+
+#[derive(Serialize, serde::Deserialize)]
+struct Windows {
+    windows: Vec<WindowSpend>,
+}
+
+/// A node's lost counter windows are rebuilt from the control plane's ledger.
+impl SpendSource for ControlLink {
+    fn window_spend<'a>(&'a self, windows: &'a [CapWindow]) -> WindowSpendFuture<'a> {
+        Box::pin(async move {
+            let query = Windows {
+                windows: windows
+                    .iter()
+                    .map(|w| WindowSpend {
+                        cap_id: w.cap.as_str().to_owned(),
+                        start_ms: w.start.0,
+                        end_ms: w.end.0,
+                        total_nanos: None,
+                    })
+                    .collect(),
+            };
+            let body = self.post_ok("/feed/v1/spend", &query).await?;
+            let answer: Windows = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+            if answer.windows.len() != windows.len() {
+                return Err("control plane answered for other windows".to_owned());
+            }
+            Ok(answer.windows.iter().map(|w| w.total_nanos.map(Nanos)).collect())
+        })
+    }
+}

@@ -1,0 +1,376 @@
+//! Fail-open passes in-process, over real sockets, in front of the mock provider: a node with no
+//! snapshot, and each fault injected into the admission phase through its failpoint (the
+//! `failpoints` feature, enabled for this crate's tests by its dev-dependency on itself).
+//!
+//! Failpoints are process-wide: every test here that sends traffic holds a `FailScenario`, whose
+//! lock runs them one at a time, so that no test sees another's faults.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fail::FailScenario;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use recovea_core::Timestamp;
+use recovea_core::caps::{Cap, Scope};
+use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::keys::hash_secret;
+use recovea_core::money::Nanos;
+use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
+use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
+use recovea_core::window::Window;
+use recovea_counters::Counters;
+use recovea_gateway::spool::Spool;
+use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
+use recovea_testkit::{Behaviour, MockProvider};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+/// A key of org_capped, whose armed cap can never be confirmed here: admitted, it is refused 503.
+const KEY: &str = "rk_live0000000000000000000000000000000000000001";
+/// A key of org_open, which has no cap: its one admitted request proves where receipts go.
+const SENTINEL_KEY: &str = "rk_sentinel000000000000000000000000000000000002";
+const MANAGED: &str = "sk-managed-openai-0123456789";
+const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello"}]}"#;
+
+/// Receipts as the ledger would get them.
+#[derive(Default)]
+struct MemorySink(std::sync::Mutex<Vec<Receipt>>);
+
+impl ReceiptSink for MemorySink {
+    fn deliver<'a>(
+        &'a self,
+        batch: &'a [Receipt],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + 'a>> {
+        self.0.lock().expect("lock").extend_from_slice(batch);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A directory removed when the test ends.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "recovea-fail-open-test-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A node with no snapshot yet, in front of the mock, alarming to `webhook`.
+struct Node {
+    mock: MockProvider,
+    gateway: Gateway,
+    url: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    receipts: Arc<MemorySink>,
+    _spool_dir: TempDir,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Node {
+    async fn start(webhook: &str, alarm_interval: Duration) -> Self {
+        let mock = MockProvider::start().await;
+        let config = GatewayConfig::new(GatewaySettings {
+            openai_base_url: mock.url(),
+            anthropic_base_url: mock.url(),
+            max_body_bytes: 1 << 20,
+            upstream_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_millis(500),
+            body_read_timeout: Duration::from_secs(2),
+            counter_max_age: Duration::from_secs(60),
+        })
+        .and_then(|config| config.with_alarm(Some(webhook), alarm_interval))
+        .expect("valid config");
+        let spool_dir = TempDir::new();
+        let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
+        let gateway = Gateway::new(config, &spool, "node_test", Counters::new("node_test"));
+        let receipts = Arc::new(MemorySink::default());
+        let sink: Arc<dyn ReceiptSink> = receipts.clone();
+        tokio::spawn(async move { spool.ship(sink, std::future::pending()).await });
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(recovea_gateway::serve(gateway.clone(), listener, async move {
+            let _ = stopped.await;
+        }));
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Self { mock, gateway, url, client, receipts, _spool_dir: spool_dir, _stop: stop }
+    }
+
+    fn install_snapshot(&self) {
+        let capped = OrgId::parse("org_capped").expect("id");
+        let open = OrgId::parse("org_open").expect("id");
+        let mut b = SnapshotBuilder::new(1);
+        b.org(capped.clone()).org(open.clone());
+        for org in [&capped, &open] {
+            let credential = ProviderCredential {
+                name: "openai".into(),
+                kind: ProviderKind::OpenAi,
+                base_url: None,
+                api_key: MANAGED.into(),
+            };
+            b.provider(org, credential);
+        }
+        b.cap(Cap {
+            id: CapId::parse("cap_month").expect("id"),
+            org_id: capped.clone(),
+            scope: Scope::Organization,
+            key_id: None,
+            window: Window::Month,
+            limit: Nanos::parse_usd("100").expect("limit"),
+            hard_stop: true,
+            alert_at_permille: Vec::new(),
+            alert_webhook: None,
+        });
+        b.key(hash_secret(KEY), KeyId::parse("key_live").expect("id"), capped, None);
+        b.key(hash_secret(SENTINEL_KEY), KeyId::parse("key_sentinel").expect("id"), open, None);
+        self.gateway.install_snapshot(Arc::new(b.build()));
+    }
+
+    async fn chat(&self, headers: &[(&str, &str)]) -> Response<hyper::body::Incoming> {
+        let mut request = Request::post(format!("{}/v1/chat/completions", self.url))
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Full::new(Bytes::from_static(CHAT.as_bytes()))).expect("request");
+        self.client.request(request).await.expect("gateway answers")
+    }
+
+    async fn metrics(&self) -> String {
+        let request = Request::get(format!("{}/metrics", self.url)).body(Full::default()).expect("request");
+        let response = self.client.request(request).await.expect("gateway answers");
+        String::from_utf8(body_of(response).await.to_vec()).expect("utf-8")
+    }
+}
+
+async fn body_of(response: Response<hyper::body::Incoming>) -> Bytes {
+    response.into_body().collect().await.expect("complete body").to_bytes()
+}
+
+fn fail_open_count(metrics: &str, reason: &str) -> u64 {
+    let prefix = format!("recovea_fail_open_total{{reason=\"{reason}\"}} ");
+    let line = metrics.lines().find_map(|line| line.strip_prefix(&prefix));
+    line.unwrap_or_else(|| panic!("no {reason} line in:\n{metrics}")).parse().expect("a count")
+}
+
+/// A webhook receiver: a second mock, answering 200 to every alarm.
+async fn webhook() -> MockProvider {
+    let webhook = MockProvider::start().await;
+    webhook.script(Behaviour::default().body(json!({ "ok": true })).times(1000));
+    webhook
+}
+
+/// The alarms `webhook` received, once at least `count` have arrived.
+async fn alarms(webhook: &MockProvider, count: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let received = webhook.requests();
+        if received.len() >= count {
+            return received
+                .iter()
+                .map(|alarm| {
+                    assert_eq!((alarm.method.as_str(), alarm.path.as_str()), ("POST", "/alarm"));
+                    assert_eq!(alarm.header("content-type"), Some("application/json"));
+                    alarm.body_json().expect("a JSON alarm")
+                })
+                .collect();
+        }
+        assert!(Instant::now() < deadline, "{} of {count} alarms arrived", received.len());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Three passes, with every property of a fail-open pass checked on what the mock received.
+async fn passes_through(node: &Node, reason: &str) {
+    node.mock.reset();
+    // What a real provider says to a request that carries no key of its own.
+    let refusal = json!({ "error": { "message": "Missing API key.", "type": "invalid_request_error" } });
+    node.mock.script(Behaviour::error(401).body(refusal.clone()));
+    let bearer = format!("Bearer {KEY}");
+    let before = fail_open_count(&node.metrics().await, reason);
+
+    let response = node.chat(&[("authorization", &bearer)]).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{reason}");
+    assert_eq!(body_of(response).await, Bytes::from(refusal.to_string()), "{reason}: unchanged");
+    let response = node.chat(&[("x-recovea-key", KEY), ("authorization", "Bearer sk-own")]).await;
+    assert_eq!(response.status(), StatusCode::OK, "{reason}: the client's own key passes");
+    let body: Value = serde_json::from_slice(&body_of(response).await).expect("json");
+    assert_eq!(body["object"], "chat.completion", "{reason}");
+    // An armed cap that cannot be confirmed would refuse this key 503: no cap was looked up.
+    let response = node.chat(&[("authorization", &bearer)]).await;
+    assert_eq!(response.status(), StatusCode::OK, "{reason}");
+    body_of(response).await;
+
+    let seen = node.mock.requests();
+    assert_eq!(seen.len(), 3, "{reason}");
+    for (i, request) in seen.iter().enumerate() {
+        let auth: Vec<&str> =
+            request.headers.iter().filter(|(n, _)| n == "authorization").map(|(_, v)| v.as_str()).collect();
+        let expected: &[&str] = if i == 1 { &["Bearer sk-own"] } else { &[] };
+        assert_eq!(auth, expected, "{reason}, request {i}: no managed key, no Recovea key");
+        assert_eq!(request.header("x-recovea-key"), None, "{reason}, request {i}");
+        assert_eq!(request.header("x-api-key"), None, "{reason}, request {i}");
+        for (name, value) in &request.headers {
+            assert!(!value.contains("rk_") && !value.contains(MANAGED), "{reason}: header {name}");
+        }
+    }
+    let metrics = node.metrics().await;
+    assert_eq!(fail_open_count(&metrics, reason), before + 3, "{reason}");
+}
+
+#[tokio::test]
+async fn every_fail_open_pass_strips_the_key_writes_no_receipt_and_alarms_once_per_reason() {
+    let scenario = FailScenario::setup();
+    let webhook = webhook().await;
+    let node = Node::start(&format!("{}/alarm", webhook.url()), Duration::from_secs(3600)).await;
+    let metrics = node.metrics().await;
+    for reason in ["no_snapshot", "snapshot_error", "rate_limiter_error", "admission_panic"] {
+        assert_eq!(fail_open_count(&metrics, reason), 0, "every label from the start");
+    }
+
+    passes_through(&node, "no_snapshot").await;
+
+    node.install_snapshot();
+    let response = node.chat(&[("authorization", &format!("Bearer {KEY}"))]).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "admitted, the key meets its cap");
+    let body: Value = serde_json::from_slice(&body_of(response).await).expect("json");
+    assert_eq!(body["error"]["code"], "budget_unverifiable");
+
+    for (point, action, reason) in [
+        ("admission.snapshot", "return", "snapshot_error"),
+        ("admission.rate_limiter", "return", "rate_limiter_error"),
+        ("admission.panic", "panic", "admission_panic"),
+        // A panic with the key already found: what admission learned must be forgotten.
+        ("admission.rate_limiter", "panic", "admission_panic"),
+    ] {
+        fail::cfg(point, action).expect("failpoint");
+        passes_through(&node, reason).await;
+        fail::remove(point);
+    }
+    let metrics = node.metrics().await;
+    assert_eq!(fail_open_count(&metrics, "admission_panic"), 6, "both panics counted");
+    assert!(metrics.contains("recovea_requests_total{outcome=\"fail_open\"} 15\n"), "{metrics}");
+
+    // The one admitted request's receipt is spooled after every pass: a pass's receipt, had one
+    // been written, would have been delivered first.
+    node.mock.reset();
+    let response = node.chat(&[("authorization", &format!("Bearer {SENTINEL_KEY}"))]).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let sentinel = response.headers().get("x-request-id").expect("id").to_str().expect("text").to_owned();
+    body_of(response).await;
+    assert_eq!(node.mock.requests()[0].header("authorization"), Some(format!("Bearer {MANAGED}").as_str()));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while node.receipts.0.lock().expect("lock").is_empty() {
+        assert!(Instant::now() < deadline, "the admitted request's receipt never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let receipts = node.receipts.0.lock().expect("lock").clone();
+    let ids: Vec<&str> = receipts.iter().map(|r| r.request_id.as_str()).collect();
+    assert_eq!(ids, [sentinel.as_str()], "no receipt for a fail-open pass");
+
+    // Fifteen passes of four reasons within one interval: four alarms, in the order raised, and
+    // being delivered one after another, none can still be on its way behind the last.
+    let received = alarms(&webhook, 4).await;
+    let reasons: Vec<&str> = received.iter().map(|a| a["reason"].as_str().expect("reason")).collect();
+    assert_eq!(reasons, ["no_snapshot", "snapshot_error", "rate_limiter_error", "admission_panic"]);
+    for alarm in &received {
+        assert_eq!(alarm["alarm"], "fail_open");
+        assert_eq!(alarm["count"], 1, "the first pass of each reason alarms at once");
+        assert_eq!(alarm["node_id"], "node_test");
+        let at = alarm["at"].as_str().expect("at");
+        assert!(Timestamp::parse_rfc3339(at).is_some(), "{at}");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(webhook.requests().len(), 4, "once per interval per reason");
+    scenario.teardown();
+}
+
+#[tokio::test]
+async fn the_next_alarm_after_the_interval_counts_the_passes_kept_quiet() {
+    let scenario = FailScenario::setup();
+    let webhook = webhook().await;
+    let interval = Duration::from_secs(1);
+    let node = Node::start(&format!("{}/alarm", webhook.url()), interval).await;
+    let started = Instant::now();
+    for _ in 0..3 {
+        let response = node.chat(&[("x-recovea-key", KEY), ("authorization", "Bearer sk-own")]).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        body_of(response).await;
+    }
+    let within_one_interval = started.elapsed() < interval;
+    alarms(&webhook, 1).await;
+    tokio::time::sleep(interval + Duration::from_millis(100)).await;
+    let response = node.chat(&[("x-recovea-key", KEY), ("authorization", "Bearer sk-own")]).await;
+    body_of(response).await;
+    // The fourth pass alarms whatever came before; its alarm is the last to be delivered.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let counts = loop {
+        let received = alarms(&webhook, 1).await;
+        assert!(received.iter().all(|a| a["reason"] == "no_snapshot"), "{received:?}");
+        let counts: Vec<u64> = received.iter().map(|a| a["count"].as_u64().expect("count")).collect();
+        if counts.iter().sum::<u64>() == 4 || Instant::now() > deadline {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(counts.iter().sum::<u64>(), 4, "every pass is in exactly one alarm: {counts:?}");
+    if within_one_interval {
+        assert_eq!(counts, [1, 3], "two passes kept quiet, then counted by the next alarm");
+    }
+    scenario.teardown();
+}
+
+#[tokio::test]
+async fn a_dead_webhook_never_reaches_traffic() {
+    let scenario = FailScenario::setup();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let node = Node::start(&format!("http://{closed}/alarm"), Duration::from_millis(1)).await;
+    for _ in 0..5 {
+        let response = node.chat(&[("x-recovea-key", KEY), ("authorization", "Bearer sk-own")]).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        body_of(response).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(fail_open_count(&node.metrics().await, "no_snapshot"), 5);
+    scenario.teardown();
+}
+
+#[test]
+fn alarm_settings_are_checked() {
+    let config = || {
+        GatewayConfig::new(GatewaySettings {
+            openai_base_url: "http://127.0.0.1:9".into(),
+            anthropic_base_url: "http://127.0.0.1:9".into(),
+            max_body_bytes: 1024,
+            upstream_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            body_read_timeout: Duration::from_secs(1),
+            counter_max_age: Duration::from_secs(1),
+        })
+        .expect("valid config")
+    };
+    let second = Duration::from_secs(1);
+    assert!(config().with_alarm(None, second).is_ok());
+    assert!(config().with_alarm(Some("https://hooks.example.com/recovea?token=t"), second).is_ok());
+    let error = config().with_alarm(Some("hooks.example.com"), second).expect_err("no scheme");
+    assert!(error.0.starts_with("--alarm-webhook: "), "{error}");
+    let error = config().with_alarm(None, Duration::ZERO).expect_err("zero interval");
+    assert_eq!(error.0, "--alarm-interval must be greater than zero");
+}
