@@ -540,3 +540,74 @@ async fn a_key_rate_limit_is_shared_by_the_nodes_through_redis() {
     drop((a, b, control));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_feed_and_ingest_answer_only_the_node_token() {
+    let dir = temp_dir("split-token");
+    let database = Database::create();
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let poll = json!({"node_id": "node_intruder", "version": null, "wait_ms": 0});
+    for token in ["Bearer wrong-token", "Bearer ", "Bearer split-admin-token"] {
+        for (path, body) in
+            [("/feed/v1/poll", poll.clone()), ("/ingest/v1/receipts", json!({"receipts": []}))]
+        {
+            let answer = call(
+                Method::POST,
+                &format!("{}{path}", control.admin),
+                &[("authorization", token)],
+                Some(body),
+            )
+            .await;
+            assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{path} with {token:?}");
+        }
+    }
+    let auth = format!("Bearer {NODE_TOKEN}");
+    let state = call(
+        Method::POST,
+        &format!("{}/feed/v1/poll", control.admin),
+        &[("authorization", &auth)],
+        Some(poll),
+    )
+    .await;
+    assert_eq!(state.status, StatusCode::OK);
+    assert_eq!(state.json()["kind"], "state");
+    let listed = control.admin(Method::GET, "/nodes", None).await;
+    assert_eq!(listed["nodes"][0]["id"], "node_intruder", "only the node with the token is listed: {listed}");
+    drop(control);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line() {
+    let dir = temp_dir("split-json-logs");
+    let mut child = std::process::Command::new(harness::BIN)
+        .args(["node", "--listen", "127.0.0.1:0", "--log-format", "json", "--log", "info"])
+        .args(["--control-url", &format!("http://127.0.0.1:{}", free_port()), "--node-token", NODE_TOKEN])
+        .args(["--master-key", MASTER_KEY, "--data-dir", dir.to_str().expect("utf-8")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("recovea starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut banner = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut banner).expect("banner");
+    assert!(banner.starts_with("recovea node"), "{banner}");
+    // With no control plane to feed it, the node warns; then SIGTERM makes it log its drain.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let term = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    assert!(term.is_ok_and(|s| s.success()));
+    let output = child.wait_with_output().expect("exits");
+    let stderr = String::from_utf8(output.stderr).expect("utf-8");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() >= 2, "{stderr}");
+    for line in &lines {
+        let entry: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            entry["level"].is_string() && entry["message"].is_string() && entry["timestamp"].is_string(),
+            "{line}"
+        );
+    }
+    assert!(lines.iter().any(|l| l.contains("shutting down")), "{stderr}");
+    assert!(!stderr.contains(NODE_TOKEN) && !stderr.contains(MASTER_KEY), "no secret in the log");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -17,6 +17,8 @@ use tokio::sync::watch;
 
 /// How many versions of changes are kept for nodes a little behind; further behind, the whole state.
 const KEPT_CHANGES: usize = 64;
+/// A node that has not polled for this long is no longer listed.
+const FORGET_NODES_AFTER_MS: i64 = 60 * 60 * 1000;
 /// The longest a poll is held open.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
@@ -72,10 +74,12 @@ impl Feed {
     pub(crate) async fn poll(&self, status: NodeStatus, now: Timestamp) -> Option<Bytes> {
         let held = status.version;
         let wait = Duration::from_millis(status.wait_ms).min(MAX_WAIT);
-        self.nodes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(status.node_id.clone(), NodeReport { status, seen_at: now });
+        {
+            let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+            // Nodes come and go (autoscaling): one silent for an hour is gone, not stale.
+            nodes.retain(|_, report| now.0.saturating_sub(report.seen_at.0) < FORGET_NODES_AFTER_MS);
+            nodes.insert(status.node_id.clone(), NodeReport { status, seen_at: now });
+        }
         let mut current = self.current.subscribe();
         let behind = |published: &Option<Arc<Published>>| {
             published.as_ref().is_some_and(|p| held.is_none_or(|v| v != p.state.version))
