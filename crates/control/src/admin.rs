@@ -431,3 +431,138 @@ mod tests {
         assert_eq!(message("not json"), "body: expected a JSON object");
     }
 }
+
+#[cfg(test)]
+mod openapi_tests {
+    use super::OPENAPI;
+    use serde_json::Value;
+
+    /// Every (path, method) that `Control::route` answers, as the OpenAPI document spells it.
+    /// This table mirrors the match in `Control::route`: a route added, removed or changed there
+    /// must change here too, and in `openapi.json`.
+    const ROUTES: &[(&str, &str)] = &[
+        ("/orgs/{org}/receipts", "get"),
+        ("/orgs/{org}/receipts/summary", "get"),
+        ("/prices", "get"),
+        ("/nodes", "get"),
+        ("/orgs/{org}/caps", "post"),
+        ("/orgs/{org}/caps", "get"),
+        ("/caps/{cap}", "get"),
+        ("/caps/{cap}", "patch"),
+        ("/caps/{cap}", "delete"),
+        ("/orgs/{org}/spend", "get"),
+        ("/orgs/{org}/alerts", "get"),
+        ("/prices/{model}", "put"),
+        ("/orgs", "post"),
+        ("/orgs", "get"),
+        ("/orgs/{org}", "get"),
+        ("/orgs/{org}/keys", "post"),
+        ("/orgs/{org}/keys", "get"),
+        ("/keys/{key}/revoke", "post"),
+        ("/keys/{key}", "patch"),
+        ("/orgs/{org}/providers", "get"),
+        ("/orgs/{org}/providers/{name}", "put"),
+    ];
+
+    /// Served by the server itself, before authorization and `Control::route`.
+    const UNROUTED: &[(&str, &str)] = &[("/openapi.json", "get")];
+
+    const METHODS: [&str; 8] = ["get", "put", "post", "delete", "options", "head", "patch", "trace"];
+
+    fn document() -> Value {
+        serde_json::from_str(OPENAPI).expect("openapi.json is JSON")
+    }
+
+    #[test]
+    fn every_route_is_documented() {
+        let doc = document();
+        assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")), "an OpenAPI 3 document");
+        for (path, method) in ROUTES.iter().chain(UNROUTED) {
+            assert!(
+                doc["paths"][path][method].is_object(),
+                "openapi.json lacks {} {path}",
+                method.to_uppercase()
+            );
+        }
+    }
+
+    #[test]
+    fn every_documented_operation_is_routed() {
+        let doc = document();
+        let paths = doc["paths"].as_object().expect("paths");
+        for (path, item) in paths {
+            for method in item.as_object().expect("a path item").keys() {
+                if !METHODS.contains(&method.as_str()) {
+                    continue;
+                }
+                let pair = (path.as_str(), method.as_str());
+                assert!(
+                    ROUTES.contains(&pair) || UNROUTED.contains(&pair),
+                    "openapi.json documents {} {path}, which nothing answers",
+                    method.to_uppercase()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_path_parameter_is_declared() {
+        let doc = document();
+        let resolve = |p: &Value| match p["$ref"].as_str() {
+            Some(r) => doc.pointer(r.trim_start_matches('#')).cloned().unwrap_or(Value::Null),
+            None => p.clone(),
+        };
+        for (path, method) in ROUTES.iter().chain(UNROUTED) {
+            let mut declared: Vec<String> = doc["paths"][path][method]["parameters"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(resolve)
+                .filter(|p| p["in"] == "path")
+                .filter_map(|p| p["name"].as_str().map(str::to_owned))
+                .collect();
+            let mut templated: Vec<String> = path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .map(str::to_owned)
+                .collect();
+            declared.sort();
+            templated.sort();
+            assert_eq!(declared, templated, "path parameters of {} {path}", method.to_uppercase());
+        }
+    }
+
+    #[test]
+    fn every_ref_resolves() {
+        fn walk(value: &Value, at: &str, refs: &mut Vec<(String, String)>) {
+            match value {
+                Value::Object(map) => {
+                    for (name, child) in map {
+                        if name == "$ref" {
+                            refs.push((at.to_owned(), child.as_str().unwrap_or("").to_owned()));
+                        } else {
+                            walk(child, &format!("{at}/{name}"), refs);
+                        }
+                    }
+                }
+                Value::Array(items) => {
+                    for (i, child) in items.iter().enumerate() {
+                        walk(child, &format!("{at}/{i}"), refs);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let doc = document();
+        let mut refs = Vec::new();
+        walk(&doc, "", &mut refs);
+        assert!(!refs.is_empty());
+        for (at, target) in refs {
+            assert!(target.starts_with("#/components/"), "{at}: $ref {target:?} is not a local component");
+            assert!(
+                doc.pointer(target.trim_start_matches('#')).is_some_and(|v| !v.is_null()),
+                "{at}: $ref {target:?} resolves to nothing"
+            );
+        }
+    }
+}
