@@ -110,13 +110,7 @@ fn answer(published: &Published, held: Option<u64>) -> Bytes {
             return Bytes::from(serde_json::to_vec(&FeedMessage::Changes(merged)).unwrap_or_default());
         }
     }
-    published
-        .full
-        .get_or_init(|| {
-            let message = FeedMessage::State((*published.state).clone());
-            Bytes::from(serde_json::to_vec(&message).unwrap_or_default())
-        })
-        .clone()
+    published.full.get_or_init(|| Bytes::from(published.state.message_json())).clone()
 }
 
 #[cfg(test)]

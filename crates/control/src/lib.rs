@@ -51,6 +51,8 @@ struct Inner {
     publish: Publish,
     feed: feed::Feed,
     metrics: Metrics,
+    /// A state was published at least once: the control plane is ready.
+    loaded: std::sync::atomic::AtomicBool,
     /// Set when nodes are served: the feed and receipt ingest then answer those who present it.
     nodes: std::sync::OnceLock<NodeAccess>,
     /// The version last published; the lock serialises rebuilds so that an older state is never
@@ -91,6 +93,7 @@ impl Control {
                 publish,
                 feed: feed::Feed::new(),
                 metrics: Metrics::default(),
+                loaded: std::sync::atomic::AtomicBool::new(false),
                 nodes: std::sync::OnceLock::new(),
                 published: tokio::sync::Mutex::new(None),
             }),
@@ -123,8 +126,13 @@ impl Control {
             Ok(prices) => *self.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = prices,
             Err(e) => tracing::error!(error = %e, "the published prices do not parse"),
         }
-        self.inner.feed.publish(Arc::clone(&feed));
+        // The feed keeps the state (and its recent changes) only when nodes follow it: in `serve`
+        // the node in this process gets it in memory and nothing else holds it.
+        if self.inner.nodes.get().is_some() {
+            self.inner.feed.publish(Arc::clone(&feed));
+        }
         (self.inner.publish)(feed);
+        self.inner.loaded.store(true, std::sync::atomic::Ordering::Release);
         *published = Some(state.version);
         Ok(())
     }

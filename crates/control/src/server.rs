@@ -64,13 +64,11 @@ impl Control {
             return json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}"));
         }
         if request.method() == Method::GET && path == "/readyz" {
-            return match self.inner.feed.version() {
-                Some(_) => json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ready\"}")),
-                None => json_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Bytes::from_static(b"{\"status\":\"no state loaded yet\"}"),
-                ),
-            };
+            if self.inner.loaded.load(std::sync::atomic::Ordering::Acquire) {
+                return json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ready\"}"));
+            }
+            let body = Bytes::from_static(b"{\"status\":\"no state loaded yet\"}");
+            return json_response(StatusCode::SERVICE_UNAVAILABLE, body);
         }
         if request.method() == Method::GET && path == "/metrics" {
             let mut response = Response::new(Full::new(Bytes::from(self.render_metrics())));

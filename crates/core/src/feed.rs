@@ -189,6 +189,16 @@ impl FeedState {
         Ok(())
     }
 
+    /// The bytes of `FeedMessage::State` for this state, without copying it first.
+    pub fn message_json(&self) -> Vec<u8> {
+        #[derive(Serialize)]
+        #[serde(tag = "kind", rename_all = "snake_case")]
+        enum Borrowed<'a> {
+            State(&'a FeedState),
+        }
+        serde_json::to_vec(&Borrowed::State(self)).unwrap_or_default()
+    }
+
     /// Opens the provider keys and builds the snapshot a node serves.
     pub fn open(&self, master_key: &MasterKey) -> Result<Opened, FeedError> {
         let mut builder = SnapshotBuilder::new(self.version);
@@ -467,6 +477,7 @@ mod tests {
         assert!(text.starts_with(r#"{"kind":"state""#), "{text}");
         assert!(!text.contains("sk-secret-a"), "provider keys travel sealed");
         assert_eq!(serde_json::from_str::<FeedMessage>(&text).expect("parses"), message);
+        assert_eq!(state().message_json(), text.as_bytes(), "the borrowed form is the same message");
     }
 
     #[test]
