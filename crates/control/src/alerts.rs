@@ -2,9 +2,9 @@
 //! the cap's webhook with an HMAC signature and retries. A failing webhook never reaches traffic:
 //! all of this runs in the control plane, after the receipts are in the ledger.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{Request, header};
@@ -13,7 +13,10 @@ use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use recovea_core::ids::OrgId;
+use recovea_core::caps::{Cap, Scope};
+use recovea_core::ids::{CapId, OrgId};
+use recovea_core::money::Nanos;
+use recovea_core::receipt::Receipt;
 use recovea_core::timestamp::Timestamp;
 use recovea_store::{AlertRecord, CapRecord, ControlStore, ReceiptLedger};
 use ring::hmac;
@@ -33,7 +36,20 @@ pub struct Alerts {
     store: Arc<dyn ControlStore>,
     ledger: Arc<dyn ReceiptLedger>,
     deliveries: mpsc::UnboundedSender<(AlertRecord, CapRecord)>,
+    /// Each cap window's spend as last known, so that a batch adds its cost rather than summing
+    /// the whole window in the ledger again.
+    totals: Mutex<HashMap<(CapId, Timestamp), WindowTotal>>,
+    /// Thresholds known to be raised (cap, window start, threshold): not offered to the store again.
+    raised: Mutex<HashSet<(CapId, Timestamp, u32)>>,
 }
+
+struct WindowTotal {
+    spend: Nanos,
+    summed_at: Instant,
+}
+
+/// How long a running total is trusted before the window is summed in the ledger again.
+const RESUM_EVERY: Duration = Duration::from_secs(10);
 
 impl Alerts {
     /// Starts the deliverer task; alerts are signed with `signing_secret`.
@@ -45,54 +61,133 @@ impl Alerts {
         let (deliveries, queue) = mpsc::unbounded_channel();
         let key = hmac::Key::new(hmac::HMAC_SHA256, signing_secret.as_bytes());
         tokio::spawn(deliver(Arc::clone(&store), queue, key));
-        Arc::new(Self { store, ledger, deliveries })
+        Arc::new(Self {
+            store,
+            ledger,
+            deliveries,
+            totals: Mutex::new(HashMap::new()),
+            raised: Mutex::new(HashSet::new()),
+        })
     }
 
-    /// Raises the alerts that the spend of these organizations now crosses. Blocking: call it off
-    /// the async threads (ingest does, after inserting a batch).
-    pub fn evaluate(&self, orgs: &BTreeSet<OrgId>, now: Timestamp) {
-        for org in orgs {
-            if let Err(e) = self.evaluate_org(org, now) {
+    /// Raises the alerts that a batch just inserted into the ledger crosses, in the windows its
+    /// receipts were made in (a receipt delivered after midnight still counts for its own day).
+    /// `all_new`: every receipt of the batch was new to the ledger, so the running totals may add
+    /// it; otherwise they are summed from the ledger again. Blocking: call it off the async
+    /// threads (ingest does, after inserting a batch).
+    pub fn evaluate_batch(&self, batch: &[Receipt], all_new: bool, now: Timestamp) {
+        let mut by_org: BTreeMap<OrgId, Vec<&Receipt>> = BTreeMap::new();
+        for receipt in batch {
+            if let Some(org) = OrgId::parse(&receipt.org_id) {
+                by_org.entry(org).or_default().push(receipt);
+            }
+        }
+        for (org, receipts) in by_org {
+            if let Err(e) = self.evaluate_org(&org, &receipts, all_new, now) {
                 tracing::warn!(org_id = %org, error = %e, "evaluating cap alerts failed");
             }
         }
     }
 
-    fn evaluate_org(&self, org: &OrgId, now: Timestamp) -> recovea_store::Result<()> {
+    fn evaluate_org(
+        &self,
+        org: &OrgId,
+        receipts: &[&Receipt],
+        all_new: bool,
+        now: Timestamp,
+    ) -> recovea_store::Result<()> {
         for record in self.store.caps(org)? {
             let cap = &record.cap;
             if cap.alert_at_permille.is_empty() {
                 continue;
             }
-            let (start, end) = (cap.window.start(now), cap.window.end(now));
-            let spend = self.ledger.spend(org, cap.key_id.as_ref(), start, end)?;
-            for &threshold in &cap.alert_at_permille {
-                // spend / limit >= threshold / 1000, in integers.
-                let crossed = spend.0 > 0
-                    && i128::from(spend.0) * 1000 >= i128::from(cap.limit.0) * i128::from(threshold);
-                if !crossed {
-                    continue;
-                }
-                let alert = AlertRecord {
-                    id: random::token("alert_", 20)
-                        .map_err(|e| recovea_store::StoreError::Backend(e.to_string()))?,
-                    cap_id: cap.id.clone(),
-                    org_id: org.clone(),
-                    window_start: start,
-                    threshold_permille: threshold,
-                    spend,
-                    limit: cap.limit,
-                    raised_at: now,
-                    delivered_at: None,
-                    attempts: 0,
+            // The batch's cost in each window of this cap that its receipts fall in.
+            let mut windows: BTreeMap<Timestamp, Nanos> = BTreeMap::new();
+            for receipt in receipts {
+                let covered = match cap.scope {
+                    Scope::Organization => true,
+                    Scope::Key => cap.key_id.as_ref().is_some_and(|k| k.as_str() == receipt.key_id),
                 };
-                if self.store.raise_alert(&alert)? {
-                    tracing::info!(cap_id = %cap.id, threshold, "cap alert raised");
-                    if cap.alert_webhook.is_some() {
-                        let _ = self.deliveries.send((alert, record.clone()));
-                    }
+                if covered {
+                    let added = windows.entry(cap.window.start(receipt.started_at)).or_default();
+                    *added = added.saturating_add(receipt.cost_usd);
                 }
             }
+            for (start, added) in windows {
+                let spend = self.window_spend(cap, start, added, all_new)?;
+                self.raise_crossed(&record, start, spend, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A window's spend after the batch: the running total plus the batch when it is known and
+    /// recent, else the ledger's sum (which includes the batch). Totals are summed again every
+    /// [`RESUM_EVERY`] because other control replicas ingest into the same ledger.
+    fn window_spend(
+        &self,
+        cap: &Cap,
+        start: Timestamp,
+        added: Nanos,
+        all_new: bool,
+    ) -> recovea_store::Result<Nanos> {
+        let key = (cap.id.clone(), start);
+        let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        if all_new
+            && let Some(total) = totals.get_mut(&key)
+            && total.summed_at.elapsed() < RESUM_EVERY
+        {
+            total.spend = total.spend.saturating_add(added);
+            return Ok(total.spend);
+        }
+        drop(totals);
+        let end = cap.window.end(start);
+        let spend = self.ledger.spend(&cap.org_id, cap.key_id.as_ref(), start, end)?;
+        let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        // Windows that ended long ago are not summed again; forget them.
+        totals.retain(|_, total| total.summed_at.elapsed() < RESUM_EVERY * 10);
+        totals.insert(key, WindowTotal { spend, summed_at: Instant::now() });
+        Ok(spend)
+    }
+
+    /// Raises (once per cap, window and threshold) every alert `spend` crosses.
+    fn raise_crossed(
+        &self,
+        record: &CapRecord,
+        start: Timestamp,
+        spend: Nanos,
+        now: Timestamp,
+    ) -> recovea_store::Result<()> {
+        let cap = &record.cap;
+        for &threshold in &cap.alert_at_permille {
+            // spend / limit >= threshold / 1000, in integers.
+            let crossed =
+                spend.0 > 0 && i128::from(spend.0) * 1000 >= i128::from(cap.limit.0) * i128::from(threshold);
+            let raised_key = (cap.id.clone(), start, threshold);
+            if !crossed || self.raised.lock().unwrap_or_else(|p| p.into_inner()).contains(&raised_key) {
+                continue;
+            }
+            let alert = AlertRecord {
+                id: random::token("alert_", 20)
+                    .map_err(|e| recovea_store::StoreError::Backend(e.to_string()))?,
+                cap_id: cap.id.clone(),
+                org_id: cap.org_id.clone(),
+                window_start: start,
+                threshold_permille: threshold,
+                spend,
+                limit: cap.limit,
+                raised_at: now,
+                delivered_at: None,
+                attempts: 0,
+            };
+            if self.store.raise_alert(&alert)? {
+                tracing::info!(cap_id = %cap.id, threshold, "cap alert raised");
+                if cap.alert_webhook.is_some() {
+                    let _ = self.deliveries.send((alert, record.clone()));
+                }
+            }
+            // Raised now or before (by this process or another): the store will not take it again.
+            self.raised.lock().unwrap_or_else(|p| p.into_inner()).insert(raised_key);
         }
         Ok(())
     }
@@ -162,6 +257,86 @@ async fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingest::LedgerSink;
+    use recovea_core::receipt::ReceiptSink;
+    use recovea_core::usage::UsageSource;
+    use recovea_core::window::Window;
+    use recovea_store::{OrgRecord, SqliteStore};
+
+    const DAY_MS: i64 = 24 * 60 * 60 * 1000;
+
+    fn receipt(n: u32, started_at: Timestamp, cost: &str) -> Receipt {
+        Receipt {
+            id: format!("rcpt_{n}"),
+            request_id: format!("req_{n}"),
+            org_id: "org_a".into(),
+            key_id: "key_a".into(),
+            provider: "openai".into(),
+            model: Some("m".into()),
+            endpoint: "/v1/chat/completions".into(),
+            status: 200,
+            stream: false,
+            input_tokens: 1,
+            output_tokens: 1,
+            cached_input_tokens: 0,
+            cache_write_input_tokens: 0,
+            reasoning_tokens: 0,
+            cost_usd: Nanos::parse_usd(cost).expect("usd"),
+            usage_source: UsageSource::Provider,
+            priced: true,
+            price_revision: 0,
+            started_at,
+            finished_at: started_at,
+            node_id: "node_a".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn batches_raise_alerts_in_their_receipts_windows_once_each() {
+        let dir = std::env::temp_dir().join(format!("recovea-alerts-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let store = Arc::new(SqliteStore::open(&dir.join("db")).expect("store"));
+        let org = OrgId::parse("org_a").expect("id");
+        store
+            .create_org(&OrgRecord { id: org.clone(), name: "a".into(), created_at: Timestamp(0) })
+            .expect("org");
+        let cap = Cap {
+            id: CapId::parse("cap_a").expect("id"),
+            org_id: org.clone(),
+            scope: Scope::Organization,
+            key_id: None,
+            window: Window::Day,
+            limit: Nanos::parse_usd("1.00").expect("usd"),
+            hard_stop: false,
+            alert_at_permille: vec![500],
+            alert_webhook: None,
+        };
+        store.create_cap(&CapRecord { cap, created_at: Timestamp(0) }).expect("cap");
+        let alerts = Alerts::start(store.clone(), store.clone(), "secret");
+        let sink = LedgerSink::new(store.clone(), Some(alerts));
+        let today = Timestamp(Timestamp::from_system_time(SystemTime::now()).0 / DAY_MS * DAY_MS);
+        let yesterday = Timestamp(today.0 - DAY_MS);
+
+        // Delivered today, made yesterday: it crosses yesterday's threshold, not today's.
+        sink.deliver(&[receipt(1, Timestamp(yesterday.0 + 5), "0.60")]).await.expect("delivered");
+        let raised = |store: &SqliteStore| {
+            let mut starts: Vec<i64> =
+                store.alerts(&org).expect("alerts").iter().map(|a| a.window_start.0).collect();
+            starts.sort_unstable();
+            starts
+        };
+        assert_eq!(raised(&store), vec![yesterday.0]);
+        // Today's spend crosses half the limit on the second batch only (running total 0.30 + 0.30).
+        sink.deliver(&[receipt(2, Timestamp(today.0 + 5), "0.30")]).await.expect("delivered");
+        assert_eq!(raised(&store), vec![yesterday.0]);
+        let third = [receipt(3, Timestamp(today.0 + 6), "0.30")];
+        sink.deliver(&third).await.expect("delivered");
+        assert_eq!(raised(&store), vec![yesterday.0, today.0]);
+        // A replayed batch counts once: no new alert, no double-counted spend.
+        sink.deliver(&third).await.expect("delivered");
+        assert_eq!(raised(&store), vec![yesterday.0, today.0]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn signatures_are_hmac_sha256_of_time_and_body() {

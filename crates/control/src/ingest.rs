@@ -4,10 +4,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use std::collections::BTreeSet;
 use std::time::SystemTime;
 
-use recovea_core::ids::OrgId;
 use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
 use recovea_core::timestamp::Timestamp;
 
@@ -19,11 +17,14 @@ use recovea_store::ReceiptLedger;
 pub struct LedgerSink {
     ledger: Arc<dyn ReceiptLedger>,
     alerts: Option<Arc<Alerts>>,
+    /// One batch at a time from insert to alerts: a batch's cost is added to the running totals
+    /// exactly once only if no other batch lands between its insert and its evaluation.
+    one_batch: Arc<std::sync::Mutex<()>>,
 }
 
 impl LedgerSink {
     pub fn new(ledger: Arc<dyn ReceiptLedger>, alerts: Option<Arc<Alerts>>) -> Self {
-        Self { ledger, alerts }
+        Self { ledger, alerts, one_batch: Arc::new(std::sync::Mutex::new(())) }
     }
 }
 
@@ -34,14 +35,15 @@ impl ReceiptSink for LedgerSink {
     ) -> Pin<Box<dyn Future<Output = Result<(), DeliveryError>> + Send + 'a>> {
         let ledger = Arc::clone(&self.ledger);
         let alerts = self.alerts.clone();
+        let one_batch = Arc::clone(&self.one_batch);
         let batch = batch.to_vec();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
-                ledger.insert_receipts(&batch).map_err(|e| DeliveryError(e.to_string()))?;
+                let _one_batch = one_batch.lock().unwrap_or_else(|p| p.into_inner());
+                let inserted = ledger.insert_receipts(&batch).map_err(|e| DeliveryError(e.to_string()))?;
                 if let Some(alerts) = alerts {
-                    let orgs: BTreeSet<OrgId> =
-                        batch.iter().filter_map(|r| OrgId::parse(&r.org_id)).collect();
-                    alerts.evaluate(&orgs, Timestamp::from_system_time(SystemTime::now()));
+                    let now = Timestamp::from_system_time(SystemTime::now());
+                    alerts.evaluate_batch(&batch, inserted == batch.len(), now);
                 }
                 Ok(())
             })
