@@ -61,6 +61,18 @@ impl Alerts {
         let (deliveries, queue) = mpsc::unbounded_channel();
         let key = hmac::Key::new(hmac::HMAC_SHA256, signing_secret.as_bytes());
         tokio::spawn(deliver(Arc::clone(&store), queue, key));
+        // Alerts raised before a restart and not yet delivered resume their remaining attempts.
+        let (undelivered, resume) = (Arc::clone(&store), deliveries.clone());
+        tokio::task::spawn_blocking(move || match undelivered_alerts(undelivered.as_ref()) {
+            Ok(pending) => {
+                for alert in pending {
+                    let _ = resume.send(alert);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "undelivered alerts could not be read; they are not retried")
+            }
+        });
         Arc::new(Self {
             store,
             ledger,
@@ -193,6 +205,22 @@ impl Alerts {
     }
 }
 
+/// Alerts whose webhook has attempts left, with their caps.
+fn undelivered_alerts(store: &dyn ControlStore) -> recovea_store::Result<Vec<(AlertRecord, CapRecord)>> {
+    let mut pending = Vec::new();
+    for org in store.list_orgs()? {
+        for alert in store.alerts(&org.id)? {
+            if alert.delivered_at.is_some() || alert.attempts >= ATTEMPTS {
+                continue;
+            }
+            if let Some(cap) = store.cap(&alert.cap_id)?.filter(|c| c.cap.alert_webhook.is_some()) {
+                pending.push((alert, cap));
+            }
+        }
+    }
+    Ok(pending)
+}
+
 /// The signature of a webhook body sent at `unix_seconds`.
 pub fn sign(key: &hmac::Key, unix_seconds: u64, body: &[u8]) -> String {
     let mut message = format!("{unix_seconds}.").into_bytes();
@@ -224,7 +252,7 @@ async fn deliver(
                     .to_string(),
             );
             let mut delay = Duration::from_secs(1);
-            for attempt in 1..=ATTEMPTS {
+            for attempt in alert.attempts + 1..=ATTEMPTS {
                 let sent_at =
                     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 let request = Request::post(&url)
@@ -289,6 +317,110 @@ mod tests {
             finished_at: started_at,
             node_id: "node_a".into(),
         }
+    }
+
+    /// A webhook receiver that answers 200 to every POST and hands over each request's text.
+    async fn receiver() -> (String, mpsc::UnboundedReceiver<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut text = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    // Headers, then as many body bytes as content-length says.
+                    while let Ok(n) = stream.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        text.extend_from_slice(&buf[..n]);
+                        let request = String::from_utf8_lossy(&text).into_owned();
+                        if let Some((head, body)) = request.split_once("\r\n\r\n") {
+                            let length = head
+                                .lines()
+                                .find_map(|l| {
+                                    l.to_ascii_lowercase()
+                                        .strip_prefix("content-length:")
+                                        .map(|v| v.trim().to_owned())
+                                })
+                                .and_then(|v| v.parse::<usize>().ok())
+                                .unwrap_or(0);
+                            if body.len() >= length {
+                                let _ =
+                                    stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+                                let _ = tx.send(request);
+                                break;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (url, rx)
+    }
+
+    #[tokio::test]
+    async fn alerts_left_undelivered_by_a_restart_are_delivered_at_the_next_start() {
+        let dir = std::env::temp_dir().join(format!("recovea-alerts-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let store = Arc::new(SqliteStore::open(&dir.join("db")).expect("store"));
+        let org = OrgId::parse("org_a").expect("id");
+        store
+            .create_org(&OrgRecord { id: org.clone(), name: "a".into(), created_at: Timestamp(0) })
+            .expect("org");
+        let (url, mut posts) = receiver().await;
+        let cap = Cap {
+            id: CapId::parse("cap_a").expect("id"),
+            org_id: org.clone(),
+            scope: Scope::Organization,
+            key_id: None,
+            window: Window::Month,
+            limit: Nanos::parse_usd("1.00").expect("usd"),
+            hard_stop: false,
+            alert_at_permille: vec![500, 800],
+            alert_webhook: Some(url),
+        };
+        store.create_cap(&CapRecord { cap, created_at: Timestamp(0) }).expect("cap");
+        let alert = |id: &str, threshold: u32| AlertRecord {
+            id: id.into(),
+            cap_id: CapId::parse("cap_a").expect("id"),
+            org_id: org.clone(),
+            window_start: Timestamp(0),
+            threshold_permille: threshold,
+            spend: Nanos::parse_usd("0.90").expect("usd"),
+            limit: Nanos::parse_usd("1.00").expect("usd"),
+            raised_at: Timestamp(1),
+            delivered_at: None,
+            attempts: 0,
+        };
+        // Raised before the restart: one with attempts left, one that used them all.
+        store.raise_alert(&alert("alert_pending", 500)).expect("raised");
+        store.raise_alert(&alert("alert_spent", 800)).expect("raised");
+        for _ in 0..2 {
+            store.alert_delivery("alert_pending", None).expect("attempt");
+        }
+        for _ in 0..ATTEMPTS {
+            store.alert_delivery("alert_spent", None).expect("attempt");
+        }
+
+        let _alerts = Alerts::start(store.clone(), store.clone(), "secret");
+        let request = tokio::time::timeout(Duration::from_secs(10), posts.recv())
+            .await
+            .expect("posted")
+            .expect("a request");
+        assert!(request.contains("alert_pending"), "{request}");
+        assert!(request.to_ascii_lowercase().contains(SIGNATURE_HEADER), "{request}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.alerts(&org).expect("alerts").iter().all(|a| a.delivered_at.is_none()) {
+            assert!(Instant::now() < deadline, "the delivery was not recorded");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let other = tokio::time::timeout(Duration::from_millis(300), posts.recv()).await;
+        assert!(other.is_err(), "no other alert is sent: {other:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
