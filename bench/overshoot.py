@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """Overshoot of an armed cap with two nodes racing at it.
 
-Two `recovea serve` processes share one SQLite store and ledger (`--database-url`) and one Redis
-(`--redis-url`): two nodes with the same keys and caps, each with its own spool and counters, like
-two gateway nodes behind a load balancer. Many clients on each node send requests of a known cost
+One `recovea control` (on SQLite) feeds two `recovea node` processes that share one Redis
+(`--redis-url`): two gateway nodes behind a load balancer, each with its own spool and counters. Many clients on each node send requests of a known cost
 until the cap refuses them; the ledger then says how far past the limit the spend went.
 
 Usage: bench/overshoot.py [--clients-per-node 32] [--limit 0.05] [--seconds 20]
@@ -77,21 +76,27 @@ def main() -> None:
         mock_url = read_banner(mock, r"listening on (http://\S+)")["url"]
         httpx.post(f"{mock_url}/__mock/script", json={"usage": USAGE, "times": 4_000_000}).raise_for_status()
 
-        master_key = secrets.token_hex(32)
+        master_key, node_token = secrets.token_hex(32), secrets.token_hex(16)
+        control_proc = subprocess.Popen(
+            [binary("recovea"), "control", "--admin-listen", "127.0.0.1:0", "--data-dir", str(work / "control"),
+             "--database-url", f"sqlite://{work / 'control.db'}", "--master-key", master_key,
+             "--admin-token", TOKEN, "--node-token", node_token, "--log", "warn"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        procs.append(control_proc)
+        control = read_banner(control_proc, r"recovea admin:\s+(http://\S+)/admin/v1", last="recovea admin:")
+        control_url = control["admin"]
         nodes = []
         for name in ("a", "b"):
-            data = work / name
-            data.mkdir()
             proc = subprocess.Popen(
-                [binary("recovea"), "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-                 "--data-dir", str(data), "--database-url", f"sqlite://{work / 'shared.db'}",
-                 "--master-key", master_key, "--admin-token", TOKEN, "--redis-url", "redis://127.0.0.1:6379/",
-                 "--openai-base-url", mock_url, "--anthropic-base-url", mock_url, "--log", "warn"],
+                [binary("recovea"), "node", "--listen", "127.0.0.1:0", "--data-dir", str(work / name),
+                 "--control-url", control_url, "--node-token", node_token, "--master-key", master_key,
+                 "--redis-url", "redis://127.0.0.1:6379/", "--openai-base-url", mock_url,
+                 "--anthropic-base-url", mock_url, "--log", "warn"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             procs.append(proc)
-            nodes.append(read_banner(proc, r"recovea gateway:\s+(http://\S+)", last="recovea admin:"))
+            nodes.append(read_banner(proc, r"recovea node \S+:\s+(http://\S+)"))
 
-        admin = httpx.Client(base_url=f"{nodes[0]['admin']}/admin/v1", headers={"Authorization": f"Bearer {TOKEN}"})
+        admin = httpx.Client(base_url=f"{control_url}/admin/v1", headers={"Authorization": f"Bearer {TOKEN}"})
         org = admin.post("/orgs", json={"name": "overshoot"}).json()["id"]
         admin.put(f"/orgs/{org}/providers/openai", json={"kind": "openai", "api_key": "sk-bench-0123456789"})
         secret = admin.post(f"/orgs/{org}/keys", json={"name": "k"}).json()["secret"]

@@ -131,6 +131,10 @@ impl Snapshot {
         self.orgs.get(id)
     }
 
+    pub fn orgs(&self) -> impl Iterator<Item = &Arc<Org>> {
+        self.orgs.values()
+    }
+
     pub fn key_count(&self) -> usize {
         self.keys.len()
     }

@@ -120,6 +120,13 @@ impl Counters {
         Reservation { entries, estimate, open: true }
     }
 
+    /// Starts confirming these windows before any request reads them: a window first seen by a
+    /// request reads as zero until the sync it triggers, which lets that request past a line
+    /// other nodes already reached.
+    pub fn track(&self, windows: &[CapWindow]) {
+        self.touch(windows, |_| {});
+    }
+
     /// Adds a cost directly (no reservation), e.g. a receipt of a request that had none.
     pub fn add(&self, windows: &[CapWindow], cost: Nanos) {
         self.touch(windows, |s| s.cumulative = s.cumulative.saturating_add(cost));
@@ -540,6 +547,25 @@ mod tests {
         a.sync_with(&store, at(2)).await.expect("sync a");
         b.sync_with(&store, at(2)).await.expect("sync b");
         assert_eq!((spend(&b, &w).spent, spend(&b, &w).reserved), (Nanos(3), Nanos::ZERO));
+    }
+
+    #[tokio::test]
+    async fn a_tracked_window_reads_other_nodes_spend_before_its_first_request() {
+        let store = InProcess::default();
+        let (a, b) = (Counters::new("a"), Counters::new("b"));
+        let w = window("x");
+        a.seed(&w, Nanos(0));
+        a.add(std::slice::from_ref(&w), Nanos(40));
+        a.sync_with(&store, NOW).await.expect("sync a");
+        b.track(std::slice::from_ref(&w));
+        b.sync_with(&store, NOW).await.expect("sync b");
+        assert_eq!(spend(&b, &w).spent, Nanos(40), "read before any request touched the window on b");
+        let untracked = window("y");
+        a.seed(&untracked, Nanos(0));
+        a.add(std::slice::from_ref(&untracked), Nanos(40));
+        a.sync_with(&store, at(1)).await.expect("sync a");
+        b.sync_with(&store, at(1)).await.expect("sync b");
+        assert_eq!(spend(&b, &untracked).spent, Nanos::ZERO, "an untracked window reads zero at first");
     }
 
     #[tokio::test]

@@ -177,6 +177,15 @@ impl Gateway {
 
     /// Makes `snapshot` the state every following request is decided from. Readers never wait.
     pub fn install_snapshot(&self, snapshot: Arc<Snapshot>) {
+        // The armed caps' current windows are confirmed from the next sync on, so that the first
+        // request a cap sees on this node already decides from the shared spend.
+        let now = recovea_core::Timestamp::from_system_time(std::time::SystemTime::now());
+        let armed: Vec<_> = snapshot
+            .orgs()
+            .flat_map(|org| org.caps.iter().filter(|cap| cap.hard_stop))
+            .map(|cap| proxy::cap_window(cap, now))
+            .collect();
+        self.shared.counters.track(&armed);
         self.shared.snapshot.store(Some(snapshot));
         self.shared.metrics.snapshot_installed();
     }

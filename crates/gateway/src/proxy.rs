@@ -366,7 +366,7 @@ fn settle(
     })
 }
 
-fn cap_window(cap: &Cap, at: Timestamp) -> CapWindow {
+pub(crate) fn cap_window(cap: &Cap, at: Timestamp) -> CapWindow {
     CapWindow { cap: cap.id.clone(), start: cap.window.start(at), end: cap.window.end(at) }
 }
 
