@@ -17,7 +17,7 @@ use crate::keys::KeyHash;
 use crate::money::Nanos;
 use crate::pricing::{Price, PriceTable, PriceWire};
 use crate::ratelimit::KeyLimits;
-use crate::snapshot::{Prices, ProviderCredential, ProviderKind, Snapshot, SnapshotBuilder};
+use crate::snapshot::{KeyParts, Org, Prices, ProviderCredential, ProviderKind, Snapshot};
 use crate::timestamp::Timestamp;
 use crate::window::Window;
 
@@ -27,7 +27,8 @@ pub struct FeedState {
     pub version: u64,
     /// By organization id.
     pub orgs: BTreeMap<String, OrgWire>,
-    /// The keys that are not revoked, by the hash of their secret.
+    /// The keys that are not revoked, by the hash of their secret. Every key's organization is in
+    /// `orgs` (a key of another is never served).
     pub keys: HashMap<KeyHash, KeyWire>,
     pub prices: PricesWire,
 }
@@ -201,55 +202,21 @@ impl FeedState {
 
     /// Opens the provider keys and builds the snapshot a node serves.
     pub fn open(&self, master_key: &MasterKey) -> Result<Opened, FeedError> {
-        let mut builder = SnapshotBuilder::new(self.version);
-        let mut unopened = Vec::new();
-        for (org_id, org) in &self.orgs {
-            let id = OrgId::parse(org_id).ok_or_else(|| invalid("organization id", org_id))?;
-            builder.org(id.clone());
-            for (name, provider) in &org.providers {
-                let kind =
-                    ProviderKind::parse(&provider.kind).ok_or_else(|| invalid("kind", &provider.kind))?;
-                let context = provider_key_context(org_id, name);
-                let opened = crate::hex::decode(&provider.sealed_key)
-                    .and_then(|sealed| master_key.open(&context, &sealed).ok())
-                    .and_then(|plain| String::from_utf8(plain).ok());
-                match opened {
-                    Some(api_key) => {
-                        builder.provider(
-                            &id,
-                            ProviderCredential {
-                                name: name.clone(),
-                                kind,
-                                base_url: provider.base_url.clone(),
-                                api_key,
-                            },
-                        );
-                    }
-                    None => unopened.push((org_id.clone(), name.clone())),
-                }
-            }
-            for cap in &org.caps {
-                builder.cap(cap.to_cap(&id)?);
-            }
-        }
-        for (hash, key) in &self.keys {
-            builder.key_with_limits(
-                *hash,
-                KeyId::parse(&key.id).ok_or_else(|| invalid("key id", &key.id))?,
-                OrgId::parse(&key.org_id).ok_or_else(|| invalid("organization id", &key.org_id))?,
-                key.expires_at_ms.map(Timestamp),
-                KeyLimits {
-                    requests_per_minute: key.requests_per_minute,
-                    tokens_per_minute: key.tokens_per_minute,
-                },
-            );
-        }
-        builder.prices(self.prices.to_prices()?);
-        Ok(Opened { snapshot: builder.build(), unopened })
+        let orgs = self.orgs.iter().map(|(id, org)| (id, Some(org)));
+        let keys = self.keys.iter().map(|(hash, key)| (hash, Some(key)));
+        open_onto(&Snapshot::default(), self.version, orgs, keys, Some(&self.prices), master_key)
     }
 }
 
 impl FeedChanges {
+    /// Opens what changed and applies it to `snapshot` (which must be the snapshot of the version
+    /// these changes start from), sharing everything else.
+    pub fn open_onto(&self, snapshot: &Snapshot, master_key: &MasterKey) -> Result<Opened, FeedError> {
+        let orgs = self.orgs.iter().map(|(id, org)| (id, org.as_ref()));
+        let keys = self.keys.iter().map(|(hash, key)| (hash, key.as_ref()));
+        open_onto(snapshot, self.version, orgs, keys, self.prices.as_ref(), master_key)
+    }
+
     /// These changes followed by `next` (made for the version these lead to), as one set: entries
     /// are replaced whole, so the later entry wins.
     pub fn then(mut self, next: FeedChanges) -> FeedChanges {
@@ -260,6 +227,113 @@ impl FeedChanges {
         }
         self.version = next.version;
         self
+    }
+}
+
+/// Opens organizations and keys (`None`: removed) and applies them to `snapshot`. A field that does
+/// not parse refuses the whole change; a provider key that does not open is left out and reported.
+fn open_onto<'a>(
+    snapshot: &Snapshot,
+    version: u64,
+    orgs: impl Iterator<Item = (&'a String, Option<&'a OrgWire>)>,
+    keys: impl Iterator<Item = (&'a KeyHash, Option<&'a KeyWire>)>,
+    prices: Option<&PricesWire>,
+    master_key: &MasterKey,
+) -> Result<Opened, FeedError> {
+    let mut unopened = Vec::new();
+    let orgs = orgs
+        .map(|(id, org)| {
+            let org_id = OrgId::parse(id).ok_or_else(|| invalid("organization id", id))?;
+            let org = org.map(|org| org.open(&org_id, master_key, &mut unopened)).transpose()?;
+            Ok((org_id, org))
+        })
+        .collect::<Result<Vec<_>, FeedError>>()?;
+    let prices = prices.map(PricesWire::to_prices).transpose()?;
+    // Keys are parsed as they are inserted (no second list of a million); the first bad one
+    // stops the insertion and refuses the whole change.
+    let mut bad_key = None;
+    let parsed = UntilError {
+        inner: keys.map(|(hash, key)| key.map(KeyWire::parts).transpose().map(|parts| (*hash, parts))),
+        error: &mut bad_key,
+    };
+    let snapshot = snapshot.with_changes(version, orgs, parsed, prices);
+    match bad_key {
+        Some(e) => Err(e),
+        None => Ok(Opened { snapshot, unopened }),
+    }
+}
+
+/// Yields the `Ok` values until the first `Err`, which it keeps; its size hint is the inner one,
+/// so that a table can reserve room for all of them at once.
+struct UntilError<'e, I> {
+    inner: I,
+    error: &'e mut Option<FeedError>,
+}
+
+impl<T, I: Iterator<Item = Result<T, FeedError>>> Iterator for UntilError<'_, I> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        if self.error.is_some() {
+            return None;
+        }
+        match self.inner.next()? {
+            Ok(item) => Some(item),
+            Err(e) => {
+                *self.error = Some(e);
+                None
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
+    }
+}
+
+impl OrgWire {
+    fn open(
+        &self,
+        org_id: &OrgId,
+        master_key: &MasterKey,
+        unopened: &mut Vec<(String, String)>,
+    ) -> Result<Org, FeedError> {
+        let mut providers = HashMap::new();
+        for (name, provider) in &self.providers {
+            let kind = ProviderKind::parse(&provider.kind).ok_or_else(|| invalid("kind", &provider.kind))?;
+            let context = provider_key_context(org_id.as_str(), name);
+            let opened = crate::hex::decode(&provider.sealed_key)
+                .and_then(|sealed| master_key.open(&context, &sealed).ok())
+                .and_then(|plain| String::from_utf8(plain).ok());
+            match opened {
+                Some(api_key) => {
+                    let credential = ProviderCredential {
+                        name: name.clone(),
+                        kind,
+                        base_url: provider.base_url.clone(),
+                        api_key,
+                    };
+                    providers.insert(name.clone(), credential);
+                }
+                None => unopened.push((org_id.as_str().to_owned(), name.clone())),
+            }
+        }
+        let caps = self.caps.iter().map(|cap| cap.to_cap(org_id)).collect::<Result<_, _>>()?;
+        Ok(Org { id: org_id.clone(), providers, caps })
+    }
+}
+
+impl KeyWire {
+    fn parts(&self) -> Result<KeyParts, FeedError> {
+        Ok(KeyParts {
+            id: KeyId::parse(&self.id).ok_or_else(|| invalid("key id", &self.id))?,
+            org: OrgId::parse(&self.org_id).ok_or_else(|| invalid("organization id", &self.org_id))?,
+            expires_at: self.expires_at_ms.map(Timestamp),
+            limits: KeyLimits {
+                requests_per_minute: self.requests_per_minute,
+                tokens_per_minute: self.tokens_per_minute,
+            },
+        })
     }
 }
 
@@ -490,6 +564,35 @@ mod tests {
         assert_eq!(SavedState::open(&master_key(), &bytes[..bytes.len() - 1]), None);
     }
 
+    /// What a snapshot serves, in a comparable form.
+    fn describe(snapshot: &Snapshot) -> String {
+        let mut orgs: Vec<String> = snapshot
+            .orgs()
+            .map(|org| {
+                let caps: Vec<String> =
+                    org.caps.iter().map(|c| format!("{}:{}:{}", c.id, c.limit.0, c.hard_stop)).collect();
+                let mut providers: Vec<&String> = org.providers.keys().collect();
+                providers.sort();
+                format!("{} {caps:?} {providers:?}", org.id)
+            })
+            .collect();
+        orgs.sort();
+        let mut keys: Vec<String> = (0u8..12)
+            .filter_map(|n| {
+                let entry = snapshot.key(&KeyHash([n; 32]))?;
+                let caps: Vec<i64> = entry.org.caps.iter().map(|c| c.limit.0).collect();
+                Some(format!("{n} {} {} {:?} {caps:?}", entry.id, entry.org.id, entry.limits))
+            })
+            .collect();
+        keys.sort();
+        format!(
+            "v{} p{} orgs {orgs:?} keys {keys:?} count {}",
+            snapshot.version,
+            snapshot.prices().revision,
+            snapshot.key_count()
+        )
+    }
+
     fn arbitrary_state() -> impl Strategy<Value = FeedState> {
         let org_ids = prop::sample::select(vec!["org_a", "org_b", "org_c"]);
         let keys = prop::collection::hash_map(
@@ -500,6 +603,16 @@ mod tests {
         let orgs = prop::collection::btree_map(org_ids, (0i64..10, any::<bool>()), 0..3);
         (1u64..50, orgs, keys, 0u64..3).prop_map(|(version, orgs, keys, revision)| FeedState {
             version,
+            // The control plane never feeds a key of an organization it does not feed.
+            keys: keys
+                .into_iter()
+                .filter(|(_, (org, _))| orgs.contains_key(*org))
+                .map(|(n, (org, rpm))| {
+                    let mut wire = key(&format!("key_{n}"), org);
+                    wire.requests_per_minute = rpm;
+                    (KeyHash([n; 32]), wire)
+                })
+                .collect(),
             orgs: orgs
                 .into_iter()
                 .map(|(id, (limit, hard_stop))| {
@@ -513,14 +626,6 @@ mod tests {
                         alert_at_permille: Vec::new(),
                     };
                     (id.to_owned(), OrgWire { providers: BTreeMap::new(), caps: vec![cap] })
-                })
-                .collect(),
-            keys: keys
-                .into_iter()
-                .map(|(n, (org, rpm))| {
-                    let mut wire = key(&format!("key_{n}"), org);
-                    wire.requests_per_minute = rpm;
-                    (KeyHash([n; 32]), wire)
                 })
                 .collect(),
             prices: PricesWire { revision, overrides: BTreeMap::new() },
@@ -542,6 +647,18 @@ mod tests {
                 serde_json::from_str::<FeedMessage>(&text).expect("parses"),
                 FeedMessage::Changes(changes.clone())
             );
+        }
+
+        #[test]
+        fn changes_opened_onto_the_old_snapshot_equal_the_new_state_opened_whole(
+            old in arbitrary_state(),
+            new in arbitrary_state(),
+        ) {
+            let changes = new.changes_since(&old);
+            let before = old.open(&master_key()).expect("opens").snapshot;
+            let incremental = changes.open_onto(&before, &master_key()).expect("opens").snapshot;
+            let whole = new.open(&master_key()).expect("opens").snapshot;
+            prop_assert_eq!(describe(&incremental), describe(&whole));
         }
 
         #[test]

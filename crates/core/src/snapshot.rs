@@ -144,6 +144,65 @@ impl Snapshot {
     }
 }
 
+/// A key as a change carries it: the organization is named, and found in the snapshot.
+#[derive(Debug, Clone)]
+pub struct KeyParts {
+    pub id: KeyId,
+    pub org: OrgId,
+    pub expires_at: Option<Timestamp>,
+    pub limits: KeyLimits,
+}
+
+impl Snapshot {
+    /// The snapshot after these changes: organizations replaced whole (`None`: removed), keys
+    /// replaced or removed, and the prices when they changed. Everything else is shared, which is
+    /// far cheaper than building the table again when one key of a million is revoked.
+    pub fn with_changes(
+        &self,
+        version: u64,
+        changed_orgs: impl IntoIterator<Item = (OrgId, Option<Org>)>,
+        changed_keys: impl IntoIterator<Item = (KeyHash, Option<KeyParts>)>,
+        prices: Option<Prices>,
+    ) -> Snapshot {
+        let mut orgs = self.orgs.clone();
+        let mut replaced: HashMap<OrgId, Option<Arc<Org>>> = HashMap::new();
+        for (id, org) in changed_orgs {
+            let org = org.map(Arc::new);
+            match &org {
+                Some(org) => orgs.insert(id.clone(), Arc::clone(org)),
+                None => orgs.remove(&id),
+            };
+            replaced.insert(id, org);
+        }
+        let mut keys = self.keys.clone();
+        if !replaced.is_empty() && !keys.is_empty() {
+            // Keys point at their organization: those of a replaced one move to the new value,
+            // those of a removed one go (they could not be served).
+            keys.retain(|_, entry| match replaced.get(&entry.org.id) {
+                Some(Some(org)) => {
+                    entry.org = Arc::clone(org);
+                    true
+                }
+                Some(None) => false,
+                None => true,
+            });
+        }
+        let changed_keys = changed_keys.into_iter();
+        keys.reserve(changed_keys.size_hint().0);
+        for (hash, key) in changed_keys {
+            let entry = key.and_then(|key| {
+                let org = Arc::clone(orgs.get(&key.org)?);
+                Some(KeyEntry { id: key.id, org, expires_at: key.expires_at, limits: key.limits })
+            });
+            match entry {
+                Some(entry) => keys.insert(hash, entry),
+                None => keys.remove(&hash),
+            };
+        }
+        Snapshot { version, keys, orgs, prices: prices.unwrap_or_else(|| self.prices.clone()) }
+    }
+}
+
 /// Builds a snapshot: organizations with their credentials first, then the keys that point at them.
 #[derive(Debug, Default)]
 pub struct SnapshotBuilder {

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
 use recovea_core::crypto::{MasterKey, NONCE_LEN};
-use recovea_core::feed::{FeedMessage, FeedState, NodeStatus, SavedState};
+use recovea_core::feed::{FeedError, FeedMessage, FeedState, NodeStatus, Opened, SavedState};
 use recovea_core::timestamp::Timestamp;
 use tokio::sync::watch;
 
@@ -34,7 +34,11 @@ impl Gateway {
     /// Opens `state` and makes it the serving snapshot. A state that does not open is refused
     /// whole: the node keeps what it serves.
     pub fn install_state(&self, state: &FeedState, master_key: &MasterKey) -> bool {
-        match state.open(master_key) {
+        self.install_opened(state.version, state.open(master_key))
+    }
+
+    fn install_opened(&self, version: u64, opened: Result<Opened, FeedError>) -> bool {
+        match opened {
             Ok(opened) => {
                 for (org_id, name) in &opened.unopened {
                     tracing::error!(
@@ -47,7 +51,7 @@ impl Gateway {
                 true
             }
             Err(e) => {
-                tracing::error!(version = state.version, error = %e, "a state from the control plane was refused");
+                tracing::error!(version, error = %e, "a state from the control plane was refused");
                 false
             }
         }
@@ -147,7 +151,9 @@ pub async fn follow_feed(
     let _ = saver.await;
 }
 
-/// Applies one feed message to the held state and serves the result.
+/// Applies one feed message to the held state and serves the result. Changes are applied to the
+/// serving snapshot itself, so that one revoked key of a million costs a copy of the table, not a
+/// rebuild of it.
 fn apply(
     gateway: &Gateway,
     master_key: &MasterKey,
@@ -155,27 +161,40 @@ fn apply(
     message: FeedMessage,
     to_save: &watch::Sender<Option<Arc<FeedState>>>,
 ) -> Result<(), String> {
-    let next = match message {
-        FeedMessage::State(state) => Arc::new(state),
+    let version = match message {
+        FeedMessage::State(state) => {
+            if !gateway.install_state(&state, master_key) {
+                return Err(format!("version {} was refused", state.version));
+            }
+            let version = state.version;
+            *held = Some(Arc::new(state));
+            version
+        }
         FeedMessage::Changes(changes) => {
-            let Some(current) = held.as_mut() else {
-                return Err("the feed sent changes to a node that holds no state".into());
-            };
-            let mut next = FeedState::clone(current);
-            if let Err(e) = next.apply(changes) {
+            let serving = gateway.shared.snapshot.load_full();
+            let held_version = held.as_ref().map(|state| state.version);
+            let Some(serving) =
+                serving.filter(|s| Some(s.version) == held_version && changes.from == s.version)
+            else {
                 // Forget the version so that the next poll asks for the whole state.
                 *held = None;
-                return Err(e.to_string());
+                return Err(format!(
+                    "changes from version {} do not apply to {held_version:?}",
+                    changes.from
+                ));
+            };
+            if !gateway.install_opened(changes.version, changes.open_onto(&serving, master_key)) {
+                *held = None;
+                return Err(format!("version {} was refused", changes.version));
             }
-            Arc::new(next)
+            let Some(current) = held.as_mut() else { return Err("no state held".into()) };
+            // The saver may still be writing the previous state: then (only) it is copied.
+            Arc::make_mut(current).apply(changes).map_err(|e| e.to_string())?;
+            current.version
         }
     };
-    if !gateway.install_state(&next, master_key) {
-        return Err(format!("version {} was refused", next.version));
-    }
-    tracing::debug!(version = next.version, "state installed");
-    to_save.send_replace(Some(Arc::clone(&next)));
-    *held = Some(next);
+    tracing::debug!(version, "state installed");
+    to_save.send_replace(held.clone());
     Ok(())
 }
 
