@@ -70,7 +70,7 @@ impl Control {
                 self.spend_summary(org_id(org)?, query).await
             }
             (["prices"], &Method::GET) => self.list_prices(),
-            (["nodes"], &Method::GET) => self.list_nodes(),
+            (["nodes"], &Method::GET) => self.list_nodes().await,
             (["orgs", org, "caps"], &Method::POST) => self.create_cap(org_id(org)?, parse(&body)?).await,
             (["orgs", org, "caps"], &Method::GET) => self.list_caps(org_id(org)?).await,
             (["caps", cap], &Method::GET) => self.get_cap(cap_id(cap)?).await,

@@ -1,24 +1,19 @@
-//! The feed: what nodes poll for their state (the whole state once, then changes), the endpoints
-//! they deliver receipts to and rebuild spend counters from, and what they last reported of
-//! themselves (`GET /admin/v1/nodes`).
+//! The feed: what nodes poll for their state (the whole state once, then changes).
 //!
 //! A poll is a long poll: it is answered at once when the node is behind, otherwise when the next
 //! version is published or its wait runs out (`204`). Every answer confirms to the node that it
 //! holds the latest state, which is how it measures its snapshot's age.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::VecDeque;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use recovea_core::feed::{FeedChanges, FeedMessage, FeedState, NodeStatus};
-use recovea_core::timestamp::Timestamp;
+use recovea_core::feed::{FeedChanges, FeedMessage, FeedState};
 use tokio::sync::watch;
 
 /// How many versions of changes are kept for nodes a little behind; further behind, the whole state.
 const KEPT_CHANGES: usize = 64;
-/// A node that has not polled for this long is no longer listed.
-const FORGET_NODES_AFTER_MS: i64 = 60 * 60 * 1000;
 /// The longest a poll is held open.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
@@ -33,18 +28,11 @@ struct Published {
 
 pub(crate) struct Feed {
     current: watch::Sender<Option<Arc<Published>>>,
-    nodes: Mutex<BTreeMap<String, NodeReport>>,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct NodeReport {
-    pub(crate) status: NodeStatus,
-    pub(crate) seen_at: Timestamp,
 }
 
 impl Feed {
     pub(crate) fn new() -> Self {
-        Self { current: watch::Sender::new(None), nodes: Mutex::new(BTreeMap::new()) }
+        Self { current: watch::Sender::new(None) }
     }
 
     /// Makes `state` the one nodes are fed; the changes from the previous version are kept.
@@ -69,17 +57,9 @@ impl Feed {
         self.current.borrow().as_ref().map(|p| p.state.version)
     }
 
-    /// Records the node's report, then answers its poll: the body to send, or `None` when nothing
-    /// changed within its wait.
-    pub(crate) async fn poll(&self, status: NodeStatus, now: Timestamp) -> Option<Bytes> {
-        let held = status.version;
-        let wait = Duration::from_millis(status.wait_ms).min(MAX_WAIT);
-        {
-            let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-            // Nodes come and go (autoscaling): one silent for an hour is gone, not stale.
-            nodes.retain(|_, report| now.0.saturating_sub(report.seen_at.0) < FORGET_NODES_AFTER_MS);
-            nodes.insert(status.node_id.clone(), NodeReport { status, seen_at: now });
-        }
+    /// Answers a node holding `held`: the body to send, or `None` when nothing changed within `wait`.
+    pub(crate) async fn poll(&self, held: Option<u64>, wait: Duration) -> Option<Bytes> {
+        let wait = wait.min(MAX_WAIT);
         let mut current = self.current.subscribe();
         let behind = |published: &Option<Arc<Published>>| {
             published.as_ref().is_some_and(|p| held.is_none_or(|v| v != p.state.version))
@@ -92,10 +72,6 @@ impl Feed {
             return None;
         }
         Some(answer(&published, held))
-    }
-
-    pub(crate) fn nodes(&self) -> Vec<NodeReport> {
-        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
     }
 }
 
@@ -134,19 +110,8 @@ mod tests {
         Arc::new(state)
     }
 
-    fn status(version: Option<u64>, wait_ms: u64) -> NodeStatus {
-        NodeStatus {
-            node_id: "node_1".into(),
-            version,
-            snapshot_age_ms: None,
-            counters_confirmed_at_ms: None,
-            fail_open_total: 0,
-            wait_ms,
-        }
-    }
-
     async fn poll(feed: &Feed, version: Option<u64>, wait_ms: u64) -> Option<FeedMessage> {
-        let body = feed.poll(status(version, wait_ms), Timestamp(0)).await?;
+        let body = feed.poll(version, Duration::from_millis(wait_ms)).await?;
         Some(serde_json::from_slice(&body).expect("a feed message"))
     }
 
@@ -166,7 +131,6 @@ mod tests {
         assert_eq!(applied, *state(3, &[2, 3]));
         assert_eq!(poll(&feed, Some(3), 0).await, None, "current: nothing to send");
         assert!(matches!(poll(&feed, Some(99), 0).await, Some(FeedMessage::State(_))), "unknown: whole");
-        assert_eq!(feed.nodes().len(), 1);
     }
 
     #[tokio::test]

@@ -51,6 +51,8 @@ struct Inner {
     publish: Publish,
     feed: feed::Feed,
     metrics: Metrics,
+    /// When each node's report was last stored, and the version it reported then.
+    node_reports: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, Option<u64>)>>,
     /// A state was published at least once: the control plane is ready.
     loaded: std::sync::atomic::AtomicBool,
     /// Set when nodes are served: the feed and receipt ingest then answer those who present it.
@@ -94,6 +96,7 @@ impl Control {
                 feed: feed::Feed::new(),
                 metrics: Metrics::default(),
                 loaded: std::sync::atomic::AtomicBool::new(false),
+                node_reports: std::sync::Mutex::new(std::collections::HashMap::new()),
                 nodes: std::sync::OnceLock::new(),
                 published: tokio::sync::Mutex::new(None),
             }),

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -13,6 +13,7 @@ use recovea_core::keys;
 use recovea_core::receipt::Receipt;
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::CapWindow;
+use recovea_store::NodeRecord;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -20,6 +21,11 @@ use serde_json::{Value, json};
 use crate::admin::{Reply, ReplyBody};
 use crate::rebuild::rebuild_window;
 use crate::{ApiError, Control};
+
+/// A node's report is stored at most this often while its version stays the same.
+const REPORT_EVERY: Duration = Duration::from_secs(1);
+/// A node that has not polled for this long is no longer listed: nodes come and go.
+const FORGET_NODES_AFTER: Duration = Duration::from_secs(60 * 60);
 
 /// The node paths, relative to the root.
 pub(crate) const POLL: &str = "/feed/v1/poll";
@@ -60,7 +66,9 @@ impl Control {
             POLL => {
                 let status: NodeStatus = parse(&body)?;
                 self.inner.metrics.polls.fetch_add(1, Relaxed);
-                Ok(self.inner.feed.poll(status, now()).await.map(raw))
+                self.remember_node(&status);
+                let wait = Duration::from_millis(status.wait_ms);
+                Ok(self.inner.feed.poll(status.version, wait).await.map(raw))
             }
             RECEIPTS => {
                 let batch: ReceiptBatch = parse(&body)?;
@@ -91,25 +99,61 @@ impl Control {
         }
     }
 
-    /// `GET /admin/v1/nodes`: what each node last reported to this control plane.
-    pub(crate) fn list_nodes(&self) -> Result<Reply, ApiError> {
+    /// Records a node's report in the store, where every replica reads it: at once when its
+    /// version changed, else at most every [`REPORT_EVERY`]. The poll does not wait for it.
+    fn remember_node(&self, status: &NodeStatus) {
+        {
+            let mut reported = self.inner.node_reports.lock().unwrap_or_else(|p| p.into_inner());
+            let fresh = reported
+                .get(&status.node_id)
+                .is_some_and(|(at, version)| *version == status.version && at.elapsed() < REPORT_EVERY);
+            if fresh {
+                return;
+            }
+            reported.retain(|_, (at, _)| at.elapsed() < FORGET_NODES_AFTER);
+            reported.insert(status.node_id.clone(), (Instant::now(), status.version));
+        }
+        let record = NodeRecord {
+            id: status.node_id.clone(),
+            feed_version: status.version,
+            snapshot_age_ms: status.snapshot_age_ms,
+            counters_confirmed_at: status.counters_confirmed_at_ms.map(Timestamp),
+            fail_open_total: status.fail_open_total,
+            seen_at: now(),
+        };
+        let store = Arc::clone(&self.inner.store);
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = store.record_node(&record) {
+                tracing::warn!(node_id = %record.id, error = %e, "a node's report could not be stored");
+            }
+        });
+    }
+
+    /// How many nodes reported to this replica within the last hour.
+    pub(crate) fn nodes_reporting(&self) -> usize {
+        let reported = self.inner.node_reports.lock().unwrap_or_else(|p| p.into_inner());
+        reported.values().filter(|(at, _)| at.elapsed() < FORGET_NODES_AFTER).count()
+    }
+
+    /// `GET /admin/v1/nodes`: what each node seen within the last hour last reported, to any replica.
+    pub(crate) async fn list_nodes(&self) -> Result<Reply, ApiError> {
         let now = now();
+        let forget_ms = i64::try_from(FORGET_NODES_AFTER.as_millis()).unwrap_or(i64::MAX);
+        let since = Timestamp(now.0.saturating_sub(forget_ms));
         let nodes: Vec<Value> = self
-            .inner
-            .feed
-            .nodes()
+            .store(move |s| s.nodes(since))
+            .await?
             .into_iter()
-            .map(|report| {
-                let since_seen = u64::try_from(now.0.saturating_sub(report.seen_at.0)).unwrap_or(0);
-                let status = report.status;
+            .map(|node| {
+                let since_seen = u64::try_from(now.0.saturating_sub(node.seen_at.0)).unwrap_or(0);
                 json!({
-                    "id": status.node_id,
-                    "feed_version": status.version,
+                    "id": node.id,
+                    "feed_version": node.feed_version,
                     // The age the node reported, grown by the time since it reported it.
-                    "snapshot_age_seconds": status.snapshot_age_ms.map(|ms| (ms + since_seen) / 1000),
-                    "counters_confirmed_at": status.counters_confirmed_at_ms.map(|ms| Timestamp(ms).to_rfc3339()),
-                    "fail_open_total": status.fail_open_total,
-                    "last_seen_at": report.seen_at.to_rfc3339(),
+                    "snapshot_age_seconds": node.snapshot_age_ms.map(|ms| (ms + since_seen) / 1000),
+                    "counters_confirmed_at": node.counters_confirmed_at.map(Timestamp::to_rfc3339),
+                    "fail_open_total": node.fail_open_total,
+                    "last_seen_at": node.seen_at.to_rfc3339(),
                 })
             })
             .collect();

@@ -165,9 +165,10 @@ impl Control {
         let _ = writeln!(out, "# TYPE recovea_receipts_ingested_total counter");
         let _ =
             writeln!(out, "recovea_receipts_ingested_total {}", self.inner.metrics.receipts.load(Relaxed));
-        let _ = writeln!(out, "# HELP recovea_nodes Nodes that have polled this control plane.");
+        let _ =
+            writeln!(out, "# HELP recovea_nodes Nodes that polled this control plane within the last hour.");
         let _ = writeln!(out, "# TYPE recovea_nodes gauge");
-        let _ = writeln!(out, "recovea_nodes {}", self.inner.feed.nodes().len());
+        let _ = writeln!(out, "recovea_nodes {}", self.nodes_reporting());
         out
     }
 }

@@ -89,6 +89,20 @@ pub struct AlertRecord {
     pub attempts: u32,
 }
 
+/// What a node last reported to a control plane, kept in the store so that every replica lists
+/// every node, whichever replica it polls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRecord {
+    pub id: String,
+    /// The state version the node serves; `None` before it has any.
+    pub feed_version: Option<u64>,
+    /// The age of its state when it reported, in milliseconds.
+    pub snapshot_age_ms: Option<u64>,
+    pub counters_confirmed_at: Option<Timestamp>,
+    pub fail_open_total: u64,
+    pub seen_at: Timestamp,
+}
+
 #[derive(Debug)]
 pub enum StoreError {
     /// The row the change refers to does not exist.
@@ -149,6 +163,11 @@ pub trait ControlStore: Send + Sync + 'static {
 
     /// The state's version alone: cheap enough to poll.
     fn version(&self) -> Result<u64>;
+
+    /// Records a node's report, replacing its previous one. Not part of the state.
+    fn record_node(&self, node: &NodeRecord) -> Result<()>;
+    /// The nodes seen at or after `since`, by id.
+    fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>>;
 }
 
 /// Which receipts to read, oldest first.

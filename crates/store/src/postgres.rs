@@ -30,8 +30,8 @@ use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
 
 use crate::{
-    AlertRecord, CapRecord, ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger, ReceiptQuery,
-    Result, SpendRow, State, StoreError,
+    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, ProviderRecord, ReceiptLedger,
+    ReceiptQuery, Result, SpendRow, State, StoreError,
 };
 use pool::{Manage, Pool};
 
@@ -539,6 +539,48 @@ impl ControlStore for PostgresStore {
 
     fn version(&self) -> Result<u64> {
         count(&self.pool.get()?.query_one("SELECT version FROM state_version", &[]).map_err(backend)?, 0)
+    }
+
+    fn record_node(&self, node: &NodeRecord) -> Result<()> {
+        self.pool
+            .get()?
+            .execute(
+                "INSERT INTO nodes (id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (id) DO UPDATE SET feed_version = EXCLUDED.feed_version,
+                   snapshot_age_ms = EXCLUDED.snapshot_age_ms, counters_confirmed_at = EXCLUDED.counters_confirmed_at,
+                   fail_open_total = EXCLUDED.fail_open_total, seen_at = EXCLUDED.seen_at",
+                &[
+                    &node.id,
+                    &node.feed_version.map(to_i64),
+                    &node.snapshot_age_ms.map(to_i64),
+                    &node.counters_confirmed_at.map(|t| t.0),
+                    &to_i64(node.fail_open_total),
+                    &node.seen_at.0,
+                ],
+            )
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>> {
+        let as_u64 = |n: Option<i64>| n.map(|n| u64::try_from(n).unwrap_or(0));
+        rows(
+            &mut *self.pool.get()?,
+            "SELECT id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at
+             FROM nodes WHERE seen_at >= $1 ORDER BY id",
+            &[&since.0],
+            |row| {
+                Ok(NodeRecord {
+                    id: get(row, 0)?,
+                    feed_version: as_u64(get(row, 1)?),
+                    snapshot_age_ms: as_u64(get(row, 2)?),
+                    counters_confirmed_at: get::<Option<i64>>(row, 3)?.map(Timestamp),
+                    fail_open_total: count(row, 4)?,
+                    seen_at: Timestamp(get(row, 5)?),
+                })
+            },
+        )
     }
 }
 

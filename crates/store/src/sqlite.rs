@@ -17,8 +17,8 @@ use recovea_core::ratelimit::KeyLimits;
 use recovea_core::receipt::Receipt;
 
 use crate::{
-    AlertRecord, CapRecord, ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger, ReceiptQuery,
-    Result, SpendRow, State, StoreError,
+    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, ProviderRecord, ReceiptLedger,
+    ReceiptQuery, Result, SpendRow, State, StoreError,
 };
 
 /// Each entry migrates the schema from its index to the next; `PRAGMA user_version` records how far.
@@ -106,6 +106,16 @@ const MIGRATIONS: &[&str] = &[
     r"
     ALTER TABLE keys ADD COLUMN requests_per_minute INTEGER;
     ALTER TABLE keys ADD COLUMN tokens_per_minute INTEGER;
+",
+    r"
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        feed_version INTEGER,
+        snapshot_age_ms INTEGER,
+        counters_confirmed_at INTEGER,
+        fail_open_total INTEGER NOT NULL,
+        seen_at INTEGER NOT NULL
+    );
 ",
 ];
 
@@ -478,6 +488,52 @@ impl ControlStore for SqliteStore {
         let version: i64 =
             self.conn().query_row("SELECT version FROM state_version", [], |r| r.get(0)).map_err(backend)?;
         Ok(u64::try_from(version).unwrap_or(0))
+    }
+
+    fn record_node(&self, node: &NodeRecord) -> Result<()> {
+        let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.conn()
+            .execute(
+                "INSERT INTO nodes (id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (id) DO UPDATE SET feed_version = excluded.feed_version,
+                   snapshot_age_ms = excluded.snapshot_age_ms, counters_confirmed_at = excluded.counters_confirmed_at,
+                   fail_open_total = excluded.fail_open_total, seen_at = excluded.seen_at",
+                params![
+                    node.id,
+                    node.feed_version.map(as_i64),
+                    node.snapshot_age_ms.map(as_i64),
+                    node.counters_confirmed_at.map(|t| t.0),
+                    as_i64(node.fail_open_total),
+                    node.seen_at.0
+                ],
+            )
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(
+                "SELECT id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at
+                 FROM nodes WHERE seen_at >= ?1 ORDER BY id",
+            )
+            .map_err(backend)?;
+        let as_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
+        stmt.query_map([since.0], |row| {
+            Ok(NodeRecord {
+                id: row.get(0)?,
+                feed_version: row.get::<_, Option<i64>>(1)?.map(as_u64),
+                snapshot_age_ms: row.get::<_, Option<i64>>(2)?.map(as_u64),
+                counters_confirmed_at: row.get::<_, Option<i64>>(3)?.map(Timestamp),
+                fail_open_total: as_u64(row.get(4)?),
+                seen_at: Timestamp(row.get(5)?),
+            })
+        })
+        .map_err(backend)?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(backend)
     }
 
     fn state(&self) -> Result<State> {

@@ -18,8 +18,8 @@ use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
 use recovea_store::{
-    AlertRecord, CapRecord, ControlStore, KeyRecord, OrgRecord, PostgresStore, ProviderRecord, ReceiptLedger,
-    ReceiptQuery, SqliteStore, StoreError,
+    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PostgresStore, ProviderRecord,
+    ReceiptLedger, ReceiptQuery, SqliteStore, StoreError,
 };
 
 /// A fresh, empty database; `open` gives a new store instance on it each time it is called.
@@ -136,7 +136,30 @@ suite!(
     two_stores_on_one_database_see_each_others_changes,
     concurrent_changes_each_bump_the_version,
     concurrent_replays_insert_each_receipt_once,
+    nodes_are_recorded_replaced_and_listed_since_a_time,
 );
+
+fn nodes_are_recorded_replaced_and_listed_since_a_time(db: &impl Backend) {
+    let store = db.open();
+    let version = store.version().expect("version");
+    let node = |id: &str, feed_version: Option<u64>, seen_at: i64| NodeRecord {
+        id: id.into(),
+        feed_version,
+        snapshot_age_ms: feed_version.map(|_| 250),
+        counters_confirmed_at: feed_version.map(|_| Timestamp(seen_at - 1)),
+        fail_open_total: 3,
+        seen_at: Timestamp(seen_at),
+    };
+    store.record_node(&node("node_b", None, 100)).expect("recorded");
+    store.record_node(&node("node_a", Some(7), 100)).expect("recorded");
+    store.record_node(&node("node_b", Some(8), 200)).expect("replaced");
+    assert_eq!(
+        store.nodes(Timestamp(0)).expect("nodes"),
+        vec![node("node_a", Some(7), 100), node("node_b", Some(8), 200)]
+    );
+    assert_eq!(store.nodes(Timestamp(150)).expect("nodes"), vec![node("node_b", Some(8), 200)]);
+    assert_eq!(store.version().expect("version"), version, "nodes are not part of the state");
+}
 
 fn org_id(id: &str) -> OrgId {
     OrgId::parse(id).expect("org id")

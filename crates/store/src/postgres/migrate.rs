@@ -10,7 +10,8 @@ use crate::Result;
 ///
 /// Text columns that are sorted or compared on (ids, names, models) use the `"C"` collation, so that
 /// order is by bytes whatever the database's locale, as in SQLite.
-pub(super) const MIGRATIONS: &[&str] = &[r#"
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
     CREATE TABLE orgs (
         id TEXT COLLATE "C" PRIMARY KEY,
         name TEXT NOT NULL,
@@ -88,7 +89,18 @@ pub(super) const MIGRATIONS: &[&str] = &[r#"
         UNIQUE (cap_id, window_start, threshold_permille)
     );
     CREATE INDEX alerts_by_org ON alerts(org_id, raised_at);
-"#];
+"#,
+    r#"
+    CREATE TABLE nodes (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        feed_version BIGINT,
+        snapshot_age_ms BIGINT,
+        counters_confirmed_at BIGINT,
+        fail_open_total BIGINT NOT NULL,
+        seen_at BIGINT NOT NULL
+    );
+"#,
+];
 
 /// The advisory lock that serializes migrations across every process on the database ("recovea!").
 const MIGRATION_LOCK: i64 = 0x7265_636f_7665_6121;
