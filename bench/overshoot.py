@@ -5,7 +5,7 @@ One `recovea control` (on SQLite) feeds two `recovea node` processes that share 
 (`--redis-url`): two gateway nodes behind a load balancer, each with its own spool and counters. Many clients on each node send requests of a known cost
 until the cap refuses them; the ledger then says how far past the limit the spend went.
 
-Usage: bench/overshoot.py [--clients-per-node 32] [--limit 0.05] [--seconds 20]
+Usage: bench/overshoot.py [--clients-per-node 32] [--limit 0.05] [--seconds 20] [--latency-ms 0]
 Needs the venv of scripts/test-sdk (httpx) and target/{release,debug}/recovea[-mock-provider]
 (RECOVEA_PROFILE=debug picks the debug build even where a release build exists).
 """
@@ -64,6 +64,7 @@ def main() -> None:
     args.add_argument("--clients-per-node", type=int, default=32)
     args.add_argument("--limit", default="0.05")
     args.add_argument("--seconds", type=float, default=20)
+    args.add_argument("--latency-ms", type=int, default=0, help="the provider's time to answer each request")
     opts = args.parse_args()
     limit = Decimal(opts.limit)
 
@@ -74,7 +75,10 @@ def main() -> None:
                                 stdout=subprocess.PIPE)
         procs.append(mock)
         mock_url = read_banner(mock, r"listening on (http://\S+)")["url"]
-        httpx.post(f"{mock_url}/__mock/script", json={"usage": USAGE, "times": 4_000_000}).raise_for_status()
+        behaviour = {"usage": USAGE, "times": 4_000_000}
+        if opts.latency_ms:
+            behaviour["delay_ms"] = opts.latency_ms
+        httpx.post(f"{mock_url}/__mock/script", json=behaviour).raise_for_status()
 
         master_key, node_token = secrets.token_hex(32), secrets.token_hex(16)
         control_proc = subprocess.Popen(
@@ -147,7 +151,8 @@ def main() -> None:
                 time.sleep(0.1)
         spend = Decimal(admin.get(f"/orgs/{org}/spend").json()["spend"][0]["spend_usd"])
         over = spend - limit
-        print(f"limit ${limit}, {opts.clients_per_node} clients on each of 2 nodes, {elapsed:.1f} s")
+        print(f"limit ${limit}, {opts.clients_per_node} clients on each of 2 nodes, provider latency "
+              f"{opts.latency_ms} ms, {elapsed:.1f} s")
         print(f"admitted while racing: {admitted[nodes[0]['url']]} on node a, {admitted[nodes[1]['url']]} on node b "
               f"(+1 warm-up request each); each request ${COST}")
         print(f"ledger spend ${spend}: overshoot ${over} = {over / COST:.1f} requests "

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 use recovea_core::caps::{CapSpend, SpendView};
 use recovea_core::ids::CapId;
@@ -24,6 +25,8 @@ const MAX_WINDOWS: usize = 100_000;
 /// store's keys for it are expiring too).
 const ABANDON_AFTER_END_MS: i64 = 24 * 60 * 60 * 1000;
 const NEVER: i64 = i64::MIN;
+/// The least time between two syncs asked for early (a new window, a cap near its line).
+pub const SOON: Duration = Duration::from_millis(20);
 
 /// One cap's window, as the gateway names it for a request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -55,6 +58,8 @@ pub struct Counters {
     confirmed_at: AtomicI64,
     sync_lock: tokio::sync::Mutex<()>,
     wake: Notify,
+    /// The shortest gap asked for since the loop last woke (`u64::MAX`: none).
+    asked_gap_ms: AtomicU64,
     missing: watch::Sender<Vec<CapWindow>>,
 }
 
@@ -101,6 +106,7 @@ impl Counters {
             confirmed_at: AtomicI64::new(NEVER),
             sync_lock: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
+            asked_gap_ms: AtomicU64::new(u64::MAX),
             missing: watch::Sender::new(Vec::new()),
         })
     }
@@ -141,15 +147,18 @@ impl Counters {
     }
 
     /// Seeds a window's confirmed total (rebuilt from the ledger after a restart or a store flush).
-    /// The view uses it at once; the next sync makes it the store's total unless the store already
-    /// holds a seeded one (the first seed wins, so nodes rebuilding concurrently agree).
+    /// The view uses it at once unless it already knows more (a ledger lags the spools: the seed
+    /// never lowers what was confirmed); the next sync, asked for at once, makes it the store's
+    /// total unless the store already holds a seeded one (the first seed wins, so nodes
+    /// rebuilding concurrently agree) or more.
     pub fn seed(&self, window: &CapWindow, total: Nanos) {
         self.touch(std::slice::from_ref(window), |s| {
-            s.confirmed = total;
-            s.floor = total;
+            s.confirmed = s.confirmed.max(total);
+            s.floor = s.floor.max(total);
             s.seed = Some(total);
             s.missing = false;
         });
+        self.sync_soon();
         self.missing.send_if_modified(|missing| {
             let before = missing.len();
             missing.retain(|w| (&w.cap, w.start) != (&window.cap, window.start));
@@ -226,16 +235,27 @@ impl Counters {
         Ok(SyncOutcome { windows: push.windows.len(), missing })
     }
 
-    /// Resolves when a window was seen for the first time, or a sync was asked for, since the last
-    /// call: the sync loop then syncs at once rather than at its next tick.
-    pub(crate) async fn new_window_seen(&self) {
+    /// Resolves when a sync was asked for since the last call, with the shortest gap asked for
+    /// since: the sync loop then syncs that long after its last sync rather than at its next tick.
+    pub(crate) async fn sync_asked(&self) -> Duration {
         self.wake.notified().await;
+        Duration::from_millis(self.asked_gap_ms.swap(u64::MAX, Ordering::AcqRel))
     }
 
-    /// Asks the sync loop for a sync now rather than at its next tick: a cap near its line wants
-    /// other nodes' spend sooner (the loop still keeps a short gap between syncs).
-    pub fn sync_soon(&self) {
+    /// Asks the sync loop for a sync at most `gap` after its last one. A window seen for the first
+    /// time asks with [`SOON`]; a request on an armed cap asks with a longer gap, and one near the
+    /// line with [`SOON`]: a node spending on an armed cap learns other nodes' spend within about
+    /// that gap, at the price of that many syncs a second while it spends.
+    pub fn sync_within(&self, gap: Duration) {
+        let ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX);
+        self.asked_gap_ms.fetch_min(ms, Ordering::AcqRel);
         self.wake.notify_one();
+    }
+
+    /// [`sync_within`](Self::sync_within) the shortest gap: a cap near its line wants other nodes'
+    /// spend now.
+    pub fn sync_soon(&self) {
+        self.sync_within(SOON);
     }
 
     /// Runs `f` on the state of each window's entry, creating the missing entries.
@@ -272,7 +292,7 @@ impl Counters {
             .collect();
         drop(map);
         if created {
-            self.wake.notify_one();
+            self.sync_soon();
         }
         entries
     }
@@ -372,7 +392,7 @@ impl SpendView for Counters {
                 let mut map = self.write_map();
                 let entry = Arc::clone(map.entry(key).or_insert_with(|| self.new_entry(cap, window_start)));
                 drop(map);
-                self.wake.notify_one();
+                self.sync_soon();
                 entry
             }
         };

@@ -86,7 +86,9 @@ impl Stored {
         if let Some(seed) = p.seed
             && !self.seeded
         {
-            self.total = seed;
+            // Increments pushed before the seed are spend too, and the ledger may not have their
+            // receipts yet: both are lower bounds of the truth, so the larger one stands.
+            self.total = self.total.max(seed);
             self.seeded = true;
         }
         let applied = self.applied.get(writer).copied();

@@ -7,11 +7,8 @@ use std::time::{Duration, SystemTime};
 use recovea_core::timestamp::Timestamp;
 use tokio::time::MissedTickBehavior;
 
-use crate::counters::Counters;
+use crate::counters::{Counters, SOON};
 use crate::shared::SharedCounters;
-
-/// The least time between two syncs asked for early.
-const WOKEN_SYNC_GAP: Duration = Duration::from_millis(20);
 
 /// Runs until `shutdown`: syncs `counters` with `shared` every `interval` (at once when a window is
 /// seen for the first time), then makes one last attempt so that a graceful stop leaves no
@@ -47,10 +44,10 @@ pub async fn sync_loop_with_clock(
             biased;
             () = &mut shutdown => break,
             _ = ticker.tick() => {}
-            () = counters.new_window_seen() => {
-                // Woken early: keep a short gap, so that a busy cap near its line costs the store
-                // at most a few dozen syncs a second per node.
-                tokio::time::sleep_until(last_sync + WOKEN_SYNC_GAP.min(interval)).await;
+            gap = counters.sync_asked() => {
+                // Woken early: keep the gap asked for, so that a busy cap near its line costs the
+                // store at most a few dozen syncs a second per node.
+                tokio::time::sleep_until(last_sync + gap.max(SOON).min(interval)).await;
             }
         }
         last_sync = tokio::time::Instant::now();

@@ -300,7 +300,7 @@ async fn pushes_are_idempotent_by_sequence(backend: Backend) {
     assert_eq!(total(shared.sync("n", &push(6, 0, 10 + big, 0), now).await.expect("big")), Nanos(18 + big));
 }
 
-async fn the_first_seed_wins_and_replaces_what_was_pushed_before(backend: Backend) {
+async fn the_first_seed_wins_and_never_lowers_what_was_pushed_before(backend: Backend) {
     let store = Store::new(backend, StoreOptions::default()).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
@@ -321,9 +321,25 @@ async fn the_first_seed_wins_and_replaces_what_was_pushed_before(backend: Backen
     sync(&a, store.shared.as_ref(), now).await;
     sync(&b, store.shared.as_ref(), now).await;
     sync(&a, store.shared.as_ref(), now).await;
-    assert_eq!(spend(&a, &w).spent, Nanos(101), "a's seed replaced the 5 pushed before; the 1 after counts");
+    assert_eq!(
+        spend(&a, &w).spent,
+        Nanos(101),
+        "a's larger seed replaced the 5 pushed before; the 1 after counts"
+    );
     assert_eq!(spend(&b, &w).spent, Nanos(101), "b's later seed is ignored");
     assert!(a.missing().is_empty() && b.missing().is_empty());
+
+    // A ledger that lags (receipts still in spools) seeds less than the nodes already pushed:
+    // what was pushed stands, since it is spend too.
+    let lagging = CapWindow { cap: CapId::parse("cap_lagging").expect("id"), ..w.clone() };
+    let c = Counters::new("node-c");
+    c.add(std::slice::from_ref(&lagging), Nanos(50));
+    sync(&c, store.shared.as_ref(), now).await;
+    c.seed(&lagging, Nanos(10));
+    c.add(std::slice::from_ref(&lagging), Nanos(2));
+    sync(&c, store.shared.as_ref(), now).await;
+    assert_eq!(spend(&c, &lagging).spent, Nanos(52), "the seed never lowers the total");
+    assert!(c.missing().is_empty());
 }
 
 async fn a_window_only_read_creates_nothing(backend: Backend) {
@@ -354,6 +370,6 @@ suite!(
     keys_expire_after_the_window_ends,
     pending_increments_survive_failed_syncs_and_count_once,
     pushes_are_idempotent_by_sequence,
-    the_first_seed_wins_and_replaces_what_was_pushed_before,
+    the_first_seed_wins_and_never_lowers_what_was_pushed_before,
     a_window_only_read_creates_nothing,
 );

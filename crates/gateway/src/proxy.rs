@@ -407,10 +407,17 @@ fn check_caps(
     if covering.iter().any(|cap| cap.hard_stop && near_the_line(shared.counters.as_ref(), cap, now, cost)) {
         // Other nodes' spend matters most here: learn it sooner than the next tick.
         shared.counters.sync_soon();
+    } else if covering.iter().any(|cap| cap.hard_stop) {
+        // Spending on an armed cap: other nodes may be racing at it too, so their spend must not
+        // be a whole tick old when this node's view reaches the line.
+        shared.counters.sync_within(ARMED_SYNC_GAP);
     }
     let reserved = covering.iter().map(|cap| cap.id.clone()).collect();
     Ok(Some((shared.counters.reserve(windows, cost), reserved)))
 }
+
+/// How stale another node's spend on an armed cap may be while this node spends on it.
+const ARMED_SYNC_GAP: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Whether a cap's spend, with this request, is within a fifth of its limit.
 fn near_the_line(view: &dyn caps::SpendView, cap: &Cap, now: Timestamp, estimate: Nanos) -> bool {

@@ -20,9 +20,24 @@ local function negate(n)
   return '-' .. n
 end
 
+-- Whether the integer a is greater than b, both decimal strings without leading zeros, compared
+-- as strings so that no digit is lost to a double.
+local function greater(a, b)
+  local a_negative, b_negative = string.sub(a, 1, 1) == '-', string.sub(b, 1, 1) == '-'
+  if a_negative ~= b_negative then return b_negative end
+  if a_negative then return greater(string.sub(b, 2), string.sub(a, 2)) end
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+
 if expire_at ~= '' then
   if seed ~= '' and redis.call('HEXISTS', w, 'seeded') == 0 then
-    redis.call('HSET', w, 'total', seed, 'seeded', '1')
+    -- Increments pushed before the seed are spend too, and the ledger may not have their receipts
+    -- yet: both are lower bounds of the truth, so the larger one stands.
+    if greater(seed, redis.call('HGET', w, 'total') or '0') then
+      redis.call('HSET', w, 'total', seed)
+    end
+    redis.call('HSET', w, 'seeded', '1')
   end
   local applied = redis.call('HMGET', w, 'q:' .. writer, 'c:' .. writer)
   if not applied[1] or tonumber(applied[1]) < seq then
