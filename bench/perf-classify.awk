@@ -20,6 +20,7 @@ BEGIN { RS = "" }
   else if (s ~ /ring_core|sha256|Sha256|GFp_sha/) c["SHA-256 (user)"]++
   else if (s ~ /entry_SYSCALL|do_syscall_64|syscall_exit|irqentry_exit/) c["system call entry and exit, other calls"]++
   else if (s ~ /malloc|free|_int_|memmove|memcpy|memset|memcmp|cfree|realloc|unlink_chunk/) c["allocator, memcpy (libc)"]++
+  else if (s ~ /tokio_postgres|postgres_protocol|postgres_types|fallible_iterator/) c["PostgreSQL client: encoding, protocol (user)"]++
   else if (s ~ /hyper|httparse|http::/) c["hyper, httparse, http (user)"]++
   else if (s ~ /tokio/) c["tokio (user)"]++
   else if (s ~ /recovea/) c["other code in the recovea binary (gateway, std, bytes...)"]++

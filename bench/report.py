@@ -79,7 +79,7 @@ p(f"- machine: {machine.get('nproc')} cores ({machine.get('cpu')}), {machine.get
 p(f"- source: commit {machine.get('commit')} ({machine.get('dirty')} modified tracked files), "
   f"{machine.get('rustc')}; wrk {machine.get('wrk')}, nginx {machine.get('nginx')}")
 p(f"- load average before / after: {machine.get('load_before')} / {machine.get('load_after')}")
-loads = [r for r in rows if r["kind"] in ("load", "serial", "ledger", "ttfb", "perf", "profile", "rebuild")]
+loads = [r for r in rows if r["kind"] in ("load", "serial", "ledger", "ttfb", "perf", "profile", "rebuild", "ingest")]
 p(f"- other processes' CPU during the measurements: {busy_note(loads)} "
   "(the benchmark's own processes excluded; above ~0.1 the machine was busy)")
 p("")
@@ -113,52 +113,54 @@ errors = sum(
 )
 requests = sum(r["wrk"]["requests"] for r in rows if "wrk" in r and r["kind"] != "warmup")
 
-p("## Proxying: gateway vs an nginx hop vs the mock directly")
-p("")
-p(f"wrk, {len(rounds)} interleaved round(s); figures are means over rounds, ratios are computed per "
-  "round and given as mean (min–max). *Added* latency is the hop's percentile minus the direct "
-  "call's at the same concurrency. At concurrency 1 latency is the service time; at 32 and 256 all "
-  "processes share 2 cores and latency is mostly queueing (Little's law).")
-p("")
-p(f"Requests measured: {requests}; non-2xx answers and socket errors: {errors}.")
-p("")
 summary = {}
-for mode in modes:
-    p(f"### {'Non-streaming chat' if mode == 'chat' else 'SSE streams'}")
+# Absent when only some sections ran (BENCH_ONLY).
+if concs:
+    p("## Proxying: gateway vs an nginx hop vs the mock directly")
     p("")
-    p("| conc | target | RPS | p50 | p99 | added p50 | added p99 |")
-    p("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-    for conc in concs:
-        for target in ("direct", "nginx", "gateway"):
-            rps = mean([stat(mode, conc, target, rn, "rps") for rn in rounds])
-            p50 = mean([stat(mode, conc, target, rn, "p50_us") for rn in rounds])
-            p99 = mean([stat(mode, conc, target, rn, "p99_us") for rn in rounds])
-            if target == "direct":
-                added = ("–", "–")
-            else:
-                a50 = mean([stat(mode, conc, target, rn, "p50_us") - stat(mode, conc, "direct", rn, "p50_us") for rn in rounds])
-                a99 = mean([stat(mode, conc, target, rn, "p99_us") - stat(mode, conc, "direct", rn, "p99_us") for rn in rounds])
-                added = (fmt_us(a50), fmt_us(a99))
-            p(f"| {conc} | {target} | {rps:,.0f} | {fmt_us(p50)} | {fmt_us(p99)} | {added[0]} | {added[1]} |")
+    p(f"wrk, {len(rounds)} interleaved round(s); figures are means over rounds, ratios are computed per "
+      "round and given as mean (min–max). *Added* latency is the hop's percentile minus the direct "
+      "call's at the same concurrency. At concurrency 1 latency is the service time; at 32 and 256 all "
+      "processes share 2 cores and latency is mostly queueing (Little's law).")
     p("")
-    p("| conc | RPS gateway/nginx | p50 gateway/nginx | p99 gateway/nginx | added p50 gateway/nginx | added p99 gateway/nginx | direct RPS / gateway RPS |")
-    p("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for conc in concs:
-        rr, r50, r99, ra50, ra99, dg = [], [], [], [], [], []
-        for rn in rounds:
-            g = {f: stat(mode, conc, "gateway", rn, f) for f in ("rps", "p50_us", "p99_us")}
-            n = {f: stat(mode, conc, "nginx", rn, f) for f in ("rps", "p50_us", "p99_us")}
-            d = {f: stat(mode, conc, "direct", rn, f) for f in ("rps", "p50_us", "p99_us")}
-            rr.append(g["rps"] / n["rps"])
-            r50.append(g["p50_us"] / n["p50_us"])
-            r99.append(g["p99_us"] / n["p99_us"])
-            na50, na99 = n["p50_us"] - d["p50_us"], n["p99_us"] - d["p99_us"]
-            ra50.append((g["p50_us"] - d["p50_us"]) / na50 if na50 > 0 else float("nan"))
-            ra99.append((g["p99_us"] - d["p99_us"]) / na99 if na99 > 0 else float("nan"))
-            dg.append(d["rps"] / g["rps"])
-        summary[(mode, conc)] = {"rps": rr, "added_p50": ra50, "direct_over_gateway": dg}
-        p(f"| {conc} | {ratio_str(rr)} | {ratio_str(r50)} | {ratio_str(r99)} | {ratio_str(ra50)} | {ratio_str(ra99)} | {ratio_str(dg)} |")
+    p(f"Requests measured: {requests}; non-2xx answers and socket errors: {errors}.")
     p("")
+    for mode in modes:
+        p(f"### {'Non-streaming chat' if mode == 'chat' else 'SSE streams'}")
+        p("")
+        p("| conc | target | RPS | p50 | p99 | added p50 | added p99 |")
+        p("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+        for conc in concs:
+            for target in ("direct", "nginx", "gateway"):
+                rps = mean([stat(mode, conc, target, rn, "rps") for rn in rounds])
+                p50 = mean([stat(mode, conc, target, rn, "p50_us") for rn in rounds])
+                p99 = mean([stat(mode, conc, target, rn, "p99_us") for rn in rounds])
+                if target == "direct":
+                    added = ("–", "–")
+                else:
+                    a50 = mean([stat(mode, conc, target, rn, "p50_us") - stat(mode, conc, "direct", rn, "p50_us") for rn in rounds])
+                    a99 = mean([stat(mode, conc, target, rn, "p99_us") - stat(mode, conc, "direct", rn, "p99_us") for rn in rounds])
+                    added = (fmt_us(a50), fmt_us(a99))
+                p(f"| {conc} | {target} | {rps:,.0f} | {fmt_us(p50)} | {fmt_us(p99)} | {added[0]} | {added[1]} |")
+        p("")
+        p("| conc | RPS gateway/nginx | p50 gateway/nginx | p99 gateway/nginx | added p50 gateway/nginx | added p99 gateway/nginx | direct RPS / gateway RPS |")
+        p("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for conc in concs:
+            rr, r50, r99, ra50, ra99, dg = [], [], [], [], [], []
+            for rn in rounds:
+                g = {f: stat(mode, conc, "gateway", rn, f) for f in ("rps", "p50_us", "p99_us")}
+                n = {f: stat(mode, conc, "nginx", rn, f) for f in ("rps", "p50_us", "p99_us")}
+                d = {f: stat(mode, conc, "direct", rn, f) for f in ("rps", "p50_us", "p99_us")}
+                rr.append(g["rps"] / n["rps"])
+                r50.append(g["p50_us"] / n["p50_us"])
+                r99.append(g["p99_us"] / n["p99_us"])
+                na50, na99 = n["p50_us"] - d["p50_us"], n["p99_us"] - d["p99_us"]
+                ra50.append((g["p50_us"] - d["p50_us"]) / na50 if na50 > 0 else float("nan"))
+                ra99.append((g["p99_us"] - d["p99_us"]) / na99 if na99 > 0 else float("nan"))
+                dg.append(d["rps"] / g["rps"])
+            summary[(mode, conc)] = {"rps": rr, "added_p50": ra50, "direct_over_gateway": dg}
+            p(f"| {conc} | {ratio_str(rr)} | {ratio_str(r50)} | {ratio_str(r99)} | {ratio_str(ra50)} | {ratio_str(ra99)} | {ratio_str(dg)} |")
+        p("")
 
 ttfb = [r for r in rows if r["kind"] == "ttfb"]
 if ttfb:
@@ -246,7 +248,9 @@ if perfstat:
         p("")
 profiles = (("gateway-as-served", "the gateway as served (metering on), chat at concurrency 32"),
             ("gateway-ledger-down", "the request path alone (ledger down), chat at concurrency 32"),
-            ("drain-alerts-off", "serve draining a backlog into SQLite (no load, cap alerts off)"))
+            ("drain-alerts-off", "serve draining a backlog into SQLite (no load, cap alerts off)"),
+            ("ingest-alerts-on", "`recovea control` ingesting receipts into PostgreSQL, cap alerts on"),
+            ("ingest-alerts-off", "`recovea control` ingesting receipts into PostgreSQL, cap alerts off"))
 for name, title in profiles:
     parts = [(OUT / f"perf-{name}-buckets.txt", "by activity (kernel stacks are whole; user stacks end at the sampled function)"),
              (OUT / f"perf-{name}-dso.txt", "by binary"),
@@ -273,8 +277,8 @@ receipts = {r["phase"]: r["samples"] for r in rows if r["kind"] == "receipts"}
 if ledger or main_backlog:
     p("## Metering: receipts into the ledger")
     p("")
-    p("`serve` has no PostgreSQL control plane yet: receipts go to its spool (`DATA_DIR/spool`) and "
-      "from there, in batches of 512, into its SQLite ledger, in the same process. *Down* holds "
+    p("`serve` is the control plane and a node in one process: receipts go to its spool "
+      "(`DATA_DIR/spool`) and from there, in batches of 512, into its SQLite ledger. *Down* holds "
       "SQLite's write lock from another connection (`BEGIN IMMEDIATE`), so every delivery fails and "
       "receipts wait in the spool. These runs use a fresh `serve` (empty ledger).")
     p("")
@@ -325,6 +329,59 @@ if ledger:
         p(f"- At the end: {rows_rec['rows']:,} receipts in the ledger, {rows_rec['delivered']:,} delivered, "
           f"{rows_rec['pending']:,} pending.")
     p("")
+
+ingest = [r for r in rows if r["kind"] == "ingest"]
+ingest_skipped = next((r for r in rows if r["kind"] == "ingest_skipped"), None)
+if ingest or ingest_skipped:
+    p("## Metering: receipts into PostgreSQL through the control plane")
+    p("")
+if ingest_skipped:
+    p(f"Not measured: PostgreSQL could not be reached ({ingest_skipped['reason']}).")
+    p("")
+if ingest:
+    r0 = ingest[0]["r"]
+    p(f"`recovea control` on a PostgreSQL database made for the run; `recovea-bench ingest` posts "
+      f"synthetic receipts to `POST /ingest/v1/receipts` as nodes ship their spools: batches of "
+      f"{r0['batch']} from {r0['concurrency']} concurrent keep-alive senders, as fast as the control "
+      f"plane answers, spread over {r0['orgs']} organizations. Each batch is one multi-row INSERT "
+      f"(one transaction); with cap alerts on, each organization has an armed monthly cap with alert "
+      f"thresholds (never reached), which ingest evaluates after every batch for the batch's "
+      f"organizations (their caps read from the store, each window's spend from its running total "
+      f"or the ledger). *Off* deletes the caps and sends as many receipts again into the same "
+      f"organizations (its ledger starts larger). CPU: time used during the run by the control "
+      f"plane, by PostgreSQL (the backends of the run's database, the WAL writer, checkpointer and "
+      f"background writer) and by the sender, per receipt (from /proc, in 10 ms ticks).")
+    p("")
+    p("| cap alerts | receipts | ledger rows before | time | receipts/s | batch p50 | batch p99 | "
+      "CPU per receipt: control plane | PostgreSQL | sender | other processes' CPU |")
+    p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    missing = []
+    for rec in ingest:
+        r = rec["r"]
+        n = r["receipts"] or 1
+        c = r.get("cpu_seconds", {})
+        fc = foreign_cores(rec["t0"], rec["t1"])
+        cpu_of = lambda name: f"{c[name] * 1e6 / n:.1f} µs" if name in c else "–"
+        p(f"| {rec['alerts']} ({r['caps']} caps) | {r['receipts']:,} | {r.get('rows_before', 0):,} | "
+          f"{r['seconds']:.1f} s | **{r['receipts_per_second']:,.0f}** | {r['p50_ms']:.1f} ms | "
+          f"{r['p99_ms']:.1f} ms | {cpu_of('control')} | {cpu_of('postgres')} | {cpu_of('tool')} | "
+          f"{'unknown' if fc is None else f'{fc:.2f} cores'} |")
+        summary.setdefault("ingest", []).append((rec["alerts"], r["receipts_per_second"]))
+        landed = r["rows_after"] - r["rows_before"] if "rows_after" in r else r["receipts"]
+        if landed != r["receipts"] or r.get("ingested_metric_delta", r["receipts"]) != r["receipts"]:
+            missing.append(f"- **Alerts {rec['alerts']}: {r['receipts']:,} receipts sent, {landed:,} new rows "
+                           f"in the ledger, {r.get('ingested_metric_delta', 0):,} counted as ingested.**")
+    p("")
+    if missing:
+        p("\n".join(missing))
+        p("")
+    last = ingest[-1]["r"]
+    if "table_bytes_after" in last:
+        p(f"At the end the receipts table held {last['rows_after']:,} rows in "
+          f"{last['table_bytes_after'] / 1048576:,.0f} MiB with its indexes "
+          f"({last['table_bytes_after'] / max(last['rows_after'], 1):,.0f} bytes a receipt; "
+          f"{last['body_bytes_per_receipt']:.0f} bytes of JSON each on the wire).")
+        p("")
 
 # ---------------------------------------------------------------------------------------------
 # Memory and scale
@@ -443,6 +500,9 @@ if "rss_1m" in summary:
     row("RSS < 300 MB at 1M keys (serve, after start)", f"{summary['rss_1m'] * 1.048576:.0f} MB", summary["rss_1m"] * 1.048576 < 300)
     row("RSS < 300 MB at 1M keys (serve, after 3 publishes)", f"{summary['rss_1m_after'] * 1.048576:.0f} MB", summary["rss_1m_after"] * 1.048576 < 300)
 for label, rate in summary.get("drains", []):
-    row(f"≥ 20k receipts/s into the ledger ({label})", f"{rate:,.0f}/s", rate >= 20000)
+    row(f"≥ 20k receipts/s into the ledger (serve's SQLite, {label})", f"{rate:,.0f}/s", rate >= 20000)
+for label, rate in summary.get("ingest", []):
+    row(f"≥ 20k receipts/s into PostgreSQL through the control plane (cap alerts {label})", f"{rate:,.0f}/s",
+        rate >= 20000)
 p("")
 print("\n".join(out))

@@ -8,6 +8,13 @@
 //! - `keys --admin U --token T --org O --count N`: creates N keys through the admin API.
 //! - `cpu-watch --root PID`: every 500 ms, prints the CPU time used so far by processes that are
 //!   not descendants of PID, so that `bench/run` can say whether the machine was busy.
+//! - `ingest --control U --node-token T --receipts N ...`: POSTs synthetic receipts in batches to a
+//!   control plane's `/ingest/v1/receipts` from C concurrent senders, as fast as it answers, into
+//!   organizations it creates (or is given), optionally each with armed caps whose alerts ingest
+//!   evaluates; reports receipts/s, batch latency and the CPU time the control plane (`--control-pid`),
+//!   PostgreSQL (for the database of `--database-url`) and itself used meanwhile.
+//! - `pg-create --server URL --db NAME`, `pg-drop --server URL --db NAME`: a fresh PostgreSQL
+//!   database for a run of `recovea control`, and its removal.
 //!
 //! Every subcommand prints one line of JSON (`cpu-watch`: one line per sample) on stdout.
 
@@ -23,7 +30,9 @@ use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::{KeyHash, hash_secret};
 use recovea_core::money::Nanos;
+use recovea_core::receipt::{Receipt, receipt_id};
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, Snapshot, SnapshotBuilder};
+use recovea_core::usage::UsageSource;
 use recovea_core::window::Window;
 use recovea_core::{Credential, CredentialHeader, Decision, Timestamp, admit};
 
@@ -40,6 +49,9 @@ fn main() {
         "load" => runtime().and_then(|rt| rt.block_on(load(&flags))),
         "keys" => runtime().and_then(|rt| rt.block_on(keys(&flags))),
         "cpu-watch" => cpu_watch(&flags),
+        "ingest" => runtime().and_then(|rt| rt.block_on(ingest(&flags))),
+        "pg-create" => pg_database(&flags, true),
+        "pg-drop" => pg_database(&flags, false),
         _ => usage(),
     };
     if let Err(e) = result {
@@ -49,7 +61,7 @@ fn main() {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: recovea-bench snapshot|load|keys|cpu-watch --flag value ...");
+    eprintln!("usage: recovea-bench snapshot|load|keys|cpu-watch|ingest|pg-create|pg-drop --flag value ...");
     std::process::exit(2);
 }
 
@@ -517,4 +529,353 @@ fn cpu_watch(flags: &Flags) -> Result<(), Error> {
         }
         std::thread::sleep(interval);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ingest
+
+/// One request on a fresh connection (the admin calls and /metrics: few and small); the status
+/// and the body.
+async fn call(
+    authority: &http::uri::Authority,
+    method: http::Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<String>,
+) -> Result<(http::StatusCode, Bytes), Error> {
+    let stream = tokio::net::TcpStream::connect(authority.as_str()).await?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake::<_, Full<Bytes>>(hyper_util::rt::TokioIo::new(stream)).await?;
+    let conn = tokio::spawn(conn);
+    let mut req =
+        http::Request::builder().method(method).uri(path).header(http::header::HOST, authority.as_str());
+    if let Some(token) = token {
+        req = req.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    if body.is_some() {
+        req = req.header(http::header::CONTENT_TYPE, "application/json");
+    }
+    let response = sender.send_request(req.body(Full::new(Bytes::from(body.unwrap_or_default())))?).await?;
+    let status = response.status();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    drop(sender);
+    conn.abort();
+    Ok((status, bytes))
+}
+
+/// An admin API call that must succeed; its JSON answer.
+async fn admin_call(
+    authority: &http::uri::Authority,
+    method: http::Method,
+    path: &str,
+    token: &str,
+    body: Option<String>,
+) -> Result<serde_json::Value, Error> {
+    let (status, bytes) = call(authority, method.clone(), path, Some(token), body).await?;
+    if !status.is_success() {
+        return Err(format!("{method} {path}: {status}: {}", String::from_utf8_lossy(&bytes)).into());
+    }
+    Ok(serde_json::from_slice(&bytes)?)
+}
+
+/// `recovea_receipts_ingested_total` on the control plane's /metrics.
+async fn ingested_total(authority: &http::uri::Authority) -> Result<u64, Error> {
+    let (_, bytes) = call(authority, http::Method::GET, "/metrics", None, None).await?;
+    Ok(String::from_utf8_lossy(&bytes)
+        .lines()
+        .find_map(|l| l.strip_prefix("recovea_receipts_ingested_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64))
+}
+
+/// CPU ticks (user + system, with those of reaped children) of a process.
+fn ticks_of(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    // f[0] is field 3: utime..cstime are fields 14..17.
+    Some((14..=17).filter_map(|field| f.get(field - 3)?.parse::<u64>().ok()).sum())
+}
+
+/// CPU ticks (user + system, their own) of the PostgreSQL processes that work for database `db`:
+/// its backends (and autovacuum workers), and the server's WAL writer, checkpointer and background
+/// writer. Backends of other databases on the same server are left out.
+fn postgres_ticks(db: &str) -> HashMap<u32, u64> {
+    let mut out = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for pid in dir.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()) {
+        if !std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == "postgres") {
+            continue;
+        }
+        // The title a backend sets: "postgres: 15/main: USER DB HOST(PORT) STATE".
+        let title = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let title = String::from_utf8_lossy(&title).replace('\0', " ");
+        let ours = title.split_whitespace().any(|w| w == db)
+            || ["checkpointer", "background writer", "walwriter"].iter().any(|aux| title.contains(aux));
+        let own = || -> Option<u64> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let f: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        };
+        if let (true, Some(ticks)) = (ours, own()) {
+            out.insert(pid, ticks);
+        }
+    }
+    out
+}
+
+/// (rows, bytes with indexes) of the receipts table, from a plain thread (the sync client may not
+/// run inside the async runtime).
+fn receipts_table(url: &str) -> Result<(i64, i64), Error> {
+    let url = url.to_owned();
+    std::thread::spawn(move || -> Result<(i64, i64), Error> {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
+        let row =
+            client.query_one("SELECT count(*), pg_total_relation_size('receipts') FROM receipts", &[])?;
+        Ok((row.get(0), row.get(1)))
+    })
+    .join()
+    .map_err(|_| "the PostgreSQL thread panicked")?
+}
+
+/// A receipt as a node's spool would ship it: a priced, non-streaming chat request.
+fn synthetic_receipt(run: &str, i: usize, org: &str, org_index: usize, now_ms: i64) -> Receipt {
+    let request_id = format!("req_bench{run}{i:010}");
+    Receipt {
+        id: receipt_id(&request_id),
+        request_id,
+        org_id: org.to_owned(),
+        key_id: format!("key_bench{org_index:06}"),
+        provider: "openai".into(),
+        model: Some("gpt-4o-mini".into()),
+        endpoint: "/v1/chat/completions".into(),
+        status: 200,
+        stream: false,
+        input_tokens: 900 + (i % 200) as u64,
+        output_tokens: 150 + (i % 100) as u64,
+        cached_input_tokens: 0,
+        cache_write_input_tokens: 0,
+        reasoning_tokens: 0,
+        // About 0.0002 USD each: far below the caps' limit, so that no alert is raised and every
+        // batch pays for the evaluation alone.
+        cost_usd: Nanos(200_000 + (i % 1000) as i64),
+        usage_source: UsageSource::Provider,
+        priced: true,
+        price_revision: 1,
+        started_at: Timestamp(now_ms - 900 - (i % 500) as i64),
+        finished_at: Timestamp(now_ms - (i % 500) as i64),
+        node_id: "node_bench".into(),
+    }
+}
+
+async fn ingest(flags: &Flags) -> Result<(), Error> {
+    let control: http::Uri = flags.str("control")?.parse()?;
+    let authority = control.authority().ok_or("--control needs host:port")?.clone();
+    let node_token = flags.str("node-token")?.to_owned();
+    let total: usize = flags.num("receipts", 100_000)?;
+    let batch: usize = flags.num("batch", 512)?.max(1);
+    let concurrency: usize = flags.num("concurrency", 4)?.max(1);
+    let caps_per_org: usize = flags.num("caps-per-org", 0)?;
+    let database_url = flags.opt("database-url");
+
+    // The organizations: given (`--org-ids a,b`), or created through the admin API, each with
+    // `--caps-per-org` armed caps whose alert thresholds ingest evaluates after every batch.
+    let admin_token = flags.opt("admin-token");
+    let admin = |path: String| format!("/admin/v1{path}");
+    let orgs: Vec<String> = match flags.opt("org-ids") {
+        Some(list) => list.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect(),
+        None => {
+            let token = admin_token.ok_or("--admin-token is required to create organizations")?;
+            let count: usize = flags.num("orgs", 10)?.max(1);
+            let mut orgs = Vec::with_capacity(count);
+            for j in 0..count {
+                let body = serde_json::json!({ "name": format!("bench-ingest-{j}") }).to_string();
+                let org =
+                    admin_call(&authority, http::Method::POST, &admin("/orgs".into()), token, Some(body))
+                        .await?;
+                orgs.push(org["id"].as_str().ok_or("POST /orgs: no id")?.to_owned());
+            }
+            orgs
+        }
+    };
+    if orgs.is_empty() {
+        return Err("no organization".into());
+    }
+    let mut caps = Vec::new();
+    if caps_per_org > 0 {
+        let token = admin_token.ok_or("--admin-token is required to create caps")?;
+        let body = r#"{"scope":"organization","window":"month","limit_usd":"1000000.00","hard_stop":false,"alert_at":[0.5,0.8,1.0]}"#;
+        for org in &orgs {
+            for _ in 0..caps_per_org {
+                let cap = admin_call(
+                    &authority,
+                    http::Method::POST,
+                    &admin(format!("/orgs/{org}/caps")),
+                    token,
+                    Some(body.to_owned()),
+                )
+                .await?;
+                caps.push(cap["id"].as_str().ok_or("POST /caps: no id")?.to_owned());
+            }
+        }
+    }
+
+    // Every batch is made before the clock starts: what is timed is the control plane.
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?;
+    let now_ms = i64::try_from(now.as_millis())?;
+    // Ids unique across runs (a receipt id already in the ledger would be skipped, not inserted).
+    let run = format!("{:x}", now.as_nanos() % (1 << 48));
+    let t = Instant::now();
+    let bodies: Vec<(usize, Bytes)> = (0..total)
+        .step_by(batch)
+        .map(|first| {
+            let receipts: Vec<Receipt> = (first..(first + batch).min(total))
+                .map(|i| synthetic_receipt(&run, i, &orgs[i % orgs.len()], i % orgs.len(), now_ms))
+                .collect();
+            let body = serde_json::to_vec(&serde_json::json!({ "receipts": receipts }))?;
+            Ok((receipts.len(), Bytes::from(body)))
+        })
+        .collect::<Result<_, Error>>()?;
+    let prepare_secs = t.elapsed().as_secs_f64();
+    let body_bytes: usize = bodies.iter().map(|(_, b)| b.len()).sum();
+
+    let rows_before = database_url.map(receipts_table).transpose()?;
+    let ingested_before = ingested_total(&authority).await?;
+    let control_pid: Option<u32> = flags.opt("control-pid").map(str::parse).transpose()?;
+    let db = database_url
+        .map(|url| url.parse::<postgres::Config>())
+        .transpose()?
+        .and_then(|config| config.get_dbname().map(str::to_owned));
+    let cpu = || {
+        (
+            control_pid.and_then(ticks_of).unwrap_or(0),
+            db.as_deref().map(postgres_ticks).unwrap_or_default(),
+            ticks_of(std::process::id()).unwrap_or(0),
+        )
+    };
+    let cpu_before = cpu();
+
+    let bodies = Arc::new(bodies);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        let (authority, node_token, bodies, next) =
+            (authority.clone(), node_token.clone(), Arc::clone(&bodies), Arc::clone(&next));
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(authority.as_str()).await?;
+            stream.set_nodelay(true)?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake::<_, Full<Bytes>>(hyper_util::rt::TokioIo::new(stream))
+                    .await?;
+            let conn = tokio::spawn(conn);
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((count, body)) = bodies.get(i) else { break };
+                let req = http::Request::post("/ingest/v1/receipts")
+                    .header(http::header::HOST, authority.as_str())
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .header(http::header::AUTHORIZATION, format!("Bearer {node_token}"))
+                    .body(Full::new(body.clone()))?;
+                sender.ready().await?;
+                let t0 = Instant::now();
+                let response = sender.send_request(req).await?;
+                let status = response.status();
+                let answer = response.into_body().collect().await?.to_bytes();
+                latencies.push(u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX));
+                let accepted = serde_json::from_slice::<serde_json::Value>(&answer)
+                    .ok()
+                    .and_then(|v| v["accepted"].as_u64());
+                if status != http::StatusCode::OK || accepted != Some(*count as u64) {
+                    return Err::<Vec<u32>, Error>(
+                        format!("batch {i}: {status}: {}", String::from_utf8_lossy(&answer)).into(),
+                    );
+                }
+            }
+            drop(sender);
+            conn.abort();
+            Ok(latencies)
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await??);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cpu_after = cpu();
+    let ingested_after = ingested_total(&authority).await?;
+    let rows_after = database_url.map(receipts_table).transpose()?;
+
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((p / 100.0) * latencies.len() as f64).ceil() as usize;
+        f64::from(latencies[i.clamp(1, latencies.len()) - 1]) / 1000.0
+    };
+    // Linux counts CPU time in USER_HZ ticks, 100 a second.
+    let cpu_secs = |after: u64, before: u64| after.saturating_sub(before) as f64 / 100.0;
+    let round = |v: f64, digits: i32| (v * 10f64.powi(digits)).round() / 10f64.powi(digits);
+    let mut out = serde_json::json!({
+        "receipts": total,
+        "batch": batch,
+        "concurrency": concurrency,
+        "orgs": orgs.len(),
+        "caps": caps.len(),
+        "seconds": round(secs, 3),
+        "receipts_per_second": round(total as f64 / secs, 1),
+        "batches": latencies.len(),
+        "p50_ms": round(pct(50.0), 2),
+        "p99_ms": round(pct(99.0), 2),
+        "max_ms": round(pct(100.0), 2),
+        "body_bytes_per_receipt": round(body_bytes as f64 / total.max(1) as f64, 0),
+        "prepare_seconds": round(prepare_secs, 2),
+        "ingested_metric_delta": ingested_after.saturating_sub(ingested_before),
+        "cpu_seconds": {
+            "tool": cpu_secs(cpu_after.2, cpu_before.2),
+        },
+        "org_ids": orgs,
+        "cap_ids": caps,
+    });
+    if control_pid.is_some() {
+        out["cpu_seconds"]["control"] = cpu_secs(cpu_after.0, cpu_before.0).into();
+    }
+    if db.is_some() {
+        // A process started during the run counts whole; one that ended during it is lost.
+        let postgres: u64 =
+            cpu_after.1.iter().map(|(pid, t)| t - cpu_before.1.get(pid).copied().unwrap_or(0).min(*t)).sum();
+        out["cpu_seconds"]["postgres"] = cpu_secs(postgres, 0).into();
+    }
+    if let (Some((before, _)), Some((after, bytes))) = (rows_before, rows_after) {
+        out["rows_before"] = before.into();
+        out["rows_after"] = after.into();
+        out["table_bytes_after"] = bytes.into();
+    }
+    println!("{out}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// pg-create, pg-drop
+
+/// Creates (or drops) database `--db` on the PostgreSQL server `--server` (default: the local one,
+/// user postgres, trust authentication).
+fn pg_database(flags: &Flags, create: bool) -> Result<(), Error> {
+    let server = flags.opt("server").unwrap_or("postgres://postgres@127.0.0.1:5432");
+    let db = flags.str("db")?;
+    if db.is_empty() || !db.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+        return Err(format!("--db {db:?}: expected [a-z0-9_]+").into());
+    }
+    let mut client = postgres::Client::connect(server, postgres::NoTls)?;
+    if create {
+        client.batch_execute(&format!("CREATE DATABASE {db}"))?;
+        println!("{{\"created\":\"{db}\"}}");
+    } else {
+        client.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))?;
+        println!("{{\"dropped\":\"{db}\"}}");
+    }
+    Ok(())
 }
