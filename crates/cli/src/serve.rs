@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use recovea_control::Control;
 use recovea_control::alerts::Alerts;
 use recovea_control::ingest::LedgerSink;
 use recovea_control::rebuild::{LedgerSpend, rebuild_window};
+use recovea_control::{Control, Publication};
 use recovea_core::crypto::MasterKey;
 use recovea_counters::{CapWindow, Counters, rebuild_missing, sync_loop};
 use recovea_gateway::Gateway;
@@ -50,8 +50,11 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
         ledger.clone(),
         master_key,
         &admin_token,
-        Arc::new(move |state| {
-            publish_to.install_state(&state, &opener);
+        Arc::new(move |publication| match publication {
+            Publication::State(state) => {
+                publish_to.install_state(&state, &opener);
+            }
+            Publication::Current => publish_to.snapshot_current(),
         }),
     );
     control.reconcile_with(counters.clone());

@@ -546,3 +546,26 @@ async fn key_rate_limits_are_set_changed_and_enforced() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_age_of_serve_stays_near_zero_without_changes() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("snapshot-age");
+    let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
+    // The state is in the same process and checked every 250 ms: with no change for two seconds,
+    // its age must still read as fresh, not as the time since the last change.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(2) {
+        let answer = harness::call(Method::GET, &format!("{}/metrics", serve.gateway), &[], None).await;
+        let text = String::from_utf8_lossy(&answer.body).into_owned();
+        let age: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("recovea_snapshot_age_seconds "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no snapshot age: {text}"));
+        assert!(age < 1.0, "age {age} s with the control plane in the process");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}

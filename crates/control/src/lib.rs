@@ -28,9 +28,15 @@ pub use error::ApiError;
 pub use server::serve;
 pub use snapshot::feed_state;
 
-/// Receives every new state besides the feed; in `recovea serve` it installs it straight into the
-/// gateway in the same process.
-pub type Publish = Arc<dyn Fn(Arc<FeedState>) + Send + Sync>;
+/// Receives every new state besides the feed, and word that the published one is still current; in
+/// `recovea serve` it installs the state straight into the gateway in the same process.
+pub type Publish = Arc<dyn Fn(Publication) + Send + Sync>;
+
+pub enum Publication {
+    State(Arc<FeedState>),
+    /// The store was read and holds nothing newer than the state last published.
+    Current,
+}
 
 #[derive(Clone)]
 pub struct Control {
@@ -134,7 +140,7 @@ impl Control {
         if self.inner.nodes.get().is_some() {
             self.inner.feed.publish(Arc::clone(&feed));
         }
-        (self.inner.publish)(feed);
+        (self.inner.publish)(Publication::State(feed));
         self.inner.loaded.store(true, std::sync::atomic::Ordering::Release);
         *published = Some(state.version);
         Ok(())
@@ -169,10 +175,12 @@ impl Control {
                 }
             };
             let published = *self.inner.published.lock().await;
-            if published.is_none_or(|version| current > version)
-                && let Err(e) = self.publish_latest().await
-            {
-                tracing::warn!(error = ?e, "publishing the latest state failed; retrying");
+            if published.is_none_or(|version| current > version) {
+                if let Err(e) = self.publish_latest().await {
+                    tracing::warn!(error = ?e, "publishing the latest state failed; retrying");
+                }
+            } else {
+                (self.inner.publish)(Publication::Current);
             }
         }
     }

@@ -190,6 +190,11 @@ impl Gateway {
         self.shared.metrics.snapshot_installed();
     }
 
+    /// The state served was just confirmed as the latest (its age starts again from zero).
+    pub fn snapshot_current(&self) {
+        self.shared.metrics.snapshot_installed();
+    }
+
     /// Whether the node has state to decide from.
     pub fn is_ready(&self) -> bool {
         self.shared.snapshot.load().is_some()

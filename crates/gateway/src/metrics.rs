@@ -209,7 +209,7 @@ impl Metrics {
         if installed > 0 {
             let age = unix_ms().saturating_sub(installed) as f64 / 1000.0;
             out.push_str(
-                "# HELP recovea_snapshot_age_seconds Time since the serving snapshot was installed.\n",
+                "# HELP recovea_snapshot_age_seconds Time since the serving state was last confirmed as the latest.\n",
             );
             out.push_str("# TYPE recovea_snapshot_age_seconds gauge\n");
             let _ = writeln!(out, "recovea_snapshot_age_seconds {age:.3}");
