@@ -44,6 +44,9 @@ pub struct SyncOutcome {
     /// Windows the store holds no ledger-rebuilt total for (new, flushed or evicted): rebuild each
     /// from the ledger and [`Counters::seed`] it.
     pub missing: Vec<CapWindow>,
+    /// Other nodes spent or hold reservations on one of these windows since the last sync: they
+    /// are racing at it too, so the next sync should not wait a whole tick.
+    pub others_active: bool,
 }
 
 /// A node's view of spend: implements [`SpendView`]; cheap, lock-light, never does I/O itself.
@@ -197,6 +200,7 @@ impl Counters {
             return Err(CounterError::Protocol("one read per pushed window expected".to_owned()));
         }
         let mut missing = Vec::new();
+        let mut others_active = false;
         for ((entry, pushed), read) in entries.iter().zip(&push.windows).zip(&read.windows) {
             let mut s = entry.state();
             let newly_acked = if pushed.end.is_some() {
@@ -210,6 +214,9 @@ impl Counters {
                 s.seed = None;
             }
             s.others_reserved = read.others_reserved;
+            let others_spent = read.seeded
+                && i128::from(read.total.0) > i128::from(s.confirmed.0) + i128::from(newly_acked.0);
+            others_active |= read.others_reserved > Nanos::ZERO || others_spent;
             if read.seeded {
                 s.confirmed = read.total;
                 s.floor = read.total;
@@ -232,7 +239,7 @@ impl Counters {
             }
             changed
         });
-        Ok(SyncOutcome { windows: push.windows.len(), missing })
+        Ok(SyncOutcome { windows: push.windows.len(), missing, others_active })
     }
 
     /// Resolves when a sync was asked for since the last call, with the shortest gap asked for
@@ -567,6 +574,29 @@ mod tests {
         a.sync_with(&store, at(2)).await.expect("sync a");
         b.sync_with(&store, at(2)).await.expect("sync b");
         assert_eq!((spend(&b, &w).spent, spend(&b, &w).reserved), (Nanos(3), Nanos::ZERO));
+    }
+
+    #[tokio::test]
+    async fn a_sync_says_when_other_nodes_spend_on_a_window_held_here() {
+        let store = InProcess::default();
+        let (a, b) = (Counters::new("a"), Counters::new("b"));
+        let w = window("x");
+        a.seed(&w, Nanos(0));
+        a.sync_with(&store, NOW).await.expect("sync a");
+        b.track(std::slice::from_ref(&w));
+        assert!(!b.sync_with(&store, NOW).await.expect("sync b").others_active, "nothing spent yet");
+        b.add(std::slice::from_ref(&w), Nanos(3));
+        assert!(!b.sync_with(&store, at(1)).await.expect("sync b").others_active, "b's own spend only");
+        a.add(std::slice::from_ref(&w), Nanos(5));
+        a.sync_with(&store, at(2)).await.expect("sync a");
+        assert!(b.sync_with(&store, at(3)).await.expect("sync b").others_active, "a spent");
+        let held = a.reserve(vec![w.clone()], Nanos(7));
+        a.sync_with(&store, at(4)).await.expect("sync a");
+        assert!(b.sync_with(&store, at(5)).await.expect("sync b").others_active, "a holds a reservation");
+        held.settle(Nanos::ZERO);
+        a.sync_with(&store, at(6)).await.expect("sync a");
+        b.sync_with(&store, at(7)).await.expect("sync b");
+        assert!(!b.sync_with(&store, at(8)).await.expect("sync b").others_active, "quiet again");
     }
 
     #[tokio::test]

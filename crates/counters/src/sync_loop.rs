@@ -8,6 +8,9 @@ use recovea_core::timestamp::Timestamp;
 use tokio::time::MissedTickBehavior;
 
 use crate::counters::{Counters, SOON};
+
+/// How stale other nodes' spend may be while they spend on a window this node holds.
+const WHILE_OTHERS_SPEND: Duration = Duration::from_millis(100);
 use crate::shared::SharedCounters;
 
 /// Runs until `shutdown`: syncs `counters` with `shared` every `interval` (at once when a window is
@@ -54,6 +57,12 @@ pub async fn sync_loop_with_clock(
         let result = counters.sync_with(shared.as_ref(), clock()).await;
         match result {
             Ok(outcome) => {
+                if outcome.others_active {
+                    // Other nodes are spending on a window this node holds: follow them closely
+                    // even while this node is idle, so that its next burst of requests is not
+                    // decided on a view a whole tick old.
+                    counters.sync_within(WHILE_OTHERS_SPEND);
+                }
                 if std::mem::replace(&mut failing, false) {
                     tracing::info!(windows = outcome.windows, "spend counters confirmed again");
                 }
