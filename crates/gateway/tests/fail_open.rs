@@ -20,7 +20,7 @@ use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::money::Nanos;
-use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
+use recovea_core::receipt::ReceiptSink;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
 use recovea_counters::Counters;
@@ -30,47 +30,18 @@ use recovea_testkit::{Behaviour, MockProvider};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+#[path = "support/common.rs"]
+mod common;
+
+use common::{MemorySink, TempDir};
+
 /// A key of org_capped, whose armed cap can never be confirmed here: admitted, it is refused 503.
+
 const KEY: &str = "rk_live0000000000000000000000000000000000000001";
 /// A key of org_open, which has no cap: its one admitted request proves where receipts go.
 const SENTINEL_KEY: &str = "rk_sentinel000000000000000000000000000000000002";
 const MANAGED: &str = "sk-managed-openai-0123456789";
 const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello"}]}"#;
-
-/// Receipts as the ledger would get them.
-#[derive(Default)]
-struct MemorySink(std::sync::Mutex<Vec<Receipt>>);
-
-impl ReceiptSink for MemorySink {
-    fn deliver<'a>(
-        &'a self,
-        batch: &'a [Receipt],
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + 'a>> {
-        self.0.lock().expect("lock").extend_from_slice(batch);
-        Box::pin(async { Ok(()) })
-    }
-}
-
-/// A directory removed when the test ends.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "recovea-fail-open-test-{}-{}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A node with no snapshot yet, in front of the mock, alarming to `webhook`.
 struct Node {

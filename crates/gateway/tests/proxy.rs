@@ -15,7 +15,7 @@ use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::money::Nanos;
 use recovea_core::ratelimit::KeyLimits;
-use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
+use recovea_core::receipt::{Receipt, ReceiptSink};
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::usage::UsageSource;
 use recovea_core::window::Window;
@@ -25,6 +25,11 @@ use recovea_gateway::spool::Spool;
 use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider};
 use tokio::net::TcpListener;
+
+#[path = "support/common.rs"]
+mod common;
+
+use common::{MemorySink, TempDir};
 
 const KEY: &str = "rk_live0000000000000000000000000000000000000001";
 const BYO_KEY: &str = "rk_byo00000000000000000000000000000000000000002";
@@ -45,41 +50,6 @@ struct Harness {
     counters: Arc<Counters>,
     _spool_dir: TempDir,
     _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-/// Receipts as the ledger would get them.
-#[derive(Default)]
-struct MemorySink(std::sync::Mutex<Vec<Receipt>>);
-
-impl ReceiptSink for MemorySink {
-    fn deliver<'a>(
-        &'a self,
-        batch: &'a [Receipt],
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + 'a>> {
-        self.0.lock().expect("lock").extend_from_slice(batch);
-        Box::pin(async { Ok(()) })
-    }
-}
-
-/// A directory removed when the test ends.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "recovea-gateway-test-{}-{}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn config(openai: &str, anthropic: &str, max_body: u64, timeout: Duration) -> GatewayConfig {

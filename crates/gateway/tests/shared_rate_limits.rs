@@ -24,6 +24,11 @@ use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
 use recovea_testkit::MockProvider;
 use tokio::net::TcpListener;
 
+#[path = "support/common.rs"]
+mod common;
+
+use common::TempDir;
+
 const LIMITED_KEY: &str = "rk_limited00000000000000000000000000000000000006";
 const PER_MINUTE: u32 = 10;
 const SYNC_EVERY: Duration = Duration::from_millis(20);
@@ -31,27 +36,6 @@ const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content
 
 fn redis_url() -> String {
     std::env::var("RECOVEA_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
-}
-
-/// A directory removed when the test ends.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "recovea-gateway-shared-rate-{}-{}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// One gateway node, serving on its own port, its rate limits shared through `share`.
