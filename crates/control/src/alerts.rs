@@ -362,8 +362,13 @@ mod tests {
         (url, rx)
     }
 
-    #[tokio::test]
-    async fn alerts_left_undelivered_by_a_restart_are_delivered_at_the_next_start() {
+    /// A SQLite store in a directory of its own, holding org_a and its cap_a over `window` with
+    /// alerts at `alert_at` (thousandths) posted to `webhook`.
+    fn store_with_cap(
+        window: Window,
+        alert_at: Vec<u32>,
+        webhook: Option<String>,
+    ) -> (std::path::PathBuf, Arc<SqliteStore>, OrgId) {
         let dir = std::env::temp_dir().join(format!("recovea-alerts-{}", fastrand::u64(..)));
         std::fs::create_dir_all(&dir).expect("dir");
         let store = Arc::new(SqliteStore::open(&dir.join("db")).expect("store"));
@@ -371,19 +376,25 @@ mod tests {
         store
             .create_org(&OrgRecord { id: org.clone(), name: "a".into(), created_at: Timestamp(0) })
             .expect("org");
-        let (url, mut posts) = receiver().await;
         let cap = Cap {
             id: CapId::parse("cap_a").expect("id"),
             org_id: org.clone(),
             scope: Scope::Organization,
             key_id: None,
-            window: Window::Month,
+            window,
             limit: Nanos::parse_usd("1.00").expect("usd"),
             hard_stop: false,
-            alert_at_permille: vec![500, 800],
-            alert_webhook: Some(url),
+            alert_at_permille: alert_at,
+            alert_webhook: webhook,
         };
         store.create_cap(&CapRecord { cap, created_at: Timestamp(0) }).expect("cap");
+        (dir, store, org)
+    }
+
+    #[tokio::test]
+    async fn alerts_left_undelivered_by_a_restart_are_delivered_at_the_next_start() {
+        let (url, mut posts) = receiver().await;
+        let (dir, store, org) = store_with_cap(Window::Month, vec![500, 800], Some(url));
         let alert = |id: &str, threshold: u32| AlertRecord {
             id: id.into(),
             cap_id: CapId::parse("cap_a").expect("id"),
@@ -425,25 +436,7 @@ mod tests {
 
     #[tokio::test]
     async fn batches_raise_alerts_in_their_receipts_windows_once_each() {
-        let dir = std::env::temp_dir().join(format!("recovea-alerts-{}", fastrand::u64(..)));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let store = Arc::new(SqliteStore::open(&dir.join("db")).expect("store"));
-        let org = OrgId::parse("org_a").expect("id");
-        store
-            .create_org(&OrgRecord { id: org.clone(), name: "a".into(), created_at: Timestamp(0) })
-            .expect("org");
-        let cap = Cap {
-            id: CapId::parse("cap_a").expect("id"),
-            org_id: org.clone(),
-            scope: Scope::Organization,
-            key_id: None,
-            window: Window::Day,
-            limit: Nanos::parse_usd("1.00").expect("usd"),
-            hard_stop: false,
-            alert_at_permille: vec![500],
-            alert_webhook: None,
-        };
-        store.create_cap(&CapRecord { cap, created_at: Timestamp(0) }).expect("cap");
+        let (dir, store, org) = store_with_cap(Window::Day, vec![500], None);
         let alerts = Alerts::start(store.clone(), store.clone(), "secret");
         let sink = LedgerSink::new(store.clone(), Some(alerts));
         let today = Timestamp(Timestamp::from_system_time(SystemTime::now()).0 / DAY_MS * DAY_MS);
