@@ -9,9 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use recovea_core::ids::KeyId;
+#[path = "support/test_redis.rs"]
+mod test_redis;
 use recovea_counters::{
     CounterError, InProcessRateShare, RATE_KEY_TTL, RateShare, RateTotals, RateUsage, RedisRateShare,
 };
+use test_redis::TestRedis;
 
 #[derive(Debug, Clone, Copy)]
 enum Backend {
@@ -23,11 +26,7 @@ enum Backend {
 struct Store {
     share: Arc<dyn RateShare>,
     in_process: Option<Arc<InProcessRateShare>>,
-    redis: Option<(Arc<RedisRateShare>, redis::Client, String)>,
-}
-
-fn redis_url() -> String {
-    std::env::var("RECOVEA_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+    redis: Option<(Arc<RedisRateShare>, TestRedis)>,
 }
 
 impl Store {
@@ -38,19 +37,12 @@ impl Store {
                 Self { share: Arc::clone(&store) as Arc<dyn RateShare>, in_process: Some(store), redis: None }
             }
             Backend::Redis => {
-                let url = redis_url();
-                let client = redis::Client::open(url.as_str()).expect("redis url");
-                let mut connection = client.get_multiplexed_async_connection().await.unwrap_or_else(|e| {
-                    panic!("these tests need Redis at {url} (redis-server --save '' --appendonly no): {e}")
-                });
-                redis::cmd("PING").query_async::<()>(&mut connection).await.expect("Redis answers PING");
-                let suffix: String = std::iter::repeat_with(fastrand::alphanumeric).take(16).collect();
-                let prefix = format!("recovea-test:{suffix}");
-                let store = Arc::new(RedisRateShare::new(&url, &prefix).expect("share"));
+                let redis = TestRedis::connect().await;
+                let store = Arc::new(RedisRateShare::new(&redis.url, &redis.prefix).expect("share"));
                 Self {
                     share: Arc::clone(&store) as Arc<dyn RateShare>,
                     in_process: None,
-                    redis: Some((store, client, prefix)),
+                    redis: Some((store, redis)),
                 }
             }
         }
@@ -61,28 +53,8 @@ impl Store {
         if let Some(store) = &self.in_process {
             store.clear();
         }
-        if let Some((_, client, prefix)) = &self.redis {
-            let mut connection = client.get_multiplexed_async_connection().await.expect("connect");
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg(format!("{prefix}:*"))
-                .query_async(&mut connection)
-                .await
-                .expect("KEYS");
-            if !keys.is_empty() {
-                redis::cmd("DEL").arg(keys).query_async::<i64>(&mut connection).await.expect("DEL");
-            }
-        }
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        let Some((_, client, prefix)) = &self.redis else { return };
-        let Ok(mut connection) = client.get_connection() else { return };
-        let keys: Vec<String> =
-            redis::cmd("KEYS").arg(format!("{prefix}:*")).query(&mut connection).unwrap_or_default();
-        if !keys.is_empty() {
-            let _ = redis::cmd("DEL").arg(keys).query::<i64>(&mut connection);
+        if let Some((_, redis)) = &self.redis {
+            redis.clear();
         }
     }
 }
@@ -139,8 +111,8 @@ async fn two_nodes_see_each_others_consumption_and_not_their_own(backend: Backen
     let unused = key("key_unused");
     let seen = a.sync(&store, &[(unused.clone(), RateUsage::ZERO)]).await;
     assert_eq!(seen, vec![RateUsage::ZERO]);
-    if let Some((share, client, _)) = &store.redis {
-        let mut connection = client.get_multiplexed_async_connection().await.expect("connect");
+    if let Some((share, redis)) = &store.redis {
+        let mut connection = redis.client.get_multiplexed_async_connection().await.expect("connect");
         let exists: i64 = redis::cmd("EXISTS")
             .arg(share.key_for(&unused))
             .query_async(&mut connection)

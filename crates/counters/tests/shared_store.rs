@@ -17,6 +17,10 @@ use recovea_counters::{
     WindowPush,
 };
 
+#[path = "support/test_redis.rs"]
+mod test_redis;
+use test_redis::TestRedis;
+
 #[derive(Debug, Clone, Copy)]
 enum Backend {
     InProcess,
@@ -27,11 +31,7 @@ enum Backend {
 struct Store {
     shared: Arc<dyn SharedCounters>,
     in_process: Option<Arc<InProcess>>,
-    redis: Option<(Arc<Redis>, redis::Client, String)>,
-}
-
-fn redis_url() -> String {
-    std::env::var("RECOVEA_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+    redis: Option<(Arc<Redis>, TestRedis)>,
 }
 
 impl Store {
@@ -46,21 +46,13 @@ impl Store {
                 }
             }
             Backend::Redis => {
-                let url = redis_url();
-                let client = redis::Client::open(url.as_str()).expect("redis url");
-                let mut connection = client.get_multiplexed_async_connection().await.unwrap_or_else(|e| {
-                    panic!("these tests need Redis at {url} (redis-server --save '' --appendonly no): {e}")
-                });
-                redis::cmd("PING").query_async::<()>(&mut connection).await.expect("Redis answers PING");
-                let suffix: String = std::iter::repeat_with(fastrand::alphanumeric).take(16).collect();
-                let prefix = format!("recovea-test:{suffix}");
-                let store = Arc::new(
-                    Redis::new(&url, StoreOptions { prefix: prefix.clone(), ..options }).expect("store"),
-                );
+                let redis = TestRedis::connect().await;
+                let options = StoreOptions { prefix: redis.prefix.clone(), ..options };
+                let store = Arc::new(Redis::new(&redis.url, options).expect("store"));
                 Self {
                     shared: Arc::clone(&store) as Arc<dyn SharedCounters>,
                     in_process: None,
-                    redis: Some((store, client, prefix)),
+                    redis: Some((store, redis)),
                 }
             }
         }
@@ -71,8 +63,8 @@ impl Store {
         if let Some(store) = &self.in_process {
             return store.contains(&w.cap, w.start, now);
         }
-        let (store, client, _) = self.redis.as_ref().expect("a backend");
-        let mut connection = client.get_multiplexed_async_connection().await.expect("connect");
+        let (store, redis) = self.redis.as_ref().expect("a backend");
+        let mut connection = redis.client.get_multiplexed_async_connection().await.expect("connect");
         let mut exists = redis::cmd("EXISTS");
         for key in store.window_keys(&w.cap, w.start) {
             exists.arg(key);
@@ -81,22 +73,10 @@ impl Store {
     }
 
     async fn raw_total(&self, w: &CapWindow) -> Option<i64> {
-        let (store, client, _) = self.redis.as_ref()?;
-        let mut connection = client.get_multiplexed_async_connection().await.expect("connect");
+        let (store, redis) = self.redis.as_ref()?;
+        let mut connection = redis.client.get_multiplexed_async_connection().await.expect("connect");
         let [total, _, _] = store.window_keys(&w.cap, w.start);
         redis::cmd("HGET").arg(total).arg("total").query_async(&mut connection).await.expect("HGET")
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        let Some((_, client, prefix)) = &self.redis else { return };
-        let Ok(mut connection) = client.get_connection() else { return };
-        let keys: Vec<String> =
-            redis::cmd("KEYS").arg(format!("{prefix}:*")).query(&mut connection).unwrap_or_default();
-        if !keys.is_empty() {
-            let _ = redis::cmd("DEL").arg(keys).query::<i64>(&mut connection);
-        }
     }
 }
 
