@@ -34,8 +34,9 @@ pub(crate) struct Metered {
     pub(crate) request_model: Option<String>,
     pub(crate) stream: bool,
     pub(crate) surface: Surface,
-    /// Kept (a reference-counted view, not a copy) only to estimate input when usage is missing.
-    pub(crate) request_body: Bytes,
+    /// The request's estimated input tokens (the body's, estimated once when it was read), for a
+    /// receipt whose answer reported no usage.
+    pub(crate) input_tokens: u64,
     pub(crate) started_at: Timestamp,
     pub(crate) prices: Prices,
     /// Settles what admission took on account with the receipt's cost and tokens (input + output):
@@ -70,7 +71,7 @@ impl Meter {
         // input was sent, so it is estimated. An error without usage, or no connection, costs nothing.
         let estimate = if (200..300).contains(&status) || status == CLIENT_CLOSED || status == 504 {
             Usage {
-                input_tokens: usage::estimate_input_tokens(&request.request_body),
+                input_tokens: request.input_tokens,
                 output_tokens: usage::estimate_output_tokens(tapped.output_chars),
                 ..Usage::default()
             }

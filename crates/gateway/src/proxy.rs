@@ -24,8 +24,8 @@ use recovea_core::pricing;
 use recovea_core::snapshot::Prices;
 use recovea_core::usage::Usage;
 use recovea_counters::{CapWindow, Reservation};
-use recovea_providers::rewrite::{self, RequestFacts};
-use recovea_providers::usage::{self, Surface, Tapped};
+use recovea_providers::rewrite::{self, InspectedRequest, RequestFacts};
+use recovea_providers::usage::{Surface, Tapped};
 
 use crate::Shared;
 use crate::metering::{Metered, MeteredBody, PendingReceipt, Settle};
@@ -146,21 +146,22 @@ where
     ctx.body_read = true;
     let endpoint = route.upstream_path.split_once('?').map_or(route.upstream_path, |(path, _)| path);
     let surface = Surface::of(target.kind, endpoint);
-    let facts = rewrite::inspect(&body);
+    // One parse gives the facts and the input estimate that the caps and the receipt both need.
+    let InspectedRequest { facts, input_tokens } = rewrite::inspect_and_estimate(&body);
     let prices = shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default();
     let reservation = match &ctx.admitted {
-        Some(admitted) => check_caps(shared, admitted, &facts, &body, &prices, ctx.started_at)?,
+        Some(admitted) => check_caps(shared, admitted, &facts, input_tokens, &prices, ctx.started_at)?,
         None => None,
     };
     // Usage is read from the stream; OpenAI streams carry it only when asked.
     let mut strip_usage_chunk = false;
     if matches!(surface, Surface::ChatCompletions | Surface::Completions)
-        && let Some(rewritten) = rewrite::force_include_usage(&body)
+        && let Some(rewritten) = rewrite::force_include_usage_with(&body, &facts)
     {
         body = Bytes::from(rewritten);
         strip_usage_chunk = !facts.client_asked_usage;
     }
-    let upstream_request = upstream_request(&mut parts, &route, &target, body.clone())?;
+    let upstream_request = upstream_request(&mut parts, &route, &target, body)?;
     let metered = ctx.admitted.as_ref().map(|admitted| {
         // From here the provider is called: the receipt is written however the request ends, a
         // client gone before the answer's head included.
@@ -175,7 +176,7 @@ where
                 request_model: facts.model.clone(),
                 stream: facts.stream,
                 surface,
-                request_body: body,
+                input_tokens,
                 started_at: ctx.started_at,
                 prices,
                 settle: Some(settle(shared, admitted, reservation)),
@@ -381,7 +382,7 @@ fn check_caps(
     shared: &Shared,
     admitted: &Admitted,
     facts: &RequestFacts,
-    body: &[u8],
+    input_tokens: u64,
     prices: &Prices,
     now: Timestamp,
 ) -> Result<Option<(Reservation, Vec<CapId>)>, Refusal> {
@@ -395,7 +396,7 @@ fn check_caps(
         .map_err(Refusal::Budget)?;
     let windows = covering.iter().map(|cap| cap_window(cap, now)).collect();
     let estimate = Usage {
-        input_tokens: usage::estimate_input_tokens(body),
+        input_tokens,
         output_tokens: facts.max_output_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE),
         ..Usage::default()
     };

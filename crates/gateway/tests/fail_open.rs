@@ -36,7 +36,6 @@ mod common;
 use common::{MemorySink, TempDir};
 
 /// A key of org_capped, whose armed cap can never be confirmed here: admitted, it is refused 503.
-
 const KEY: &str = "rk_live0000000000000000000000000000000000000001";
 /// A key of org_open, which has no cap: its one admitted request proves where receipts go.
 const SENTINEL_KEY: &str = "rk_sentinel000000000000000000000000000000000002";

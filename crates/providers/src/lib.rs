@@ -4,6 +4,7 @@
 pub mod headers;
 pub mod rewrite;
 pub mod route;
+mod scan;
 pub mod sse;
 pub mod usage;
 

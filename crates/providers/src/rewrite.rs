@@ -2,14 +2,17 @@
 
 mod json_object;
 
+use std::fmt;
 use std::ops::Range;
 
 use bytes::Bytes;
 use serde::Deserialize;
-use serde::de::IgnoredAny;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
+use crate::scan;
 use crate::sse::SseReader;
+use crate::usage::input::{Checked, InputFields, Key};
 
 /// A held event larger than this cannot be OpenAI's usage-only chunk (a few hundred bytes), so it
 /// is passed on without waiting for its end.
@@ -30,8 +33,17 @@ pub struct RequestFacts {
     pub max_output_tokens: Option<u64>,
 }
 
+/// A request body read once: what [`inspect`] tells, and what
+/// [`crate::usage::estimate_input_tokens`] estimates, each exactly as those give it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InspectedRequest {
+    pub facts: RequestFacts,
+    /// Estimated input tokens, for a cap's reservation and for a receipt without reported usage.
+    pub input_tokens: u64,
+}
+
 /// The request members `inspect` reads; the rest is skipped unread.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct RequestHead {
     #[serde(default)]
     model: Value,
@@ -85,14 +97,91 @@ pub fn inspect(body: &[u8]) -> RequestFacts {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return RequestFacts::default();
     }
-    let Ok(head) = serde_json::from_slice::<RequestHead>(body) else { return RequestFacts::default() };
-    RequestFacts {
-        model: head.model.as_str().map(str::to_owned),
-        stream: head.stream == Value::Bool(true),
-        client_asked_usage: head.stream_options.get("include_usage") == Some(&Value::Bool(true)),
-        max_output_tokens: [head.max_completion_tokens, head.max_output_tokens, head.max_tokens]
-            .iter()
-            .find_map(Value::as_u64),
+    serde_json::from_slice::<RequestHead>(body).map_or_else(|_| RequestFacts::default(), RequestHead::facts)
+}
+
+/// [`inspect`] and the input estimate from one parse of the body.
+pub fn inspect_and_estimate(body: &[u8]) -> InspectedRequest {
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return InspectedRequest::default();
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let pass = RequestPass::default().deserialize(&mut deserializer).and_then(|pass| {
+        deserializer.end()?;
+        Ok(pass)
+    });
+    match pass {
+        Ok(pass) => InspectedRequest {
+            facts: if pass.repeated_head { RequestFacts::default() } else { pass.head.facts() },
+            input_tokens: pass.input.total().tokens(),
+        },
+        // The pass reads every member as strictly as a `Value` parse, so a `Value` parse refuses the
+        // body too and the estimate is 0; `inspect` skips the members it does not read (unchecked
+        // UTF-8, numbers out of range, any depth) and may still accept it.
+        Err(_) => InspectedRequest { facts: inspect(body), input_tokens: 0 },
+    }
+}
+
+impl RequestHead {
+    fn facts(self) -> RequestFacts {
+        RequestFacts {
+            model: self.model.as_str().map(str::to_owned),
+            stream: self.stream == Value::Bool(true),
+            client_asked_usage: self.stream_options.get("include_usage") == Some(&Value::Bool(true)),
+            max_output_tokens: [self.max_completion_tokens, self.max_output_tokens, self.max_tokens]
+                .iter()
+                .find_map(Value::as_u64),
+        }
+    }
+}
+
+/// What [`inspect_and_estimate`] gathers from the members of the request object.
+#[derive(Default)]
+struct RequestPass<'de> {
+    head: RequestHead,
+    /// A member `RequestHead` reads appeared twice, which fails `inspect`'s parse.
+    repeated_head: bool,
+    /// Which of `head`'s members were read, in the order `visit_map` names them: an explicit
+    /// `null` reads the same as an absent member, so the value cannot tell.
+    seen_head: [bool; 6],
+    input: InputFields<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for RequestPass<'de> {
+    type Value = Self;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RequestPass<'de> {
+    type Value = Self;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a request object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self, A::Error> {
+        while let Some(key) = map.next_key_seed(Key)? {
+            let (index, slot) = match &*key {
+                "model" => (0, &mut self.head.model),
+                "stream" => (1, &mut self.head.stream),
+                "stream_options" => (2, &mut self.head.stream_options),
+                "max_tokens" => (3, &mut self.head.max_tokens),
+                "max_completion_tokens" => (4, &mut self.head.max_completion_tokens),
+                "max_output_tokens" => (5, &mut self.head.max_output_tokens),
+                other => {
+                    if !self.input.count_if_input(other, &mut map)? {
+                        map.next_value_seed(Checked)?;
+                    }
+                    continue;
+                }
+            };
+            self.repeated_head |= std::mem::replace(&mut self.seen_head[index], true);
+            *slot = map.next_value()?;
+        }
+        Ok(self)
     }
 }
 
@@ -101,7 +190,11 @@ pub fn inspect(body: &[u8]) -> RequestFacts {
 /// `stream_options` kept; a missing `stream_options` appended as the last member). `None` when the
 /// body needs no change: not streaming, already `true`, or not a JSON object.
 pub fn force_include_usage(body: &[u8]) -> Option<Vec<u8>> {
-    let facts = inspect(body);
+    force_include_usage_with(body, &inspect(body))
+}
+
+/// [`force_include_usage`] given the body's facts, already read (`inspect(body)` exactly).
+pub fn force_include_usage_with(body: &[u8], facts: &RequestFacts) -> Option<Vec<u8>> {
     if !facts.stream || facts.client_asked_usage {
         return None;
     }
@@ -152,7 +245,7 @@ impl UsageChunkFilter {
             at = 1;
         }
         while at < bytes.len() {
-            let Some(offset) = bytes[at..].iter().position(|&b| b == b'\n' || b == b'\r') else {
+            let Some(offset) = scan::find_line_end(&bytes[at..]) else {
                 self.line_empty = false;
                 break;
             };
@@ -277,17 +370,16 @@ fn is_usage_only_event(event: &[u8]) -> bool {
 /// False only when every `"usage"` in the bytes is followed by `: null` (or there is none).
 fn may_have_usage(event: &[u8]) -> bool {
     const KEY: &[u8] = b"\"usage\"";
+    // `g`: the key's rarest byte in a chunk, so that few places are compared in full.
+    const ANCHOR: usize = 4;
     let mut rest = event;
-    while let Some(quote) = rest.iter().position(|&b| b == b'"') {
-        rest = &rest[quote..];
-        if let Some(after) = rest.strip_prefix(KEY) {
-            let after = after.trim_ascii_start();
-            let value = after.strip_prefix(b":").map_or(after, <[u8]>::trim_ascii_start);
-            if !value.starts_with(b"null") {
-                return true;
-            }
+    while let Some(at) = scan::find(rest, KEY, ANCHOR) {
+        let after = rest[at + KEY.len()..].trim_ascii_start();
+        let value = after.strip_prefix(b":").map_or(after, <[u8]>::trim_ascii_start);
+        if !value.starts_with(b"null") {
+            return true;
         }
-        rest = &rest[1..];
+        rest = &rest[at + 1..];
     }
     false
 }
@@ -431,6 +523,55 @@ mod tests {
         assert_eq!(filtered(&[with_choice]), with_choice);
         let null_usage = "data: {\"choices\":[],\"usage\" : null}\n\n";
         assert_eq!(filtered(&[null_usage]), null_usage);
+    }
+
+    #[test]
+    fn usage_named_only_inside_text_or_as_null_keeps_the_event() {
+        for kept in [
+            "data: {\"choices\":[{\"delta\":{\"content\":\"the \\\"usage\\\": {} field\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"usage\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[],\"note\":\"\\\"usage\\\":{\\\"prompt_tokens\\\":1}\",\"usage\" :\tnull}\n\n",
+            "data: {\"choices\":[],\"x\":\"usage\"}\n\n",
+        ] {
+            assert_eq!(filtered(&[CHUNK, kept, DONE]), format!("{CHUNK}{kept}{DONE}"), "{kept}");
+        }
+        // A null `usage` deeper in does not hide the real one after it.
+        let nested_null =
+            "data: {\"choices\":[],\"meta\":{\"usage\":null},\"usage\":{\"prompt_tokens\":1}}\n\n";
+        assert_eq!(filtered(&[CHUNK, nested_null, DONE]), format!("{CHUNK}{DONE}"));
+    }
+
+    /// The look for a non-null `"usage"` as it was, byte by byte.
+    fn reference_may_have_usage(event: &[u8]) -> bool {
+        const KEY: &[u8] = b"\"usage\"";
+        let mut rest = event;
+        while let Some(quote) = rest.iter().position(|&b| b == b'"') {
+            rest = &rest[quote..];
+            if let Some(after) = rest.strip_prefix(KEY) {
+                let after = after.trim_ascii_start();
+                let value = after.strip_prefix(b":").map_or(after, <[u8]>::trim_ascii_start);
+                if !value.starts_with(b"null") {
+                    return true;
+                }
+            }
+            rest = &rest[1..];
+        }
+        false
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_usage_look_finds_what_it_found_byte_by_byte(
+            pieces in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "\"usage\"", "\"usage", "usage\"", ":", " ", "null", "nul", "{", "}", "\"", "g", "xyzxyzxyz", "é",
+                ]),
+                0..32,
+            ),
+        ) {
+            let event = pieces.concat();
+            proptest::prop_assert_eq!(may_have_usage(event.as_bytes()), reference_may_have_usage(event.as_bytes()));
+        }
     }
 
     #[test]

@@ -1,5 +1,9 @@
 //! Incremental Server-Sent Events parsing: bytes in whatever chunks they arrive, events out.
 
+use std::borrow::Cow;
+
+use crate::scan;
+
 /// The largest event [`SseReader::new`] keeps; a bigger one is dropped whole rather than grown
 /// without bound.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 4 << 20;
@@ -74,7 +78,7 @@ impl SseReader {
         if std::mem::take(&mut self.after_cr) && rest[0] == b'\n' {
             rest = &rest[1..];
         }
-        while let Some(end) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+        while let Some(end) = scan::find_line_end(rest) {
             let (line, tail) = rest.split_at(end);
             let mut next = &tail[1..];
             if tail[0] == b'\r' {
@@ -184,8 +188,7 @@ impl SseReader {
 
     fn dispatch(&mut self, on_event: &mut impl FnMut(&SseEvent<'_>)) {
         if self.has_data {
-            let data = String::from_utf8_lossy(&self.data);
-            let event = String::from_utf8_lossy(&self.event);
+            let (data, event) = (utf8(&self.data), utf8(&self.event));
             on_event(&SseEvent { event: (!event.is_empty()).then_some(&*event), data: &data });
         }
         self.reset_event();
@@ -208,6 +211,15 @@ impl SseReader {
         self.event.clear();
         self.event.shrink_to(RETAINED_CAPACITY);
         self.has_data = false;
+    }
+}
+
+/// `String::from_utf8_lossy`, which checks byte by byte; `str::from_utf8` skips ASCII a word at a
+/// time, so valid text (nearly every event) is checked that way first.
+fn utf8(bytes: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(bytes),
     }
 }
 

@@ -1,10 +1,10 @@
 //! Token usage read from a provider's answer as it passes, and estimated when it carries none.
 
+pub(crate) mod input;
 mod wire;
 
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::usage::Usage;
-use serde_json::Value;
 
 use crate::sse::{SseEvent, SseReader};
 use wire::{
@@ -86,12 +86,6 @@ struct Tally {
     anthropic_final: bool,
     output_chars: u64,
     model: Option<String>,
-}
-
-#[derive(Default)]
-struct InputCount {
-    chars: u64,
-    media_parts: u64,
 }
 
 impl Surface {
@@ -332,45 +326,16 @@ fn is_read_responses_event(name: &str) -> bool {
 /// characters, and 4 per number (so a token-id array counts a token per id). An image, file or
 /// audio part (`type` `image_url`, `input_image`, `image`, `document`, `input_file`, `file`,
 /// `input_audio`) counts as 1,000 tokens whatever its size. A body that is not a JSON object: 0.
+///
+/// The request path has this from [`crate::rewrite::inspect_and_estimate`], in the parse that reads
+/// the request's other facts.
 pub fn estimate_input_tokens(request_body: &[u8]) -> u64 {
-    let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(request_body) else { return 0 };
-    let mut count = InputCount::default();
-    for field in INPUT_FIELDS {
-        if let Some(value) = request.get(field) {
-            count.add(value);
-        }
-    }
-    count
-        .chars
-        .div_ceil(CHARS_PER_TOKEN)
-        .saturating_add(count.media_parts.saturating_mul(MEDIA_PART_TOKENS))
-        .saturating_add(REQUEST_OVERHEAD_TOKENS)
+    crate::rewrite::inspect_and_estimate(request_body).input_tokens
 }
 
 /// Estimates output tokens from the characters seen: `ceil(chars / 4)`.
 pub fn estimate_output_tokens(output_chars: u64) -> u64 {
     output_chars.div_ceil(CHARS_PER_TOKEN)
-}
-
-impl InputCount {
-    fn add(&mut self, value: &Value) {
-        match value {
-            Value::String(text) => self.chars = self.chars.saturating_add(text.chars().count() as u64),
-            Value::Number(_) => self.chars = self.chars.saturating_add(CHARS_PER_TOKEN),
-            Value::Array(items) => items.iter().for_each(|item| self.add(item)),
-            Value::Object(fields) => {
-                if fields.get("type").and_then(Value::as_str).is_some_and(|t| MEDIA_PART_TYPES.contains(&t)) {
-                    self.media_parts += 1;
-                    return;
-                }
-                for (key, value) in fields {
-                    self.chars = self.chars.saturating_add(key.chars().count() as u64);
-                    self.add(value);
-                }
-            }
-            Value::Bool(_) | Value::Null => {}
-        }
-    }
 }
 
 #[cfg(test)]
@@ -462,6 +427,17 @@ mod tests {
         assert_eq!(estimate_input_tokens(br#"{"input":[[1,2,3],[4]]}"#), 4 + 3);
         assert_eq!(estimate_input_tokens(b"not json"), 0);
         assert_eq!(estimate_input_tokens(b"[1,2]"), 0);
+    }
+
+    #[test]
+    fn usage_named_inside_text_is_text() {
+        let stream = "data: {\"model\":\"gpt-x\",\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\":{\\\"prompt_tokens\\\":99}\"}}],\"usage\":null}\n\n\
+            data: {\"choices\":[{\"delta\":{\"content\":\"usage\"}}]}\n\n\
+            data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\ndata: [DONE]\n\n";
+        let tapped = tap(Surface::ChatCompletions, true, stream);
+        assert_eq!(tapped.usage.map(|u| (u.input_tokens, u.output_tokens)), Some((3, 4)));
+        assert_eq!(tapped.output_chars, 28 + 5);
+        assert_eq!(tapped.model.as_deref(), Some("gpt-x"));
     }
 
     #[test]

@@ -1,0 +1,557 @@
+//! Counting what a request gives the model to read while the request is parsed for its other
+//! facts, so that the estimate costs no second parse and no `serde_json::Value`.
+//!
+//! The count must equal what the rule gives on the request parsed as a `Value`, which shapes three
+//! choices here: every value is parsed as fully as a `Value` parse would (so that a body the
+//! `Value` parse refuses is refused here too, and counts 0), a repeated member name counts only its
+//! last member (a `Value` map keeps the last), and an object's `type` may come after the members it
+//! decides about, so an object's members are held until its end.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use super::{CHARS_PER_TOKEN, INPUT_FIELDS, MEDIA_PART_TOKENS, MEDIA_PART_TYPES, REQUEST_OVERHEAD_TOKENS};
+
+/// Objects with more members than this find repeated names by sorting rather than by comparing
+/// every pair, so that a hostile object cannot make the count quadratic.
+const PAIRWISE_MEMBERS: usize = 16;
+
+/// What the estimate counts: characters, and media parts (counted flat, whatever their size).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InputCount {
+    chars: u64,
+    media_parts: u64,
+}
+
+impl InputCount {
+    fn chars(chars: u64) -> Self {
+        Self { chars, media_parts: 0 }
+    }
+
+    fn add(&mut self, other: InputCount) {
+        self.chars = self.chars.saturating_add(other.chars);
+        self.media_parts = self.media_parts.saturating_add(other.media_parts);
+    }
+
+    /// `ceil(chars / 4) + 1,000 per media part + 3`.
+    pub(crate) fn tokens(self) -> u64 {
+        self.chars
+            .div_ceil(CHARS_PER_TOKEN)
+            .saturating_add(self.media_parts.saturating_mul(MEDIA_PART_TOKENS))
+            .saturating_add(REQUEST_OVERHEAD_TOKENS)
+    }
+}
+
+/// The counts of a request's input fields, one slot each: a repeated field replaces its slot.
+#[derive(Default)]
+pub(crate) struct InputFields<'de> {
+    slots: [Option<InputCount>; INPUT_FIELDS.len()],
+    /// Members of the objects being counted, innermost last; reused across the whole request.
+    members: Vec<Member<'de>>,
+}
+
+/// One member of an object being counted.
+struct Member<'de> {
+    key: Cow<'de, str>,
+    /// The key's characters and the value's count.
+    count: InputCount,
+    /// The value is a string naming a media part type.
+    media_type: bool,
+    /// A later member has the same name, so this one does not count.
+    repeated: bool,
+}
+
+/// What one value counts, and whether it is a string naming a media part type.
+struct Counted {
+    count: InputCount,
+    media_type: bool,
+}
+
+impl<'de> InputFields<'de> {
+    /// Counts the value of a top-level member when its key names an input field; `Ok(false)` (and
+    /// the value left unread) when it does not.
+    pub(crate) fn count_if_input<A: MapAccess<'de>>(
+        &mut self,
+        key: &str,
+        map: &mut A,
+    ) -> Result<bool, A::Error> {
+        let Some(slot) = INPUT_FIELDS.iter().position(|field| *field == key) else { return Ok(false) };
+        let counted = map.next_value_seed(CountValue { members: &mut self.members, type_member: false })?;
+        self.slots[slot] = Some(counted.count);
+        Ok(true)
+    }
+
+    /// The input fields' count all together.
+    pub(crate) fn total(&self) -> InputCount {
+        let mut total = InputCount::default();
+        for count in self.slots.iter().flatten() {
+            total.add(*count);
+        }
+        total
+    }
+}
+
+/// Counts one value; `type_member`: it is the value of a member named `type`.
+struct CountValue<'m, 'de> {
+    members: &'m mut Vec<Member<'de>>,
+    type_member: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for CountValue<'_, 'de> {
+    type Value = Counted;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Counted, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CountValue<'_, 'de> {
+    type Value = Counted;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Counted, E> {
+        Ok(Counted::nothing())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Counted, E> {
+        Ok(Counted::number())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Counted, E> {
+        Ok(Counted::number())
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Counted, E> {
+        // A `Value` holds a float it cannot represent as null, which counts nothing.
+        Ok(if value.is_finite() { Counted::number() } else { Counted::nothing() })
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<Counted, E> {
+        Ok(Counted {
+            count: InputCount::chars(text.chars().count() as u64),
+            media_type: self.type_member && MEDIA_PART_TYPES.contains(&text),
+        })
+    }
+
+    fn visit_unit<E>(self) -> Result<Counted, E> {
+        Ok(Counted::nothing())
+    }
+
+    fn visit_none<E>(self) -> Result<Counted, E> {
+        Ok(Counted::nothing())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Counted, A::Error> {
+        let mut count = InputCount::default();
+        while let Some(item) =
+            seq.next_element_seed(CountValue { members: &mut *self.members, type_member: false })?
+        {
+            count.add(item.count);
+        }
+        Ok(Counted { count, media_type: false })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Counted, A::Error> {
+        let start = self.members.len();
+        while let Some(key) = map.next_key_seed(Key)? {
+            let type_member = key == "type";
+            let value = map.next_value_seed(CountValue { members: &mut *self.members, type_member })?;
+            let mut count = InputCount::chars(key.chars().count() as u64);
+            count.add(value.count);
+            self.members.push(Member { key, count, media_type: value.media_type, repeated: false });
+        }
+        let counted = count_object(&mut self.members[start..]);
+        self.members.truncate(start);
+        Ok(counted)
+    }
+}
+
+impl Counted {
+    fn nothing() -> Self {
+        Self { count: InputCount::default(), media_type: false }
+    }
+
+    fn number() -> Self {
+        Self { count: InputCount::chars(CHARS_PER_TOKEN), media_type: false }
+    }
+}
+
+/// An object's count from its members: one media part when its `type` names one, else its
+/// members' keys and values, a repeated name counted once, by its last member.
+fn count_object(members: &mut [Member<'_>]) -> Counted {
+    mark_repeated(members);
+    let mut count = InputCount::default();
+    for member in members.iter().filter(|m| !m.repeated) {
+        if member.media_type {
+            return Counted { count: InputCount { chars: 0, media_parts: 1 }, media_type: false };
+        }
+        count.add(member.count);
+    }
+    Counted { count, media_type: false }
+}
+
+/// Marks every member that a later member of the same name replaces.
+fn mark_repeated(members: &mut [Member<'_>]) {
+    if members.len() <= PAIRWISE_MEMBERS {
+        for i in 0..members.len() {
+            let (head, tail) = members.split_at_mut(i + 1);
+            head[i].repeated = tail.iter().any(|later| later.key == head[i].key);
+        }
+        return;
+    }
+    let mut order: Vec<usize> = (0..members.len()).collect();
+    // Stable: equal names stay in document order, so the last of each run is the one kept.
+    order.sort_by(|&a, &b| members[a].key.cmp(&members[b].key));
+    for pair in order.windows(2) {
+        if members[pair[0]].key == members[pair[1]].key {
+            members[pair[0]].repeated = true;
+        }
+    }
+}
+
+/// A member name, borrowed from the body unless it has escapes.
+pub(crate) struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(text))
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(text.to_owned()))
+    }
+
+    fn visit_string<E>(self, text: String) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(text))
+    }
+}
+
+/// Reads a value as strictly as a `Value` parse would (strings checked as UTF-8, numbers in range,
+/// the nesting limit), keeping nothing. `IgnoredAny` skips more leniently, which would let through
+/// a body whose estimate must be 0.
+pub(crate) struct Checked;
+
+impl<'de> DeserializeSeed<'de> for Checked {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Checked {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_none<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Checked)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_key_seed(Checked)?.is_some() {
+            map.next_value_seed(Checked)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::super::{
+        CHARS_PER_TOKEN, INPUT_FIELDS, MEDIA_PART_TOKENS, MEDIA_PART_TYPES, REQUEST_OVERHEAD_TOKENS,
+    };
+    use crate::rewrite::{
+        InspectedRequest, force_include_usage, force_include_usage_with, inspect, inspect_and_estimate,
+    };
+
+    /// The estimate as it was computed before the single pass: the body parsed into a `Value`.
+    fn reference_estimate(request_body: &[u8]) -> u64 {
+        #[derive(Default)]
+        struct Count {
+            chars: u64,
+            media_parts: u64,
+        }
+        impl Count {
+            fn add(&mut self, value: &Value) {
+                match value {
+                    Value::String(text) => {
+                        self.chars = self.chars.saturating_add(text.chars().count() as u64)
+                    }
+                    Value::Number(_) => self.chars = self.chars.saturating_add(CHARS_PER_TOKEN),
+                    Value::Array(items) => items.iter().for_each(|item| self.add(item)),
+                    Value::Object(fields) => {
+                        if fields
+                            .get("type")
+                            .and_then(Value::as_str)
+                            .is_some_and(|t| MEDIA_PART_TYPES.contains(&t))
+                        {
+                            self.media_parts += 1;
+                            return;
+                        }
+                        for (key, value) in fields {
+                            self.chars = self.chars.saturating_add(key.chars().count() as u64);
+                            self.add(value);
+                        }
+                    }
+                    Value::Bool(_) | Value::Null => {}
+                }
+            }
+        }
+        let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(request_body) else { return 0 };
+        let mut count = Count::default();
+        for field in INPUT_FIELDS {
+            if let Some(value) = request.get(field) {
+                count.add(value);
+            }
+        }
+        count
+            .chars
+            .div_ceil(CHARS_PER_TOKEN)
+            .saturating_add(count.media_parts.saturating_mul(MEDIA_PART_TOKENS))
+            .saturating_add(REQUEST_OVERHEAD_TOKENS)
+    }
+
+    fn assert_same(body: &[u8]) {
+        assert_eq!(
+            inspect_and_estimate(body),
+            InspectedRequest { facts: inspect(body), input_tokens: reference_estimate(body) },
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+    }
+
+    /// Member names: the request's own, `type` (plain and escaped), and a few others, few enough
+    /// that objects often repeat one.
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => prop::sample::select(vec![
+                "messages", "system", "input", "prompt", "instructions", "tools", "functions", "model",
+                "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
+                "include_usage", "content", "role",
+            ])
+            .prop_map(|k| format!("\"{k}\"")),
+            3 => Just("\"type\"".to_owned()),
+            1 => Just(r#""t\u0079pe""#.to_owned()),
+            1 => Just(r#""mess\u0061ges""#.to_owned()),
+            1 => "[a-c]{1,2}".prop_map(|k| format!("\"{k}\"")),
+            1 => Just("\"é✓\"".to_owned()),
+        ]
+    }
+
+    /// JSON text (mostly valid, sometimes not): what `Value` cannot express too, such as repeated
+    /// names, escapes, numbers out of range, lone surrogates and invalid UTF-8.
+    fn json_text() -> impl Strategy<Value = Vec<u8>> {
+        let valid = prop_oneof![
+            4 => Just(b"null".to_vec()),
+            4 => Just(b"true".to_vec()),
+            4 => Just(b"false".to_vec()),
+            6 => Just(b"7".to_vec()),
+            4 => Just(b"-2.5e3".to_vec()),
+            2 => Just(b"18446744073709551616".to_vec()),
+            2 => Just(b"0.1e-400".to_vec()),
+            12 => prop::sample::select(MEDIA_PART_TYPES.to_vec()).prop_map(|t| format!("\"{t}\"").into_bytes()),
+            6 => Just(br#""text""#.to_vec()),
+            4 => Just(br#""im\u0061ge""#.to_vec()),
+            6 => Just("\"héllo ✓ 𝄞\"".as_bytes().to_vec()),
+            4 => Just(br#""a\"b\\c\n""#.to_vec()),
+            2 => Just(br#""\ud834\udd1e""#.to_vec()),
+            20 => "[ -~]{0,12}".prop_map(|s| serde_json::to_vec(&s).unwrap_or_default()),
+        ];
+        let refused =
+            prop::sample::select(vec![&b"1e400"[..], br#""\ud800""#, b"\"\xff\""]).prop_map(<[u8]>::to_vec);
+        // What a `Value` parse refuses is rare, so that most texts parse and their counts compare.
+        let leaf = prop_oneof![80 => valid, 1 => refused];
+        leaf.prop_recursive(4, 48, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(|items| {
+                    let mut out = b"[".to_vec();
+                    out.extend(items.join(&b","[..]));
+                    out.push(b']');
+                    out
+                }),
+                prop::collection::vec((key(), inner), 0..20).prop_map(|members| {
+                    let mut out = b"{".to_vec();
+                    for (i, (key, value)) in members.iter().enumerate() {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        out.extend_from_slice(key.as_bytes());
+                        out.extend_from_slice(b" : ");
+                        out.extend_from_slice(value);
+                    }
+                    out.push(b'}');
+                    out
+                }),
+            ]
+        })
+    }
+
+    /// A request: a top-level object of such members, sometimes damaged by one byte.
+    fn request() -> impl Strategy<Value = Vec<u8>> {
+        let value = prop_oneof![
+            3 => json_text(),
+            1 => prop::sample::select(vec![
+                &br#""gpt-4o""#[..], b"true", br#"{"include_usage":true}"#, br#"{"include_usage":false,"x":1}"#, b"64",
+            ])
+            .prop_map(<[u8]>::to_vec),
+        ];
+        let top_key = prop_oneof![
+            3 => prop::sample::select(INPUT_FIELDS.to_vec()).prop_map(|k| format!("\"{k}\"")),
+            1 => key(),
+        ];
+        let head = prop::collection::vec(
+            prop::sample::select(vec![
+                &br#""model":"gpt-4o""#[..],
+                br#""stream":true"#,
+                br#""stream_options":{"include_usage":true}"#,
+                br#""max_tokens":64"#,
+                br#""max_output_tokens":9"#,
+            ]),
+            0..4,
+        );
+        let members = (head, prop::collection::vec((top_key, value), 0..8)).prop_map(|(head, members)| {
+            let members =
+                head.into_iter().map(<[u8]>::to_vec).chain(members.into_iter().map(|(key, value)| {
+                    let mut member = key.into_bytes();
+                    member.push(b':');
+                    member.extend(value);
+                    member
+                }));
+            let mut out = b" {".to_vec();
+            out.extend(members.collect::<Vec<_>>().join(&b","[..]));
+            out.extend_from_slice(b"}\n");
+            out
+        });
+        (members, prop::option::weighted(0.1, any::<(prop::sample::Index, u8)>())).prop_map(
+            |(mut body, damage)| {
+                if let Some((at, byte)) = damage
+                    && !body.is_empty()
+                {
+                    let at = at.index(body.len());
+                    body[at] = byte;
+                }
+                body
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        #[test]
+        fn the_single_pass_reads_what_inspect_and_the_value_estimate_read(body in request()) {
+            assert_same(&body);
+            // The gateway estimates once, before the rewrite, for the receipt too: the rewrite must
+            // not change the estimate, and given the facts it must rewrite as without them.
+            let read = inspect_and_estimate(&body);
+            let rewritten = force_include_usage_with(&body, &read.facts);
+            prop_assert_eq!(&rewritten, &force_include_usage(&body));
+            if let Some(rewritten) = rewritten {
+                prop_assert_eq!(reference_estimate(&rewritten), read.input_tokens);
+            }
+        }
+
+        #[test]
+        fn any_json_text_is_read_alike(body in json_text()) {
+            assert_same(&body);
+        }
+
+        #[test]
+        fn any_bytes_are_read_alike(body in prop::collection::vec(any::<u8>(), 0..64)) {
+            assert_same(&body);
+        }
+    }
+
+    #[test]
+    fn a_media_part_counts_flat_whatever_comes_before_its_type() {
+        let body = br#"{"messages":[{"content":[{"image_url":{"url":"data:AAAA"},"type":"image_url"}],"role":"user"}]}"#;
+        // "content" + "role" + "user" = 15 chars -> 4 tokens, one media part, 3 overhead.
+        assert_eq!(inspect_and_estimate(body).input_tokens, 4 + 1_000 + 3);
+        assert_same(body);
+    }
+
+    #[test]
+    fn a_repeated_name_counts_its_last_member_only() {
+        for body in [
+            &br#"{"messages":"aaaaaaaaaaaa","messages":"b"}"#[..],
+            br#"{"input":[{"type":"image_url","type":"text","a":"x","a":"yy"}]}"#,
+            br#"{"input":[{"type":"text","t\u0079pe":"input_image"}]}"#,
+            br#"{"model":"a","model":"b","input":"hello"}"#,
+        ] {
+            assert_same(body);
+        }
+        let many: Vec<String> = (0..40).map(|i| format!(r#""k{}":"{}""#, i % 7, "x".repeat(i))).collect();
+        assert_same(format!(r#"{{"tools":[{{{}}}]}}"#, many.join(",")).as_bytes());
+    }
+
+    #[test]
+    fn what_a_value_parse_refuses_counts_nothing_while_inspect_may_still_read_it() {
+        let deep =
+            format!(r#"{{"model":"m","stream":true,"metadata":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
+        for body in [
+            &b"{\"model\":\"m\",\"stream\":true,\"user\":\"\xff\",\"input\":\"abc\"}"[..],
+            br#"{"model":"m","temperature":1e400,"input":"abc"}"#,
+            br#"{"model":"m","user":"\udc00","input":"abc"}"#,
+            deep.as_bytes(),
+        ] {
+            let read = inspect_and_estimate(body);
+            assert_eq!(read.input_tokens, 0);
+            assert_eq!(read.facts.model.as_deref(), Some("m"));
+            assert_same(body);
+        }
+    }
+}
