@@ -22,6 +22,9 @@ use tokio::sync::Notify;
 
 /// A new segment starts past this size, so that delivered ones can be deleted whole.
 const SEGMENT_BYTES: u64 = 8 << 20;
+/// How long a woken shipper waits for more receipts before it delivers: one batch, rather than one
+/// ledger transaction per receipt under load.
+const COALESCE: Duration = Duration::from_millis(25);
 /// How many receipts one delivery carries at most.
 const BATCH: usize = 512;
 /// How often written data is forced to disk (a SIGKILL loses nothing written; this is for power loss).
@@ -109,15 +112,27 @@ impl Spool {
         tokio::pin!(shutdown);
         let mut backoff = Duration::from_millis(100);
         loop {
-            match self.ship_available(sink.as_ref()).await {
-                Ok(()) => backoff = Duration::from_millis(100),
+            let failing = match self.ship_available(sink.as_ref()).await {
+                Ok(()) => {
+                    backoff = Duration::from_millis(100);
+                    false
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "receipts not delivered yet; they stay in the spool");
                     backoff = (backoff * 2).min(Duration::from_secs(5));
+                    true
                 }
-            }
+            };
+            // While the sink fails, new receipts wait for the backoff (a down control plane is not
+            // called once per request); otherwise a new receipt is shipped after a short pause that
+            // lets the receipts of concurrent requests join its batch.
             tokio::select! {
-                () = self.written.notified() => {}
+                () = self.written.notified(), if !failing => {
+                    tokio::select! {
+                        () = tokio::time::sleep(COALESCE) => {}
+                        () = &mut shutdown => break,
+                    }
+                }
                 () = tokio::time::sleep(backoff) => {}
                 () = &mut shutdown => break,
             }
@@ -389,11 +404,12 @@ mod tests {
         }
     }
 
-    /// A sink that can be told to fail, recording what it accepted.
+    /// A sink that can be told to fail, recording what it accepted and how often it was called.
     #[derive(Default)]
     struct Sink {
         accepted: StdMutex<Vec<Receipt>>,
         failing: std::sync::atomic::AtomicBool,
+        calls: std::sync::atomic::AtomicUsize,
     }
 
     impl ReceiptSink for Sink {
@@ -402,6 +418,7 @@ mod tests {
             batch: &'a [Receipt],
         ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + 'a>>
         {
+            self.calls.fetch_add(1, Relaxed);
             let result = if self.failing.load(Relaxed) {
                 Err(DeliveryError("ledger down".into()))
             } else {
@@ -475,6 +492,48 @@ mod tests {
         assert_eq!(spool.stats.pending.load(Relaxed), 0);
         // Delivered segments are gone; only the one being written remains.
         assert_eq!(segments(&dir.0).expect("list").len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_shipper_batches_a_burst_and_waits_out_a_failing_sink() {
+        let dir = TempDir::new("shipper");
+        let spool = Arc::new(Spool::open(&dir.0).expect("open"));
+        let sink = Arc::new(Sink::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shipper = tokio::spawn({
+            let (spool, sink) = (Arc::clone(&spool), Arc::clone(&sink) as Arc<dyn ReceiptSink>);
+            async move {
+                spool
+                    .ship(sink, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let idle_calls = sink.calls.load(Relaxed);
+        // A burst of receipts, each waking the shipper: they go in one delivery.
+        for n in 0..50 {
+            spool.sender.send(receipt(n));
+        }
+        tokio::time::sleep(COALESCE * 2).await;
+        assert_eq!(sink.accepted.lock().expect("lock").len(), 50);
+        assert_eq!(sink.calls.load(Relaxed) - idle_calls, 1, "one delivery for the burst");
+
+        // A failing sink is not called once per receipt: it waits out its backoff.
+        sink.failing.store(true, Relaxed);
+        let before = sink.calls.load(Relaxed);
+        for n in 50..250 {
+            spool.sender.send(receipt(n));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let calls = sink.calls.load(Relaxed) - before;
+        assert!(calls <= 6, "{calls} deliveries attempted in one second of failures");
+        sink.failing.store(false, Relaxed);
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(sink.accepted.lock().expect("lock").len(), 250, "all delivered once the sink is back");
+        let _ = stop.send(());
+        shipper.await.expect("shipper");
     }
 
     #[tokio::test]
