@@ -130,19 +130,30 @@ impl Control {
         if published.is_some_and(|version| state.version <= version) {
             return Ok(());
         }
-        let feed = Arc::new(feed_state(&state));
-        match feed.prices.to_prices() {
-            Ok(prices) => *self.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = prices,
-            Err(e) => tracing::error!(error = %e, "the published prices do not parse"),
-        }
-        // The feed keeps the state (and its recent changes) only when nodes follow it: in `serve`
-        // the node in this process gets it in memory and nothing else holds it.
-        if self.inner.nodes.get().is_some() {
-            self.inner.feed.publish(Arc::clone(&feed));
-        }
-        (self.inner.publish)(Publication::State(feed));
+        // Building a state of a million keys (and, in `serve`, the snapshot from it) takes seconds
+        // of CPU: off the async workers, which serve requests in `serve`.
+        let control = self.clone();
+        let version = state.version;
+        tokio::task::spawn_blocking(move || {
+            let feed = Arc::new(feed_state(&state));
+            drop(state);
+            match feed.prices.to_prices() {
+                Ok(prices) => {
+                    *control.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = prices;
+                }
+                Err(e) => tracing::error!(error = %e, "the published prices do not parse"),
+            }
+            // The feed keeps the state (and its recent changes) only when nodes follow it: in
+            // `serve` the node in this process gets it in memory and nothing else holds it.
+            if control.inner.nodes.get().is_some() {
+                control.inner.feed.publish(Arc::clone(&feed));
+            }
+            (control.inner.publish)(Publication::State(feed));
+        })
+        .await
+        .map_err(ApiError::internal)?;
         self.inner.loaded.store(true, std::sync::atomic::Ordering::Release);
-        *published = Some(state.version);
+        *published = Some(version);
         Ok(())
     }
 
