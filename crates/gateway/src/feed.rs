@@ -127,7 +127,7 @@ pub async fn follow_feed(
         };
         match outcome {
             Ok(()) => {
-                gateway.shared.metrics.snapshot_confirmed(now());
+                gateway.snapshot_current();
                 if failing_since.take().is_some() {
                     tracing::info!("the feed answers again");
                 }

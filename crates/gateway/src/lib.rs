@@ -187,12 +187,13 @@ impl Gateway {
             .collect();
         self.shared.counters.track(&armed);
         self.shared.snapshot.store(Some(snapshot));
-        self.shared.metrics.snapshot_installed();
+        self.snapshot_current();
     }
 
     /// The state served was just confirmed as the latest (its age starts again from zero).
     pub fn snapshot_current(&self) {
-        self.shared.metrics.snapshot_installed();
+        let now = recovea_core::Timestamp::from_system_time(std::time::SystemTime::now());
+        self.shared.metrics.snapshot_confirmed(now);
     }
 
     /// Whether the node has state to decide from.

@@ -86,8 +86,9 @@ pub(crate) fn reason_index(reason: FailOpenReason) -> usize {
 pub(crate) struct Metrics {
     requests: [AtomicU64; Outcome::ALL.len()],
     fail_open: [AtomicU64; FAIL_OPEN_REASONS.len()],
-    /// Unix milliseconds of the last snapshot install; 0 before the first.
-    snapshot_installed_ms: AtomicU64,
+    /// Unix milliseconds of the last time the serving state was known to be the latest (its
+    /// install, or the control plane saying so); 0 before the first.
+    snapshot_confirmed_ms: AtomicU64,
     receipts_estimated: AtomicU64,
     receipts_unpriced: AtomicU64,
     spool: Arc<SpoolStats>,
@@ -105,7 +106,7 @@ impl Metrics {
         Self {
             requests: Default::default(),
             fail_open: Default::default(),
-            snapshot_installed_ms: AtomicU64::new(0),
+            snapshot_confirmed_ms: AtomicU64::new(0),
             receipts_estimated: AtomicU64::new(0),
             receipts_unpriced: AtomicU64::new(0),
             spool,
@@ -129,19 +130,15 @@ impl Metrics {
         self.fail_open[reason_index(reason)].fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn snapshot_installed(&self) {
-        self.snapshot_installed_ms.store(unix_ms(), Relaxed);
-    }
-
     /// The control plane confirmed the serving state as current at `at` (a node booting from its
     /// saved state reports the age it had when saved).
     pub(crate) fn snapshot_confirmed(&self, at: recovea_core::Timestamp) {
-        self.snapshot_installed_ms.store(u64::try_from(at.0).unwrap_or(0), Relaxed);
+        self.snapshot_confirmed_ms.store(u64::try_from(at.0).unwrap_or(0), Relaxed);
     }
 
     /// Milliseconds since the serving state was last confirmed; `None` without one.
     pub(crate) fn snapshot_age_ms(&self) -> Option<u64> {
-        let confirmed = self.snapshot_installed_ms.load(Relaxed);
+        let confirmed = self.snapshot_confirmed_ms.load(Relaxed);
         (confirmed > 0).then(|| unix_ms().saturating_sub(confirmed))
     }
 
@@ -205,9 +202,9 @@ impl Metrics {
                 "# HELP recovea_counters_age_seconds Time since the spend counters were last confirmed.\n# TYPE recovea_counters_age_seconds gauge\nrecovea_counters_age_seconds {age:.3}"
             );
         }
-        let installed = self.snapshot_installed_ms.load(Relaxed);
-        if installed > 0 {
-            let age = unix_ms().saturating_sub(installed) as f64 / 1000.0;
+        let confirmed = self.snapshot_confirmed_ms.load(Relaxed);
+        if confirmed > 0 {
+            let age = unix_ms().saturating_sub(confirmed) as f64 / 1000.0;
             out.push_str(
                 "# HELP recovea_snapshot_age_seconds Time since the serving state was last confirmed as the latest.\n",
             );
@@ -236,7 +233,7 @@ mod tests {
             assert!(text.contains(&format!("recovea_fail_open_total{{reason=\"{reason}\"}} 0\n")), "{text}");
         }
         assert!(!text.contains("snapshot_age"), "no snapshot yet: {text}");
-        m.snapshot_installed();
+        m.snapshot_confirmed(recovea_core::Timestamp::from_system_time(SystemTime::now()));
         assert!(m.render().contains("recovea_snapshot_age_seconds "));
     }
 
