@@ -21,6 +21,7 @@ use recovea_core::ids::KeyId;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind};
 
+use crate::redis_store::counter_error;
 use crate::shared::CounterError;
 
 const MINUTE_MS: u64 = 60_000;
@@ -370,10 +371,7 @@ impl RateShare for RedisRateShare {
             let error = match tokio::time::timeout(self.timeout, self.exchange_once(push)).await {
                 Ok(Ok(totals)) if totals.len() == push.len() => return Ok(totals),
                 Ok(Ok(_)) => CounterError::Protocol("one reply per key expected".to_owned()),
-                Ok(Err(e)) if e.kind() == ErrorKind::UnexpectedReturnType => {
-                    CounterError::Protocol(e.to_string())
-                }
-                Ok(Err(e)) => CounterError::Unavailable(e.to_string()),
+                Ok(Err(e)) => counter_error(&e),
                 Err(_) => CounterError::Timeout,
             };
             // Whatever went wrong, the next sync starts on a fresh connection.

@@ -127,6 +127,15 @@ impl Redis {
     }
 }
 
+/// A reply of the wrong shape is a protocol fault; anything else means the store is unavailable.
+pub(crate) fn counter_error(e: &RedisError) -> CounterError {
+    if e.kind() == ErrorKind::UnexpectedReturnType {
+        CounterError::Protocol(e.to_string())
+    } else {
+        CounterError::Unavailable(e.to_string())
+    }
+}
+
 fn parse_reply(reply: &[String]) -> Result<WindowRead, RedisError> {
     let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed counter sync reply"));
     let nanos = |s: &String| s.parse::<i64>().map(Nanos).map_err(|_| bad());
@@ -152,10 +161,7 @@ impl SharedCounters for Redis {
                     }
                     return Ok(read);
                 }
-                Ok(Err(e)) if e.kind() == ErrorKind::UnexpectedReturnType => {
-                    CounterError::Protocol(e.to_string())
-                }
-                Ok(Err(e)) => CounterError::Unavailable(e.to_string()),
+                Ok(Err(e)) => counter_error(&e),
                 Err(_) => CounterError::Timeout,
             };
             // Whatever went wrong, the next sync starts on a fresh connection.
