@@ -20,7 +20,6 @@ use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::money::Nanos;
-use recovea_core::receipt::ReceiptSink;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
 use recovea_counters::Counters;
@@ -28,7 +27,6 @@ use recovea_gateway::spool::Spool;
 use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 
 #[path = "support/common.rs"]
 mod common;
@@ -70,15 +68,8 @@ impl Node {
         let spool_dir = TempDir::new();
         let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
         let gateway = Gateway::new(config, &spool, "node_test", Counters::new("node_test"));
-        let receipts = Arc::new(MemorySink::default());
-        let sink: Arc<dyn ReceiptSink> = receipts.clone();
-        tokio::spawn(async move { spool.ship(sink, std::future::pending()).await });
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(recovea_gateway::serve(gateway.clone(), listener, async move {
-            let _ = stopped.await;
-        }));
+        let receipts = common::ship_to_memory(spool);
+        let (url, stop) = common::serve(&gateway).await;
         let client = Client::builder(TokioExecutor::new()).build_http();
         Self { mock, gateway, url, client, receipts, _spool_dir: spool_dir, _stop: stop }
     }

@@ -15,7 +15,7 @@ use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::money::Nanos;
 use recovea_core::ratelimit::KeyLimits;
-use recovea_core::receipt::{Receipt, ReceiptSink};
+use recovea_core::receipt::Receipt;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::usage::UsageSource;
 use recovea_core::window::Window;
@@ -82,18 +82,11 @@ impl Harness {
         let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
         let counters = Counters::new("node_test");
         let gateway = Gateway::new(config, &spool, "node_test", Arc::clone(&counters));
-        let receipts = Arc::new(MemorySink::default());
-        let sink: Arc<dyn ReceiptSink> = receipts.clone();
-        tokio::spawn(async move { spool.ship(sink, std::future::pending()).await });
+        let receipts = common::ship_to_memory(spool);
         if install {
             gateway.install_snapshot(Arc::new(snapshot(&mock.url(), caps)));
         }
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(recovea_gateway::serve(gateway.clone(), listener, async move {
-            let _ = stopped.await;
-        }));
+        let (url, stop) = common::serve(&gateway).await;
         let client = Client::builder(TokioExecutor::new()).build_http();
         Self { mock, gateway, url, client, receipts, counters, _spool_dir: spool_dir, _stop: stop }
     }

@@ -3,7 +3,11 @@
 
 #![allow(dead_code)]
 
+use std::sync::Arc;
+
 use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
+use recovea_gateway::Gateway;
+use recovea_gateway::spool::Spool;
 
 /// Receipts as the ledger would get them.
 #[derive(Default)]
@@ -17,6 +21,26 @@ impl ReceiptSink for MemorySink {
         self.0.lock().expect("lock").extend_from_slice(batch);
         Box::pin(async { Ok(()) })
     }
+}
+
+/// Ships `spool`'s receipts into memory for the rest of the test.
+pub fn ship_to_memory(spool: Arc<Spool>) -> Arc<MemorySink> {
+    let receipts = Arc::new(MemorySink::default());
+    let sink: Arc<dyn ReceiptSink> = receipts.clone();
+    tokio::spawn(async move { spool.ship(sink, std::future::pending()).await });
+    receipts
+}
+
+/// Serves `gateway` on a port of its own until the returned sender is dropped: its URL, and that
+/// sender.
+pub async fn serve(gateway: &Gateway) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(recovea_gateway::serve(gateway.clone(), listener, async move {
+        let _ = stopped.await;
+    }));
+    (url, stop)
 }
 
 /// A directory removed when the test ends.
