@@ -59,14 +59,19 @@ pub(crate) struct RequestContext {
 
 impl RequestContext {
     pub(crate) fn new() -> Self {
+        let started_at = Timestamp::from_system_time(SystemTime::now());
+        // Time-ordered, so that receipts (whose ids are these) land at the end of the ledger's index.
         let mut id = String::with_capacity(24);
         id.push_str("req_");
-        recovea_core::ids::push_base62(&mut id, 20, || fastrand::u8(..));
+        let unix_ms = u64::try_from(started_at.0).unwrap_or(0);
+        recovea_core::ids::push_time_ordered(&mut id, unix_ms, 20 - recovea_core::ids::TIME_LEN, || {
+            fastrand::u8(..)
+        });
         let request_id = HeaderValue::try_from(id).expect("base62 is a valid header value");
         Self {
             request_id,
             received_at: Instant::now(),
-            started_at: Timestamp::from_system_time(SystemTime::now()),
+            started_at,
             credential: None,
             admitted: None,
             fail_open: None,
