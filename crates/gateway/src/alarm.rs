@@ -131,7 +131,7 @@ impl Alarm {
 /// Sends each alarm to the webhook in turn; a failure is logged and the alarm given up, since the
 /// next one of its reason carries the count on.
 async fn deliver(url: Uri, node_id: String, mut queued: mpsc::Receiver<Raised>) {
-    let client = Upstream::new(WEBHOOK_CONNECT_TIMEOUT);
+    let client = Upstream::new(WEBHOOK_CONNECT_TIMEOUT, 0);
     while let Some(raised) = queued.recv().await {
         let body = serde_json::json!({
             "alarm": "fail_open",

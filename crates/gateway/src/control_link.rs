@@ -43,7 +43,7 @@ impl ControlLink {
         let mut authorization = http::HeaderValue::from_str(&format!("Bearer {}", node_token.trim()))
             .map_err(|_| ConfigError("--node-token: must be printable ASCII".into()))?;
         authorization.set_sensitive(true);
-        Ok(Self { base_url, authorization, client: Upstream::new(Duration::from_secs(5)) })
+        Ok(Self { base_url, authorization, client: Upstream::new(Duration::from_secs(5), 0) })
     }
 
     /// POSTs `body` as JSON to `path` and returns the status and the whole answer. The text of an

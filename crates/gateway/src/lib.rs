@@ -159,7 +159,7 @@ impl Gateway {
     /// A node that meters into `spool`, its receipts signed with `node_id`, and decides caps from
     /// `counters`.
     pub fn new(config: GatewayConfig, spool: &spool::Spool, node_id: &str, counters: Arc<Counters>) -> Self {
-        let upstream = upstream::Upstream::new(config.connect_timeout);
+        let upstream = upstream::Upstream::new(config.connect_timeout, server::connection_workers());
         let alarm = alarm::Alarm::new(config.alarm_webhook.clone(), config.alarm_interval, node_id);
         Self {
             shared: Arc::new(Shared {

@@ -13,8 +13,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 
 use crate::Gateway;
 use crate::proxy::{self, BoxError, REQUEST_ID, RequestContext, ResponseBody};
@@ -23,16 +24,27 @@ use crate::proxy::{self, BoxError, REQUEST_ID, RequestContext, ResponseBody};
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves `gateway` on `listener` until `shutdown` resolves, then drains open connections.
+///
+/// The caller's runtime only accepts. Each connection is handed to one of [`connection_workers`]
+/// threads, each with its own single-threaded runtime and its own pool of provider connections
+/// (see [`crate::upstream`]): a request, its client connection and its provider connection then
+/// live on one thread, and none of its wake-ups crosses threads or goes through a work-stealing
+/// queue, which under load cost more than the proxying itself.
 pub async fn serve(gateway: Gateway, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
     let graceful = GracefulShutdown::new();
+    let mut workers = match Workers::start(&gateway) {
+        Ok(workers) => workers,
+        Err(e) => {
+            tracing::error!(error = %e, "could not start the connection threads");
+            return;
+        }
+    };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(accepted) => accepted,
+                let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
+                    Ok(stream) => stream,
                     Err(e) => {
                         // Running out of file descriptors must not end the server: wait and retry.
                         tracing::warn!(error = %e, "accept failed");
@@ -40,19 +52,7 @@ pub async fn serve(gateway: Gateway, listener: TcpListener, shutdown: impl Futur
                         continue;
                     }
                 };
-                let _ = stream.set_nodelay(true);
-                let gateway = gateway.clone();
-                let service = service_fn(move |request: Request<Incoming>| {
-                    let gateway = gateway.clone();
-                    async move { Ok::<_, Infallible>(gateway.handle(request).await) }
-                });
-                let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
+                workers.hand_over(stream, graceful.watcher());
             }
             () = &mut shutdown => break,
         }
@@ -60,6 +60,85 @@ pub async fn serve(gateway: Gateway, listener: TcpListener, shutdown: impl Futur
     drop(listener);
     if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
         tracing::warn!("shutdown: some connections were still open after the drain timeout");
+    }
+    workers.stop().await;
+}
+
+/// How many threads serve connections: one per core the process may run on.
+pub(crate) fn connection_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+type Handover = (std::net::TcpStream, Watcher);
+
+/// The connection threads, each fed accepted connections in turn.
+struct Workers {
+    senders: Vec<mpsc::UnboundedSender<Handover>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    next: usize,
+}
+
+impl Workers {
+    fn start(gateway: &Gateway) -> std::io::Result<Self> {
+        let mut workers = Self { senders: Vec::new(), threads: Vec::new(), next: 0 };
+        for lane in 1..=gateway.shared.upstream.worker_lanes() {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let (sender, receiver) = mpsc::unbounded_channel();
+            let gateway = gateway.clone();
+            let thread =
+                std::thread::Builder::new().name(format!("recovea-conn-{lane}")).spawn(move || {
+                    crate::upstream::use_lane(lane);
+                    runtime.block_on(serve_handed_over(gateway, receiver));
+                })?;
+            workers.senders.push(sender);
+            workers.threads.push(thread);
+        }
+        Ok(workers)
+    }
+
+    fn hand_over(&mut self, stream: std::net::TcpStream, watcher: Watcher) {
+        self.next = self.next.wrapping_add(1);
+        // A worker only stops when its sender is dropped, so the send cannot fail while `self` lives.
+        let _ = self.senders[self.next % self.senders.len()].send((stream, watcher));
+    }
+
+    /// Ends every worker once the connections it serves are drained (or abandoned).
+    async fn stop(self) {
+        drop(self.senders);
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
+
+/// One connection thread: serves every connection handed to it until the server stops.
+async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver<Handover>) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+    while let Some((stream, watcher)) = handed.recv().await {
+        let stream = match stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "an accepted connection could not be served");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let gateway = gateway.clone();
+        let service = service_fn(move |request: Request<Incoming>| {
+            let gateway = gateway.clone();
+            async move { Ok::<_, Infallible>(gateway.handle(request).await) }
+        });
+        let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service).into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
     }
 }
 

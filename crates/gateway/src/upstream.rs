@@ -1,5 +1,6 @@
 //! The pooled client that carries requests to providers: HTTP/1.1 and HTTP/2 over rustls.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -28,28 +29,33 @@ pub(crate) enum UpstreamError {
 
 type Connector = ConnectWithin<HttpsConnector<HttpConnector>>;
 
+thread_local! {
+    /// Which pool of provider connections this thread's requests use: 0 for any thread that is not
+    /// a connection worker (tests calling the gateway directly, for one).
+    static LANE: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Makes the calling thread use pool `lane` (a connection worker's own).
+pub(crate) fn use_lane(lane: usize) {
+    LANE.set(lane);
+}
+
+/// One pool of provider connections per connection worker (lanes 1 to n) and one for every other
+/// thread (lane 0). A pooled connection is driven by a task on the thread that opened it; sharing
+/// one pool between threads would hand a request on one thread a connection driven by another,
+/// and every write and read of that request would then wake the other thread.
 pub(crate) struct Upstream {
-    client: Client<Connector, Full<Bytes>>,
+    lanes: Vec<Client<Connector, Full<Bytes>>>,
 }
 
 impl Upstream {
-    pub(crate) fn new(connect_timeout: Duration) -> Self {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_keepalive(Some(Duration::from_secs(60)));
-        let https = HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(256)
-            .build(ConnectWithin { inner: https, limit: connect_timeout });
-        Self { client }
+    pub(crate) fn new(connect_timeout: Duration, workers: usize) -> Self {
+        Self { lanes: (0..=workers).map(|_| client(connect_timeout)).collect() }
+    }
+
+    /// How many connection workers have a pool of their own.
+    pub(crate) fn worker_lanes(&self) -> usize {
+        self.lanes.len() - 1
     }
 
     /// Sends `request` and waits at most `timeout` for the response head. The body then streams.
@@ -58,12 +64,31 @@ impl Upstream {
         request: Request<Full<Bytes>>,
         timeout: Duration,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(timeout, self.client.request(request)).await {
+        let client = &self.lanes[LANE.get() % self.lanes.len()];
+        match tokio::time::timeout(timeout, client.request(request)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(UpstreamError::Unreachable(e)),
             Err(_) => Err(UpstreamError::Timeout),
         }
     }
+}
+
+fn client(connect_timeout: Duration) -> Client<Connector, Full<Bytes>> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    let https = HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(256)
+        .build(ConnectWithin { inner: https, limit: connect_timeout })
 }
 
 /// Bounds the whole connection set-up (DNS, TCP and the TLS handshake) by one limit: a provider
