@@ -27,6 +27,12 @@ const ABANDON_AFTER_END_MS: i64 = 24 * 60 * 60 * 1000;
 const NEVER: i64 = i64::MIN;
 /// The least time between two syncs asked for early (a new window, a cap near its line).
 pub const SOON: Duration = Duration::from_millis(20);
+/// The least time between two exchanges of the windows nodes race at (see [`Counters::race`]):
+/// spend another node adds between two exchanges is what it can take past the line unseen.
+pub const AT_THE_LINE: Duration = Duration::from_millis(1);
+/// How long a window stays in the racing exchanges after the last request that found it near its
+/// line.
+const RACE_HOLD_MS: i64 = 200;
 
 /// One cap's window, as the gateway names it for a request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -63,6 +69,7 @@ pub struct Counters {
     wake: Notify,
     /// The shortest gap asked for since the loop last woke (`u64::MAX`: none).
     asked_gap_ms: AtomicU64,
+    race_wake: Notify,
     missing: watch::Sender<Vec<CapWindow>>,
 }
 
@@ -95,6 +102,8 @@ struct State {
     seed: Option<Nanos>,
     /// The store reported the window unseeded and no seed is waiting.
     missing: bool,
+    /// Until when (ms) a request near the line keeps the window in the racing exchanges.
+    racing_until: i64,
 }
 
 impl Counters {
@@ -110,6 +119,7 @@ impl Counters {
             sync_lock: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
             asked_gap_ms: AtomicU64::new(u64::MAX),
+            race_wake: Notify::new(),
             missing: watch::Sender::new(Vec::new()),
         })
     }
@@ -134,6 +144,20 @@ impl Counters {
     /// other nodes already reached.
     pub fn track(&self, windows: &[CapWindow]) {
         self.touch(windows, |_| {});
+    }
+
+    /// Marks windows whose armed cap a request found near its line: until [`RACE_HOLD_MS`] after the
+    /// last such request, they are exchanged with the store (this node's reservations pushed,
+    /// the others' read) every [`AT_THE_LINE`] while requests keep asking, between the regular
+    /// syncs. Only these windows pay for that rate: the regular syncs push and read every window.
+    pub fn race(&self, windows: &[CapWindow], now: Timestamp) {
+        self.touch(windows, |s| s.racing_until = now.0.saturating_add(RACE_HOLD_MS));
+        self.race_wake.notify_one();
+    }
+
+    /// Resolves when a request asked for a racing exchange since the last call.
+    pub(crate) async fn race_asked(&self) {
+        self.race_wake.notified().await;
     }
 
     /// Adds a cost directly (no reservation), e.g. a receipt of a request that had none.
@@ -191,6 +215,43 @@ impl Counters {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.forget(now);
         let entries: Vec<Arc<Entry>> = self.read_map().values().cloned().collect();
+        let outcome = self.exchange(shared, &entries, now).await?;
+        self.confirmed_at.store(now.0, Ordering::Release);
+        self.missing.send_if_modified(|current| {
+            let changed = *current != outcome.missing;
+            if changed {
+                current.clone_from(&outcome.missing);
+            }
+            changed
+        });
+        Ok(outcome)
+    }
+
+    /// The exchange of [`race`](Self::race): pushes and reads only the windows still racing.
+    /// The counters' confirmation time is the regular syncs' (these cover only some windows), and
+    /// missing windows wait for a regular sync to report them. Returns how many windows it
+    /// exchanged.
+    pub async fn exchange_racing(
+        &self,
+        shared: &dyn SharedCounters,
+        now: Timestamp,
+    ) -> Result<usize, CounterError> {
+        let _one_at_a_time = self.sync_lock.lock().await;
+        let racing: Vec<Arc<Entry>> =
+            self.read_map().values().filter(|e| e.state().racing_until > now.0).cloned().collect();
+        if racing.is_empty() {
+            return Ok(0);
+        }
+        self.exchange(shared, &racing, now).await.map(|outcome| outcome.windows)
+    }
+
+    /// Pushes `entries` and folds what the store answers into their states.
+    async fn exchange(
+        &self,
+        shared: &dyn SharedCounters,
+        entries: &[Arc<Entry>],
+        now: Timestamp,
+    ) -> Result<SyncOutcome, CounterError> {
         let push = SyncPush {
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
             windows: entries.iter().map(|e| e.push()).collect(),
@@ -231,14 +292,6 @@ impl Counters {
                 missing.push(CapWindow { cap: entry.cap.clone(), start: entry.start, end });
             }
         }
-        self.confirmed_at.store(now.0, Ordering::Release);
-        self.missing.send_if_modified(|current| {
-            let changed = *current != missing;
-            if changed {
-                current.clone_from(&missing);
-            }
-            changed
-        });
         Ok(SyncOutcome { windows: push.windows.len(), missing, others_active })
     }
 
@@ -574,6 +627,27 @@ mod tests {
         a.sync_with(&store, at(2)).await.expect("sync a");
         b.sync_with(&store, at(2)).await.expect("sync b");
         assert_eq!((spend(&b, &w).spent, spend(&b, &w).reserved), (Nanos(3), Nanos::ZERO));
+    }
+
+    #[tokio::test]
+    async fn racing_windows_alone_are_exchanged_and_only_while_requests_race() {
+        let store = InProcess::default();
+        let (a, b) = (Counters::new("a"), Counters::new("b"));
+        let (hot, cold) = (window("hot"), window("cold"));
+        for node in [&a, &b] {
+            node.sync_with(&store, NOW).await.expect("first sync");
+        }
+        let _held = a.reserve(vec![hot.clone(), cold.clone()], Nanos(10));
+        assert_eq!(a.exchange_racing(&store, at(1)).await.expect("exchange"), 0, "nothing races yet");
+        a.race(std::slice::from_ref(&hot), at(1));
+        b.race(std::slice::from_ref(&hot), at(1));
+        assert_eq!(a.exchange_racing(&store, at(2)).await.expect("exchange a"), 1, "the racing window only");
+        assert_eq!(b.exchange_racing(&store, at(3)).await.expect("exchange b"), 1);
+        assert_eq!(spend(&b, &hot).reserved, Nanos(10), "b sees a's reservation on the racing window");
+        assert_eq!(spend(&b, &cold).reserved, Nanos::ZERO, "the other window waits for a regular sync");
+        assert_eq!(b.confirmed_at(), Some(NOW), "an exchange of some windows confirms nothing");
+        let later = at(1 + RACE_HOLD_MS);
+        assert_eq!(a.exchange_racing(&store, later).await.expect("exchange"), 0, "the race is over");
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use recovea_core::timestamp::Timestamp;
 use tokio::time::MissedTickBehavior;
 
-use crate::counters::{Counters, SOON};
+use crate::counters::{AT_THE_LINE, Counters, SOON};
 
 /// How stale other nodes' spend may be while they spend on a window this node holds.
 const WHILE_OTHERS_SPEND: Duration = Duration::from_millis(100);
@@ -42,6 +42,7 @@ pub async fn sync_loop_with_clock(
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut failing = false;
     let mut last_sync = tokio::time::Instant::now();
+    let mut last_exchange = last_sync;
     loop {
         tokio::select! {
             biased;
@@ -51,6 +52,16 @@ pub async fn sync_loop_with_clock(
                 // Woken early: keep the gap asked for, so that a busy cap near its line costs the
                 // store at most a few dozen syncs a second per node.
                 tokio::time::sleep_until(last_sync + gap.max(SOON).min(interval)).await;
+            }
+            () = counters.race_asked() => {
+                // A request near an armed cap's line: exchange the racing windows alone, back to
+                // back while such requests flow. A failure is the regular sync's to report.
+                tokio::time::sleep_until(last_exchange.max(last_sync) + AT_THE_LINE).await;
+                last_exchange = tokio::time::Instant::now();
+                if let Err(error) = counters.exchange_racing(shared.as_ref(), clock()).await {
+                    tracing::debug!(%error, "the racing windows could not be exchanged");
+                }
+                continue;
             }
         }
         last_sync = tokio::time::Instant::now();

@@ -410,8 +410,15 @@ fn check_caps(
         .as_deref()
         .and_then(|m| prices.table.lookup(m))
         .map_or(Nanos::ZERO, |p| pricing::cost(&estimate, p));
-    if covering.iter().any(|cap| cap.hard_stop && near_the_line(shared.counters.as_ref(), cap, now, cost)) {
-        // Other nodes' spend matters most here: learn it sooner than the next tick.
+    let racing: Vec<CapWindow> = covering
+        .iter()
+        .filter(|cap| cap.hard_stop && near_the_line(shared.counters.as_ref(), cap, now, cost))
+        .map(|cap| cap_window(cap, now))
+        .collect();
+    if !racing.is_empty() {
+        // Other nodes may be racing at the line: exchange reservations with them back to back,
+        // and keep the regular syncs close too.
+        shared.counters.race(&racing, now);
         shared.counters.sync_soon();
     } else if covering.iter().any(|cap| cap.hard_stop) {
         // Spending on an armed cap: other nodes may be racing at it too, so their spend must not
