@@ -149,6 +149,7 @@ impl Spool {
     }
 
     /// Delivers everything written so far, batch by batch, recording progress after each batch.
+    /// Returns once a batch reaches the end of what was written.
     /// At start-up, before serving, this brings the ledger up to date.
     pub async fn ship_available(&self, sink: &dyn ReceiptSink) -> Result<(), String> {
         loop {
@@ -170,6 +171,12 @@ impl Spool {
             self.stats.corrupt.fetch_add(corrupt, Relaxed);
             self.stats.delivered.fetch_add(delivered as u64, Relaxed);
             self.stats.pending.fetch_sub(delivered as i64, Relaxed);
+            if delivered < BATCH {
+                // The batch reached the end of what was written: receipts written meanwhile wait
+                // for the shipper's pause, so that under steady load each delivery carries the
+                // pause's worth rather than the few written during the last delivery.
+                return Ok(());
+            }
         }
     }
 }
