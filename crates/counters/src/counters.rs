@@ -147,9 +147,10 @@ impl Counters {
     }
 
     /// Marks windows whose armed cap a request found near its line: until [`RACE_HOLD_MS`] after the
-    /// last such request, they are exchanged with the store (this node's reservations pushed,
-    /// the others' read) every [`AT_THE_LINE`] while requests keep asking, between the regular
-    /// syncs. Only these windows pay for that rate: the regular syncs push and read every window.
+    /// last such request, the sync loop exchanges them with the store (this node's reservations
+    /// and spend pushed, the others' read) every [`AT_THE_LINE`], between the regular syncs, so
+    /// that the next request near the line is decided on other nodes' spend a few ms old. Only
+    /// these windows pay for that rate: the regular syncs push and read every window.
     pub fn race(&self, windows: &[CapWindow], now: Timestamp) {
         self.touch(windows, |s| s.racing_until = now.0.saturating_add(RACE_HOLD_MS));
         self.race_wake.notify_one();

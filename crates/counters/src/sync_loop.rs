@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use recovea_core::timestamp::Timestamp;
-use tokio::time::MissedTickBehavior;
+use tokio::time::Instant;
 
 use crate::counters::{AT_THE_LINE, Counters, SOON};
 
@@ -38,33 +38,43 @@ pub async fn sync_loop_with_clock(
     clock: impl Fn() -> Timestamp,
 ) {
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(1)));
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let interval = interval.max(Duration::from_millis(1));
     let mut failing = false;
-    let mut last_sync = tokio::time::Instant::now();
+    let mut last_sync = Instant::now();
+    // The first sync at once; then every interval, or sooner when asked.
+    let mut due = last_sync;
     let mut last_exchange = last_sync;
+    // Whether windows race at their line: they are exchanged every AT_THE_LINE until none is left,
+    // so that every request near the line is decided on other nodes' spend a few ms old at most.
+    let mut racing = false;
     loop {
         tokio::select! {
             biased;
             () = &mut shutdown => break,
-            _ = ticker.tick() => {}
+            () = tokio::time::sleep_until(due) => {}
             gap = counters.sync_asked() => {
-                // Woken early: keep the gap asked for, so that a busy cap near its line costs the
-                // store at most a few dozen syncs a second per node.
-                tokio::time::sleep_until(last_sync + gap.max(SOON).min(interval)).await;
+                // Keep at least SOON between syncs, so that a busy cap costs the store at most a
+                // few dozen full syncs a second per node.
+                due = due.min(last_sync + gap.max(SOON));
+                continue;
             }
-            () = counters.race_asked() => {
-                // A request near an armed cap's line: exchange the racing windows alone, back to
-                // back while such requests flow. A failure is the regular sync's to report.
-                tokio::time::sleep_until(last_exchange.max(last_sync) + AT_THE_LINE).await;
-                last_exchange = tokio::time::Instant::now();
-                if let Err(error) = counters.exchange_racing(shared.as_ref(), clock()).await {
-                    tracing::debug!(%error, "the racing windows could not be exchanged");
+            () = counters.race_asked(), if !racing => {
+                racing = true;
+                continue;
+            }
+            () = tokio::time::sleep_until(last_exchange + AT_THE_LINE), if racing => {
+                last_exchange = Instant::now();
+                match counters.exchange_racing(shared.as_ref(), clock()).await {
+                    Ok(0) => racing = false,
+                    Ok(_) => {}
+                    // The regular sync reports a store that cannot be reached.
+                    Err(error) => tracing::debug!(%error, "the racing windows could not be exchanged"),
                 }
                 continue;
             }
         }
-        last_sync = tokio::time::Instant::now();
+        last_sync = Instant::now();
+        due = last_sync + interval;
         let result = counters.sync_with(shared.as_ref(), clock()).await;
         match result {
             Ok(outcome) => {

@@ -416,11 +416,10 @@ fn check_caps(
         .map(|cap| cap_window(cap, now))
         .collect();
     if !racing.is_empty() {
-        // Other nodes may be racing at the line: exchange reservations with them back to back,
-        // and keep the regular syncs close too.
+        // Other nodes may be racing at the line: exchange reservations with them back to back.
         shared.counters.race(&racing, now);
-        shared.counters.sync_soon();
-    } else if covering.iter().any(|cap| cap.hard_stop) {
+    }
+    if covering.iter().any(|cap| cap.hard_stop) {
         // Spending on an armed cap: other nodes may be racing at it too, so their spend must not
         // be a whole tick old when this node's view reaches the line.
         shared.counters.sync_within(ARMED_SYNC_GAP);
