@@ -1,7 +1,9 @@
 //! `recovea-bench`: the helpers `bench/run` needs that no packaged tool provides.
 //!
-//! - `snapshot --keys N`: builds an N-key snapshot in this process and reports its memory (VmRSS
-//!   before and after, VmHWM during a rebuild) and the time to build, swap and drop one.
+//! - `snapshot --keys N`: builds an N-key snapshot in this process and reports its memory (the heap
+//!   bytes it holds, counted by this tool's allocator; VmRSS before and after, which also counts
+//!   what the allocator keeps of the builder's freed memory; VmHWM during a rebuild) and the time to
+//!   build, swap and drop one.
 //! - `load --url U --body B ...`: a closed-loop HTTP/1.1 keep-alive load generator that records, per
 //!   request, the time to the first response byte (the head), to the first body chunk and to the
 //!   end, for SSE streams (wrk reports only the whole response).
@@ -37,6 +39,59 @@ use recovea_core::window::Window;
 use recovea_core::{Credential, CredentialHeader, Decision, Timestamp, admit};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The system allocator, counting the bytes held live while `COUNTING` is on (only `snapshot`
+/// turns it on: the load generator's threads should not share a counter).
+struct Counting;
+
+static COUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static LIVE_BYTES: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+fn count(bytes: usize, sign: isize) {
+    if COUNTING.load(std::sync::atomic::Ordering::Relaxed) {
+        LIVE_BYTES.fetch_add(sign * bytes as isize, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is passed on to `System` unchanged; only the sizes are counted.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let ptr = unsafe { std::alloc::System.alloc(layout) };
+        if !ptr.is_null() {
+            count(layout.size(), 1);
+        }
+        ptr
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let ptr = unsafe { std::alloc::System.alloc_zeroed(layout) };
+        if !ptr.is_null() {
+            count(layout.size(), 1);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        unsafe { std::alloc::System.dealloc(ptr, layout) };
+        count(layout.size(), -1);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        let new = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
+        if !new.is_null() {
+            count(layout.size(), -1);
+            count(new_size, 1);
+        }
+        new
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live_bytes() -> i64 {
+    LIVE_BYTES.load(std::sync::atomic::Ordering::Relaxed) as i64
+}
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -174,17 +229,20 @@ fn snapshot(flags: &Flags) -> Result<(), Error> {
     let n: usize = flags.num("keys", 1_000_000)?;
     let per_org: usize = flags.num("keys-per-org", 10)?.max(1);
     let orgs = n.div_ceil(per_org).max(1);
+    COUNTING.store(true, std::sync::atomic::Ordering::Relaxed);
     let (rss_start, _) = memory_kib();
     let rows: Vec<Row> = (0..n)
         .map(|i| Row { hash: hash_secret(&secret(i)), key_id: format!("key_{i:020}"), org: i / per_org })
         .collect();
     // The rows stand for the store's answer; the snapshot's own memory is what comes on top.
     let (rss_rows, _) = memory_kib();
+    let live_rows = live_bytes();
 
     let t = Instant::now();
     let first = build(1, orgs, &rows);
     let build1 = t.elapsed();
     let (rss_snapshot, _) = memory_kib();
+    let heap_snapshot = live_bytes() - live_rows;
     let live = ArcSwap::from(Arc::new(first));
 
     // A rebuild as the node lives it: build the next one while the current one serves, swap, and
@@ -219,6 +277,7 @@ fn snapshot(flags: &Flags) -> Result<(), Error> {
     println!(
         "{{\"keys\":{n},\"orgs\":{orgs},\"rss_start_mib\":{:.1},\"rss_with_rows_mib\":{:.1},\
          \"rss_with_snapshot_mib\":{:.1},\"snapshot_mib\":{:.1},\"bytes_per_key\":{:.0},\
+         \"heap_snapshot_mib\":{:.1},\"heap_bytes_per_key\":{:.0},\
          \"peak_during_rebuild_mib\":{:.1},\"build_ms\":{:.1},\"rebuild_ms\":{:.1},\"swap_us\":{:.2},\
          \"drop_old_ms\":{:.1}}}",
         mib(rss_start),
@@ -226,6 +285,8 @@ fn snapshot(flags: &Flags) -> Result<(), Error> {
         mib(rss_snapshot),
         mib(delta),
         (delta * 1024) as f64 / n.max(1) as f64,
+        heap_snapshot as f64 / (1024.0 * 1024.0),
+        heap_snapshot as f64 / n.max(1) as f64,
         mib(hwm.saturating_sub(rss_rows)),
         build1.as_secs_f64() * 1e3,
         build2.as_secs_f64() * 1e3,

@@ -99,8 +99,8 @@ mod tests {
         let mut state = FeedState { version, ..FeedState::default() };
         for n in keys {
             let key = KeyWire {
-                id: format!("key_{n}"),
-                org_id: "org_a".into(),
+                id: recovea_core::ids::KeyId::parse(&format!("key_{n}")).expect("a valid key id"),
+                org_id: recovea_core::ids::OrgId::parse("org_a").expect("a valid organization id"),
                 expires_at_ms: None,
                 requests_per_minute: None,
                 tokens_per_minute: None,

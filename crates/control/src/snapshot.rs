@@ -9,10 +9,10 @@ use recovea_store::State;
 pub fn feed_state(state: &State) -> FeedState {
     let mut feed = FeedState { version: state.version, ..FeedState::default() };
     for org in &state.orgs {
-        feed.orgs.insert(org.id.as_str().to_owned(), OrgWire::default());
+        feed.orgs.insert(org.id.clone(), OrgWire::default());
     }
     for provider in &state.providers {
-        if let Some(org) = feed.orgs.get_mut(provider.org_id.as_str()) {
+        if let Some(org) = feed.orgs.get_mut(&provider.org_id) {
             org.providers.insert(
                 provider.name.clone(),
                 ProviderWire {
@@ -24,17 +24,19 @@ pub fn feed_state(state: &State) -> FeedState {
         }
     }
     for record in &state.caps {
-        if let Some(org) = feed.orgs.get_mut(record.cap.org_id.as_str()) {
+        if let Some(org) = feed.orgs.get_mut(&record.cap.org_id) {
             org.caps.push(CapWire::from_cap(&record.cap));
         }
     }
+    feed.keys.reserve(state.active_keys.len());
     for (key, hash) in &state.active_keys {
-        if feed.orgs.contains_key(key.org_id.as_str()) {
+        if feed.orgs.contains_key(&key.org_id) {
             feed.keys.insert(
                 *hash,
                 KeyWire {
-                    id: key.id.as_str().to_owned(),
-                    org_id: key.org_id.as_str().to_owned(),
+                    // Shared with the store's rows, not copied.
+                    id: key.id.clone(),
+                    org_id: key.org_id.clone(),
                     expires_at_ms: key.expires_at.map(|t| t.0),
                     requests_per_minute: key.limits.requests_per_minute,
                     tokens_per_minute: key.limits.tokens_per_minute,

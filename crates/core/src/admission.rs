@@ -68,8 +68,8 @@ pub fn admit(snapshot: Option<&Snapshot>, credential: Option<Credential<'_>>, no
         return Decision::Refuse(Answer::invalid_api_key());
     }
     Decision::Admit(Admitted {
-        key_id: entry.id.clone(),
-        org: Arc::clone(&entry.org),
+        key_id: entry.id(),
+        org: Arc::clone(entry.org),
         credential_header: credential.header,
         limits: entry.limits,
     })

@@ -26,7 +26,7 @@ use crate::window::Window;
 pub struct FeedState {
     pub version: u64,
     /// By organization id.
-    pub orgs: BTreeMap<String, OrgWire>,
+    pub orgs: BTreeMap<OrgId, OrgWire>,
     /// The keys that are not revoked, by the hash of their secret. Every key's organization is in
     /// `orgs` (a key of another is never served).
     pub keys: HashMap<KeyHash, KeyWire>,
@@ -64,10 +64,12 @@ pub struct CapWire {
     pub alert_at_permille: Vec<u32>,
 }
 
+/// Ids are parsed as the message is read (an id that does not parse refuses the message), so that
+/// building a snapshot from a million keys copies no text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyWire {
-    pub id: String,
-    pub org_id: String,
+    pub id: KeyId,
+    pub org_id: OrgId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -91,7 +93,7 @@ pub struct FeedChanges {
     /// The version they lead to.
     pub version: u64,
     #[serde(default)]
-    pub orgs: BTreeMap<String, Option<OrgWire>>,
+    pub orgs: BTreeMap<OrgId, Option<OrgWire>>,
     #[serde(default)]
     pub keys: HashMap<KeyHash, Option<KeyWire>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,7 +135,7 @@ impl std::error::Error for FeedError {}
 #[derive(Debug)]
 pub struct Opened {
     pub snapshot: Snapshot,
-    pub unopened: Vec<(String, String)>,
+    pub unopened: Vec<(OrgId, String)>,
 }
 
 impl FeedState {
@@ -235,7 +237,7 @@ impl FeedChanges {
 fn open_onto<'a>(
     snapshot: &Snapshot,
     version: u64,
-    orgs: impl Iterator<Item = (&'a String, Option<&'a OrgWire>)>,
+    orgs: impl Iterator<Item = (&'a OrgId, Option<&'a OrgWire>)>,
     keys: impl Iterator<Item = (&'a KeyHash, Option<&'a KeyWire>)>,
     prices: Option<&PricesWire>,
     master_key: &MasterKey,
@@ -243,52 +245,14 @@ fn open_onto<'a>(
     let mut unopened = Vec::new();
     let orgs = orgs
         .map(|(id, org)| {
-            let org_id = OrgId::parse(id).ok_or_else(|| invalid("organization id", id))?;
-            let org = org.map(|org| org.open(&org_id, master_key, &mut unopened)).transpose()?;
-            Ok((org_id, org))
+            Ok((id.clone(), org.map(|org| org.open(id, master_key, &mut unopened)).transpose()?))
         })
         .collect::<Result<Vec<_>, FeedError>>()?;
     let prices = prices.map(PricesWire::to_prices).transpose()?;
-    // Keys are parsed as they are inserted (no second list of a million); the first bad one
-    // stops the insertion and refuses the whole change.
-    let mut bad_key = None;
-    let parsed = UntilError {
-        inner: keys.map(|(hash, key)| key.map(KeyWire::parts).transpose().map(|parts| (*hash, parts))),
-        error: &mut bad_key,
-    };
-    let snapshot = snapshot.with_changes(version, orgs, parsed, prices);
-    match bad_key {
-        Some(e) => Err(e),
-        None => Ok(Opened { snapshot, unopened }),
-    }
-}
-
-/// Yields the `Ok` values until the first `Err`, which it keeps; its size hint is the inner one,
-/// so that a table can reserve room for all of them at once.
-struct UntilError<'e, I> {
-    inner: I,
-    error: &'e mut Option<FeedError>,
-}
-
-impl<T, I: Iterator<Item = Result<T, FeedError>>> Iterator for UntilError<'_, I> {
-    type Item = T;
-
-    fn next(&mut self) -> Option<T> {
-        if self.error.is_some() {
-            return None;
-        }
-        match self.inner.next()? {
-            Ok(item) => Some(item),
-            Err(e) => {
-                *self.error = Some(e);
-                None
-            }
-        }
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        self.inner.size_hint()
-    }
+    // Ids were parsed with the message: the keys go into the table as they are, borrowed.
+    let keys = keys.map(|(hash, key)| (*hash, key.map(KeyWire::parts)));
+    let snapshot = snapshot.with_changes(version, orgs, keys, prices);
+    Ok(Opened { snapshot, unopened })
 }
 
 impl OrgWire {
@@ -296,9 +260,9 @@ impl OrgWire {
         &self,
         org_id: &OrgId,
         master_key: &MasterKey,
-        unopened: &mut Vec<(String, String)>,
+        unopened: &mut Vec<(OrgId, String)>,
     ) -> Result<Org, FeedError> {
-        let mut providers = HashMap::new();
+        let mut providers = Vec::with_capacity(self.providers.len());
         for (name, provider) in &self.providers {
             let kind = ProviderKind::parse(&provider.kind).ok_or_else(|| invalid("kind", &provider.kind))?;
             let context = provider_key_context(org_id.as_str(), name);
@@ -313,9 +277,9 @@ impl OrgWire {
                         base_url: provider.base_url.clone(),
                         api_key,
                     };
-                    providers.insert(name.clone(), credential);
+                    providers.push(credential);
                 }
-                None => unopened.push((org_id.as_str().to_owned(), name.clone())),
+                None => unopened.push((org_id.clone(), name.clone())),
             }
         }
         let caps = self.caps.iter().map(|cap| cap.to_cap(org_id)).collect::<Result<_, _>>()?;
@@ -324,16 +288,16 @@ impl OrgWire {
 }
 
 impl KeyWire {
-    fn parts(&self) -> Result<KeyParts, FeedError> {
-        Ok(KeyParts {
-            id: KeyId::parse(&self.id).ok_or_else(|| invalid("key id", &self.id))?,
-            org: OrgId::parse(&self.org_id).ok_or_else(|| invalid("organization id", &self.org_id))?,
+    fn parts(&self) -> KeyParts<'_> {
+        KeyParts {
+            id: &self.id,
+            org: &self.org_id,
             expires_at: self.expires_at_ms.map(Timestamp),
             limits: KeyLimits {
                 requests_per_minute: self.requests_per_minute,
                 tokens_per_minute: self.tokens_per_minute,
             },
-        })
+        }
     }
 }
 
@@ -471,10 +435,14 @@ mod tests {
         ProviderWire { kind: "openai".into(), base_url: None, sealed_key: crate::hex::encode(&sealed) }
     }
 
+    fn org_id(id: &str) -> OrgId {
+        OrgId::parse(id).expect("a valid organization id")
+    }
+
     fn key(id: &str, org: &str) -> KeyWire {
         KeyWire {
-            id: id.into(),
-            org_id: org.into(),
+            id: KeyId::parse(id).expect("a valid key id"),
+            org_id: org_id(org),
             expires_at_ms: None,
             requests_per_minute: None,
             tokens_per_minute: None,
@@ -494,7 +462,7 @@ mod tests {
             alert_at_permille: vec![500],
         });
         let mut state = FeedState { version: 3, ..FeedState::default() };
-        state.orgs.insert("org_a".into(), org);
+        state.orgs.insert(org_id("org_a"), org);
         state.keys.insert(crate::keys::hash_secret("rk_one"), key("key_1", "org_a"));
         state
     }
@@ -504,7 +472,7 @@ mod tests {
         let opened = state().open(&master_key()).expect("opens");
         assert!(opened.unopened.is_empty());
         let entry = opened.snapshot.key(&crate::keys::hash_secret("rk_one")).expect("the key is served");
-        assert_eq!(entry.id.as_str(), "key_1");
+        assert_eq!(entry.id().as_str(), "key_1");
         assert_eq!(entry.org.provider("openai").map(|p| p.api_key.as_str()), Some("sk-secret-a"));
         assert_eq!(entry.org.caps.len(), 1);
         assert_eq!(opened.snapshot.version, 3);
@@ -514,9 +482,9 @@ mod tests {
     fn a_key_sealed_for_another_place_is_left_out_not_served() {
         let mut state = state();
         let moved = provider("org_b", "openai", "sk-other");
-        state.orgs.get_mut("org_a").expect("org").providers.insert("openai".into(), moved);
+        state.orgs.get_mut(&org_id("org_a")).expect("org").providers.insert("openai".into(), moved);
         let opened = state.open(&master_key()).expect("opens");
-        assert_eq!(opened.unopened, vec![("org_a".to_owned(), "openai".to_owned())]);
+        assert_eq!(opened.unopened, vec![(org_id("org_a"), "openai".to_owned())]);
         let entry = opened.snapshot.key(&crate::keys::hash_secret("rk_one")).expect("the key is served");
         assert!(entry.org.provider("openai").is_none());
         assert!(state.open(&MasterKey::from_bytes([8; 32])).expect("opens").unopened.len() == 1);
@@ -525,7 +493,7 @@ mod tests {
     #[test]
     fn a_malformed_field_refuses_the_whole_state() {
         let mut state = state();
-        state.orgs.get_mut("org_a").expect("org").caps[0].window = "fortnight".into();
+        state.orgs.get_mut(&org_id("org_a")).expect("org").caps[0].window = "fortnight".into();
         assert!(matches!(state.open(&master_key()), Err(FeedError::Invalid(_))));
     }
 
@@ -555,6 +523,38 @@ mod tests {
     }
 
     #[test]
+    fn the_wire_form_is_the_one_nodes_and_control_planes_of_this_version_speak() {
+        let mut state = state();
+        state.orgs.get_mut(&org_id("org_a")).expect("org").providers.clear();
+        state.keys.values_mut().for_each(|key| key.expires_at_ms = Some(7));
+        state.orgs.insert(org_id("org_B"), OrgWire::default());
+        let text = String::from_utf8(state.message_json()).expect("utf-8");
+        assert_eq!(
+            text,
+            concat!(
+                r#"{"kind":"state","version":3,"orgs":{"org_B":{"providers":{},"caps":[]},"org_a":{"providers":{},"#,
+                r#""caps":[{"id":"cap_1","scope":"organization","window":"month","limit_nanos":5000000000,"#,
+                r#""hard_stop":true,"alert_at_permille":[500]}]}},"keys":{"#,
+                r#""74c61eca06c039ca7b2e15b22aea5ea5bbad5b7553d5ac9bd987364f095cecde":"#,
+                r#"{"id":"key_1","org_id":"org_a","expires_at_ms":7}},"prices":{"revision":0,"overrides":{}}}"#
+            )
+        );
+    }
+
+    #[test]
+    fn an_id_that_does_not_parse_refuses_the_whole_message() {
+        let text = serde_json::to_string(&FeedMessage::State(state())).expect("serializes");
+        assert!(serde_json::from_str::<FeedMessage>(&text).is_ok());
+        for (good, bad) in
+            [(r#""key_1""#, r#""kex_1""#), (r#""org_a""#, r#""org_""#), (r#""org_a""#, r#""org_a/""#)]
+        {
+            let changed = text.replacen(good, bad, 1);
+            assert_ne!(changed, text);
+            assert!(serde_json::from_str::<FeedMessage>(&changed).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn a_saved_state_opens_only_under_its_master_key() {
         let saved = SavedState { confirmed_at_ms: 1_700_000_000_000, state: state() };
         let bytes =
@@ -571,7 +571,7 @@ mod tests {
             .map(|org| {
                 let caps: Vec<String> =
                     org.caps.iter().map(|c| format!("{}:{}:{}", c.id, c.limit.0, c.hard_stop)).collect();
-                let mut providers: Vec<&String> = org.providers.keys().collect();
+                let mut providers: Vec<&String> = org.providers.iter().map(|p| &p.name).collect();
                 providers.sort();
                 format!("{} {caps:?} {providers:?}", org.id)
             })
@@ -581,7 +581,7 @@ mod tests {
             .filter_map(|n| {
                 let entry = snapshot.key(&KeyHash([n; 32]))?;
                 let caps: Vec<i64> = entry.org.caps.iter().map(|c| c.limit.0).collect();
-                Some(format!("{n} {} {} {:?} {caps:?}", entry.id, entry.org.id, entry.limits))
+                Some(format!("{n} {} {} {:?} {caps:?}", entry.id(), entry.org.id, entry.limits))
             })
             .collect();
         keys.sort();
@@ -625,7 +625,7 @@ mod tests {
                         hard_stop,
                         alert_at_permille: Vec::new(),
                     };
-                    (id.to_owned(), OrgWire { providers: BTreeMap::new(), caps: vec![cap] })
+                    (org_id(id), OrgWire { providers: BTreeMap::new(), caps: vec![cap] })
                 })
                 .collect(),
             prices: PricesWire { revision, overrides: BTreeMap::new() },

@@ -76,6 +76,11 @@ macro_rules! id_type {
             pub fn as_str(&self) -> &str {
                 &self.0
             }
+
+            /// The base62 characters after the prefix.
+            pub fn suffix(&self) -> &str {
+                &self.0[Self::PREFIX.len()..]
+            }
         }
 
         impl fmt::Display for $name {
@@ -93,6 +98,27 @@ macro_rules! id_type {
         impl serde::Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(&self.0)
+            }
+        }
+
+        /// Validating: text that [`Self::parse`] refuses does not deserialize.
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct Visitor;
+
+                impl serde::de::Visitor<'_> for Visitor {
+                    type Value = $name;
+
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        write!(f, "an id starting with {:?}", $prefix)
+                    }
+
+                    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<$name, E> {
+                        $name::parse(s).ok_or_else(|| E::invalid_value(serde::de::Unexpected::Str(s), &self))
+                    }
+                }
+
+                d.deserialize_str(Visitor)
             }
         }
     };
@@ -168,5 +194,17 @@ mod tests {
         assert_eq!(KeyId::parse(org.as_str()), None);
         assert_eq!(OrgId::parse("org_"), None);
         assert_eq!(OrgId::parse("org_a/b"), None);
+    }
+
+    #[test]
+    fn ids_deserialize_only_when_they_parse() {
+        let org: OrgId = serde_json::from_str(r#""org_a1""#).expect("a valid id");
+        assert_eq!(org.as_str(), "org_a1");
+        assert_eq!(org.suffix(), "a1");
+        assert!(serde_json::from_str::<OrgId>(r#""key_a1""#).is_err());
+        assert!(serde_json::from_str::<KeyId>(r#""key_""#).is_err());
+        let map: std::collections::BTreeMap<OrgId, u8> =
+            serde_json::from_str(r#"{"org_b":2,"org_a":1}"#).expect("ids as map keys");
+        assert_eq!(serde_json::to_string(&map).expect("serializes"), r#"{"org_a":1,"org_b":2}"#);
     }
 }
