@@ -125,16 +125,18 @@ impl Control {
     pub async fn publish_latest(&self) -> Result<(), ApiError> {
         let mut published = self.inner.published.lock().await;
         let store = Arc::clone(&self.inner.store);
-        let state =
-            tokio::task::spawn_blocking(move || store.state()).await.map_err(ApiError::internal)??;
-        if published.is_some_and(|version| state.version <= version) {
-            return Ok(());
-        }
-        // Building a state of a million keys (and, in `serve`, the snapshot from it) takes seconds
-        // of CPU: off the async workers, which serve requests in `serve`.
+        let held = *published;
+        // Reading a store of a million keys and building a state (and, in `serve`, the snapshot)
+        // from it takes seconds of CPU: off the async workers, which serve requests in `serve`.
+        // One thread does all of it, so that the snapshot is allocated where the rows it was built
+        // from were just freed, rather than beside another thread's garbage.
         let control = self.clone();
-        let version = state.version;
-        tokio::task::spawn_blocking(move || {
+        let version = tokio::task::spawn_blocking(move || -> Result<Option<u64>, ApiError> {
+            let state = store.state()?;
+            if held.is_some_and(|version| state.version <= version) {
+                return Ok(None);
+            }
+            let version = state.version;
             let feed = Arc::new(feed_state(&state));
             drop(state);
             match feed.prices.to_prices() {
@@ -149,9 +151,11 @@ impl Control {
                 control.inner.feed.publish(Arc::clone(&feed));
             }
             (control.inner.publish)(Publication::State(feed));
+            Ok(Some(version))
         })
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::internal)??;
+        let Some(version) = version else { return Ok(()) };
         self.inner.loaded.store(true, std::sync::atomic::Ordering::Release);
         *published = Some(version);
         Ok(())
