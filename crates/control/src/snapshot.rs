@@ -29,10 +29,10 @@ pub fn feed_state(state: &State) -> FeedState {
         }
     }
     feed.keys.reserve(state.active_keys.len());
-    for (key, hash) in &state.active_keys {
+    for key in &state.active_keys {
         if feed.orgs.contains_key(&key.org_id) {
             feed.keys.insert(
-                *hash,
+                key.hash,
                 KeyWire {
                     // Shared with the store's rows, not copied.
                     id: key.id.clone(),

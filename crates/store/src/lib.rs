@@ -39,6 +39,33 @@ pub struct KeyRecord {
     pub limits: KeyLimits,
 }
 
+/// A key that is not revoked, as nodes serve it. Nothing of it is only the admin API's (name,
+/// prefix, creation time): a state holds millions of these, read whole on every change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveKey {
+    pub id: KeyId,
+    /// Shared with the organization's id in [`State::orgs`], not one copy per key.
+    pub org_id: OrgId,
+    pub hash: KeyHash,
+    pub expires_at: Option<Timestamp>,
+    pub limits: KeyLimits,
+}
+
+/// The organizations' ids by their text, so that the keys read after them share them.
+pub(crate) struct OrgIds<'a>(std::collections::HashMap<&'a str, &'a OrgId>);
+
+impl<'a> OrgIds<'a> {
+    pub(crate) fn of(orgs: &'a [OrgRecord]) -> Self {
+        Self(orgs.iter().map(|org| (org.id.as_str(), &org.id)).collect())
+    }
+
+    /// The shared id for `text`, or a new one when no organization read has it (`None`: not an
+    /// organization id).
+    pub(crate) fn get(&self, text: &str) -> Option<OrgId> {
+        self.0.get(text).map(|&id| id.clone()).or_else(|| OrgId::parse(text))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderRecord {
     pub org_id: OrgId,
@@ -59,7 +86,7 @@ pub struct State {
     pub version: u64,
     pub orgs: Vec<OrgRecord>,
     /// Keys that are not revoked, with the hash admission looks them up by.
-    pub active_keys: Vec<(KeyRecord, KeyHash)>,
+    pub active_keys: Vec<ActiveKey>,
     pub providers: Vec<ProviderRecord>,
     /// The latest price table revision (0: no override was ever made).
     pub price_revision: u64,

@@ -30,8 +30,8 @@ use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
 
 use crate::{
-    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, ProviderRecord, ReceiptLedger,
-    ReceiptQuery, Result, SpendRow, State, StoreError,
+    ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgIds, OrgRecord,
+    ProviderRecord, ReceiptLedger, ReceiptQuery, Result, SpendRow, State, StoreError,
 };
 use pool::{Manage, Pool};
 
@@ -162,6 +162,9 @@ fn org_row(row: &Row) -> Result<OrgRecord> {
 
 const KEY_COLUMNS: &str =
     "id, org_id, name, prefix, created_at, expires_at, revoked_at, requests_per_minute, tokens_per_minute";
+
+/// What [`State::active_keys`] reads of a key.
+const ACTIVE_KEY_COLUMNS: &str = "id, org_id, expires_at, requests_per_minute, tokens_per_minute, hash";
 
 fn key_row(row: &Row) -> Result<KeyRecord> {
     Ok(KeyRecord {
@@ -383,15 +386,26 @@ impl ControlStore for PostgresStore {
         let version = count(&tx.query_one("SELECT version FROM state_version", &[]).map_err(backend)?, 0)?;
         let orgs =
             rows(&mut tx, &format!("SELECT {ORG_COLUMNS} FROM orgs ORDER BY created_at, id"), &[], org_row)?;
+        let org_ids = OrgIds::of(&orgs);
         let active_keys = rows(
             &mut tx,
-            &format!("SELECT {KEY_COLUMNS}, hash FROM keys WHERE revoked_at IS NULL ORDER BY created_at, id"),
+            &format!(
+                "SELECT {ACTIVE_KEY_COLUMNS} FROM keys WHERE revoked_at IS NULL ORDER BY created_at, id"
+            ),
             &[],
             |row| {
-                let hash: &[u8] = get(row, 9)?;
-                let hash: [u8; 32] =
-                    hash.try_into().map_err(|_| corrupt("key hash is not 32 bytes".into()))?;
-                Ok((key_row(row)?, KeyHash(hash)))
+                let hash: &[u8] = get(row, 5)?;
+                let org: &str = get(row, 1)?;
+                Ok(ActiveKey {
+                    id: key_id(get(row, 0)?)?,
+                    org_id: org_ids.get(org).ok_or_else(|| corrupt(format!("bad org id {org:?}")))?,
+                    hash: KeyHash(hash.try_into().map_err(|_| corrupt("key hash is not 32 bytes".into()))?),
+                    expires_at: get::<Option<i64>>(row, 2)?.map(Timestamp),
+                    limits: KeyLimits {
+                        requests_per_minute: rate(row, 3)?,
+                        tokens_per_minute: rate(row, 4)?,
+                    },
+                })
             },
         )?;
         let providers = rows(

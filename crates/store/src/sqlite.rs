@@ -17,8 +17,8 @@ use recovea_core::ratelimit::KeyLimits;
 use recovea_core::receipt::Receipt;
 
 use crate::{
-    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, ProviderRecord, ReceiptLedger,
-    ReceiptQuery, Result, SpendRow, State, StoreError,
+    ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgIds, OrgRecord,
+    ProviderRecord, ReceiptLedger, ReceiptQuery, Result, SpendRow, State, StoreError,
 };
 
 /// Each entry migrates the schema from its index to the next; `PRAGMA user_version` records how far.
@@ -198,6 +198,9 @@ fn org_row(row: &Row<'_>) -> rusqlite::Result<OrgRecord> {
 
 const KEY_COLUMNS: &str =
     "id, org_id, name, prefix, created_at, expires_at, revoked_at, requests_per_minute, tokens_per_minute";
+
+/// What [`State::active_keys`] reads of a key.
+const ACTIVE_KEY_COLUMNS: &str = "id, org_id, expires_at, requests_per_minute, tokens_per_minute, hash";
 
 fn key_row(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
     let id: String = row.get(0)?;
@@ -550,14 +553,26 @@ impl ControlStore for SqliteStore {
                 .map_err(backend)?
         };
         let active_keys = {
+            let org_ids = OrgIds::of(&orgs);
             let mut stmt = tx
-                .prepare(&format!("SELECT {KEY_COLUMNS}, hash FROM keys WHERE revoked_at IS NULL"))
+                .prepare(&format!("SELECT {ACTIVE_KEY_COLUMNS} FROM keys WHERE revoked_at IS NULL"))
                 .map_err(backend)?;
             stmt.query_map([], |row| {
-                let hash: Vec<u8> = row.get(9)?;
-                let hash: [u8; 32] =
-                    hash.try_into().map_err(|_| corrupt("key hash is not 32 bytes".into()))?;
-                Ok((key_row(row)?, KeyHash(hash)))
+                // Borrowed text: the ids are parsed once, into the only allocation a key makes.
+                let id = row.get_ref(0)?.as_str()?;
+                let org = row.get_ref(1)?.as_str()?;
+                let hash: [u8; 32] = row
+                    .get_ref(5)?
+                    .as_blob()?
+                    .try_into()
+                    .map_err(|_| corrupt("key hash is not 32 bytes".into()))?;
+                Ok(ActiveKey {
+                    id: KeyId::parse(id).ok_or_else(|| corrupt(format!("bad key id {id:?}")))?,
+                    org_id: org_ids.get(org).ok_or_else(|| corrupt(format!("bad org id {org:?}")))?,
+                    hash: KeyHash(hash),
+                    expires_at: row.get::<_, Option<i64>>(2)?.map(Timestamp),
+                    limits: KeyLimits { requests_per_minute: row.get(3)?, tokens_per_minute: row.get(4)? },
+                })
             })
             .map_err(backend)?
             .collect::<rusqlite::Result<Vec<_>>>()

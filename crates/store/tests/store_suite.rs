@@ -18,8 +18,8 @@ use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
 use recovea_store::{
-    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PostgresStore, ProviderRecord,
-    ReceiptLedger, ReceiptQuery, SqliteStore, StoreError,
+    ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PostgresStore,
+    ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore, StoreError,
 };
 
 /// A fresh, empty database; `open` gives a new store instance on it each time it is called.
@@ -291,7 +291,7 @@ fn keys_revoke_once_and_leave_the_active_state(db: &impl Backend) {
     assert!(after.version > before.version);
     assert_eq!(store.version().expect("version"), after.version);
     assert_eq!(after.active_keys.len(), 1);
-    assert_eq!(after.active_keys[0].1, hash_secret("rk_b"));
+    assert_eq!(after.active_keys[0].hash, hash_secret("rk_b"));
     assert_eq!(store.list_keys(&org_id("org_a")).expect("list").len(), 2, "revoked keys are still listed");
     assert!(matches!(
         store.create_key(&key("key_c", "org_a"), hash_secret("rk_b")),
@@ -315,7 +315,7 @@ fn key_limits_are_kept_and_changed(db: &impl Backend) {
     let changed = store.set_key_limits(&key_id("key_a"), lifted).expect("set").expect("known");
     assert_eq!(changed, KeyRecord { limits: lifted, ..record });
     assert!(store.version().expect("version") > version);
-    assert_eq!(store.state().expect("state").active_keys[0].0.limits, lifted);
+    assert_eq!(store.state().expect("state").active_keys[0].limits, lifted);
     assert_eq!(store.set_key_limits(&key_id("key_zz"), lifted).expect("ok"), None);
 }
 
@@ -366,7 +366,22 @@ fn state_holds_every_table(db: &impl Backend) {
     let mut orgs = state.orgs.clone();
     orgs.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
     assert_eq!(orgs, vec![org("org_a"), OrgRecord { created_at: Timestamp(0), ..org("org_b") }]);
-    assert_eq!(state.active_keys, vec![(key("key_a", "org_a"), hash_secret("rk_a"))]);
+    assert_eq!(
+        state.active_keys,
+        vec![ActiveKey {
+            id: key_id("key_a"),
+            org_id: org_id("org_a"),
+            hash: hash_secret("rk_a"),
+            expires_at: None,
+            limits: KeyLimits::default()
+        }]
+    );
+    let org_a = state.orgs.iter().find(|o| o.id == org_id("org_a")).expect("org_a");
+    assert_eq!(
+        state.active_keys[0].org_id.as_str().as_ptr(),
+        org_a.id.as_str().as_ptr(),
+        "a key shares its organization's id rather than holding a copy"
+    );
     assert_eq!(state.providers, vec![provider("org_a")]);
     assert_eq!(state.caps, vec![cap("cap_a", "org_a", Some("key_a"))]);
     assert_eq!(state.price_revision, 1);
