@@ -70,6 +70,9 @@ pub struct Counters {
     /// The shortest gap asked for since the loop last woke (`u64::MAX`: none).
     asked_gap_ms: AtomicU64,
     race_wake: Notify,
+    /// The entries marked racing (see [`Counters::race`]), until an exchange finds them done: a
+    /// few windows at their line, so that each exchange need not look through every window.
+    racing: Mutex<Vec<Arc<Entry>>>,
     missing: watch::Sender<Vec<CapWindow>>,
 }
 
@@ -120,6 +123,7 @@ impl Counters {
             wake: Notify::new(),
             asked_gap_ms: AtomicU64::new(u64::MAX),
             race_wake: Notify::new(),
+            racing: Mutex::new(Vec::new()),
             missing: watch::Sender::new(Vec::new()),
         })
     }
@@ -152,7 +156,14 @@ impl Counters {
     /// that the next request near the line is decided on other nodes' spend a few ms old. Only
     /// these windows pay for that rate: the regular syncs push and read every window.
     pub fn race(&self, windows: &[CapWindow], now: Timestamp) {
-        self.touch(windows, |s| s.racing_until = now.0.saturating_add(RACE_HOLD_MS));
+        let entries = self.touch(windows, |s| s.racing_until = now.0.saturating_add(RACE_HOLD_MS));
+        let mut racing = self.racing.lock().unwrap_or_else(PoisonError::into_inner);
+        for entry in entries {
+            if !racing.iter().any(|held| Arc::ptr_eq(held, &entry)) {
+                racing.push(entry);
+            }
+        }
+        drop(racing);
         self.race_wake.notify_one();
     }
 
@@ -238,8 +249,11 @@ impl Counters {
         now: Timestamp,
     ) -> Result<usize, CounterError> {
         let _one_at_a_time = self.sync_lock.lock().await;
-        let racing: Vec<Arc<Entry>> =
-            self.read_map().values().filter(|e| e.state().racing_until > now.0).cloned().collect();
+        let racing: Vec<Arc<Entry>> = {
+            let mut racing = self.racing.lock().unwrap_or_else(PoisonError::into_inner);
+            racing.retain(|entry| entry.state().racing_until > now.0);
+            racing.clone()
+        };
         if racing.is_empty() {
             return Ok(0);
         }
