@@ -25,6 +25,16 @@ pub fn base62_char(byte: u8) -> Option<char> {
     (byte < 248).then(|| BASE62[usize::from(byte % 62)] as char)
 }
 
+/// The inverse of [`BASE62`]: the digit a base62 character stands for.
+pub fn base62_value(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'A'..=b'Z' => Some(c - b'A' + 10),
+        b'a'..=b'z' => Some(c - b'a' + 36),
+        _ => None,
+    }
+}
+
 /// `prefix` followed by `len` random base62 characters.
 pub fn mint(prefix: &str, len: usize, next_byte: impl FnMut() -> u8) -> String {
     let mut out = String::with_capacity(prefix.len() + len);
@@ -150,6 +160,14 @@ mod tests {
         let mut out = String::new();
         push_base62(&mut out, 3, || bytes.next().expect("enough bytes"));
         assert_eq!(out, "0z0");
+    }
+
+    #[test]
+    fn base62_values_invert_the_alphabet() {
+        for (digit, &c) in BASE62.iter().enumerate() {
+            assert_eq!(base62_value(c), u8::try_from(digit).ok());
+        }
+        assert_eq!(base62_value(b'_'), None);
     }
 
     #[test]

@@ -140,7 +140,7 @@ impl PackedId {
         for (group, chunk) in chars.chunks(8).enumerate() {
             let mut word = 0u64;
             for (i, &c) in chunk.iter().enumerate() {
-                word |= u64::from(base62_value(c)?) << (6 * i);
+                word |= u64::from(crate::ids::base62_value(c)?) << (6 * i);
             }
             bits[group * 6..group * 6 + 6].copy_from_slice(&word.to_le_bytes()[..6]);
         }
@@ -171,16 +171,6 @@ impl PackedId {
             .ok()
             .and_then(KeyId::parse)
             .expect("a packed id was packed from a valid id")
-    }
-}
-
-/// The inverse of [`crate::ids::BASE62`].
-fn base62_value(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'A'..=b'Z' => Some(c - b'A' + 10),
-        b'a'..=b'z' => Some(c - b'a' + 36),
-        _ => None,
     }
 }
 
