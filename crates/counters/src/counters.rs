@@ -33,6 +33,9 @@ pub const AT_THE_LINE: Duration = Duration::from_millis(1);
 /// How long a window stays in the racing exchanges after the last request that found it near its
 /// line.
 const RACE_HOLD_MS: i64 = 200;
+/// How stale other nodes' spend on an armed cap may be while this node spends on it, and how long
+/// this node's reservation on it may outlive the request in their view.
+const ARMED_SYNC_GAP: Duration = Duration::from_millis(100);
 
 /// One cap's window, as the gateway names it for a request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -134,13 +137,20 @@ impl Counters {
     }
 
     /// Reserves `estimate` on each window for an admitted request; the returned guard releases it
-    /// on drop unless settled.
-    pub fn reserve(self: &Arc<Self>, windows: Vec<CapWindow>, estimate: Nanos) -> Reservation {
+    /// on drop unless settled. When `armed` (a window's cap refuses at its line), a sync follows
+    /// within [`ARMED_SYNC_GAP`] of the reservation and again of its end: other nodes racing at
+    /// the line must not decide on a view a whole tick old, and until this node pushes they count
+    /// the reservation of a request that has ended rather than its cost.
+    pub fn reserve(self: &Arc<Self>, windows: Vec<CapWindow>, estimate: Nanos, armed: bool) -> Reservation {
         let entries = self.touch(&windows, |s| {
             s.own_reserved = s.own_reserved.saturating_add(estimate);
             s.live = s.live.saturating_add(1);
         });
-        Reservation { entries, estimate, open: true }
+        let push_on_close = armed.then(|| {
+            self.sync_within(ARMED_SYNC_GAP);
+            Arc::clone(self)
+        });
+        Reservation { entries, estimate, open: true, push_on_close }
     }
 
     /// Starts confirming these windows before any request reads them: a window first seen by a
@@ -497,6 +507,8 @@ pub struct Reservation {
     entries: Vec<Arc<Entry>>,
     estimate: Nanos,
     open: bool,
+    /// The counters to ask for a sync when the reservation ends (an armed one).
+    push_on_close: Option<Arc<Counters>>,
 }
 
 impl Reservation {
@@ -514,6 +526,9 @@ impl Reservation {
             s.own_reserved = Nanos(s.own_reserved.0.saturating_sub(self.estimate.0));
             s.live = s.live.saturating_sub(1);
             s.cumulative = s.cumulative.saturating_add(cost);
+        }
+        if let Some(counters) = &self.push_on_close {
+            counters.sync_within(ARMED_SYNC_GAP);
         }
     }
 }
@@ -610,8 +625,8 @@ mod tests {
     fn a_settled_reservation_becomes_spend_and_a_dropped_one_is_released() {
         let counters = Counters::new("n1");
         let (a, b) = (window("a"), window("b"));
-        let settled = counters.reserve(vec![a.clone(), b.clone()], Nanos(10));
-        let dropped = counters.reserve(vec![a.clone()], Nanos(4));
+        let settled = counters.reserve(vec![a.clone(), b.clone()], Nanos(10), false);
+        let dropped = counters.reserve(vec![a.clone()], Nanos(4), false);
         assert_eq!(spend(&counters, &a).reserved, Nanos(14));
         assert_eq!(spend(&counters, &b).reserved, Nanos(10));
 
@@ -628,7 +643,7 @@ mod tests {
         let store = InProcess::default();
         let (a, b) = (Counters::new("a"), Counters::new("b"));
         let w = window("x");
-        let held = a.reserve(vec![w.clone()], Nanos(10));
+        let held = a.reserve(vec![w.clone()], Nanos(10), false);
         a.sync_with(&store, NOW).await.expect("sync a");
         assert_eq!(spend(&b, &w).reserved, Nanos::ZERO, "b has not read the window yet");
         b.sync_with(&store, NOW).await.expect("sync b");
@@ -652,7 +667,7 @@ mod tests {
         for node in [&a, &b] {
             node.sync_with(&store, NOW).await.expect("first sync");
         }
-        let _held = a.reserve(vec![hot.clone(), cold.clone()], Nanos(10));
+        let _held = a.reserve(vec![hot.clone(), cold.clone()], Nanos(10), false);
         assert_eq!(a.exchange_racing(&store, at(1)).await.expect("exchange"), 0, "nothing races yet");
         a.race(std::slice::from_ref(&hot), at(1));
         b.race(std::slice::from_ref(&hot), at(1));
@@ -679,7 +694,7 @@ mod tests {
         a.add(std::slice::from_ref(&w), Nanos(5));
         a.sync_with(&store, at(2)).await.expect("sync a");
         assert!(b.sync_with(&store, at(3)).await.expect("sync b").others_active, "a spent");
-        let held = a.reserve(vec![w.clone()], Nanos(7));
+        let held = a.reserve(vec![w.clone()], Nanos(7), false);
         a.sync_with(&store, at(4)).await.expect("sync a");
         assert!(b.sync_with(&store, at(5)).await.expect("sync b").others_active, "a holds a reservation");
         held.settle(Nanos::ZERO);
@@ -825,7 +840,7 @@ mod tests {
         counters.add(std::slice::from_ref(&w), Nanos(5));
         assert!(counters.sync_with(&Down, at(500)).await.is_err());
         assert_eq!(counters.tracked(), 1);
-        let held = counters.reserve(vec![window("y")], Nanos(1));
+        let held = counters.reserve(vec![window("y")], Nanos(1), false);
         for _ in 0..=3600 {
             assert!(counters.sync_with(&Down, at(600)).await.is_err());
         }
@@ -886,6 +901,43 @@ mod tests {
         spend(&other, &w);
         other.sync_with(store.as_ref(), clock_after(&counters)).await.expect("sync");
         assert_eq!(spend(&other, &w).spent, Nanos(4), "the last sync pushed the last increment");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_armed_reservation_reaches_other_nodes_within_the_gap_of_its_end() {
+        let store = Arc::new(InProcess::new(StoreOptions::default()));
+        let started = tokio::time::Instant::now();
+        let clock =
+            move || Timestamp(NOW.0 + i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
+        let other = Counters::new("other");
+        for armed in [true, false] {
+            let counters = Counters::new("a");
+            let w = window(if armed { "armed" } else { "soft" });
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(sync_loop_with_clock(
+                Arc::clone(&counters),
+                Arc::clone(&store) as Arc<dyn SharedCounters>,
+                Duration::from_secs(1),
+                async move {
+                    let _ = stopped.await;
+                },
+                clock,
+            ));
+            let held = counters.reserve(vec![w.clone()], Nanos(10), armed);
+            // Past the syncs the reservation asked for: the next regular one is most of a tick away.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let seen = |other: &Counters| spend(other, &w);
+            seen(&other);
+            other.sync_with(store.as_ref(), clock()).await.expect("sync");
+            assert_eq!(seen(&other).reserved, Nanos(10), "armed {armed}: the reservation is pushed");
+            held.settle(Nanos(3));
+            tokio::time::sleep(ARMED_SYNC_GAP + SOON).await;
+            other.sync_with(store.as_ref(), clock()).await.expect("sync");
+            let expected = if armed { (Nanos(3), Nanos::ZERO) } else { (Nanos::ZERO, Nanos(10)) };
+            assert_eq!((seen(&other).spent, seen(&other).reserved), expected, "armed {armed}");
+            stop.send(()).expect("loop running");
+            task.await.expect("loop ends");
+        }
     }
 
     fn clock_after(counters: &Counters) -> Timestamp {

@@ -8,10 +8,10 @@ use recovea_core::timestamp::Timestamp;
 use tokio::time::Instant;
 
 use crate::counters::{AT_THE_LINE, Counters, SOON};
+use crate::shared::SharedCounters;
 
 /// How stale other nodes' spend may be while they spend on a window this node holds.
 const WHILE_OTHERS_SPEND: Duration = Duration::from_millis(100);
-use crate::shared::SharedCounters;
 
 /// Runs until `shutdown`: syncs `counters` with `shared` every `interval` (at once when a window is
 /// seen for the first time), then makes one last attempt so that a graceful stop leaves no

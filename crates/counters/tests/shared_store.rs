@@ -140,7 +140,7 @@ async fn totals_converge_across_nodes(backend: Backend) {
     let w = current_window();
     a.add(std::slice::from_ref(&w), Nanos(5));
     b.add(std::slice::from_ref(&w), Nanos(7));
-    b.reserve(vec![w.clone()], Nanos(100)).settle(Nanos(11));
+    b.reserve(vec![w.clone()], Nanos(100), false).settle(Nanos(11));
     assert_eq!(spend(&a, &w).spent, Nanos(5));
     assert_eq!(spend(&b, &w).spent, Nanos(18));
     let now = wall();
@@ -161,8 +161,8 @@ async fn reservations_of_one_node_are_seen_by_the_other(backend: Backend) {
     let store = Store::new(backend, StoreOptions::default()).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
-    let on_a = a.reserve(vec![w.clone()], Nanos(10));
-    let on_b = b.reserve(vec![w.clone()], Nanos(4));
+    let on_a = a.reserve(vec![w.clone()], Nanos(10), false);
+    let on_b = b.reserve(vec![w.clone()], Nanos(4), false);
     let now = wall();
     sync(&a, store.shared.as_ref(), now).await;
     sync(&b, store.shared.as_ref(), now).await;
@@ -183,7 +183,7 @@ async fn reservations_of_a_silent_node_expire(backend: Backend) {
     let store = Store::new(backend, StoreOptions { reservation_ttl: ttl, ..StoreOptions::default() }).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
-    let _held_by_a_node_that_stops_syncing = a.reserve(vec![w.clone()], Nanos(10));
+    let _held_by_a_node_that_stops_syncing = a.reserve(vec![w.clone()], Nanos(10), false);
     let now = wall();
     sync(&a, store.shared.as_ref(), now).await;
     spend(&b, &w);
@@ -202,7 +202,7 @@ async fn keys_expire_after_the_window_ends(backend: Backend) {
     let a = Counters::new("node-a");
     let now = wall();
     let w = CapWindow { cap: cap(), start: Timestamp(now.0 - 1_000), end: Timestamp(now.0 + 300) };
-    let _live = a.reserve(vec![w.clone()], Nanos(1));
+    let _live = a.reserve(vec![w.clone()], Nanos(1), false);
     a.add(std::slice::from_ref(&w), Nanos(5));
     sync(&a, store.shared.as_ref(), now).await;
     assert!(store.holds(&w, wall()).await, "held while the window runs");

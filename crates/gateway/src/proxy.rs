@@ -419,17 +419,10 @@ fn check_caps(
         // Other nodes may be racing at the line: exchange reservations with them back to back.
         shared.counters.race(&racing, now);
     }
-    if covering.iter().any(|cap| cap.hard_stop) {
-        // Spending on an armed cap: other nodes may be racing at it too, so their spend must not
-        // be a whole tick old when this node's view reaches the line.
-        shared.counters.sync_within(ARMED_SYNC_GAP);
-    }
+    let armed = covering.iter().any(|cap| cap.hard_stop);
     let reserved = covering.iter().map(|cap| cap.id.clone()).collect();
-    Ok(Some((shared.counters.reserve(windows, cost), reserved)))
+    Ok(Some((shared.counters.reserve(windows, cost, armed), reserved)))
 }
-
-/// How stale another node's spend on an armed cap may be while this node spends on it.
-const ARMED_SYNC_GAP: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Whether a cap's spend, with this request, is within a fifth of its limit.
 fn near_the_line(view: &dyn caps::SpendView, cap: &Cap, now: Timestamp, estimate: Nanos) -> bool {
