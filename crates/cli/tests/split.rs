@@ -209,12 +209,14 @@ async fn two_nodes_fed_by_two_control_replicas_share_caps_and_revocations() {
     }
 
     let (org_id, key_id, secret) = first.tenant().await;
-    let price = json!({"input_per_mtok_usd": "1000000", "output_per_mtok_usd": "0"});
+    let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1000000"});
     first.admin(Method::PUT, "/prices/split-model", Some(price)).await;
     let cap = json!({"scope": "organization", "window": "month", "limit_usd": "6.00", "hard_stop": true});
     first.admin(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
-    // Each answer reports one input token: one dollar a request.
-    let usage = json!({"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1});
+    // Each answer reports the one output token its `max_tokens` allows: one dollar a request, and
+    // its reservation is that dollar too. (A reservation larger than the headroom left would make
+    // the other node refuse, rightly, while the request is in flight.)
+    let usage = json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2});
     mock.script(Behaviour::default().usage(usage).times(100));
     for node in [&a, &b] {
         within(Duration::from_secs(2), "a new key is served by every node", || async {
