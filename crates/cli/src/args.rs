@@ -81,6 +81,7 @@ impl GatewayArgs {
             counter_max_age: self.counter_max_age,
         })
         .and_then(|config| config.with_alarm(self.alarm_webhook.as_deref(), self.alarm_interval))
+        .map(|config| config.with_memory_release(crate::allocator::release_freed_memory))
         .map_err(|e| e.to_string())
     }
 }

@@ -1,6 +1,7 @@
 //! The `recovea` binary: parses flags, builds the parts, starts them. No rule lives here.
 
 mod admin;
+mod allocator;
 mod args;
 mod control;
 mod data_dir;

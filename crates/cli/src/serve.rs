@@ -13,6 +13,7 @@ use recovea_gateway::Gateway;
 use recovea_store::{ControlStore, ReceiptLedger};
 use tokio::net::TcpListener;
 
+use crate::allocator;
 use crate::args::{ServeArgs, init_logging, parse_master_key, shutdown_signal};
 use crate::data_dir;
 use crate::wiring::{
@@ -53,6 +54,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
         Arc::new(move |publication| match publication {
             Publication::State(state) => {
                 publish_to.install_state(&state, &opener);
+                drop(state);
+                allocator::release_freed_memory();
             }
             Publication::Current => publish_to.snapshot_current(),
         }),

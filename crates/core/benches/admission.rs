@@ -18,6 +18,10 @@ use recovea_core::snapshot::{ProviderCredential, ProviderKind, Snapshot, Snapsho
 use recovea_core::window::Window;
 use recovea_core::{Credential, CredentialHeader, Decision, Timestamp, admit};
 
+// The allocator of the `recovea` binary, so that an admission's allocations cost what they do there.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     println!("admission benchmarks over {} keys", *KEYS);
     // Built before any timing, so that no sample includes them and divan sizes its samples right.

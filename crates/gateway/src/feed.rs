@@ -195,6 +195,7 @@ fn apply(
     };
     tracing::debug!(version, "state installed");
     to_save.send_replace(held.clone());
+    (gateway.shared.config.release_freed_memory)();
     Ok(())
 }
 

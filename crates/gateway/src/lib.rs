@@ -70,6 +70,7 @@ pub struct GatewayConfig {
     counter_max_age: Duration,
     alarm_webhook: Option<http::Uri>,
     alarm_interval: Duration,
+    release_freed_memory: fn(),
 }
 
 /// How long a fail-open reason stays quiet after its alarm, unless [`GatewayConfig::with_alarm`]
@@ -112,7 +113,16 @@ impl GatewayConfig {
             counter_max_age: settings.counter_max_age,
             alarm_webhook: None,
             alarm_interval: DEFAULT_ALARM_INTERVAL,
+            release_freed_memory: || {},
         })
+    }
+
+    /// How the process's allocator gives back at once what the thread calling it freed: called on
+    /// the feed's thread after each state it installs, since a replaced snapshot of a million keys
+    /// is hundreds of MiB that an allocator may otherwise keep.
+    pub fn with_memory_release(mut self, release_freed_memory: fn()) -> Self {
+        self.release_freed_memory = release_freed_memory;
+        self
     }
 
     /// Fail-open passes alarm at most once per reason per `interval`, in the log and, when
