@@ -283,7 +283,7 @@ impl OrgWire {
             }
         }
         let caps = self.caps.iter().map(|cap| cap.to_cap(org_id)).collect::<Result<_, _>>()?;
-        Ok(Org { id: org_id.clone(), providers, caps })
+        Ok(Org { id: org_id.clone(), providers: providers.into(), caps })
     }
 }
 

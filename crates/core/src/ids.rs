@@ -68,8 +68,22 @@ pub fn is_base62(s: &str) -> bool {
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[derive(Clone, Eq, PartialOrd, Ord)]
         pub struct $name(Arc<str>);
+
+        // By the text, as equality is.
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.hash(state);
+            }
+        }
+
+        /// Clones of one id share its text: those compare without reading it.
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+            }
+        }
 
         impl $name {
             pub const PREFIX: &'static str = $prefix;
