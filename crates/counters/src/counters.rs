@@ -234,6 +234,8 @@ impl Counters {
         now: Timestamp,
     ) -> Result<SyncOutcome, CounterError> {
         let _one_at_a_time = self.sync_lock.lock().await;
+        // This sync answers every ask made before it reads the windows: the next ask wakes the loop.
+        self.asked_gap_ms.store(u64::MAX, Ordering::Release);
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.forget(now);
         let entries: Vec<Arc<Entry>> = self.read_map().values().cloned().collect();
@@ -320,11 +322,11 @@ impl Counters {
         Ok(SyncOutcome { windows: push.windows.len(), missing, others_active })
     }
 
-    /// Resolves when a sync was asked for since the last call, with the shortest gap asked for
-    /// since: the sync loop then syncs that long after its last sync rather than at its next tick.
+    /// Resolves when a sync was asked for, with the shortest gap asked for since the last sync
+    /// started: the sync loop then syncs that long after its last sync rather than at its next tick.
     pub(crate) async fn sync_asked(&self) -> Duration {
         self.wake.notified().await;
-        Duration::from_millis(self.asked_gap_ms.swap(u64::MAX, Ordering::AcqRel))
+        Duration::from_millis(self.asked_gap_ms.load(Ordering::Acquire))
     }
 
     /// Asks the sync loop for a sync at most `gap` after its last one. A window seen for the first
@@ -333,8 +335,11 @@ impl Counters {
     /// that gap, at the price of that many syncs a second while it spends.
     pub fn sync_within(&self, gap: Duration) {
         let ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX);
-        self.asked_gap_ms.fetch_min(ms, Ordering::AcqRel);
-        self.wake.notify_one();
+        // Only an ask shorter than those already waiting for the next sync wakes the loop: under
+        // load that is once a sync, not once a request (each wake-up is a context switch).
+        if ms < self.asked_gap_ms.fetch_min(ms, Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
     }
 
     /// [`sync_within`](Self::sync_within) the shortest gap: a cap near its line wants other nodes'
@@ -901,6 +906,24 @@ mod tests {
         spend(&other, &w);
         other.sync_with(store.as_ref(), clock_after(&counters)).await.expect("sync");
         assert_eq!(spend(&other, &w).spent, Nanos(4), "the last sync pushed the last increment");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn asks_wake_the_loop_once_between_two_syncs_unless_shorter() {
+        let counters = Counters::new("a");
+        let asked = |counters: &Arc<Counters>| {
+            let counters = Arc::clone(counters);
+            async move { tokio::time::timeout(Duration::from_secs(1), counters.sync_asked()).await.ok() }
+        };
+        counters.sync_within(ARMED_SYNC_GAP);
+        assert_eq!(asked(&counters).await, Some(ARMED_SYNC_GAP));
+        counters.sync_within(ARMED_SYNC_GAP);
+        assert_eq!(asked(&counters).await, None, "the loop already knows of this ask");
+        counters.sync_within(SOON);
+        assert_eq!(asked(&counters).await, Some(SOON), "a shorter ask wakes it");
+        counters.sync_with(&InProcess::default(), NOW).await.expect("sync");
+        counters.sync_within(ARMED_SYNC_GAP);
+        assert_eq!(asked(&counters).await, Some(ARMED_SYNC_GAP), "the sync answered the earlier asks");
     }
 
     #[tokio::test(start_paused = true)]
