@@ -56,14 +56,40 @@ impl Nanos {
 
     /// The amount as a decimal string with at least two decimals and no trailing zeros beyond them:
     /// 25 USD is `"25.00"`, 150 000 nano-dollars `"0.00015"`, one nano-dollar `"0.000000001"`.
+    /// Dollars with two to nine decimals (trailing zeros dropped down to two): `2.50`, `0.00015`.
+    /// Digit by digit rather than through `format!`: every receipt carries one.
     pub fn to_usd_string(self) -> String {
-        let sign = if self.0 < 0 { "-" } else { "" };
         let abs = self.0.unsigned_abs();
-        let mut decimals = format!("{:09}", abs % NANOS_PER_USD);
-        while decimals.len() > 2 && decimals.ends_with('0') {
-            decimals.pop();
+        let (mut whole, mut fraction) = (abs / NANOS_PER_USD, abs % NANOS_PER_USD);
+        let mut decimals = 9;
+        while decimals > 2 && fraction % 10 == 0 {
+            fraction /= 10;
+            decimals -= 1;
         }
-        format!("{sign}{}.{decimals}", abs / NANOS_PER_USD)
+        // Written backwards into a buffer long enough for i64::MIN's 10 + 1 + 9 digits and sign.
+        let mut out = [0u8; 21];
+        let mut at = out.len();
+        let mut put = |byte: u8| {
+            at -= 1;
+            out[at] = byte;
+            at
+        };
+        for _ in 0..decimals {
+            put(b'0' + (fraction % 10) as u8);
+            fraction /= 10;
+        }
+        put(b'.');
+        let mut start = loop {
+            let at = put(b'0' + (whole % 10) as u8);
+            whole /= 10;
+            if whole == 0 {
+                break at;
+            }
+        };
+        if self.0 < 0 {
+            start = put(b'-');
+        }
+        String::from_utf8_lossy(&out[start..]).into_owned()
     }
 
     pub fn saturating_add(self, other: Nanos) -> Nanos {
@@ -152,6 +178,19 @@ mod tests {
         assert!(message("1.0000000001").contains("9 decimal places"));
         assert!(message("-1").contains("negative"));
         assert!(message("1e3").contains("decimal"));
+    }
+
+    proptest! {
+        #[test]
+        fn prints_what_format_prints(n in any::<i64>()) {
+            let abs = n.unsigned_abs();
+            let mut decimals = format!("{:09}", abs % NANOS_PER_USD);
+            while decimals.len() > 2 && decimals.ends_with('0') {
+                decimals.pop();
+            }
+            let sign = if n < 0 { "-" } else { "" };
+            prop_assert_eq!(Nanos(n).to_usd_string(), format!("{sign}{}.{decimals}", abs / NANOS_PER_USD));
+        }
     }
 
     #[test]

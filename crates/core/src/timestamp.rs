@@ -1,6 +1,8 @@
 //! Instants as milliseconds since the Unix epoch, printed as RFC 3339 UTC at the edges.
 
 use time::OffsetDateTime;
+
+use crate::window::{MS_PER_DAY, civil_from_days};
 use time::format_description::well_known::Rfc3339;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -26,7 +28,48 @@ impl Timestamp {
         i64::try_from(at.unix_timestamp_nanos() / 1_000_000).ok().map(Self)
     }
 
+    /// `YYYY-MM-DDTHH:MM:SS[.fff]Z`, the fraction without trailing zeros, as the `time` crate
+    /// prints it (a property test holds them equal). Written by hand: every receipt carries two,
+    /// and the general formatter cost a tenth of a receipt's serialization on the response path.
     pub fn to_rfc3339(self) -> String {
+        let day = self.0.div_euclid(MS_PER_DAY);
+        let (year, month, day_of_month) = civil_from_days(day);
+        if !(0..=9999).contains(&year) {
+            return self.to_rfc3339_by_time();
+        }
+        let ms_of_day = self.0.rem_euclid(MS_PER_DAY);
+        let (seconds, ms) = (ms_of_day / 1000, ms_of_day % 1000);
+        // Every field is non-negative and below 10^width.
+        let put = |out: &mut String, value: i64, width: u32| {
+            for place in (0..width).rev() {
+                out.push(char::from(b'0' + (value / 10_i64.pow(place) % 10) as u8));
+            }
+        };
+        let mut out = String::with_capacity(24);
+        put(&mut out, year, 4);
+        out.push('-');
+        put(&mut out, month, 2);
+        out.push('-');
+        put(&mut out, day_of_month, 2);
+        out.push('T');
+        put(&mut out, seconds / 3600, 2);
+        out.push(':');
+        put(&mut out, seconds / 60 % 60, 2);
+        out.push(':');
+        put(&mut out, seconds % 60, 2);
+        if ms != 0 {
+            out.push('.');
+            match ms {
+                _ if ms % 100 == 0 => put(&mut out, ms / 100, 1),
+                _ if ms % 10 == 0 => put(&mut out, ms / 10, 2),
+                _ => put(&mut out, ms, 3),
+            }
+        }
+        out.push('Z');
+        out
+    }
+
+    fn to_rfc3339_by_time(self) -> String {
         let at = OffsetDateTime::from_unix_timestamp_nanos(i128::from(self.0) * 1_000_000)
             .unwrap_or(OffsetDateTime::UNIX_EPOCH);
         at.format(&Rfc3339).unwrap_or_default()
@@ -53,5 +96,30 @@ mod tests {
             Timestamp::parse_rfc3339("2026-11-30T01:00:00Z")
         );
         assert_eq!(Timestamp::parse_rfc3339("yesterday"), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn prints_what_the_time_crate_prints(ms in -62_167_219_200_000_i64..253_402_300_800_000) {
+            let at = Timestamp(ms);
+            proptest::prop_assert_eq!(at.to_rfc3339(), at.to_rfc3339_by_time());
+            proptest::prop_assert_eq!(Timestamp::parse_rfc3339(&at.to_rfc3339()), Some(at));
+        }
+
+        #[test]
+        fn prints_round_seconds_and_tenths_alike(seconds in 0_i64..4_102_444_800, tenths in 0_i64..10) {
+            let at = Timestamp(seconds * 1000 + tenths * 100);
+            proptest::prop_assert_eq!(at.to_rfc3339(), at.to_rfc3339_by_time());
+        }
+    }
+
+    #[test]
+    fn years_outside_four_digits_fall_back_to_the_time_crate() {
+        let before_year_zero = Timestamp(-62_167_219_200_001);
+        assert_eq!(before_year_zero.to_rfc3339(), before_year_zero.to_rfc3339_by_time());
+        assert_eq!(
+            Timestamp(253_402_300_800_000).to_rfc3339(),
+            Timestamp(253_402_300_800_000).to_rfc3339_by_time()
+        );
     }
 }

@@ -66,7 +66,7 @@ impl Window {
     }
 }
 
-const MS_PER_DAY: i64 = 86_400_000;
+pub(crate) const MS_PER_DAY: i64 = 86_400_000;
 
 /// The first millisecond of a day number, saturating at the ends of the representable range.
 fn day_start(day: i64) -> Timestamp {
@@ -82,7 +82,7 @@ fn days_since_monday(day: i64) -> i64 {
 ///
 /// Howard Hinnant's `civil_from_days`: days are counted in 400-year eras (146 097 days each) of
 /// years that start on March 1st, so that the leap day is the last day of its year.
-fn civil_from_days(day: i64) -> (i64, i64, i64) {
+pub(crate) fn civil_from_days(day: i64) -> (i64, i64, i64) {
     let shifted = day + 719_468; // from 1970-01-01 to 0000-03-01
     let era = shifted.div_euclid(146_097);
     let day_of_era = shifted.rem_euclid(146_097); // 0..=146_096
