@@ -909,6 +909,48 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_store_that_fails_is_not_raced_at_every_request_near_the_line() {
+        /// A store that cannot be reached, and counts the attempts.
+        struct CountingDown(std::sync::atomic::AtomicUsize);
+
+        impl SharedCounters for CountingDown {
+            fn sync<'a>(
+                &'a self,
+                node_id: &'a str,
+                push: &'a SyncPush,
+                now: Timestamp,
+            ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                Down.sync(node_id, push, now)
+            }
+        }
+
+        let store = Arc::new(CountingDown(std::sync::atomic::AtomicUsize::new(0)));
+        let counters = Counters::new("a");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(sync_loop_with_clock(
+            Arc::clone(&counters),
+            Arc::clone(&store) as Arc<dyn SharedCounters>,
+            Duration::from_secs(1),
+            async move {
+                let _ = stopped.await;
+            },
+            move || NOW,
+        ));
+        // A request near the line every millisecond for half a second, while the store is down.
+        for _ in 0..500 {
+            counters.race(&[window("hot")], NOW);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let attempts = store.0.load(Ordering::Relaxed);
+        // The first sync, the one the new window asked for, the first racing exchange, and
+        // nothing more until the next regular sync a second later.
+        assert!(attempts <= 4, "{attempts} attempts on a store that is down");
+        stop.send(()).expect("loop running");
+        task.await.expect("loop ends");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn asks_wake_the_loop_once_between_two_syncs_unless_shorter() {
         let counters = Counters::new("a");
         let asked = |counters: &Arc<Counters>| {

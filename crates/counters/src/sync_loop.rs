@@ -47,6 +47,9 @@ pub async fn sync_loop_with_clock(
     // Whether windows race at their line: they are exchanged every AT_THE_LINE until none is left,
     // so that every request near the line is decided on other nodes' spend a few ms old at most.
     let mut racing = false;
+    // Whether the store failed the last exchange: racing waits for a regular sync to reach it
+    // again, rather than retrying every AT_THE_LINE while requests keep coming near the line.
+    let mut unreachable = false;
     loop {
         tokio::select! {
             biased;
@@ -58,7 +61,7 @@ pub async fn sync_loop_with_clock(
                 due = due.min(last_sync + gap.max(SOON));
                 continue;
             }
-            () = counters.race_asked(), if !racing => {
+            () = counters.race_asked(), if !racing && !unreachable => {
                 racing = true;
                 continue;
             }
@@ -68,7 +71,10 @@ pub async fn sync_loop_with_clock(
                     Ok(0) => racing = false,
                     Ok(_) => {}
                     // The regular sync reports a store that cannot be reached.
-                    Err(error) => tracing::debug!(%error, "the racing windows could not be exchanged"),
+                    Err(error) => {
+                        tracing::debug!(%error, "the racing windows could not be exchanged");
+                        (racing, unreachable) = (false, true);
+                    }
                 }
                 continue;
             }
@@ -76,6 +82,7 @@ pub async fn sync_loop_with_clock(
         last_sync = Instant::now();
         due = last_sync + interval;
         let result = counters.sync_with(shared.as_ref(), clock()).await;
+        unreachable = result.is_err();
         match result {
             Ok(outcome) => {
                 if outcome.others_active {
