@@ -59,7 +59,9 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let rebuilder = tokio::spawn(rebuild_missing(Arc::clone(&counters), link, stop.stopped()));
     let rate_sharer = rate_share
         .map(|share| tokio::spawn(gateway.share_rate_limits(share, RATE_SHARE_INTERVAL, stop.stopped())));
-    let server = tokio::spawn(recovea_gateway::serve(gateway, listener, stop.stopped()));
+    let server = recovea_gateway::Server::start(&gateway, listener)
+        .map_err(|e| format!("starting the gateway's connection threads: {e}"))?;
+    let server = tokio::spawn(server.serve(stop.stopped()));
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     stop.stop();

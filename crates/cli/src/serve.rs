@@ -113,7 +113,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let admin = tokio::spawn(recovea_control::serve(control, admin_listener, stop.stopped()));
     let rate_sharer = rate_share
         .map(|share| tokio::spawn(gateway.share_rate_limits(share, RATE_SHARE_INTERVAL, stop.stopped())));
-    let node = tokio::spawn(recovea_gateway::serve(gateway, gateway_listener, stop.stopped()));
+    let node = recovea_gateway::Server::start(&gateway, gateway_listener)
+        .map_err(|e| format!("starting the gateway's connection threads: {e}"))?;
+    let node = tokio::spawn(node.serve(stop.stopped()));
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     stop.stop();

@@ -27,7 +27,7 @@ use recovea_counters::Counters;
 pub use control_link::ControlLink;
 pub use feed::follow_feed;
 pub use metrics::Outcome;
-pub use server::serve;
+pub use server::{Server, serve};
 
 /// Arms the failpoints named in the `FAILPOINTS` environment variable, for as long as the guard
 /// lives (the whole process). Only builds with the `failpoints` feature (tests) have failpoints;

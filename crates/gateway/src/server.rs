@@ -23,45 +23,63 @@ use crate::proxy::{self, BoxError, REQUEST_ID, RequestContext, ResponseBody};
 /// How long shutdown waits for in-flight requests (streams included) before it stops anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Serves `gateway` on `listener` until `shutdown` resolves, then drains open connections.
+/// The gateway on its listener, with its connection threads running.
 ///
 /// The caller's runtime only accepts. Each connection is handed to one of [`connection_workers`]
 /// threads, each with its own single-threaded runtime and its own pool of provider connections
 /// (see [`crate::upstream`]): a request, its client connection and its provider connection then
 /// live on one thread, and none of its wake-ups crosses threads or goes through a work-stealing
 /// queue, which under load cost more than the proxying itself.
-pub async fn serve(gateway: Gateway, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-    let graceful = GracefulShutdown::new();
-    let mut workers = match Workers::start(&gateway) {
-        Ok(workers) => workers,
-        Err(e) => {
-            tracing::error!(error = %e, "could not start the connection threads");
-            return;
-        }
-    };
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
-                    Ok(stream) => stream,
-                    Err(e) => {
-                        // Running out of file descriptors must not end the server: wait and retry.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                workers.hand_over(stream, graceful.watcher());
+pub struct Server {
+    listener: TcpListener,
+    workers: Workers,
+}
+
+impl Server {
+    /// Starts the connection threads. An error means the gateway cannot serve at all: the caller
+    /// should stop rather than run without it.
+    pub fn start(gateway: &Gateway, listener: TcpListener) -> std::io::Result<Self> {
+        Ok(Self { listener, workers: Workers::start(gateway)? })
+    }
+
+    /// Serves until `shutdown` resolves, then drains open connections.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let Self { listener, mut workers } = self;
+        let graceful = GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
+                        Ok(stream) => stream,
+                        Err(e) => {
+                            // Running out of file descriptors must not end the server: wait and retry.
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    workers.hand_over(stream, graceful.watcher());
+                }
+                () = &mut shutdown => break,
             }
-            () = &mut shutdown => break,
         }
+        drop(listener);
+        if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
+            tracing::warn!("shutdown: some connections were still open after the drain timeout");
+        }
+        workers.stop().await;
     }
-    drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
-        tracing::warn!("shutdown: some connections were still open after the drain timeout");
-    }
-    workers.stop().await;
+}
+
+/// [`Server::start`], then [`Server::serve`].
+pub async fn serve(
+    gateway: Gateway,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    Server::start(&gateway, listener)?.serve(shutdown).await;
+    Ok(())
 }
 
 /// How many threads serve connections: one per core the process may run on.
