@@ -876,23 +876,51 @@ mod tests {
         assert!(!store.contains(&unknown.cap, unknown.start, NOW), "reading creates nothing");
     }
 
+    /// The sync loop on `store`, every second, reading `clock`; [`Loop::stop`] ends it after its
+    /// last sync.
+    struct Loop {
+        stop: tokio::sync::oneshot::Sender<()>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Loop {
+        fn start(
+            counters: &Arc<Counters>,
+            store: Arc<dyn SharedCounters>,
+            clock: impl Fn() -> Timestamp + Send + 'static,
+        ) -> Self {
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            let task = tokio::spawn(sync_loop_with_clock(
+                Arc::clone(counters),
+                store,
+                Duration::from_secs(1),
+                shutdown,
+                clock,
+            ));
+            Self { stop, task }
+        }
+
+        async fn stop(self) {
+            self.stop.send(()).expect("loop running");
+            self.task.await.expect("loop ends");
+        }
+    }
+
+    /// The (paused) runtime's clock, starting at [`NOW`].
+    fn runtime_clock() -> impl Fn() -> Timestamp + Copy + Send + 'static {
+        let started = tokio::time::Instant::now();
+        move || Timestamp(NOW.0 + i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX))
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_loop_confirms_every_interval_and_pushes_once_more_at_shutdown() {
         let store = Arc::new(InProcess::new(StoreOptions::default()));
         let counters = Counters::new("a");
-        let started = tokio::time::Instant::now();
-        let clock =
-            move || Timestamp(NOW.0 + i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(sync_loop_with_clock(
-            Arc::clone(&counters),
-            Arc::clone(&store) as Arc<dyn SharedCounters>,
-            Duration::from_secs(1),
-            async move {
-                let _ = stopped.await;
-            },
-            clock,
-        ));
+        let sync_loop =
+            Loop::start(&counters, Arc::clone(&store) as Arc<dyn SharedCounters>, runtime_clock());
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while counters.confirmed_at().is_none_or(|at| at.0 < NOW.0 + 3_000) {
             assert!(tokio::time::Instant::now() < deadline, "the loop never confirmed");
@@ -900,8 +928,7 @@ mod tests {
         }
         let w = window("x");
         counters.add(std::slice::from_ref(&w), Nanos(4));
-        stop.send(()).expect("loop running");
-        task.await.expect("loop ends");
+        sync_loop.stop().await;
         let other = Counters::new("b");
         spend(&other, &w);
         other.sync_with(store.as_ref(), clock_after(&counters)).await.expect("sync");
@@ -927,16 +954,7 @@ mod tests {
 
         let store = Arc::new(CountingDown(std::sync::atomic::AtomicUsize::new(0)));
         let counters = Counters::new("a");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(sync_loop_with_clock(
-            Arc::clone(&counters),
-            Arc::clone(&store) as Arc<dyn SharedCounters>,
-            Duration::from_secs(1),
-            async move {
-                let _ = stopped.await;
-            },
-            move || NOW,
-        ));
+        let sync_loop = Loop::start(&counters, Arc::clone(&store) as Arc<dyn SharedCounters>, || NOW);
         // A request near the line every millisecond for half a second, while the store is down.
         for _ in 0..500 {
             counters.race(&[window("hot")], NOW);
@@ -946,8 +964,7 @@ mod tests {
         // The first sync, the one the new window asked for, the first racing exchange, and
         // nothing more until the next regular sync a second later.
         assert!(attempts <= 4, "{attempts} attempts on a store that is down");
-        stop.send(()).expect("loop running");
-        task.await.expect("loop ends");
+        sync_loop.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -971,23 +988,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_armed_reservation_reaches_other_nodes_within_the_gap_of_its_end() {
         let store = Arc::new(InProcess::new(StoreOptions::default()));
-        let started = tokio::time::Instant::now();
-        let clock =
-            move || Timestamp(NOW.0 + i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
+        let clock = runtime_clock();
         let other = Counters::new("other");
         for armed in [true, false] {
             let counters = Counters::new("a");
             let w = window(if armed { "armed" } else { "soft" });
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(sync_loop_with_clock(
-                Arc::clone(&counters),
-                Arc::clone(&store) as Arc<dyn SharedCounters>,
-                Duration::from_secs(1),
-                async move {
-                    let _ = stopped.await;
-                },
-                clock,
-            ));
+            let sync_loop = Loop::start(&counters, Arc::clone(&store) as Arc<dyn SharedCounters>, clock);
             let held = counters.reserve(vec![w.clone()], Nanos(10), armed);
             // Past the syncs the reservation asked for: the next regular one is most of a tick away.
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1000,8 +1006,7 @@ mod tests {
             other.sync_with(store.as_ref(), clock()).await.expect("sync");
             let expected = if armed { (Nanos(3), Nanos::ZERO) } else { (Nanos::ZERO, Nanos(10)) };
             assert_eq!((seen(&other).spent, seen(&other).reserved), expected, "armed {armed}");
-            stop.send(()).expect("loop running");
-            task.await.expect("loop ends");
+            sync_loop.stop().await;
         }
     }
 
