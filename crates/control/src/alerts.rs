@@ -16,7 +16,7 @@ use hyper_util::rt::TokioExecutor;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, OrgId};
 use recovea_core::money::Nanos;
-use recovea_core::receipt::Receipt;
+use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
 use recovea_store::{AlertRecord, CapRecord, ControlStore, ReceiptLedger};
 use ring::hmac;
@@ -87,9 +87,9 @@ impl Alerts {
     /// `all_new`: every receipt of the batch was new to the ledger, so the running totals may add
     /// it; otherwise they are summed from the ledger again. Blocking: call it off the async
     /// threads (ingest does, after inserting a batch).
-    pub fn evaluate_batch(&self, batch: &[Receipt], all_new: bool, now: Timestamp) {
+    pub fn evaluate_batch(&self, batch: &[SerializedReceipt], all_new: bool, now: Timestamp) {
         let mut by_org: BTreeMap<OrgId, Vec<&Receipt>> = BTreeMap::new();
-        for receipt in batch {
+        for receipt in batch.iter().map(SerializedReceipt::receipt) {
             if let Some(org) = OrgId::parse(&receipt.org_id) {
                 by_org.entry(org).or_default().push(receipt);
             }
@@ -293,8 +293,8 @@ mod tests {
 
     const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 
-    fn receipt(n: u32, started_at: Timestamp, cost: &str) -> Receipt {
-        Receipt {
+    fn receipt(n: u32, started_at: Timestamp, cost: &str) -> SerializedReceipt {
+        SerializedReceipt::new(Receipt {
             id: format!("rcpt_{n}"),
             request_id: format!("req_{n}"),
             org_id: "org_a".into(),
@@ -316,7 +316,7 @@ mod tests {
             started_at,
             finished_at: started_at,
             node_id: "node_a".into(),
-        }
+        })
     }
 
     /// A webhook receiver that answers 200 to every POST and hands over each request's text.
@@ -443,7 +443,7 @@ mod tests {
         let yesterday = Timestamp(today.0 - DAY_MS);
 
         // Delivered today, made yesterday: it crosses yesterday's threshold, not today's.
-        sink.deliver(&[receipt(1, Timestamp(yesterday.0 + 5), "0.60")]).await.expect("delivered");
+        sink.deliver(vec![receipt(1, Timestamp(yesterday.0 + 5), "0.60")]).await.expect("delivered");
         let raised = |store: &SqliteStore| {
             let mut starts: Vec<i64> =
                 store.alerts(&org).expect("alerts").iter().map(|a| a.window_start.0).collect();
@@ -452,13 +452,13 @@ mod tests {
         };
         assert_eq!(raised(&store), vec![yesterday.0]);
         // Today's spend crosses half the limit on the second batch only (running total 0.30 + 0.30).
-        sink.deliver(&[receipt(2, Timestamp(today.0 + 5), "0.30")]).await.expect("delivered");
+        sink.deliver(vec![receipt(2, Timestamp(today.0 + 5), "0.30")]).await.expect("delivered");
         assert_eq!(raised(&store), vec![yesterday.0]);
-        let third = [receipt(3, Timestamp(today.0 + 6), "0.30")];
-        sink.deliver(&third).await.expect("delivered");
+        let third = vec![receipt(3, Timestamp(today.0 + 6), "0.30")];
+        sink.deliver(third.clone()).await.expect("delivered");
         assert_eq!(raised(&store), vec![yesterday.0, today.0]);
         // A replayed batch counts once: no new alert, no double-counted spend.
-        sink.deliver(&third).await.expect("delivered");
+        sink.deliver(third).await.expect("delivered");
         assert_eq!(raised(&store), vec![yesterday.0, today.0]);
         let _ = std::fs::remove_dir_all(&dir);
     }

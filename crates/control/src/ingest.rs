@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use std::time::SystemTime;
 
-use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
+use recovea_core::receipt::{DeliveryError, ReceiptSink, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
 
 use crate::alerts::Alerts;
@@ -29,14 +29,13 @@ impl LedgerSink {
 }
 
 impl ReceiptSink for LedgerSink {
-    fn deliver<'a>(
-        &'a self,
-        batch: &'a [Receipt],
-    ) -> Pin<Box<dyn Future<Output = Result<(), DeliveryError>> + Send + 'a>> {
+    fn deliver(
+        &self,
+        batch: Vec<SerializedReceipt>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), DeliveryError>> + Send + '_>> {
         let ledger = Arc::clone(&self.ledger);
         let alerts = self.alerts.clone();
         let one_batch = Arc::clone(&self.one_batch);
-        let batch = batch.to_vec();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
                 let _one_batch = one_batch.lock().unwrap_or_else(|p| p.into_inner());

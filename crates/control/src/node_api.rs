@@ -10,12 +10,13 @@ use http::StatusCode;
 use recovea_core::feed::{NodeStatus, WindowSpend};
 use recovea_core::ids::CapId;
 use recovea_core::keys;
-use recovea_core::receipt::Receipt;
+use recovea_core::receipt::SerializedReceipt;
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::CapWindow;
 use recovea_store::NodeRecord;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::admin::{Reply, ReplyBody};
@@ -32,9 +33,12 @@ pub(crate) const POLL: &str = "/feed/v1/poll";
 pub(crate) const SPEND: &str = "/feed/v1/spend";
 pub(crate) const RECEIPTS: &str = "/ingest/v1/receipts";
 
+/// Each receipt is kept as the node wrote it: the ledger stores that text, checked to be a
+/// receipt, rather than serialize it again.
 #[derive(Deserialize)]
-struct ReceiptBatch {
-    receipts: Vec<Receipt>,
+struct ReceiptBatch<'a> {
+    #[serde(borrow)]
+    receipts: Vec<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -71,10 +75,21 @@ impl Control {
                 Ok(self.inner.feed.poll(status.version, wait).await.map(raw))
             }
             RECEIPTS => {
-                let batch: ReceiptBatch = parse(&body)?;
-                access.sink.deliver(&batch.receipts).await.map_err(ApiError::internal)?;
-                self.inner.metrics.receipts.fetch_add(batch.receipts.len() as u64, Relaxed);
-                Ok(Some(json_reply(json!({"accepted": batch.receipts.len()}))))
+                let batch: ReceiptBatch<'_> =
+                    serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("body: {e}")))?;
+                let receipts = batch
+                    .receipts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, text)| {
+                        SerializedReceipt::parse(text.get())
+                            .map_err(|e| ApiError::BadRequest(format!("body: receipts[{i}]: {e}")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let accepted = receipts.len();
+                access.sink.deliver(receipts).await.map_err(ApiError::internal)?;
+                self.inner.metrics.receipts.fetch_add(accepted as u64, Relaxed);
+                Ok(Some(json_reply(json!({"accepted": accepted}))))
             }
             SPEND => {
                 let query: SpendQuery = parse(&body)?;

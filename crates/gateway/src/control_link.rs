@@ -10,7 +10,7 @@ use http::{Request, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use recovea_core::feed::WindowSpend;
 use recovea_core::money::Nanos;
-use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
+use recovea_core::receipt::{DeliveryError, ReceiptSink, SerializedReceipt};
 use recovea_counters::{CapWindow, SpendSource, WindowSpendFuture};
 use serde::Serialize;
 
@@ -55,6 +55,16 @@ impl ControlLink {
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), String> {
         let body = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+        self.send_json(path, body, timeout).await
+    }
+
+    /// POSTs `body`, JSON text already, to `path`; as [`Self::post`].
+    async fn send_json(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), String> {
         let request = Request::post(format!("{}{path}", self.base_url))
             .header(header::AUTHORIZATION, self.authorization.clone())
             .header(header::CONTENT_TYPE, "application/json")
@@ -76,8 +86,8 @@ impl ControlLink {
     }
 
     /// Fails unless the answer is `200 OK`.
-    async fn post_ok(&self, path: &str, body: &impl Serialize) -> Result<Bytes, String> {
-        match self.post(path, body, CALL_TIMEOUT).await? {
+    async fn post_ok(&self, path: &str, body: Vec<u8>) -> Result<Bytes, String> {
+        match self.send_json(path, body, CALL_TIMEOUT).await? {
             (StatusCode::OK, body) => Ok(body),
             (status, body) => Err(format!(
                 "control plane answered {status}: {}",
@@ -87,22 +97,29 @@ impl ControlLink {
     }
 }
 
-#[derive(Serialize)]
-struct ReceiptBatch<'a> {
-    receipts: &'a [Receipt],
+/// `{"receipts":[...]}`, written from each receipt's own JSON text rather than serialized again.
+fn receipt_batch(batch: &[SerializedReceipt]) -> Vec<u8> {
+    let texts: usize = batch.iter().map(|r| r.json().len() + 1).sum();
+    let mut body = Vec::with_capacity(texts + 16);
+    body.extend_from_slice(br#"{"receipts":["#);
+    for (i, receipt) in batch.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(receipt.json().as_bytes());
+    }
+    body.extend_from_slice(b"]}");
+    body
 }
 
 /// A node's spool ships to the control plane's ingest, which is idempotent by receipt id.
 impl ReceiptSink for ControlLink {
-    fn deliver<'a>(
-        &'a self,
-        batch: &'a [Receipt],
-    ) -> Pin<Box<dyn Future<Output = Result<(), DeliveryError>> + Send + 'a>> {
+    fn deliver(
+        &self,
+        batch: Vec<SerializedReceipt>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), DeliveryError>> + Send + '_>> {
         Box::pin(async move {
-            self.post_ok("/ingest/v1/receipts", &ReceiptBatch { receipts: batch })
-                .await
-                .map(drop)
-                .map_err(DeliveryError)
+            self.post_ok("/ingest/v1/receipts", receipt_batch(&batch)).await.map(drop).map_err(DeliveryError)
         })
     }
 }
@@ -127,7 +144,9 @@ impl SpendSource for ControlLink {
                     })
                     .collect(),
             };
-            let body = self.post_ok("/feed/v1/spend", &query).await?;
+            let body = self
+                .post_ok("/feed/v1/spend", serde_json::to_vec(&query).map_err(|e| e.to_string())?)
+                .await?;
             let answer: Windows = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
             if answer.windows.len() != windows.len() {
                 return Err("control plane answered for other windows".to_owned());

@@ -5,19 +5,23 @@
 //! response is released, so a process killed at any moment (SIGKILL included) has on disk the receipt
 //! of every response that completed. That append is the only metering work a response waits for: a
 //! few microseconds of local I/O, never the ledger, the network or an `fsync`, which a background
-//! thread does every 200 ms for the sake of power loss. Shipping reads the files, never memory, so a
-//! restart replays whatever was not yet delivered; the sink's inserts are idempotent by receipt id,
-//! so a batch delivered twice is counted once.
+//! thread does every 200 ms for the sake of power loss. What is delivered, and how far, is decided by
+//! the files alone, so a restart replays whatever was not yet delivered; the sink's inserts are
+//! idempotent by receipt id, so a batch delivered twice is counted once. The last few batches'
+//! worth of appended receipts are also kept in memory, each with the place of its line, so that
+//! the shipper need not read back and parse what it was just handed: it takes them from memory
+//! when delivery stands exactly at their lines, and reads the files otherwise.
 
+use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
+use std::io::{self, BufRead, BufReader, IoSlice, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use recovea_core::receipt::{Receipt, ReceiptSink};
+use recovea_core::receipt::{Receipt, ReceiptSink, SerializedReceipt};
 use tokio::sync::Notify;
 
 /// A new segment starts past this size, so that delivered ones can be deleted whole.
@@ -27,6 +31,9 @@ const SEGMENT_BYTES: u64 = 8 << 20;
 const COALESCE: Duration = Duration::from_millis(25);
 /// How many receipts one delivery carries at most.
 const BATCH: usize = 512;
+/// How many appended receipts are kept in memory for the shipper: a few batches. Past that (a sink
+/// down, a backlog) it reads them back from the files.
+const MIRRORED: usize = 4 * BATCH;
 /// How often written data is forced to disk (a SIGKILL loses nothing written; this is for power loss).
 const SYNC_EVERY: Duration = Duration::from_millis(200);
 const SHIPPED_FILE: &str = "shipped";
@@ -55,18 +62,14 @@ impl SpoolSender {
     /// Appends a finished request's receipt. A disk that refuses it costs the receipt, never the
     /// response: the failure is counted and logged.
     pub fn send(&self, receipt: Receipt) {
-        let appended = serde_json::to_vec(&receipt).map_err(io::Error::other).and_then(|mut line| {
-            line.push(b'\n');
-            self.appender.append(&line)
-        });
-        match appended {
+        match self.appender.append(SerializedReceipt::new(receipt)) {
             Ok(()) => {
                 self.stats.pending.fetch_add(1, Relaxed);
                 self.written.notify_one();
             }
-            Err(e) => {
+            Err((e, receipt_id)) => {
                 self.stats.dropped.fetch_add(1, Relaxed);
-                tracing::error!(error = %e, receipt_id = %receipt.id, "a receipt could not be written to the spool: lost");
+                tracing::error!(error = %e, %receipt_id, "a receipt could not be written to the spool: lost");
             }
         }
     }
@@ -88,7 +91,7 @@ impl Spool {
         let next = segments(dir)?.last().map_or(1, |(n, _)| n + 1);
         let stats = Arc::new(SpoolStats::default());
         stats.pending.store(count_unshipped(dir)?, Relaxed);
-        let appender = Arc::new(Appender::open(dir, next)?);
+        let appender = Arc::new(Appender::open(dir, next, MIRRORED)?);
         let syncing = Arc::downgrade(&appender);
         std::thread::Builder::new().name("receipt-spool-sync".into()).spawn(move || {
             // Ends with the appender, when the last sender is gone.
@@ -153,18 +156,18 @@ impl Spool {
     /// At start-up, before serving, this brings the ledger up to date.
     pub async fn ship_available(&self, sink: &dyn ReceiptSink) -> Result<(), String> {
         loop {
-            let dir = self.dir.clone();
-            let batch = tokio::task::spawn_blocking(move || read_batch(&dir))
+            let (dir, appender) = (self.dir.clone(), Arc::clone(&self.sender.appender));
+            let batch = tokio::task::spawn_blocking(move || next_batch(&dir, &appender))
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;
-            let Some(batch) = batch else { return Ok(()) };
-            if !batch.receipts.is_empty() {
-                sink.deliver(&batch.receipts).await.map_err(|e| e.to_string())?;
+            let Some(Batch { receipts, progress, corrupt }) = batch else { return Ok(()) };
+            let delivered = receipts.len();
+            if !receipts.is_empty() {
+                sink.deliver(receipts).await.map_err(|e| e.to_string())?;
             }
-            let (delivered, corrupt) = (batch.receipts.len(), batch.corrupt);
             let dir = self.dir.clone();
-            tokio::task::spawn_blocking(move || batch.progress.commit(&dir))
+            tokio::task::spawn_blocking(move || progress.commit(&dir))
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;
@@ -181,10 +184,25 @@ impl Spool {
     }
 }
 
-/// The segment being appended to.
+/// The segment being appended to, and the receipts last appended.
 struct Appender {
     dir: PathBuf,
-    current: Mutex<Segment>,
+    state: Mutex<Appending>,
+    mirror_capacity: usize,
+}
+
+struct Appending {
+    segment: Segment,
+    /// Receipts appended lately, in the order of their lines; at most `mirror_capacity` of them.
+    mirror: VecDeque<Mirrored>,
+}
+
+/// An appended receipt and the place of its line.
+struct Mirrored {
+    segment: u64,
+    start: u64,
+    end: u64,
+    receipt: SerializedReceipt,
 }
 
 struct Segment {
@@ -203,16 +221,30 @@ impl Segment {
 }
 
 impl Appender {
-    fn open(dir: &Path, number: u64) -> io::Result<Self> {
-        Ok(Self { dir: dir.to_owned(), current: Mutex::new(Segment::create(dir, number)?) })
+    fn open(dir: &Path, number: u64, mirror_capacity: usize) -> io::Result<Self> {
+        let segment = Segment::create(dir, number)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            state: Mutex::new(Appending { segment, mirror: VecDeque::new() }),
+            mirror_capacity,
+        })
     }
 
-    /// One `write` of a whole line: lines never interleave, and a crash tears at most the last one.
-    fn append(&self, line: &[u8]) -> io::Result<()> {
-        let mut segment = self.current.lock().unwrap_or_else(|p| p.into_inner());
+    fn lock(&self) -> std::sync::MutexGuard<'_, Appending> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends the receipt's line, in one `writev` as a rule: lines never interleave, and a crash
+    /// tears at most the last one. A receipt that could not be written is lost: its id is returned.
+    fn append(&self, receipt: SerializedReceipt) -> Result<(), (io::Error, String)> {
+        let mut state = self.lock();
+        let Appending { segment, mirror } = &mut *state;
         if segment.size >= SEGMENT_BYTES {
-            let next = Segment::create(&self.dir, segment.number + 1)?;
-            let full = std::mem::replace(&mut *segment, next);
+            let next = match Segment::create(&self.dir, segment.number + 1) {
+                Ok(next) => next,
+                Err(e) => return Err((e, receipt.into_receipt().id)),
+            };
+            let full = std::mem::replace(segment, next);
             // Forced to disk off the request path: appends never wait on an fsync.
             std::thread::spawn(move || {
                 if let Err(e) = full.file.sync_data() {
@@ -220,23 +252,56 @@ impl Appender {
                 }
             });
         }
-        if let Err(e) = segment.file.write_all(line) {
+        let text = receipt.json().as_bytes();
+        if let Err(e) = write_line(&mut segment.file, text) {
             // The segment may now end in a torn line: continue in a fresh one.
             let next = segment.number + 1;
             if let Ok(fresh) = Segment::create(&self.dir, next) {
                 *segment = fresh;
             }
-            return Err(e);
+            return Err((e, receipt.into_receipt().id));
         }
-        segment.size += line.len() as u64;
+        let start = segment.size;
+        segment.size += text.len() as u64 + 1;
         segment.dirty = true;
+        if mirror.len() < self.mirror_capacity {
+            mirror.push_back(Mirrored { segment: segment.number, start, end: segment.size, receipt });
+        }
         Ok(())
+    }
+
+    /// The batch that reading the files from `from` would give, when memory holds it: the lines
+    /// that follow one another from `from`, either a whole batch or every line appended so far (so
+    /// that a short batch still tells the shipper it reached the end). `None`: read the files.
+    /// Receipts that delivery has already passed (read from the files meanwhile) are forgotten.
+    fn take_mirrored(&self, from: Progress) -> Option<Batch> {
+        let mut state = self.lock();
+        let Appending { segment, mirror } = &mut *state;
+        while mirror.front().is_some_and(|m| (m.segment, m.end) <= (from.segment, from.offset)) {
+            mirror.pop_front();
+        }
+        let mut progress = from;
+        let mut run = 0;
+        for next in mirror.iter().take(BATCH) {
+            if (next.segment, next.start) != (progress.segment, progress.offset) {
+                break;
+            }
+            progress.offset = next.end;
+            run += 1;
+        }
+        let all_appended = (progress.segment, progress.offset) == (segment.number, segment.size);
+        if run == 0 || (run < BATCH && !all_appended) {
+            return None;
+        }
+        let receipts = mirror.drain(..run).map(|m| m.receipt).collect();
+        Some(Batch { receipts, progress, corrupt: 0 })
     }
 
     /// Forces what was appended to disk, outside the lock so that appends never wait on it.
     fn sync(&self) {
         let file = {
-            let mut segment = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            let mut state = self.lock();
+            let segment = &mut state.segment;
             if !segment.dirty {
                 return;
             }
@@ -247,6 +312,16 @@ impl Appender {
             tracing::error!(error = %e, "syncing the receipt spool failed");
         }
     }
+}
+
+/// Writes `text` and a newline: one `writev` unless the kernel takes less (then the rest follows).
+fn write_line(file: &mut File, text: &[u8]) -> io::Result<()> {
+    let written = file.write_vectored(&[IoSlice::new(text), IoSlice::new(b"\n")])?;
+    if written <= text.len() {
+        file.write_all(&text[written..])?;
+        file.write_all(b"\n")?;
+    }
+    Ok(())
 }
 
 fn segment_path(dir: &Path, n: u64) -> PathBuf {
@@ -313,15 +388,24 @@ impl Progress {
 }
 
 struct Batch {
-    receipts: Vec<Receipt>,
+    receipts: Vec<SerializedReceipt>,
     /// Where delivery stands once this batch is delivered.
     progress: Progress,
     corrupt: u64,
 }
 
-/// Reads up to [`BATCH`] receipts from where delivery stands. `None`: nothing to do.
-fn read_batch(dir: &Path) -> io::Result<Option<Batch>> {
+/// Up to [`BATCH`] receipts from where delivery stands, from memory when they are there, else
+/// from the files. `None`: nothing to do.
+fn next_batch(dir: &Path, appender: &Appender) -> io::Result<Option<Batch>> {
     let start = Progress::load(dir)?;
+    match appender.take_mirrored(start) {
+        Some(batch) => Ok(Some(batch)),
+        None => read_batch(dir, start),
+    }
+}
+
+/// Reads up to [`BATCH`] receipts from the files, from `start`. `None`: nothing to do.
+fn read_batch(dir: &Path, start: Progress) -> io::Result<Option<Batch>> {
     let mut progress = start;
     let all = segments(dir)?;
     let newest = all.last().map(|(n, _)| *n);
@@ -346,7 +430,8 @@ fn read_batch(dir: &Path) -> io::Result<Option<Batch>> {
                 break;
             }
             consumed += read as u64;
-            match serde_json::from_slice::<Receipt>(&line) {
+            let text = std::str::from_utf8(&line[..line.len() - 1]).map_err(serde::de::Error::custom);
+            match text.and_then(SerializedReceipt::parse) {
                 Ok(receipt) => receipts.push(receipt),
                 Err(e) => {
                     corrupt += 1;
@@ -420,16 +505,19 @@ mod tests {
     }
 
     impl ReceiptSink for Sink {
-        fn deliver<'a>(
-            &'a self,
-            batch: &'a [Receipt],
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + 'a>>
+        fn deliver(
+            &self,
+            batch: Vec<SerializedReceipt>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + '_>>
         {
             self.calls.fetch_add(1, Relaxed);
             let result = if self.failing.load(Relaxed) {
                 Err(DeliveryError("ledger down".into()))
             } else {
-                self.accepted.lock().expect("lock").extend_from_slice(batch);
+                self.accepted
+                    .lock()
+                    .expect("lock")
+                    .extend(batch.into_iter().map(SerializedReceipt::into_receipt));
                 Ok(())
             };
             Box::pin(async move { result })
@@ -481,9 +569,10 @@ mod tests {
             assert_eq!(spool.stats.pending.load(Relaxed), 1200);
             sink.failing.store(false, Relaxed);
             // Deliver part of it, as if the process died after the first batch.
-            let batch = read_batch(&dir.0).expect("read").expect("a batch");
+            let from = Progress::load(&dir.0).expect("progress");
+            let batch = read_batch(&dir.0, from).expect("read").expect("a batch");
             let sink_dyn: Arc<dyn ReceiptSink> = sink.clone();
-            sink_dyn.deliver(&batch.receipts).await.expect("delivered");
+            sink_dyn.deliver(batch.receipts).await.expect("delivered");
             batch.progress.commit(&dir.0).expect("commit");
         }
         let spool = Spool::open(&dir.0).expect("reopen");
@@ -581,5 +670,65 @@ mod tests {
         ship_all(&spool, &sink).await.expect("delivered");
         assert_eq!(sink.accepted.lock().expect("lock").len(), count);
         assert_eq!(segments(&dir.0).expect("list").len(), 1);
+    }
+
+    fn ids(receipts: &[Receipt]) -> Vec<String> {
+        receipts.iter().map(|r| r.id.clone()).collect()
+    }
+
+    #[test]
+    fn the_shipper_takes_from_memory_only_the_lines_at_which_delivery_stands() {
+        let dir = TempDir::new("mirror");
+        fs::create_dir_all(&dir.0).expect("dir");
+        let appender = Appender::open(&dir.0, 1, 3).expect("open");
+        let append =
+            |n| appender.append(SerializedReceipt::new(receipt(n))).map_err(|(e, _)| e).expect("append");
+        // Where each line ends.
+        let mut ends = vec![0];
+        for n in 0..8 {
+            ends.push(ends[n] + serde_json::to_vec(&receipt(n)).expect("json").len() as u64 + 1);
+        }
+        let at = |lines: usize| Progress { segment: 1, offset: ends[lines] };
+        for n in 0..3 {
+            append(n);
+        }
+        // Memory holds all three lines appended: from any of them, the rest of them is the batch.
+        assert!(appender.take_mirrored(at(1)).is_some_and(|b| b.receipts.len() == 2 && b.progress == at(3)));
+        assert!(appender.take_mirrored(at(0)).is_none(), "taken lines are gone from memory");
+        for n in 3..7 {
+            append(n);
+        }
+        assert!(appender.take_mirrored(Progress { segment: 0, offset: 0 }).is_none());
+        // Three lines kept and a fourth that memory had no room for: a batch of the three would
+        // tell the shipper it reached the end.
+        assert!(appender.take_mirrored(at(3)).is_none());
+        let batch = read_batch(&dir.0, at(0)).expect("read").expect("a batch");
+        assert_eq!(batch.receipts.len(), 7, "the files hold every line");
+        assert_eq!(batch.progress, at(7));
+        // What the file read delivered is forgotten, and what memory gives is what the files say.
+        assert!(appender.take_mirrored(at(7)).is_none());
+        append(7);
+        let from_memory = appender.take_mirrored(at(7)).expect("the last line is in memory");
+        let from_files = read_batch(&dir.0, at(7)).expect("read").expect("batch");
+        assert_eq!((from_memory.receipts, from_memory.progress), (from_files.receipts, at(8)));
+    }
+
+    #[tokio::test]
+    async fn receipts_missing_from_memory_are_read_from_the_files_in_order_once() {
+        let dir = TempDir::new("mirror-gaps");
+        let mut spool = Spool::open(&dir.0).expect("open");
+        spool.sender.appender = Arc::new(Appender::open(&dir.0, 100, 4).expect("appender"));
+        let sink = Arc::new(Sink::default());
+        let mut sent = Vec::new();
+        for round in 0..3 {
+            // More than memory keeps: the first four come from memory, the rest from the files.
+            for n in 0..10 {
+                let receipt = receipt(round * 10 + n);
+                sent.push(receipt.id.clone());
+                spool.sender.send(receipt);
+            }
+            ship_all(&spool, &sink).await.expect("delivered");
+        }
+        assert_eq!(ids(&sink.accepted.lock().expect("lock")), sent);
     }
 }

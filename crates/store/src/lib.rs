@@ -13,7 +13,7 @@ use recovea_core::keys::KeyHash;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
-use recovea_core::receipt::Receipt;
+use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 
@@ -226,8 +226,9 @@ pub struct SpendRow {
 
 /// The receipt ledger: the source of truth for spend. Inserts are idempotent by receipt id.
 pub trait ReceiptLedger: Send + Sync + 'static {
-    /// Inserts the receipts not already present; returns how many were new.
-    fn insert_receipts(&self, receipts: &[Receipt]) -> Result<usize>;
+    /// Inserts the receipts not already present, each with its JSON text as it came; returns how
+    /// many were new.
+    fn insert_receipts(&self, receipts: &[SerializedReceipt]) -> Result<usize>;
     fn receipts(&self, query: &ReceiptQuery) -> Result<Vec<Receipt>>;
     fn spend_summary(
         &self,

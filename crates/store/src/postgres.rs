@@ -24,7 +24,7 @@ use recovea_core::keys::KeyHash;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
-use recovea_core::receipt::Receipt;
+use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
@@ -599,17 +599,14 @@ impl ControlStore for PostgresStore {
 }
 
 impl ReceiptLedger for PostgresStore {
-    fn insert_receipts(&self, receipts: &[Receipt]) -> Result<usize> {
-        if receipts.is_empty() {
+    fn insert_receipts(&self, written: &[SerializedReceipt]) -> Result<usize> {
+        if written.is_empty() {
             return Ok(0);
         }
-        let bodies = receipts
-            .iter()
-            .map(serde_json::to_string)
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
-        let column = |f: fn(&Receipt) -> &str| receipts.iter().map(f).collect::<Vec<_>>();
-        let number = |f: fn(&Receipt) -> i64| receipts.iter().map(f).collect::<Vec<_>>();
+        let receipts: Vec<&Receipt> = written.iter().map(SerializedReceipt::receipt).collect();
+        let bodies: Vec<&str> = written.iter().map(SerializedReceipt::json).collect();
+        let column = |f: fn(&Receipt) -> &str| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
+        let number = |f: fn(&Receipt) -> i64| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
         // One statement for the batch; a receipt already present (or twice in the batch) is skipped.
         let inserted = self
             .pool

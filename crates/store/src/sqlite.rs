@@ -14,7 +14,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
-use recovea_core::receipt::Receipt;
+use recovea_core::receipt::{Receipt, SerializedReceipt};
 
 use crate::{
     ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgIds, OrgRecord,
@@ -694,7 +694,7 @@ fn to_i64(n: u64) -> i64 {
 }
 
 impl ReceiptLedger for SqliteStore {
-    fn insert_receipts(&self, receipts: &[Receipt]) -> Result<usize> {
+    fn insert_receipts(&self, receipts: &[SerializedReceipt]) -> Result<usize> {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(backend)?;
         let mut inserted = 0;
@@ -706,8 +706,8 @@ impl ReceiptLedger for SqliteStore {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 )
                 .map_err(backend)?;
-            for r in receipts {
-                let body = serde_json::to_string(r).map_err(|e| StoreError::Backend(e.to_string()))?;
+            for written in receipts {
+                let r = written.receipt();
                 inserted += stmt
                     .execute(params![
                         r.id,
@@ -718,7 +718,7 @@ impl ReceiptLedger for SqliteStore {
                         to_i64(r.input_tokens),
                         to_i64(r.output_tokens),
                         r.cost_usd.0,
-                        body
+                        written.json()
                     ])
                     .map_err(backend)?;
             }

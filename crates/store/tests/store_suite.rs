@@ -13,7 +13,7 @@ use recovea_core::keys::hash_secret;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
-use recovea_core::receipt::Receipt;
+use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
@@ -228,6 +228,10 @@ fn wire(input: &str) -> PriceWire {
     }
 }
 
+fn serialized(receipts: &[Receipt]) -> Vec<SerializedReceipt> {
+    receipts.iter().cloned().map(SerializedReceipt::new).collect()
+}
+
 fn receipt(id: &str, key: &str, started_at: i64, cost: i64) -> Receipt {
     Receipt {
         id: id.into(),
@@ -344,12 +348,12 @@ fn state_survives_reopening(db: &impl Backend) {
     {
         let store = db.open();
         store.create_org(&org("org_a")).expect("org");
-        store.insert_receipts(&[receipt("rcpt_a", "key_a", 1, 1)]).expect("insert");
+        store.insert_receipts(&serialized(&[receipt("rcpt_a", "key_a", 1, 1)])).expect("insert");
     }
     let store = db.open();
     assert_eq!(store.list_orgs().expect("list"), vec![org("org_a")]);
     assert_eq!(store.version().expect("version"), 1);
-    assert_eq!(store.insert_receipts(&[receipt("rcpt_a", "key_a", 1, 1)]).expect("replay"), 0);
+    assert_eq!(store.insert_receipts(&serialized(&[receipt("rcpt_a", "key_a", 1, 1)])).expect("replay"), 0);
 }
 
 fn state_holds_every_table(db: &impl Backend) {
@@ -399,8 +403,12 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
         receipt("rcpt_a", "key_a", 2, 3),
         receipt("rcpt_c", "key_b", day + 1, 11),
     ];
-    assert_eq!(store.insert_receipts(&batch).expect("insert"), 3);
-    assert_eq!(store.insert_receipts(&batch).expect("replay"), 0, "inserts are idempotent by id");
+    assert_eq!(store.insert_receipts(&serialized(&batch)).expect("insert"), 3);
+    assert_eq!(
+        store.insert_receipts(&serialized(&batch)).expect("replay"),
+        0,
+        "inserts are idempotent by id"
+    );
     assert_eq!(store.insert_receipts(&[]).expect("empty"), 0);
 
     let query = |after, key: Option<&str>| ReceiptQuery {
@@ -433,7 +441,7 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
         receipt("rcpt_X", "key_a", 50, 1),
         receipt("rcpt_x", "key_a", 50, 1),
     ];
-    assert_eq!(store.insert_receipts(&mixed).expect("insert"), 2);
+    assert_eq!(store.insert_receipts(&serialized(&mixed)).expect("insert"), 2);
     let at_50 =
         ReceiptQuery { from: Some(Timestamp(50)), to: Some(Timestamp(51)), limit: 10, ..query(None, None) };
     assert_eq!(ids(&store.receipts(&at_50).expect("page")), ["rcpt_X", "rcpt_x"]);
@@ -448,12 +456,12 @@ fn spend_summary_groups_by_day_key_and_model(db: &impl Backend) {
     let unpriced =
         Receipt { model: None, input_tokens: 7, output_tokens: 0, ..receipt("rcpt_d", "key_a", 3, 0) };
     store
-        .insert_receipts(&[
+        .insert_receipts(&serialized(&[
             receipt("rcpt_b", "key_a", 2, 7),
             receipt("rcpt_a", "key_a", 2, 3),
             receipt("rcpt_c", "key_b", day + 1, 11),
             unpriced,
-        ])
+        ]))
         .expect("insert");
     let org = org_id("org_a");
     let summary = store.spend_summary(&org, None, None).expect("summary");
@@ -490,12 +498,12 @@ fn spend_sums_costs_in_a_window(db: &impl Backend) {
     let store = db.open();
     let other_org = Receipt { org_id: "org_b".into(), ..receipt("rcpt_z", "key_a", 5, 1000) };
     store
-        .insert_receipts(&[
+        .insert_receipts(&serialized(&[
             receipt("rcpt_a", "key_a", 10, 3),
             receipt("rcpt_b", "key_b", 15, 5),
             receipt("rcpt_c", "key_a", 20, 7),
             other_org,
-        ])
+        ]))
         .expect("insert");
     let org = org_id("org_a");
     let spend = |key: Option<&str>, from, to| {
@@ -507,7 +515,7 @@ fn spend_sums_costs_in_a_window(db: &impl Backend) {
     assert_eq!(spend(Some("key_zz"), 0, 100), Nanos(0));
     assert_eq!(spend(None, 100, 200), Nanos(0));
     let big = Receipt { cost_usd: Nanos(i64::MAX / 2), ..receipt("rcpt_big", "key_a", 30, 0) };
-    store.insert_receipts(&[big]).expect("insert");
+    store.insert_receipts(&serialized(&[big])).expect("insert");
     assert_eq!(spend(None, 30, 31), Nanos(i64::MAX / 2), "money is a 64-bit integer");
 }
 
@@ -616,7 +624,7 @@ fn the_state_version_grows_with_each_change(db: &impl Backend) {
     grew("delete_cap");
 
     let before = store.version().expect("version");
-    store.insert_receipts(&[receipt("rcpt_a", "key_a", 1, 1)]).expect("insert");
+    store.insert_receipts(&serialized(&[receipt("rcpt_a", "key_a", 1, 1)])).expect("insert");
     store.raise_alert(&alert("alrt_a", 0, 500, 1)).expect("alert");
     store.alert_delivery("alrt_a", Some(Timestamp(2))).expect("delivery");
     assert!(matches!(store.update_cap(&cap("cap_a", "org_a", None)), Err(StoreError::NotFound)));
@@ -645,8 +653,12 @@ fn two_stores_on_one_database_see_each_others_changes(db: &impl Backend) {
     );
 
     let batch = [receipt("rcpt_a", "key_a", 1, 3), receipt("rcpt_b", "key_a", 2, 4)];
-    assert_eq!(a.insert_receipts(&batch).expect("a"), 2);
-    assert_eq!(b.insert_receipts(&batch).expect("b"), 0, "a replay through another instance counts once");
+    assert_eq!(a.insert_receipts(&serialized(&batch)).expect("a"), 2);
+    assert_eq!(
+        b.insert_receipts(&serialized(&batch)).expect("b"),
+        0,
+        "a replay through another instance counts once"
+    );
     assert_eq!(b.spend(&org_id("org_a"), None, Timestamp(0), Timestamp(10)).expect("spend"), Nanos(7));
     assert!(a.raise_alert(&alert("alrt_a", 0, 500, 1)).expect("a"));
     assert!(!b.raise_alert(&alert("alrt_b", 0, 500, 1)).expect("b"), "one alert across instances");
@@ -683,7 +695,7 @@ fn concurrent_replays_insert_each_receipt_once(db: &impl Backend) {
                 let (store, barrier, batch) = (&stores[t % 2], &barrier, &batch);
                 s.spawn(move || {
                     barrier.wait();
-                    store.insert_receipts(batch).expect("insert")
+                    store.insert_receipts(&serialized(batch)).expect("insert")
                 })
             })
             .collect();

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink};
+use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink, SerializedReceipt};
 use recovea_gateway::Gateway;
 use recovea_gateway::spool::Spool;
 
@@ -14,11 +14,11 @@ use recovea_gateway::spool::Spool;
 pub struct MemorySink(pub std::sync::Mutex<Vec<Receipt>>);
 
 impl ReceiptSink for MemorySink {
-    fn deliver<'a>(
-        &'a self,
-        batch: &'a [Receipt],
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + 'a>> {
-        self.0.lock().expect("lock").extend_from_slice(batch);
+    fn deliver(
+        &self,
+        batch: Vec<SerializedReceipt>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + '_>> {
+        self.0.lock().expect("lock").extend(batch.into_iter().map(SerializedReceipt::into_receipt));
         Box::pin(async { Ok(()) })
     }
 }
