@@ -97,7 +97,7 @@ pub fn inspect(body: &[u8]) -> RequestFacts {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return RequestFacts::default();
     }
-    serde_json::from_slice::<RequestHead>(body).map_or_else(|_| RequestFacts::default(), RequestHead::facts)
+    crate::from_json::<RequestHead>(body).map_or_else(|_| RequestFacts::default(), RequestHead::facts)
 }
 
 /// [`inspect`] and the input estimate from one parse of the body.
@@ -105,11 +105,11 @@ pub fn inspect_and_estimate(body: &[u8]) -> InspectedRequest {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return InspectedRequest::default();
     }
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let pass = RequestPass::default().deserialize(&mut deserializer).and_then(|pass| {
-        deserializer.end()?;
-        Ok(pass)
-    });
+    // As `crate::from_json`: valid UTF-8 checked once, whole.
+    let pass = match std::str::from_utf8(body) {
+        Ok(text) => RequestPass::read(serde_json::Deserializer::from_str(text)),
+        Err(_) => RequestPass::read(serde_json::Deserializer::from_slice(body)),
+    };
     match pass {
         Ok(pass) => InspectedRequest {
             facts: if pass.repeated_head { RequestFacts::default() } else { pass.head.facts() },
@@ -145,6 +145,17 @@ struct RequestPass<'de> {
     /// `null` reads the same as an absent member, so the value cannot tell.
     seen_head: [bool; 6],
     input: InputFields<'de>,
+}
+
+impl<'de> RequestPass<'de> {
+    /// The pass over a whole body, which must hold one value and nothing after it.
+    fn read<R: serde_json::de::Read<'de>>(
+        mut deserializer: serde_json::Deserializer<R>,
+    ) -> serde_json::Result<Self> {
+        let pass = RequestPass::default().deserialize(&mut deserializer)?;
+        deserializer.end()?;
+        Ok(pass)
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for RequestPass<'de> {

@@ -158,18 +158,18 @@ impl UsageTap {
 fn read_json(surface: Surface, body: &[u8]) -> Tapped {
     let parsed = match surface {
         Surface::ChatCompletions | Surface::Completions => {
-            serde_json::from_slice(body).map(|a: OpenAiCompletion| {
+            crate::from_json(body).map(|a: OpenAiCompletion| {
                 let chars = a.choices.map_or(0, |c| c.total);
                 (a.usage.map(|u| u.to_usage()), chars, a.model)
             })
         }
-        Surface::Embeddings => serde_json::from_slice(body).map(|a: OpenAiEmbeddings| {
+        Surface::Embeddings => crate::from_json(body).map(|a: OpenAiEmbeddings| {
             let usage = a.usage.map(|u| Usage { output_tokens: 0, reasoning_tokens: 0, ..u.to_usage() });
             (usage, 0, a.model)
         }),
-        Surface::Responses => serde_json::from_slice(body)
+        Surface::Responses => crate::from_json(body)
             .map(|a: ResponseBody| (a.usage.map(|u| u.to_usage()), a.output.map_or(0, |o| o.total), a.model)),
-        Surface::Messages => serde_json::from_slice(body).map(|a: AnthropicMessage| {
+        Surface::Messages => crate::from_json(body).map(|a: AnthropicMessage| {
             (a.usage.map(AnthropicUsage::to_usage), a.content.map_or(0, |c| c.total), a.model)
         }),
         Surface::Other => return Tapped::default(),
