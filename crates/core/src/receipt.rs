@@ -129,7 +129,11 @@ fn push_decimal(out: &mut String, mut value: u64) {
 
 /// The receipt id of a request: its request id with the receipt prefix, so it is minted once.
 pub fn receipt_id(request_id: &str) -> String {
-    format!("rcpt_{}", request_id.strip_prefix("req_").unwrap_or(request_id))
+    let suffix = request_id.strip_prefix("req_").unwrap_or(request_id);
+    let mut id = String::with_capacity("rcpt_".len() + suffix.len());
+    id.push_str("rcpt_");
+    id.push_str(suffix);
+    id
 }
 
 /// Usage and cost as a receipt records them.

@@ -238,14 +238,20 @@ impl Sender {
 /// `/path?query` with a `Host` header, as an HTTP/1.1 server expects.
 fn origin_form(mut request: Request<Body>) -> Request<Body> {
     let uri = request.uri();
-    if let (Some(host), None) = (uri.host(), request.headers().get(header::HOST)) {
+    if let (Some(authority), None) = (uri.authority(), request.headers().get(header::HOST)) {
         let default_port = match uri.scheme_str() {
             Some("https") => 443,
             _ => 80,
         };
         let host = match uri.port_u16() {
-            Some(port) if port != default_port => HeaderValue::from_str(&format!("{host}:{port}")),
-            _ => HeaderValue::from_str(host),
+            // `host:port` is the authority itself, unless it carries user information.
+            Some(port) if port != default_port && !authority.as_str().contains('@') => {
+                HeaderValue::from_str(authority.as_str())
+            }
+            Some(port) if port != default_port => {
+                HeaderValue::from_str(&format!("{}:{port}", authority.host()))
+            }
+            _ => HeaderValue::from_str(authority.host()),
         };
         if let Ok(host) = host {
             request.headers_mut().insert(header::HOST, host);
