@@ -4,7 +4,6 @@
 pub mod headers;
 pub mod rewrite;
 pub mod route;
-mod scan;
 pub mod sse;
 pub mod usage;
 

@@ -4,15 +4,16 @@ mod json_object;
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::LazyLock;
 
 use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
-use crate::scan;
 use crate::sse::SseReader;
 use crate::usage::input::{Checked, InputFields, Key};
+use memchr::memmem;
 
 /// A held event larger than this cannot be OpenAI's usage-only chunk (a few hundred bytes), so it
 /// is passed on without waiting for its end.
@@ -256,7 +257,7 @@ impl UsageChunkFilter {
             at = 1;
         }
         while at < bytes.len() {
-            let Some(offset) = scan::find_line_end(&bytes[at..]) else {
+            let Some(offset) = memchr::memchr2(b'\n', b'\r', &bytes[at..]) else {
                 self.line_empty = false;
                 break;
             };
@@ -380,12 +381,10 @@ fn is_usage_only_event(event: &[u8]) -> bool {
 
 /// False only when every `"usage"` in the bytes is followed by `: null` (or there is none).
 fn may_have_usage(event: &[u8]) -> bool {
-    const KEY: &[u8] = b"\"usage\"";
-    // `g`: the key's rarest byte in a chunk, so that few places are compared in full.
-    const ANCHOR: usize = 4;
+    static KEY: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
     let mut rest = event;
-    while let Some(at) = scan::find(rest, KEY, ANCHOR) {
-        let after = rest[at + KEY.len()..].trim_ascii_start();
+    while let Some(at) = KEY.find(rest) {
+        let after = rest[at + KEY.needle().len()..].trim_ascii_start();
         let value = after.strip_prefix(b":").map_or(after, <[u8]>::trim_ascii_start);
         if !value.starts_with(b"null") {
             return true;

@@ -2,8 +2,6 @@
 
 use std::borrow::Cow;
 
-use crate::scan;
-
 /// The largest event [`SseReader::new`] keeps; a bigger one is dropped whole rather than grown
 /// without bound.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 4 << 20;
@@ -78,7 +76,7 @@ impl SseReader {
         if std::mem::take(&mut self.after_cr) && rest[0] == b'\n' {
             rest = &rest[1..];
         }
-        while let Some(end) = scan::find_line_end(rest) {
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', rest) {
             let (line, tail) = rest.split_at(end);
             let mut next = &tail[1..];
             if tail[0] == b'\r' {
