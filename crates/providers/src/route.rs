@@ -44,6 +44,10 @@ pub fn route(path_and_query: &str) -> Option<Route<'_>> {
 /// `..` segment, literal or percent-encoded, or an encoded slash or backslash.
 fn escapes_its_root(path_and_query: &str) -> bool {
     let path = path_and_query.split_once('?').map_or(path_and_query, |(path, _)| path);
+    // Nearly every path has no dot, escape or backslash, and then nothing below can be true.
+    if !path.bytes().any(|b| matches!(b, b'.' | b'%' | b'\\')) {
+        return false;
+    }
     let lower = path.to_ascii_lowercase();
     if lower.contains("%2f") || lower.contains("%5c") || lower.contains('\\') {
         return true;
