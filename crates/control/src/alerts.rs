@@ -46,6 +46,17 @@ pub struct Alerts {
 struct WindowTotal {
     spend: Nanos,
     summed_at: Instant,
+    /// How long that sum took the ledger.
+    took: Duration,
+}
+
+impl WindowTotal {
+    /// Whether the running total may still be added to, rather than the window summed again: for
+    /// [`RESUM_EVERY`], and longer when summing is slow (a window of millions of receipts), so that
+    /// summing takes at most a hundredth of the time.
+    fn trusted(&self) -> bool {
+        self.summed_at.elapsed() < RESUM_EVERY.max(self.took * 100)
+    }
 }
 
 /// How long a running total is trusted before the window is summed in the ledger again.
@@ -135,7 +146,8 @@ impl Alerts {
 
     /// A window's spend after the batch: the running total plus the batch when it is known and
     /// recent, else the ledger's sum (which includes the batch). Totals are summed again every
-    /// [`RESUM_EVERY`] because other control replicas ingest into the same ledger.
+    /// [`RESUM_EVERY`] (or a hundred times as long as the last sum took) because other control
+    /// replicas ingest into the same ledger.
     fn window_spend(
         &self,
         cap: &Cap,
@@ -147,18 +159,20 @@ impl Alerts {
         let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
         if all_new
             && let Some(total) = totals.get_mut(&key)
-            && total.summed_at.elapsed() < RESUM_EVERY
+            && total.trusted()
         {
             total.spend = total.spend.saturating_add(added);
             return Ok(total.spend);
         }
         drop(totals);
         let end = cap.window.end(start);
+        let summing = Instant::now();
         let spend = self.ledger.spend(&cap.org_id, cap.key_id.as_ref(), start, end)?;
+        let took = summing.elapsed();
         let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
         // Windows that ended long ago are not summed again; forget them.
-        totals.retain(|_, total| total.summed_at.elapsed() < RESUM_EVERY * 10);
-        totals.insert(key, WindowTotal { spend, summed_at: Instant::now() });
+        totals.retain(|_, total| total.summed_at.elapsed() < RESUM_EVERY.max(total.took * 100) * 10);
+        totals.insert(key, WindowTotal { spend, summed_at: Instant::now(), took });
         Ok(spend)
     }
 
@@ -461,6 +475,19 @@ mod tests {
         sink.deliver(third).await.expect("delivered");
         assert_eq!(raised(&store), vec![yesterday.0, today.0]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_slow_sum_is_trusted_for_longer() {
+        let summed = |ago: u64, took_ms: u64| WindowTotal {
+            spend: Nanos::ZERO,
+            summed_at: Instant::now().checked_sub(Duration::from_secs(ago)).expect("the clock is past 20 s"),
+            took: Duration::from_millis(took_ms),
+        };
+        assert!(summed(5, 1).trusted());
+        assert!(!summed(20, 1).trusted(), "a quick sum is redone after 10 s");
+        assert!(summed(20, 500).trusted(), "a sum that took 0.5 s is redone after 50 s");
+        assert!(!summed(60, 500).trusted());
     }
 
     #[test]
