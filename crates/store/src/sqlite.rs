@@ -117,6 +117,14 @@ const MIGRATIONS: &[&str] = &[
         seen_at INTEGER NOT NULL
     );
 ",
+    // Spend sums (cap alerts, rebuilds, reconciliation) read the indexes alone, not every
+    // receipt's row: a window of millions of receipts was summed from the table.
+    r"
+    DROP INDEX receipts_by_org_time;
+    CREATE INDEX receipts_by_org_time ON receipts(org_id, started_at, id, key_id, cost_nanos);
+    DROP INDEX receipts_by_key_time;
+    CREATE INDEX receipts_by_key_time ON receipts(key_id, started_at, org_id, cost_nanos);
+",
 ];
 
 pub struct SqliteStore {
