@@ -54,8 +54,8 @@ impl WindowTotal {
     /// Whether the running total may still be added to, rather than the window summed again: for
     /// [`RESUM_EVERY`], and longer when summing is slow (a window of millions of receipts), so that
     /// summing takes at most a hundredth of the time.
-    fn trusted(&self) -> bool {
-        self.summed_at.elapsed() < RESUM_EVERY.max(self.took * 100)
+    fn trusted_at(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.summed_at) < RESUM_EVERY.max(self.took * 100)
     }
 }
 
@@ -159,7 +159,7 @@ impl Alerts {
         let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
         if all_new
             && let Some(total) = totals.get_mut(&key)
-            && total.trusted()
+            && total.trusted_at(Instant::now())
         {
             total.spend = total.spend.saturating_add(added);
             return Ok(total.spend);
@@ -479,15 +479,16 @@ mod tests {
 
     #[test]
     fn a_slow_sum_is_trusted_for_longer() {
-        let summed = |ago: u64, took_ms: u64| WindowTotal {
-            spend: Nanos::ZERO,
-            summed_at: Instant::now().checked_sub(Duration::from_secs(ago)).expect("the clock is past 20 s"),
-            took: Duration::from_millis(took_ms),
+        let at = Instant::now();
+        let trusted = |took_ms: u64, later: u64| {
+            let total =
+                WindowTotal { spend: Nanos::ZERO, summed_at: at, took: Duration::from_millis(took_ms) };
+            total.trusted_at(at + Duration::from_secs(later))
         };
-        assert!(summed(5, 1).trusted());
-        assert!(!summed(20, 1).trusted(), "a quick sum is redone after 10 s");
-        assert!(summed(20, 500).trusted(), "a sum that took 0.5 s is redone after 50 s");
-        assert!(!summed(60, 500).trusted());
+        assert!(trusted(1, 5));
+        assert!(!trusted(1, 20), "a quick sum is redone after 10 s");
+        assert!(trusted(500, 20), "a sum that took 0.5 s is redone after 50 s");
+        assert!(!trusted(500, 60));
     }
 
     #[test]
