@@ -116,7 +116,6 @@ impl Upstream {
             (Some(scheme), Some(authority)) => (scheme.clone(), authority.clone()),
             _ => return Err(format!("not an absolute URI: {}", request.uri()).into()),
         };
-        let path = request.uri().path_and_query().cloned();
         let lane = &self.lanes[LANE.get() % self.lanes.len()];
         let pooled = send_pooled(&mut lock(lane), &scheme, &authority, request);
         let request = match pooled {
@@ -124,7 +123,7 @@ impl Upstream {
                 Ok(response) => return Ok(response),
                 // A pooled connection that closed meanwhile gives the request back unsent.
                 Err(mut failed) => match failed.take_message() {
-                    Some(unsent) => with_absolute_uri(unsent, &scheme, &authority, path),
+                    Some(unsent) => with_absolute_uri(unsent, &scheme, &authority),
                     None => return Err(failed.into_error().into()),
                 },
             },
@@ -262,13 +261,10 @@ fn origin_form(mut request: Request<Body>) -> Request<Body> {
     request
 }
 
-/// A request given back unsent, in origin form perhaps, made absolute again for another connection.
-fn with_absolute_uri(
-    mut request: Request<Body>,
-    scheme: &Scheme,
-    authority: &Authority,
-    path: Option<PathAndQuery>,
-) -> Request<Body> {
+/// A request given back unsent, in origin form perhaps (its path kept), made absolute again for
+/// another connection.
+fn with_absolute_uri(mut request: Request<Body>, scheme: &Scheme, authority: &Authority) -> Request<Body> {
+    let path = request.uri().path_and_query().cloned();
     let mut parts = http::uri::Parts::default();
     parts.scheme = Some(scheme.clone());
     parts.authority = Some(authority.clone());
