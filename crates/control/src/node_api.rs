@@ -15,7 +15,6 @@ use recovea_core::timestamp::Timestamp;
 use recovea_counters::CapWindow;
 use recovea_store::NodeRecord;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
@@ -75,8 +74,7 @@ impl Control {
                 Ok(self.inner.feed.poll(status.version, wait).await.map(raw))
             }
             RECEIPTS => {
-                let batch: ReceiptBatch<'_> =
-                    serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("body: {e}")))?;
+                let batch: ReceiptBatch<'_> = parse(&body)?;
                 let receipts = batch
                     .receipts
                     .iter()
@@ -180,7 +178,7 @@ fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
 
-fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+fn parse<'a, T: Deserialize<'a>>(body: &'a Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("body: {e}")))
 }
 
