@@ -55,7 +55,11 @@ impl WindowTotal {
     /// [`RESUM_EVERY`], and longer when summing is slow (a window of millions of receipts), so that
     /// summing takes at most a hundredth of the time.
     fn trusted_at(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.summed_at) < RESUM_EVERY.max(self.took * 100)
+        now.saturating_duration_since(self.summed_at) < self.trusted_for()
+    }
+
+    fn trusted_for(&self) -> Duration {
+        RESUM_EVERY.max(self.took * 100)
     }
 }
 
@@ -171,7 +175,7 @@ impl Alerts {
         let took = summing.elapsed();
         let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
         // Windows that ended long ago are not summed again; forget them.
-        totals.retain(|_, total| total.summed_at.elapsed() < RESUM_EVERY.max(total.took * 100) * 10);
+        totals.retain(|_, total| total.summed_at.elapsed() < total.trusted_for() * 10);
         totals.insert(key, WindowTotal { spend, summed_at: Instant::now(), took });
         Ok(spend)
     }
