@@ -1,12 +1,14 @@
 //! Token usage read from a provider's answer as it passes, and estimated when it carries none.
 
 pub(crate) mod input;
+mod quick;
 mod wire;
 
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::usage::Usage;
 
 use crate::sse::{SseEvent, SseReader};
+use quick::CompletionRead;
 use wire::{
     AnthropicEvent, AnthropicMessage, AnthropicUsage, OpenAiCompletion, OpenAiEmbeddings, OutputChars,
     ResponseBody, ResponsesEvent, StrOrNothing,
@@ -158,28 +160,36 @@ impl UsageTap {
 fn read_json(surface: Surface, body: &[u8]) -> Tapped {
     let parsed = match surface {
         Surface::ChatCompletions | Surface::Completions => {
-            crate::from_json(body).map(|a: OpenAiCompletion| {
-                let chars = a.choices.map_or(0, |c| c.total);
-                (a.usage.map(|u| u.to_usage()), chars, a.model)
-            })
+            let read = match std::str::from_utf8(body) {
+                Ok(text) => read_completion(text),
+                Err(_) => serde_json::from_slice(body).ok().map(OpenAiCompletion::into_read),
+            };
+            read.map(|read| (read.usage, read.output_chars, read.model))
         }
-        Surface::Embeddings => crate::from_json(body).map(|a: OpenAiEmbeddings| {
+        Surface::Embeddings => crate::from_json(body).ok().map(|a: OpenAiEmbeddings| {
             let usage = a.usage.map(|u| Usage { output_tokens: 0, reasoning_tokens: 0, ..u.to_usage() });
             (usage, 0, a.model)
         }),
         Surface::Responses => crate::from_json(body)
+            .ok()
             .map(|a: ResponseBody| (a.usage.map(|u| u.to_usage()), a.output.map_or(0, |o| o.total), a.model)),
-        Surface::Messages => crate::from_json(body).map(|a: AnthropicMessage| {
+        Surface::Messages => crate::from_json(body).ok().map(|a: AnthropicMessage| {
             (a.usage.map(AnthropicUsage::to_usage), a.content.map_or(0, |c| c.total), a.model)
         }),
-        Surface::Other => return Tapped::default(),
+        Surface::Other => None,
     };
-    match parsed {
-        Ok((usage, output_chars, model)) => {
-            Tapped { usage, output_chars, model: owned_model(&model), partial: false }
-        }
-        Err(_) => Tapped::default(),
-    }
+    parsed.map_or_else(Tapped::default, |(usage, output_chars, model)| Tapped {
+        usage,
+        output_chars,
+        model: owned_model(&model),
+        partial: false,
+    })
+}
+
+/// An OpenAI completion or chunk: the quick walk where it can tell, serde otherwise; `None` when
+/// it does not parse.
+fn read_completion(text: &str) -> Option<CompletionRead<'_>> {
+    quick::completion(text).or_else(|| serde_json::from_str(text).ok().map(OpenAiCompletion::into_read))
 }
 
 fn owned_model(model: &StrOrNothing<'_>) -> Option<String> {
@@ -202,11 +212,11 @@ impl Tally {
         if data.trim_ascii() == "[DONE]" {
             return;
         }
-        let Ok(chunk) = serde_json::from_str::<OpenAiCompletion>(data) else { return };
-        self.output_chars = self.output_chars.saturating_add(chunk.choices.map_or(0, |c| c.total));
+        let Some(chunk) = read_completion(data) else { return };
+        self.output_chars = self.output_chars.saturating_add(chunk.output_chars);
         self.note_model(&chunk.model);
-        if let Some(usage) = chunk.usage {
-            self.usage = Some(usage.to_usage());
+        if chunk.usage.is_some() {
+            self.usage = chunk.usage;
         }
     }
 

@@ -8,6 +8,8 @@ use recovea_core::usage::Usage;
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+use super::quick::CompletionRead;
+
 /// An OpenAI chat completion or legacy completion: a whole JSON answer or one stream chunk.
 #[derive(Deserialize)]
 pub(super) struct OpenAiCompletion<'a> {
@@ -15,6 +17,16 @@ pub(super) struct OpenAiCompletion<'a> {
     pub model: StrOrNothing<'a>,
     pub choices: Option<SumOf<OpenAiChoice>>,
     pub usage: Option<OpenAiUsage>,
+}
+
+impl<'a> OpenAiCompletion<'a> {
+    pub fn into_read(self) -> CompletionRead<'a> {
+        CompletionRead {
+            usage: self.usage.map(|usage| usage.to_usage()),
+            output_chars: self.choices.map_or(0, |choices| choices.total),
+            model: self.model,
+        }
+    }
 }
 
 /// A choice of any OpenAI completion shape: `message` (chat answer), `delta` (chat chunk) or
@@ -387,7 +399,7 @@ impl<'de> Deserialize<'de> for TextChars {
 
 /// A JSON value kept only when it is a string (borrowed when it has no escapes), so that an odd
 /// `model` or `type` never fails the parse of the usage beside it.
-#[derive(Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct StrOrNothing<'a>(pub Option<Cow<'a, str>>);
 
 impl<'a> StrOrNothing<'a> {
