@@ -6,6 +6,7 @@ pub mod rewrite;
 pub mod route;
 pub mod sse;
 pub mod usage;
+mod walk;
 
 pub use route::{Route, is_credential_name, route};
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::sse::SseReader;
 use crate::usage::input::{Checked, InputFields, Key};
+use crate::walk::{Seen, Walk};
 use memchr::memmem;
 
 /// A held event larger than this cannot be OpenAI's usage-only chunk (a few hundred bytes), so it
@@ -372,11 +373,45 @@ fn is_usage_only_event(event: &[u8]) -> bool {
         return false;
     }
     let mut usage_only = false;
-    SseReader::new().push(event, |e| {
-        usage_only |= serde_json::from_str::<UsageOnlyProbe>(e.data)
-            .is_ok_and(|probe| probe.usage.is_some() && probe.choices.as_ref().is_some_and(Vec::is_empty));
-    });
+    SseReader::new().push(event, |e| usage_only |= is_usage_only(e.data));
     usage_only
+}
+
+/// The event's data is the usage-only chunk: read by the walk where it can tell, by serde otherwise.
+fn is_usage_only(data: &str) -> bool {
+    quick_usage_only(data).unwrap_or_else(|| {
+        serde_json::from_str::<UsageOnlyProbe>(data)
+            .is_ok_and(|probe| probe.usage.is_some() && probe.choices.as_ref().is_some_and(Vec::is_empty))
+    })
+}
+
+/// [`UsageOnlyProbe`] read by [`Walk`]: `None` where it would not read as serde does.
+fn quick_usage_only(data: &str) -> Option<bool> {
+    let mut walk = Walk::new(data);
+    let (mut no_choices, mut usage) = (false, false);
+    let mut seen = Seen::default();
+    walk.object(0, |walk, key| {
+        match key {
+            b"choices" => {
+                seen.first(0)?;
+                let mut elements = 0;
+                let choices = walk.nullable(|walk| {
+                    walk.array(1, |walk| {
+                        elements += 1;
+                        walk.skip(2)
+                    })
+                })?;
+                no_choices = choices.is_some() && elements == 0;
+            }
+            b"usage" => {
+                seen.first(1)?;
+                usage = walk.nullable(|walk| walk.skip(1))?.is_some();
+            }
+            _ => walk.skip(1)?,
+        }
+        Some(())
+    })?;
+    walk.at_end().then_some(no_choices && usage)
 }
 
 /// False only when every `"usage"` in the bytes is followed by `: null` (or there is none).
@@ -570,6 +605,32 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+        /// Whatever the walk tells of a chunk, serde's probe tells the same.
+        #[test]
+        fn the_walk_finds_the_usage_only_chunk_as_serde_does(
+            members in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec!["choices", "usage", "id", "choices", "usage", r"us\u0061ge"]),
+                    proptest::sample::select(vec![
+                        "[]", "[ ]", "[{}]", "[1,[2]]", "null", "{}", "{\"prompt_tokens\":3}", "0", "\"\"", "nul", "[,]", "01",
+                    ]),
+                ),
+                0..4,
+            ),
+            comma in proptest::sample::select(vec![",", " ,\n"]),
+            after in proptest::sample::select(vec!["", " ", "\n", "x", "}"]),
+        ) {
+            let members: Vec<String> = members.iter().map(|(key, value)| format!("\"{key}\":{value}")).collect();
+            let data = format!("{{{}}}{after}", members.join(comma));
+            if let Some(quick) = quick_usage_only(&data) {
+                let probe = serde_json::from_str::<UsageOnlyProbe>(&data)
+                    .is_ok_and(|probe| probe.usage.is_some() && probe.choices.as_ref().is_some_and(Vec::is_empty));
+                proptest::prop_assert_eq!(quick, probe, "{}", data);
+            }
+        }
+
         #[test]
         fn the_usage_look_finds_what_it_found_byte_by_byte(
             pieces in proptest::collection::vec(

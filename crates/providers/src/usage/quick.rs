@@ -1,21 +1,17 @@
-//! A quick read of an OpenAI completion (a whole answer or one stream chunk) by a hand-written walk
-//! of its JSON, for the shapes providers send; the serde types of [`super::wire`] read the rest.
+//! A quick read of an OpenAI completion (a whole answer or one stream chunk) by [`Walk`], for the
+//! shapes providers send; the serde types of [`super::wire`] read the rest.
 //!
-//! Every chunk of a stream is read (each carries text to count), and serde's derived visitors
-//! spend about 5,000 instructions on a 250-byte chunk, most of them skipping what is not read. The
-//! walk gives up (`None`) at anything it would not read exactly as serde does: an escaped key or
-//! model name, a `\u` escape, a number where serde would parse one (text is counted), an object
-//! given as an array, a repeated field, deep nesting, any syntax error. So it never answers
-//! differently from serde, only sometimes not at all (a property test holds it to that).
+//! It gives up (`None`) at anything it would not read exactly as serde does: an escaped model
+//! name, a `\u` escape, a number where serde would parse one (text is counted), an object given
+//! as an array, a repeated field, deep nesting, any syntax error. So it never answers differently
+//! from serde, only sometimes not at all (a property test holds it to that).
 
 use std::borrow::Cow;
 
 use recovea_core::usage::Usage;
 
 use super::wire::StrOrNothing;
-
-/// Nesting deeper than this is left to serde (whose own limit is 128).
-const MAX_DEPTH: u32 = 64;
+use crate::walk::{Seen, Walk};
 
 /// What one completion tells.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -28,14 +24,14 @@ pub(super) struct CompletionRead<'a> {
 /// Reads a chat completion, a legacy completion or one chunk of either; `None` when it cannot
 /// tell the answer quickly (serde then reads it, and decides whether it parses at all).
 pub(super) fn completion(text: &str) -> Option<CompletionRead<'_>> {
-    let mut walk = Walk { text, at: 0 };
+    let mut walk = Walk::new(text);
     let mut read = CompletionRead::default();
     let mut seen = Seen::default();
     walk.object(0, |walk, key| {
         match key {
             b"model" => {
                 seen.first(0)?;
-                read.model = walk.str_or_nothing(1)?;
+                read.model = model(walk, 1)?;
             }
             b"choices" => {
                 seen.first(1)?;
@@ -50,7 +46,7 @@ pub(super) fn completion(text: &str) -> Option<CompletionRead<'_>> {
         Some(())
     })?;
     // serde refuses anything but whitespace after the value.
-    walk.peek().is_none().then_some(read)
+    walk.at_end().then_some(read)
 }
 
 /// `OpenAiChoice`: `message`, `delta` and `text`.
@@ -160,300 +156,18 @@ fn openai_usage(walk: &mut Walk<'_>, depth: u32) -> Option<Usage> {
     Some(usage)
 }
 
-/// The fields of one object read so far: serde refuses an object that repeats one.
-#[derive(Default)]
-struct Seen(u8);
-
-impl Seen {
-    fn first(&mut self, field: u8) -> Option<()> {
-        let bit = 1 << field;
-        (self.0 & bit == 0).then(|| self.0 |= bit)
+/// `StrOrNothing`: a string without escapes, or nothing for any other value.
+fn model<'a>(walk: &mut Walk<'a>, depth: u32) -> Option<StrOrNothing<'a>> {
+    match walk.peek()? {
+        b'"' => {
+            let text = walk.string()?;
+            let raw = std::str::from_utf8(text.raw).ok().filter(|_| text.escapes == 0)?;
+            Some(StrOrNothing(Some(Cow::Borrowed(raw))))
+        }
+        b'{' | b'[' | b't' | b'f' | b'n' => walk.skip(depth).map(|()| StrOrNothing(None)),
+        // serde parses a number here, and refuses one out of range: left to it.
+        _ => None,
     }
-}
-
-/// A position in a JSON text. Every method reads one value (or gives up) and leaves the position
-/// after it.
-struct Walk<'a> {
-    text: &'a str,
-    at: usize,
-}
-
-/// A string's text between its quotes, and how many escapes (of two bytes, one character) it holds.
-struct Str<'a> {
-    raw: &'a [u8],
-    escapes: u64,
-}
-
-impl Str<'_> {
-    /// The characters the string stands for: its bytes that do not continue a UTF-8 character,
-    /// less one for each escape.
-    fn chars(&self) -> u64 {
-        self.raw.iter().filter(|&&byte| (byte as i8) >= -0x40).count() as u64 - self.escapes
-    }
-}
-
-impl<'a> Walk<'a> {
-    /// The next byte after whitespace, not taken.
-    fn peek(&mut self) -> Option<u8> {
-        let bytes = self.text.as_bytes();
-        while let Some(&byte) = bytes.get(self.at) {
-            if byte > b' ' || !matches!(byte, b' ' | b'\t' | b'\n' | b'\r') {
-                return Some(byte);
-            }
-            self.at += 1;
-        }
-        None
-    }
-
-    fn take(&mut self, byte: u8) -> Option<()> {
-        (self.peek()? == byte).then(|| self.at += 1)
-    }
-
-    fn take_word(&mut self, word: &str) -> Option<()> {
-        self.text.as_bytes()[self.at..].starts_with(word.as_bytes()).then(|| self.at += word.len())
-    }
-
-    /// An object: `member` reads the value of each key.
-    fn object(
-        &mut self,
-        depth: u32,
-        mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>,
-    ) -> Option<()> {
-        if depth > MAX_DEPTH {
-            return None;
-        }
-        self.take(b'{')?;
-        if self.take(b'}').is_some() {
-            return Some(());
-        }
-        loop {
-            if self.peek()? != b'"' {
-                return None;
-            }
-            // A key with escapes (`string` takes only the one-character ones) stands for a name
-            // holding `"`, `\`, `/` or a control character, which no field has; its raw text,
-            // backslash and all, matches none either.
-            let key = self.string()?;
-            self.take(b':')?;
-            member(self, key.raw)?;
-            match self.peek()? {
-                b',' => self.at += 1,
-                b'}' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
-        }
-    }
-
-    /// An array: `element` reads each element.
-    fn array(&mut self, depth: u32, mut element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
-        if depth > MAX_DEPTH {
-            return None;
-        }
-        self.take(b'[')?;
-        if self.take(b']').is_some() {
-            return Some(());
-        }
-        loop {
-            element(self)?;
-            match self.peek()? {
-                b',' => self.at += 1,
-                b']' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
-        }
-    }
-
-    /// A string, its opening quote next. Gives up at a `\u` escape (a surrogate pair is one
-    /// character, and serde refuses a lone one) and at what serde refuses: a control character, an
-    /// unknown escape, no closing quote.
-    #[inline(always)]
-    fn string(&mut self) -> Option<Str<'a>> {
-        let bytes = self.text.as_bytes();
-        let start = self.at + 1;
-        let mut at = start;
-        let mut escapes = 0u64;
-        loop {
-            // Eight bytes at a time while none is special, then byte by byte.
-            while let Some(word) = bytes.get(at..at + 8) {
-                let special = special_bytes(u64::from_le_bytes(word.try_into().ok()?));
-                if special != 0 {
-                    at += special.trailing_zeros() as usize / 8;
-                    break;
-                }
-                at += 8;
-            }
-            match *bytes.get(at)? {
-                b'"' => break,
-                b'\\' => {
-                    if !matches!(bytes.get(at + 1)?, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') {
-                        return None;
-                    }
-                    escapes += 1;
-                    at += 2;
-                }
-                ..0x20 => return None,
-                _ => at += 1,
-            }
-        }
-        self.at = at + 1;
-        Some(Str { raw: &bytes[start..at], escapes })
-    }
-
-    /// Any value, checked as serde checks what it ignores.
-    fn skip(&mut self, depth: u32) -> Option<()> {
-        match self.peek()? {
-            b'"' => self.string().map(drop),
-            b'{' => self.object(depth, |walk, _| walk.skip(depth + 1)),
-            b'[' => self.array(depth, |walk| walk.skip(depth + 1)),
-            b't' => self.take_word("true"),
-            b'f' => self.take_word("false"),
-            b'n' => self.take_word("null"),
-            _ => self.number(),
-        }
-    }
-
-    /// A number by JSON's grammar: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
-    fn number(&mut self) -> Option<()> {
-        let bytes = self.text.as_bytes();
-        let mut at = self.at + usize::from(bytes.get(self.at) == Some(&b'-'));
-        match bytes.get(at)? {
-            b'0' => at += 1,
-            b'1'..=b'9' => at = digits_end(bytes, at),
-            _ => return None,
-        }
-        if bytes.get(at) == Some(&b'.') {
-            at = some_digits_end(bytes, at + 1)?;
-        }
-        if matches!(bytes.get(at), Some(b'e' | b'E')) {
-            at += 1 + usize::from(matches!(bytes.get(at + 1), Some(b'+' | b'-')));
-            at = some_digits_end(bytes, at)?;
-        }
-        self.at = at;
-        Some(())
-    }
-
-    /// `Option<u64>`: `null`, or a whole number that fits (serde refuses a sign and anything
-    /// larger; a fraction or an exponent after the digits is refused by the caller, which expects
-    /// `,` or `}` there).
-    fn count(&mut self) -> Option<Option<u64>> {
-        if self.peek()? == b'n' {
-            return self.take_word("null").map(|()| None);
-        }
-        let bytes = self.text.as_bytes();
-        let end = digits_end(bytes, self.at);
-        let digits = &bytes[self.at..end];
-        if digits.is_empty() || digits.len() > 1 && digits[0] == b'0' {
-            return None;
-        }
-        let mut value = 0u64;
-        for digit in digits {
-            value = value.checked_mul(10)?.checked_add(u64::from(digit - b'0'))?;
-        }
-        self.at = end;
-        Some(Some(value))
-    }
-
-    /// `TextChars`: the characters of every string in a value, object keys aside.
-    fn text_chars(&mut self, depth: u32) -> Option<u64> {
-        let mut total = 0u64;
-        match self.peek()? {
-            b'"' => return self.string().map(|text| text.chars()),
-            b'{' => self.object(depth, |walk, _| {
-                total = total.saturating_add(walk.text_chars(depth + 1)?);
-                Some(())
-            })?,
-            b'[' => self.array(depth, |walk| {
-                total = total.saturating_add(walk.text_chars(depth + 1)?);
-                Some(())
-            })?,
-            b't' => self.take_word("true")?,
-            b'f' => self.take_word("false")?,
-            b'n' => self.take_word("null")?,
-            // serde parses a number here, and refuses one out of range: left to it.
-            _ => return None,
-        }
-        Some(total)
-    }
-
-    /// `StrOrNothing`: a string without escapes, or nothing for any other value.
-    fn str_or_nothing(&mut self, depth: u32) -> Option<StrOrNothing<'a>> {
-        match self.peek()? {
-            b'"' => {
-                let text = self.string()?;
-                let raw = std::str::from_utf8(text.raw).ok().filter(|_| text.escapes == 0)?;
-                Some(StrOrNothing(Some(Cow::Borrowed(raw))))
-            }
-            b'{' | b'[' | b't' | b'f' | b'n' => self.skip(depth).map(|()| StrOrNothing(None)),
-            // As in `text_chars`.
-            _ => None,
-        }
-    }
-
-    /// `Option<T>` of a struct: `null`, or what `read` reads.
-    fn nullable<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>> {
-        if self.peek()? == b'n' { self.take_word("null").map(|()| None) } else { read(self).map(Some) }
-    }
-
-    /// `Option<SumOf<T>>`: `null`, or an array whose elements' characters `element` counts.
-    fn sum_of(&mut self, depth: u32, element: fn(&mut Self, u32) -> Option<u64>) -> Option<u64> {
-        let mut total = 0u64;
-        self.nullable(|walk| {
-            walk.array(depth, |walk| {
-                total = total.saturating_add(element(walk, depth + 1)?);
-                Some(())
-            })
-        })?;
-        Some(total)
-    }
-
-    /// A struct with one field read: what `read` makes of it, `None` when it is absent.
-    fn one_field<T>(
-        &mut self,
-        depth: u32,
-        name: &[u8],
-        mut read: impl FnMut(&mut Self) -> Option<T>,
-    ) -> Option<Option<T>> {
-        let mut value = None;
-        self.object(depth, |walk, key| {
-            if key != name {
-                return walk.skip(depth + 1);
-            }
-            if value.is_some() {
-                return None;
-            }
-            value = Some(read(walk)?);
-            Some(())
-        })?;
-        Some(value)
-    }
-}
-
-const ONES: u64 = 0x0101_0101_0101_0101;
-const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
-
-/// The high bit of each byte of `word` that is `"`, `\` or a control character: the lowest one
-/// set is the first such byte (a borrow may also set bits above it, never below).
-fn special_bytes(word: u64) -> u64 {
-    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x & HIGH_BITS;
-    zero_in(word ^ (ONES * u64::from(b'"')))
-        | zero_in(word ^ (ONES * u64::from(b'\\')))
-        | (word.wrapping_sub(ONES * 0x20) & !word & HIGH_BITS)
-}
-
-fn digits_end(bytes: &[u8], from: usize) -> usize {
-    from + bytes[from.min(bytes.len())..].iter().take_while(|byte| byte.is_ascii_digit()).count()
-}
-
-/// The end of one or more digits from `from`.
-fn some_digits_end(bytes: &[u8], from: usize) -> Option<usize> {
-    let end = digits_end(bytes, from);
-    (end > from).then_some(end)
 }
 
 #[cfg(test)]
@@ -691,31 +405,6 @@ mod tests {
             ("completion_tokens_details", nullable(object_of(vec![("reasoning_tokens", count())]))),
         ]);
         object_of(vec![("model", text()), ("choices", array_of(choice)), ("usage", nullable(usage))])
-    }
-
-    proptest! {
-        /// Read eight bytes at a time or one by one, a string is as many characters as serde
-        /// decodes it to, and the walk gives up only on what serde refuses or on `\u`.
-        #[test]
-        fn strings_are_counted_as_serde_decodes_them(
-            pieces in proptest::collection::vec(
-                select(vec!["a", "b c", "\u{e9}", "\u{65e5}", "\u{1f600}", r"\n", r#"\""#, r"\\", r"\u00e9", "\t", r"\q"]),
-                0..40,
-            ),
-            after in select(vec!["", "\"", ",\"next\":1"]),
-        ) {
-            let text = format!("\"{}\"{after}", pieces.concat());
-            let mut walk = Walk { text: &text, at: 0 };
-            let by_serde = serde_json::Deserializer::from_str(&text).into_iter::<String>().next();
-            match walk.string() {
-                Some(read) => {
-                    let decoded = by_serde.and_then(Result::ok).expect("serde reads what the walk reads");
-                    prop_assert_eq!(read.chars(), decoded.chars().count() as u64);
-                    prop_assert_eq!(walk.at, text.len() - after.len());
-                }
-                None => prop_assert!(text.contains(r"\u") || by_serde.is_none_or(|read| read.is_err())),
-            }
-        }
     }
 
     proptest! {
