@@ -66,7 +66,7 @@ impl Meter {
 
     /// Settles and spools the receipt of a request that ended with `status`.
     pub(crate) fn record(&self, metrics: &Metrics, mut request: Metered, status: u16, tapped: Tapped) {
-        let model = tapped.model.or_else(|| request.request_model.clone());
+        let model = tapped.model.or_else(|| request.request_model.take());
         // The provider answered, or may have been working when the answer was cut short: the
         // input was sent, so it is estimated. An error without usage, or no connection, costs nothing.
         let estimate = if (200..300).contains(&status) || status == CLIENT_CLOSED || status == 504 {
@@ -95,12 +95,13 @@ impl Meter {
             settle(settled.cost, tokens, request.started_at);
         }
         let finished_at = Timestamp::from_system_time(SystemTime::now());
-        self.spool.send(self.receipt(&request, model, status, settled, finished_at));
+        self.spool.send(self.receipt(request, model, status, settled, finished_at));
     }
 
+    /// The receipt, taking the request's strings rather than copying them.
     fn receipt(
         &self,
-        request: &Metered,
+        request: Metered,
         model: Option<String>,
         status: u16,
         settled: Settlement,
@@ -109,12 +110,12 @@ impl Meter {
         let usage = settled.usage;
         Receipt {
             id: receipt::receipt_id(&request.request_id),
-            request_id: request.request_id.clone(),
-            org_id: request.org_id.clone(),
-            key_id: request.key_id.clone(),
-            provider: request.provider.clone(),
+            request_id: request.request_id,
+            org_id: request.org_id,
+            key_id: request.key_id,
+            provider: request.provider,
             model,
-            endpoint: request.endpoint.clone(),
+            endpoint: request.endpoint,
             status,
             stream: request.stream,
             input_tokens: usage.input_tokens,
