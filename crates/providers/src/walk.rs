@@ -7,12 +7,12 @@
 /// Nesting deeper than this is left to serde (whose own limit is 128).
 const MAX_DEPTH: u32 = 64;
 
-/// The fields of one object read so far: serde refuses an object that repeats one.
+/// The fields (at most eight) of one object read so far: serde refuses an object that repeats one.
 #[derive(Default)]
 pub(crate) struct Seen(u8);
 
 impl Seen {
-    pub(crate) fn first(&mut self, field: u8) -> Option<()> {
+    pub(crate) fn first(&mut self, field: usize) -> Option<()> {
         let bit = 1 << field;
         (self.0 & bit == 0).then(|| self.0 |= bit)
     }
@@ -256,6 +256,29 @@ impl<'a> Walk<'a> {
             })
         })?;
         Some(total)
+    }
+
+    /// A struct whose `fields` count output characters: the sum of what `read` counts for each
+    /// (given the field's index in `fields`), the other members skipped.
+    pub(crate) fn chars_of_fields(
+        &mut self,
+        depth: u32,
+        fields: &[&[u8]],
+        mut read: impl FnMut(&mut Self, usize) -> Option<u64>,
+    ) -> Option<u64> {
+        let mut chars = 0u64;
+        let mut seen = Seen::default();
+        self.object(depth, |walk, key| {
+            match fields.iter().position(|field| *field == key) {
+                Some(field) => {
+                    seen.first(field)?;
+                    chars = chars.saturating_add(read(walk, field)?);
+                }
+                None => walk.skip(depth + 1)?,
+            }
+            Some(())
+        })?;
+        Some(chars)
     }
 
     /// A struct with one field read: what `read` makes of it, `None` when it is absent.

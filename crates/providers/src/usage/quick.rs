@@ -51,77 +51,32 @@ pub(super) fn completion(text: &str) -> Option<CompletionRead<'_>> {
 
 /// `OpenAiChoice`: `message`, `delta` and `text`.
 fn choice(walk: &mut Walk<'_>, depth: u32) -> Option<u64> {
-    let mut chars = 0u64;
-    let mut seen = Seen::default();
-    walk.object(depth, |walk, key| {
-        let more = match key {
-            b"message" => {
-                seen.first(0)?;
-                walk.nullable(|walk| message(walk, depth + 1))?.unwrap_or(0)
-            }
-            b"delta" => {
-                seen.first(1)?;
-                walk.nullable(|walk| message(walk, depth + 1))?.unwrap_or(0)
-            }
-            b"text" => {
-                seen.first(2)?;
-                walk.text_chars(depth + 1)?
-            }
-            _ => {
-                walk.skip(depth + 1)?;
-                0
-            }
-        };
-        chars = chars.saturating_add(more);
-        Some(())
-    })?;
-    Some(chars)
+    walk.chars_of_fields(depth, &[b"message", b"delta", b"text"], |walk, field| match field {
+        0 | 1 => Some(walk.nullable(|walk| message(walk, depth + 1))?.unwrap_or(0)),
+        _ => walk.text_chars(depth + 1),
+    })
 }
 
 /// `OpenAiMessage`: `content`, `refusal`, `tool_calls` and `function_call`.
 fn message(walk: &mut Walk<'_>, depth: u32) -> Option<u64> {
-    let mut chars = 0u64;
-    let mut seen = Seen::default();
-    walk.object(depth, |walk, key| {
-        let more = match key {
-            b"content" => {
-                seen.first(0)?;
-                walk.text_chars(depth + 1)?
-            }
-            b"refusal" => {
-                seen.first(1)?;
-                walk.text_chars(depth + 1)?
-            }
-            b"tool_calls" => {
-                seen.first(2)?;
-                walk.sum_of(depth + 1, tool_call)?
-            }
-            b"function_call" => {
-                seen.first(3)?;
-                walk.nullable(|walk| function(walk, depth + 1))?.unwrap_or(0)
-            }
-            _ => {
-                walk.skip(depth + 1)?;
-                0
-            }
-        };
-        chars = chars.saturating_add(more);
-        Some(())
-    })?;
-    Some(chars)
+    let fields: [&[u8]; 4] = [b"content", b"refusal", b"tool_calls", b"function_call"];
+    walk.chars_of_fields(depth, &fields, |walk, field| match field {
+        0 | 1 => walk.text_chars(depth + 1),
+        2 => walk.sum_of(depth + 1, tool_call),
+        _ => Some(walk.nullable(|walk| function(walk, depth + 1))?.unwrap_or(0)),
+    })
 }
 
 /// `OpenAiToolCall`: its `function`.
 fn tool_call(walk: &mut Walk<'_>, depth: u32) -> Option<u64> {
-    walk.one_field(depth, b"function", |walk| {
+    walk.chars_of_fields(depth, &[b"function"], |walk, _| {
         Some(walk.nullable(|walk| function(walk, depth + 1))?.unwrap_or(0))
     })
-    .map(Option::unwrap_or_default)
 }
 
 /// `OpenAiFunction`: the characters of its `arguments`.
 fn function(walk: &mut Walk<'_>, depth: u32) -> Option<u64> {
-    walk.one_field(depth, b"arguments", |walk| walk.text_chars(depth + 1)).map(Option::unwrap_or_default)
+    walk.chars_of_fields(depth, &[b"arguments"], |walk, _| walk.text_chars(depth + 1))
 }
 
 /// `OpenAiUsage`, as `to_usage` gives it.
