@@ -305,7 +305,6 @@ mod tests {
     use super::*;
     use crate::ingest::LedgerSink;
     use recovea_core::receipt::ReceiptSink;
-    use recovea_core::usage::UsageSource;
     use recovea_core::window::Window;
     use recovea_store::{OrgRecord, SqliteStore};
 
@@ -313,27 +312,11 @@ mod tests {
 
     fn receipt(n: u32, started_at: Timestamp, cost: &str) -> SerializedReceipt {
         SerializedReceipt::new(Receipt {
-            id: format!("rcpt_{n}"),
-            request_id: format!("req_{n}"),
-            org_id: "org_a".into(),
-            key_id: "key_a".into(),
-            provider: "openai".into(),
             model: Some("m".into()),
-            endpoint: "/v1/chat/completions".into(),
-            status: 200,
-            stream: false,
-            input_tokens: 1,
-            output_tokens: 1,
-            cached_input_tokens: 0,
-            cache_write_input_tokens: 0,
-            reasoning_tokens: 0,
             cost_usd: Nanos::parse_usd(cost).expect("usd"),
-            usage_source: UsageSource::Provider,
-            priced: true,
-            price_revision: 0,
             started_at,
             finished_at: started_at,
-            node_id: "node_a".into(),
+            ..Receipt::example(&format!("rcpt_{n}"))
         })
     }
 

@@ -99,6 +99,38 @@ impl Receipt {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
+impl Receipt {
+    /// A receipt for tests: `id` (`rcpt_...`) of request `req_...`, a priced 200 answer of
+    /// `gpt-4o` on chat completions, one input and one output token, costing nothing, in `org_a`
+    /// through `key_a`, from 1 ms to 2 ms after the epoch on `node`. Tests set what they look at.
+    pub fn example(id: &str) -> Receipt {
+        Receipt {
+            id: id.into(),
+            request_id: id.replace("rcpt_", "req_"),
+            org_id: "org_a".into(),
+            key_id: "key_a".into(),
+            provider: "openai".into(),
+            model: Some("gpt-4o".into()),
+            endpoint: "/v1/chat/completions".into(),
+            status: 200,
+            stream: false,
+            input_tokens: 1,
+            output_tokens: 1,
+            cached_input_tokens: 0,
+            cache_write_input_tokens: 0,
+            reasoning_tokens: 0,
+            cost_usd: Nanos(0),
+            usage_source: UsageSource::Provider,
+            priced: true,
+            price_revision: 0,
+            started_at: Timestamp(1),
+            finished_at: Timestamp(2),
+            node_id: "node".into(),
+        }
+    }
+}
+
 /// A JSON string: as is between quotes when nothing in it needs escaping (ids, names, amounts,
 /// times: nearly always), else as serde_json escapes it.
 fn push_json_str(out: &mut String, text: &str) {

@@ -475,8 +475,6 @@ mod tests {
 
     use recovea_core::money::Nanos;
     use recovea_core::receipt::DeliveryError;
-    use recovea_core::timestamp::Timestamp;
-    use recovea_core::usage::UsageSource;
 
     use super::*;
 
@@ -525,29 +523,7 @@ mod tests {
     }
 
     fn receipt(n: usize) -> Receipt {
-        Receipt {
-            id: format!("rcpt_{n}"),
-            request_id: format!("req_{n}"),
-            org_id: "org_a".into(),
-            key_id: "key_a".into(),
-            provider: "openai".into(),
-            model: Some("gpt-4o".into()),
-            endpoint: "/v1/chat/completions".into(),
-            status: 200,
-            stream: false,
-            input_tokens: 1,
-            output_tokens: 1,
-            cached_input_tokens: 0,
-            cache_write_input_tokens: 0,
-            reasoning_tokens: 0,
-            cost_usd: Nanos(n as i64),
-            usage_source: UsageSource::Provider,
-            priced: true,
-            price_revision: 0,
-            started_at: Timestamp(1),
-            finished_at: Timestamp(2),
-            node_id: "node".into(),
-        }
+        Receipt { cost_usd: Nanos(n as i64), ..Receipt::example(&format!("rcpt_{n}")) }
     }
 
     async fn ship_all(spool: &Spool, sink: &Arc<Sink>) -> Result<(), String> {

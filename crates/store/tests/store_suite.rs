@@ -234,27 +234,13 @@ fn serialized(receipts: &[Receipt]) -> Vec<SerializedReceipt> {
 
 fn receipt(id: &str, key: &str, started_at: i64, cost: i64) -> Receipt {
     Receipt {
-        id: id.into(),
-        request_id: id.replace("rcpt_", "req_"),
-        org_id: "org_a".into(),
         key_id: key.into(),
-        provider: "openai".into(),
-        model: Some("gpt-4o".into()),
-        endpoint: "/v1/chat/completions".into(),
-        status: 200,
-        stream: false,
         input_tokens: 10,
         output_tokens: 5,
-        cached_input_tokens: 0,
-        cache_write_input_tokens: 0,
-        reasoning_tokens: 0,
         cost_usd: Nanos(cost),
-        usage_source: recovea_core::usage::UsageSource::Provider,
-        priced: true,
-        price_revision: 0,
         started_at: Timestamp(started_at),
         finished_at: Timestamp(started_at + 5),
-        node_id: "node".into(),
+        ..Receipt::example(id)
     }
 }
 
