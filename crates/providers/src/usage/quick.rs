@@ -2,7 +2,7 @@
 //! shapes providers send; the serde types of [`super::wire`] read the rest.
 //!
 //! It gives up (`None`) at anything it would not read exactly as serde does: an escaped model
-//! name, a `\u` escape, a number where serde would parse one (text is counted), an object given
+//! name or key, a number where serde would parse one (text is counted), an object given
 //! as an array, a repeated field, deep nesting, any syntax error. So it never answers differently
 //! from serde, only sometimes not at all (a property test holds it to that).
 
@@ -116,7 +116,7 @@ fn model<'a>(walk: &mut Walk<'a>, depth: u32) -> Option<StrOrNothing<'a>> {
     match walk.peek()? {
         b'"' => {
             let text = walk.string()?;
-            let raw = std::str::from_utf8(text.raw).ok().filter(|_| text.escapes == 0)?;
+            let raw = std::str::from_utf8(text.raw).ok().filter(|_| !text.escaped)?;
             Some(StrOrNothing(Some(Cow::Borrowed(raw))))
         }
         b'{' | b'[' | b't' | b'f' | b'n' => walk.skip(depth).map(|()| StrOrNothing(None)),
@@ -176,7 +176,8 @@ mod tests {
         for text in [
             r#"{"mod\u0065l":"x"}"#,
             r#"{"model":"gpt\u002d4"}"#,
-            r#"{"choices":[{"text":"\ud83d\ude00"}]}"#,
+            r#"{"choices":[{"text":"\ud83d"}]}"#,
+            r#"{"choices":[{"text":"\ude00x"}]}"#,
             r#"{"usage":{"prompt_tokens":1.0}}"#,
             r#"{"usage":{"prompt_tokens":18446744073709551616}}"#,
             r#"{"usage":{"prompt_tokens":-1}}"#,
