@@ -2,6 +2,8 @@
 //! which headers must not cross the proxy.
 
 pub mod headers;
+#[cfg(test)]
+mod json_strategy;
 pub mod rewrite;
 pub mod route;
 pub mod sse;

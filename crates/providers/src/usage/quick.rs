@@ -59,11 +59,12 @@ fn choice(walk: &mut Walk<'_>, depth: u32) -> Option<u64> {
 
 /// `OpenAiMessage`: `content`, `refusal`, `tool_calls` and `function_call`.
 fn message(walk: &mut Walk<'_>, depth: u32) -> Option<u64> {
-    let fields: [&[u8]; 4] = [b"content", b"refusal", b"tool_calls", b"function_call"];
-    walk.chars_of_fields(depth, &fields, |walk, field| match field {
-        0 | 1 => walk.text_chars(depth + 1),
-        2 => walk.sum_of(depth + 1, tool_call),
-        _ => Some(walk.nullable(|walk| function(walk, depth + 1))?.unwrap_or(0)),
+    walk.chars_of_fields(depth, &[b"content", b"refusal", b"tool_calls", b"function_call"], |walk, field| {
+        match field {
+            0 | 1 => walk.text_chars(depth + 1),
+            2 => walk.sum_of(depth + 1, tool_call),
+            _ => Some(walk.nullable(|walk| function(walk, depth + 1))?.unwrap_or(0)),
+        }
     })
 }
 
@@ -116,8 +117,7 @@ fn model<'a>(walk: &mut Walk<'a>, depth: u32) -> Option<StrOrNothing<'a>> {
     match walk.peek()? {
         b'"' => {
             let text = walk.string()?;
-            let raw = std::str::from_utf8(text.raw).ok().filter(|_| !text.escaped)?;
-            Some(StrOrNothing(Some(Cow::Borrowed(raw))))
+            Some(StrOrNothing(Some(Cow::Borrowed(text.plain()?))))
         }
         b'{' | b'[' | b't' | b'f' | b'n' => walk.skip(depth).map(|()| StrOrNothing(None)),
         // serde parses a number here, and refuses one out of range: left to it.
@@ -131,6 +131,9 @@ mod tests {
     use proptest::sample::select;
 
     use super::*;
+    use crate::json_strategy::{
+        INVALID, NUMBERS, STRINGS, UNICODE_ESCAPES, any_value, array_of, edits, garbled, object_of,
+    };
     use crate::usage::wire::OpenAiCompletion;
 
     fn by_serde(text: &str) -> Option<CompletionRead<'_>> {
@@ -197,34 +200,6 @@ mod tests {
         assert_eq!(completion(&deep), None);
     }
 
-    /// JSON numbers: serde refuses some where it reads a count or counts text.
-    const NUMBERS: [&str; 11] = [
-        "0",
-        "7",
-        "42",
-        "-1",
-        "-0",
-        "1.5",
-        "1e3",
-        "1E+2",
-        "18446744073709551615",
-        "18446744073709551616",
-        "1e400",
-    ];
-    const STRINGS: [&str; 8] = [
-        r#""""#,
-        r#""hi""#,
-        "\"h\u{e9}llo \u{65e5}\u{672c}\"",
-        "\"\u{1f600}\"",
-        r#""a\nb""#,
-        r#""\"q\"""#,
-        r#""\/\\\b\f\r\t""#,
-        r#""gpt-4o""#,
-    ];
-    /// Strings the walk leaves to serde.
-    const UNICODE_ESCAPES: [&str; 2] = [r#""\u00e9""#, r#""\ud83d\ude00""#];
-    /// Not JSON.
-    const INVALID: [&str; 6] = ["nul", "01", "1.", "-", r#""x\qy""#, "\"tab\there\""];
     const KEYS: [&str; 25] = [
         "model",
         "choices",
@@ -253,69 +228,6 @@ mod tests {
         r"mod\/el",
     ];
 
-    fn any_value() -> BoxedStrategy<String> {
-        let leaf = prop_oneof![
-            100 => select(vec!["null", "true", "false"]),
-            100 => select(NUMBERS.to_vec()),
-            300 => select(STRINGS.to_vec()),
-            10 => select(UNICODE_ESCAPES.to_vec()),
-            3 => select(INVALID.to_vec()),
-        ]
-        .prop_map(String::from);
-        leaf.prop_recursive(3, 16, 4, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..4)
-                    .prop_map(|items| format!("[{}]", items.join(","))),
-                proptest::collection::vec((select(KEYS.to_vec()), inner), 0..4).prop_map(|members| {
-                    let members: Vec<String> =
-                        members.iter().map(|(key, value)| format!("\"{key}\":{value}")).collect();
-                    format!("{{{}}}", members.join(","))
-                }),
-            ]
-        })
-        .boxed()
-    }
-
-    /// An object with `fields` in their shape (mostly) or any value, in any order, among others,
-    /// sometimes one of them twice.
-    fn object_of(fields: Vec<(&'static str, BoxedStrategy<String>)>) -> BoxedStrategy<String> {
-        let known: Vec<BoxedStrategy<Option<String>>> = fields
-            .into_iter()
-            .map(|(key, value)| {
-                proptest::option::weighted(0.8, prop_oneof![19 => value, 1 => any_value()])
-                    .prop_map(move |value| value.map(|value| format!("\"{key}\":{value}")))
-                    .boxed()
-            })
-            .collect();
-        let key = prop_oneof![
-            30 => select(vec!["id", "index", "role", "object", "total_tokens", r"mod\/el"]),
-            1 => select(KEYS.to_vec()),
-        ];
-        let other = (key, any_value()).prop_map(|(key, value)| format!("\"{key}\":{value}"));
-        (
-            known,
-            proptest::collection::vec(other, 0..3),
-            proptest::bool::weighted(0.05),
-            select(vec![",", ", ", " ,\n"]),
-        )
-            .prop_flat_map(|(known, other, twice, comma)| {
-                let mut members: Vec<String> = known.into_iter().flatten().chain(other).collect();
-                if twice && let Some(first) = members.first().cloned() {
-                    members.push(first);
-                }
-                Just(members).prop_shuffle().prop_map(move |members| format!("{{{}}}", members.join(comma)))
-            })
-            .boxed()
-    }
-
-    fn array_of(element: BoxedStrategy<String>) -> BoxedStrategy<String> {
-        prop_oneof![
-            9 => proptest::collection::vec(element, 0..3).prop_map(|items| format!("[{}]", items.join(","))),
-            1 => Just("null".to_owned()),
-        ]
-        .boxed()
-    }
-
     fn completion_text() -> BoxedStrategy<String> {
         let count = || {
             prop_oneof![
@@ -331,36 +243,48 @@ mod tests {
             prop_oneof![
                 30 => select(STRINGS.to_vec()).prop_map(String::from),
                 1 => select(UNICODE_ESCAPES.to_vec()).prop_map(String::from),
-                3 => any_value(),
+                3 => any_value(&KEYS),
             ]
             .boxed()
         };
         let nullable =
             |object: BoxedStrategy<String>| prop_oneof![5 => object, 1 => Just("null".to_owned())].boxed();
-        let function = || object_of(vec![("arguments", text())]);
-        let tool_call = object_of(vec![("function", nullable(function())), ("id", text())]);
+        let function = || object_of(&KEYS, vec![("arguments", text())]);
+        let tool_call = object_of(&KEYS, vec![("function", nullable(function())), ("id", text())]);
         let message = || {
-            object_of(vec![
-                ("content", text()),
-                ("refusal", text()),
-                ("tool_calls", array_of(tool_call.clone())),
-                ("function_call", nullable(function())),
-                ("role", text()),
-            ])
+            object_of(
+                &KEYS,
+                vec![
+                    ("content", text()),
+                    ("refusal", text()),
+                    ("tool_calls", array_of(tool_call.clone())),
+                    ("function_call", nullable(function())),
+                    ("role", text()),
+                ],
+            )
         };
-        let choice = object_of(vec![
-            ("message", nullable(message())),
-            ("delta", nullable(message())),
-            ("text", text()),
-            ("index", count()),
-        ]);
-        let usage = object_of(vec![
-            ("prompt_tokens", count()),
-            ("completion_tokens", count()),
-            ("prompt_tokens_details", nullable(object_of(vec![("cached_tokens", count())]))),
-            ("completion_tokens_details", nullable(object_of(vec![("reasoning_tokens", count())]))),
-        ]);
-        object_of(vec![("model", text()), ("choices", array_of(choice)), ("usage", nullable(usage))])
+        let choice = object_of(
+            &KEYS,
+            vec![
+                ("message", nullable(message())),
+                ("delta", nullable(message())),
+                ("text", text()),
+                ("index", count()),
+            ],
+        );
+        let usage = object_of(
+            &KEYS,
+            vec![
+                ("prompt_tokens", count()),
+                ("completion_tokens", count()),
+                ("prompt_tokens_details", nullable(object_of(&KEYS, vec![("cached_tokens", count())]))),
+                (
+                    "completion_tokens_details",
+                    nullable(object_of(&KEYS, vec![("reasoning_tokens", count())])),
+                ),
+            ],
+        );
+        object_of(&KEYS, vec![("model", text()), ("choices", array_of(choice)), ("usage", nullable(usage))])
     }
 
     proptest! {
@@ -370,22 +294,9 @@ mod tests {
         #[test]
         fn the_walk_answers_as_serde_does(
             text in completion_text(),
-            edit in proptest::option::weighted(0.2, (any::<prop::sample::Index>(), select(vec!["", " ", "\n", "\"", ",", "}", "]", "\\", "0", "\u{e9}"]))),
+            edit in edits(),
         ) {
-            let mut text = text;
-            if let Some((at, insert)) = edit {
-                let mut at = at.index(text.len() + 1);
-                while !text.is_char_boundary(at) {
-                    at -= 1;
-                }
-                if insert.is_empty() {
-                    if at < text.len() {
-                        text.remove(at);
-                    }
-                } else {
-                    text.insert_str(at, insert);
-                }
-            }
+            let text = garbled(text, edit);
             if let Some(quick) = completion(&text) {
                 prop_assert_eq!(Some(quick), by_serde(&text), "{}", text);
             }
