@@ -299,27 +299,17 @@ mod tests {
 
     fn sample() -> Receipt {
         Receipt {
-            id: receipt_id("req_abc"),
-            request_id: "req_abc".into(),
-            org_id: "org_a".into(),
-            key_id: "key_a".into(),
-            provider: "openai".into(),
-            model: Some("gpt-4o".into()),
-            endpoint: "/v1/chat/completions".into(),
-            status: 200,
             stream: true,
             input_tokens: 1000,
             output_tokens: 200,
             cached_input_tokens: 400,
-            cache_write_input_tokens: 0,
             reasoning_tokens: 50,
             cost_usd: Nanos(3_500_000),
-            usage_source: UsageSource::Provider,
-            priced: true,
             price_revision: 3,
             started_at: Timestamp(1_764_460_800_000),
             finished_at: Timestamp(1_764_460_801_250),
             node_id: "node_a".into(),
+            ..Receipt::example(&receipt_id("req_abc"))
         }
     }
 
