@@ -59,6 +59,13 @@ impl Nanos {
     /// Dollars with two to nine decimals (trailing zeros dropped down to two): `2.50`, `0.00015`.
     /// Digit by digit rather than through `format!`: every receipt carries one.
     pub fn to_usd_string(self) -> String {
+        let mut out = String::with_capacity(24);
+        self.push_usd(&mut out);
+        out
+    }
+
+    /// [`Self::to_usd_string`] appended to `out`.
+    pub fn push_usd(self, out: &mut String) {
         let abs = self.0.unsigned_abs();
         let (mut whole, mut fraction) = (abs / NANOS_PER_USD, abs % NANOS_PER_USD);
         let mut decimals = 9;
@@ -67,11 +74,11 @@ impl Nanos {
             decimals -= 1;
         }
         // Written backwards into a buffer long enough for i64::MIN's 10 + 1 + 9 digits and sign.
-        let mut out = [0u8; 21];
-        let mut at = out.len();
+        let mut digits = [0u8; 21];
+        let mut at = digits.len();
         let mut put = |byte: u8| {
             at -= 1;
-            out[at] = byte;
+            digits[at] = byte;
             at
         };
         for _ in 0..decimals {
@@ -89,7 +96,7 @@ impl Nanos {
         if self.0 < 0 {
             start = put(b'-');
         }
-        String::from_utf8_lossy(&out[start..]).into_owned()
+        out.extend(digits[start..].iter().map(|&byte| char::from(byte)));
     }
 
     pub fn saturating_add(self, other: Nanos) -> Nanos {

@@ -82,16 +82,19 @@ impl Receipt {
         number(&mut out, r#","cached_input_tokens":"#, self.cached_input_tokens);
         number(&mut out, r#","cache_write_input_tokens":"#, self.cache_write_input_tokens);
         number(&mut out, r#","reasoning_tokens":"#, self.reasoning_tokens);
-        out.push_str(r#","cost_usd":"#);
-        push_json_str(&mut out, &self.cost_usd.to_usd_string());
+        // Amounts and times are digits and punctuation: nothing in them needs escaping.
+        out.push_str(r#","cost_usd":""#);
+        self.cost_usd.push_usd(&mut out);
+        out.push('"');
         out.push_str(r#","usage_source":"#);
         push_json_str(&mut out, self.usage_source.as_str());
         out.push_str(if self.priced { r#","priced":true"# } else { r#","priced":false"# });
         number(&mut out, r#","price_revision":"#, self.price_revision);
-        out.push_str(r#","started_at":"#);
-        push_json_str(&mut out, &self.started_at.to_rfc3339());
-        out.push_str(r#","finished_at":"#);
-        push_json_str(&mut out, &self.finished_at.to_rfc3339());
+        out.push_str(r#","started_at":""#);
+        self.started_at.push_rfc3339(&mut out);
+        out.push_str(r#"","finished_at":""#);
+        self.finished_at.push_rfc3339(&mut out);
+        out.push('"');
         out.push_str(r#","node_id":"#);
         push_json_str(&mut out, &self.node_id);
         out.push('}');
