@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use recovea_core::{FailOpenReason, Timestamp};
 use tokio::sync::mpsc;
 
@@ -143,7 +143,7 @@ async fn deliver(url: Uri, node_id: String, mut queued: mpsc::Receiver<Raised>) 
         let request = Request::post(url.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::USER_AGENT, "recovea-gateway")
-            .body(Full::new(Bytes::from(body.to_string())));
+            .body(Bytes::from(body.to_string()));
         let Ok(request) = request else { continue };
         // The URL may carry a token: it stays out of the log.
         match client.send(request, WEBHOOK_TIMEOUT).await {

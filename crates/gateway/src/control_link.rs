@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use recovea_core::feed::WindowSpend;
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{DeliveryError, ReceiptSink, SerializedReceipt};
@@ -68,7 +68,7 @@ impl ControlLink {
         let request = Request::post(format!("{}{path}", self.base_url))
             .header(header::AUTHORIZATION, self.authorization.clone())
             .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
+            .body(Bytes::from(body))
             .map_err(|e| e.to_string())?;
         let response = self.client.send(request, timeout).await.map_err(|e| match e {
             UpstreamError::Unreachable(e) => format!("control plane unreachable: {e}"),

@@ -458,7 +458,7 @@ fn upstream_request(
     route: &Route<'_>,
     target: &Target,
     body: Bytes,
-) -> Result<Request<Full<Bytes>>, Refusal> {
+) -> Result<Request<Bytes>, Refusal> {
     let request_headers = &mut parts.headers;
     let had_length = request_headers.contains_key(header::CONTENT_LENGTH)
         || request_headers.contains_key(header::TRANSFER_ENCODING);
@@ -483,20 +483,20 @@ fn upstream_request(
     if let Some(headers) = builder.headers_mut() {
         *headers = std::mem::take(request_headers);
     }
-    builder.body(Full::new(body)).map_err(|_| Refusal::UnknownRoute)
+    builder.body(body).map_err(|_| Refusal::UnknownRoute)
 }
 
 /// Phase forward: the provider's answer, its body still streaming.
 async fn forward(
     shared: &Shared,
     ctx: &RequestContext,
-    request: Request<Full<Bytes>>,
+    request: Request<Bytes>,
 ) -> Result<Response<ResponseBody>, Refusal> {
     match shared.upstream.send(request, shared.config.upstream_timeout).await {
         Ok(response) => {
             let (mut parts, body) = response.into_parts();
             headers::remove_hop_by_hop(&mut parts.headers);
-            Ok(Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync()))
+            Ok(Response::from_parts(parts, body.boxed_unsync()))
         }
         Err(UpstreamError::Unreachable(e)) => {
             tracing::warn!(request_id = ?ctx.request_id, error = %e, "provider unreachable");

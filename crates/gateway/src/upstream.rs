@@ -1,25 +1,25 @@
-//! The client that carries requests to providers: HTTP/1.1 and HTTP/2 over rustls, with a pool of
-//! connections for each connection worker.
+//! The client that carries requests to providers: HTTP/1.1 (our own, run on the request's task)
+//! and HTTP/2 (hyper's, when TLS negotiates it), with a pool of connections for each connection
+//! worker.
+
+mod connect;
+mod h1;
 
 use std::cell::Cell;
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::future::Either;
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Request, Response, Uri, header};
+use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Request, Response};
+use http_body::{Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::{TrySendError, http1, http2};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
-use hyper_util::rt::TokioExecutor;
-use tower_service::Service;
+use hyper::client::conn::http2;
 
+use self::connect::{Connected, Connector};
 use crate::proxy::BoxError;
 
 /// Why a provider gave no answer.
@@ -32,16 +32,13 @@ pub(crate) enum UpstreamError {
     Timeout,
 }
 
-type Connector = ConnectWithin<HttpsConnector<HttpConnector>>;
-type Body = Full<Bytes>;
-
 /// A pooled connection unused this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// How often an origin's list is pruned of closed and idle connections: not on every request,
-/// which at a few hundred connections costs more than the request's own pool work.
+/// How often an origin's list is pruned of idle connections: not on every request, which at a few
+/// hundred connections costs more than the request's own pool work.
 const PRUNE_EVERY: Duration = Duration::from_secs(1);
-/// The most connections one worker keeps to one provider; beyond, a connection serves its request
-/// and closes.
+/// The most idle connections one worker keeps to one provider; beyond, a connection whose answer
+/// was read closes.
 const MAX_PER_ORIGIN: usize = 256;
 
 thread_local! {
@@ -56,42 +53,64 @@ pub(crate) fn use_lane(lane: usize) {
 }
 
 /// One pool of provider connections per connection worker (lanes 1 to n) and one for every other
-/// thread (lane 0). A connection is driven by a task on the thread that opened it; sharing one pool
-/// between threads would hand a request on one thread a connection driven by another, and every
-/// write and read of that request would then wake the other thread.
+/// thread (lane 0). A connection's socket belongs to the runtime of the thread that opened it;
+/// sharing one pool between threads would hand a request on one thread a socket woken by another.
 ///
-/// A lane is a short list of origins, each with its connections. A request takes the most
-/// recently used connection that is ready (an HTTP/1.1 connection is ready again once the last
-/// response's body has been read), hands its request to it, and leaves it in the list: no task,
-/// channel or hash per request, as a general-purpose pool needs.
+/// A lane is a short list of origins. An HTTP/1.1 request takes the origin's most recently used idle
+/// connection that is still open, and its answer's body gives the connection back once read: no
+/// task, channel or hash per request, as a general-purpose pool needs.
 pub(crate) struct Upstream {
     connector: Connector,
-    lanes: Vec<Mutex<Vec<Origin>>>,
+    lanes: Lanes,
 }
+
+type Lanes = Arc<[Mutex<Vec<Origin>>]>;
 
 /// The connections of one lane to one scheme and authority.
 struct Origin {
     scheme: Scheme,
     authority: Authority,
-    connections: Vec<Connection>,
+    /// The `Host` header of its HTTP/1.1 requests.
+    host: HeaderValue,
+    idle: Vec<h1::Connection>,
+    http2: Option<http2::SendRequest<Full<Bytes>>>,
     pruned_at: Instant,
 }
 
-struct Connection {
-    sender: Sender,
-    last_used: Instant,
+/// Where an HTTP/1.1 connection goes back once its answer is read. Origins are never removed
+/// from a lane, so an index stays good.
+pub(crate) struct Home {
+    lanes: Lanes,
+    lane: usize,
+    origin: usize,
 }
 
-enum Sender {
-    Http1(http1::SendRequest<Body>),
-    /// Multiplexed: one connection carries every request to its origin.
-    Http2(http2::SendRequest<Body>),
+impl Home {
+    fn give_back(self, connection: h1::Connection) {
+        let mut origins = lock(&self.lanes[self.lane]);
+        if let Some(origin) = origins.get_mut(self.origin)
+            && origin.idle.len() < MAX_PER_ORIGIN
+        {
+            origin.idle.push(connection);
+        }
+    }
+}
+
+/// What a request goes out on.
+enum Carrier {
+    Http1(h1::Connection),
+    Http2(http2::SendRequest<Full<Bytes>>),
 }
 
 impl Upstream {
     pub(crate) fn new(connect_timeout: Duration, workers: usize) -> Self {
+        Self::with_roots(connect_timeout, workers, Connector::web_roots())
+    }
+
+    /// As [`Self::new`], trusting the certificates of `roots` only.
+    fn with_roots(connect_timeout: Duration, workers: usize, roots: rustls::RootCertStore) -> Self {
         Self {
-            connector: ConnectWithin { inner: https_connector(), limit: connect_timeout },
+            connector: Connector::new(connect_timeout, roots),
             lanes: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
         }
     }
@@ -105,9 +124,9 @@ impl Upstream {
     /// The body then streams.
     pub(crate) async fn send(
         &self,
-        request: Request<Body>,
+        request: Request<Bytes>,
         timeout: Duration,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         match tokio::time::timeout(timeout, self.dispatch(request)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(UpstreamError::Unreachable(e)),
@@ -115,46 +134,98 @@ impl Upstream {
         }
     }
 
-    async fn dispatch(&self, request: Request<Body>) -> Result<Response<Incoming>, BoxError> {
-        let (scheme, authority) = match (request.uri().scheme(), request.uri().authority()) {
-            (Some(scheme), Some(authority)) => (scheme.clone(), authority.clone()),
-            _ => return Err(format!("not an absolute URI: {}", request.uri()).into()),
+    async fn dispatch(&self, request: Request<Bytes>) -> Result<Response<UpstreamBody>, BoxError> {
+        let (Some(scheme), Some(authority)) = (request.uri().scheme(), request.uri().authority()) else {
+            return Err(format!("not an absolute URI: {}", request.uri()).into());
         };
-        let lane = &self.lanes[LANE.get() % self.lanes.len()];
-        let pooled = send_pooled(&mut lock(lane), &scheme, &authority, request);
-        let request = match pooled {
-            Pooled::Sent(response) => match response.await {
-                Ok(response) => return Ok(response),
-                // A pooled connection that closed meanwhile gives the request back unsent.
-                Err(mut failed) => match failed.take_message() {
-                    Some(unsent) => with_absolute_uri(unsent, &scheme, &authority),
-                    None => return Err(failed.into_error().into()),
-                },
+        let lane = LANE.get() % self.lanes.len();
+        let (origin, host, pooled) = {
+            let mut origins = lock(&self.lanes[lane]);
+            let origin = origin_of(&mut origins, scheme, authority)?;
+            let host = origins[origin].host.clone();
+            (origin, host, origins[origin].take())
+        };
+        let home = || Home { lanes: Arc::clone(&self.lanes), lane, origin };
+        match pooled {
+            Some(Carrier::Http2(sender)) => return send_http2(sender, request).await,
+            Some(Carrier::Http1(connection)) => match connection.exchange(&request, &host, home()).await {
+                Ok(response) => return Ok(response.map(UpstreamBody::Http1)),
+                // The provider closed the connection meanwhile: the request goes on a new one.
+                Err(h1::Failure::Unwritten(_)) => {}
+                Err(h1::Failure::Unanswered(e)) => return Err(e),
             },
-            Pooled::NoneReady(request) => request,
-        };
-        // Boxed: connecting (TLS included) is a large future, and most requests never make one.
-        let mut sender = Box::pin(self.connect(request.uri().clone())).await?;
-        let response = sender.try_send(request);
-        keep(&mut lock(lane), scheme, authority, sender);
-        response.await.map_err(|failed| failed.into_error().into())
-    }
-
-    /// A new connection to the origin of `uri`, HTTP/2 when TLS negotiated it, driven by a task on
-    /// this thread.
-    async fn connect(&self, uri: Uri) -> Result<Sender, BoxError> {
-        let mut connector = self.connector.clone();
-        futures_util::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
-        let io = connector.call(uri).await?;
-        if io.connected().is_negotiated_h2() {
-            let (sender, connection) = http2::handshake(TokioExecutor::new(), io).await?;
-            tokio::spawn(connection);
-            Ok(Sender::Http2(sender))
-        } else {
-            let (sender, connection) = http1::handshake(io).await?;
-            tokio::spawn(connection);
-            Ok(Sender::Http1(sender))
+            None => {}
         }
+        // Boxed: connecting (TLS included) is a large future, and most requests never make one.
+        match Box::pin(self.connector.connect(scheme, authority)).await? {
+            Connected::Http1(connection) => match connection.exchange(&request, &host, home()).await {
+                Ok(response) => Ok(response.map(UpstreamBody::Http1)),
+                Err(h1::Failure::Unwritten(e)) => Err(e.into()),
+                Err(h1::Failure::Unanswered(e)) => Err(e),
+            },
+            Connected::Http2(sender) => {
+                lock(&self.lanes[lane])[origin].http2 = Some(sender.clone());
+                send_http2(sender, request).await
+            }
+        }
+    }
+}
+
+/// The place of the origin of `scheme` and `authority` in a lane's list, added if new.
+fn origin_of(origins: &mut Vec<Origin>, scheme: &Scheme, authority: &Authority) -> Result<usize, BoxError> {
+    if let Some(at) = origins.iter().position(|o| o.scheme == *scheme && o.authority == *authority) {
+        return Ok(at);
+    }
+    origins.push(Origin {
+        scheme: scheme.clone(),
+        authority: authority.clone(),
+        host: host_header(scheme, authority)?,
+        idle: Vec::new(),
+        http2: None,
+        pruned_at: Instant::now(),
+    });
+    Ok(origins.len() - 1)
+}
+
+/// `host[:port]`, the port only when it is not the scheme's own, as an HTTP/1.1 server expects.
+fn host_header(scheme: &Scheme, authority: &Authority) -> Result<HeaderValue, BoxError> {
+    let default_port = if *scheme == Scheme::HTTPS { 443 } else { 80 };
+    let host = match authority.port_u16() {
+        Some(port) if port != default_port => format!("{}:{port}", authority.host()),
+        _ => authority.host().to_owned(),
+    };
+    Ok(HeaderValue::try_from(host)?)
+}
+
+async fn send_http2(
+    mut sender: http2::SendRequest<Full<Bytes>>,
+    request: Request<Bytes>,
+) -> Result<Response<UpstreamBody>, BoxError> {
+    let response = sender.send_request(request.map(Full::new)).await?;
+    Ok(response.map(UpstreamBody::Http2))
+}
+
+impl Origin {
+    /// The connection for the next request: the multiplexed one, or the most recently used idle
+    /// one still open. Idle ones unused too long are dropped, at most every [`PRUNE_EVERY`].
+    fn take(&mut self) -> Option<Carrier> {
+        if let Some(sender) = &self.http2 {
+            if !sender.is_closed() {
+                return Some(Carrier::Http2(sender.clone()));
+            }
+            self.http2 = None;
+        }
+        let now = Instant::now();
+        if now.duration_since(self.pruned_at) >= PRUNE_EVERY {
+            self.idle.retain(|c| now.duration_since(c.idle_since) <= IDLE_TIMEOUT);
+            self.pruned_at = now;
+        }
+        while let Some(mut connection) = self.idle.pop() {
+            if connection.is_open() {
+                return Some(Carrier::Http1(connection));
+            }
+        }
+        None
     }
 }
 
@@ -163,184 +234,38 @@ fn lock(lane: &Mutex<Vec<Origin>>) -> MutexGuard<'_, Vec<Origin>> {
     lane.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Adds a new connection to its origin's list, unless the list is full.
-fn keep(origins: &mut Vec<Origin>, scheme: Scheme, authority: Authority, sender: Sender) {
-    let at = match origins.iter().position(|o| o.scheme == scheme && o.authority == authority) {
-        Some(at) => at,
-        None => {
-            origins.push(Origin { scheme, authority, connections: Vec::new(), pruned_at: Instant::now() });
-            origins.len() - 1
-        }
-    };
-    let connections = &mut origins[at].connections;
-    if connections.len() >= MAX_PER_ORIGIN {
-        connections.retain(|c| !c.sender.is_closed());
-    }
-    if connections.len() < MAX_PER_ORIGIN {
-        connections.push(Connection { sender, last_used: Instant::now() });
-    }
+/// A provider's answer body, by the protocol that carries it.
+pub(crate) enum UpstreamBody {
+    Http1(h1::Body),
+    Http2(Incoming),
 }
 
-/// The response head, or the error; an error before the request was written gives it back.
-type ResponseHead = Result<Response<Incoming>, TrySendError<Request<Body>>>;
-
-/// What the pool did with a request.
-#[allow(clippy::large_enum_variant, reason = "made and matched once a request, never stored")]
-enum Pooled<F> {
-    /// Handed to a pooled connection: the response head to wait for.
-    Sent(F),
-    NoneReady(Request<Body>),
-}
-
-/// Hands `request` to the most recently used ready connection to its origin, dropping the closed
-/// and the long idle on the way (at most every [`PRUNE_EVERY`]).
-fn send_pooled(
-    origins: &mut [Origin],
-    scheme: &Scheme,
-    authority: &Authority,
-    request: Request<Body>,
-) -> Pooled<impl Future<Output = ResponseHead> + use<>> {
-    let Some(origin) = origins.iter_mut().find(|o| o.scheme == *scheme && o.authority == *authority) else {
-        return Pooled::NoneReady(request);
-    };
-    let now = Instant::now();
-    if now.duration_since(origin.pruned_at) >= PRUNE_EVERY {
-        let idle_too_long =
-            |c: &Connection| c.sender.is_ready() && now.duration_since(c.last_used) > IDLE_TIMEOUT;
-        origin.connections.retain(|c| !c.sender.is_closed() && !idle_too_long(c));
-        origin.pruned_at = now;
-    }
-    // A closed connection is never ready, so one not yet pruned is passed over.
-    match origin.connections.iter_mut().rev().find(|c| c.sender.is_ready()) {
-        Some(connection) => {
-            connection.last_used = now;
-            Pooled::Sent(connection.sender.try_send(request))
-        }
-        None => Pooled::NoneReady(request),
-    }
-}
-
-impl Sender {
-    fn is_ready(&self) -> bool {
-        match self {
-            Sender::Http1(sender) => sender.is_ready(),
-            Sender::Http2(sender) => sender.is_ready(),
-        }
-    }
-
-    fn is_closed(&self) -> bool {
-        match self {
-            Sender::Http1(sender) => sender.is_closed(),
-            Sender::Http2(sender) => sender.is_closed(),
-        }
-    }
-
-    /// Hands the request to the connection at once; the future waits for the response head. An
-    /// HTTP/1.1 request goes in origin form with a `Host` header; HTTP/2 takes the absolute URI.
-    fn try_send(&mut self, request: Request<Body>) -> impl Future<Output = ResponseHead> + use<> {
-        match self {
-            Sender::Http1(sender) => Either::Left(sender.try_send_request(origin_form(request))),
-            Sender::Http2(sender) => Either::Right(sender.try_send_request(request)),
-        }
-    }
-}
-
-/// `/path?query` with a `Host` header, as an HTTP/1.1 server expects.
-fn origin_form(mut request: Request<Body>) -> Request<Body> {
-    let uri = request.uri();
-    if let (Some(authority), None) = (uri.authority(), request.headers().get(header::HOST)) {
-        let default_port = match uri.scheme_str() {
-            Some("https") => 443,
-            _ => 80,
-        };
-        let host = match uri.port_u16() {
-            // `host:port` is the authority itself, unless it carries user information.
-            Some(port) if port != default_port && !authority.as_str().contains('@') => {
-                HeaderValue::from_str(authority.as_str())
-            }
-            Some(port) if port != default_port => {
-                HeaderValue::from_str(&format!("{}:{port}", authority.host()))
-            }
-            _ => HeaderValue::from_str(authority.host()),
-        };
-        if let Ok(host) = host {
-            request.headers_mut().insert(header::HOST, host);
-        }
-    }
-    let path = request.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-    *request.uri_mut() = Uri::from(path);
-    request
-}
-
-/// A request given back unsent, in origin form perhaps (its path kept), made absolute again for
-/// another connection.
-fn with_absolute_uri(mut request: Request<Body>, scheme: &Scheme, authority: &Authority) -> Request<Body> {
-    let path = request.uri().path_and_query().cloned();
-    let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(scheme.clone());
-    parts.authority = Some(authority.clone());
-    parts.path_and_query = Some(path.unwrap_or_else(|| PathAndQuery::from_static("/")));
-    if let Ok(uri) = Uri::from_parts(parts) {
-        *request.uri_mut() = uri;
-    }
-    request
-}
-
-fn https_connector() -> HttpsConnector<HttpConnector> {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_keepalive(Some(Duration::from_secs(60)));
-    HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http)
-}
-
-/// Bounds the whole connection set-up (DNS, TCP and the TLS handshake) by one limit: a provider
-/// that accepts but never completes a handshake is as unreachable as one that refuses.
-#[derive(Clone)]
-struct ConnectWithin<C> {
-    inner: C,
-    limit: Duration,
-}
-
-#[derive(Debug)]
-struct ConnectTimeout;
-
-impl std::fmt::Display for ConnectTimeout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("connecting to the provider timed out")
-    }
-}
-
-impl std::error::Error for ConnectTimeout {}
-
-impl<C> tower_service::Service<Uri> for ConnectWithin<C>
-where
-    C: tower_service::Service<Uri>,
-    C::Future: Send + 'static,
-    C::Error: Into<BoxError>,
-{
-    type Response = C::Response;
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpstreamBody::Http1(body) => Pin::new(body).poll_frame(cx),
+            UpstreamBody::Http2(body) => Pin::new(body).poll_frame(cx).map_err(BoxError::from),
+        }
     }
 
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let connecting = self.inner.call(uri);
-        let limit = self.limit;
-        Box::pin(async move {
-            match tokio::time::timeout(limit, connecting).await {
-                Ok(connected) => connected.map_err(Into::into),
-                Err(_) => Err(Box::new(ConnectTimeout) as BoxError),
-            }
-        })
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Http1(body) => body.is_end_stream(),
+            UpstreamBody::Http2(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Http1(body) => body.size_hint(),
+            UpstreamBody::Http2(body) => body.size_hint(),
+        }
     }
 }
 
@@ -350,48 +275,128 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
     use http_body_util::BodyExt;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
     use super::*;
 
-    /// A provider that answers every request with `body_bytes` of `o`, counting the connections it
-    /// accepts. With `hang_up`, it closes each connection after one answer, without saying so.
-    async fn provider(body_bytes: usize, hang_up: bool) -> (String, Arc<AtomicUsize>) {
+    /// How a test provider answers one request (its head as text, its body): the bytes to send,
+    /// and whether to close the connection after them, without saying so.
+    type Script = fn(&str, &[u8]) -> (Vec<u8>, bool);
+
+    /// A provider that answers each request as `script` says, counting the connections it accepts.
+    async fn scripted(script: Script) -> (String, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let accepted = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&accepted);
         tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
+            while let Ok((stream, _)) = listener.accept().await {
                 counter.fetch_add(1, SeqCst);
+                tokio::spawn(answer_as(stream, script));
+            }
+        });
+        (url, accepted)
+    }
+
+    /// Answers the requests that come on `stream` as `script` says.
+    async fn answer_as<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, script: Script) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let end = loop {
+                if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break at + 4;
+                }
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            };
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            let length = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length: "))
+                .map_or(0, |n| n.parse::<usize>().expect("length"));
+            while buf.len() < end + length {
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let (answer, close) = script(&head, &buf[end..end + length]);
+            buf.drain(..end + length);
+            if stream.write_all(&answer).await.is_err() || stream.flush().await.is_err() || close {
+                return;
+            }
+        }
+    }
+
+    /// A provider on `https://127.0.0.1`, certified by the test CA (`testdata/`), that offers
+    /// `protocol` by ALPN: over HTTP/1.1 it answers "hi", over HTTP/2 "over h2".
+    async fn tls_provider(protocol: &[u8]) -> (String, Arc<AtomicUsize>) {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+        let chain = vec![
+            CertificateDer::from_pem_slice(include_bytes!("upstream/testdata/provider.pem")).expect("cert"),
+        ];
+        let key =
+            PrivateKeyDer::from_pem_slice(include_bytes!("upstream/testdata/provider.key")).expect("key");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("server config");
+        config.alpn_protocols = vec![protocol.to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("https://{}", listener.local_addr().expect("addr"));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        let http2 = protocol == b"h2";
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counter.fetch_add(1, SeqCst);
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    loop {
-                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        }
-                        buf.clear();
-                        let mut answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {body_bytes}\r\n\r\n");
-                        answer.extend(std::iter::repeat_n('o', body_bytes));
-                        if stream.write_all(answer.as_bytes()).await.is_err() || hang_up {
-                            return;
-                        }
+                    let Ok(stream) = acceptor.accept(stream).await else { return };
+                    if !http2 {
+                        return answer_as(stream, |_, _| (ok("hi"), false)).await;
                     }
+                    let answer = hyper::service::service_fn(|_| async {
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("over h2"))))
+                    });
+                    let server =
+                        hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+                    let _ = server.serve_connection(hyper_util::rt::TokioIo::new(stream), answer).await;
                 });
             }
         });
         (url, accepted)
     }
 
-    fn get(url: &str) -> Request<Body> {
-        Request::get(format!("{url}/v1/models")).body(Full::new(Bytes::new())).expect("request")
+    fn test_roots() -> rustls::RootCertStore {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(include_bytes!("upstream/testdata/ca.pem")).expect("ca"))
+            .expect("root");
+        roots
     }
 
-    async fn length(response: Response<Incoming>) -> usize {
+    fn ok(body: &str) -> Vec<u8> {
+        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len()).into_bytes()
+    }
+
+    fn get(url: &str) -> Request<Bytes> {
+        Request::get(format!("{url}/v1/models")).body(Bytes::new()).expect("request")
+    }
+
+    async fn length(response: Response<UpstreamBody>) -> usize {
         response.into_body().collect().await.expect("body").to_bytes().len()
     }
 
@@ -401,7 +406,7 @@ mod tests {
     async fn a_connection_carries_one_request_after_another_and_concurrent_ones_get_their_own() {
         // Too large to be read off the connection before the client reads it.
         const BODY: usize = 4 << 20;
-        let (url, accepted) = provider(BODY, false).await;
+        let (url, accepted) = scripted(|_, _| (ok(&"o".repeat(BODY)), false)).await;
         let upstream = Upstream::new(LIMIT, 0);
         for _ in 0..3 {
             let response = upstream.send(get(&url), LIMIT).await.expect("answered");
@@ -421,7 +426,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_provider_closed_is_not_used_again() {
-        let (url, accepted) = provider(2, true).await;
+        let (url, accepted) = scripted(|_, _| (ok("hi"), true)).await;
         let upstream = Upstream::new(LIMIT, 0);
         for _ in 0..3 {
             let response = upstream.send(get(&url), LIMIT).await.expect("answered");
@@ -430,11 +435,141 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(accepted.load(SeqCst), 3);
-        // The closed ones leave the list at the next prune.
-        tokio::time::sleep(PRUNE_EVERY).await;
-        length(upstream.send(get(&url), LIMIT).await.expect("answered")).await;
-        let kept = lock(&upstream.lanes[0]).iter().map(|origin| origin.connections.len()).sum::<usize>();
-        assert_eq!(kept, 1, "only the connection just opened");
+        let kept = lock(&upstream.lanes[0]).iter().map(|origin| origin.idle.len()).sum::<usize>();
+        assert_eq!(kept, 1, "the closed ones left the list when passed over: only the last is kept");
+    }
+
+    /// The bodies of two requests in a row to a provider answering as `script` says, and how many
+    /// connections they took.
+    async fn twice(method: http::Method, script: Script) -> (Vec<String>, usize) {
+        let (url, accepted) = scripted(script).await;
+        let upstream = Upstream::new(LIMIT, 0);
+        let mut bodies = Vec::new();
+        for _ in 0..2 {
+            let request = Request::builder().method(method.clone()).uri(format!("{url}/v1/x"));
+            let response =
+                upstream.send(request.body(Bytes::new()).expect("request"), LIMIT).await.expect("answered");
+            let body = response.into_body().collect().await.expect("body").to_bytes();
+            bodies.push(String::from_utf8(body.to_vec()).expect("text"));
+            // A hang-up reaches the client's socket.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (bodies, accepted.load(SeqCst))
+    }
+
+    #[tokio::test]
+    async fn each_way_of_ending_an_answer_is_read_whole_and_the_connection_kept_when_it_can_be() {
+        let chunked = twice(http::Method::POST, |_, _| {
+            let answer = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n6\r\n world\r\n0\r\nx-t: 1\r\n\r\n";
+            (answer.into(), false)
+        });
+        assert_eq!(chunked.await, (vec!["hello world".to_owned(); 2], 1));
+        let until_close =
+            twice(http::Method::POST, |_, _| (b"HTTP/1.1 200 OK\r\n\r\nuntil close".to_vec(), true));
+        assert_eq!(until_close.await, (vec!["until close".to_owned(); 2], 2));
+        let said_close = twice(http::Method::POST, |_, _| {
+            (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nhi".to_vec(), false)
+        });
+        assert_eq!(said_close.await, (vec!["hi".to_owned(); 2], 2));
+        let continued = twice(http::Method::POST, |_, _| {
+            (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n".to_vec(), false)
+        });
+        assert_eq!(continued.await, (vec![String::new(); 2], 1));
+        let head = twice(http::Method::HEAD, |_, _| {
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n".to_vec(), false)
+        });
+        assert_eq!(head.await, (vec![String::new(); 2], 1));
+    }
+
+    #[tokio::test]
+    async fn the_request_reaches_the_provider_as_sent() {
+        let (url, _) = scripted(|head, body| {
+            let echo = format!("{head}{}", String::from_utf8_lossy(body));
+            (ok(&echo), false)
+        })
+        .await;
+        let upstream = Upstream::new(LIMIT, 0);
+        for length in [10, 100_000] {
+            let body = "b".repeat(length);
+            let request = Request::post(format!("{url}/v1/echo?q=1"))
+                .header("content-type", "application/json")
+                .body(Bytes::from(body.clone()))
+                .expect("request");
+            let response = upstream.send(request, LIMIT).await.expect("answered");
+            let echo = response.into_body().collect().await.expect("body").to_bytes();
+            let authority = url.trim_start_matches("http://");
+            let sent = format!(
+                "POST /v1/echo?q=1 HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\n\
+                 content-length: {length}\r\n\r\n{body}"
+            );
+            assert_eq!(String::from_utf8_lossy(&echo), sent);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_cut_short_or_malformed_is_an_error_and_its_connection_is_not_kept() {
+        let cases: [Script; 3] = [
+            |_, _| (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc".to_vec(), true),
+            |_, _| (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nab".to_vec(), true),
+            |_, _| {
+                (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabXX0\r\n\r\n".to_vec(), false)
+            },
+        ];
+        for script in cases {
+            let (url, accepted) = scripted(script).await;
+            let upstream = Upstream::new(LIMIT, 0);
+            for _ in 0..2 {
+                let response = upstream.send(get(&url), LIMIT).await.expect("a head");
+                assert!(response.into_body().collect().await.is_err());
+            }
+            assert_eq!(accepted.load(SeqCst), 2);
+        }
+        let heads: [Script; 3] = [
+            |_, _| (b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n".to_vec(), false),
+            |_, _| (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n".to_vec(), false),
+            |_, _| (Vec::new(), true),
+        ];
+        for script in heads {
+            let (url, _) = scripted(script).await;
+            let upstream = Upstream::new(LIMIT, 0);
+            assert!(matches!(upstream.send(get(&url), LIMIT).await, Err(UpstreamError::Unreachable(_))));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_closes_its_connection() {
+        const BODY: usize = 4 << 20;
+        let (url, accepted) = scripted(|_, _| (ok(&"o".repeat(BODY)), false)).await;
+        let upstream = Upstream::new(LIMIT, 0);
+        let mut body = upstream.send(get(&url), LIMIT).await.expect("answered").into_body();
+        body.frame().await.expect("a frame").expect("data");
+        drop(body);
+        assert_eq!(length(upstream.send(get(&url), LIMIT).await.expect("answered")).await, BODY);
+        assert_eq!(accepted.load(SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_provider_over_tls_is_spoken_to_in_the_protocol_it_offers_on_one_connection() {
+        for (protocol, version, answer) in
+            [(&b"http/1.1"[..], http::Version::HTTP_11, "hi"), (&b"h2"[..], http::Version::HTTP_2, "over h2")]
+        {
+            let (url, accepted) = tls_provider(protocol).await;
+            let upstream = Upstream::with_roots(LIMIT, 0, test_roots());
+            for _ in 0..3 {
+                let response = upstream.send(get(&url), LIMIT).await.expect("answered");
+                assert_eq!(response.version(), version);
+                let body = response.into_body().collect().await.expect("body").to_bytes();
+                assert_eq!(body, answer);
+            }
+            assert_eq!(accepted.load(SeqCst), 1, "{version:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_provider_whose_certificate_is_not_trusted_is_unreachable() {
+        let (url, _) = tls_provider(b"http/1.1").await;
+        let upstream = Upstream::new(LIMIT, 0);
+        assert!(matches!(upstream.send(get(&url), LIMIT).await, Err(UpstreamError::Unreachable(_))));
     }
 
     #[tokio::test]
@@ -444,7 +579,7 @@ mod tests {
         drop(listener);
         let upstream = Upstream::new(LIMIT, 0);
         assert!(matches!(upstream.send(get(&url), LIMIT).await, Err(UpstreamError::Unreachable(_))));
-        let relative = Request::get("/v1/models").body(Full::new(Bytes::new())).expect("request");
+        let relative = Request::get("/v1/models").body(Bytes::new()).expect("request");
         assert!(matches!(upstream.send(relative, LIMIT).await, Err(UpstreamError::Unreachable(_))));
     }
 }
