@@ -1,12 +1,15 @@
 //! Reading the Recovea key a request presents, from the headers the contract names, in their order.
 
 use http::HeaderMap;
-use http::header::AUTHORIZATION;
+use http::header::{AUTHORIZATION, HeaderName};
 
 use crate::keys::SECRET_PREFIX;
 
 pub const RECOVEA_KEY_HEADER: &str = "x-recovea-key";
 pub const API_KEY_HEADER: &str = "x-api-key";
+/// The two as header names, made once at compile time rather than from their text at each lookup.
+pub const RECOVEA_KEY: HeaderName = HeaderName::from_static(RECOVEA_KEY_HEADER);
+pub const API_KEY: HeaderName = HeaderName::from_static(API_KEY_HEADER);
 
 /// Where the key was found; it decides which header is stripped and whether the client brings its own
 /// provider key.
@@ -39,7 +42,7 @@ impl CredentialHeader {
 /// A bearer token or `x-api-key` that is not a Recovea key belongs to a provider and is not ours to
 /// read. A non-text `x-recovea-key` is read as an empty (so malformed) key rather than ignored.
 pub fn read(headers: &HeaderMap) -> Option<Credential<'_>> {
-    if let Some(value) = headers.get(RECOVEA_KEY_HEADER) {
+    if let Some(value) = headers.get(RECOVEA_KEY) {
         let secret = value.to_str().unwrap_or("").trim();
         return Some(Credential { secret, header: CredentialHeader::RecoveaKey });
     }
@@ -53,7 +56,7 @@ pub fn read(headers: &HeaderMap) -> Option<Credential<'_>> {
         return Some(Credential { secret, header: CredentialHeader::AuthorizationBearer });
     }
     headers
-        .get_all(API_KEY_HEADER)
+        .get_all(API_KEY)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .map(str::trim)

@@ -2,7 +2,7 @@
 //! each provider kind carries its key.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use recovea_core::credential::{API_KEY_HEADER, RECOVEA_KEY_HEADER};
+use recovea_core::credential::{API_KEY, RECOVEA_KEY};
 use recovea_core::keys::SECRET_PREFIX;
 use recovea_core::snapshot::ProviderKind;
 
@@ -40,15 +40,27 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Removes every place a Recovea key can travel in, whichever one the request used.
 pub fn remove_recovea_key(headers: &mut HeaderMap) {
-    headers.remove(RECOVEA_KEY_HEADER);
-    remove_values(headers, header::AUTHORIZATION, |v| {
-        v.split_once(' ').is_some_and(|(_, token)| token.trim().starts_with(SECRET_PREFIX))
-    });
-    remove_values(headers, HeaderName::from_static(API_KEY_HEADER), |v| v.trim().starts_with(SECRET_PREFIX));
+    headers.remove(RECOVEA_KEY);
+    remove_values(headers, header::AUTHORIZATION, is_recovea_bearer);
+    remove_values(headers, API_KEY, is_recovea_key);
 }
 
-fn remove_values(headers: &mut HeaderMap, name: HeaderName, is_recovea: impl Fn(&str) -> bool) {
-    let is_recovea = |v: &HeaderValue| v.to_str().is_ok_and(&is_recovea);
+/// `x-api-key: rk_...`. Read as bytes: a value that is not text but starts like a Recovea key is
+/// treated as one, so that it never reaches a provider.
+fn is_recovea_key(value: &HeaderValue) -> bool {
+    value.as_bytes().trim_ascii().starts_with(SECRET_PREFIX.as_bytes())
+}
+
+/// `Authorization: Bearer rk_...` (whatever the scheme's name), read as bytes as [`is_recovea_key`].
+fn is_recovea_bearer(value: &HeaderValue) -> bool {
+    let value = value.as_bytes();
+    value
+        .iter()
+        .position(|&b| b == b' ')
+        .is_some_and(|space| value[space + 1..].trim_ascii().starts_with(SECRET_PREFIX.as_bytes()))
+}
+
+fn remove_values(headers: &mut HeaderMap, name: HeaderName, is_recovea: fn(&HeaderValue) -> bool) {
     let values = headers.get_all(&name);
     if !values.iter().any(is_recovea) {
         return;
@@ -67,23 +79,14 @@ fn remove_values(headers: &mut HeaderMap, name: HeaderName, is_recovea: impl Fn(
 /// Whether the client sent a provider key of its own (`Authorization` or `x-api-key` that is not a
 /// Recovea key): only then does a key in `x-recovea-key` mean "forward my provider key untouched".
 pub fn has_provider_auth(headers: &HeaderMap) -> bool {
-    let bearer_is_ours =
-        |v: &str| v.split_once(' ').is_some_and(|(_, token)| token.trim().starts_with(SECRET_PREFIX));
-    let authorization = headers
-        .get_all(header::AUTHORIZATION)
-        .iter()
-        .any(|v| v.to_str().map_or(true, |v| !bearer_is_ours(v)));
-    let api_key = headers
-        .get_all(API_KEY_HEADER)
-        .iter()
-        .any(|v| v.to_str().map_or(true, |v| !v.trim().starts_with(SECRET_PREFIX)));
-    authorization || api_key
+    headers.get_all(header::AUTHORIZATION).iter().any(|v| !is_recovea_bearer(v))
+        || headers.get_all(API_KEY).iter().any(|v| !is_recovea_key(v))
 }
 
 /// Replaces whatever provider auth the client sent with the managed key, in the kind's own header.
 pub fn set_managed_key(headers: &mut HeaderMap, kind: ProviderKind, api_key: &str) -> Result<(), InvalidKey> {
     headers.remove(header::AUTHORIZATION);
-    headers.remove(API_KEY_HEADER);
+    headers.remove(API_KEY);
     match kind {
         ProviderKind::OpenAi => {
             let mut bearer = String::with_capacity("Bearer ".len() + api_key.len());
@@ -96,7 +99,7 @@ pub fn set_managed_key(headers: &mut HeaderMap, kind: ProviderKind, api_key: &st
         ProviderKind::Anthropic => {
             let mut value = HeaderValue::try_from(api_key).map_err(|_| InvalidKey)?;
             value.set_sensitive(true);
-            headers.insert(API_KEY_HEADER, value);
+            headers.insert(API_KEY, value);
         }
     }
     Ok(())
