@@ -135,9 +135,11 @@ impl Upstream {
     }
 
     async fn dispatch(&self, request: Request<Bytes>) -> Result<Response<UpstreamBody>, BoxError> {
-        let (Some(scheme), Some(authority)) = (request.uri().scheme(), request.uri().authority()) else {
-            return Err(format!("not an absolute URI: {}", request.uri()).into());
+        let (scheme, authority) = match (request.uri().scheme(), request.uri().authority()) {
+            (Some(scheme), Some(authority)) => (scheme.clone(), authority.clone()),
+            _ => return Err(format!("not an absolute URI: {}", request.uri()).into()),
         };
+        let (scheme, authority) = (&scheme, &authority);
         let lane = LANE.get() % self.lanes.len();
         let (origin, host, pooled) = {
             let mut origins = lock(&self.lanes[lane]);
@@ -146,16 +148,23 @@ impl Upstream {
             (origin, host, origins[origin].take())
         };
         let home = || Home { lanes: Arc::clone(&self.lanes), lane, origin };
-        match pooled {
-            Some(Carrier::Http2(sender)) => return send_http2(sender, request).await,
+        let request = match pooled {
+            Some(Carrier::Http2(mut sender)) => match sender.try_send_request(request.map(Full::new)).await {
+                Ok(response) => return Ok(response.map(UpstreamBody::Http2)),
+                // Closed before the request went out: it goes on a new connection.
+                Err(mut failed) => match failed.take_message() {
+                    Some(unsent) => unsent.map(full_bytes),
+                    None => return Err(failed.into_error().into()),
+                },
+            },
             Some(Carrier::Http1(connection)) => match connection.exchange(&request, &host, home()).await {
                 Ok(response) => return Ok(response.map(UpstreamBody::Http1)),
                 // The provider closed the connection meanwhile: the request goes on a new one.
-                Err(h1::Failure::Unwritten(_)) => {}
+                Err(h1::Failure::Unwritten(_)) => request,
                 Err(h1::Failure::Unanswered(e)) => return Err(e),
             },
-            None => {}
-        }
+            None => request,
+        };
         // Boxed: connecting (TLS included) is a large future, and most requests never make one.
         match Box::pin(self.connector.connect(scheme, authority)).await? {
             Connected::Http1(connection) => match connection.exchange(&request, &host, home()).await {
@@ -163,9 +172,10 @@ impl Upstream {
                 Err(h1::Failure::Unwritten(e)) => Err(e.into()),
                 Err(h1::Failure::Unanswered(e)) => Err(e),
             },
-            Connected::Http2(sender) => {
+            Connected::Http2(mut sender) => {
                 lock(&self.lanes[lane])[origin].http2 = Some(sender.clone());
-                send_http2(sender, request).await
+                let response = sender.send_request(request.map(Full::new)).await?;
+                Ok(response.map(UpstreamBody::Http2))
             }
         }
     }
@@ -197,12 +207,13 @@ fn host_header(scheme: &Scheme, authority: &Authority) -> Result<HeaderValue, Bo
     Ok(HeaderValue::try_from(host)?)
 }
 
-async fn send_http2(
-    mut sender: http2::SendRequest<Full<Bytes>>,
-    request: Request<Bytes>,
-) -> Result<Response<UpstreamBody>, BoxError> {
-    let response = sender.send_request(request.map(Full::new)).await?;
-    Ok(response.map(UpstreamBody::Http2))
+/// The bytes of a body that never went out (a `Full` of one frame).
+fn full_bytes(mut body: Full<Bytes>) -> Bytes {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match http_body::Body::poll_frame(Pin::new(&mut body), &mut cx) {
+        Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
+        _ => Bytes::new(),
+    }
 }
 
 impl Origin {
@@ -544,6 +555,8 @@ mod tests {
         let mut body = upstream.send(get(&url), LIMIT).await.expect("answered").into_body();
         body.frame().await.expect("a frame").expect("data");
         drop(body);
+        let idle = lock(&upstream.lanes[0]).iter().map(|origin| origin.idle.len()).sum::<usize>();
+        assert_eq!(idle, 0, "the connection of a body not read to its end is not kept");
         assert_eq!(length(upstream.send(get(&url), LIMIT).await.expect("answered")).await, BODY);
         assert_eq!(accepted.load(SeqCst), 2);
     }

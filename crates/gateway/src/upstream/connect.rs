@@ -24,6 +24,9 @@ use crate::proxy::BoxError;
 /// that vanished without a word is noticed on an idle pooled connection.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
+/// How long an address is tried before the next of the host's addresses is.
+const NEXT_ADDRESS_AFTER: Duration = Duration::from_secs(2);
+
 /// A new connection, ready for its first request.
 pub(super) enum Connected {
     Http1(h1::Connection),
@@ -103,11 +106,22 @@ impl Connector {
     }
 }
 
-/// A TCP connection to the first of `host`'s addresses that accepts one.
+/// A TCP connection to the first of `host`'s addresses that accepts one. Each address but the
+/// last gets [`NEXT_ADDRESS_AFTER`]: an address whose route drops packets (often IPv6) must not use
+/// the whole connect limit while the next one would answer at once.
 async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
     let mut failed = None;
-    for address in tokio::net::lookup_host((host, port)).await? {
-        match TcpStream::connect(address).await {
+    let mut addresses = tokio::net::lookup_host((host, port)).await?.peekable();
+    while let Some(address) = addresses.next() {
+        let connecting = TcpStream::connect(address);
+        let connected = if addresses.peek().is_some() {
+            tokio::time::timeout(NEXT_ADDRESS_AFTER, connecting).await.unwrap_or_else(|_| {
+                Err(io::Error::new(io::ErrorKind::TimedOut, "the address did not answer"))
+            })
+        } else {
+            connecting.await
+        };
+        match connected {
             Ok(stream) => {
                 stream.set_nodelay(true)?;
                 let keepalive = socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE);

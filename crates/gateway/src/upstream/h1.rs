@@ -113,8 +113,12 @@ fn request_head(request: &Request<Bytes>, host: &HeaderValue) -> Vec<u8> {
     let mut out = Vec::with_capacity(256 + headers.len() * 48);
     out.extend_from_slice(request.method().as_str().as_bytes());
     out.push(b' ');
-    let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
-    out.extend_from_slice(path.as_bytes());
+    // `path()` is never empty: `/` stands in for a URI with none (`https://host?x=1`).
+    out.extend_from_slice(request.uri().path().as_bytes());
+    if let Some(query) = request.uri().query() {
+        out.push(b'?');
+        out.extend_from_slice(query.as_bytes());
+    }
     out.extend_from_slice(b" HTTP/1.1\r\n");
     if !headers.contains_key(header::HOST) {
         push_header(&mut out, header::HOST.as_str(), host.as_bytes());
@@ -166,7 +170,10 @@ fn parse_head(
             httparse::Status::Partial => return Ok(None),
         };
         let code = parsed.code.unwrap_or(0);
-        if (100..200).contains(&code) && code != 101 {
+        if code == 101 {
+            return Err("the provider switched protocols, which no request asked for".into());
+        }
+        if (100..200).contains(&code) {
             let _ = buf.split_to(length);
             continue;
         }
@@ -189,7 +196,16 @@ fn parse_head(
             headers.append(name, value);
         }
         let framing = framing(method, status, &headers)?;
+        // Both framings at once is how requests are smuggled (RFC 9112, section 6.3): the body is
+        // read as chunked, the length the client would be told is dropped, and the connection
+        // is not trusted with another request.
+        let both =
+            headers.contains_key(header::TRANSFER_ENCODING) && headers.contains_key(header::CONTENT_LENGTH);
+        if both {
+            headers.remove(header::CONTENT_LENGTH);
+        }
         let keep_alive = version == Version::HTTP_11
+            && !both
             && !matches!(framing, Framing::UntilClose)
             && !has_token(&headers, &header::CONNECTION, "close");
         let mut response = Response::new(());
@@ -348,16 +364,25 @@ fn line_length(buf: &[u8]) -> Result<Option<usize>, BoxError> {
     }
 }
 
-/// The hexadecimal size at the start of a chunk-size line, before any extension.
+/// The hexadecimal size at the start of a chunk-size line: spaces or tabs may follow it, then an
+/// extension (`;...`, ignored, without control characters) or nothing.
 fn chunk_size(line: &[u8]) -> Result<u64, BoxError> {
+    let malformed = || -> BoxError { "the provider's chunk size is malformed".into() };
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     let rest = &line[digits..];
-    let rest_ok = rest.is_empty() || matches!(rest.trim_ascii_start().first(), Some(b';'));
-    if digits == 0 || digits > 15 || !rest_ok {
-        return Err("the provider's chunk size is malformed".into());
+    let rest = &rest[rest.iter().take_while(|&&b| b == b' ' || b == b'\t').count()..];
+    let extension_ok = match rest.split_first() {
+        None => true,
+        Some((b';', extension)) => !extension.iter().any(|&b| b.is_ascii_control() && b != b'\t'),
+        Some(_) => false,
+    };
+    if digits == 0 || !extension_ok {
+        return Err(malformed());
     }
-    let hex = std::str::from_utf8(&line[..digits])?;
-    Ok(u64::from_str_radix(hex, 16)?)
+    line[..digits].iter().try_fold(0u64, |size, &digit| {
+        let value = u64::from((digit as char).to_digit(16).ok_or_else(malformed)?);
+        size.checked_mul(16).and_then(|size| size.checked_add(value)).ok_or_else(malformed)
+    })
 }
 
 /// A provider's response body, read off its connection as it is polled.
@@ -468,9 +493,12 @@ mod tests {
 
     use super::*;
 
+    /// The data a body gave, and what was left in the buffer after it.
+    type ReadBack = (Vec<u8>, Vec<u8>);
+
     /// Feeds `wire` to `framing` in pieces cut at `cuts`, as reads would; the data it gives, and
-    /// what is left in the buffer once it is done.
-    fn read_body(mut framing: Framing, wire: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, Vec<u8>), BoxError> {
+    /// what is left in the buffer once it is done (`None` if it is still waiting for more).
+    fn read_body(mut framing: Framing, wire: &[u8], cuts: &[usize]) -> Result<Option<ReadBack>, BoxError> {
         let mut buf = BytesMut::new();
         let mut data = Vec::new();
         let mut from = 0;
@@ -489,10 +517,10 @@ mod tests {
             }
             if framing == Framing::Done {
                 buf.extend_from_slice(&wire[from..]);
-                return Ok((data, buf.to_vec()));
+                return Ok(Some((data, buf.to_vec())));
             }
         }
-        Err(format!("not done: {framing:?}").into())
+        Ok(None)
     }
 
     /// `body` in chunks of the given sizes (the rest in one more), with extensions and trailers.
@@ -532,7 +560,7 @@ mod tests {
         ) {
             let mut wire = chunked(&body, &sizes, extension, upper, trailers);
             wire.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
-            let (data, left) = read_body(Framing::Chunked(Chunked::Size), &wire, &cuts).expect("read");
+            let (data, left) = read_body(Framing::Chunked(Chunked::Size), &wire, &cuts).expect("read").expect("done");
             prop_assert_eq!(data, body);
             prop_assert_eq!(left, b"HTTP/1.1 200 OK\r\n".to_vec());
         }
@@ -544,7 +572,7 @@ mod tests {
         ) {
             let mut wire = body.clone();
             wire.extend_from_slice(b"next");
-            let (data, left) = read_body(Framing::Length(body.len() as u64), &wire, &cuts).expect("read");
+            let (data, left) = read_body(Framing::Length(body.len() as u64), &wire, &cuts).expect("read").expect("done");
             prop_assert_eq!(data, body);
             prop_assert_eq!(left, b"next".to_vec());
         }
@@ -552,21 +580,30 @@ mod tests {
 
     #[test]
     fn malformed_chunk_framing_is_an_error_however_it_is_cut() {
-        let long_line = format!("1{}\r\n", " ".repeat(MAX_LINE_BYTES));
-        let cases: [&[u8]; 6] = [
+        let long_line = format!("1;{}", "x".repeat(MAX_LINE_BYTES + 1));
+        let cases: [&[u8]; 8] = [
             b"zz\r\nhello\r\n0\r\n\r\n",
             b"5\r\nhelloXX0\r\n\r\n",
-            b"1000000000000000\r\n",
+            b"10000000000000000\r\n",
             b"5 junk\r\nhello\r\n0\r\n\r\n",
             b"\r\nhello\r\n0\r\n\r\n",
+            b"5;a\nb\r\nhello\r\n0\r\n\r\n",
+            b"5;a\x0bb\r\nhello\r\n0\r\n\r\n",
             long_line.as_bytes(),
         ];
         for wire in cases {
             for cut in [0, 1, 3, wire.len()] {
                 let read = read_body(Framing::Chunked(Chunked::Size), wire, &[cut]);
-                assert!(read.is_err(), "{:?} cut at {cut}", String::from_utf8_lossy(wire));
+                assert!(read.is_err(), "{:?} cut at {cut}: {read:?}", String::from_utf8_lossy(wire));
             }
         }
+    }
+
+    #[test]
+    fn chunk_sizes_may_have_leading_zeros_and_trailing_blanks() {
+        let wire = b"0005 \t;ext=\"v\"\r\nhello\r\n000000000000000006\t\r\n world\r\n0 \r\n\r\n";
+        let read = read_body(Framing::Chunked(Chunked::Size), wire, &[]).expect("valid").expect("done");
+        assert_eq!(read, (b"hello world".to_vec(), Vec::new()));
     }
 
     #[test]
@@ -596,7 +633,7 @@ mod tests {
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
                 Method::POST,
                 Framing::Chunked(Chunked::Size),
-                true,
+                false,
             ),
             ("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", Method::POST, Framing::UntilClose, false),
             ("HTTP/1.1 200 OK\r\n\r\n", Method::POST, Framing::UntilClose, false),
@@ -639,6 +676,7 @@ mod tests {
             "HTTP/1.1 200 OK\r\ncontent-length: \r\n\r\n",
             "HTTP/1.1 2000 OK\r\n\r\n",
             "HTTP/1.1 200 OK\r\nbad header\r\n\r\n",
+            "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
         ] {
             assert!(head(wire, Method::POST).is_err(), "{wire:?}");
         }
@@ -665,6 +703,12 @@ mod tests {
         assert_eq!(
             String::from_utf8(request_head(&get, &host)).expect("text"),
             "GET /v1/models HTTP/1.1\r\nhost: other\r\n\r\n"
+        );
+        let query_only = Request::get("http://h?x=1").body(Bytes::new()).expect("request");
+        assert!(
+            String::from_utf8(request_head(&query_only, &host))
+                .expect("text")
+                .starts_with("GET /?x=1 HTTP/1.1\r\n")
         );
         let empty_post = Request::post("http://h/x").body(Bytes::new()).expect("request");
         assert!(
