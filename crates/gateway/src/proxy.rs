@@ -2,6 +2,7 @@
 //! route, read body, forward, respond. [`RequestContext`] carries what each phase learned.
 
 use std::panic::AssertUnwindSafe;
+use std::task::Poll;
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
@@ -443,12 +444,21 @@ where
     if declared.is_some_and(|len| len > limit) || body.size_hint().lower() > limit {
         return Err(Refusal::BodyTooLarge(limit));
     }
-    let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
-    match tokio::time::timeout(shared.config.body_read_timeout, limited.collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(Refusal::BodyTooLarge(limit)),
-        Ok(Err(_)) => Err(Refusal::BodyUnreadable),
-        Err(_) => Err(Refusal::BodyTimeout),
+    let collect = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect();
+    let mut collect = std::pin::pin!(collect);
+    // Most bodies come whole with the request's head: those need no timer. A timer costs more than
+    // the read, and one due before the thread's next wake-up costs a system call to set.
+    let read = match std::future::poll_fn(|cx| Poll::Ready(collect.as_mut().poll(cx))).await {
+        Poll::Ready(read) => read,
+        Poll::Pending => match tokio::time::timeout(shared.config.body_read_timeout, collect).await {
+            Ok(read) => read,
+            Err(_) => return Err(Refusal::BodyTimeout),
+        },
+    };
+    match read {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(Refusal::BodyTooLarge(limit)),
+        Err(_) => Err(Refusal::BodyUnreadable),
     }
 }
 
