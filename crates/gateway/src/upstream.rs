@@ -548,6 +548,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answer_that_comes_before_the_request_body_ends_is_the_answer() {
+        // A provider that reads a request's head, refuses it, and reads nothing more for a while.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                stream.read_exact(&mut byte).await.expect("head");
+                head.push(byte[0]);
+            }
+            let answer = b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 7\r\n\r\ntoo big";
+            stream.write_all(answer).await.expect("answer");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        let upstream = Upstream::new(LIMIT, 0);
+        // Far more than the socket buffers hold: the write stalls until the provider reads.
+        let request =
+            Request::post(format!("{url}/v1/x")).body(Bytes::from(vec![b'x'; 64 << 20])).expect("request");
+        let response = upstream.send(request, LIMIT).await.expect("the provider's answer, not a timeout");
+        assert_eq!(response.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(response.into_body().collect().await.expect("body").to_bytes(), "too big");
+        let idle = lock(&upstream.lanes[0]).iter().map(|origin| origin.idle.len()).sum::<usize>();
+        assert_eq!(idle, 0, "a connection whose request was cut short is not kept");
+    }
+
+    #[tokio::test]
     async fn a_body_dropped_before_its_end_closes_its_connection() {
         const BODY: usize = 4 << 20;
         let (url, accepted) = scripted(|_, _| (ok(&"o".repeat(BODY)), false)).await;

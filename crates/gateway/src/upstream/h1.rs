@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 use super::Home;
 use super::connect::Io;
@@ -75,14 +75,9 @@ impl Connection {
         if body.len() <= JOIN_BODY_BYTES {
             out.extend_from_slice(body);
         }
-        let written = async {
-            self.io.write_all(&out).await?;
-            if body.len() > JOIN_BODY_BYTES {
-                self.io.write_all(body).await?;
-            }
-            self.io.flush().await
-        };
-        written.await.map_err(Failure::Unwritten)?;
+        let parts = [&out[..], if body.len() > JOIN_BODY_BYTES { &body[..] } else { &[] }];
+        let mut sent = [0; 2];
+        let whole = std::future::poll_fn(|cx| self.poll_write_request(cx, parts, &mut sent)).await?;
         let (parts, framing, keep_alive) = loop {
             if let Some(head) = parse_head(&mut self.buf, request.method()).map_err(Failure::Unanswered)? {
                 break head;
@@ -101,9 +96,71 @@ impl Connection {
                 Err(e) => return Err(Failure::Unanswered(e.into())),
             }
         };
+        // A connection whose request was cut short carries nothing more.
+        let keep_alive = keep_alive && whole;
         let mut body = Body { connection: Some(self), framing, keep_alive, home: Some(home), failed: None };
         body.release_when_read();
         Ok(Response::from_parts(parts, body))
+    }
+
+    /// Writes `parts` in order, `sent` saying how far each went; `true` once all of it is out.
+    /// While the provider takes no more, what it sent is read: a provider refusing a large body
+    /// (413, 401) answers before the body's end and may stop reading it. That answer, a whole
+    /// response head, ends the writing (`false`) and is the exchange's.
+    fn poll_write_request(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: [&[u8]; 2],
+        sent: &mut [usize; 2],
+    ) -> Poll<Result<bool, Failure>> {
+        loop {
+            let Some(part) = (0..2).find(|&i| sent[i] < parts[i].len()) else {
+                return Pin::new(&mut self.io)
+                    .poll_flush(cx)
+                    .map(|r| r.map(|()| true).map_err(Failure::Unwritten));
+            };
+            match Pin::new(&mut self.io).poll_write(cx, &parts[part][sent[part]..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(Failure::Unwritten(io::ErrorKind::WriteZero.into())));
+                }
+                Poll::Ready(Ok(n)) => sent[part] += n,
+                Poll::Ready(Err(_)) if final_head_in(&self.buf) => return Poll::Ready(Ok(false)),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Failure::Unwritten(e))),
+                Poll::Pending => loop {
+                    if final_head_in(&self.buf) || self.buf.len() > MAX_HEAD_BYTES {
+                        return Poll::Ready(Ok(false));
+                    }
+                    self.buf.reserve(READ_BYTES);
+                    match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf) {
+                        Poll::Ready(Ok(n)) if n > 0 => {}
+                        // Nothing to read, or nothing more ever: the write's wake-up comes first.
+                        _ => return Poll::Pending,
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Whether `buf` starts with a final response head (after any interim ones), or with something
+/// that is not a response head at all (which reading the head then reports).
+fn final_head_in(mut buf: &[u8]) -> bool {
+    loop {
+        let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut parsed,
+            buf,
+            &mut lines,
+        ) {
+            Ok(httparse::Status::Complete(length))
+                if parsed.code.is_some_and(|c| (100..200).contains(&c) && c != 101) =>
+            {
+                buf = &buf[length..];
+            }
+            Ok(httparse::Status::Complete(_)) | Err(_) => return true,
+            Ok(httparse::Status::Partial) => return false,
+        }
     }
 }
 
