@@ -24,7 +24,7 @@ use crate::proxy::{self, BoxError, REQUEST_ID, RequestContext, ResponseBody};
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// A client that takes longer to send a request's head is disconnected.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often a connection thread wakes with nothing to do (see `serve_handed_over`).
+/// How often a connection thread wakes with nothing else to do (see `serve_handed_over`).
 const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// The gateway on its listener, with its connection threads running.
@@ -144,11 +144,14 @@ async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver
     // The runtime's timer wakes the thread at its earliest deadline, and a timer set earlier than
     // that must wake the thread to say so: a system call. Each request sets a header read timer
     // (30 s) while the earliest deadline is often a request's 600 s upstream limit, so that every
-    // request paid one. With a deadline always at most a second away, none does.
-    tokio::spawn(async {
+    // request paid one. With a deadline always at most a second away, none does. The beat also
+    // closes the thread's provider connections that the providers closed.
+    let pool = gateway.clone();
+    tokio::spawn(async move {
         let mut beat = tokio::time::interval(HEARTBEAT);
         loop {
             beat.tick().await;
+            pool.shared.upstream.prune();
         }
     });
     while let Some((stream, watcher)) = handed.recv().await {

@@ -34,9 +34,6 @@ pub(crate) enum UpstreamError {
 
 /// A pooled connection unused this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// How often an origin's list is pruned of idle connections: not on every request, which at a few
-/// hundred connections costs more than the request's own pool work.
-const PRUNE_EVERY: Duration = Duration::from_secs(1);
 /// The most idle connections one worker keeps to one provider; beyond, a connection whose answer
 /// was read closes.
 const MAX_PER_ORIGIN: usize = 256;
@@ -74,7 +71,6 @@ struct Origin {
     host: HeaderValue,
     idle: Vec<h1::Connection>,
     http2: Option<http2::SendRequest<Full<Bytes>>>,
-    pruned_at: Instant,
 }
 
 /// Where an HTTP/1.1 connection goes back once its answer is read. Origins are never removed
@@ -112,6 +108,16 @@ impl Upstream {
         Self {
             connector: Connector::new(connect_timeout, roots),
             lanes: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
+        }
+    }
+
+    /// Prunes the calling thread's pool (see [`Origin::prune`]); its connection thread calls it
+    /// every second.
+    pub(crate) fn prune(&self) {
+        let now = Instant::now();
+        let lane = &self.lanes[LANE.get() % self.lanes.len()];
+        for origin in lock(lane).iter_mut() {
+            origin.prune(now);
         }
     }
 
@@ -192,7 +198,6 @@ fn origin_of(origins: &mut Vec<Origin>, scheme: &Scheme, authority: &Authority) 
         host: host_header(scheme, authority)?,
         idle: Vec::new(),
         http2: None,
-        pruned_at: Instant::now(),
     });
     Ok(origins.len() - 1)
 }
@@ -218,7 +223,7 @@ fn full_bytes(mut body: Full<Bytes>) -> Bytes {
 
 impl Origin {
     /// The connection for the next request: the multiplexed one, or the most recently used idle
-    /// one still open. Idle ones unused too long are dropped, at most every [`PRUNE_EVERY`].
+    /// one still open and not idle too long.
     fn take(&mut self) -> Option<Carrier> {
         if let Some(sender) = &self.http2 {
             if !sender.is_closed() {
@@ -227,16 +232,21 @@ impl Origin {
             self.http2 = None;
         }
         let now = Instant::now();
-        if now.duration_since(self.pruned_at) >= PRUNE_EVERY {
-            self.idle.retain(|c| now.duration_since(c.idle_since) <= IDLE_TIMEOUT);
-            self.pruned_at = now;
-        }
         while let Some(mut connection) = self.idle.pop() {
-            if connection.is_open() {
+            if connection.is_open() && now.duration_since(connection.idle_since) <= IDLE_TIMEOUT {
                 return Some(Carrier::Http1(connection));
             }
         }
         None
+    }
+
+    /// Drops the idle connections that the provider closed or that were unused too long: without
+    /// it, a closed one would hold its socket until the next request to its origin.
+    fn prune(&mut self, now: Instant) {
+        self.idle.retain_mut(|c| c.is_open() && now.duration_since(c.idle_since) <= IDLE_TIMEOUT);
+        if self.http2.as_ref().is_some_and(http2::SendRequest::is_closed) {
+            self.http2 = None;
+        }
     }
 }
 
@@ -446,8 +456,10 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(accepted.load(SeqCst), 3);
-        let kept = lock(&upstream.lanes[0]).iter().map(|origin| origin.idle.len()).sum::<usize>();
-        assert_eq!(kept, 1, "the closed ones left the list when passed over: only the last is kept");
+        let kept = || lock(&upstream.lanes[0]).iter().map(|origin| origin.idle.len()).sum::<usize>();
+        assert_eq!(kept(), 1, "the closed ones left the list when passed over: only the last is kept");
+        upstream.prune();
+        assert_eq!(kept(), 0, "the last one, closed too, leaves at the prune");
     }
 
     /// The bodies of two requests in a row to a provider answering as `script` says, and how many
