@@ -4,7 +4,6 @@ mod json_object;
 
 use std::fmt;
 use std::ops::Range;
-use std::sync::LazyLock;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -14,7 +13,6 @@ use serde_json::Value;
 use crate::sse::SseReader;
 use crate::usage::input::{Checked, InputFields, Key};
 use crate::walk::{Seen, Walk};
-use memchr::memmem;
 
 /// A held event larger than this cannot be OpenAI's usage-only chunk (a few hundred bytes), so it
 /// is passed on without waiting for its end.
@@ -369,7 +367,7 @@ impl<'c> Output<'c> {
 /// A cheap look for a non-null `"usage"` member comes first, since with usage forced every chunk
 /// carries `"usage":null`.
 fn is_usage_only_event(event: &[u8]) -> bool {
-    if !may_have_usage(event) {
+    if !crate::usage::may_carry_usage(event) {
         return false;
     }
     let mut usage_only = false;
@@ -414,21 +412,6 @@ fn quick_usage_only(data: &str) -> Option<bool> {
         Some(())
     })?;
     walk.at_end().then_some(no_choices && usage)
-}
-
-/// False only when every `"usage"` in the bytes is followed by `: null` (or there is none).
-fn may_have_usage(event: &[u8]) -> bool {
-    static KEY: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
-    let mut rest = event;
-    while let Some(at) = KEY.find(rest) {
-        let after = rest[at + KEY.needle().len()..].trim_ascii_start();
-        let value = after.strip_prefix(b":").map_or(after, <[u8]>::trim_ascii_start);
-        if !value.starts_with(b"null") {
-            return true;
-        }
-        rest = &rest[at + 1..];
-    }
-    false
 }
 
 #[cfg(test)]
@@ -588,24 +571,6 @@ mod tests {
         assert_eq!(filtered(&[CHUNK, nested_null, DONE]), format!("{CHUNK}{DONE}"));
     }
 
-    /// The look for a non-null `"usage"` as it was, byte by byte.
-    fn reference_may_have_usage(event: &[u8]) -> bool {
-        const KEY: &[u8] = b"\"usage\"";
-        let mut rest = event;
-        while let Some(quote) = rest.iter().position(|&b| b == b'"') {
-            rest = &rest[quote..];
-            if let Some(after) = rest.strip_prefix(KEY) {
-                let after = after.trim_ascii_start();
-                let value = after.strip_prefix(b":").map_or(after, <[u8]>::trim_ascii_start);
-                if !value.starts_with(b"null") {
-                    return true;
-                }
-            }
-            rest = &rest[1..];
-        }
-        false
-    }
-
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
 
@@ -629,19 +594,6 @@ mod tests {
             if let Some(quick) = quick_usage_only(&data) {
                 proptest::prop_assert_eq!(quick, usage_only_by_serde(&data), "{}", data);
             }
-        }
-
-        #[test]
-        fn the_usage_look_finds_what_it_found_byte_by_byte(
-            pieces in proptest::collection::vec(
-                proptest::sample::select(vec![
-                    "\"usage\"", "\"usage", "usage\"", ":", " ", "null", "nul", "{", "}", "\"", "g", "xyzxyzxyz", "é",
-                ]),
-                0..32,
-            ),
-        ) {
-            let event = pieces.concat();
-            proptest::prop_assert_eq!(may_have_usage(event.as_bytes()), reference_may_have_usage(event.as_bytes()));
         }
     }
 

@@ -4,6 +4,9 @@ pub(crate) mod input;
 mod quick;
 mod wire;
 
+use std::sync::LazyLock;
+
+use memchr::memmem;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::usage::Usage;
 
@@ -17,6 +20,10 @@ use wire::{
 /// The most of an answer the tap keeps: a JSON body it parses at the end, or one stream event.
 /// Beyond it the usage is given up (`None`) rather than memory grown without bound.
 pub const MAX_TAPPED_BYTES: usize = 16 << 20;
+
+/// The most text of stream chunks kept unread (see [`Tally::unread`]); beyond it they are read
+/// at once, so that a long stream costs no more memory than this.
+const MAX_UNREAD_BYTES: usize = 64 << 10;
 
 /// The estimation rule of thumb: about four characters of English per token.
 const CHARS_PER_TOKEN: u64 = 4;
@@ -53,7 +60,9 @@ pub enum Surface {
 pub struct Tapped {
     /// The provider's own report; `None` when the answer carried none (cut, error, oversized).
     pub usage: Option<Usage>,
-    /// Characters of generated text, tool arguments and thinking seen, for an estimate.
+    /// Characters of generated text, tool arguments and thinking, for an estimate: counted only
+    /// when the answer reports no usage of its own (0 when it does), since only then is there
+    /// anything to estimate.
     pub output_chars: u64,
     /// The model that answered, as the provider names it.
     pub model: Option<String>,
@@ -88,6 +97,17 @@ struct Tally {
     anthropic_final: bool,
     output_chars: u64,
     model: Option<String>,
+    /// OpenAI chunks not read yet. Once the model is known, a chunk that cannot carry usage adds
+    /// only characters, which count only if the stream ends without usage; reading a chunk costs
+    /// more than keeping it, and a stream the gateway asked usage for reports it.
+    unread: Unread,
+}
+
+/// Chunk texts one after another, and where each ends.
+#[derive(Debug, Default)]
+struct Unread {
+    text: String,
+    ends: Vec<usize>,
 }
 
 impl Surface {
@@ -179,11 +199,33 @@ fn read_json(surface: Surface, body: &[u8]) -> Tapped {
         Surface::Other => None,
     };
     parsed.map_or_else(Tapped::default, |(usage, output_chars, model)| Tapped {
+        output_chars: if usage.is_some() { 0 } else { output_chars },
         usage,
-        output_chars,
         model: owned_model(&model),
         partial: false,
     })
+}
+
+/// Whether a stream chunk may carry usage: false only when every `"usage"` key in it is followed
+/// by `null` (or there is none) and it holds no `\u` escape (a key can be spelled with those).
+pub(crate) fn may_carry_usage(chunk: &[u8]) -> bool {
+    static ESCAPE: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\\u"));
+    may_have_usage(chunk) || ESCAPE.find(chunk).is_some()
+}
+
+/// False only when every `"usage"` in the bytes is followed by `: null` (or there is none).
+fn may_have_usage(chunk: &[u8]) -> bool {
+    static KEY: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+    let mut rest = chunk;
+    while let Some(at) = KEY.find(rest) {
+        let after = rest[at + KEY.needle().len()..].trim_ascii_start();
+        let value = after.strip_prefix(b":").map_or(after, <[u8]>::trim_ascii_start);
+        if !value.starts_with(b"null") {
+            return true;
+        }
+        rest = &rest[at + 1..];
+    }
+    false
 }
 
 /// An OpenAI completion or chunk: the quick walk where it can tell, serde otherwise; `None` when
@@ -210,6 +252,14 @@ impl Tally {
     /// not counted; the usage chunk is the one whose `usage` is not null.
     fn read_openai_chunk(&mut self, data: &str) {
         if data.trim_ascii() == "[DONE]" {
+            return;
+        }
+        if self.model.is_some() && !may_carry_usage(data.as_bytes()) {
+            self.unread.text.push_str(data);
+            self.unread.ends.push(self.unread.text.len());
+            if self.unread.text.len() > MAX_UNREAD_BYTES {
+                self.read_unread();
+            }
             return;
         }
         let Some(chunk) = read_completion(data) else { return };
@@ -290,13 +340,26 @@ impl Tally {
         }
     }
 
+    /// Counts the characters of the chunks kept unread (the only thing they can tell).
+    fn read_unread(&mut self) {
+        let mut start = 0;
+        for &end in &self.unread.ends {
+            if let Some(chunk) = read_completion(&self.unread.text[start..end]) {
+                self.output_chars = self.output_chars.saturating_add(chunk.output_chars);
+            }
+            start = end;
+        }
+        self.unread.text.clear();
+        self.unread.ends.clear();
+    }
+
     fn note_model(&mut self, model: &StrOrNothing<'_>) {
         if self.model.is_none() {
             self.model = owned_model(model);
         }
     }
 
-    fn into_tapped(self) -> Tapped {
+    fn into_tapped(mut self) -> Tapped {
         let anthropic = self.anthropic.map(|reported| {
             let mut usage = reported.to_usage();
             if !self.anthropic_final {
@@ -307,9 +370,13 @@ impl Tally {
             usage
         });
         let partial = self.anthropic.is_some() && !self.anthropic_final;
+        let usage = anthropic.or(self.usage);
+        if usage.is_none() {
+            self.read_unread();
+        }
         Tapped {
-            usage: anthropic.or(self.usage),
-            output_chars: self.output_chars,
+            usage,
+            output_chars: if usage.is_some() { 0 } else { self.output_chars },
             model: self.model,
             partial,
         }
@@ -403,8 +470,9 @@ mod tests {
         let body = r#"{"model":{"not":"a string"},"choices":[{"message":{"content":["a","bc"]}}],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#;
         let tapped = tap(Surface::ChatCompletions, false, body);
         assert_eq!(tapped.model, None);
-        assert_eq!(tapped.output_chars, 3);
         assert_eq!(tapped.usage.map(|u| (u.input_tokens, u.output_tokens)), Some((3, 4)));
+        let without_usage = body.replace(r#","usage":{"prompt_tokens":3,"completion_tokens":4}"#, "");
+        assert_eq!(tap(Surface::ChatCompletions, false, &without_usage).output_chars, 3);
     }
 
     #[test]
@@ -446,8 +514,67 @@ mod tests {
             data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\ndata: [DONE]\n\n";
         let tapped = tap(Surface::ChatCompletions, true, stream);
         assert_eq!(tapped.usage.map(|u| (u.input_tokens, u.output_tokens)), Some((3, 4)));
-        assert_eq!(tapped.output_chars, 28 + 5);
         assert_eq!(tapped.model.as_deref(), Some("gpt-x"));
+        let cut = stream.split("data: {\"choices\":[],").next().expect("the chunks before the usage");
+        assert_eq!(tap(Surface::ChatCompletions, true, cut).output_chars, 28 + 5);
+    }
+
+    /// A chunk kept unread tells only characters; they are read when no usage came, whatever the
+    /// number and size of the chunks, and a usage spelled with escapes is still found.
+    #[test]
+    fn chunks_kept_unread_count_when_no_usage_comes() {
+        let chunk =
+            |text: &str| format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n");
+        let first = "data: {\"model\":\"gpt-x\",\"choices\":[{\"delta\":{\"content\":\"ab\"}}]}\n\n";
+        let long = "x".repeat(MAX_UNREAD_BYTES / 3);
+        for texts in [vec!["cd", "e"], vec![long.as_str(), long.as_str(), long.as_str(), long.as_str(), "y"]]
+        {
+            let stream: String =
+                std::iter::once(first.to_owned()).chain(texts.iter().map(|t| chunk(t))).collect();
+            let tapped = tap(Surface::ChatCompletions, true, &stream);
+            let chars = 2 + texts.iter().map(|t| t.len() as u64).sum::<u64>();
+            assert_eq!(
+                (tapped.usage, tapped.output_chars, tapped.model.as_deref()),
+                (None, chars, Some("gpt-x"))
+            );
+            let usage =
+                "data: {\"choices\":[],\"us\\u0061ge\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\n";
+            let tapped = tap(Surface::ChatCompletions, true, &format!("{stream}{usage}"));
+            assert_eq!((tapped.usage.map(|u| u.output_tokens), tapped.output_chars), (Some(4), 0));
+        }
+    }
+
+    /// The look for a non-null `"usage"` as it was, byte by byte.
+    fn reference_may_have_usage(event: &[u8]) -> bool {
+        const KEY: &[u8] = b"\"usage\"";
+        let mut rest = event;
+        while let Some(quote) = rest.iter().position(|&b| b == b'"') {
+            rest = &rest[quote..];
+            if let Some(after) = rest.strip_prefix(KEY) {
+                let after = after.trim_ascii_start();
+                let value = after.strip_prefix(b":").map_or(after, <[u8]>::trim_ascii_start);
+                if !value.starts_with(b"null") {
+                    return true;
+                }
+            }
+            rest = &rest[1..];
+        }
+        false
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_usage_look_finds_what_it_found_byte_by_byte(
+            pieces in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "\"usage\"", "\"usage", "usage\"", ":", " ", "null", "nul", "{", "}", "\"", "g", "xyzxyzxyz", "é",
+                ]),
+                0..32,
+            ),
+        ) {
+            let event = pieces.concat();
+            proptest::prop_assert_eq!(may_have_usage(event.as_bytes()), reference_may_have_usage(event.as_bytes()));
+        }
     }
 
     #[test]

@@ -119,10 +119,15 @@ fn every_fixture_gives_its_expected_tapped_in_every_chunking() {
             bodies.push(("CRLF", with_line_ends(&fixture.body, "\r\n")));
             bodies.push(("CR", with_line_ends(&fixture.body, "\r")));
         }
+        // A fixture's `output_chars` are the characters its answer holds; the tap counts them only
+        // when the answer reports no usage (the filter test below checks them for the OpenAI streams
+        // that do, once their usage chunk is gone).
+        let chars = if fixture.expected.usage.is_some() { 0 } else { fixture.expected.output_chars };
+        let expected = Tapped { output_chars: chars, ..fixture.expected.clone() };
         for (line_ends, body) in &bodies {
             for (how, pieces) in chunkings(body) {
                 let tapped = tap(fixture.surface, fixture.event_stream, &pieces);
-                assert_eq!(tapped, fixture.expected, "{} ({line_ends}, {how})", fixture.name);
+                assert_eq!(tapped, expected, "{} ({line_ends}, {how})", fixture.name);
             }
         }
     }
