@@ -209,8 +209,7 @@ fn read_json(surface: Surface, body: &[u8]) -> Tapped {
 /// Whether a stream chunk may carry usage: false only when every `"usage"` key in it is followed
 /// by `null` (or there is none) and it holds no `\u` escape (a key can be spelled with those).
 pub(crate) fn may_carry_usage(chunk: &[u8]) -> bool {
-    static ESCAPE: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\\u"));
-    may_have_usage(chunk) || ESCAPE.find(chunk).is_some()
+    may_have_usage(chunk) || memchr::memchr_iter(b'\\', chunk).any(|at| chunk.get(at + 1) == Some(&b'u'))
 }
 
 /// False only when every `"usage"` in the bytes is followed by `: null` (or there is none).
