@@ -233,7 +233,7 @@ impl Origin {
         }
         let now = Instant::now();
         while let Some(mut connection) = self.idle.pop() {
-            if connection.is_open() && now.duration_since(connection.idle_since) <= IDLE_TIMEOUT {
+            if usable(&mut connection, now) {
                 return Some(Carrier::Http1(connection));
             }
         }
@@ -243,11 +243,16 @@ impl Origin {
     /// Drops the idle connections that the provider closed or that were unused too long: without
     /// it, a closed one would hold its socket until the next request to its origin.
     fn prune(&mut self, now: Instant) {
-        self.idle.retain_mut(|c| c.is_open() && now.duration_since(c.idle_since) <= IDLE_TIMEOUT);
+        self.idle.retain_mut(|c| usable(c, now));
         if self.http2.as_ref().is_some_and(http2::SendRequest::is_closed) {
             self.http2 = None;
         }
     }
+}
+
+/// Whether an idle connection can carry a request: still open, and not idle too long.
+fn usable(connection: &mut h1::Connection, now: Instant) -> bool {
+    connection.is_open() && now.duration_since(connection.idle_since) <= IDLE_TIMEOUT
 }
 
 fn lock(lane: &Mutex<Vec<Origin>>) -> MutexGuard<'_, Vec<Origin>> {

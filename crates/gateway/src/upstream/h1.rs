@@ -153,15 +153,18 @@ fn final_head_in(mut buf: &[u8]) -> bool {
             buf,
             &mut lines,
         ) {
-            Ok(httparse::Status::Complete(length))
-                if parsed.code.is_some_and(|c| (100..200).contains(&c) && c != 101) =>
-            {
+            Ok(httparse::Status::Complete(length)) if parsed.code.is_some_and(is_interim) => {
                 buf = &buf[length..];
             }
             Ok(httparse::Status::Complete(_)) | Err(_) => return true,
             Ok(httparse::Status::Partial) => return false,
         }
     }
+}
+
+/// A 1xx head other than 101: one that a final head follows.
+fn is_interim(code: u16) -> bool {
+    (100..200).contains(&code) && code != 101
 }
 
 /// `METHOD /path HTTP/1.1`, the headers, and a `Content-Length` of the body's own.
@@ -230,7 +233,7 @@ fn parse_head(
         if code == 101 {
             return Err("the provider switched protocols, which no request asked for".into());
         }
-        if (100..200).contains(&code) {
+        if is_interim(code) {
             let _ = buf.split_to(length);
             continue;
         }
