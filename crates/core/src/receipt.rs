@@ -274,11 +274,9 @@ mod usage_source {
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<UsageSource, D::Error> {
-        match String::deserialize(d)?.as_str() {
-            "provider" => Ok(UsageSource::Provider),
-            "estimated" => Ok(UsageSource::Estimated),
-            other => Err(serde::de::Error::custom(format!("unknown usage source {other:?}"))),
-        }
+        let text = String::deserialize(d)?;
+        UsageSource::parse(&text)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown usage source {text:?}")))
     }
 }
 

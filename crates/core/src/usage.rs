@@ -41,6 +41,14 @@ impl UsageSource {
             Self::Estimated => "estimated",
         }
     }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "provider" => Some(Self::Provider),
+            "estimated" => Some(Self::Estimated),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -58,5 +66,14 @@ mod tests {
         assert_eq!(usage.plain_input_tokens(), 50);
         let inconsistent = Usage { input_tokens: 10, cached_input_tokens: 30, ..Usage::default() };
         assert_eq!(inconsistent.plain_input_tokens(), 0);
+    }
+
+    #[test]
+    fn a_usage_source_parses_from_its_name_only() {
+        for source in [UsageSource::Provider, UsageSource::Estimated] {
+            assert_eq!(UsageSource::parse(source.as_str()), Some(source));
+        }
+        assert_eq!(UsageSource::parse("Provider"), None);
+        assert_eq!(UsageSource::parse(""), None);
     }
 }
