@@ -7,6 +7,7 @@
 mod alarm;
 mod control_link;
 pub mod feed;
+mod http1;
 mod metering;
 mod metrics;
 mod proxy;

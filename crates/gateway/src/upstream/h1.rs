@@ -11,13 +11,14 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 use super::Home;
 use super::connect::Io;
+use crate::http1::{has_token, header_map, last_token_is, line_spans, push_header};
 use crate::proxy::BoxError;
 
 /// A response head longer than this is refused.
@@ -202,13 +203,6 @@ fn request_head(request: &Request<Bytes>, host: &HeaderValue) -> Vec<u8> {
     out
 }
 
-fn push_header(out: &mut Vec<u8>, name: &str, value: &[u8]) {
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
-}
-
 /// The final response head at the start of `buf`, taken off it; `None` while it is incomplete.
 /// Interim (1xx) heads before it are dropped.
 fn parse_head(
@@ -239,22 +233,9 @@ fn parse_head(
         }
         let status = StatusCode::from_u16(code)?;
         let version = if parsed.version == Some(1) { Version::HTTP_11 } else { Version::HTTP_10 };
-        // Where each name and value lies in the head, so that the values can share its bytes.
-        let base = buf.as_ptr() as usize;
-        let spans: Vec<_> = (parsed.headers.iter())
-            .map(|line| {
-                let name = line.name.as_ptr() as usize - base;
-                let value = line.value.as_ptr() as usize - base;
-                (name, name + line.name.len(), value, value + line.value.len())
-            })
-            .collect();
+        let spans = line_spans(buf, parsed.headers);
         let head = buf.split_to(length).freeze();
-        let mut headers = HeaderMap::with_capacity(spans.len());
-        for &(name_start, name_end, value_start, value_end) in &spans {
-            let name = HeaderName::from_bytes(&head[name_start..name_end])?;
-            let value = HeaderValue::from_maybe_shared(head.slice(value_start..value_end))?;
-            headers.append(name, value);
-        }
+        let mut headers = header_map(&head, &spans)?;
         let framing = framing(method, status, &headers)?;
         // Both framings at once is how requests are smuggled (RFC 9112, section 6.3): the body is
         // read as chunked, the length the client would be told is dropped, and the connection
@@ -311,23 +292,6 @@ fn framing(method: &Method, status: StatusCode, headers: &HeaderMap) -> Result<F
         Some(n) => Framing::Length(n),
         None => Framing::UntilClose,
     })
-}
-
-fn tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'a str> {
-    headers
-        .get_all(name)
-        .into_iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .map(str::trim)
-}
-
-fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    tokens(headers, name).any(|t| t.eq_ignore_ascii_case(token))
-}
-
-fn last_token_is(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    tokens(headers, name).last().is_some_and(|t| t.eq_ignore_ascii_case(token))
 }
 
 /// Where the reading of a body stands.
