@@ -193,7 +193,7 @@ where
     let Some(metered) = metered else { return result };
     match result {
         Ok(response) => {
-            let (parts, body) = response.into_parts();
+            let (mut parts, body) = response.into_parts();
             let event_stream = parts
                 .headers
                 .get(header::CONTENT_TYPE)
@@ -201,6 +201,10 @@ where
                 .is_some_and(|v| v.starts_with("text/event-stream"));
             let status = parts.status.as_u16();
             let strip = strip_usage_chunk && parts.status.is_success();
+            if strip {
+                // The usage chunk comes out of the body: the provider's length no longer holds.
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
             let body =
                 MeteredBody::new(body, Arc::clone(shared), metered.take(), status, event_stream, strip);
             Ok(Response::from_parts(parts, body.boxed_unsync()))
