@@ -1,5 +1,8 @@
 //! The node's HTTP server: accepts connections (HTTP/1.1 and HTTP/2), serves the health and metrics
 //! endpoints, hands every other request to the proxy, and drains in-flight requests on shutdown.
+//! HTTP/1.1's common case is served by [`h1`]; hyper serves the rest.
+
+mod h1;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -13,9 +16,8 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::Gateway;
 use crate::proxy::{self, BoxError, REQUEST_ID, RequestContext, ResponseBody};
@@ -49,7 +51,9 @@ impl Server {
     /// Serves until `shutdown` resolves, then drains open connections.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let Self { listener, mut workers } = self;
-        let graceful = GracefulShutdown::new();
+        // Every connection holds a receiver: `true` asks it to finish its request in flight and
+        // close; the sender's `closed` says when all have.
+        let (drain, _) = watch::channel(false);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -63,13 +67,14 @@ impl Server {
                             continue;
                         }
                     };
-                    workers.hand_over(stream, graceful.watcher());
+                    workers.hand_over(stream, drain.subscribe());
                 }
                 () = &mut shutdown => break,
             }
         }
         drop(listener);
-        if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
+        drain.send_replace(true);
+        if tokio::time::timeout(DRAIN_TIMEOUT, drain.closed()).await.is_err() {
             tracing::warn!("shutdown: some connections were still open after the drain timeout");
         }
         workers.stop().await;
@@ -91,7 +96,7 @@ pub(crate) fn connection_workers() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
-type Handover = (std::net::TcpStream, Watcher);
+type Handover = (std::net::TcpStream, watch::Receiver<bool>);
 
 /// The connection threads, each fed accepted connections in turn.
 struct Workers {
@@ -118,10 +123,10 @@ impl Workers {
         Ok(workers)
     }
 
-    fn hand_over(&mut self, stream: std::net::TcpStream, watcher: Watcher) {
+    fn hand_over(&mut self, stream: std::net::TcpStream, drain: watch::Receiver<bool>) {
         self.next = self.next.wrapping_add(1);
         // A worker only stops when its sender is dropped, so the send cannot fail while `self` lives.
-        let _ = self.senders[self.next % self.senders.len()].send((stream, watcher));
+        let _ = self.senders[self.next % self.senders.len()].send((stream, drain));
     }
 
     /// Ends every worker once the connections it serves are drained (or abandoned).
@@ -154,7 +159,9 @@ async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver
             pool.shared.upstream.prune();
         }
     });
-    while let Some((stream, watcher)) = handed.recv().await {
+    let builder = std::sync::Arc::new(builder);
+    let max_body = gateway.shared.config.max_body_bytes;
+    while let Some((stream, mut drain)) = handed.recv().await {
         let stream = match stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
             Ok(stream) => stream,
             Err(e) => {
@@ -163,18 +170,37 @@ async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver
             }
         };
         let _ = stream.set_nodelay(true);
-        let gateway = gateway.clone();
-        let service = service_fn(move |request: Request<Incoming>| {
-            let gateway = gateway.clone();
-            async move { Ok::<_, Infallible>(gateway.handle(request).await) }
-        });
-        let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service).into_owned());
+        let (gateway, builder) = (gateway.clone(), std::sync::Arc::clone(&builder));
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let served = h1::serve(stream, &mut drain, max_body, |request| gateway.handle(request)).await;
+            let Some((stream, read)) = served else { return };
+            let service = service_fn(move |request: Request<Incoming>| {
+                let gateway = gateway.clone();
+                async move { Ok::<_, Infallible>(gateway.handle(request).await) }
+            });
+            let io = TokioIo::new(h1::Rewind::new(stream, read));
+            let connection = builder.serve_connection(io, service);
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                // First: a drain that came while the connection was ours must not cancel the
+                // request it hands over before hyper has read it.
+                biased;
+                ended = connection.as_mut() => ended,
+                () = drained(&mut drain) => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
     }
+}
+
+/// Resolves once the server drains (or is gone).
+async fn drained(drain: &mut watch::Receiver<bool>) {
+    let _ = drain.wait_for(|draining| *draining).await;
 }
 
 impl Gateway {

@@ -1,0 +1,885 @@
+//! Client connections over HTTP/1.1, served by the gateway itself in the common case and handed to
+//! hyper's server for everything else.
+//!
+//! Nearly every request a gateway sees is an HTTP/1.1 request whose head and body (of a declared
+//! length) arrive together, answered with a JSON document or an event stream. Such a request is
+//! parsed in place (its header values share the read buffer) and the answer's head goes out in the
+//! same write as its first bytes: no dispatcher state machine, no body channel. A connection that
+//! asks for anything else is handed to hyper for the rest of its life, that request included, so
+//! that every corner of the protocol keeps hyper's handling: a body that does not follow its head
+//! at once (the proxy answers a refused request without waiting for it, and times a slow body
+//! out), a chunked or
+//! oversized body, `Expect`, an upgrade, HTTP/1.0, `HEAD` or `CONNECT`, an HTTP/2 preface, and a
+//! head that does not parse or is long (hyper's `400` and `431`).
+
+use std::cell::RefCell;
+use std::future::{Future, poll_fn};
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header;
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body;
+use http_body_util::Full;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
+
+use super::HEADER_READ_TIMEOUT;
+use crate::http1::{has_token, header_map, line_spans, push_header};
+use crate::proxy::{BoxError, ResponseBody};
+
+/// A request head longer than this goes to hyper, which takes up to its own limit.
+const MAX_HEAD_BYTES: usize = 16 << 10;
+/// A request with more header lines than this goes to hyper.
+const MAX_HEADERS: usize = 64;
+/// Each read asks for at least this much room.
+const READ_BYTES: usize = 8 << 10;
+/// How long a body may trail its head before the connection goes to hyper. Clients that write the
+/// two separately (Python's httpx does) send the body within microseconds; one that waits for an
+/// answer first (a refusal comes before the body is read) gets it from hyper after this.
+const BODY_GRACE: Duration = Duration::from_millis(5);
+/// The most of a pipelined next request read while an answer is still being written.
+const MAX_PIPELINED: usize = 64 << 10;
+
+/// Serves requests on `io` with `handle` until the client or the drain closes it. `Some`: the
+/// connection is hyper's from here, with the bytes already read from it (which it reads first).
+/// A body longer than `max_body` goes to hyper, so that the proxy refuses it unread.
+pub(super) async fn serve<F, Fut>(
+    mut io: TcpStream,
+    drain: &mut watch::Receiver<bool>,
+    max_body: u64,
+    handle: F,
+) -> Option<(TcpStream, Bytes)>
+where
+    F: Fn(Request<Full<Bytes>>) -> Fut,
+    Fut: Future<Output = Response<ResponseBody>>,
+{
+    let mut buf = BytesMut::with_capacity(READ_BYTES);
+    let mut out = Vec::with_capacity(1024);
+    let timer = tokio::time::sleep(HEADER_READ_TIMEOUT);
+    tokio::pin!(timer);
+    loop {
+        let (request, close) = match read_request(&mut io, &mut buf, timer.as_mut(), drain, max_body).await {
+            Read::Request(request, close) => (request, close),
+            Read::Closed => return None,
+            Read::HandOver => return Some((io, buf.freeze())),
+        };
+        // A client that hangs up before its answer cancels it (the proxy records why).
+        let answering = handle(request);
+        tokio::pin!(answering);
+        let Ok(response) = unless_hangup(&io, &mut buf, |cx| answering.as_mut().poll(cx)).await else {
+            return None;
+        };
+        let close = close || *drain.borrow();
+        if !write_response(&mut io, &mut buf, &mut out, response, close).await || close {
+            // A FIN after what was written, rather than a bare close.
+            let _ = io.shutdown().await;
+            return None;
+        }
+    }
+}
+
+// Each value is made once a request and moved once: a box would cost an allocation a request.
+#[expect(clippy::large_enum_variant)]
+enum Read {
+    /// A request, and whether the connection ends after its answer.
+    Request(Request<Full<Bytes>>, bool),
+    Closed,
+    HandOver,
+}
+
+/// The next request. Its head must come within the header read timeout (an idle connection is
+/// closed after it, as hyper does), its body within [`BODY_GRACE`] of the head.
+async fn read_request(
+    io: &mut TcpStream,
+    buf: &mut BytesMut,
+    mut timer: Pin<&mut Sleep>,
+    drain: &mut watch::Receiver<bool>,
+    max_body: u64,
+) -> Read {
+    timer.as_mut().reset(Instant::now() + HEADER_READ_TIMEOUT);
+    let mut awaiting_body = false;
+    loop {
+        match parse(buf, max_body) {
+            Parsed::Request(request, close) => {
+                if awaiting_body {
+                    // Not left due while the answer is awaited: a wake-up for nothing.
+                    timer.as_mut().reset(Instant::now() + HEADER_READ_TIMEOUT);
+                }
+                return Read::Request(request, close);
+            }
+            Parsed::HandOver => return Read::HandOver,
+            Parsed::AwaitingBody if !awaiting_body => {
+                awaiting_body = true;
+                timer.as_mut().reset(Instant::now() + BODY_GRACE);
+            }
+            Parsed::AwaitingBody | Parsed::Partial => {}
+        }
+        buf.reserve(READ_BYTES);
+        tokio::select! {
+            biased;
+            read = io.read_buf(buf) => match read {
+                Ok(0) | Err(_) => return Read::Closed,
+                Ok(_) => {}
+            },
+            () = timer.as_mut() => return if awaiting_body { Read::HandOver } else { Read::Closed },
+            // A drain closes a connection between requests at once, as hyper does, even with part
+            // of a next request read: no answer was begun, so the client may send it again.
+            () = super::drained(drain) => return Read::Closed,
+        }
+    }
+}
+
+// Each value is made once a request and moved once: a box would cost an allocation a request.
+#[expect(clippy::large_enum_variant)]
+enum Parsed {
+    Request(Request<Full<Bytes>>, bool),
+    /// The head is incomplete.
+    Partial,
+    /// The head is whole, its body not yet.
+    AwaitingBody,
+    HandOver,
+}
+
+/// The request at the start of `buf`, taken off it once its head is whole and its body with it.
+fn parse(buf: &mut BytesMut, max_body: u64) -> Parsed {
+    if buf.is_empty() {
+        return Parsed::Partial;
+    }
+    let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let length = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut lines,
+    ) {
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD_BYTES => return Parsed::Partial,
+        _ => return Parsed::HandOver,
+    };
+    let (Some(method), Some(path), Some(1)) = (parsed.method, parsed.path, parsed.version) else {
+        return Parsed::HandOver;
+    };
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else { return Parsed::HandOver };
+    if method == Method::HEAD || method == Method::CONNECT {
+        return Parsed::HandOver;
+    }
+    let mut declared = None;
+    let mut close = false;
+    for line in parsed.headers.iter() {
+        let name = line.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            match (declared, content_length(line.value)) {
+                (None, Some(n)) => declared = Some(n),
+                _ => return Parsed::HandOver,
+            }
+        } else if ["transfer-encoding", "expect", "upgrade"].iter().any(|n| name.eq_ignore_ascii_case(n)) {
+            return Parsed::HandOver;
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in line.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if token.eq_ignore_ascii_case(b"upgrade") {
+                    return Parsed::HandOver;
+                }
+                close |= token.eq_ignore_ascii_case(b"close");
+            }
+        }
+    }
+    let declared = declared.unwrap_or(0);
+    if declared > max_body {
+        return Parsed::HandOver;
+    }
+    let arrived = (buf.len() - length) as u64;
+    if arrived < declared {
+        return Parsed::AwaitingBody;
+    }
+    let spans = line_spans(buf, parsed.headers);
+    let path_start = path.as_ptr() as usize - buf.as_ptr() as usize;
+    let path_span = path_start..path_start + path.len();
+    let head = buf.split_to(length).freeze();
+    // `declared` fits: it is at most `arrived`, a length in memory.
+    let body = buf.split_to(declared as usize).freeze();
+    let built = (Uri::from_maybe_shared(head.slice(path_span)).map_err(BoxError::from))
+        .and_then(|uri| Ok((uri, header_map(&head, &spans)?)));
+    let Ok((uri, headers)) = built else {
+        // hyper answers what it cannot read: the request goes back in front of the rest.
+        let mut whole = BytesMut::with_capacity(head.len() + body.len() + buf.len());
+        for part in [&head[..], &body[..], &buf[..]] {
+            whole.extend_from_slice(part);
+        }
+        *buf = whole;
+        return Parsed::HandOver;
+    };
+    let mut request = Request::new(Full::new(body));
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.version_mut() = Version::HTTP_11;
+    *request.headers_mut() = headers;
+    Parsed::Request(request, close)
+}
+
+/// A `Content-Length` value: digits only (RFC 9110, section 8.6), no more than fit.
+fn content_length(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(value.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
+}
+
+/// How an answer's body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// Writes `response`; whether the connection can carry another request after it. The head goes
+/// out with the body's first bytes when they are already there, and each later piece of the body
+/// in one write. While the body is awaited, a client that hangs up ends it (the body is dropped,
+/// which cancels the provider's request); a next request that comes meanwhile is kept in `buf`.
+async fn write_response(
+    io: &mut TcpStream,
+    buf: &mut BytesMut,
+    out: &mut Vec<u8>,
+    response: Response<ResponseBody>,
+    close: bool,
+) -> bool {
+    let (parts, mut body) = response.into_parts();
+    let close = close || has_token(&parts.headers, &header::CONNECTION, "close");
+    let status = parts.status;
+    let framing = if status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        Framing::None
+    } else {
+        // A length header the body does not match (a provider's, once the usage chunk is taken out)
+        // would cut the answer or run into the next: the body's own length decides, or chunks.
+        body.size_hint().exact().map_or(Framing::Chunked, Framing::Length)
+    };
+    out.clear();
+    response_head(out, &parts, framing, close);
+    if framing == Framing::None {
+        return write_all(io, &mut [IoSlice::new(out)]).await.is_ok() && !close;
+    }
+    let mut head_sent = false;
+    let mut sent = 0u64;
+    let mut size = [0u8; 18];
+    loop {
+        // The first look does not wait, so that bytes already there join the head.
+        let frame = if head_sent {
+            match unless_hangup(io, buf, |cx| Pin::new(&mut body).poll_frame(cx)).await {
+                Ok(frame) => frame,
+                Err(Hangup) => return false,
+            }
+        } else {
+            match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
+                Poll::Ready(frame) => frame,
+                Poll::Pending => {
+                    if write_all(io, &mut [IoSlice::new(out)]).await.is_err() {
+                        return false;
+                    }
+                    head_sent = true;
+                    continue;
+                }
+            }
+        };
+        let data = match frame {
+            None => break,
+            // A provider's cut: the client sees the answer end short.
+            Some(Err(_)) => return false,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                // Trailers are not passed on.
+                Err(_) => continue,
+            },
+        };
+        let end = body.is_end_stream();
+        if data.is_empty() && !end {
+            continue;
+        }
+        sent += data.len() as u64;
+        let head = if head_sent { &[][..] } else { &out[..] };
+        let written = match framing {
+            Framing::Length(length) if sent > length => return false,
+            Framing::Chunked => {
+                let size = chunk_size(&mut size, data.len());
+                let tail: &[u8] = if end { b"\r\n0\r\n\r\n" } else { b"\r\n" };
+                let slices = if data.is_empty() {
+                    &mut [IoSlice::new(head), IoSlice::new(&tail[2..])][..]
+                } else {
+                    &mut [IoSlice::new(head), IoSlice::new(size), IoSlice::new(&data), IoSlice::new(tail)][..]
+                };
+                write_all(io, slices).await
+            }
+            _ => write_all(io, &mut [IoSlice::new(head), IoSlice::new(&data)]).await,
+        };
+        if written.is_err() {
+            return false;
+        }
+        head_sent = true;
+        if end {
+            return !close_after_length(framing, sent) && !close;
+        }
+    }
+    // The body ended without saying so with its last bytes.
+    let head = if head_sent { &[][..] } else { &out[..] };
+    let tail: &[u8] = if framing == Framing::Chunked { b"0\r\n\r\n" } else { b"" };
+    if write_all(io, &mut [IoSlice::new(head), IoSlice::new(tail)]).await.is_err() {
+        return false;
+    }
+    !close_after_length(framing, sent) && !close
+}
+
+/// A body shorter than its declared length leaves the client waiting for the rest: only closing
+/// the connection tells it that nothing more comes.
+fn close_after_length(framing: Framing, sent: u64) -> bool {
+    matches!(framing, Framing::Length(length) if length != sent)
+}
+
+/// The status line and headers of an answer, with its framing, a `Date` and, when the connection
+/// ends after it, `Connection: close`.
+fn response_head(out: &mut Vec<u8>, parts: &http::response::Parts, framing: Framing, close: bool) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(parts.status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING {
+            push_header(out, name.as_str(), value.as_bytes());
+        }
+    }
+    if !parts.headers.contains_key(header::DATE) {
+        push_date(out);
+    }
+    match framing {
+        Framing::Length(length) => {
+            push_header(out, "content-length", itoa::Buffer::new().format(length).as_bytes());
+        }
+        Framing::Chunked => push_header(out, "transfer-encoding", b"chunked"),
+        Framing::None => {}
+    }
+    if close && !has_token(&parts.headers, &header::CONNECTION, "close") {
+        push_header(out, "connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `Date`, formatted once a second per thread.
+fn push_date(out: &mut Vec<u8>) {
+    thread_local! {
+        static DATE: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+    }
+    let now = SystemTime::now();
+    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    DATE.with_borrow_mut(|(at, text)| {
+        if *at != second || text.is_empty() {
+            *text = httpdate::fmt_http_date(now);
+            *at = second;
+        }
+        push_header(out, "date", text.as_bytes());
+    });
+}
+
+/// A chunk's size line: its length in hexadecimal and CRLF.
+fn chunk_size(out: &mut [u8; 18], len: usize) -> &[u8] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut at = out.len() - 2;
+    out[at..].copy_from_slice(b"\r\n");
+    let mut n = len;
+    loop {
+        at -= 1;
+        out[at] = HEX[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            return &out[at..];
+        }
+    }
+}
+
+/// The client closed its connection (or it failed) while its answer was awaited or written.
+struct Hangup;
+
+/// What `poll` gives, unless the client hangs up first: the connection is read meanwhile, and what
+/// a client sends ahead (its next request) is kept in `buf`, up to [`MAX_PIPELINED`].
+async fn unless_hangup<T>(
+    io: &TcpStream,
+    buf: &mut BytesMut,
+    mut poll: impl FnMut(&mut Context<'_>) -> Poll<T>,
+) -> Result<T, Hangup> {
+    poll_fn(|cx| {
+        if let Poll::Ready(value) = poll(cx) {
+            return Poll::Ready(Ok(value));
+        }
+        while buf.len() < MAX_PIPELINED {
+            match io.poll_read_ready(cx) {
+                Poll::Pending => break,
+                Poll::Ready(Err(_)) => return Poll::Ready(Err(Hangup)),
+                Poll::Ready(Ok(())) => {
+                    buf.reserve(READ_BYTES);
+                    match io.try_read_buf(buf) {
+                        Ok(0) => return Poll::Ready(Err(Hangup)),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(_) => return Poll::Ready(Err(Hangup)),
+                    }
+                }
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Writes every slice, in as few system calls as the socket allows.
+async fn write_all(io: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        let written = io.write_vectored(slices).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, written);
+    }
+    Ok(())
+}
+
+/// A connection with bytes already read from it in front, which are read first: how a connection
+/// goes to hyper.
+pub(super) struct Rewind {
+    read: Bytes,
+    io: TcpStream,
+}
+
+impl Rewind {
+    pub(super) fn new(io: TcpStream, read: Bytes) -> Self {
+        Self { read, io }
+    }
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.read.is_empty() {
+            return Pin::new(&mut self.io).poll_read(cx, buf);
+        }
+        let n = self.read.len().min(buf.remaining());
+        buf.put_slice(&self.read[..n]);
+        self.read.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        slices: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, slices)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use http::HeaderValue;
+    use http_body::Frame;
+    use http_body_util::{BodyExt, StreamBody};
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+    use tokio::task::JoinHandle;
+
+    use super::*;
+
+    const MAX_BODY: u64 = 1024;
+
+    /// Set when dropped: shows that a request's answer (or its body) was abandoned.
+    struct Dropped(Arc<AtomicBool>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn full(text: String) -> ResponseBody {
+        Full::new(Bytes::from(text)).map_err(BoxError::from).boxed_unsync()
+    }
+
+    /// A body of pieces that says it has ended with its last one, of no length known beforehand.
+    struct Pieces(std::collections::VecDeque<&'static str>);
+
+    impl Body for Pieces {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Ready(self.0.pop_front().map(|piece| Ok(Frame::data(Bytes::from(piece)))))
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.0.is_empty()
+        }
+    }
+
+    /// What [`serve`] returned, in time.
+    async fn ended(server: JoinHandle<Option<(TcpStream, Bytes)>>) -> Option<(TcpStream, Bytes)> {
+        tokio::time::timeout(Duration::from_secs(5), server).await.expect("in time").expect("served")
+    }
+
+    /// Answers by path: `/echo` (and `/slow`, after a while) tells what it received; `/stream`
+    /// streams pieces, saying which is the last, and `/stream-on` only after them; `/close` asks
+    /// for the connection to end; `/wrong-length` declares a length its body does not have;
+    /// `/empty` is a 204; `/hang` never answers and `/endless` never ends its body, each setting
+    /// `dropped` once abandoned.
+    async fn answer(request: Request<Full<Bytes>>, dropped: Arc<AtomicBool>) -> Response<ResponseBody> {
+        let (parts, body) = request.into_parts();
+        let Ok(body) = body.collect().await;
+        let body = String::from_utf8_lossy(&body.to_bytes()).into_owned();
+        if parts.uri.path() == "/slow" {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match parts.uri.path() {
+            "/stream" => Response::new(Pieces(["hello", "", " streaming", " world"].into()).boxed_unsync()),
+            "/stream-on" => {
+                let pieces = ["hello", "", " world"].map(|p| Ok(Frame::data(Bytes::from(p))));
+                Response::new(StreamBody::new(futures_util::stream::iter(pieces)).boxed_unsync())
+            }
+            "/wrong-length" => {
+                let mut response = Response::new(full("abc".into()));
+                response.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+                response
+            }
+            "/empty" => {
+                let mut response = Response::new(full(String::new()));
+                *response.status_mut() = StatusCode::NO_CONTENT;
+                response
+            }
+            "/close" => {
+                let mut response = Response::new(full("bye".into()));
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                response
+            }
+            "/hang" => {
+                let _dropped = Dropped(dropped);
+                std::future::pending().await
+            }
+            "/endless" => {
+                // One piece, then nothing: only the client's hang-up can end it.
+                let guard = Dropped(dropped);
+                let first = futures_util::stream::iter([Ok(Frame::data(Bytes::from_static(b"tick")))]);
+                let rest = futures_util::stream::unfold(guard, |guard| async move {
+                    std::future::pending::<()>().await;
+                    Some((Ok(Frame::data(Bytes::new())), guard))
+                });
+                Response::new(StreamBody::new(futures_util::StreamExt::chain(first, rest)).boxed_unsync())
+            }
+            _ => {
+                let host = parts.headers.get(header::HOST).map_or("", |h| h.to_str().unwrap_or(""));
+                let echo = format!("{} {} host={host} body={body}", parts.method, parts.uri);
+                Response::new(full(echo))
+            }
+        }
+    }
+
+    struct Served {
+        client: Client,
+        drain: watch::Sender<bool>,
+        dropped: Arc<AtomicBool>,
+        server: JoinHandle<Option<(TcpStream, Bytes)>>,
+    }
+
+    /// A connection served by [`serve`] with [`answer`], and its client end.
+    async fn connect() -> Served {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("address")).await.expect("connect");
+        let (io, _) = listener.accept().await.expect("accept");
+        let (drain, mut draining) = watch::channel(false);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&dropped);
+        let server = tokio::spawn(async move {
+            serve(io, &mut draining, MAX_BODY, |request| answer(request, Arc::clone(&flag))).await
+        });
+        Served { client: Client { io: client, read: Vec::new() }, drain, dropped, server }
+    }
+
+    /// The client end: what it read and has not yet taken as a response.
+    struct Client {
+        io: TcpStream,
+        read: Vec<u8>,
+    }
+
+    impl Client {
+        async fn send(&mut self, bytes: &[u8]) {
+            self.io.write_all(bytes).await.expect("write");
+        }
+
+        /// One response: its head without the `date` line (checked present) and its body as
+        /// framed on the wire.
+        async fn response(&mut self) -> (String, String) {
+            tokio::time::timeout(Duration::from_secs(5), self.read_response())
+                .await
+                .expect("a response in time")
+        }
+
+        async fn read_response(&mut self) -> (String, String) {
+            let head_end = loop {
+                if let Some(end) = self.read.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break end + 4;
+                }
+                assert_ne!(self.io.read_buf(&mut self.read).await.expect("read"), 0, "closed mid-head");
+            };
+            let head = String::from_utf8(self.read[..head_end].to_vec()).expect("text");
+            assert!(head.lines().any(|l| l.starts_with("date: ") && l.ends_with(" GMT")), "{head}");
+            let head: String = head.split_inclusive("\r\n").filter(|l| !l.starts_with("date: ")).collect();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map(|l| l.parse().expect("length"));
+            let chunked = head.contains("\r\ntransfer-encoding: chunked\r\n");
+            let body_end = loop {
+                let body = &self.read[head_end..];
+                let end = match (length, chunked) {
+                    (Some(length), _) => (body.len() >= length).then_some(length),
+                    (None, true) => body.windows(5).position(|w| w == b"0\r\n\r\n").map(|at| at + 5),
+                    (None, false) => Some(0),
+                };
+                if let Some(end) = end {
+                    break head_end + end;
+                }
+                assert_ne!(self.io.read_buf(&mut self.read).await.expect("read"), 0, "closed mid-body");
+            };
+            let body = String::from_utf8(self.read[head_end..body_end].to_vec()).expect("text");
+            self.read.drain(..body_end);
+            (head, body)
+        }
+
+        /// Whether the server closes the connection (with nothing more sent).
+        async fn closed(&mut self) -> bool {
+            let read =
+                tokio::time::timeout(Duration::from_secs(5), self.io.read_to_end(&mut self.read)).await;
+            matches!(read, Ok(Ok(0))) && self.read.is_empty()
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_are_answered_in_order_on_one_connection_pipelined_or_not() {
+        let Served { mut client, server, drain: _drain, .. } = connect().await;
+        client
+            .send(
+                b"POST /echo?x=1 HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\nhelloGET /echo HTTP/1.1\r\nhost: b\r\n\r\n",
+            )
+            .await;
+        let first = client.response().await;
+        assert_eq!(
+            first,
+            (
+                "HTTP/1.1 200 OK\r\ncontent-length: 32\r\n\r\n".into(),
+                "POST /echo?x=1 host=a body=hello".into()
+            )
+        );
+        assert_eq!(client.response().await.1, "GET /echo host=b body=");
+        // The next request sent while the answer is awaited waits for it.
+        client.send(b"GET /slow HTTP/1.1\r\n\r\n").await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        client.send(b"GET /echo HTTP/1.1\r\n\r\n").await;
+        assert_eq!(client.response().await.1, "GET /slow host= body=");
+        assert_eq!(client.response().await.1, "GET /echo host= body=");
+        drop(client);
+        assert!(ended(server).await.is_none(), "closed, not handed over");
+    }
+
+    #[tokio::test]
+    async fn answers_are_framed_by_their_bodies() {
+        let Served { mut client, drain: _drain, .. } = connect().await;
+        client.send(b"GET /stream HTTP/1.1\r\n\r\nGET /stream-on HTTP/1.1\r\n\r\n").await;
+        let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+        assert_eq!(
+            client.response().await,
+            (chunked.into(), "5\r\nhello\r\na\r\n streaming\r\n6\r\n world\r\n0\r\n\r\n".into())
+        );
+        assert_eq!(
+            client.response().await,
+            (chunked.into(), "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n".into())
+        );
+        client.send(b"GET /wrong-length HTTP/1.1\r\n\r\nGET /empty HTTP/1.1\r\n\r\n").await;
+        assert_eq!(
+            client.response().await,
+            ("HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n".into(), "abc".into())
+        );
+        client.send(b"GET /echo HTTP/1.1\r\n\r\n").await;
+        assert_eq!(client.response().await, ("HTTP/1.1 204 No Content\r\n\r\n".into(), String::new()));
+        assert_eq!(client.response().await.1, "GET /echo host= body=", "and the connection goes on");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_trails_its_head_is_waited_for_a_moment() {
+        let Served { mut client, server, drain: _drain, .. } = connect().await;
+        client.send(b"POST /echo HTTP/1.1\r\ncontent-length: 11\r\n\r\nhel").await;
+        client.send(b"lo world").await;
+        assert_eq!(client.response().await.1, "POST /echo host= body=hello world");
+        client.send(b"POST /echo HTTP/1.1\r\ncontent-length: 11\r\n\r\nhel").await;
+        tokio::time::sleep(BODY_GRACE * 4).await;
+        client.send(b"lo world").await;
+        let (_, read) = ended(server).await.expect("then handed over");
+        assert_eq!(read, &b"POST /echo HTTP/1.1\r\ncontent-length: 11\r\n\r\nhel"[..]);
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_asks_to_close_or_a_client_that_does_ends_the_connection() {
+        let Served { mut client, drain: _drain, .. } = connect().await;
+        client.send(b"GET /close HTTP/1.1\r\n\r\n").await;
+        assert_eq!(
+            client.response().await.0,
+            "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 3\r\n\r\n"
+        );
+        assert!(client.closed().await);
+
+        let Served { mut client, drain: _drain, .. } = connect().await;
+        client.send(b"GET /echo HTTP/1.1\r\nconnection: keep-alive, Close\r\n\r\n").await;
+        let (head, _) = client.response().await;
+        assert!(head.ends_with("\r\nconnection: close\r\n\r\n"), "{head}");
+        assert!(client.closed().await);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_hangs_up_abandons_its_request_waiting_or_streaming() {
+        for path in ["/hang", "/endless"] {
+            let Served { mut client, dropped, server, drain: _drain } = connect().await;
+            client.send(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes()).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(!dropped.load(Ordering::SeqCst), "{path}: still going");
+            drop(client);
+            assert!(ended(server).await.is_none());
+            assert!(dropped.load(Ordering::SeqCst), "{path}: abandoned with the connection");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_drain_closes_idle_connections_and_lets_a_request_in_flight_finish() {
+        let Served { mut client, drain, server, .. } = connect().await;
+        drain.send_replace(true);
+        assert!(client.closed().await);
+        assert!(ended(server).await.is_none());
+
+        let Served { mut client, drain, .. } = connect().await;
+        client.send(b"POST /slow HTTP/1.1\r\ncontent-length: 4\r\n\r\nabcd").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drain.send_replace(true);
+        let (head, body) = client.response().await;
+        assert_eq!(body, "POST /slow host= body=abcd");
+        assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+        assert!(client.closed().await);
+    }
+
+    /// Including a body still on its way: the proxy may answer before it comes (a refusal), or
+    /// time it out.
+    #[tokio::test]
+    async fn anything_else_goes_to_hyper_with_every_byte_read() {
+        let long_head = format!("GET /echo HTTP/1.1\r\nx-long: {}\r\n\r\n", "a".repeat(4 * MAX_HEAD_BYTES));
+        let many_lines = format!("GET /echo HTTP/1.1\r\n{}\r\n", "x-a: b\r\n".repeat(MAX_HEADERS + 1));
+        let cases: [&[u8]; 14] = [
+            b"POST /echo HTTP/1.1\r\ncontent-length: 11\r\n\r\nhel",
+            b"POST /echo HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            b"POST /echo HTTP/1.1\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n",
+            b"GET /echo HTTP/1.1\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
+            b"GET /echo HTTP/1.0\r\n\r\n",
+            b"HEAD /echo HTTP/1.1\r\n\r\n",
+            b"CONNECT example.com:443 HTTP/1.1\r\n\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            b"POST /echo HTTP/1.1\r\ncontent-length: 1025\r\n\r\n",
+            b"POST /echo HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 1\r\n\r\na",
+            b"POST /echo HTTP/1.1\r\ncontent-length: +1\r\n\r\na",
+            b"GET /e cho HTTP/1.1\r\n\r\n",
+            long_head.as_bytes(),
+            many_lines.as_bytes(),
+        ];
+        for case in cases {
+            let name = String::from_utf8_lossy(&case[..case.len().min(60)]).into_owned();
+            let Served { mut client, server, drain: _drain, .. } = connect().await;
+            client.send(case).await;
+            let (_, read) = tokio::time::timeout(Duration::from_secs(5), server)
+                .await
+                .unwrap_or_else(|_| panic!("not handed over at once: {name}"))
+                .expect("served")
+                .unwrap_or_else(|| panic!("not handed over: {name}"));
+            // Every byte read goes with it: all of it, or all of a head longer than the limit.
+            if case == long_head.as_bytes() {
+                assert!(case.starts_with(&read) && read.len() > MAX_HEAD_BYTES);
+            } else {
+                assert_eq!(read, case, "{name}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_handed_over_reads_what_was_read_first() {
+        let Served { mut client, server, drain: _drain, .. } = connect().await;
+        client.send(b"GET /echo HTTP/1.0\r\n\r\n").await;
+        let (io, read) = ended(server).await.expect("handed over");
+        let mut rewind = Rewind::new(io, read);
+        client.send(b"more").await;
+        let mut seen = vec![0; 5];
+        rewind.read_exact(&mut seen).await.expect("read");
+        assert_eq!(seen, b"GET /");
+        let mut rest = vec![0; 21];
+        rewind.read_exact(&mut rest).await.expect("read");
+        assert_eq!(rest, b"echo HTTP/1.0\r\n\r\nmore");
+        rewind.write_all(b"to the client").await.expect("write");
+        let mut echoed = vec![0; 13];
+        client.io.read_exact(&mut echoed).await.expect("read");
+        assert_eq!(echoed, b"to the client");
+    }
+
+    #[test]
+    fn chunk_sizes_are_hexadecimal_lines() {
+        let mut out = [0; 18];
+        assert_eq!(chunk_size(&mut out, 0), b"0\r\n");
+        assert_eq!(chunk_size(&mut out, 255), b"ff\r\n");
+        assert_eq!(chunk_size(&mut out, 4096), b"1000\r\n");
+        assert_eq!(chunk_size(&mut out, usize::MAX), b"ffffffffffffffff\r\n");
+    }
+
+    #[test]
+    fn content_lengths_are_digits_that_fit() {
+        assert_eq!(content_length(b"0"), Some(0));
+        assert_eq!(content_length(b"0012"), Some(12));
+        assert_eq!(content_length(b"9999999999999999999"), Some(9_999_999_999_999_999_999));
+        for bad in [&b""[..], b"+1", b"-1", b" 1", b"1 ", b"1,1", b"0x10", b"99999999999999999999"] {
+            assert_eq!(content_length(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+}
