@@ -585,6 +585,23 @@ mod tests {
         Receipt { cost_usd: Nanos(n as i64), ..Receipt::example(&format!("rcpt_{n}")) }
     }
 
+    /// Runs the shipper into `sink` until the sender it returns is used (or dropped).
+    fn ship_until_stopped(
+        spool: &Arc<Spool>,
+        sink: &Arc<Sink>,
+    ) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (spool, sink) = (Arc::clone(spool), Arc::clone(sink) as Arc<dyn ReceiptSink>);
+        let shipper = tokio::spawn(async move {
+            spool
+                .ship(sink, async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        (stop, shipper)
+    }
+
     async fn ship_all(spool: &Spool, sink: &Arc<Sink>) -> Result<(), String> {
         let sink: Arc<dyn ReceiptSink> = sink.clone();
         spool.ship_available(sink.as_ref()).await
@@ -630,17 +647,7 @@ mod tests {
         let dir = TempDir::new("shipper");
         let spool = Arc::new(Spool::open(&dir.0).expect("open"));
         let sink = Arc::new(Sink::default());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let shipper = tokio::spawn({
-            let (spool, sink) = (Arc::clone(&spool), Arc::clone(&sink) as Arc<dyn ReceiptSink>);
-            async move {
-                spool
-                    .ship(sink, async {
-                        let _ = stopped.await;
-                    })
-                    .await
-            }
-        });
+        let (stop, shipper) = ship_until_stopped(&spool, &sink);
         tokio::time::sleep(Duration::from_millis(10)).await;
         let idle_calls = sink.calls.load(Relaxed);
         // A burst of receipts, each waking the shipper: they go in one delivery.
@@ -672,17 +679,7 @@ mod tests {
         let dir = TempDir::new("record");
         let spool = Arc::new(Spool::open(&dir.0).expect("open"));
         let sink = Arc::new(Sink::default());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let shipper = tokio::spawn({
-            let (spool, sink) = (Arc::clone(&spool), Arc::clone(&sink) as Arc<dyn ReceiptSink>);
-            async move {
-                spool
-                    .ship(sink, async {
-                        let _ = stopped.await;
-                    })
-                    .await
-            }
-        });
+        let (stop, shipper) = ship_until_stopped(&spool, &sink);
         let recorded = || Progress::load(&dir.0).expect("progress");
         // The first delivery moves into the first segment, which is recorded at once.
         spool.sender.send(receipt(0));
