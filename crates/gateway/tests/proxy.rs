@@ -651,6 +651,68 @@ async fn unknown_paths_are_404_and_health_endpoints_answer() {
     }
 }
 
+/// Reads one answer off a raw connection: its status line and its body (content-length framed).
+async fn raw_answer(io: &mut tokio::net::TcpStream, read: &mut Vec<u8>) -> (String, String) {
+    use tokio::io::AsyncReadExt;
+    let deadline = Duration::from_secs(5);
+    loop {
+        if let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8(read[..end].to_vec()).expect("text");
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length: ").map(str::to_owned))
+                .map_or(0, |l| l.parse().expect("length"));
+            if read.len() >= end + 4 + length {
+                let body = String::from_utf8(read[end + 4..end + 4 + length].to_vec()).expect("text");
+                read.drain(..end + 4 + length);
+                return (head.lines().next().unwrap_or_default().to_owned(), body);
+            }
+        }
+        let n = tokio::time::timeout(deadline, io.read_buf(read)).await.expect("in time").expect("read");
+        assert_ne!(n, 0, "closed: {}", String::from_utf8_lossy(read));
+    }
+}
+
+#[tokio::test]
+async fn requests_the_gateway_hands_to_hyper_are_answered_alike() {
+    use tokio::io::AsyncWriteExt;
+    let h = Harness::start().await;
+    let address = h.url.trim_start_matches("http://");
+    let head = |version: &str, extra: &str| {
+        format!(
+            "POST /v1/chat/completions {version}\r\nhost: gw\r\nauthorization: Bearer {KEY}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n",
+            CHAT.len()
+        )
+    };
+    // Head and body together: the gateway's own HTTP/1.1.
+    let mut io = tokio::net::TcpStream::connect(address).await.expect("connect");
+    let mut read = Vec::new();
+    io.write_all(format!("{}{CHAT}", head("HTTP/1.1", "")).as_bytes()).await.expect("write");
+    let (status, body) = raw_answer(&mut io, &mut read).await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(body.contains("chat.completion"), "{body}");
+    // `Expect: 100-continue`: the rest of the connection is hyper's, and it goes on.
+    io.write_all(head("HTTP/1.1", "expect: 100-continue\r\n").as_bytes()).await.expect("write");
+    let (status, _) = raw_answer(&mut io, &mut read).await;
+    assert_eq!(status, "HTTP/1.1 100 Continue");
+    io.write_all(CHAT.as_bytes()).await.expect("write");
+    let (status, body) = raw_answer(&mut io, &mut read).await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(body.contains("chat.completion"), "{body}");
+    io.write_all(format!("{}{CHAT}", head("HTTP/1.1", "")).as_bytes()).await.expect("write");
+    assert_eq!(raw_answer(&mut io, &mut read).await.0, "HTTP/1.1 200 OK");
+    // HTTP/1.0, and a head that does not parse.
+    let mut io = tokio::net::TcpStream::connect(address).await.expect("connect");
+    io.write_all(format!("{}{CHAT}", head("HTTP/1.0", "")).as_bytes()).await.expect("write");
+    let (status, body) = raw_answer(&mut io, &mut Vec::new()).await;
+    assert!(status.ends_with(" 200 OK") && body.contains("chat.completion"), "{status} {body}");
+    let mut io = tokio::net::TcpStream::connect(address).await.expect("connect");
+    io.write_all(b"POST /v1/chat completions HTTP/1.1\r\n\r\n").await.expect("write");
+    assert_eq!(raw_answer(&mut io, &mut Vec::new()).await.0, "HTTP/1.1 400 Bad Request");
+    assert_eq!(h.receipts(4).await.len(), 4);
+}
+
 // Metering: every admitted request gets exactly one receipt, from the provider's usage or an estimate.
 
 fn receipt_for<'r>(receipts: &'r [Receipt], response_request_id: &str) -> &'r Receipt {
