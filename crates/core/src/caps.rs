@@ -137,18 +137,127 @@ pub fn check_caps<'c>(
     now: Timestamp,
     max_age_ms: i64,
 ) -> Result<(), CapRefusal> {
+    check_caps_counting(caps, org, key, view, now, max_age_ms, Counting::Exact)
+}
+
+/// How a node's counters know other nodes' spend, which decides what its memory alone may refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counting {
+    /// No other node spends on these caps (`recovea serve` with in-process counters): the view
+    /// is the truth, reservations included, and every check is made in memory.
+    Exact,
+    /// Other nodes spend on the same caps through a shared store: the reservations a node knows of
+    /// other nodes may already have settled, so near the line the store decides (see
+    /// [`line_check`] and [`decide_at_line`]). Memory alone refuses only spend that has been made.
+    Shared,
+}
+
+/// [`check_caps`] for counters counted as `counting` says. With [`Counting::Shared`], a cap whose
+/// spend plus reservations reached its limit is not refused here (the shared store decides at
+/// the line), but one whose spend alone reached it is: spend in a window never goes down.
+pub fn check_caps_counting<'c>(
+    caps: impl IntoIterator<Item = &'c Cap>,
+    org: &OrgId,
+    key: &KeyId,
+    view: &dyn SpendView,
+    now: Timestamp,
+    max_age_ms: i64,
+    counting: Counting,
+) -> Result<(), CapRefusal> {
     let mut unverifiable = None;
     for cap in caps.into_iter().filter(|cap| cap.hard_stop && cap.covers(org, key)) {
         let (scope, window) = (cap.scope, cap.window);
         let spend = view.spend(&cap.id, window.start(now));
         let fresh = spend.confirmed_at.is_some_and(|at| now.0.saturating_sub(at.0) <= max_age_ms);
+        let committed = match counting {
+            Counting::Exact => spend.spent.saturating_add(spend.reserved),
+            Counting::Shared => spend.spent,
+        };
         if !fresh {
             unverifiable.get_or_insert(CapRefusal::Unverifiable { scope, window });
-        } else if spend.spent.saturating_add(spend.reserved) >= cap.limit {
+        } else if committed >= cap.limit {
             return Err(CapRefusal::Exceeded { scope, window });
         }
     }
     unverifiable.map_or(Ok(()), Err)
+}
+
+/// Where one armed cap's check of a request is made when nodes share the cap's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineCheck {
+    /// The room this node holds in the shared store for its own next requests (its *spare*,
+    /// granted by the store only while far from the line) covers the request's estimate: it is
+    /// decided in memory and paid from the spare, and no other node can have used that room.
+    InMemory,
+    /// The cap is within reach of its line (the node holds no spare that covers the request): the
+    /// check and the reservation are one atomic step in the shared store, which the request waits
+    /// for.
+    AskStore,
+}
+
+/// Where an armed cap's check is made for a request of `estimate` on a node holding `spare`.
+pub fn line_check(spare: Nanos, estimate: Nanos) -> LineCheck {
+    if spare >= estimate { LineCheck::InMemory } else { LineCheck::AskStore }
+}
+
+/// What the shared store answered a request that asked it at the line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineAnswer {
+    /// Every asked cap had room: the request's reservation is in the store.
+    Reserved,
+    /// The asked cap at this index is at its line: its spend plus the reservations of other
+    /// requests reached its limit. Nothing was reserved.
+    AtLine(usize),
+    /// The line is reached only when the spare room other nodes hold for requests they have not
+    /// received is counted; nothing was reserved. The holders give it back at their next sync,
+    /// so the request asks again, then decides from its own view.
+    Contended,
+}
+
+/// Decides the armed caps a request asked the shared store about, `asked[i]` being each cap with
+/// this node's view of its spend (the request's own estimate not in it). The store's answer wins;
+/// without one (`None`: it did not answer in time, could not vouch for the window, or stayed
+/// contended) the node decides from its own view as when the store is away: refused when spend
+/// plus known reservations reached the limit. A blip of the store therefore never refuses a
+/// request its own view admits.
+pub fn decide_at_line(asked: &[(&Cap, CapSpend)], answer: Option<LineAnswer>) -> Result<(), CapRefusal> {
+    let exceeded = |cap: &Cap| CapRefusal::Exceeded { scope: cap.scope, window: cap.window };
+    match answer {
+        Some(LineAnswer::Reserved) => Ok(()),
+        Some(LineAnswer::AtLine(i)) => match asked.get(i) {
+            Some((cap, _)) => Err(exceeded(cap)),
+            // An index the request did not send: the answer is not about this request.
+            None => decide_at_line(asked, None),
+        },
+        Some(LineAnswer::Contended) | None => asked
+            .iter()
+            .find(|(cap, spend)| spend.spent.saturating_add(spend.reserved) >= cap.limit)
+            .map_or(Ok(()), |(cap, _)| Err(exceeded(cap))),
+    }
+}
+
+/// The most of an armed cap's limit that spare room may bring its spend and reservations to:
+/// the last fifth of the line is decided request by request in the store, with no spare held.
+pub fn spare_ceiling(limit: Nanos) -> Nanos {
+    Nanos(limit.0.saturating_sub(limit.0 / 5))
+}
+
+/// The spare room a node asks the store to hold for its next requests on an armed cap's window,
+/// given the room left below the line by everyone's spend and reservations (its own spare aside)
+/// and what it admitted there since its last sync.
+///
+/// None within a fifth of the line: there every request asks the store, and no node holds room
+/// that others would find taken. Farther away, twice the recent admissions, so that a node's
+/// steady traffic is decided in memory, at least a sixteenth of the room, so that a first
+/// request after a quiet spell is too, and at most a quarter of it, so that one node cannot take
+/// the room of the others. The store grants it only below [`spare_ceiling`].
+pub fn spare_wanted(limit: Nanos, room: Nanos, recent: Nanos) -> Nanos {
+    let near = i128::from(room.0) * 5 <= i128::from(limit.0);
+    if near || room <= Nanos::ZERO {
+        return Nanos::ZERO;
+    }
+    let twice_recent = Nanos(recent.0.saturating_mul(2));
+    twice_recent.max(Nanos(room.0 / 16)).min(Nanos(room.0 / 4))
 }
 
 #[cfg(test)]
@@ -434,6 +543,72 @@ mod tests {
         assert_eq!(Scope::parse("org"), None);
     }
 
+    #[test]
+    fn shared_counting_leaves_reservations_to_the_store_but_refuses_spend_at_the_line() {
+        let month = armed("cap_m", Scope::Organization, Window::Month, 1_000);
+        let check = |view: &View| {
+            check_caps_counting(
+                std::slice::from_ref(&month),
+                &org(),
+                &key(),
+                view,
+                NOW,
+                MAX_AGE,
+                Counting::Shared,
+            )
+        };
+        let reserved_full = View::default().with(&month, confirmed(600, 400, 0));
+        assert_eq!(check(&reserved_full), Ok(()), "the store decides whether the reservations hold");
+        let spent_full = View::default().with(&month, confirmed(1_000, 0, 0));
+        assert_eq!(check(&spent_full), exceeded(Scope::Organization, Window::Month));
+        let stale = View::default().with(&month, confirmed(0, 0, MAX_AGE + 1));
+        assert_eq!(check(&stale), unverifiable(Scope::Organization, Window::Month));
+    }
+
+    #[test]
+    fn a_request_is_decided_in_memory_only_when_the_spare_covers_it() {
+        assert_eq!(line_check(Nanos(10), Nanos(10)), LineCheck::InMemory);
+        assert_eq!(line_check(Nanos(11), Nanos(10)), LineCheck::InMemory);
+        assert_eq!(line_check(Nanos(9), Nanos(10)), LineCheck::AskStore);
+        assert_eq!(line_check(Nanos::ZERO, Nanos(1)), LineCheck::AskStore);
+    }
+
+    #[test]
+    fn the_stores_answer_decides_at_the_line() {
+        let day = armed("cap_d", Scope::Key, Window::Day, 1_000);
+        let month = armed("cap_m", Scope::Organization, Window::Month, 1_000);
+        let roomy = confirmed(0, 0, 0);
+        let full = confirmed(900, 100, 0);
+        let asked = [(&day, roomy), (&month, full)];
+        assert_eq!(decide_at_line(&asked, Some(LineAnswer::Reserved)), Ok(()), "the store saw room");
+        assert_eq!(decide_at_line(&asked, Some(LineAnswer::AtLine(0))), exceeded(Scope::Key, Window::Day));
+        assert_eq!(
+            decide_at_line(&asked, Some(LineAnswer::AtLine(1))),
+            exceeded(Scope::Organization, Window::Month)
+        );
+        // No answer, a contended one, or one about a cap that was not asked: the node's own view.
+        for answer in [None, Some(LineAnswer::Contended), Some(LineAnswer::AtLine(2))] {
+            assert_eq!(decide_at_line(&asked, answer), exceeded(Scope::Organization, Window::Month));
+            assert_eq!(decide_at_line(&[(&day, roomy), (&month, roomy)], answer), Ok(()));
+        }
+        assert_eq!(decide_at_line(&[(&day, confirmed(999, 0, 0))], None), Ok(()), "one nano under");
+    }
+
+    #[test]
+    fn spare_is_held_only_far_from_the_line() {
+        let limit = Nanos(1_000_000);
+        assert_eq!(spare_ceiling(limit), Nanos(800_000));
+        // Within a fifth of the limit: none.
+        assert_eq!(spare_wanted(limit, Nanos(200_000), Nanos(50_000)), Nanos::ZERO);
+        assert_eq!(spare_wanted(limit, Nanos::ZERO, Nanos(1)), Nanos::ZERO);
+        assert_eq!(spare_wanted(limit, Nanos(-5), Nanos(1)), Nanos::ZERO);
+        // Farther: twice the recent admissions, between a sixteenth and a quarter of the room.
+        assert_eq!(spare_wanted(limit, Nanos(800_000), Nanos(30_000)), Nanos(60_000));
+        assert_eq!(spare_wanted(limit, Nanos(800_000), Nanos::ZERO), Nanos(50_000));
+        assert_eq!(spare_wanted(limit, Nanos(800_000), Nanos(1_000_000)), Nanos(200_000));
+        assert_eq!(spare_wanted(Nanos(i64::MAX), Nanos(i64::MAX), Nanos(i64::MAX)), Nanos(i64::MAX / 4));
+    }
+
     /// A view that answers the same spend for every cap and window.
     struct Fixed(CapSpend);
 
@@ -464,6 +639,45 @@ mod tests {
                 }
                 cap
             })
+    }
+
+    proptest! {
+        /// Spare room is never wanted within a fifth of the line, and never more than a quarter of
+        /// the room left, so that spare alone never takes a cap to its line.
+        #[test]
+        fn spare_stays_far_from_the_line(limit in 0_i64..i64::MAX, room in any::<i64>(), recent in any::<i64>()) {
+            let wanted = spare_wanted(Nanos(limit), Nanos(room), Nanos(recent));
+            prop_assert!(wanted >= Nanos::ZERO);
+            prop_assert!(i128::from(wanted.0) * 4 <= i128::from(room.max(0)));
+            if i128::from(room) * 5 <= i128::from(limit) {
+                prop_assert_eq!(wanted, Nanos::ZERO);
+            }
+            prop_assert!(spare_ceiling(Nanos(limit)) <= Nanos(limit));
+        }
+
+        /// Without an answer the decision at the line is the exact rule over the asked caps; a
+        /// reservation the store made always admits; a line the store found always refuses.
+        #[test]
+        fn the_decision_at_the_line_follows_the_store_or_the_view(
+            caps in proptest::collection::vec(any_cap(Just(true)), 1..4),
+            spends in proptest::collection::vec(any_spend(), 4),
+            at in 0_usize..4,
+        ) {
+            let asked: Vec<(&Cap, CapSpend)> = caps.iter().zip(spends.iter().copied()).collect();
+            prop_assert_eq!(decide_at_line(&asked, Some(LineAnswer::Reserved)), Ok(()));
+            let own_view = asked
+                .iter()
+                .find(|(cap, s)| i128::from(s.spent.0) + i128::from(s.reserved.0) >= i128::from(cap.limit.0))
+                .map(|(cap, _)| (cap.scope, cap.window));
+            let seen = |verdict: Result<(), CapRefusal>| verdict.err().map(|r| (r.cap_scope(), r.cap_window()));
+            prop_assert_eq!(seen(decide_at_line(&asked, None)), own_view);
+            prop_assert_eq!(seen(decide_at_line(&asked, Some(LineAnswer::Contended))), own_view);
+            let verdict = decide_at_line(&asked, Some(LineAnswer::AtLine(at)));
+            match asked.get(at) {
+                Some((cap, _)) => prop_assert_eq!(seen(verdict), Some((cap.scope, cap.window))),
+                None => prop_assert_eq!(seen(verdict), own_view),
+            }
+        }
     }
 
     proptest! {
