@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use recovea_counters::{Counters, rebuild_missing, sync_loop};
+use recovea_counters::{rebuild_missing, sync_loop};
 use recovea_gateway::{ControlLink, Gateway, follow_feed};
 use tokio::net::TcpListener;
 
 use crate::args::{NodeArgs, init_logging, non_blank, parse_master_key, shutdown_signal};
 use crate::data_dir;
-use crate::wiring::{RATE_SHARE_INTERVAL, Stop, open_spool, rate_share, shared_counters};
+use crate::wiring::{RATE_SHARE_INTERVAL, Stop, counters, open_spool, rate_share};
 
 pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     init_logging(&args.common)?;
@@ -23,8 +23,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     data_dir::create(data_dir)?;
     let node_id = data_dir::node_id(data_dir)?;
     let spool = open_spool(data_dir)?;
-    let counters = Counters::new(&node_id);
-    let shared_counters = shared_counters(args.gateway.redis_url.as_deref())?;
+    let (counters, shared_counters) = counters(&node_id, args.gateway.redis_url.as_deref())?;
     let rate_share = rate_share(args.gateway.redis_url.as_deref())?;
     let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));
     let saved = gateway.boot_from_saved(data_dir, &master_key);

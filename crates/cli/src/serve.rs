@@ -17,8 +17,8 @@ use crate::allocator;
 use crate::args::{ServeArgs, init_logging, parse_master_key, shutdown_signal};
 use crate::data_dir;
 use crate::wiring::{
-    RATE_SHARE_INTERVAL, Stop, Stores, admin_token, alert_signing_secret, open_spool, open_stores,
-    rate_share, shared_counters,
+    RATE_SHARE_INTERVAL, Stop, Stores, admin_token, alert_signing_secret, counters, open_spool, open_stores,
+    rate_share,
 };
 
 pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
@@ -40,8 +40,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let alert_secret = alert_signing_secret(&args.admin, data_dir)?;
     let spool = open_spool(data_dir)?;
 
-    let counters = Counters::new(&node_id);
-    let shared_counters = shared_counters(args.gateway.redis_url.as_deref())?;
+    let (counters, shared_counters) = counters(&node_id, args.gateway.redis_url.as_deref())?;
     let rate_share = rate_share(args.gateway.redis_url.as_deref())?;
     let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));
     let publish_to = gateway.clone();

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use recovea_counters::{InProcess, RateShare, Redis, RedisRateShare, SharedCounters, StoreOptions};
+use recovea_counters::{Counters, InProcess, RateShare, Redis, RedisRateShare, SharedCounters, StoreOptions};
 use recovea_gateway::spool::Spool;
 use recovea_store::{ControlStore, PostgresStore, ReceiptLedger, SqliteStore};
 use tokio::sync::watch;
@@ -66,12 +66,19 @@ pub(crate) fn alert_signing_secret(admin: &AdminArgs, data_dir: &Path) -> Result
     }
 }
 
-/// Redis when `--redis-url` is given, else counters in this process.
-pub(crate) fn shared_counters(redis_url: Option<&str>) -> Result<Arc<dyn SharedCounters>, String> {
+/// The node's spend counters and the store they sync with: shared through Redis when
+/// `--redis-url` is given (other nodes spend on the same caps, so the store decides at armed
+/// caps' lines), else exact counters in this process.
+pub(crate) fn counters(
+    node_id: &str,
+    redis_url: Option<&str>,
+) -> Result<(Arc<Counters>, Arc<dyn SharedCounters>), String> {
     Ok(match redis_url {
-        None => Arc::new(InProcess::new(StoreOptions::default())),
+        None => (Counters::new(node_id), Arc::new(InProcess::new(StoreOptions::default()))),
         Some(url) => {
-            Arc::new(Redis::new(url, StoreOptions::default()).map_err(|e| format!("--redis-url: {e}"))?)
+            let redis: Arc<dyn SharedCounters> =
+                Arc::new(Redis::new(url, StoreOptions::default()).map_err(|e| format!("--redis-url: {e}"))?);
+            (Counters::shared(node_id, Arc::clone(&redis)), redis)
         }
     })
 }

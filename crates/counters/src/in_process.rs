@@ -9,9 +9,11 @@ use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 
+use recovea_core::caps::LineAnswer;
+
 use crate::shared::{
-    CounterError, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowPush, WindowRead, expire_at,
-    reserved_until,
+    CounterError, LineAsk, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowPush, WindowRead,
+    expire_at, line_member, line_members, reserved_until,
 };
 
 /// One process's store: never unavailable, so a node syncing against it is always confirmed.
@@ -29,8 +31,10 @@ struct Stored {
     seeded: bool,
     /// Per writer: the last sequence and cumulative applied.
     applied: HashMap<String, (u64, Nanos)>,
-    /// Per writer: the reservation and its deadline.
+    /// Per writer, and per request reserved at the line: the reservation and its deadline.
     reservations: HashMap<String, (Nanos, Timestamp)>,
+    /// Per writer: the spare part of its reservation.
+    spare: HashMap<String, Nanos>,
     expire_at: Timestamp,
 }
 
@@ -59,15 +63,53 @@ impl InProcess {
                         let stored = windows
                             .entry(key)
                             .or_insert_with(|| Stored::empty(expire_at(end, &self.options)));
-                        stored.apply(&writer, push.seq, p, now, &self.options);
+                        let granted = stored.apply(node_id, &writer, push.seq, p, now, &self.options);
                         stored.expire_at = expire_at(end, &self.options);
-                        stored.read(&writer, now)
+                        WindowRead { granted, ..stored.read(&writer, now) }
                     }
                     None => windows.get(&key).map(|w| w.read(&writer, now)).unwrap_or_default(),
                 }
             })
             .collect();
         SyncRead { windows: read }
+    }
+
+    fn reserve_at_line_now(&self, node_id: &str, ask: &LineAsk, now: Timestamp) -> Option<LineAnswer> {
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut contended = false;
+        for (i, w) in ask.windows.iter().enumerate() {
+            let stored =
+                windows.get_mut(&(w.cap.clone(), w.start)).filter(|s| s.seeded && s.expire_at > now)?;
+            stored.drop_dead(now);
+            let writer = format!("{node_id}/{}", w.entry);
+            let live =
+                stored.reservations.values().fold(0_i128, |sum, (amount, _)| sum + i128::from(amount.0));
+            let used = i128::from(stored.total.0) + live - i128::from(w.spare.0);
+            if used >= i128::from(w.limit.0) {
+                let others_spare = stored
+                    .spare
+                    .iter()
+                    .filter(|(holder, _)| **holder != writer)
+                    .fold(0_i128, |sum, (_, spare)| sum + i128::from(spare.0));
+                if used - others_spare >= i128::from(w.limit.0) {
+                    return Some(LineAnswer::AtLine(i));
+                }
+                contended = true;
+            }
+        }
+        if contended {
+            return Some(LineAnswer::Contended);
+        }
+        let member = line_member(node_id, ask.record);
+        for w in &ask.windows {
+            if let Some(stored) = windows.get_mut(&(w.cap.clone(), w.start)) {
+                stored
+                    .reservations
+                    .insert(member.clone(), (ask.estimate, reserved_until(now, &self.options)));
+                stored.expire_at = stored.expire_at.max(expire_at(w.end, &self.options));
+            }
+        }
+        Some(LineAnswer::Reserved)
     }
 }
 
@@ -78,11 +120,21 @@ impl Stored {
             seeded: false,
             applied: HashMap::new(),
             reservations: HashMap::new(),
+            spare: HashMap::new(),
             expire_at,
         }
     }
 
-    fn apply(&mut self, writer: &str, seq: u64, p: &WindowPush, now: Timestamp, options: &StoreOptions) {
+    /// Applies a writer's push; returns the spare granted.
+    fn apply(
+        &mut self,
+        node_id: &str,
+        writer: &str,
+        seq: u64,
+        p: &WindowPush,
+        now: Timestamp,
+        options: &StoreOptions,
+    ) -> Nanos {
         if let Some(seed) = p.seed
             && !self.seeded
         {
@@ -97,12 +149,40 @@ impl Stored {
             self.total = Nanos(self.total.0.saturating_add(p.cumulative.0.saturating_sub(base.0)));
             self.applied.insert(writer.to_owned(), (seq, p.cumulative));
         }
-        if p.reserved == Nanos::ZERO {
-            self.reservations.remove(writer);
-        } else {
-            self.reservations.insert(writer.to_owned(), (p.reserved, reserved_until(now, options)));
+        let members = line_members(node_id);
+        for record in &p.fold {
+            self.reservations.remove(&format!("{members}{record}"));
         }
+        self.drop_dead(now);
+        let mut granted = Nanos::ZERO;
+        if let (true, Some(ceiling), true) = (p.grow > Nanos::ZERO, p.ceiling, self.seeded) {
+            let others = self
+                .reservations
+                .iter()
+                .filter(|(member, _)| member.as_str() != writer)
+                .fold(0_i128, |sum, (_, (amount, _))| sum + i128::from(amount.0));
+            let held = i128::from(self.total.0) + others + i128::from(p.reserved.0);
+            let room = i128::from(ceiling.0) - held;
+            if room > 0 {
+                granted = Nanos(i64::try_from(room.min(i128::from(p.grow.0))).unwrap_or(i64::MAX));
+            }
+        }
+        let holds = p.reserved.saturating_add(granted);
+        if holds == Nanos::ZERO {
+            self.reservations.remove(writer);
+            self.spare.remove(writer);
+        } else {
+            self.reservations.insert(writer.to_owned(), (holds, reserved_until(now, options)));
+            self.spare.insert(writer.to_owned(), p.spare.saturating_add(granted));
+        }
+        granted
+    }
+
+    /// Drops the reservations whose deadline has passed, with their spare.
+    fn drop_dead(&mut self, now: Timestamp) {
         self.reservations.retain(|_, (_, until)| *until > now);
+        let reservations = &self.reservations;
+        self.spare.retain(|holder, _| reservations.contains_key(holder));
     }
 
     fn read(&self, writer: &str, now: Timestamp) -> WindowRead {
@@ -111,7 +191,7 @@ impl Stored {
             .iter()
             .filter(|(w, (_, until))| w.as_str() != writer && *until > now)
             .fold(Nanos::ZERO, |sum, (_, (amount, _))| sum.saturating_add(*amount));
-        WindowRead { total: self.total, others_reserved, seeded: self.seeded }
+        WindowRead { total: self.total, others_reserved, seeded: self.seeded, granted: Nanos::ZERO }
     }
 }
 
@@ -124,5 +204,14 @@ impl SharedCounters for InProcess {
     ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
         let read = self.sync_now(node_id, push, now);
         Box::pin(std::future::ready(Ok(read)))
+    }
+
+    fn reserve_at_line<'a>(
+        &'a self,
+        node_id: &'a str,
+        ask: &'a LineAsk,
+        now: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>> {
+        Box::pin(std::future::ready(Ok(self.reserve_at_line_now(node_id, ask, now))))
     }
 }

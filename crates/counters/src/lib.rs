@@ -15,10 +15,13 @@ mod redis_store;
 mod shared;
 mod sync_loop;
 
-pub use counters::{AT_THE_LINE, CapWindow, Counters, Reservation, SOON, SyncOutcome};
+pub use counters::{AT_THE_LINE, CapWindow, Counters, Covered, Reservation, SOON, SyncOutcome};
 pub use in_process::InProcess;
 pub use rate_share::{InProcessRateShare, RATE_KEY_TTL, RateShare, RateTotals, RateUsage, RedisRateShare};
 pub use rebuild::{SpendSource, WindowSpendFuture, rebuild_missing};
 pub use redis_store::Redis;
-pub use shared::{CounterError, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowPush, WindowRead};
+pub use shared::{
+    CounterError, LineAsk, LineWindow, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowPush,
+    WindowRead,
+};
 pub use sync_loop::{sync_loop, sync_loop_with_clock};

@@ -6,15 +6,17 @@
 //! | key | type | holds |
 //! | --- | --- | --- |
 //! | `P:{cap_x:S}:t` | hash | `total` (nano-dollars), `seeded` (`1` once rebuilt from the ledger), and per writer `q:<writer>` (last sequence applied) and `c:<writer>` (last cumulative applied) |
-//! | `P:{cap_x:S}:r` | hash | per writer: its live reservations |
-//! | `P:{cap_x:S}:x` | zset | per writer: its reservations' deadline (unix ms) |
+//! | `P:{cap_x:S}:r` | hash | per writer (`<node>/<entry>`): its live reservations, and as `s:<writer>` their spare part; per request reserved at the line (`<node>#<record>`): its estimate |
+//! | `P:{cap_x:S}:x` | zset | per writer and request reserved at the line: its reservation's deadline (unix ms) |
 //!
 //! All three expire `key_margin` after the window's end (`PEXPIREAT`, refreshed on every write).
-//! The script is `redis_store/sync.lua`.
+//! The scripts are `redis_store/sync.lua` (a node's sync) and `redis_store/admit.lua` (a request
+//! at the line), each with `redis_store/money.lua` in front.
 
 use std::future::Future;
 use std::pin::Pin;
 
+use recovea_core::caps::LineAnswer;
 use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
@@ -23,10 +25,14 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, Server
 use tokio::sync::Mutex;
 
 use crate::shared::{
-    CounterError, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowRead, expire_at, reserved_until,
+    CounterError, LineAsk, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowRead, expire_at,
+    line_member, line_members, reserved_until,
 };
 
-const SYNC_SCRIPT: &str = include_str!("redis_store/sync.lua");
+const SYNC_SCRIPT: &str =
+    concat!(include_str!("redis_store/money.lua"), include_str!("redis_store/sync.lua"));
+const ADMIT_SCRIPT: &str =
+    concat!(include_str!("redis_store/money.lua"), include_str!("redis_store/admit.lua"));
 
 /// Spend counters shared through Redis (or Valkey). Connects lazily and reconnects after any
 /// failure, so a node starts and serves while Redis is down (its counters are then unconfirmed).
@@ -34,6 +40,7 @@ pub struct Redis {
     client: Client,
     options: StoreOptions,
     script: Script,
+    admit: Script,
     connection: Mutex<Option<MultiplexedConnection>>,
 }
 
@@ -51,7 +58,13 @@ impl Redis {
             return Err(CounterError::Config("the key prefix must not contain '{' or '}'".to_owned()));
         }
         let client = Client::open(url).map_err(|e| CounterError::Config(e.to_string()))?;
-        Ok(Self { client, options, script: Script::new(SYNC_SCRIPT), connection: Mutex::new(None) })
+        Ok(Self {
+            client,
+            options,
+            script: Script::new(SYNC_SCRIPT),
+            admit: Script::new(ADMIT_SCRIPT),
+            connection: Mutex::new(None),
+        })
     }
 
     /// The window's keys: its total hash, its reservations hash, its reservation deadlines zset.
@@ -70,6 +83,7 @@ impl Redis {
             .set_response_timeout(Some(self.options.timeout));
         let mut connection = self.client.get_multiplexed_async_connection_with_config(&config).await?;
         self.script.load_async(&mut connection).await?;
+        self.admit.load_async(&mut connection).await?;
         *slot = Some(connection.clone());
         Ok(connection)
     }
@@ -96,9 +110,51 @@ impl Redis {
                 .arg(p.end.map(|end| expire_at(end, &self.options).0.to_string()).unwrap_or_default())
                 .arg(now.0)
                 .arg(p.reserved.0)
-                .arg(reserved_until(now, &self.options).0);
+                .arg(reserved_until(now, &self.options).0)
+                .arg(p.spare.0)
+                .arg(p.grow.0)
+                .arg(p.ceiling.map(|ceiling| ceiling.0.to_string()).unwrap_or_default())
+                .arg(line_members(node_id))
+                .arg(&p.fold);
         }
         pipe
+    }
+
+    async fn reserve_at_line_once(
+        &self,
+        node_id: &str,
+        ask: &LineAsk,
+        now: Timestamp,
+    ) -> Result<Option<LineAnswer>, RedisError> {
+        let mut connection = self.connection().await?;
+        let mut invocation = self.admit.prepare_invoke();
+        for w in &ask.windows {
+            for key in self.window_keys(&w.cap, w.start) {
+                invocation.key(key);
+            }
+        }
+        invocation
+            .arg(line_member(node_id, ask.record))
+            .arg(ask.estimate.0)
+            .arg(now.0)
+            .arg(reserved_until(now, &self.options).0);
+        for w in &ask.windows {
+            invocation
+                .arg(w.limit.0)
+                .arg(format!("{node_id}/{}", w.entry))
+                .arg(w.spare.0)
+                .arg(expire_at(w.end, &self.options).0);
+        }
+        // EVALSHA, loading the script again if the server lost it.
+        let (verdict, window): (String, usize) = invocation.invoke_async(&mut connection).await?;
+        let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed line reply"));
+        Ok(match verdict.as_str() {
+            "reserved" => Some(LineAnswer::Reserved),
+            "line" => Some(LineAnswer::AtLine(window.checked_sub(1).ok_or_else(bad)?)),
+            "contended" => Some(LineAnswer::Contended),
+            "unseeded" => None,
+            _ => return Err(bad()),
+        })
     }
 
     async fn sync_once(
@@ -139,10 +195,10 @@ pub(crate) fn counter_error(e: &RedisError) -> CounterError {
 fn parse_reply(reply: &[String]) -> Result<WindowRead, RedisError> {
     let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed counter sync reply"));
     let nanos = |s: &String| s.parse::<i64>().map(Nanos).map_err(|_| bad());
-    let [total, seeded, others @ ..] = reply else { return Err(bad()) };
+    let [total, seeded, granted, others @ ..] = reply else { return Err(bad()) };
     let others_reserved =
         others.iter().map(nanos).try_fold(Nanos::ZERO, |sum, n| n.map(|n| sum.saturating_add(n)))?;
-    Ok(WindowRead { total: nanos(total)?, others_reserved, seeded: seeded == "1" })
+    Ok(WindowRead { total: nanos(total)?, others_reserved, seeded: seeded == "1", granted: nanos(granted)? })
 }
 
 impl SharedCounters for Redis {
@@ -167,6 +223,19 @@ impl SharedCounters for Redis {
             // Whatever went wrong, the next sync starts on a fresh connection.
             self.forget_connection().await;
             Err(error)
+        })
+    }
+
+    fn reserve_at_line<'a>(
+        &'a self,
+        node_id: &'a str,
+        ask: &'a LineAsk,
+        now: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>> {
+        Box::pin(async move {
+            // The caller bounds the wait (a request waits on this); the connection's own
+            // response timeout bounds a call the caller gave up on.
+            self.reserve_at_line_once(node_id, ask, now).await.map_err(|e| counter_error(&e))
         })
     }
 }

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use recovea_core::caps::LineAnswer;
 use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
@@ -46,6 +47,20 @@ pub struct WindowPush {
     /// A total rebuilt from the ledger: it replaces the store's total if the window is not seeded
     /// yet (applied before this push's increments), and is ignored otherwise.
     pub seed: Option<Nanos>,
+    /// Of `reserved`, the room held for this entry's next requests (its spare), which the store
+    /// tells apart from its requests' reservations (see [`LineAnswer::Contended`]).
+    ///
+    /// [`LineAnswer::Contended`]: recovea_core::caps::LineAnswer::Contended
+    pub spare: Nanos,
+    /// More spare asked for: the store adds to `reserved` and `spare` as much of it as keeps the
+    /// window's total and every live reservation at or below `ceiling`, on a seeded window only.
+    pub grow: Nanos,
+    /// `Some` for an armed cap: the most spare may bring the window to
+    /// ([`spare_ceiling`](recovea_core::caps::spare_ceiling) of the limit).
+    pub ceiling: Option<Nanos>,
+    /// The records of this node's requests reserved at the line (see [`LineAsk::record`]) that
+    /// `reserved` now holds, or that ended: the store removes them in the same step.
+    pub fold: Vec<u64>,
 }
 
 /// What the store answered to a [`SyncPush`]: one [`WindowRead`] per pushed window, in order.
@@ -66,6 +81,34 @@ pub struct WindowRead {
     /// increments pushed since, and the caller should rebuild it from the ledger and
     /// [`seed`](crate::Counters::seed) it.
     pub seeded: bool,
+    /// How much of the spare asked for ([`WindowPush::grow`]) the store granted.
+    pub granted: Nanos,
+}
+
+/// A request's ask at armed caps' lines: check every window and reserve the estimate in all of
+/// them, or in none, in one atomic step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineAsk {
+    /// The request's number on this node: its reservation is the member `{node_id}#{record}` of
+    /// each window, until the node's sync folds it into its own reservation
+    /// ([`WindowPush::fold`]) or its deadline passes.
+    pub record: u64,
+    pub estimate: Nanos,
+    pub windows: Vec<LineWindow>,
+}
+
+/// One window of a [`LineAsk`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineWindow {
+    pub cap: CapId,
+    pub start: Timestamp,
+    pub end: Timestamp,
+    pub limit: Nanos,
+    /// The asking node's entry for the window (its writer is `{node_id}/{entry}`).
+    pub entry: u64,
+    /// The part of that writer's reservation held as spare and not used: room the request may
+    /// count as its own.
+    pub spare: Nanos,
 }
 
 /// Why a sync failed. The node keeps its increments and retries them; they are never lost nor
@@ -132,6 +175,27 @@ pub trait SharedCounters: Send + Sync + 'static {
         push: &'a SyncPush,
         now: Timestamp,
     ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>>;
+
+    /// Checks and reserves a request at armed caps' lines in one atomic step (see
+    /// [`LineAnswer`]); `None` when a window's total is not seeded, so the store cannot vouch
+    /// for it. On `Err` the reservation may or may not have been made: the node removes its
+    /// record at its next sync either way.
+    fn reserve_at_line<'a>(
+        &'a self,
+        node_id: &'a str,
+        ask: &'a LineAsk,
+        now: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>>;
+}
+
+/// The member a request reserved at the line holds in a window: `{node_id}#{record}`.
+pub(crate) fn line_member(node_id: &str, record: u64) -> String {
+    format!("{}{record}", line_members(node_id))
+}
+
+/// What the members of a node's requests reserved at the line start with.
+pub(crate) fn line_members(node_id: &str) -> String {
+    format!("{node_id}#")
 }
 
 /// Milliseconds in a duration, saturating.

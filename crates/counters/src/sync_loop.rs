@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use recovea_core::timestamp::Timestamp;
 use tokio::time::Instant;
 
-use crate::counters::{AT_THE_LINE, Counters, SOON};
+use crate::counters::{Counters, SOON};
 use crate::shared::SharedCounters;
 
 /// How stale other nodes' spend may be while they spend on a window this node holds.
@@ -43,13 +43,6 @@ pub async fn sync_loop_with_clock(
     let mut last_sync = Instant::now();
     // The first sync at once; then every interval, or sooner when asked.
     let mut due = last_sync;
-    let mut last_exchange = last_sync;
-    // Whether windows race at their line: they are exchanged every AT_THE_LINE until none is left,
-    // so that every request near the line is decided on other nodes' spend a few ms old at most.
-    let mut racing = false;
-    // Whether the store failed the last exchange: racing waits for a regular sync to reach it
-    // again, rather than retrying every AT_THE_LINE while requests keep coming near the line.
-    let mut unreachable = false;
     loop {
         tokio::select! {
             biased;
@@ -61,29 +54,10 @@ pub async fn sync_loop_with_clock(
                 due = due.min(last_sync + gap.max(SOON));
                 continue;
             }
-            () = counters.race_asked(), if !racing && !unreachable => {
-                racing = true;
-                continue;
-            }
-            () = tokio::time::sleep_until(last_exchange + AT_THE_LINE), if racing => {
-                last_exchange = Instant::now();
-                match counters.exchange_racing(shared.as_ref(), clock()).await {
-                    Ok(0) => racing = false,
-                    Ok(_) => {}
-                    // The regular sync reports a store that cannot be reached.
-                    Err(error) => {
-                        tracing::debug!(%error, "the racing windows could not be exchanged");
-                        (racing, unreachable) = (false, true);
-                    }
-                }
-                continue;
-            }
         }
         last_sync = Instant::now();
         due = last_sync + interval;
-        let result = counters.sync_with(shared.as_ref(), clock()).await;
-        unreachable = result.is_err();
-        match result {
+        match counters.sync_with(shared.as_ref(), clock()).await {
             Ok(outcome) => {
                 if outcome.others_active {
                     // Other nodes are spending on a window this node holds: follow them closely

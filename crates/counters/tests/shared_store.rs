@@ -8,13 +8,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use recovea_core::caps::LineAnswer;
 use recovea_core::caps::{CapSpend, SpendView};
 use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::{
-    CapWindow, CounterError, Counters, InProcess, Redis, SharedCounters, StoreOptions, SyncPush, SyncRead,
-    WindowPush,
+    CapWindow, CounterError, Counters, Covered, InProcess, LineAsk, Redis, SharedCounters, StoreOptions,
+    SyncPush, SyncRead, WindowPush,
 };
 
 #[path = "support/test_redis.rs"]
@@ -92,6 +93,15 @@ impl SharedCounters for Unreachable {
     ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
         Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
     }
+
+    fn reserve_at_line<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a LineAsk,
+        _: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>> {
+        Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
+    }
 }
 
 /// The store applies the push, then the answer is lost: the retry cannot know it was applied.
@@ -106,6 +116,18 @@ impl SharedCounters for AnswerLost {
     ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
         Box::pin(async move {
             self.0.sync(node_id, push, now).await.expect("the store applies the push");
+            Err(CounterError::Timeout)
+        })
+    }
+
+    fn reserve_at_line<'a>(
+        &'a self,
+        node_id: &'a str,
+        ask: &'a LineAsk,
+        now: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>> {
+        Box::pin(async move {
+            self.0.reserve_at_line(node_id, ask, now).await.expect("the store answers");
             Err(CounterError::Timeout)
         })
     }
@@ -126,6 +148,11 @@ fn current_window() -> CapWindow {
     CapWindow { cap: cap(), start: Timestamp(now.0 - 60_000), end: Timestamp(now.0 + 3_600_000) }
 }
 
+/// Windows of caps that do not refuse.
+fn soft(windows: &[CapWindow]) -> Vec<Covered> {
+    windows.iter().map(|window| Covered { window: window.clone(), line: None }).collect()
+}
+
 fn spend(counters: &Counters, w: &CapWindow) -> CapSpend {
     counters.spend(&w.cap, w.start)
 }
@@ -140,7 +167,7 @@ async fn totals_converge_across_nodes(backend: Backend) {
     let w = current_window();
     a.add(std::slice::from_ref(&w), Nanos(5));
     b.add(std::slice::from_ref(&w), Nanos(7));
-    b.reserve(vec![w.clone()], Nanos(100), false).settle(Nanos(11));
+    b.reserve(&soft(&[w.clone()]), Nanos(100)).settle(Nanos(11));
     assert_eq!(spend(&a, &w).spent, Nanos(5));
     assert_eq!(spend(&b, &w).spent, Nanos(18));
     let now = wall();
@@ -161,8 +188,8 @@ async fn reservations_of_one_node_are_seen_by_the_other(backend: Backend) {
     let store = Store::new(backend, StoreOptions::default()).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
-    let on_a = a.reserve(vec![w.clone()], Nanos(10), false);
-    let on_b = b.reserve(vec![w.clone()], Nanos(4), false);
+    let on_a = a.reserve(&soft(&[w.clone()]), Nanos(10));
+    let on_b = b.reserve(&soft(&[w.clone()]), Nanos(4));
     let now = wall();
     sync(&a, store.shared.as_ref(), now).await;
     sync(&b, store.shared.as_ref(), now).await;
@@ -183,7 +210,7 @@ async fn reservations_of_a_silent_node_expire(backend: Backend) {
     let store = Store::new(backend, StoreOptions { reservation_ttl: ttl, ..StoreOptions::default() }).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
-    let _held_by_a_node_that_stops_syncing = a.reserve(vec![w.clone()], Nanos(10), false);
+    let _held_by_a_node_that_stops_syncing = a.reserve(&soft(&[w.clone()]), Nanos(10));
     let now = wall();
     sync(&a, store.shared.as_ref(), now).await;
     spend(&b, &w);
@@ -202,7 +229,7 @@ async fn keys_expire_after_the_window_ends(backend: Backend) {
     let a = Counters::new("node-a");
     let now = wall();
     let w = CapWindow { cap: cap(), start: Timestamp(now.0 - 1_000), end: Timestamp(now.0 + 300) };
-    let _live = a.reserve(vec![w.clone()], Nanos(1), false);
+    let _live = a.reserve(&soft(&[w.clone()]), Nanos(1));
     a.add(std::slice::from_ref(&w), Nanos(5));
     sync(&a, store.shared.as_ref(), now).await;
     assert!(store.holds(&w, wall()).await, "held while the window runs");
@@ -253,6 +280,10 @@ async fn pushes_are_idempotent_by_sequence(backend: Backend) {
             acked: Nanos(acked),
             reserved: Nanos::ZERO,
             seed: None,
+            spare: Nanos::ZERO,
+            grow: Nanos::ZERO,
+            ceiling: None,
+            fold: Vec::new(),
         }],
     };
     let total = |read: SyncRead| read.windows[0].total;
@@ -332,6 +363,101 @@ async fn a_window_only_read_creates_nothing(backend: Backend) {
     assert!(!store.holds(&w, wall()).await);
 }
 
+/// Windows of armed caps of this limit.
+fn armed_at(windows: &[CapWindow], limit: Nanos) -> Vec<Covered> {
+    windows.iter().map(|window| Covered { window: window.clone(), line: Some(limit) }).collect()
+}
+
+/// A window seeded at `total` in the store, as the ledger's rebuild leaves it.
+async fn seeded(store: &Store, total: i64) -> CapWindow {
+    let w = current_window();
+    let seeder = Counters::new("seeder");
+    seeder.seed(&w, Nanos(total));
+    sync(&seeder, store.shared.as_ref(), wall()).await;
+    w
+}
+
+async fn at_the_line_a_request_is_checked_and_reserved_in_one_step(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let (a, b) = (
+        Counters::shared("node-a", Arc::clone(&store.shared)),
+        Counters::shared("node-b", Arc::clone(&store.shared)),
+    );
+    // Past 2^53, where a double would lose the last nano-dollar.
+    let base = (1_i64 << 53) + 1;
+    let w = seeded(&store, base).await;
+    let line = |extra: i64| armed_at(std::slice::from_ref(&w), Nanos(base + extra));
+    let now = wall();
+    let mut first = a.reserve(&line(100), Nanos(60));
+    assert_eq!(a.ask_at_line(&mut first, now).await, Some(LineAnswer::Reserved));
+    first.hold_at_line();
+    let mut second = b.reserve(&line(100), Nanos(40));
+    assert_eq!(b.ask_at_line(&mut second, now).await, Some(LineAnswer::Reserved), "one nano under the line");
+    second.hold_at_line();
+    let mut third = b.reserve(&line(100), Nanos(1));
+    assert_eq!(b.ask_at_line(&mut third, now).await, Some(LineAnswer::AtLine(0)), "at the line");
+    drop(third);
+    // The records are folded into each node's own reservation by its push: counted once.
+    for node in [&a, &b, &a] {
+        sync(node, store.shared.as_ref(), now).await;
+    }
+    assert_eq!(spend(&a, &w).reserved, Nanos(100));
+    first.settle(Nanos(50));
+    drop(second);
+    sync(&a, store.shared.as_ref(), now).await;
+    sync(&b, store.shared.as_ref(), now).await;
+    let mut fourth = b.reserve(&line(100), Nanos(60));
+    assert_eq!(b.ask_at_line(&mut fourth, now).await, Some(LineAnswer::Reserved), "settled below the line");
+
+    let unseeded = current_window();
+    let mut blind = a.reserve(&armed_at(std::slice::from_ref(&unseeded), Nanos(100)), Nanos(1));
+    assert_eq!(a.ask_at_line(&mut blind, now).await, None, "the store cannot vouch for an unseeded window");
+    assert!(!store.holds(&unseeded, wall()).await, "and writes nothing for it");
+}
+
+async fn spare_stops_at_the_ceiling_and_contends_until_given_back(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let (a, b) = (
+        Counters::shared("node-a", Arc::clone(&store.shared)),
+        Counters::shared("node-b", Arc::clone(&store.shared)),
+    );
+    let now = wall();
+    // a knows no spend and asks a sixteenth of 1000 (62): the ceiling (800) leaves 10 above 790.
+    let crowded = seeded(&store, 790).await;
+    let covered = armed_at(std::slice::from_ref(&crowded), Nanos(1_000));
+    a.track(&covered);
+    sync(&a, store.shared.as_ref(), now).await;
+    let from_spare = a.reserve(&covered, Nanos(10));
+    assert!(!from_spare.is_pending(), "granted up to the ceiling");
+    assert!(a.reserve(&covered, Nanos(1)).is_pending(), "and no further");
+    drop(from_spare);
+
+    // a holds a sixteenth of 1600 (100); b's requests fill the rest of the way to the line.
+    let w = seeded(&store, 0).await;
+    let covered = armed_at(std::slice::from_ref(&w), Nanos(1_600));
+    a.track(&covered);
+    sync(&a, store.shared.as_ref(), now).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut request = b.reserve(&covered, Nanos(500));
+        assert_eq!(b.ask_at_line(&mut request, now).await, Some(LineAnswer::Reserved));
+        request.hold_at_line();
+        held.push(request);
+    }
+    let mut contended = b.reserve(&covered, Nanos(1));
+    assert_eq!(
+        b.ask_at_line(&mut contended, now).await,
+        Some(LineAnswer::Contended),
+        "at the line only with a's spare counted"
+    );
+    drop(contended);
+    // a reads that the window is near its line, then gives its spare back.
+    sync(&a, store.shared.as_ref(), now).await;
+    sync(&a, store.shared.as_ref(), now).await;
+    let mut admitted = b.reserve(&covered, Nanos(1));
+    assert_eq!(b.ask_at_line(&mut admitted, now).await, Some(LineAnswer::Reserved));
+}
+
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod in_process {
@@ -352,4 +478,6 @@ suite!(
     pushes_are_idempotent_by_sequence,
     the_first_seed_wins_and_never_lowers_what_was_pushed_before,
     a_window_only_read_creates_nothing,
+    at_the_line_a_request_is_checked_and_reserved_in_one_step,
+    spare_stops_at_the_ceiling_and_contends_until_given_back,
 );

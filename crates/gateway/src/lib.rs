@@ -194,7 +194,10 @@ impl Gateway {
         let armed: Vec<_> = snapshot
             .orgs()
             .flat_map(|org| org.caps.iter().filter(|cap| cap.hard_stop))
-            .map(|cap| proxy::cap_window(cap, now))
+            .map(|cap| recovea_counters::Covered {
+                window: proxy::cap_window(cap, now),
+                line: Some(cap.limit),
+            })
             .collect();
         self.shared.counters.track(&armed);
         self.shared.snapshot.store(Some(snapshot));

@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use std::sync::Arc;
 
 use recovea_core::FailOpenReason;
+use recovea_core::caps::LineAnswer;
 
 use recovea_counters::Counters;
 
@@ -83,6 +84,10 @@ pub(crate) fn reason_index(reason: FailOpenReason) -> usize {
     }
 }
 
+/// The labels of `recovea_cap_line_asks_total`: admitted, refused at the line, contended until
+/// the request decided from its own view, decided from its own view without an answer.
+const LINE_ANSWERS: [&str; 4] = ["reserved", "at_line", "contended", "unanswered"];
+
 pub(crate) struct Metrics {
     requests: [AtomicU64; Outcome::ALL.len()],
     fail_open: [AtomicU64; FAIL_OPEN_REASONS.len()],
@@ -91,6 +96,9 @@ pub(crate) struct Metrics {
     snapshot_confirmed_ms: AtomicU64,
     receipts_estimated: AtomicU64,
     receipts_unpriced: AtomicU64,
+    /// Requests that asked the shared counter store at an armed cap's line, by its answer
+    /// (see [`LINE_ANSWERS`]).
+    line_asks: [AtomicU64; LINE_ANSWERS.len()],
     spool: Arc<SpoolStats>,
     counters: Arc<Counters>,
 }
@@ -109,6 +117,7 @@ impl Metrics {
             snapshot_confirmed_ms: AtomicU64::new(0),
             receipts_estimated: AtomicU64::new(0),
             receipts_unpriced: AtomicU64::new(0),
+            line_asks: Default::default(),
             spool,
             counters,
         }
@@ -120,6 +129,18 @@ impl Metrics {
 
     pub(crate) fn receipt_unpriced(&self) {
         self.receipts_unpriced.fetch_add(1, Relaxed);
+    }
+
+    /// A request asked the shared store at an armed cap's line; `None`: it decided from its own
+    /// view (no answer in time, an unseeded window, or contended to the end).
+    pub(crate) fn line_ask(&self, answer: Option<LineAnswer>) {
+        let index = match answer {
+            Some(LineAnswer::Reserved) => 0,
+            Some(LineAnswer::AtLine(_)) => 1,
+            Some(LineAnswer::Contended) => 2,
+            None => 3,
+        };
+        self.line_asks[index].fetch_add(1, Relaxed);
     }
 
     pub(crate) fn request(&self, outcome: Outcome) {
@@ -159,6 +180,14 @@ impl Metrics {
         for (i, reason) in FAIL_OPEN_REASONS.iter().enumerate() {
             let n = self.fail_open[i].load(Relaxed);
             let _ = writeln!(out, "recovea_fail_open_total{{reason=\"{}\"}} {n}", reason.label());
+        }
+        out.push_str(
+            "# HELP recovea_cap_line_asks_total Requests near an armed cap's line that asked the shared counter store, by its answer.\n",
+        );
+        out.push_str("# TYPE recovea_cap_line_asks_total counter\n");
+        for (i, answer) in LINE_ANSWERS.iter().enumerate() {
+            let n = self.line_asks[i].load(Relaxed);
+            let _ = writeln!(out, "recovea_cap_line_asks_total{{answer=\"{answer}\"}} {n}");
         }
         let counters = [
             (

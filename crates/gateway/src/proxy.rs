@@ -24,7 +24,7 @@ use recovea_core::money::Nanos;
 use recovea_core::pricing;
 use recovea_core::snapshot::Prices;
 use recovea_core::usage::Usage;
-use recovea_counters::{CapWindow, Reservation};
+use recovea_counters::{CapWindow, Covered, Reservation};
 use recovea_providers::rewrite::{self, InspectedRequest, RequestFacts};
 use recovea_providers::usage::{Surface, Tapped};
 
@@ -156,7 +156,7 @@ where
     let InspectedRequest { facts, input_tokens } = rewrite::inspect_and_estimate(&body);
     let prices = shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default();
     let reservation = match &ctx.admitted {
-        Some(admitted) => check_caps(shared, admitted, &facts, input_tokens, &prices, ctx.started_at)?,
+        Some(admitted) => check_caps(shared, admitted, &facts, input_tokens, &prices, ctx.started_at).await?,
         None => None,
     };
     // Usage is read from the stream; OpenAI streams carry it only when asked.
@@ -386,9 +386,12 @@ const DEFAULT_OUTPUT_ESTIMATE: u64 = 1024;
 
 /// Phase check caps: every cap covering the caller, read against the node's counters (armed caps
 /// refuse, soft caps never do); an admitted request then reserves its estimated cost on each
-/// covering cap's window, with no await in between so that the check and the reservation are
-/// one step for this node.
-fn check_caps(
+/// covering cap's window. On counters no other node shares, the check and the reservation are one
+/// step in memory (no await between them). On shared counters, an armed cap the node's spare
+/// room does not cover is within reach of its line: there the request waits for the shared
+/// store, which checks and reserves in one atomic step (`Counters::ask_at_line`), and decides
+/// from the node's own view if the store does not answer in time.
+async fn check_caps(
     shared: &Shared,
     admitted: &Admitted,
     facts: &RequestFacts,
@@ -401,10 +404,18 @@ fn check_caps(
     if covering.is_empty() {
         return Ok(None);
     }
+    let counters = &shared.counters;
     let max_age_ms = i64::try_from(shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
-    caps::check_caps(covering.iter().copied(), org, key, shared.counters.as_ref(), now, max_age_ms)
-        .map_err(Refusal::Budget)?;
-    let windows = covering.iter().map(|cap| cap_window(cap, now)).collect();
+    caps::check_caps_counting(
+        covering.iter().copied(),
+        org,
+        key,
+        counters.as_ref(),
+        now,
+        max_age_ms,
+        counters.counting(),
+    )
+    .map_err(Refusal::Budget)?;
     let estimate = Usage {
         input_tokens,
         output_tokens: facts.max_output_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE),
@@ -415,25 +426,31 @@ fn check_caps(
         .as_deref()
         .and_then(|m| prices.table.lookup(m))
         .map_or(Nanos::ZERO, |p| pricing::cost(&estimate, p));
-    let racing: Vec<CapWindow> = covering
+    let covered: Vec<Covered> = covering
         .iter()
-        .filter(|cap| cap.hard_stop && near_the_line(shared.counters.as_ref(), cap, now, cost))
-        .map(|cap| cap_window(cap, now))
+        .map(|cap| Covered { window: cap_window(cap, now), line: cap.hard_stop.then_some(cap.limit) })
         .collect();
-    if !racing.is_empty() {
-        // Other nodes may be racing at the line: exchange reservations with them back to back.
-        shared.counters.race(&racing, now);
+    let mut reservation = counters.reserve(&covered, cost);
+    if reservation.is_pending() {
+        let answer = counters.ask_at_line(&mut reservation, now).await;
+        shared.metrics.line_ask(answer);
+        let asked: Vec<(&Cap, caps::CapSpend)> = reservation
+            .pending()
+            .into_iter()
+            .filter_map(|(id, start)| {
+                let cap = covering.iter().find(|cap| cap.id == id)?;
+                let mut spend = caps::SpendView::spend(counters.as_ref(), &id, start);
+                // The view counts this request's own pending estimate: the rule reads the others'.
+                spend.reserved = Nanos(spend.reserved.0.saturating_sub(cost.0));
+                Some((*cap, spend))
+            })
+            .collect();
+        // Refused: the reservation is dropped, and with it the request's pending estimate.
+        caps::decide_at_line(&asked, answer).map_err(Refusal::Budget)?;
+        reservation.hold_at_line();
     }
-    let armed = covering.iter().any(|cap| cap.hard_stop);
     let reserved = covering.iter().map(|cap| cap.id.clone()).collect();
-    Ok(Some((shared.counters.reserve(windows, cost, armed), reserved)))
-}
-
-/// Whether a cap's spend, with this request, is within a fifth of its limit.
-fn near_the_line(view: &dyn caps::SpendView, cap: &Cap, now: Timestamp, estimate: Nanos) -> bool {
-    let spend = view.spend(&cap.id, cap.window.start(now));
-    let committed = i128::from(spend.spent.0) + i128::from(spend.reserved.0) + i128::from(estimate.0);
-    committed * 5 >= i128::from(cap.limit.0) * 4
+    Ok(Some((reservation, reserved)))
 }
 
 /// Phase read body: buffered, within the size limit and the time limit.

@@ -1,7 +1,8 @@
 -- One window's sync, atomic: the seed (if the window has none), one writer's increments
--- (idempotent by sequence), its reservation (with a deadline), then the total and the other
--- writers' live reservations. Money is never computed in Lua (its numbers are doubles): sums go
--- through HINCRBY on decimal strings, and reservations are returned for the caller to add up.
+-- (idempotent by sequence), the records of its requests reserved at the line that its
+-- reservation now holds (removed), its reservation (with a deadline) and the spare room it asked
+-- for (granted only below the ceiling), then the total and the other writers' live reservations.
+-- Money is never computed with Lua's numbers (doubles): see money.lua, prepended to this script.
 --
 -- KEYS[1] hash: total, seeded, q:<writer> (last sequence), c:<writer> (last cumulative)
 -- KEYS[2] hash: <writer> -> reserved amount
@@ -9,26 +10,16 @@
 -- ARGV[1] writer   ARGV[2] sequence   ARGV[3] cumulative   ARGV[4] acked (base without a record)
 -- ARGV[5] seed ('' for none)   ARGV[6] keys expire at (unix ms; '' reads only)
 -- ARGV[7] now (unix ms)   ARGV[8] reserved   ARGV[9] reservation deadline (unix ms)
--- Returns { total, seeded ('1' or '0'), other writers' reservations... }
+-- ARGV[10] spare (the part of reserved held for the writer's next requests)   ARGV[11] more spare
+-- asked for   ARGV[12] ceiling ('' for a cap that does not refuse)   ARGV[13] the writer's records'
+-- prefix   ARGV[14..] the records to remove
+-- Returns { total, seeded ('1' or '0'), spare granted, other members' reservations... }
+-- KEYS[2] also holds s:<writer>, the spare part of each writer's reservation.
 local w, r, x = KEYS[1], KEYS[2], KEYS[3]
 local writer, seq, cumulative, acked = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local seed, expire_at, now, reserved, reserved_until = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-
-local function negate(n)
-  if n == '0' then return '0' end
-  if string.sub(n, 1, 1) == '-' then return string.sub(n, 2) end
-  return '-' .. n
-end
-
--- Whether the integer a is greater than b, both decimal strings without leading zeros, compared
--- as strings so that no digit is lost to a double.
-local function greater(a, b)
-  local a_negative, b_negative = string.sub(a, 1, 1) == '-', string.sub(b, 1, 1) == '-'
-  if a_negative ~= b_negative then return b_negative end
-  if a_negative then return greater(string.sub(b, 2), string.sub(a, 2)) end
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
+local spare, grow, ceiling, records = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+local granted = '0'
 
 if expire_at ~= '' then
   if seed ~= '' and redis.call('HEXISTS', w, 'seeded') == 0 then
@@ -48,28 +39,36 @@ if expire_at ~= '' then
     end
     redis.call('HSET', w, 'q:' .. writer, seq, 'c:' .. writer, cumulative)
   end
-  if reserved ~= '0' then
-    redis.call('HSET', r, writer, reserved)
+  for i = 14, #ARGV do
+    redis.call('HDEL', r, records .. ARGV[i])
+    redis.call('ZREM', x, records .. ARGV[i])
+  end
+  drop_dead(r, x, now)
+  if grow ~= '0' and ceiling ~= '' and redis.call('HEXISTS', w, 'seeded') == 1 then
+    -- Spare room is granted only on a total the ledger vouches for, and only as far as
+    -- everything the window holds, this writer's new figure included, stays at or below the
+    -- ceiling: the last stretch to the line is left to requests, decided one by one.
+    local held = live_reservations(r, x, now, writer)
+    held[#held + 1] = redis.call('HGET', w, 'total') or '0'
+    held[#held + 1] = reserved
+    local room = exact_sum(w, { ceiling, negate(exact_sum(w, held)) })
+    if greater(room, '0') then
+      granted = greater(grow, room) and room or grow
+    end
+  end
+  local holds = exact_sum(w, { reserved, granted })
+  if holds ~= '0' then
+    redis.call('HSET', r, writer, holds, 's:' .. writer, exact_sum(w, { spare, granted }))
     redis.call('ZADD', x, reserved_until, writer)
   else
-    redis.call('HDEL', r, writer)
+    redis.call('HDEL', r, writer, 's:' .. writer)
     redis.call('ZREM', x, writer)
-  end
-  local dead = redis.call('ZRANGEBYSCORE', x, '-inf', now)
-  if #dead > 0 then
-    redis.call('HDEL', r, unpack(dead))
-    redis.call('ZREMRANGEBYSCORE', x, '-inf', now)
   end
   redis.call('PEXPIREAT', w, expire_at)
   redis.call('PEXPIREAT', r, expire_at)
   redis.call('PEXPIREAT', x, expire_at)
 end
 
-local out = { redis.call('HGET', w, 'total') or '0', redis.call('HEXISTS', w, 'seeded') == 1 and '1' or '0' }
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', x, '(' .. now, '+inf')) do
-  if member ~= writer then
-    local amount = redis.call('HGET', r, member)
-    if amount then out[#out + 1] = amount end
-  end
-end
+local out = { redis.call('HGET', w, 'total') or '0', redis.call('HEXISTS', w, 'seeded') == 1 and '1' or '0', granted }
+for _, amount in ipairs(live_reservations(r, x, now, writer)) do out[#out + 1] = amount end
 return out
