@@ -79,10 +79,19 @@ pub struct KeyWire {
 }
 
 /// The operators' price overrides; the built-in table is compiled into every node.
+///
+/// The fields after `overrides` came later: left out when empty, so that a node built before them
+/// reads a state that does not use them, and defaulted, so that a node reads an older state.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PricesWire {
     pub revision: u64,
     pub overrides: BTreeMap<String, PriceWire>,
+    /// The provider kind (`openai`, `anthropic`) of the overrides that were given one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kinds: BTreeMap<String, String>,
+    /// The operators' fallback price by provider kind.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fallback: BTreeMap<String, PriceWire>,
 }
 
 /// What changed between two versions: entries replaced whole, `None` for removed.
@@ -339,18 +348,30 @@ impl CapWire {
 
 impl PricesWire {
     /// The built-in table with the overrides on top. An override that does not parse refuses the
-    /// state: the control plane validated it when it was set, so it is a fault, not a price.
+    /// state: the control plane validated it when it was set, so it is a fault, not a price. A kind
+    /// this node does not know (a newer control plane's) is passed over.
     pub fn to_prices(&self) -> Result<Prices, FeedError> {
         let overrides = self
             .overrides
             .iter()
             .map(|(model, wire)| {
+                let kind = self.kinds.get(model).and_then(|kind| ProviderKind::parse(kind));
                 Price::try_from(wire)
-                    .map(|price| (model.clone(), price))
+                    .map(|price| (model.clone(), kind, price))
                     .map_err(|e| FeedError::Invalid(format!("price of {model:?}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let table = PriceTable::builtin().overlay(&PriceTable::from_entries(overrides));
+        let fallback = self
+            .fallback
+            .iter()
+            .filter_map(|(kind, wire)| Some((ProviderKind::parse(kind)?, wire)))
+            .map(|(kind, wire)| {
+                Price::try_from(wire)
+                    .map(|price| (kind, price))
+                    .map_err(|e| FeedError::Invalid(format!("fallback price of {kind:?}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let table = PriceTable::builtin().overlay(&PriceTable::from_kinded(overrides), fallback);
         Ok(Prices { revision: self.revision, table: Arc::new(table) })
     }
 }
@@ -628,7 +649,7 @@ mod tests {
                     (org_id(id), OrgWire { providers: BTreeMap::new(), caps: vec![cap] })
                 })
                 .collect(),
-            prices: PricesWire { revision, overrides: BTreeMap::new() },
+            prices: PricesWire { revision, ..PricesWire::default() },
         })
     }
 

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::money::Nanos;
-use crate::pricing::{self, PriceTable};
+use crate::pricing::{self, PriceSource, Resolution};
 use crate::timestamp::Timestamp;
 use crate::usage::{Usage, UsageSource};
 
@@ -35,10 +35,15 @@ pub struct Receipt {
     pub cost_usd: Nanos,
     #[serde(with = "usage_source")]
     pub usage_source: UsageSource,
-    /// False when the model had no price: the cost is 0 because it is unknown, not free.
+    /// False when the model had no price: the cost is its provider kind's fallback price, an upper
+    /// bound rather than the model's own price.
     pub priced: bool,
     /// The price table revision the cost was computed with.
     pub price_revision: u64,
+    /// The price used: the table entry's model name, or `fallback:<kind>`; `None` when no price
+    /// was needed (no tokens). Defaulted, as receipts of nodes built before it do not carry it.
+    #[serde(default)]
+    pub priced_as: Option<String>,
     #[serde(deserialize_with = "rfc3339")]
     pub started_at: Timestamp,
     #[serde(deserialize_with = "rfc3339")]
@@ -90,6 +95,11 @@ impl Receipt {
         push_json_str(&mut out, self.usage_source.as_str());
         out.push_str(if self.priced { r#","priced":true"# } else { r#","priced":false"# });
         number(&mut out, r#","price_revision":"#, self.price_revision);
+        out.push_str(r#","priced_as":"#);
+        match &self.priced_as {
+            Some(priced_as) => push_json_str(&mut out, priced_as),
+            None => out.push_str("null"),
+        }
         out.push_str(r#","started_at":""#);
         self.started_at.push_rfc3339(&mut out);
         out.push_str(r#"","finished_at":""#);
@@ -127,6 +137,7 @@ impl Receipt {
             usage_source: UsageSource::Provider,
             priced: true,
             price_revision: 0,
+            priced_as: Some("gpt-4o".into()),
             started_at: Timestamp(1),
             finished_at: Timestamp(2),
             node_id: "node".into(),
@@ -172,31 +183,36 @@ pub fn receipt_id(request_id: &str) -> String {
 }
 
 /// Usage and cost as a receipt records them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settlement {
     pub usage: Usage,
     pub source: UsageSource,
     pub cost: Nanos,
     pub priced: bool,
+    /// What the receipt's `priced_as` says.
+    pub priced_as: Option<String>,
 }
 
-/// Settles a request: the provider's usage when it reported one, else the estimate; priced from
-/// the table when the model has a price, else cost 0 with `priced: false`.
-pub fn settle(
-    reported: Option<Usage>,
-    estimate: Usage,
-    model: Option<&str>,
-    prices: &PriceTable,
-) -> Settlement {
+/// Settles a request: the provider's usage when it reported one, else the estimate, at the price
+/// `price` resolved to (`PriceTable::price_for`). A fallback price costs the usage all the same,
+/// with `priced: false`: an unknown model is never free.
+pub fn settle(reported: Option<Usage>, estimate: Usage, price: &Resolution<'_>) -> Settlement {
     let (usage, source) = match reported {
         Some(usage) => (usage, UsageSource::Provider),
         None => (estimate, UsageSource::Estimated),
     };
-    match model.and_then(|m| prices.lookup(m)) {
-        Some(price) => Settlement { usage, source, cost: pricing::cost(&usage, price), priced: true },
-        // No tokens cost nothing at any price (a model listing, an error without usage).
-        None if usage == Usage::default() => Settlement { usage, source, cost: Nanos::ZERO, priced: true },
-        None => Settlement { usage, source, cost: Nanos::ZERO, priced: false },
+    let fallback = price.source == PriceSource::Fallback;
+    // No tokens cost nothing at any price (a model listing, an error without usage): no price was
+    // needed, so none was missing.
+    if usage == Usage::default() && fallback {
+        return Settlement { usage, source, cost: Nanos::ZERO, priced: true, priced_as: None };
+    }
+    Settlement {
+        usage,
+        source,
+        cost: pricing::cost(&usage, &price.price),
+        priced: !fallback,
+        priced_as: Some(price.priced_as.to_string()),
     }
 }
 
@@ -283,12 +299,14 @@ mod usage_source {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pricing::Price;
+    use crate::pricing::{Price, PriceTable};
+    use crate::snapshot::ProviderKind;
     use proptest::prelude::*;
 
     fn table() -> PriceTable {
-        PriceTable::from_entries([(
+        PriceTable::from_kinded([(
             "gpt-4o".to_owned(),
+            Some(ProviderKind::OpenAi),
             Price {
                 input_per_mtok: Nanos(2_500_000_000),
                 output_per_mtok: Nanos(10_000_000_000),
@@ -314,33 +332,60 @@ mod tests {
         }
     }
 
+    const OPENAI: ProviderKind = ProviderKind::OpenAi;
+
     #[test]
     fn reported_usage_is_priced_exactly() {
         let usage =
             Usage { input_tokens: 1000, cached_input_tokens: 400, output_tokens: 200, ..Usage::default() };
-        let s = settle(Some(usage), Usage::default(), Some("gpt-4o-2024-08-06"), &table());
+        let table = table();
+        let s = settle(Some(usage), Usage::default(), &table.price_for(Some("gpt-4o-2024-08-06"), OPENAI));
         // 600 x 2.50 + 400 x 1.25 + 200 x 10.00 per Mtok = 0.0015 + 0.0005 + 0.002 USD.
         assert_eq!(
             s,
-            Settlement { usage, source: UsageSource::Provider, cost: Nanos(4_000_000), priced: true }
+            Settlement {
+                usage,
+                source: UsageSource::Provider,
+                cost: Nanos(4_000_000),
+                priced: true,
+                priced_as: Some("gpt-4o".into()),
+            }
         );
     }
 
     #[test]
-    fn missing_usage_falls_back_to_the_estimate_and_unknown_models_are_unpriced() {
+    fn missing_usage_falls_back_to_the_estimate_and_unknown_models_cost_the_fallback() {
         let estimate = Usage { input_tokens: 10, output_tokens: 3, ..Usage::default() };
-        let s = settle(None, estimate, Some("mystery-model"), &table());
+        let table = table();
+        let s = settle(None, estimate, &table.price_for(Some("mystery-model"), OPENAI));
+        // The kind's fallback is gpt-4o's input and output prices: 10 x 2.50 + 3 x 10.00 per Mtok.
         assert_eq!(
             s,
-            Settlement { usage: estimate, source: UsageSource::Estimated, cost: Nanos::ZERO, priced: false }
+            Settlement {
+                usage: estimate,
+                source: UsageSource::Estimated,
+                cost: Nanos(55_000),
+                priced: false,
+                priced_as: Some("fallback:openai".into()),
+            }
         );
-        assert!(!settle(None, estimate, None, &table()).priced);
-        let nothing = settle(Some(Usage::default()), Usage::default(), None, &table());
+        let unnamed = settle(None, estimate, &table.price_for(None, OPENAI));
+        assert_eq!((unnamed.priced, unnamed.cost), (false, Nanos(55_000)));
+        let nothing = settle(Some(Usage::default()), Usage::default(), &table.price_for(None, OPENAI));
         assert_eq!(
-            (nothing.cost, nothing.priced),
-            (Nanos::ZERO, true),
+            (nothing.cost, nothing.priced, nothing.priced_as),
+            (Nanos::ZERO, true, None),
             "no tokens cost nothing at any price"
         );
+    }
+
+    #[test]
+    fn receipts_without_priced_as_still_parse() {
+        let mut text = serde_json::to_string(&sample()).expect("serialises");
+        text = text.replace(r#","priced_as":"gpt-4o""#, "");
+        assert!(!text.contains("priced_as"), "{text}");
+        let parsed = serde_json::from_str::<Receipt>(&text).expect("an older node's receipt parses");
+        assert_eq!(parsed, Receipt { priced_as: None, ..sample() });
     }
 
     #[test]
@@ -371,6 +416,7 @@ mod tests {
             status in any::<u16>(),
             flags in any::<(bool, bool, bool)>(),
             counts in any::<[u64; 6]>(),
+            priced_as in proptest::option::of(any_text()),
             cost in prop_oneof![any::<i64>(), -10_000_000_000i64..10_000_000_000],
             times in prop_oneof![any::<[i64; 2]>(), proptest::array::uniform2(0i64..300_000_000_000_000)],
         ) -> Receipt {
@@ -395,6 +441,7 @@ mod tests {
                 usage_source: if flags.1 { UsageSource::Provider } else { UsageSource::Estimated },
                 priced: flags.2,
                 price_revision: counts[5],
+                priced_as,
                 started_at: Timestamp(times[0]),
                 finished_at: Timestamp(times[1]),
                 node_id: next(),
