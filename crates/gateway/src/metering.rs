@@ -15,7 +15,7 @@ use http_body::{Body, Frame, SizeHint};
 use recovea_core::Timestamp;
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{self, Receipt, Settlement};
-use recovea_core::snapshot::Prices;
+use recovea_core::snapshot::{Prices, ProviderKind};
 use recovea_core::usage::{Usage, UsageSource};
 use recovea_providers::rewrite::UsageChunkFilter;
 use recovea_providers::usage::{self, Surface, Tapped, UsageTap};
@@ -32,6 +32,9 @@ pub(crate) struct Metered {
     pub(crate) provider: String,
     pub(crate) endpoint: String,
     pub(crate) request_model: Option<String>,
+    /// The kind of the credential the request went through: a model without a price is costed
+    /// at that kind's fallback price.
+    pub(crate) kind: ProviderKind,
     pub(crate) stream: bool,
     pub(crate) surface: Surface,
     /// The request's estimated input tokens (the body's, estimated once when it was read), for a
@@ -79,7 +82,8 @@ impl Meter {
             // An error the provider reported no usage for costs nothing.
             Usage::default()
         };
-        let mut settled = receipt::settle(tapped.usage, estimate, model.as_deref(), &request.prices.table);
+        let price = request.prices.table.price_for(model.as_deref(), request.kind);
+        let mut settled = receipt::settle(tapped.usage, estimate, &price);
         if tapped.partial {
             settled.source = UsageSource::Estimated;
         }
@@ -88,7 +92,7 @@ impl Meter {
         }
         if !settled.priced {
             metrics.receipt_unpriced();
-            self.alarm_unpriced(model.as_deref());
+            self.alarm_unpriced(model.as_deref(), settled.priced_as.as_deref());
         }
         if let Some(settle) = request.settle.take() {
             let tokens = settled.usage.input_tokens.saturating_add(settled.usage.output_tokens);
@@ -127,13 +131,14 @@ impl Meter {
             usage_source: settled.source,
             priced: settled.priced,
             price_revision: request.prices.revision,
+            priced_as: settled.priced_as,
             started_at: request.started_at,
             finished_at,
             node_id: self.node_id.clone(),
         }
     }
 
-    fn alarm_unpriced(&self, model: Option<&str>) {
+    fn alarm_unpriced(&self, model: Option<&str>, priced_as: Option<&str>) {
         let model = model.unwrap_or("(no model)");
         let first = {
             let mut alarmed = self.alarmed.lock().unwrap_or_else(|p| p.into_inner());
@@ -146,7 +151,8 @@ impl Meter {
         if first {
             tracing::error!(
                 model,
-                "ALARM: a model has no price; its receipts cost 0 with priced=false until one is set (PUT /admin/v1/prices/{{model}})"
+                priced_as,
+                "ALARM: a model has no price; its receipts are costed at the fallback price with priced=false until one is set (PUT /admin/v1/prices/{{model}})"
             );
         }
     }

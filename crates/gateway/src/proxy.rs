@@ -156,7 +156,9 @@ where
     let InspectedRequest { facts, input_tokens } = rewrite::inspect_and_estimate(&body);
     let prices = shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default();
     let reservation = match &ctx.admitted {
-        Some(admitted) => check_caps(shared, admitted, &facts, input_tokens, &prices, ctx.started_at).await?,
+        Some(admitted) => {
+            check_caps(shared, admitted, &facts, input_tokens, &prices, target.kind, ctx.started_at).await?
+        }
         None => None,
     };
     // Usage is read from the stream; OpenAI streams carry it only when asked.
@@ -180,6 +182,7 @@ where
                 provider: route.credential.to_owned(),
                 endpoint: endpoint.to_owned(),
                 request_model: facts.model.clone(),
+                kind: target.kind,
                 stream: facts.stream,
                 surface,
                 input_tokens,
@@ -397,6 +400,7 @@ async fn check_caps(
     facts: &RequestFacts,
     input_tokens: u64,
     prices: &Prices,
+    kind: ProviderKind,
     now: Timestamp,
 ) -> Result<Option<(Reservation, Vec<CapId>)>, Refusal> {
     let (org, key) = (&admitted.org.id, &admitted.key_id);
@@ -421,11 +425,7 @@ async fn check_caps(
         output_tokens: facts.max_output_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE),
         ..Usage::default()
     };
-    let cost = facts
-        .model
-        .as_deref()
-        .and_then(|m| prices.table.lookup(m))
-        .map_or(Nanos::ZERO, |p| pricing::cost(&estimate, p));
+    let cost = pricing::cost(&estimate, &prices.table.price_for(facts.model.as_deref(), kind).price);
     let covered: Vec<Covered> = covering
         .iter()
         .map(|cap| Covered { window: cap_window(cap, now), line: cap.hard_stop.then_some(cap.limit) })
