@@ -20,6 +20,94 @@ use recovea_core::timestamp::Timestamp;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
+/// What an operator's price applies to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PriceTarget {
+    /// A model, by the name requests give.
+    Model(String),
+    /// The price of the models of a provider kind that no entry prices.
+    Fallback(ProviderKind),
+}
+
+impl PriceTarget {
+    /// The two columns a price row is keyed by: `model` or `fallback`, and the name or kind. Kept
+    /// apart so that no model name (which may hold any character) can be taken for a fallback.
+    fn columns(&self) -> (&'static str, &str) {
+        match self {
+            Self::Model(model) => ("model", model),
+            Self::Fallback(kind) => ("fallback", kind.as_str()),
+        }
+    }
+
+    fn from_columns(target: &str, name: String) -> Option<PriceTarget> {
+        match target {
+            "model" => Some(Self::Model(name)),
+            "fallback" => ProviderKind::parse(&name).map(Self::Fallback),
+            _ => None,
+        }
+    }
+}
+
+/// A price row as both stores read it: target, name, kind, price (JSON), revision, time.
+pub(crate) fn price_override(
+    target: &str,
+    name: String,
+    kind: Option<String>,
+    price: &str,
+    revision: i64,
+    set_at: i64,
+) -> Result<PriceOverride> {
+    let corrupt = |what: String| StoreError::Backend(format!("price row: {what}"));
+    let target =
+        PriceTarget::from_columns(target, name).ok_or_else(|| corrupt(format!("bad target {target:?}")))?;
+    let kind = kind
+        .map(|kind| ProviderKind::parse(&kind).ok_or_else(|| corrupt(format!("bad kind {kind:?}"))))
+        .transpose()?;
+    let price = serde_json::from_str(price).map_err(|e| corrupt(format!("bad price: {e}")))?;
+    let revision = u64::try_from(revision).map_err(|_| corrupt(format!("bad revision {revision}")))?;
+    Ok(PriceOverride { target, kind, price, revision, set_at: Timestamp(set_at) })
+}
+
+/// A price row to insert: target, name, kind, and the price as JSON (`None`: removed).
+pub(crate) type PriceRow<'a> = (&'static str, &'a str, Option<&'static str>, Option<String>);
+
+/// The changes as rows to insert, the later of two changes to one target only.
+pub(crate) fn price_rows(changes: &[PriceChange]) -> Result<Vec<PriceRow<'_>>> {
+    let mut rows: Vec<PriceRow<'_>> = Vec::with_capacity(changes.len());
+    for change in changes {
+        let (target, name) = change.target.columns();
+        let price = change
+            .price
+            .as_ref()
+            .map(|price| serde_json::to_string(price).map_err(|e| StoreError::Backend(e.to_string())))
+            .transpose()?;
+        rows.retain(|row| (row.0, row.1) != (target, name));
+        rows.push((target, name, change.kind.map(ProviderKind::as_str), price));
+    }
+    Ok(rows)
+}
+
+/// An operator's price in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PriceOverride {
+    pub target: PriceTarget,
+    /// The provider kind given with a model's price, if one was.
+    pub kind: Option<ProviderKind>,
+    pub price: PriceWire,
+    /// The price table revision that set it.
+    pub revision: u64,
+    pub set_at: Timestamp,
+}
+
+/// One change of a price table revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PriceChange {
+    pub target: PriceTarget,
+    pub kind: Option<ProviderKind>,
+    /// `None` removes the operator's price: the built-in price (or the computed fallback) is back.
+    pub price: Option<PriceWire>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrgRecord {
     pub id: OrgId,
@@ -90,8 +178,9 @@ pub struct State {
     pub providers: Vec<ProviderRecord>,
     /// The latest price table revision (0: no override was ever made).
     pub price_revision: u64,
-    /// The operators' price for each model they priced, the latest revision of each.
-    pub price_overrides: Vec<(String, PriceWire)>,
+    /// The operators' prices in force: for each model and fallback they priced and did not remove
+    /// since, the latest revision. Fallbacks first, then models, each by name.
+    pub price_overrides: Vec<PriceOverride>,
     pub caps: Vec<CapRecord>,
 }
 
@@ -172,8 +261,19 @@ pub trait ControlStore: Send + Sync + 'static {
     fn list_providers(&self, org: &OrgId) -> Result<Vec<ProviderRecord>>;
 
     fn state(&self) -> Result<State>;
+    /// Applies `changes` together as one new revision of the price table, and returns that
+    /// revision. `NotFound`, changing nothing, when a removal names no price in force. Of two
+    /// changes to one target, the later wins.
+    fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64>;
     /// Sets a model's price as a new revision of the price table, and returns that revision.
-    fn put_price(&self, model: &str, price: &PriceWire, at: Timestamp) -> Result<u64>;
+    fn put_price(&self, model: &str, price: &PriceWire, at: Timestamp) -> Result<u64> {
+        let change = PriceChange {
+            target: PriceTarget::Model(model.to_owned()),
+            kind: None,
+            price: Some(price.clone()),
+        };
+        self.change_prices(&[change], at)
+    }
     /// `NotFound` when the organization does not exist.
     fn create_cap(&self, cap: &CapRecord) -> Result<()>;
     fn caps(&self, org: &OrgId) -> Result<Vec<CapRecord>>;

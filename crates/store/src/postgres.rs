@@ -22,7 +22,6 @@ use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
 use recovea_core::money::Nanos;
-use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::snapshot::ProviderKind;
@@ -30,8 +29,9 @@ use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
 
 use crate::{
-    ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgIds, OrgRecord,
-    ProviderRecord, ReceiptLedger, ReceiptQuery, Result, SpendRow, State, StoreError,
+    ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgIds, OrgRecord, PriceChange,
+    PriceOverride, ProviderRecord, ReceiptLedger, ReceiptQuery, Result, SpendRow, State, StoreError,
+    price_override, price_rows,
 };
 use pool::{Manage, Pool};
 
@@ -136,6 +136,22 @@ fn rows<T>(
 fn count(row: &Row, index: usize) -> Result<u64> {
     let n: i64 = get(row, index)?;
     u64::try_from(n).map_err(|_| corrupt(format!("negative count {n}")))
+}
+
+/// The operators' prices in force: the latest row of each target, unless it removed the price.
+fn prices_in_force(client: &mut impl GenericClient) -> Result<Vec<PriceOverride>> {
+    rows(
+        client,
+        "SELECT target, name, kind, price, revision, created_at FROM (
+             SELECT DISTINCT ON (target, name) target, name, kind, price, revision, created_at
+             FROM price_log ORDER BY target, name, revision DESC
+         ) latest WHERE price IS NOT NULL ORDER BY target, name",
+        &[],
+        |row| {
+            let price: &str = get(row, 3)?;
+            price_override(get(row, 0)?, get(row, 1)?, get(row, 2)?, price, get(row, 4)?, get(row, 5)?)
+        },
+    )
 }
 
 fn to_i64(n: u64) -> i64 {
@@ -415,37 +431,43 @@ impl ControlStore for PostgresStore {
             provider_row,
         )?;
         let price_revision = count(
-            &tx.query_one("SELECT COALESCE(MAX(revision), 0)::BIGINT FROM price_revisions", &[])
+            &tx.query_one("SELECT COALESCE(MAX(revision), 0)::BIGINT FROM price_log", &[])
                 .map_err(backend)?,
             0,
         )?;
-        let price_overrides = rows(
-            &mut tx,
-            "SELECT DISTINCT ON (model) model, price FROM price_revisions ORDER BY model, revision DESC",
-            &[],
-            |row| {
-                let price: &str = get(row, 1)?;
-                let wire: PriceWire =
-                    serde_json::from_str(price).map_err(|e| corrupt(format!("bad price: {e}")))?;
-                Ok((get::<String>(row, 0)?, wire))
-            },
-        )?;
+        let price_overrides = prices_in_force(&mut tx)?;
         let caps =
             rows(&mut tx, &format!("SELECT {CAP_COLUMNS} FROM caps ORDER BY created_at, id"), &[], cap_row)?;
         tx.commit().map_err(backend)?;
         Ok(State { version, orgs, active_keys, providers, price_revision, price_overrides, caps })
     }
 
-    fn put_price(&self, model: &str, price: &PriceWire, at: Timestamp) -> Result<u64> {
-        let price = serde_json::to_string(price).map_err(|e| StoreError::Backend(e.to_string()))?;
+    fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64> {
+        let rows = price_rows(changes)?;
         self.change(|tx| {
-            let row = tx
-                .query_one(
-                    "INSERT INTO price_revisions (model, price, created_at) VALUES ($1, $2, $3) RETURNING revision",
-                    &[&model, &price, &at.0],
+            let in_force = prices_in_force(tx)?;
+            for (target, name, _, price) in &rows {
+                let removes_nothing =
+                    price.is_none() && !in_force.iter().any(|row| row.target.columns() == (*target, *name));
+                if removes_nothing {
+                    return Err(StoreError::NotFound);
+                }
+            }
+            let revision: i64 = get(
+                &tx.query_one("SELECT COALESCE(MAX(revision), 0)::BIGINT + 1 FROM price_log", &[])
+                    .map_err(backend)?,
+                0,
+            )?;
+            let insert = tx
+                .prepare(
+                    "INSERT INTO price_log (revision, target, name, kind, price, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
                 )
                 .map_err(backend)?;
-            count(&row, 0)
+            for (target, name, kind, price) in &rows {
+                tx.execute(&insert, &[&revision, target, name, kind, price, &at.0]).map_err(backend)?;
+            }
+            u64::try_from(revision).map_err(|_| corrupt(format!("bad revision {revision}")))
         })
     }
 

@@ -12,14 +12,14 @@ use recovea_core::window::Window;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use recovea_core::money::Nanos;
-use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::usage::UsageSource;
 
 use crate::{
-    ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgIds, OrgRecord,
-    ProviderRecord, ReceiptLedger, ReceiptQuery, Result, SpendRow, State, StoreError,
+    ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgIds, OrgRecord, PriceChange,
+    PriceOverride, ProviderRecord, ReceiptLedger, ReceiptQuery, Result, SpendRow, State, StoreError,
+    price_override, price_rows,
 };
 
 /// Each entry migrates the schema from its index to the next; `PRAGMA user_version` records how far.
@@ -167,12 +167,29 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX receipts_by_org_time ON receipts(org_id, started_at, id, key_id, cost_nanos);
     CREATE INDEX receipts_by_key_time ON receipts(key_id, started_at, org_id, cost_nanos);
 ",
+    // A revision may change many prices (an import), remove one (back to the built-in price), or
+    // set a provider kind's fallback price; a receipt says which price it was costed at. Rows of
+    // removed prices stay, with no price: the log says what each revision held.
+    r"
+    CREATE TABLE price_log (
+        revision INTEGER NOT NULL,
+        target TEXT NOT NULL,
+        name TEXT NOT NULL,
+        kind TEXT,
+        price TEXT,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (target, name, revision)
+    );
+    INSERT INTO price_log SELECT revision, 'model', model, NULL, price, created_at FROM price_revisions;
+    DROP TABLE price_revisions;
+    ALTER TABLE receipts ADD COLUMN priced_as TEXT;
+",
 ];
 
 /// A receipt's columns, in the order [`receipt_row`] reads them.
 const RECEIPT_COLUMNS: &str = "id, request_id, org_id, key_id, provider, model, endpoint, status, stream,
     input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens, reasoning_tokens,
-    cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id";
+    cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id, priced_as";
 
 pub struct SqliteStore {
     conn: Mutex<Connection>,
@@ -642,25 +659,9 @@ impl ControlStore for SqliteStore {
                 .map_err(backend)?
         };
         let price_revision: i64 = tx
-            .query_row("SELECT COALESCE(MAX(revision), 0) FROM price_revisions", [], |r| r.get(0))
+            .query_row("SELECT COALESCE(MAX(revision), 0) FROM price_log", [], |r| r.get(0))
             .map_err(backend)?;
-        let price_overrides = {
-            let mut stmt = tx
-                .prepare(
-                    "SELECT model, price FROM price_revisions p WHERE revision =
-                     (SELECT MAX(revision) FROM price_revisions q WHERE q.model = p.model) ORDER BY model",
-                )
-                .map_err(backend)?;
-            stmt.query_map([], |row| {
-                let price: String = row.get(1)?;
-                let wire: PriceWire =
-                    serde_json::from_str(&price).map_err(|e| corrupt(format!("bad price: {e}")))?;
-                Ok((row.get::<_, String>(0)?, wire))
-            })
-            .map_err(backend)?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(backend)?
-        };
+        let price_overrides = prices_in_force(&tx)?;
         let caps = {
             let mut stmt = tx.prepare(&format!("SELECT {CAP_COLUMNS} FROM caps")).map_err(backend)?;
             stmt.query_map([], cap_row)
@@ -680,17 +681,63 @@ impl ControlStore for SqliteStore {
         })
     }
 
-    fn put_price(&self, model: &str, price: &PriceWire, at: Timestamp) -> Result<u64> {
-        let price = serde_json::to_string(price).map_err(|e| StoreError::Backend(e.to_string()))?;
+    fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64> {
+        let rows = price_rows(changes)?;
         self.change(|tx| {
-            tx.execute(
-                "INSERT INTO price_revisions (model, price, created_at) VALUES (?1, ?2, ?3)",
-                params![model, price, at.0],
-            )
-            .map_err(backend)?;
-            Ok(u64::try_from(tx.last_insert_rowid()).unwrap_or(0))
+            let in_force = prices_in_force(tx)?;
+            for (target, name, _, price) in &rows {
+                let removes_nothing =
+                    price.is_none() && !in_force.iter().any(|row| row.target.columns() == (*target, *name));
+                if removes_nothing {
+                    return Err(StoreError::NotFound);
+                }
+            }
+            let revision: i64 = tx
+                .query_row("SELECT COALESCE(MAX(revision), 0) + 1 FROM price_log", [], |r| r.get(0))
+                .map_err(backend)?;
+            let mut insert = tx
+                .prepare(
+                    "INSERT INTO price_log (revision, target, name, kind, price, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(backend)?;
+            for (target, name, kind, price) in &rows {
+                insert.execute(params![revision, target, name, kind, price, at.0]).map_err(backend)?;
+            }
+            Ok(u64::try_from(revision).unwrap_or(0))
         })
     }
+}
+
+/// The operators' prices in force: the latest row of each target, unless it removed the price.
+fn prices_in_force(tx: &rusqlite::Transaction<'_>) -> Result<Vec<PriceOverride>> {
+    let mut stmt = tx
+        .prepare(
+            "SELECT target, name, kind, price, revision, created_at FROM price_log p
+             WHERE price IS NOT NULL AND revision =
+                 (SELECT MAX(revision) FROM price_log q WHERE q.target = p.target AND q.name = p.name)
+             ORDER BY target, name",
+        )
+        .map_err(backend)?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, Option<String>>(2)?,
+                row.get::<_, String>(3)?,
+                row.get::<_, i64>(4)?,
+                row.get::<_, i64>(5)?,
+            ))
+        })
+        .map_err(backend)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(backend)?;
+    rows.into_iter()
+        .map(|(target, name, kind, price, revision, at)| {
+            price_override(&target, name, kind, &price, revision, at)
+        })
+        .collect()
 }
 
 const CAP_COLUMNS: &str =
@@ -778,6 +825,7 @@ fn receipt_row(row: &Row<'_>) -> rusqlite::Result<Receipt> {
         started_at: Timestamp(row.get(18)?),
         finished_at: Timestamp(row.get(19)?),
         node_id: row.get(20)?,
+        priced_as: row.get(21)?,
     })
 }
 
@@ -791,7 +839,7 @@ impl ReceiptLedger for SqliteStore {
                 .prepare_cached(&format!(
                     "INSERT OR IGNORE INTO receipts ({RECEIPT_COLUMNS})
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                             ?18, ?19, ?20, ?21)"
+                             ?18, ?19, ?20, ?21, ?22)"
                 ))
                 .map_err(backend)?;
             for written in receipts {
@@ -819,6 +867,7 @@ impl ReceiptLedger for SqliteStore {
                         r.started_at.0,
                         r.finished_at.0,
                         r.node_id,
+                        r.priced_as,
                     ])
                     .map_err(backend)?;
             }
@@ -927,6 +976,7 @@ mod tests {
             usage_source: UsageSource::Estimated,
             priced: false,
             price_revision: 7,
+            priced_as: Some("fallback:anthropic".into()),
             started_at: Timestamp(started_at),
             finished_at: Timestamp(started_at + 1_234),
             node_id: "node_x".into(),
@@ -948,14 +998,21 @@ mod tests {
 
     #[test]
     fn receipts_stored_as_json_text_become_columns() {
+        // The schema before migration 7 (at index 6) made receipts columns.
         let conn = Connection::open_in_memory().expect("open");
-        for sql in &MIGRATIONS[..MIGRATIONS.len() - 1] {
+        for sql in &MIGRATIONS[..6] {
             conn.execute_batch(sql).expect("an earlier migration");
         }
-        conn.pragma_update(None, "user_version", MIGRATIONS.len() - 1).expect("version");
+        conn.pragma_update(None, "user_version", 6).expect("version");
+        // Receipts of that time had no `priced_as`.
         let old = [
-            unusual("rcpt_old1", 1_764_591_691_722),
-            Receipt { started_at: Timestamp(5), finished_at: Timestamp(9), ..Receipt::example("rcpt_old2") },
+            Receipt { priced_as: None, ..unusual("rcpt_old1", 1_764_591_691_722) },
+            Receipt {
+                started_at: Timestamp(5),
+                finished_at: Timestamp(9),
+                priced_as: None,
+                ..Receipt::example("rcpt_old2")
+            },
         ];
         for r in &old {
             conn.execute(
@@ -986,6 +1043,33 @@ mod tests {
         let new = unusual("rcpt_new", 6);
         store.insert_receipts(&[SerializedReceipt::new(new.clone())]).expect("insert");
         assert_eq!(all_of_org_a(&store), [old[1].clone(), new, old[0].clone()]);
+    }
+
+    #[test]
+    fn price_revisions_become_the_price_log() {
+        let conn = Connection::open_in_memory().expect("open");
+        for sql in &MIGRATIONS[..7] {
+            conn.execute_batch(sql).expect("an earlier migration");
+        }
+        conn.pragma_update(None, "user_version", 7).expect("version");
+        for (model, input, at) in [("m", "1", 1), ("m", "2", 2), ("n", "3", 3)] {
+            let price = format!(r#"{{"input_per_mtok_usd":"{input}","output_per_mtok_usd":"1"}}"#);
+            conn.execute(
+                "INSERT INTO price_revisions (model, price, created_at) VALUES (?1, ?2, ?3)",
+                params![model, price, at],
+            )
+            .expect("a price as stored before");
+        }
+        let store = SqliteStore::with_connection(conn).expect("migrated");
+        let state = store.state().expect("state");
+        assert_eq!(state.price_revision, 3);
+        let kept: Vec<(String, String, u64)> = state
+            .price_overrides
+            .iter()
+            .map(|o| (format!("{:?}", o.target), o.price.input_per_mtok_usd.clone(), o.revision))
+            .collect();
+        assert_eq!(kept, [(r#"Model("m")"#.into(), "2".into(), 2), (r#"Model("n")"#.into(), "3".into(), 3)]);
+        assert_eq!(store.put_price("n", &state.price_overrides[0].price, Timestamp(4)).expect("put"), 4);
     }
 
     #[test]

@@ -19,7 +19,8 @@ use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
 use recovea_store::{
     ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PostgresStore,
-    ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore, StoreError,
+    PriceChange, PriceOverride, PriceTarget, ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore,
+    StoreError,
 };
 
 /// A fresh, empty database; `open` gives a new store instance on it each time it is called.
@@ -130,6 +131,7 @@ suite!(
     spend_summary_groups_by_day_key_and_model,
     spend_sums_costs_in_a_window,
     each_price_change_is_a_new_revision,
+    prices_are_removed_imported_and_set_per_kind_in_one_revision_each,
     caps_are_created_read_updated_and_deleted,
     alerts_are_raised_once_per_threshold,
     the_state_version_grows_with_each_change,
@@ -375,7 +377,8 @@ fn state_holds_every_table(db: &impl Backend) {
     assert_eq!(state.providers, vec![provider("org_a")]);
     assert_eq!(state.caps, vec![cap("cap_a", "org_a", Some("key_a"))]);
     assert_eq!(state.price_revision, 1);
-    assert_eq!(state.price_overrides, vec![("gpt-4o".to_owned(), wire("2.5"))]);
+    assert_eq!(in_force(&state.price_overrides), vec![("gpt-4o".to_owned(), wire("2.5"))]);
+    assert_eq!((state.price_overrides[0].revision, state.price_overrides[0].set_at), (1, Timestamp(5)));
     assert_eq!(store.list_orgs().expect("list")[0].id, org_id("org_b"), "listed oldest first");
     assert_eq!(store.org(&org_id("org_a")).expect("read"), Some(org("org_a")));
     assert_eq!(store.org(&org_id("org_zz")).expect("read"), None);
@@ -514,7 +517,89 @@ fn each_price_change_is_a_new_revision(db: &impl Backend) {
     assert!(second > first);
     let state = store.state().expect("state");
     assert_eq!(state.price_revision, 3);
-    assert_eq!(state.price_overrides, vec![("m".to_owned(), wire("3")), ("n".to_owned(), wire("4"))]);
+    assert_eq!(
+        in_force(&state.price_overrides),
+        vec![("m".to_owned(), wire("3")), ("n".to_owned(), wire("4"))]
+    );
+}
+
+fn prices_are_removed_imported_and_set_per_kind_in_one_revision_each(db: &impl Backend) {
+    let store = db.open();
+    let model = |name: &str, price: Option<&str>| PriceChange {
+        target: PriceTarget::Model(name.into()),
+        kind: Some(ProviderKind::Anthropic),
+        price: price.map(wire),
+    };
+    let version = store.version().expect("version");
+    // An import: many prices, one revision; of two changes to one model the later wins.
+    let imported = store
+        .change_prices(&[model("a", Some("1")), model("b/c", Some("2")), model("a", Some("3"))], Timestamp(1))
+        .expect("import");
+    assert_eq!(imported, 1);
+    assert_eq!(store.version().expect("version"), version + 1);
+    let state = store.state().expect("state");
+    assert_eq!(
+        in_force(&state.price_overrides),
+        vec![("a".to_owned(), wire("3")), ("b/c".to_owned(), wire("2"))]
+    );
+    assert!(state.price_overrides.iter().all(|o| o.kind == Some(ProviderKind::Anthropic) && o.revision == 1));
+
+    // A fallback price is kept apart from models, even one named like a kind.
+    let fallback = PriceChange {
+        target: PriceTarget::Fallback(ProviderKind::OpenAi),
+        kind: None,
+        price: Some(wire("150")),
+    };
+    let openai_model =
+        PriceChange { target: PriceTarget::Model("openai".into()), kind: None, price: Some(wire("9")) };
+    assert_eq!(store.change_prices(&[fallback, openai_model], Timestamp(2)).expect("fallback"), 2);
+    let state = store.state().expect("state");
+    assert_eq!(
+        state.price_overrides[0].target,
+        PriceTarget::Fallback(ProviderKind::OpenAi),
+        "fallbacks first"
+    );
+    assert_eq!(state.price_overrides.len(), 4);
+
+    // A removal is a revision of its own; the price is gone, the others stay.
+    assert_eq!(store.change_prices(&[model("a", None)], Timestamp(3)).expect("remove"), 3);
+    let state = store.state().expect("state");
+    assert_eq!(state.price_revision, 3);
+    let names: Vec<PriceTarget> = state.price_overrides.iter().map(|o| o.target.clone()).collect();
+    assert_eq!(
+        names,
+        [
+            PriceTarget::Fallback(ProviderKind::OpenAi),
+            PriceTarget::Model("b/c".into()),
+            PriceTarget::Model("openai".into())
+        ]
+    );
+    // Removing what is not in force changes nothing, not even the version.
+    let version = store.version().expect("version");
+    let fallback_gone =
+        PriceChange { target: PriceTarget::Fallback(ProviderKind::Anthropic), kind: None, price: None };
+    assert!(matches!(store.change_prices(&[model("a", None)], Timestamp(4)), Err(StoreError::NotFound)));
+    assert!(matches!(store.change_prices(&[fallback_gone], Timestamp(4)), Err(StoreError::NotFound)));
+    assert_eq!(
+        (store.version().expect("version"), store.state().expect("state").price_revision),
+        (version, 3)
+    );
+    // Set again after its removal, a price is back at a new revision.
+    assert_eq!(store.put_price("a", &wire("5"), Timestamp(5)).expect("put"), 4);
+    let reopened = db.open().state().expect("state");
+    let a = reopened.price_overrides.iter().find(|o| o.target == PriceTarget::Model("a".into())).expect("a");
+    assert_eq!((a.price.clone(), a.kind, a.revision, a.set_at), (wire("5"), None, 4, Timestamp(5)));
+}
+
+/// The models' prices in force, by name.
+fn in_force(overrides: &[PriceOverride]) -> Vec<(String, PriceWire)> {
+    overrides
+        .iter()
+        .filter_map(|o| match &o.target {
+            PriceTarget::Model(model) => Some((model.clone(), o.price.clone())),
+            PriceTarget::Fallback(_) => None,
+        })
+        .collect()
 }
 
 fn caps_are_created_read_updated_and_deleted(db: &impl Backend) {
@@ -634,7 +719,7 @@ fn two_stores_on_one_database_see_each_others_changes(db: &impl Backend) {
     assert_eq!(state_a.version, state_b.version);
     assert_eq!(state_a.active_keys, state_b.active_keys);
     assert_eq!(
-        (state_b.price_revision, state_b.price_overrides),
+        (state_b.price_revision, in_force(&state_b.price_overrides)),
         (revision, vec![("m".to_owned(), wire("3"))])
     );
 

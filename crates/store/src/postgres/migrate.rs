@@ -108,6 +108,22 @@ pub(super) const MIGRATIONS: &[&str] = &[
     DROP INDEX receipts_by_key_time;
     CREATE INDEX receipts_by_key_time ON receipts(key_id, started_at) INCLUDE (org_id, cost_nanos);
 "#,
+    // A revision may change many prices (an import), remove one (back to the built-in price), or
+    // set a provider kind's fallback price. Rows of removed prices stay, with no price: the log
+    // says what each revision held. Revisions are handed out under the state version's row lock.
+    r#"
+    CREATE TABLE price_log (
+        revision BIGINT NOT NULL,
+        target TEXT COLLATE "C" NOT NULL,
+        name TEXT COLLATE "C" NOT NULL,
+        kind TEXT,
+        price TEXT,
+        created_at BIGINT NOT NULL,
+        PRIMARY KEY (target, name, revision)
+    );
+    INSERT INTO price_log SELECT revision, 'model', model, NULL, price, created_at FROM price_revisions;
+    DROP TABLE price_revisions;
+"#,
 ];
 
 /// The advisory lock that serializes migrations across every process on the database ("recovea!").
