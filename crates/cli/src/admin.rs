@@ -175,10 +175,31 @@ fn thresholds(values: &[String]) -> Result<Value, String> {
 
 #[derive(Subcommand)]
 enum Prices {
+    /// Lists the table in force, each entry's source, and the fallback price per provider kind.
     List,
+    /// Resolves a model name as the gateway prices it, and says where the price came from.
+    Get { model: String },
+    /// Removes a model's override: back to the built-in price, as a new revision.
+    Delete { model: String },
+    /// Imports a price file (the built-in table's format, or LiteLLM's
+    /// model_prices_and_context_window.json) as one revision.
+    Import { file: std::path::PathBuf },
+    /// Sets a provider kind's (openai, anthropic) fallback price: what a model without a price costs.
+    SetFallback {
+        kind: String,
+        #[arg(long, env = "RECOVEA_PRICE_INPUT")]
+        input: String,
+        #[arg(long, env = "RECOVEA_PRICE_OUTPUT")]
+        output: String,
+    },
+    /// Removes a provider kind's fallback price: computed from the table again.
+    DeleteFallback { kind: String },
     /// Sets a model's price per million tokens (USD decimal strings): a new revision of the table.
     Set {
         model: String,
+        /// The provider kind (openai, anthropic) that serves the model.
+        #[arg(long, env = "RECOVEA_PRICE_KIND")]
+        kind: Option<String>,
         #[arg(long, env = "RECOVEA_PRICE_INPUT")]
         input: String,
         #[arg(long, env = "RECOVEA_PRICE_OUTPUT")]
@@ -367,8 +388,31 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
         Resource::Spend { org } => (Method::GET, format!("/orgs/{org}/spend"), None),
         Resource::Alerts { org } => (Method::GET, format!("/orgs/{org}/alerts"), None),
         Resource::Prices(Prices::List) => (Method::GET, "/prices".into(), None),
-        Resource::Prices(Prices::Set { model, input, output, cached_input, cache_write }) => {
+        Resource::Prices(Prices::Get { model }) => (Method::GET, format!("/prices/{}", encode(&model)), None),
+        Resource::Prices(Prices::Delete { model }) => {
+            (Method::DELETE, format!("/prices/{}", encode(&model)), None)
+        }
+        Resource::Prices(Prices::Import { file }) => {
+            let text = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let answer = client
+                .call_with_text(Method::POST, "/price-imports", text.into())
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+            return Ok(());
+        }
+        Resource::Prices(Prices::SetFallback { kind, input, output }) => {
+            let body = json!({ "input_per_mtok_usd": input, "output_per_mtok_usd": output });
+            (Method::PUT, format!("/fallback-prices/{}", encode(&kind)), Some(body))
+        }
+        Resource::Prices(Prices::DeleteFallback { kind }) => {
+            (Method::DELETE, format!("/fallback-prices/{}", encode(&kind)), None)
+        }
+        Resource::Prices(Prices::Set { model, kind, input, output, cached_input, cache_write }) => {
             let mut body = json!({ "input_per_mtok_usd": input, "output_per_mtok_usd": output });
+            if let Some(kind) = kind {
+                body["kind"] = Value::String(kind);
+            }
             if let Some(price) = cached_input {
                 body["cached_input_per_mtok_usd"] = Value::String(price);
             }

@@ -81,6 +81,13 @@ impl Control {
             (["prices", model @ ..], &Method::PUT) if !model.is_empty() => {
                 self.put_price(&model.join("/"), parse(&body)?).await
             }
+            (["prices", model @ ..], &Method::GET) if !model.is_empty() => self.get_price(&model.join("/")),
+            (["prices", model @ ..], &Method::DELETE) if !model.is_empty() => {
+                self.delete_price(&model.join("/")).await
+            }
+            (["price-imports"], &Method::POST) => self.import_prices(&body).await,
+            (["fallback-prices", kind], &Method::PUT) => self.put_fallback_price(kind, parse(&body)?).await,
+            (["fallback-prices", kind], &Method::DELETE) => self.delete_fallback_price(kind).await,
             (["orgs"], &Method::POST) => self.create_org(parse(&body)?).await,
             (["orgs"], &Method::GET) => self.list_orgs().await,
             (["orgs", org], &Method::GET) => self.get_org(org_id(org)?).await,
@@ -96,7 +103,7 @@ impl Control {
             | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _)
             | (["orgs", _, "receipts"] | ["orgs", _, "receipts", "summary"] | ["prices", ..], _)
             | (["orgs", _, "caps"] | ["caps", _] | ["orgs", _, "spend"] | ["orgs", _, "alerts"], _)
-            | (["nodes"], _) => Err(ApiError::MethodNotAllowed),
+            | (["nodes"] | ["price-imports"] | ["fallback-prices", _], _) => Err(ApiError::MethodNotAllowed),
             _ => Err(ApiError::NotFound("Unknown admin path.".into())),
         }?;
         if method != Method::GET
@@ -453,6 +460,11 @@ mod openapi_tests {
         ("/orgs/{org}/spend", "get"),
         ("/orgs/{org}/alerts", "get"),
         ("/prices/{model}", "put"),
+        ("/prices/{model}", "get"),
+        ("/prices/{model}", "delete"),
+        ("/price-imports", "post"),
+        ("/fallback-prices/{kind}", "put"),
+        ("/fallback-prices/{kind}", "delete"),
         ("/orgs", "post"),
         ("/orgs", "get"),
         ("/orgs/{org}", "get"),

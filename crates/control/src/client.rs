@@ -57,8 +57,23 @@ impl AdminClient {
         path: &str,
         body: Option<Value>,
     ) -> Result<Bytes, ClientError> {
+        self.send(method, path, body.map(|b| Bytes::from(b.to_string())).unwrap_or_default()).await
+    }
+
+    /// Like [`AdminClient::call`], with a body sent as it is: a price file, whose numbers must
+    /// reach the server as written rather than through a JSON value's floats.
+    pub async fn call_with_text(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<Value, ClientError> {
+        let bytes = self.send(method, path, body).await?;
+        Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes, ClientError> {
         let url = format!("{}/admin/v1{path}", self.base_url);
-        let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
         let request = Request::builder()
             .method(method)
             .uri(&url)

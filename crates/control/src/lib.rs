@@ -49,8 +49,9 @@ struct Inner {
     /// The serving node's counters, when they are in this process: the spend report compares them
     /// with the ledger.
     counters: std::sync::OnceLock<Arc<recovea_counters::Counters>>,
-    /// The prices of the last published snapshot, for `GET /prices`.
-    prices: std::sync::Mutex<Prices>,
+    /// The prices of the last published snapshot and the revision of each operator's price, for
+    /// `GET /prices`.
+    prices: std::sync::Mutex<(Prices, std::collections::HashMap<recovea_store::PriceTarget, u64>)>,
     master_key: MasterKey,
     /// Compared as hashes, so the comparison takes the same time whatever the presented token.
     admin_token_hash: recovea_core::keys::KeyHash,
@@ -95,7 +96,7 @@ impl Control {
                 store,
                 ledger,
                 counters: std::sync::OnceLock::new(),
-                prices: std::sync::Mutex::new(Prices::default()),
+                prices: std::sync::Mutex::new((Prices::default(), std::collections::HashMap::new())),
                 master_key,
                 admin_token_hash: recovea_core::keys::hash_secret(admin_token),
                 publish,
@@ -138,10 +139,13 @@ impl Control {
             }
             let version = state.version;
             let feed = Arc::new(feed_state(&state));
+            let revisions =
+                state.price_overrides.iter().map(|set| (set.target.clone(), set.revision)).collect();
             drop(state);
             match feed.prices.to_prices() {
                 Ok(prices) => {
-                    *control.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = prices;
+                    *control.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                        (prices, revisions);
                 }
                 Err(e) => tracing::error!(error = %e, "the published prices do not parse"),
             }

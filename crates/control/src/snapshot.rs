@@ -3,7 +3,7 @@
 
 use recovea_core::feed::{CapWire, FeedState, KeyWire, OrgWire, PricesWire, ProviderWire};
 use recovea_core::pricing::Price;
-use recovea_store::State;
+use recovea_store::{PriceTarget, State};
 
 /// The state nodes serve. Keys and caps of organizations the state does not hold are left out.
 pub fn feed_state(state: &State) -> FeedState {
@@ -48,20 +48,26 @@ pub fn feed_state(state: &State) -> FeedState {
     feed
 }
 
-/// The operators' overrides. One that no longer parses (it was validated when set) is left out and
-/// logged rather than make every node refuse the state.
+/// The operators' overrides and fallback prices. One that no longer parses (it was validated when
+/// set) is left out and logged rather than make every node refuse the state.
 fn prices(state: &State) -> PricesWire {
-    let overrides = state
-        .price_overrides
-        .iter()
-        .filter(|(model, wire)| match Price::try_from(wire) {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::error!(model = %model, error = %e, "a stored price override does not parse; ignored");
-                false
+    let mut wire = PricesWire { revision: state.price_revision, ..PricesWire::default() };
+    for set in &state.price_overrides {
+        if let Err(e) = Price::try_from(&set.price) {
+            tracing::error!(target = ?set.target, error = %e, "a stored price does not parse; ignored");
+            continue;
+        }
+        match &set.target {
+            PriceTarget::Model(model) => {
+                wire.overrides.insert(model.clone(), set.price.clone());
+                if let Some(kind) = set.kind {
+                    wire.kinds.insert(model.clone(), kind.as_str().to_owned());
+                }
             }
-        })
-        .cloned()
-        .collect();
-    PricesWire { revision: state.price_revision, overrides }
+            PriceTarget::Fallback(kind) => {
+                wire.fallback.insert(kind.as_str().to_owned(), set.price.clone());
+            }
+        }
+    }
+    wire
 }

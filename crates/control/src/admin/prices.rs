@@ -1,38 +1,195 @@
-//! `GET /prices` and `PUT /prices/{model}`: the effective price table and its revisions.
+//! The price table: `GET /prices` (every entry and the fallback per kind, each with where it came
+//! from), `GET`, `PUT` and `DELETE /prices/{model}`, `POST /price-imports` (a whole file in one
+//! revision) and `PUT`/`DELETE /fallback-prices/{kind}`.
+//!
+//! Fallback prices have a path of their own: a model name may hold any character, `/` included,
+//! so no name under `/prices/` could be set aside for them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use recovea_core::pricing::{Price, PriceWire};
-use serde_json::json;
+use recovea_core::pricing::{self, EntryWire, Price, PriceSource, PriceTable, PriceWire, PricedAs};
+use recovea_core::snapshot::ProviderKind;
+use recovea_store::{PriceChange, PriceTarget, StoreError};
+use serde_json::{Value, json};
 
-use crate::admin::{Reply, created, now, ok};
+use crate::admin::{Reply, now, ok};
 use crate::{ApiError, Control};
 
+const KINDS: [ProviderKind; 2] = [ProviderKind::OpenAi, ProviderKind::Anthropic];
+
 impl Control {
-    pub(crate) fn list_prices(&self) -> Result<Reply, ApiError> {
-        let prices = self.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let table: BTreeMap<&str, PriceWire> =
-            prices.table.iter().map(|(model, price)| (model, PriceWire::from(price))).collect();
-        ok(json!({ "revision": prices.revision, "prices": table }))
+    fn published_prices(&self) -> (recovea_core::snapshot::Prices, HashMap<PriceTarget, u64>) {
+        self.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
-    pub(crate) async fn put_price(&self, model: &str, wire: PriceWire) -> Result<Reply, ApiError> {
-        let model = model.trim();
-        if model.is_empty() || model.len() > 200 {
-            return Err(ApiError::BadRequest("model: expected 1 to 200 characters".into()));
-        }
-        Price::try_from(&wire).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        let (row_model, row_wire) = (model.to_owned(), wire.clone());
-        let store = Arc::clone(&self.inner.store);
-        let revision = tokio::task::spawn_blocking(move || store.put_price(&row_model, &row_wire, now()))
-            .await
-            .map_err(ApiError::internal)??;
+    pub(crate) fn list_prices(&self) -> Result<Reply, ApiError> {
+        let (prices, revisions) = self.published_prices();
+        let table: BTreeMap<&str, Value> = prices
+            .table
+            .iter()
+            .map(|(model, entry)| {
+                let revision = revisions.get(&PriceTarget::Model(model.to_owned()));
+                (model, described(&entry.price, entry.kind, entry.source.as_str(), revision))
+            })
+            .collect();
+        ok(json!({
+            "revision": prices.revision,
+            "prices": table,
+            "fallback": fallbacks(&prices.table, &revisions),
+        }))
+    }
+
+    /// Resolves any model name as the gateway would: the entry it reaches and how, or the
+    /// fallback price of each kind when none is reached.
+    pub(crate) fn get_price(&self, model: &str) -> Result<Reply, ApiError> {
+        let (prices, revisions) = self.published_prices();
+        let Some(resolution) = prices.table.resolve(model) else {
+            return ok(json!({
+                "model": model,
+                "source": PriceSource::Fallback.as_str(),
+                "price_revision": prices.revision,
+                "fallback": fallbacks(&prices.table, &revisions),
+            }));
+        };
+        let entry_name = match resolution.priced_as {
+            PricedAs::Entry(name) => name,
+            PricedAs::Fallback(_) => return Err(ApiError::internal("a resolved entry names no entry")),
+        };
+        let entry =
+            prices.table.get(entry_name).ok_or_else(|| ApiError::internal("resolved entry missing"))?;
+        let revision = revisions.get(&PriceTarget::Model(entry_name.to_owned()));
+        let mut body = described(&entry.price, entry.kind, resolution.source.as_str(), None);
+        body["model"] = json!(model);
+        body["price_revision"] = json!(prices.revision);
+        body["entry"] = json!({
+            "model": entry_name,
+            "source": entry.source.as_str(),
+            "revision": revision,
+        });
+        ok(body)
+    }
+
+    pub(crate) async fn put_price(&self, model: &str, wire: EntryWire) -> Result<Reply, ApiError> {
+        let model = model_name(model)?;
+        let (kind, _) = wire.parse().map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let change = PriceChange {
+            target: PriceTarget::Model(model.to_owned()),
+            kind,
+            price: Some(wire.price_wire()),
+        };
+        let revision = self.change_prices(vec![change], "").await?;
         let mut body = serde_json::to_value(&wire).map_err(ApiError::internal)?;
         body["model"] = json!(model);
         body["revision"] = json!(revision);
-        let mut reply = created(body)?;
-        reply.status = http::StatusCode::OK;
-        Ok(reply)
+        ok(body)
     }
+
+    pub(crate) async fn delete_price(&self, model: &str) -> Result<Reply, ApiError> {
+        let model = model_name(model)?;
+        let change = PriceChange { target: PriceTarget::Model(model.to_owned()), kind: None, price: None };
+        let revision =
+            self.change_prices(vec![change], &format!("No price override for model {model:?}.")).await?;
+        ok(json!({ "model": model, "revision": revision }))
+    }
+
+    /// Imports a price file (the built-in table's format or LiteLLM's) as one revision.
+    pub(crate) async fn import_prices(&self, body: &[u8]) -> Result<Reply, ApiError> {
+        let text = std::str::from_utf8(body)
+            .map_err(|_| ApiError::BadRequest("body: expected UTF-8 JSON".into()))?;
+        let import = pricing::import::parse(text).map_err(|e| ApiError::BadRequest(format!("body: {e}")))?;
+        if import.entries.is_empty() {
+            return Err(ApiError::BadRequest("body: the file prices no model of a served provider".into()));
+        }
+        let mut changes = Vec::with_capacity(import.entries.len());
+        for (model, entry) in &import.entries {
+            let model = model_name(model)?;
+            let (kind, _) = entry.parse().map_err(|e| ApiError::BadRequest(format!("{model}: {e}")))?;
+            changes.push(PriceChange {
+                target: PriceTarget::Model(model.to_owned()),
+                kind,
+                price: Some(entry.price_wire()),
+            });
+        }
+        let imported = changes.len();
+        let revision = self.change_prices(changes, "").await?;
+        ok(json!({ "revision": revision, "imported": imported, "skipped": import.skipped }))
+    }
+
+    pub(crate) async fn put_fallback_price(&self, kind: &str, wire: PriceWire) -> Result<Reply, ApiError> {
+        let kind = provider_kind(kind)?;
+        Price::try_from(&wire).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let change =
+            PriceChange { target: PriceTarget::Fallback(kind), kind: None, price: Some(wire.clone()) };
+        let revision = self.change_prices(vec![change], "").await?;
+        let mut body = serde_json::to_value(&wire).map_err(ApiError::internal)?;
+        body["kind"] = json!(kind.as_str());
+        body["revision"] = json!(revision);
+        ok(body)
+    }
+
+    pub(crate) async fn delete_fallback_price(&self, kind: &str) -> Result<Reply, ApiError> {
+        let kind = provider_kind(kind)?;
+        let change = PriceChange { target: PriceTarget::Fallback(kind), kind: None, price: None };
+        let missing = format!("No fallback price override for kind {:?}.", kind.as_str());
+        let revision = self.change_prices(vec![change], &missing).await?;
+        ok(json!({ "kind": kind.as_str(), "revision": revision }))
+    }
+
+    /// Stores the changes as one revision; `missing` is the 404's message for a removal of nothing.
+    async fn change_prices(&self, changes: Vec<PriceChange>, missing: &str) -> Result<u64, ApiError> {
+        let store = Arc::clone(&self.inner.store);
+        let stored = tokio::task::spawn_blocking(move || store.change_prices(&changes, now()))
+            .await
+            .map_err(ApiError::internal)?;
+        match stored {
+            Err(StoreError::NotFound) => Err(ApiError::NotFound(missing.to_owned())),
+            other => Ok(other?),
+        }
+    }
+}
+
+fn model_name(model: &str) -> Result<&str, ApiError> {
+    let model = model.trim();
+    if model.is_empty() || model.len() > 200 {
+        return Err(ApiError::BadRequest(format!("model: expected 1 to 200 characters, got {model:?}")));
+    }
+    Ok(model)
+}
+
+fn provider_kind(kind: &str) -> Result<ProviderKind, ApiError> {
+    ProviderKind::parse(kind).ok_or_else(|| {
+        ApiError::BadRequest(format!("kind: expected \"openai\" or \"anthropic\", got {kind:?}"))
+    })
+}
+
+/// A price's wire form with where it came from.
+fn described(price: &Price, kind: Option<ProviderKind>, source: &str, revision: Option<&u64>) -> Value {
+    let mut body = serde_json::to_value(PriceWire::from(price)).unwrap_or_default();
+    body["kind"] = json!(kind.map(ProviderKind::as_str));
+    body["source"] = json!(source);
+    if let Some(revision) = revision {
+        body["revision"] = json!(revision);
+    }
+    body
+}
+
+/// Each kind's fallback price: `override` when an operator set it, else `computed` from the table.
+fn fallbacks(table: &PriceTable, revisions: &HashMap<PriceTarget, u64>) -> BTreeMap<&'static str, Value> {
+    KINDS
+        .iter()
+        .map(|&kind| {
+            let fallback = table.fallback(kind);
+            let source = match fallback.source {
+                PriceSource::Override => "override",
+                PriceSource::Builtin | PriceSource::Alias | PriceSource::Fallback => "computed",
+            };
+            let revision = revisions.get(&PriceTarget::Fallback(kind));
+            let mut body = described(&fallback.price, Some(kind), source, revision);
+            if let Some(object) = body.as_object_mut() {
+                object.remove("kind");
+            }
+            (kind.as_str(), body)
+        })
+        .collect()
 }

@@ -15,7 +15,7 @@ const MAX_LIMIT: u32 = 1000;
 /// A CSV export is one answer: bounded so that it cannot exhaust the control plane's memory.
 const MAX_CSV_ROWS: u32 = 100_000;
 
-const CSV_COLUMNS: [&str; 21] = [
+const CSV_COLUMNS: [&str; 22] = [
     "id",
     "request_id",
     "org_id",
@@ -37,6 +37,7 @@ const CSV_COLUMNS: [&str; 21] = [
     "started_at",
     "finished_at",
     "node_id",
+    "priced_as",
 ];
 
 impl Control {
@@ -139,6 +140,7 @@ fn to_csv(receipts: &[Receipt]) -> String {
             r.started_at.to_rfc3339(),
             r.finished_at.to_rfc3339(),
             r.node_id.clone(),
+            r.priced_as.clone().unwrap_or_default(),
         ];
         let escaped: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
         out.push_str(&escaped.join(","));
