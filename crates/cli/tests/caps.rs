@@ -315,3 +315,57 @@ async fn crossing_thresholds_raises_each_alert_once_and_posts_it_signed_with_ret
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpriced_model_is_costed_at_the_fallback_and_stopped_at_the_line() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("unpriced");
+    let serve = start(&dir, &mock.url());
+    let (org_id, _, secret) = serve.tenant().await;
+    // The model nothing in the table resolves to: the openai kind's fallback prices it.
+    let resolved = serve.ok(Method::GET, "/prices/mystery-model-7", None).await;
+    assert_eq!(resolved["source"], "fallback", "{resolved}");
+    let fallback = &resolved["fallback"]["openai"];
+    assert_eq!(fallback["source"], "computed", "{resolved}");
+    // A round fallback keeps the arithmetic readable: 2 input x $100 + 5 output x $200 per Mtok
+    // is $0.0012 a request (the mock reports 2 input and 5 output tokens for this body).
+    let set = json!({"input_per_mtok_usd": "100", "output_per_mtok_usd": "200"});
+    serve.ok(Method::PUT, "/fallback-prices/openai", Some(set)).await;
+    let cap = json!({"scope": "organization", "window": "month", "limit_usd": "0.005", "hard_stop": true});
+    serve.ok(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
+
+    let bearer = format!("Bearer {secret}");
+    let body = json!({"model": "mystery-model-7", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]});
+    let url = format!("{}/v1/chat/completions", serve.gateway);
+    let mut admitted = 0;
+    let refused = loop {
+        let (status, bytes) = call(Method::POST, &url, &[("authorization", &bearer)], Some(body.clone())).await;
+        if status == StatusCode::PAYMENT_REQUIRED {
+            break serde_json::from_slice::<Value>(&bytes).expect("JSON");
+        }
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+        admitted += 1;
+        // Four requests spend $0.0048, five $0.006: the fifth is the last one under the line.
+        assert!(admitted <= 5, "an unpriced model ran past its cap: $0.0012 x {admitted}");
+    };
+    assert_eq!(refused["error"]["code"], "budget_exceeded");
+    assert!(admitted >= 4, "refused after {admitted} requests, before the line");
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let receipts = loop {
+        let page = serve.ok(Method::GET, &format!("/orgs/{org_id}/receipts"), None).await;
+        let receipts = page["receipts"].as_array().cloned().unwrap_or_default();
+        if receipts.len() == admitted {
+            break receipts;
+        }
+        assert!(Instant::now() < deadline, "receipts did not arrive: {page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for receipt in &receipts {
+        assert_eq!(receipt["priced"], false, "{receipt}");
+        assert_eq!(receipt["priced_as"], "fallback:openai", "{receipt}");
+        assert_eq!(receipt["cost_usd"], "0.0012", "{receipt}");
+    }
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}
