@@ -168,7 +168,7 @@ async fn the_admin_cli_sets_prices_and_reads_receipts() {
     let chat = json!({"model": "house-model", "messages": [{"role": "user", "content": "Say hello"}]});
     let url = format!("{}/v1/chat/completions", serve.gateway);
 
-    // Unpriced at first, then priced by an override: a new revision.
+    // Unpriced at first (the openai kind's fallback price), then priced by an override: a new revision.
     let (status, _) = call(Method::POST, &url, &[("authorization", &bearer)], Some(chat.clone())).await;
     assert_eq!(status, StatusCode::OK);
     let set: Value = serde_json::from_str(&admin_cli(
@@ -196,7 +196,10 @@ async fn the_admin_cli_sets_prices_and_reads_receipts() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let (before, after) = (&page["receipts"][0], &page["receipts"][1]);
-    assert_eq!((before["priced"].as_bool(), before["cost_usd"].as_str()), (Some(false), Some("0.00")));
+    // 3 input x $150 + 5 output x $600 per million tokens: the built-in table's dearest openai prices.
+    assert_eq!((before["priced"].as_bool(), before["cost_usd"].as_str()), (Some(false), Some("0.00345")));
+    assert_eq!(before["priced_as"], "fallback:openai");
+    assert_eq!(after["priced_as"], "house-model");
     assert_eq!(before["price_revision"], 0);
     // 3 input x $1.50 + 5 output x $2 per million tokens.
     assert_eq!((after["priced"].as_bool(), after["cost_usd"].as_str()), (Some(true), Some("0.0000145")));
@@ -223,7 +226,41 @@ async fn the_admin_cli_sets_prices_and_reads_receipts() {
     let summary: Value =
         serde_json::from_str(&admin_cli(&serve, &["receipts", "summary", "--org", &org_id])).expect("JSON");
     assert_eq!(summary["rows"][0]["requests"], 2);
-    assert_eq!(summary["rows"][0]["cost_usd"], "0.0000145");
+    assert_eq!(summary["rows"][0]["cost_usd"], "0.0034645");
+
+    // Where a price comes from, an override removed, a file imported and a fallback set.
+    let got: Value =
+        serde_json::from_str(&admin_cli(&serve, &["prices", "get", "house-model-latest"])).expect("JSON");
+    assert_eq!((got["source"].as_str(), got["entry"]["source"].as_str()), (Some("alias"), Some("override")));
+    let deleted: Value =
+        serde_json::from_str(&admin_cli(&serve, &["prices", "delete", "house-model"])).expect("JSON");
+    assert!(deleted["revision"].as_u64() > Some(revision));
+    let got: Value =
+        serde_json::from_str(&admin_cli(&serve, &["prices", "get", "house-model"])).expect("JSON");
+    assert_eq!(got["source"], "fallback");
+    let file = dir.join("litellm.json");
+    std::fs::write(
+        &file,
+        r#"{"house-model": {"litellm_provider": "openai", "mode": "chat", "input_cost_per_token": 1.5e-06, "output_cost_per_token": 2e-06},
+            "other/model": {"litellm_provider": "groq", "mode": "chat", "input_cost_per_token": 1e-07, "output_cost_per_token": 1e-07}}"#,
+    )
+    .expect("write");
+    let imported: Value =
+        serde_json::from_str(&admin_cli(&serve, &["prices", "import", file.to_str().expect("path")]))
+            .expect("JSON");
+    assert_eq!(imported["imported"], 1, "{imported}");
+    let listed: Value = serde_json::from_str(&admin_cli(&serve, &["prices", "list"])).expect("JSON");
+    assert_eq!(listed["prices"]["house-model"]["input_per_mtok_usd"], "1.50");
+    assert_eq!(listed["prices"]["house-model"]["source"], "override");
+    assert_eq!(listed["prices"]["house-model"]["kind"], "openai");
+    assert_eq!(listed["prices"]["gpt-4o"]["source"], "builtin");
+    assert_eq!(listed["fallback"]["openai"]["input_per_mtok_usd"], "150.00");
+    admin_cli(&serve, &["prices", "set-fallback", "anthropic", "--input", "20", "--output", "80"]);
+    let listed: Value = serde_json::from_str(&admin_cli(&serve, &["prices", "list"])).expect("JSON");
+    assert_eq!(listed["fallback"]["anthropic"]["source"], "override");
+    admin_cli(&serve, &["prices", "delete-fallback", "anthropic"]);
+    let listed: Value = serde_json::from_str(&admin_cli(&serve, &["prices", "list"])).expect("JSON");
+    assert_eq!(listed["fallback"]["anthropic"]["source"], "computed");
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);
 }

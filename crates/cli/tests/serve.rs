@@ -245,6 +245,8 @@ async fn admin_api_errors_use_the_error_shape() {
         "/orgs/{org}/receipts",
         "/prices",
         "/prices/{model}",
+        "/price-imports",
+        "/fallback-prices/{kind}",
     ] {
         assert!(doc["paths"].get(path).is_some(), "openapi.json lacks {path}");
     }
@@ -274,7 +276,7 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     let dir = temp_dir("bad-flags");
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
     std::fs::write(dir.join("admin-token"), "\n").expect("an empty token file");
-    let cases: [Case<'_>; 8] = [
+    let cases: [Case<'_>; 9] = [
         (&[], &[], "admin-token is empty"),
         (&["--master-key", "zz"], &[], "--master-key"),
         (&["--openai-base-url", "ftp://x"], &[], "--openai-base-url"),
@@ -303,7 +305,7 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
 
 #[test]
 fn every_flag_of_every_subcommand_names_its_environment_variable() {
-    let subcommands: [&[&str]; 24] = [
+    let subcommands: [&[&str]; 29] = [
         &["control"],
         &["node"],
         &["admin", "keys", "update"],
@@ -319,6 +321,11 @@ fn every_flag_of_every_subcommand_names_its_environment_variable() {
         &["admin", "prices", "list"],
         &["admin", "prices", "set"],
         &["serve"],
+        &["admin", "prices", "get"],
+        &["admin", "prices", "delete"],
+        &["admin", "prices", "import"],
+        &["admin", "prices", "set-fallback"],
+        &["admin", "prices", "delete-fallback"],
         &["admin"],
         &["admin", "orgs", "create"],
         &["admin", "orgs", "get"],
