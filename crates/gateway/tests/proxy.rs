@@ -844,7 +844,7 @@ async fn a_client_that_hangs_up_mid_stream_still_gets_its_receipt() {
 }
 
 #[tokio::test]
-async fn provider_errors_and_unpriced_models_get_receipts_at_no_cost() {
+async fn provider_errors_cost_nothing_and_unpriced_models_cost_the_fallback() {
     let h = Harness::start().await;
     h.mock.script(Behaviour::error(500));
     let response =
@@ -860,7 +860,10 @@ async fn provider_errors_and_unpriced_models_get_receipts_at_no_cost() {
     let error = receipts.iter().find(|r| r.status == 500).expect("the error's receipt");
     assert_eq!((error.cost_usd.0, error.input_tokens, error.output_tokens), (0, 0, 0));
     let mystery = receipts.iter().find(|r| r.model.as_deref() == Some("mystery-model-9")).expect("receipt");
-    assert_eq!((mystery.priced, mystery.cost_usd.0, mystery.input_tokens), (false, 0, 2));
+    assert_eq!((mystery.priced, mystery.input_tokens), (false, 2));
+    assert_eq!(mystery.priced_as.as_deref(), Some("fallback:openai"));
+    // The openai kind's dearest prices: 2 input x $150 + 5 output x $600 per million tokens.
+    assert_eq!(mystery.cost_usd, Nanos::parse_usd("0.0033").expect("amount"));
     let metrics = h.send(Request::get(format!("{}/metrics", h.url)), "").await;
     let text = String::from_utf8(body_of(metrics).await.to_vec()).expect("utf-8");
     assert!(text.contains("recovea_receipts_unpriced_total 1\n"), "{text}");
