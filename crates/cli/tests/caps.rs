@@ -335,11 +335,13 @@ async fn an_unpriced_model_is_costed_at_the_fallback_and_stopped_at_the_line() {
     serve.ok(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
 
     let bearer = format!("Bearer {secret}");
-    let body = json!({"model": "mystery-model-7", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]});
+    let body =
+        json!({"model": "mystery-model-7", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]});
     let url = format!("{}/v1/chat/completions", serve.gateway);
     let mut admitted = 0;
     let refused = loop {
-        let (status, bytes) = call(Method::POST, &url, &[("authorization", &bearer)], Some(body.clone())).await;
+        let (status, bytes) =
+            call(Method::POST, &url, &[("authorization", &bearer)], Some(body.clone())).await;
         if status == StatusCode::PAYMENT_REQUIRED {
             break serde_json::from_slice::<Value>(&bytes).expect("JSON");
         }
