@@ -18,13 +18,14 @@ pub(crate) enum MockBody {
     Paced(Box<Paced>),
 }
 
-/// Events sent with a pause between them, and optionally an abort after some of them.
+/// Events sent with a pause between them, and optionally an abort or a stall after some of them.
 pub(crate) struct Paced {
     events: Vec<Bytes>,
     next: usize,
     gap: Duration,
     sleep: Option<Pin<Box<Sleep>>>,
     cut_after: Option<usize>,
+    stall_after: Option<usize>,
     /// Whether hyper has had a chance to flush what was sent before the cut.
     flushed: bool,
 }
@@ -38,12 +39,25 @@ impl MockBody {
         Self::Once { data: None, sized: true }
     }
 
-    /// An SSE body; sent as one chunk unless the script paces or cuts it.
-    pub(crate) fn events(events: Vec<Bytes>, gap: Duration, cut_after: Option<usize>) -> Self {
-        if gap.is_zero() && cut_after.is_none() {
+    /// An SSE body; sent as one chunk unless the script paces, cuts or stalls it.
+    pub(crate) fn events(
+        events: Vec<Bytes>,
+        gap: Duration,
+        cut_after: Option<usize>,
+        stall_after: Option<usize>,
+    ) -> Self {
+        if gap.is_zero() && cut_after.is_none() && stall_after.is_none() {
             return Self::Once { data: Some(events.concat().into()), sized: false };
         }
-        Self::Paced(Box::new(Paced { events, next: 0, gap, sleep: None, cut_after, flushed: false }))
+        Self::Paced(Box::new(Paced {
+            events,
+            next: 0,
+            gap,
+            sleep: None,
+            cut_after,
+            stall_after,
+            flushed: false,
+        }))
     }
 }
 
@@ -77,6 +91,10 @@ impl Body for MockBody {
 impl Paced {
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let exhausted = self.next >= self.events.len();
+        if self.stall_after.is_some_and(|limit| self.next >= limit || exhausted) {
+            // Nothing more, ever: hyper flushes what was sent and the connection stays open.
+            return Poll::Pending;
+        }
         if let Some(limit) = self.cut_after
             && (self.next >= limit || exhausted)
         {

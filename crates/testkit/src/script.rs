@@ -41,6 +41,10 @@ pub struct Behaviour {
     /// the client sees an incomplete body. Ignored by non-streamed answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut_after_events: Option<usize>,
+    /// Send this many SSE events (at most all of them), then nothing more, the connection left
+    /// open: a provider stalled mid-stream. Ignored by non-streamed answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_after_events: Option<usize>,
     /// Read the request, then drop the connection without answering.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub close_without_response: bool,
@@ -88,6 +92,11 @@ impl Behaviour {
         self
     }
 
+    pub fn stall_after_events(mut self, events: usize) -> Self {
+        self.stall_after_events = Some(events);
+        self
+    }
+
     pub fn close_without_response(mut self) -> Self {
         self.close_without_response = true;
         self
@@ -124,6 +133,7 @@ impl Behaviour {
             delay: Duration::from_millis(self.delay_ms.unwrap_or(0)),
             chunk_delay: Duration::from_millis(self.chunk_delay_ms.unwrap_or(0)),
             cut_after: self.cut_after_events,
+            stall_after: self.stall_after_events,
             close: self.close_without_response,
             usage: self.usage.as_ref().map(Value::to_string),
         };
@@ -152,6 +162,7 @@ pub(crate) struct Plan {
     pub(crate) delay: Duration,
     pub(crate) chunk_delay: Duration,
     pub(crate) cut_after: Option<usize>,
+    pub(crate) stall_after: Option<usize>,
     pub(crate) close: bool,
     pub(crate) usage: Option<String>,
 }

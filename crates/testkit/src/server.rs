@@ -229,8 +229,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             r
         }
         Answer::Events(events) => {
-            let (gap, cut) = plan.map_or((Duration::ZERO, None), |p| (p.chunk_delay, p.cut_after));
-            let mut r = Response::new(MockBody::events(events, gap, cut));
+            let (gap, cut, stall) =
+                plan.map_or((Duration::ZERO, None, None), |p| (p.chunk_delay, p.cut_after, p.stall_after));
+            let mut r = Response::new(MockBody::events(events, gap, cut, stall));
             let headers = r.headers_mut();
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
             headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
