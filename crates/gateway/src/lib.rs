@@ -15,6 +15,7 @@ mod ratelimit;
 mod refusal;
 mod server;
 pub mod spool;
+mod stall;
 mod upstream;
 
 use std::sync::Arc;
@@ -69,6 +70,7 @@ pub struct GatewayConfig {
     connect_timeout: Duration,
     body_read_timeout: Duration,
     counter_max_age: Duration,
+    stream_idle_timeout: Duration,
     alarm_webhook: Option<http::Uri>,
     alarm_interval: Duration,
     release_freed_memory: fn(),
@@ -77,6 +79,12 @@ pub struct GatewayConfig {
 /// How long a fail-open reason stays quiet after its alarm, unless [`GatewayConfig::with_alarm`]
 /// says otherwise.
 pub const DEFAULT_ALARM_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long an answer may go without a byte from its provider, or without its client taking a
+/// byte, before it is cut, unless [`GatewayConfig::with_stream_idle_timeout`] says otherwise. As long
+/// as the wait for an answer's head (`--upstream-timeout`'s default): a reasoning model may think
+/// for minutes between two events of a stream, as it may before a whole answer.
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -112,6 +120,7 @@ impl GatewayConfig {
             connect_timeout: settings.connect_timeout,
             body_read_timeout: settings.body_read_timeout,
             counter_max_age: settings.counter_max_age,
+            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
             alarm_webhook: None,
             alarm_interval: DEFAULT_ALARM_INTERVAL,
             release_freed_memory: || {},
@@ -138,6 +147,16 @@ impl GatewayConfig {
             })
             .transpose()?;
         self.alarm_interval = interval;
+        Ok(self)
+    }
+
+    /// An answer whose provider sends nothing, or whose client reads nothing, for `limit` is cut:
+    /// its receipt is written from what passed, and its cap reservation settled by it.
+    pub fn with_stream_idle_timeout(mut self, limit: Duration) -> Result<Self, ConfigError> {
+        if limit.is_zero() {
+            return Err(ConfigError("--stream-idle-timeout must be greater than zero".into()));
+        }
+        self.stream_idle_timeout = limit;
         Ok(self)
     }
 
@@ -170,7 +189,8 @@ impl Gateway {
     /// A node that meters into `spool`, its receipts signed with `node_id`, and decides caps from
     /// `counters`.
     pub fn new(config: GatewayConfig, spool: &spool::Spool, node_id: &str, counters: Arc<Counters>) -> Self {
-        let upstream = upstream::Upstream::new(config.connect_timeout, server::connection_workers());
+        let upstream = upstream::Upstream::new(config.connect_timeout, server::connection_workers())
+            .with_idle_limit(config.stream_idle_timeout);
         let alarm = alarm::Alarm::new(config.alarm_webhook.clone(), config.alarm_interval, node_id);
         Self {
             shared: Arc::new(Shared {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::Gateway;
 use crate::proxy::{self, BoxError, REQUEST_ID, RequestContext, ResponseBody};
+use crate::stall;
 
 /// How long shutdown waits for in-flight requests (streams included) before it stops anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -161,6 +162,7 @@ async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver
     });
     let builder = std::sync::Arc::new(builder);
     let max_body = gateway.shared.config.max_body_bytes;
+    let idle = gateway.shared.config.stream_idle_timeout;
     while let Some((stream, mut drain)) = handed.recv().await {
         let stream = match stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
             Ok(stream) => stream,
@@ -172,13 +174,19 @@ async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver
         let _ = stream.set_nodelay(true);
         let (gateway, builder) = (gateway.clone(), std::sync::Arc::clone(&builder));
         tokio::spawn(async move {
-            let served = h1::serve(stream, &mut drain, max_body, |request| gateway.handle(request)).await;
+            let served =
+                h1::serve(stream, &mut drain, max_body, idle, |request| gateway.handle(request)).await;
             let Some((stream, read)) = served else { return };
             let service = service_fn(move |request: Request<Incoming>| {
                 let gateway = gateway.clone();
-                async move { Ok::<_, Infallible>(gateway.handle(request).await) }
+                async move {
+                    let http2 = request.version() == Version::HTTP_2;
+                    let response = gateway.handle(request).await;
+                    // A stream its client gives no room is not polled: only a watchdog sees it.
+                    Ok::<_, Infallible>(if http2 { stall::watch_unread(response, idle) } else { response })
+                }
             });
-            let io = TokioIo::new(h1::Rewind::new(stream, read));
+            let io = TokioIo::new(h1::Rewind::new(stream, read, idle));
             let connection = builder.serve_connection(io, service);
             tokio::pin!(connection);
             let ended = tokio::select! {

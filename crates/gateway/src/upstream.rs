@@ -21,6 +21,7 @@ use hyper::client::conn::http2;
 
 use self::connect::{Connected, Connector};
 use crate::proxy::BoxError;
+use crate::stall::{Stall, Stalled};
 
 /// Why a provider gave no answer.
 #[derive(Debug)]
@@ -59,6 +60,8 @@ pub(crate) fn use_lane(lane: usize) {
 pub(crate) struct Upstream {
     connector: Connector,
     lanes: Lanes,
+    /// An answer's body that brings nothing for this long fails (see [`UpstreamBody`]).
+    idle_limit: Duration,
 }
 
 type Lanes = Arc<[Mutex<Vec<Origin>>]>;
@@ -108,7 +111,14 @@ impl Upstream {
         Self {
             connector: Connector::new(connect_timeout, roots),
             lanes: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
+            idle_limit: crate::DEFAULT_STREAM_IDLE_TIMEOUT,
         }
+    }
+
+    /// Answers whose provider sends no byte of the body for `limit` fail.
+    pub(crate) fn with_idle_limit(mut self, limit: Duration) -> Self {
+        self.idle_limit = limit;
+        self
     }
 
     /// Prunes the calling thread's pool (see [`Origin::prune`]); its connection thread calls it
@@ -127,20 +137,20 @@ impl Upstream {
     }
 
     /// Sends `request` (whose URI is absolute) and waits at most `timeout` for the response head.
-    /// The body then streams.
+    /// The body then streams, each wait for its next bytes limited by the idle limit.
     pub(crate) async fn send(
         &self,
         request: Request<Bytes>,
         timeout: Duration,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         match tokio::time::timeout(timeout, self.dispatch(request)).await {
-            Ok(Ok(response)) => Ok(response),
+            Ok(Ok(response)) => Ok(response.map(|body| UpstreamBody::new(body, self.idle_limit))),
             Ok(Err(e)) => Err(UpstreamError::Unreachable(e)),
             Err(_) => Err(UpstreamError::Timeout),
         }
     }
 
-    async fn dispatch(&self, request: Request<Bytes>) -> Result<Response<UpstreamBody>, BoxError> {
+    async fn dispatch(&self, request: Request<Bytes>) -> Result<Response<Carried>, BoxError> {
         let (scheme, authority) = match (request.uri().scheme(), request.uri().authority()) {
             (Some(scheme), Some(authority)) => (scheme.clone(), authority.clone()),
             _ => return Err(format!("not an absolute URI: {}", request.uri()).into()),
@@ -156,7 +166,7 @@ impl Upstream {
         let home = || Home { lanes: Arc::clone(&self.lanes), lane, origin };
         let request = match pooled {
             Some(Carrier::Http2(mut sender)) => match sender.try_send_request(request.map(Full::new)).await {
-                Ok(response) => return Ok(response.map(UpstreamBody::Http2)),
+                Ok(response) => return Ok(response.map(Carried::Http2)),
                 // Closed before the request went out: it goes on a new connection.
                 Err(mut failed) => match failed.take_message() {
                     Some(unsent) => unsent.map(full_bytes),
@@ -164,7 +174,7 @@ impl Upstream {
                 },
             },
             Some(Carrier::Http1(connection)) => match connection.exchange(&request, &host, home()).await {
-                Ok(response) => return Ok(response.map(UpstreamBody::Http1)),
+                Ok(response) => return Ok(response.map(Carried::Http1)),
                 // The provider closed the connection meanwhile: the request goes on a new one.
                 Err(h1::Failure::Unwritten(_)) => request,
                 Err(h1::Failure::Unanswered(e)) => return Err(e),
@@ -174,14 +184,14 @@ impl Upstream {
         // Boxed: connecting (TLS included) is a large future, and most requests never make one.
         match Box::pin(self.connector.connect(scheme, authority)).await? {
             Connected::Http1(connection) => match connection.exchange(&request, &host, home()).await {
-                Ok(response) => Ok(response.map(UpstreamBody::Http1)),
+                Ok(response) => Ok(response.map(Carried::Http1)),
                 Err(h1::Failure::Unwritten(e)) => Err(e.into()),
                 Err(h1::Failure::Unanswered(e)) => Err(e),
             },
             Connected::Http2(mut sender) => {
                 lock(&self.lanes[lane])[origin].http2 = Some(sender.clone());
                 let response = sender.send_request(request.map(Full::new)).await?;
-                Ok(response.map(UpstreamBody::Http2))
+                Ok(response.map(Carried::Http2))
             }
         }
     }
@@ -260,10 +270,30 @@ fn lock(lane: &Mutex<Vec<Origin>>) -> MutexGuard<'_, Vec<Origin>> {
     lane.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+pin_project_lite::pin_project! {
+    /// A provider's answer body. One that brings nothing for the idle limit while it is awaited
+    /// (a provider stalled mid-answer, streamed or not) fails: its connection is closed, and the
+    /// client's connection cuts the answer there, as for any provider's cut. The timer is that of
+    /// [`Stall`]: nothing per piece that flows but moving a deadline.
+    pub(crate) struct UpstreamBody {
+        carried: Carried,
+        #[pin]
+        stall: Stall,
+    }
+}
+
+impl UpstreamBody {
+    fn new(carried: Carried, idle_limit: Duration) -> Self {
+        Self { carried, stall: Stall::new(idle_limit) }
+    }
+}
+
 /// A provider's answer body, by the protocol that carries it.
-pub(crate) enum UpstreamBody {
+pub(crate) enum Carried {
     Http1(h1::Body),
     Http2(Incoming),
+    /// Cut for its silence; its connection is gone.
+    Cut,
 }
 
 impl http_body::Body for UpstreamBody {
@@ -274,23 +304,38 @@ impl http_body::Body for UpstreamBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            UpstreamBody::Http1(body) => Pin::new(body).poll_frame(cx),
-            UpstreamBody::Http2(body) => Pin::new(body).poll_frame(cx).map_err(BoxError::from),
+        let mut this = self.project();
+        let polled = match this.carried {
+            Carried::Http1(body) => Pin::new(body).poll_frame(cx),
+            Carried::Http2(body) => Pin::new(body).poll_frame(cx).map_err(BoxError::from),
+            Carried::Cut => return Poll::Ready(None),
+        };
+        if polled.is_ready() {
+            this.stall.moved();
+            return polled;
         }
+        if this.stall.as_mut().poll_stalled(cx).is_pending() {
+            return Poll::Pending;
+        }
+        *this.carried = Carried::Cut;
+        let limit = this.stall.limit();
+        tracing::warn!(?limit, "a provider sent nothing more of its answer: the answer is cut");
+        Poll::Ready(Some(Err(Stalled { what: "the provider sent nothing", limit }.into())))
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            UpstreamBody::Http1(body) => body.is_end_stream(),
-            UpstreamBody::Http2(body) => body.is_end_stream(),
+        match &self.carried {
+            Carried::Http1(body) => body.is_end_stream(),
+            Carried::Http2(body) => body.is_end_stream(),
+            Carried::Cut => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            UpstreamBody::Http1(body) => body.size_hint(),
-            UpstreamBody::Http2(body) => body.size_hint(),
+        match &self.carried {
+            Carried::Http1(body) => body.size_hint(),
+            Carried::Http2(body) => body.size_hint(),
+            Carried::Cut => SizeHint::with_exact(0),
         }
     }
 }
@@ -593,11 +638,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answer_whose_provider_stops_sending_fails_after_the_idle_limit() {
+        // Three bytes of ten, then nothing, the connection left open: only the limit ends it.
+        let (url, _) =
+            scripted(|_, _| (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc".to_vec(), false)).await;
+        let upstream = Upstream::new(LIMIT, 0).with_idle_limit(Duration::from_millis(200));
+        let mut body = std::pin::pin!(upstream.send(get(&url), LIMIT).await.expect("answered").into_body());
+        let first = body.frame().await.expect("a frame").expect("data").into_data().expect("data");
+        assert_eq!(first, "abc");
+        let cut = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("cut in time")
+            .expect("a frame");
+        let error = cut.expect_err("the stall is an error");
+        assert!(error.is::<Stalled>(), "{error}");
+        assert!(http_body::Body::is_end_stream(&*body));
+        let idle = lock(&upstream.lanes[0]).iter().map(|origin| origin.idle.len()).sum::<usize>();
+        assert_eq!(idle, 0, "the stalled connection is not kept");
+    }
+
+    #[tokio::test]
     async fn a_body_dropped_before_its_end_closes_its_connection() {
         const BODY: usize = 4 << 20;
         let (url, accepted) = scripted(|_, _| (ok(&"o".repeat(BODY)), false)).await;
         let upstream = Upstream::new(LIMIT, 0);
-        let mut body = upstream.send(get(&url), LIMIT).await.expect("answered").into_body();
+        let mut body = Box::pin(upstream.send(get(&url), LIMIT).await.expect("answered").into_body());
         body.frame().await.expect("a frame").expect("data");
         drop(body);
         let idle = lock(&upstream.lanes[0]).iter().map(|origin| origin.idle.len()).sum::<usize>();

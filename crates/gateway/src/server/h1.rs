@@ -33,6 +33,7 @@ use tokio::time::{Instant, Sleep};
 use super::HEADER_READ_TIMEOUT;
 use crate::http1::{has_token, header_map, line_spans, push_header};
 use crate::proxy::{BoxError, ResponseBody};
+use crate::stall::Stall;
 
 /// A request head longer than this goes to hyper, which takes up to its own limit.
 const MAX_HEAD_BYTES: usize = 16 << 10;
@@ -49,11 +50,13 @@ const MAX_PIPELINED: usize = 64 << 10;
 
 /// Serves requests on `io` with `handle` until the client or the drain closes it. `Some`: the
 /// connection is hyper's from here, with the bytes already read from it (which it reads first).
-/// A body longer than `max_body` goes to hyper, so that the proxy refuses it unread.
+/// A body longer than `max_body` goes to hyper, so that the proxy refuses it unread. A client that
+/// takes no byte of its answer for `idle` (it stopped reading) has its connection closed.
 pub(super) async fn serve<F, Fut>(
     mut io: TcpStream,
     drain: &mut watch::Receiver<bool>,
     max_body: u64,
+    idle: Duration,
     handle: F,
 ) -> Option<(TcpStream, Bytes)>
 where
@@ -64,6 +67,8 @@ where
     let mut out = Vec::with_capacity(1024);
     let timer = tokio::time::sleep(HEADER_READ_TIMEOUT);
     tokio::pin!(timer);
+    let stall = Stall::new(idle);
+    tokio::pin!(stall);
     loop {
         let (request, close) = match read_request(&mut io, &mut buf, timer.as_mut(), drain, max_body).await {
             Read::Request(request, close) => (request, close),
@@ -77,7 +82,7 @@ where
             return None;
         };
         let close = close || *drain.borrow();
-        if !write_response(&mut io, &mut buf, &mut out, response, close).await || close {
+        if !write_response(&mut io, &mut buf, &mut out, response, close, stall.as_mut()).await || close {
             // A FIN after what was written, rather than a bare close.
             let _ = io.shutdown().await;
             return None;
@@ -243,12 +248,14 @@ enum Framing {
 /// out with the body's first bytes when they are already there, and each later piece of the body
 /// in one write. While the body is awaited, a client that hangs up ends it (the body is dropped,
 /// which cancels the provider's request); a next request that comes meanwhile is kept in `buf`.
+/// A client that takes nothing for `stall`'s limit ends it the same way.
 async fn write_response(
     io: &mut TcpStream,
     buf: &mut BytesMut,
     out: &mut Vec<u8>,
     response: Response<ResponseBody>,
     close: bool,
+    mut stall: Pin<&mut Stall>,
 ) -> bool {
     let (parts, mut body) = response.into_parts();
     let close = close || has_token(&parts.headers, &header::CONNECTION, "close");
@@ -266,7 +273,7 @@ async fn write_response(
     out.clear();
     response_head(out, &parts, framing, close);
     if framing == Framing::None {
-        return write_all(io, &mut [IoSlice::new(out)]).await.is_ok() && !close;
+        return write_all(io, &mut [IoSlice::new(out)], stall).await.is_ok() && !close;
     }
     let mut head_sent = false;
     let mut sent = 0u64;
@@ -282,7 +289,7 @@ async fn write_response(
             match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
                 Poll::Ready(frame) => frame,
                 Poll::Pending => {
-                    if write_all(io, &mut [IoSlice::new(out)]).await.is_err() {
+                    if write_all(io, &mut [IoSlice::new(out)], stall.as_mut()).await.is_err() {
                         return false;
                     }
                     head_sent = true;
@@ -316,9 +323,9 @@ async fn write_response(
                 } else {
                     &mut [IoSlice::new(head), IoSlice::new(size), IoSlice::new(&data), IoSlice::new(tail)][..]
                 };
-                write_all(io, slices).await
+                write_all(io, slices, stall.as_mut()).await
             }
-            _ => write_all(io, &mut [IoSlice::new(head), IoSlice::new(&data)]).await,
+            _ => write_all(io, &mut [IoSlice::new(head), IoSlice::new(&data)], stall.as_mut()).await,
         };
         if written.is_err() {
             return false;
@@ -331,7 +338,7 @@ async fn write_response(
     // The body ended without saying so with its last bytes.
     let head = if head_sent { &[][..] } else { &out[..] };
     let tail: &[u8] = if framing == Framing::Chunked { b"0\r\n\r\n" } else { b"" };
-    if write_all(io, &mut [IoSlice::new(head), IoSlice::new(tail)]).await.is_err() {
+    if write_all(io, &mut [IoSlice::new(head), IoSlice::new(tail)], stall).await.is_err() {
         return false;
     }
     !close_after_length(framing, sent) && !close
@@ -438,11 +445,16 @@ async fn unless_hangup<T>(
     .await
 }
 
-/// Writes every slice, in as few system calls as the socket allows.
-async fn write_all(io: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+/// Writes every slice, in as few system calls as the socket allows. A client that takes no byte
+/// for `stall`'s limit (it stopped reading: the socket stays full) fails the write.
+async fn write_all(
+    io: &mut TcpStream,
+    mut slices: &mut [IoSlice<'_>],
+    mut stall: Pin<&mut Stall>,
+) -> io::Result<()> {
     IoSlice::advance_slices(&mut slices, 0);
     while !slices.is_empty() {
-        let written = io.write_vectored(slices).await?;
+        let written = poll_fn(|cx| write_or_stall(Pin::new(&mut *io), cx, slices, stall.as_mut())).await?;
         if written == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
@@ -451,16 +463,39 @@ async fn write_all(io: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Re
     Ok(())
 }
 
+/// One vectored write, failed with `TimedOut` once the socket has taken nothing for `stall`'s limit.
+/// A write the socket takes at once touches no timer.
+fn write_or_stall<W: AsyncWrite>(
+    io: Pin<&mut W>,
+    cx: &mut Context<'_>,
+    slices: &[IoSlice<'_>],
+    stall: Pin<&mut Stall>,
+) -> Poll<io::Result<usize>> {
+    match io.poll_write_vectored(cx, slices) {
+        Poll::Pending => match stall.poll_stalled(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::ErrorKind::TimedOut.into())),
+            Poll::Pending => Poll::Pending,
+        },
+        written => {
+            stall.moved();
+            written
+        }
+    }
+}
+
 /// A connection with bytes already read from it in front, which are read first: how a connection
-/// goes to hyper.
+/// goes to hyper. Its writes fail once the client has taken nothing for the idle limit, which ends
+/// hyper's connection (and with it the request it was answering).
 pub(super) struct Rewind {
     read: Bytes,
     io: TcpStream,
+    // Boxed to keep the connection `Unpin`, as hyper wants: one allocation per connection handed over.
+    stall: Pin<Box<Stall>>,
 }
 
 impl Rewind {
-    pub(super) fn new(io: TcpStream, read: Bytes) -> Self {
-        Self { read, io }
+    pub(super) fn new(io: TcpStream, read: Bytes, idle: Duration) -> Self {
+        Self { read, io, stall: Box::pin(Stall::new(idle)) }
     }
 }
 
@@ -481,16 +516,17 @@ impl AsyncRead for Rewind {
 }
 
 impl AsyncWrite for Rewind {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, data)
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(data)])
     }
 
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         slices: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, slices)
+        let this = self.get_mut();
+        write_or_stall(Pin::new(&mut this.io), cx, slices, this.stall.as_mut())
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -522,6 +558,8 @@ mod tests {
     use super::*;
 
     const MAX_BODY: u64 = 1024;
+    /// How long a client may take none of its answer.
+    const IDLE: Duration = Duration::from_millis(300);
 
     /// Set when dropped: shows that a request's answer (or its body) was abandoned.
     struct Dropped(Arc<AtomicBool>);
@@ -597,6 +635,16 @@ mod tests {
                 let _dropped = Dropped(dropped);
                 std::future::pending().await
             }
+            "/flood" => {
+                // Without end, as fast as it is read: only a client that stops reading can end it.
+                let guard = Dropped(dropped);
+                let piece = Bytes::from(vec![b'x'; 64 << 10]);
+                let flood = futures_util::stream::unfold(guard, move |guard| {
+                    let piece = piece.clone();
+                    async move { Some((Ok(Frame::data(piece)), guard)) }
+                });
+                Response::new(StreamBody::new(flood).boxed_unsync())
+            }
             "/endless" => {
                 // One piece, then nothing: only the client's hang-up can end it.
                 let guard = Dropped(dropped);
@@ -631,7 +679,7 @@ mod tests {
         let dropped = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&dropped);
         let server = tokio::spawn(async move {
-            serve(io, &mut draining, MAX_BODY, |request| answer(request, Arc::clone(&flag))).await
+            serve(io, &mut draining, MAX_BODY, IDLE, |request| answer(request, Arc::clone(&flag))).await
         });
         Served { client: Client { io: client, read: Vec::new() }, drain, dropped, server }
     }
@@ -789,6 +837,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_client_that_stops_reading_has_its_connection_closed_and_its_answer_dropped() {
+        let Served { mut client, dropped, server, drain: _drain } = connect().await;
+        client.send(b"GET /flood HTTP/1.1\r\n\r\n").await;
+        // Never read: once the socket is full, nothing more goes out, and after the limit the
+        // connection is closed.
+        assert!(ended(server).await.is_none());
+        assert!(dropped.load(Ordering::SeqCst), "the answer is dropped with the connection");
+        let read = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut total = 0usize;
+            let mut chunk = vec![0u8; 1 << 20];
+            loop {
+                match client.io.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return total,
+                    Ok(n) => total += n,
+                }
+            }
+        })
+        .await
+        .expect("the connection ends");
+        assert!(read > 0, "what the socket took before the stall is still delivered");
+    }
+
+    #[tokio::test]
     async fn a_drain_closes_idle_connections_and_lets_a_request_in_flight_finish() {
         let Served { mut client, drain, server, .. } = connect().await;
         drain.send_replace(true);
@@ -850,7 +921,7 @@ mod tests {
         let Served { mut client, server, drain: _drain, .. } = connect().await;
         client.send(b"GET /echo HTTP/1.0\r\n\r\n").await;
         let (io, read) = ended(server).await.expect("handed over");
-        let mut rewind = Rewind::new(io, read);
+        let mut rewind = Rewind::new(io, read, IDLE);
         client.send(b"more").await;
         let mut seen = vec![0; 5];
         rewind.read_exact(&mut seen).await.expect("read");
