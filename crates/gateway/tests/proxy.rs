@@ -1093,3 +1093,185 @@ async fn spend_already_in_flight_counts_against_a_cap_created_meanwhile() {
     .spent;
     assert_eq!(spent.to_usd_string(), "0.00075", "the new cap counts the request it did not see admitted");
 }
+
+// Stalls: an answer whose provider sends nothing, or whose client reads nothing, for the idle limit
+// is cut, and what it held is given back.
+
+/// How long an answer may stall in these tests.
+const IDLE: Duration = Duration::from_millis(300);
+
+/// A gateway whose answers are cut after [`IDLE`] of silence, its org under `caps`.
+async fn stalling(caps: Vec<Cap>) -> Harness {
+    let mock = MockProvider::start().await;
+    let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_secs(5))
+        .with_stream_idle_timeout(IDLE)
+        .expect("valid limit");
+    let h = Harness::with_caps(mock, cfg, true, caps).await;
+    h.confirm(&InProcess::default()).await;
+    h
+}
+
+/// Reads `body` until it ends or fails: the data it gave, and whether it ended cleanly.
+async fn read_until_cut(body: hyper::body::Incoming) -> (String, bool) {
+    let mut body = std::pin::pin!(body);
+    let mut data = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match body.frame().await {
+                None => return true,
+                Some(Err(_)) => return false,
+                Some(Ok(frame)) => data.extend_from_slice(&frame.into_data().unwrap_or_default()),
+            }
+        }
+    });
+    let clean = read.await.expect("the stream ends in time");
+    (String::from_utf8(data).expect("utf-8"), clean)
+}
+
+#[tokio::test]
+async fn a_stream_whose_provider_stalls_is_cut_and_gets_an_estimated_receipt() {
+    let h = stalling(Vec::new()).await;
+    h.mock.script(Behaviour::default().stall_after_events(2));
+    let stream = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let response =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let (data, clean) = read_until_cut(response.into_body()).await;
+    assert!(!clean, "the client sees the stream cut, not ended");
+    assert_eq!(
+        data.matches("data: ").count(),
+        2,
+        "the events sent before the stall, nothing invented: {data}"
+    );
+    let r = h.receipts(1).await.remove(0);
+    assert_eq!((r.status, r.usage_source), (200, UsageSource::Estimated));
+    assert!(r.input_tokens > 0 && r.cost_usd.0 > 0, "the input was sent: it is estimated");
+}
+
+#[tokio::test]
+async fn a_stalled_stream_releases_its_reservation() {
+    // One request's reservation (100,000 output tokens of gpt-4o-mini: $0.06) is past the line.
+    let caps = vec![cap("cap_month", Scope::Organization, Window::Month, "0.01", true)];
+    let h = stalling(caps).await;
+    h.mock.script(Behaviour::default().stall_after_events(1));
+    let stalled = r#"{"model":"gpt-4o-mini","stream":true,"max_tokens":100000,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let chat = r#"{"model":"gpt-4o-mini","max_tokens":10,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let response = h
+        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stalled)
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut stalled_body = response.into_body();
+    stalled_body.frame().await.expect("a first event").expect("data");
+    // While the stream holds its reservation, the cap refuses.
+    let refused =
+        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), chat).await;
+    let (status, headers) = (refused.status(), refused.headers().clone());
+    assert_refusal(
+        status,
+        &headers,
+        &body_of(refused).await,
+        &Answer::budget_exceeded("organization", "month", "Monthly"),
+    );
+    // The idle limit cuts the stall; its receipt settles the reservation at its estimated cost.
+    let (_, clean) = read_until_cut(stalled_body).await;
+    assert!(!clean);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let response = h
+            .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), chat)
+            .await;
+        let status = response.status();
+        body_of(response).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(status, StatusCode::PAYMENT_REQUIRED);
+        assert!(std::time::Instant::now() < deadline, "the cap still refuses after the stall was cut");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let receipts = h.receipts(2).await;
+    let cut = receipts.iter().find(|r| r.stream).expect("the stalled stream's receipt");
+    assert_eq!(cut.usage_source, UsageSource::Estimated);
+    assert!(
+        cut.cost_usd < Nanos::parse_usd("0.01").expect("usd"),
+        "settled at its estimate, not its reservation"
+    );
+}
+
+/// A big answer (12 MiB), more than a client that stops reading and the sockets between can hold.
+fn big_answer() -> Behaviour {
+    Behaviour::default().body(serde_json::json!({ "padding": "x".repeat(12 << 20) }))
+}
+
+/// Sends `request` on a raw connection that then reads nothing (its receive buffer small), and
+/// waits for the gateway to give up on it: the receipt comes, and the connection ends short.
+async fn stop_reading(h: &Harness, request: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = h.url.trim_start_matches("http://").parse().expect("address");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("buffer size");
+    let mut io = socket.connect(address).await.expect("connect");
+    io.write_all(request).await.expect("write");
+    // Reading nothing: the answer's body can only be dropped by the idle limit.
+    let r = h.receipts(1).await.remove(0);
+    assert_eq!(r.status, 200);
+    let mut total = 0usize;
+    let mut chunk = vec![0u8; 1 << 20];
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match io.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => total += n,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the connection is closed");
+    assert!(total < 12 << 20, "the answer was cut ({total} bytes read)");
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_and_gets_its_receipt() {
+    let h = stalling(Vec::new()).await;
+    h.mock.script(big_answer());
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {KEY}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{CHAT}",
+        CHAT.len()
+    );
+    stop_reading(&h, head.as_bytes()).await;
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_on_a_connection_handed_to_hyper_is_cut_too() {
+    let h = stalling(Vec::new()).await;
+    h.mock.script(big_answer());
+    // A chunked request body: the connection is hyper's.
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {KEY}\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{CHAT}\r\n0\r\n\r\n",
+        CHAT.len()
+    );
+    stop_reading(&h, head.as_bytes()).await;
+}
+
+#[tokio::test]
+async fn an_http2_stream_its_client_gives_no_room_is_cut() {
+    let h = stalling(Vec::new()).await;
+    h.mock.script(big_answer());
+    // hyper's client grants a stream room only as its body is read: this one never is, while the
+    // connection itself keeps being read.
+    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
+    let request = h
+        .post("/v1/chat/completions")
+        .header("authorization", format!("Bearer {KEY}"))
+        .body(Full::new(Bytes::from(CHAT)))
+        .expect("request");
+    let response = client.request(request).await.expect("answered");
+    assert_eq!(response.status(), StatusCode::OK);
+    let r = h.receipts(1).await.remove(0);
+    assert_eq!(r.status, 200);
+    // Read now, the stream ends short of the answer.
+    let (data, clean) = read_until_cut(response.into_body()).await;
+    assert!(!clean && data.len() < 12 << 20, "cut after {} bytes", data.len());
+}
