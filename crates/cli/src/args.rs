@@ -52,6 +52,11 @@ pub(crate) struct GatewayArgs {
     /// How long to wait for a connection to a provider before answering 502.
     #[arg(long, env = "RECOVEA_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     connect_timeout: Duration,
+    /// How long an answer may go without a byte from its provider, or without its client reading a
+    /// byte, before it is cut (its receipt estimated, its cap reservation released). Generous:
+    /// a reasoning model can be silent for minutes mid-stream.
+    #[arg(long, env = "RECOVEA_STREAM_IDLE_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
+    stream_idle_timeout: Duration,
     /// How long a client may take to send its request body before it gets 408.
     #[arg(long, env = "RECOVEA_REQUEST_BODY_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     request_body_timeout: Duration,
@@ -81,6 +86,7 @@ impl GatewayArgs {
             counter_max_age: self.counter_max_age,
         })
         .and_then(|config| config.with_alarm(self.alarm_webhook.as_deref(), self.alarm_interval))
+        .and_then(|config| config.with_stream_idle_timeout(self.stream_idle_timeout))
         .map(|config| config.with_memory_release(crate::allocator::release_freed_memory))
         .map_err(|e| e.to_string())
     }

@@ -283,6 +283,7 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
         (&["--listen", "not-an-address"], &[], "--listen"),
         (&["--max-body-size", "12parsecs"], &[], "--max-body-size"),
         (&[], &[("RECOVEA_UPSTREAM_TIMEOUT", "soon")], "--upstream-timeout"),
+        (&["--stream-idle-timeout", "0s"], &[], "--stream-idle-timeout"),
         (&[], &[("RECOVEA_ANTHROPIC_BASE_URL", "nowhere")], "--anthropic-base-url"),
         (&["--database-url", "mysql://x"], &[], "--database-url"),
     ];
@@ -353,7 +354,7 @@ fn every_flag_of_every_subcommand_names_its_environment_variable() {
         let flags: Vec<&String> =
             blocks.iter().filter(|b| !b.contains("--help") && !b.contains("--version")).collect();
         if args == ["serve"] {
-            assert_eq!(flags.len(), 19, "{help}");
+            assert_eq!(flags.len(), 20, "{help}");
         }
         for block in flags {
             assert!(block.contains("[env: RECOVEA_"), "{args:?}: {block}");
