@@ -212,13 +212,18 @@ pub enum LineAnswer {
     /// received is counted; nothing was reserved. The holders give it back at their next sync,
     /// so the request asks again, then decides from its own view.
     Contended,
+    /// The store holds no ledger-rebuilt total for a window (a new cap or window, a restart, a
+    /// flush), so it cannot vouch for its spend; nothing was reserved. The node rebuilds the
+    /// window from the ledger and seeds it, so the request asks again, then decides from its own
+    /// view.
+    Unseeded,
 }
 
 /// Decides the armed caps a request asked the shared store about, `asked[i]` being each cap with
 /// this node's view of its spend (the request's own estimate not in it). The store's answer wins;
-/// without one (`None`: it did not answer in time, could not vouch for the window, or stayed
-/// contended) the node decides from its own view as when the store is away: refused when spend
-/// plus known reservations reached the limit. A blip of the store therefore never refuses a
+/// without one (`None`: it did not answer in time), or when it stayed contended or could not
+/// vouch for a window, the node decides from its own view as when the store is away: refused
+/// when spend plus known reservations reached the limit. A blip of the store therefore never refuses a
 /// request its own view admits.
 pub fn decide_at_line(asked: &[(&Cap, CapSpend)], answer: Option<LineAnswer>) -> Result<(), CapRefusal> {
     let exceeded = |cap: &Cap| CapRefusal::Exceeded { scope: cap.scope, window: cap.window };
@@ -229,7 +234,7 @@ pub fn decide_at_line(asked: &[(&Cap, CapSpend)], answer: Option<LineAnswer>) ->
             // An index the request did not send: the answer is not about this request.
             None => decide_at_line(asked, None),
         },
-        Some(LineAnswer::Contended) | None => asked
+        Some(LineAnswer::Contended | LineAnswer::Unseeded) | None => asked
             .iter()
             .find(|(cap, spend)| spend.spent.saturating_add(spend.reserved) >= cap.limit)
             .map_or(Ok(()), |(cap, _)| Err(exceeded(cap))),
@@ -586,8 +591,11 @@ mod tests {
             decide_at_line(&asked, Some(LineAnswer::AtLine(1))),
             exceeded(Scope::Organization, Window::Month)
         );
-        // No answer, a contended one, or one about a cap that was not asked: the node's own view.
-        for answer in [None, Some(LineAnswer::Contended), Some(LineAnswer::AtLine(2))] {
+        // No answer, a contended or unseeded one, or one about a cap that was not asked: the
+        // node's own view.
+        let undecided =
+            [None, Some(LineAnswer::Contended), Some(LineAnswer::Unseeded), Some(LineAnswer::AtLine(2))];
+        for answer in undecided {
             assert_eq!(decide_at_line(&asked, answer), exceeded(Scope::Organization, Window::Month));
             assert_eq!(decide_at_line(&[(&day, roomy), (&month, roomy)], answer), Ok(()));
         }
@@ -672,6 +680,7 @@ mod tests {
             let seen = |verdict: Result<(), CapRefusal>| verdict.err().map(|r| (r.cap_scope(), r.cap_window()));
             prop_assert_eq!(seen(decide_at_line(&asked, None)), own_view);
             prop_assert_eq!(seen(decide_at_line(&asked, Some(LineAnswer::Contended))), own_view);
+            prop_assert_eq!(seen(decide_at_line(&asked, Some(LineAnswer::Unseeded))), own_view);
             let verdict = decide_at_line(&asked, Some(LineAnswer::AtLine(at)));
             match asked.get(at) {
                 Some((cap, _)) => prop_assert_eq!(seen(verdict), Some((cap.scope, cap.window))),

@@ -43,8 +43,13 @@ pub const AT_THE_LINE: Duration = Duration::from_millis(100);
 /// How long a request found contended at the line (other nodes hold spare room there) keeps
 /// asking, while the holders' syncs give their spare back, before it decides from its own view.
 const CONTENDED_WAIT: Duration = Duration::from_millis(300);
-/// The pause between two asks of a contended request.
-const CONTENDED_RETRY: Duration = Duration::from_millis(10);
+/// How long a request at an armed cap's window the store holds no ledger-rebuilt total for (a
+/// new cap or window, a flushed store) keeps asking, while the node rebuilds the window from the
+/// ledger and seeds it, before it decides from its own view. A sync, a read of the ledger and
+/// another sync: tens of milliseconds, once per window.
+const UNSEEDED_WAIT: Duration = Duration::from_millis(500);
+/// The pause between two asks of a request found contended or unseeded.
+const ASK_AGAIN_AFTER: Duration = Duration::from_millis(10);
 /// How stale other nodes' spend on an armed cap may be while this node spends on it, and how long
 /// this node's reservation on it may outlive the request in their view.
 const ARMED_SYNC_GAP: Duration = Duration::from_millis(100);
@@ -209,6 +214,11 @@ impl Counters {
                 s.live = s.live.saturating_add(1);
                 slots.push(Slot::Held { from_spare: line.is_some() && shared });
             } else {
+                // Spare too small for this request is given up: the next push hands it back.
+                // Until then the store counts it, and answers `Contended` to a request that only
+                // spare keeps from the line. (Were the store told how much of it is unused, the
+                // in-memory admissions racing that ask would go uncounted.)
+                s.spare = Nanos::ZERO;
                 s.pending = s.pending.saturating_add(estimate);
                 slots.push(Slot::Pending);
             }
@@ -230,9 +240,10 @@ impl Counters {
     /// Asks the store at the line for the reservation's pending windows (see
     /// [`Counters::reserve`]): one atomic check and reservation, which the request waits for, at
     /// most [`AT_THE_LINE`] per ask. A contended answer is asked again for up to
-    /// [`CONTENDED_WAIT`]. `None` when the store did not answer in time, failed, could not vouch
-    /// for a window, or stayed contended: the caller then decides from its own view. The answer's
-    /// window indexes follow [`Reservation::pending`]'s order.
+    /// [`CONTENDED_WAIT`], an unseeded one for up to [`UNSEEDED_WAIT`] (the sync each asks for
+    /// finds the window missing, and the ledger's total is seeded). `None` when the store did not
+    /// answer in time or failed; after `None`, `Contended` or `Unseeded` the caller decides from
+    /// its own view. The answer's window indexes follow [`Reservation::pending`]'s order.
     pub async fn ask_at_line(&self, reservation: &mut Reservation, now: Timestamp) -> Option<LineAnswer> {
         let store = self.line.as_ref()?;
         let windows: Vec<LineWindow> = reservation
@@ -246,8 +257,6 @@ impl Counters {
                     start: entry.start,
                     end: s.end.unwrap_or(entry.start),
                     limit: s.line.unwrap_or(Nanos::ZERO),
-                    entry: entry.id,
-                    spare: s.spare,
                 }
             })
             .collect();
@@ -263,21 +272,23 @@ impl Counters {
             let answer =
                 tokio::time::timeout(AT_THE_LINE, store.reserve_at_line(&self.instance, &ask, now)).await;
             match answer {
-                Ok(Ok(Some(LineAnswer::Contended))) if started.elapsed() < CONTENDED_WAIT => {
+                // The holders of spare give it back at their next sync; the ledger's total of an
+                // unseeded window is seeded after the sync that finds it missing. This node's own
+                // view follows either way.
+                Ok(Ok(LineAnswer::Contended)) if started.elapsed() < CONTENDED_WAIT => {
                     reservation.record = None;
-                    // The holders of spare give it back at their next sync; this node's own
-                    // view follows too.
                     self.sync_soon();
-                    tokio::time::sleep(CONTENDED_RETRY).await;
+                    tokio::time::sleep(ASK_AGAIN_AFTER).await;
                 }
-                Ok(Ok(Some(answer @ (LineAnswer::AtLine(_) | LineAnswer::Contended)))) => {
+                Ok(Ok(LineAnswer::Unseeded)) if started.elapsed() < UNSEEDED_WAIT => {
+                    reservation.record = None;
+                    self.sync_soon();
+                    tokio::time::sleep(ASK_AGAIN_AFTER).await;
+                }
+                Ok(Ok(LineAnswer::Reserved)) => return Some(LineAnswer::Reserved),
+                Ok(Ok(answer)) => {
                     reservation.record = None;
                     return Some(answer);
-                }
-                Ok(Ok(Some(LineAnswer::Reserved))) => return Some(LineAnswer::Reserved),
-                Ok(Ok(None)) => {
-                    reservation.record = None;
-                    return None;
                 }
                 Ok(Err(error)) => {
                     tracing::debug!(%error, "the counter store did not answer at the line");
@@ -832,7 +843,7 @@ mod tests {
             _: &'a str,
             _: &'a LineAsk,
             _: Timestamp,
-        ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>> {
+        ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
             Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
         }
     }
@@ -858,7 +869,7 @@ mod tests {
             node_id: &'a str,
             ask: &'a LineAsk,
             now: Timestamp,
-        ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>> {
+        ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
             Box::pin(async move {
                 self.0.reserve_at_line(node_id, ask, now).await?;
                 Err(CounterError::Timeout)
@@ -884,7 +895,7 @@ mod tests {
         let counters = Counters::new("n1");
         let (a, b) = (window("a"), window("b"));
         let settled = counters.reserve(&soft(&[a.clone(), b.clone()]), Nanos(10));
-        let dropped = counters.reserve(&soft(&[a.clone()]), Nanos(4));
+        let dropped = counters.reserve(&soft(std::slice::from_ref(&a)), Nanos(4));
         assert_eq!(spend(&counters, &a).reserved, Nanos(14));
         assert_eq!(spend(&counters, &b).reserved, Nanos(10));
 
@@ -901,7 +912,7 @@ mod tests {
         let store = InProcess::default();
         let (a, b) = (Counters::new("a"), Counters::new("b"));
         let w = window("x");
-        let held = a.reserve(&soft(&[w.clone()]), Nanos(10));
+        let held = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(10));
         a.sync_with(&store, NOW).await.expect("sync a");
         assert_eq!(spend(&b, &w).reserved, Nanos::ZERO, "b has not read the window yet");
         b.sync_with(&store, NOW).await.expect("sync b");
@@ -931,7 +942,7 @@ mod tests {
         a.add(std::slice::from_ref(&w), Nanos(5));
         a.sync_with(&store, at(2)).await.expect("sync a");
         assert!(b.sync_with(&store, at(3)).await.expect("sync b").others_active, "a spent");
-        let held = a.reserve(&soft(&[w.clone()]), Nanos(7));
+        let held = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(7));
         a.sync_with(&store, at(4)).await.expect("sync a");
         assert!(b.sync_with(&store, at(5)).await.expect("sync b").others_active, "a holds a reservation");
         held.settle(Nanos::ZERO);
@@ -1130,16 +1141,20 @@ mod tests {
         assert!(!first.is_pending(), "the spare covers the first request");
         let second = a.reserve(&covered, Nanos(60));
         assert!(second.is_pending(), "40 left: the next one asks the store");
-        drop(second);
+        // Asking gave the 40 up: were it still used in memory, the store (which counts it until
+        // the next push) could not know whether the ask or those admissions came first.
+        let third = a.reserve(&covered, Nanos(10));
+        assert!(third.is_pending(), "no spare left while an ask is out");
+        drop((second, third));
         first.settle(Nanos(60));
-        // Twice what was admitted since the last push (120 and the dropped 60), within a quarter.
+        // Twice what was admitted since the last push (60, 60 and 10), within a quarter.
         a.sync_with(store.as_ref(), at(1)).await.expect("sync");
         let b = Counters::new("b");
         b.track(&soft(std::slice::from_ref(&w)));
         b.sync_with(store.as_ref(), at(2)).await.expect("sync b");
         assert_eq!(
             spend(&b, &w),
-            CapSpend { spent: Nanos(60), reserved: Nanos(240), confirmed_at: Some(at(2)) }
+            CapSpend { spent: Nanos(60), reserved: Nanos(260), confirmed_at: Some(at(2)) }
         );
     }
 
@@ -1413,7 +1428,11 @@ mod tests {
             let counters = Counters::new("a");
             let w = window(if armed { "armed" } else { "soft" });
             let sync_loop = Loop::start(&counters, Arc::clone(&store) as Arc<dyn SharedCounters>, clock);
-            let covered = if armed { armed_at(&[w.clone()], Nanos(1_000_000)) } else { soft(&[w.clone()]) };
+            let covered = if armed {
+                armed_at(std::slice::from_ref(&w), Nanos(1_000_000))
+            } else {
+                soft(std::slice::from_ref(&w))
+            };
             let held = counters.reserve(&covered, Nanos(10));
             // Past the syncs the reservation asked for: the next regular one is most of a tick away.
             tokio::time::sleep(Duration::from_millis(300)).await;

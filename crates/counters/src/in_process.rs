@@ -74,31 +74,29 @@ impl InProcess {
         SyncRead { windows: read }
     }
 
-    fn reserve_at_line_now(&self, node_id: &str, ask: &LineAsk, now: Timestamp) -> Option<LineAnswer> {
+    fn reserve_at_line_now(&self, node_id: &str, ask: &LineAsk, now: Timestamp) -> LineAnswer {
         let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
         let mut contended = false;
         for (i, w) in ask.windows.iter().enumerate() {
-            let stored =
-                windows.get_mut(&(w.cap.clone(), w.start)).filter(|s| s.seeded && s.expire_at > now)?;
+            let Some(stored) =
+                windows.get_mut(&(w.cap.clone(), w.start)).filter(|s| s.seeded && s.expire_at > now)
+            else {
+                return LineAnswer::Unseeded;
+            };
             stored.drop_dead(now);
-            let writer = format!("{node_id}/{}", w.entry);
             let live =
                 stored.reservations.values().fold(0_i128, |sum, (amount, _)| sum + i128::from(amount.0));
-            let used = i128::from(stored.total.0) + live - i128::from(w.spare.0);
+            let used = i128::from(stored.total.0) + live;
             if used >= i128::from(w.limit.0) {
-                let others_spare = stored
-                    .spare
-                    .iter()
-                    .filter(|(holder, _)| **holder != writer)
-                    .fold(0_i128, |sum, (_, spare)| sum + i128::from(spare.0));
-                if used - others_spare >= i128::from(w.limit.0) {
-                    return Some(LineAnswer::AtLine(i));
+                let spare = stored.spare.values().fold(0_i128, |sum, spare| sum + i128::from(spare.0));
+                if used - spare >= i128::from(w.limit.0) {
+                    return LineAnswer::AtLine(i);
                 }
                 contended = true;
             }
         }
         if contended {
-            return Some(LineAnswer::Contended);
+            return LineAnswer::Contended;
         }
         let member = line_member(node_id, ask.record);
         for w in &ask.windows {
@@ -109,7 +107,7 @@ impl InProcess {
                 stored.expire_at = stored.expire_at.max(expire_at(w.end, &self.options));
             }
         }
-        Some(LineAnswer::Reserved)
+        LineAnswer::Reserved
     }
 }
 
@@ -211,7 +209,7 @@ impl SharedCounters for InProcess {
         node_id: &'a str,
         ask: &'a LineAsk,
         now: Timestamp,
-    ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
         Box::pin(std::future::ready(Ok(self.reserve_at_line_now(node_id, ask, now))))
     }
 }

@@ -125,7 +125,7 @@ impl Redis {
         node_id: &str,
         ask: &LineAsk,
         now: Timestamp,
-    ) -> Result<Option<LineAnswer>, RedisError> {
+    ) -> Result<LineAnswer, RedisError> {
         let mut connection = self.connection().await?;
         let mut invocation = self.admit.prepare_invoke();
         for w in &ask.windows {
@@ -139,20 +139,16 @@ impl Redis {
             .arg(now.0)
             .arg(reserved_until(now, &self.options).0);
         for w in &ask.windows {
-            invocation
-                .arg(w.limit.0)
-                .arg(format!("{node_id}/{}", w.entry))
-                .arg(w.spare.0)
-                .arg(expire_at(w.end, &self.options).0);
+            invocation.arg(w.limit.0).arg(expire_at(w.end, &self.options).0);
         }
         // EVALSHA, loading the script again if the server lost it.
         let (verdict, window): (String, usize) = invocation.invoke_async(&mut connection).await?;
         let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed line reply"));
         Ok(match verdict.as_str() {
-            "reserved" => Some(LineAnswer::Reserved),
-            "line" => Some(LineAnswer::AtLine(window.checked_sub(1).ok_or_else(bad)?)),
-            "contended" => Some(LineAnswer::Contended),
-            "unseeded" => None,
+            "reserved" => LineAnswer::Reserved,
+            "line" => LineAnswer::AtLine(window.checked_sub(1).ok_or_else(bad)?),
+            "contended" => LineAnswer::Contended,
+            "unseeded" => LineAnswer::Unseeded,
             _ => return Err(bad()),
         })
     }
@@ -231,7 +227,7 @@ impl SharedCounters for Redis {
         node_id: &'a str,
         ask: &'a LineAsk,
         now: Timestamp,
-    ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
         Box::pin(async move {
             // The caller bounds the wait (a request waits on this); the connection's own
             // response timeout bounds a call the caller gave up on.

@@ -104,11 +104,6 @@ pub struct LineWindow {
     pub start: Timestamp,
     pub end: Timestamp,
     pub limit: Nanos,
-    /// The asking node's entry for the window (its writer is `{node_id}/{entry}`).
-    pub entry: u64,
-    /// The part of that writer's reservation held as spare and not used: room the request may
-    /// count as its own.
-    pub spare: Nanos,
 }
 
 /// Why a sync failed. The node keeps its increments and retries them; they are never lost nor
@@ -177,15 +172,14 @@ pub trait SharedCounters: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>>;
 
     /// Checks and reserves a request at armed caps' lines in one atomic step (see
-    /// [`LineAnswer`]); `None` when a window's total is not seeded, so the store cannot vouch
-    /// for it. On `Err` the reservation may or may not have been made: the node removes its
+    /// [`LineAnswer`]). On `Err` the reservation may or may not have been made: the node removes its
     /// record at its next sync either way.
     fn reserve_at_line<'a>(
         &'a self,
         node_id: &'a str,
         ask: &'a LineAsk,
         now: Timestamp,
-    ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>>;
+    ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>>;
 }
 
 /// The member a request reserved at the line holds in a window: `{node_id}#{record}`.

@@ -99,7 +99,7 @@ impl SharedCounters for Unreachable {
         _: &'a str,
         _: &'a LineAsk,
         _: Timestamp,
-    ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
         Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
     }
 }
@@ -125,7 +125,7 @@ impl SharedCounters for AnswerLost {
         node_id: &'a str,
         ask: &'a LineAsk,
         now: Timestamp,
-    ) -> Pin<Box<dyn Future<Output = Result<Option<LineAnswer>, CounterError>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
         Box::pin(async move {
             self.0.reserve_at_line(node_id, ask, now).await.expect("the store answers");
             Err(CounterError::Timeout)
@@ -167,7 +167,7 @@ async fn totals_converge_across_nodes(backend: Backend) {
     let w = current_window();
     a.add(std::slice::from_ref(&w), Nanos(5));
     b.add(std::slice::from_ref(&w), Nanos(7));
-    b.reserve(&soft(&[w.clone()]), Nanos(100)).settle(Nanos(11));
+    b.reserve(&soft(std::slice::from_ref(&w)), Nanos(100)).settle(Nanos(11));
     assert_eq!(spend(&a, &w).spent, Nanos(5));
     assert_eq!(spend(&b, &w).spent, Nanos(18));
     let now = wall();
@@ -188,8 +188,8 @@ async fn reservations_of_one_node_are_seen_by_the_other(backend: Backend) {
     let store = Store::new(backend, StoreOptions::default()).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
-    let on_a = a.reserve(&soft(&[w.clone()]), Nanos(10));
-    let on_b = b.reserve(&soft(&[w.clone()]), Nanos(4));
+    let on_a = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(10));
+    let on_b = b.reserve(&soft(std::slice::from_ref(&w)), Nanos(4));
     let now = wall();
     sync(&a, store.shared.as_ref(), now).await;
     sync(&b, store.shared.as_ref(), now).await;
@@ -210,7 +210,7 @@ async fn reservations_of_a_silent_node_expire(backend: Backend) {
     let store = Store::new(backend, StoreOptions { reservation_ttl: ttl, ..StoreOptions::default() }).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
-    let _held_by_a_node_that_stops_syncing = a.reserve(&soft(&[w.clone()]), Nanos(10));
+    let _held_by_a_node_that_stops_syncing = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(10));
     let now = wall();
     sync(&a, store.shared.as_ref(), now).await;
     spend(&b, &w);
@@ -229,7 +229,7 @@ async fn keys_expire_after_the_window_ends(backend: Backend) {
     let a = Counters::new("node-a");
     let now = wall();
     let w = CapWindow { cap: cap(), start: Timestamp(now.0 - 1_000), end: Timestamp(now.0 + 300) };
-    let _live = a.reserve(&soft(&[w.clone()]), Nanos(1));
+    let _live = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(1));
     a.add(std::slice::from_ref(&w), Nanos(5));
     sync(&a, store.shared.as_ref(), now).await;
     assert!(store.holds(&w, wall()).await, "held while the window runs");
@@ -408,11 +408,37 @@ async fn at_the_line_a_request_is_checked_and_reserved_in_one_step(backend: Back
     sync(&b, store.shared.as_ref(), now).await;
     let mut fourth = b.reserve(&line(100), Nanos(60));
     assert_eq!(b.ask_at_line(&mut fourth, now).await, Some(LineAnswer::Reserved), "settled below the line");
+}
 
-    let unseeded = current_window();
-    let mut blind = a.reserve(&armed_at(std::slice::from_ref(&unseeded), Nanos(100)), Nanos(1));
-    assert_eq!(a.ask_at_line(&mut blind, now).await, None, "the store cannot vouch for an unseeded window");
-    assert!(!store.holds(&unseeded, wall()).await, "and writes nothing for it");
+async fn at_an_unseeded_window_a_request_waits_for_the_ledgers_total(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let a = Counters::shared("node-a", Arc::clone(&store.shared));
+    let now = wall();
+    let w = current_window();
+    let covered = armed_at(std::slice::from_ref(&w), Nanos(100));
+
+    // Nobody seeds: the store cannot vouch for the window, writes nothing for it, and after a
+    // bounded wait the request decides from its own view.
+    let mut blind = a.reserve(&covered, Nanos(1));
+    assert_eq!(a.ask_at_line(&mut blind, now).await, Some(LineAnswer::Unseeded));
+    assert!(!store.holds(&w, wall()).await, "nothing written for an unseeded window");
+    drop(blind);
+
+    // The node's rebuild (here by hand: the sync finds the window missing, the ledger's total is
+    // seeded and pushed) lands while the request asks again: the store then decides it.
+    let mut first = a.reserve(&covered, Nanos(10));
+    let rebuild = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let outcome = a.sync_with(store.shared.as_ref(), now).await.expect("sync");
+        assert_eq!(outcome.missing.iter().map(|m| &m.cap).collect::<Vec<_>>(), [&w.cap]);
+        a.seed(&w, Nanos(95));
+        sync(&a, store.shared.as_ref(), now).await;
+    };
+    let (answer, ()) = tokio::join!(a.ask_at_line(&mut first, now), rebuild);
+    assert_eq!(answer, Some(LineAnswer::Reserved), "95 seeded < 100: the store reserved it");
+    first.hold_at_line();
+    let mut second = a.reserve(&covered, Nanos(1));
+    assert_eq!(a.ask_at_line(&mut second, now).await, Some(LineAnswer::AtLine(0)), "95 + 10 >= 100");
 }
 
 async fn spare_stops_at_the_ceiling_and_contends_until_given_back(backend: Backend) {
@@ -479,5 +505,6 @@ suite!(
     the_first_seed_wins_and_never_lowers_what_was_pushed_before,
     a_window_only_read_creates_nothing,
     at_the_line_a_request_is_checked_and_reserved_in_one_step,
+    at_an_unseeded_window_a_request_waits_for_the_ledgers_total,
     spare_stops_at_the_ceiling_and_contends_until_given_back,
 );

@@ -84,9 +84,10 @@ pub(crate) fn reason_index(reason: FailOpenReason) -> usize {
     }
 }
 
-/// The labels of `recovea_cap_line_asks_total`: admitted, refused at the line, contended until
-/// the request decided from its own view, decided from its own view without an answer.
-const LINE_ANSWERS: [&str; 4] = ["reserved", "at_line", "contended", "unanswered"];
+/// The labels of `recovea_cap_line_asks_total`: admitted, refused at the line, then the answers
+/// after which the request decided from its own view: contended to the end, a window still
+/// unseeded to the end, no answer in time.
+const LINE_ANSWERS: [&str; 5] = ["reserved", "at_line", "contended", "unseeded", "unanswered"];
 
 pub(crate) struct Metrics {
     requests: [AtomicU64; Outcome::ALL.len()],
@@ -131,14 +132,14 @@ impl Metrics {
         self.receipts_unpriced.fetch_add(1, Relaxed);
     }
 
-    /// A request asked the shared store at an armed cap's line; `None`: it decided from its own
-    /// view (no answer in time, an unseeded window, or contended to the end).
+    /// A request asked the shared store at an armed cap's line; `None`: no answer in time.
     pub(crate) fn line_ask(&self, answer: Option<LineAnswer>) {
         let index = match answer {
             Some(LineAnswer::Reserved) => 0,
             Some(LineAnswer::AtLine(_)) => 1,
             Some(LineAnswer::Contended) => 2,
-            None => 3,
+            Some(LineAnswer::Unseeded) => 3,
+            None => 4,
         };
         self.line_asks[index].fetch_add(1, Relaxed);
     }
