@@ -1,197 +1,19 @@
 //! The split deployment with real parts: `recovea control` on a PostgreSQL database of the test's
 //! own, two `recovea node` processes sharing Redis, and the mock provider, all on loopback.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use recovea_testkit::{Behaviour, MockProvider};
 use serde_json::{Value, json};
 
+#[path = "support/deployment.rs"]
+mod deployment;
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Answer, Process, call, temp_dir};
-
-const ADMIN_TOKEN: &str = "split-admin-token";
-const NODE_TOKEN: &str = "split-node-token";
-const MASTER_KEY: &str = "6b1f3c5e7a9d0b2e4f6a8c0e2b4d6f8a1c3e5a7b9d1f3a5c7e9b1d3f5a7c9e1b";
-const REDIS_URL: &str = "redis://127.0.0.1:6379/";
-
-/// A PostgreSQL database of the test's own, dropped at the end.
-struct Database {
-    server: String,
-    name: String,
-}
-
-impl Database {
-    fn create() -> Self {
-        let server = std::env::var("RECOVEA_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-        let name = format!("recovea_split_{:016x}", fastrand::u64(..));
-        // The blocking client runs its own runtime: keep it off the test's.
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let mut admin = postgres::Client::connect(&format!("{server}/postgres"), postgres::NoTls)
-                    .unwrap_or_else(|e| panic!("these tests need PostgreSQL at {server}: {e}"));
-                admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("CREATE DATABASE");
-            });
-        });
-        Self { server, name }
-    }
-
-    fn url(&self) -> String {
-        format!("{}/{}", self.server, self.name)
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let url = format!("{}/postgres", self.server);
-                if let Ok(mut admin) = postgres::Client::connect(&url, postgres::NoTls) {
-                    let _ =
-                        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
-                }
-            });
-        });
-    }
-}
-
-/// A port nothing listens on right now, so that a control plane can come back on the same address.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-struct Control {
-    process: Process,
-    admin: String,
-}
-
-impl Control {
-    fn start(database: &Database, port: u16, data_dir: &Path) -> Self {
-        let listen = format!("127.0.0.1:{port}");
-        let process = Process::start(
-            &[
-                "control",
-                "--admin-listen",
-                &listen,
-                "--database-url",
-                &database.url(),
-                "--data-dir",
-                data_dir.to_str().expect("utf-8"),
-                "--admin-token",
-                ADMIN_TOKEN,
-                "--node-token",
-                NODE_TOKEN,
-                "--master-key",
-                MASTER_KEY,
-            ],
-            &[],
-            "recovea admin:",
-        );
-        let admin = process.url_after("recovea admin:");
-        Self { process, admin }
-    }
-
-    async fn admin(&self, method: Method, path: &str, body: Option<Value>) -> Value {
-        let auth = format!("Bearer {ADMIN_TOKEN}");
-        let answer =
-            call(method, &format!("{}/admin/v1{path}", self.admin), &[("authorization", &auth)], body).await;
-        assert!(answer.status.is_success(), "{path}: {} {:?}", answer.status, answer.json());
-        answer.json()
-    }
-
-    /// An org with a managed openai credential and a key: (org id, key id, secret).
-    async fn tenant(&self) -> (String, String, String) {
-        let org = self.admin(Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
-        let org_id = org["id"].as_str().expect("id").to_owned();
-        let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-        self.admin(Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider)).await;
-        let key = self.admin(Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
-        let (key_id, secret) = (key["id"].as_str().expect("id"), key["secret"].as_str().expect("secret"));
-        (org_id, key_id.to_owned(), secret.to_owned())
-    }
-
-    async fn receipts(&self, org_id: &str) -> Vec<Value> {
-        let page = self.admin(Method::GET, &format!("/orgs/{org_id}/receipts?limit=1000"), None).await;
-        page["receipts"].as_array().expect("receipts").clone()
-    }
-}
-
-struct Node {
-    process: Process,
-    url: String,
-}
-
-impl Node {
-    fn start(data_dir: &Path, control_url: &str, mock_url: &str, extra: &[&str]) -> Self {
-        Self::start_with_env(data_dir, control_url, mock_url, extra, &[])
-    }
-
-    fn start_with_env(
-        data_dir: &Path,
-        control_url: &str,
-        mock_url: &str,
-        extra: &[&str],
-        envs: &[(&str, &str)],
-    ) -> Self {
-        let mut args = vec!["node", "--listen", "127.0.0.1:0", "--control-url", control_url];
-        args.extend(["--node-token", NODE_TOKEN, "--master-key", MASTER_KEY, "--redis-url", REDIS_URL]);
-        args.extend(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url]);
-        args.extend(["--data-dir", data_dir.to_str().expect("utf-8")]);
-        args.extend(extra);
-        let process = Process::start(&args, envs, "recovea node");
-        let url = process.url_after("recovea node");
-        Self { process, url }
-    }
-
-    async fn chat(&self, secret: &str) -> Answer {
-        let auth = format!("Bearer {secret}");
-        let body =
-            json!({"model": "split-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
-        call(
-            Method::POST,
-            &format!("{}/v1/chat/completions", self.url),
-            &[("authorization", &auth)],
-            Some(body),
-        )
-        .await
-    }
-
-    /// Waits until the node serves a state from the feed.
-    async fn ready(&self) {
-        within(Duration::from_secs(10), "the node is fed", || async {
-            call(Method::GET, &format!("{}/readyz", self.url), &[], None).await.status == StatusCode::OK
-        })
-        .await;
-    }
-
-    async fn metric(&self, line_prefix: &str) -> Option<f64> {
-        let text = call(Method::GET, &format!("{}/metrics", self.url), &[], None).await;
-        String::from_utf8_lossy(&text.body)
-            .lines()
-            .find_map(|l| l.strip_prefix(line_prefix))
-            .and_then(|v| v.trim().parse().ok())
-    }
-}
-
-/// Polls `check` every 20 ms until it holds; panics with `what` after `within`. Returns the time it took.
-async fn within<F, Fut>(within: Duration, what: &str, mut check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    loop {
-        if check().await {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use deployment::{Control, MASTER_KEY, MODEL, NODE_TOKEN, Node, free_port, within};
+use harness::{Answer, Database, call, temp_dir};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_fed_by_two_control_replicas_share_caps_and_revocations() {
@@ -210,7 +32,7 @@ async fn two_nodes_fed_by_two_control_replicas_share_caps_and_revocations() {
 
     let (org_id, key_id, secret) = first.tenant().await;
     let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1000000"});
-    first.admin(Method::PUT, "/prices/split-model", Some(price)).await;
+    first.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
     let cap = json!({"scope": "organization", "window": "month", "limit_usd": "6.00", "hard_stop": true});
     first.admin(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
     // Each answer reports the one output token its `max_tokens` allows: one dollar a request, and
@@ -396,7 +218,7 @@ async fn assert_passes_through_stripped(node: &Node, mock: &MockProvider, secret
         Method::POST,
         &format!("{}/v1/chat/completions", node.url),
         &[("x-recovea-key", secret), ("authorization", "Bearer sk-own-key")],
-        Some(json!({"model": "split-model", "messages": []})),
+        Some(json!({"model": MODEL, "messages": []})),
     )
     .await;
     assert_eq!(own.status, StatusCode::OK, "{reason}: a client with its own key succeeds");
@@ -468,7 +290,7 @@ async fn sigterm_drains_in_flight_requests_and_flushes_the_spool() {
         let (url, secret) = (node.url.clone(), secret.clone());
         async move {
             let auth = format!("Bearer {secret}");
-            let body = json!({"model": "split-model", "messages": []});
+            let body = json!({"model": MODEL, "messages": []});
             call(Method::POST, &format!("{url}/v1/chat/completions"), &[("authorization", &auth)], Some(body))
                 .await
         }

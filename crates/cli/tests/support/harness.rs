@@ -1,5 +1,6 @@
 //! What the black-box tests share: temporary data dirs, a running `recovea serve` read from its
-//! banner, and plain HTTP calls. Included by each test file with `#[path]`.
+//! banner, a PostgreSQL database of a test's own, and plain HTTP calls. Included by each test file
+//! with `#[path]`.
 
 #![allow(dead_code)]
 
@@ -11,6 +12,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
@@ -158,9 +160,67 @@ impl Answer {
     }
 }
 
+/// A PostgreSQL database of the test's own, dropped at the end. Panics when PostgreSQL is absent.
+pub struct Database {
+    server: String,
+    name: String,
+}
+
+impl Database {
+    pub fn create() -> Self {
+        let server = std::env::var("RECOVEA_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let name = format!("recovea_test_{:016x}", fastrand::u64(..));
+        // The blocking client runs its own runtime: keep it off the test's.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut admin = postgres::Client::connect(&format!("{server}/postgres"), postgres::NoTls)
+                    .unwrap_or_else(|e| panic!("these tests need PostgreSQL at {server}: {e}"));
+                admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("CREATE DATABASE");
+            });
+        });
+        Self { server, name }
+    }
+
+    pub fn url(&self) -> String {
+        format!("{}/{}", self.server, self.name)
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let url = format!("{}/postgres", self.server);
+                if let Ok(mut admin) = postgres::Client::connect(&url, postgres::NoTls) {
+                    let _ =
+                        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+                }
+            });
+        });
+    }
+}
+
+/// A client that keeps its connections open between requests (one per request in flight).
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn http_client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
 /// One request on a fresh connection, its answer read to the end.
 pub async fn call(method: Method, url: &str, headers: &[(&str, &str)], body: Option<Value>) -> Answer {
-    let client = Client::builder(TokioExecutor::new()).build_http();
+    call_on(&http_client(), method, url, headers, body).await
+}
+
+/// One request through `client` (on a connection it keeps), its answer read to the end.
+pub async fn call_on(
+    client: &HttpClient,
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> Answer {
     let mut request = Request::builder().method(method).uri(url);
     for (name, value) in headers {
         request = request.header(*name, *value);

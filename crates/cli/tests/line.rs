@@ -1,0 +1,210 @@
+//! The line of an armed cap across nodes, black-box: two `recovea node` processes sharing Redis,
+//! fed by `recovea control` on a PostgreSQL database of the test's own, many clients on each node
+//! racing at a cap in several consecutive races, and the ledger as the judge.
+
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use recovea_testkit::{Behaviour, MockProvider};
+use serde_json::json;
+
+#[path = "support/deployment.rs"]
+mod deployment;
+#[path = "support/harness.rs"]
+mod harness;
+
+use deployment::{Control, MODEL, Node, chat_at, free_port, require_redis, within};
+use harness::{Database, http_client, temp_dir};
+
+/// One dollar a request, exactly its reservation (see `line_holds_across_two_nodes_race_after_race`).
+const REQUEST_NANOS: i128 = 1_000_000_000;
+const RACES: usize = 5;
+const CLIENTS_PER_NODE: usize = 24;
+/// The cap's limit, in requests.
+const LIMIT_REQUESTS: i128 = 30;
+/// A client stops after this many refusals in a row.
+const REFUSALS_IN_A_ROW: usize = 4;
+
+/// A decimal string of dollars (`"31.000000000"`, `"0.5"`) in nano-dollars, exactly.
+fn nanos(usd: &str) -> i128 {
+    let (whole, fraction) = usd.split_once('.').unwrap_or((usd, ""));
+    assert!(fraction.len() <= 9, "more than nine decimals: {usd}");
+    let whole: i128 = whole.parse().expect("dollars");
+    let fraction: i128 = format!("{fraction:0<9}").parse().expect("nano-dollars");
+    whole * 1_000_000_000 + fraction
+}
+
+/// A tenant (see [`Control::tenant`]) with an armed monthly cap of `limit_usd` that every one of
+/// `nodes` has installed: (org id, cap id, secret).
+async fn tenant_with_cap(control: &Control, limit_usd: &str, nodes: usize) -> (String, String, String) {
+    let (org_id, _key_id, secret) = control.tenant().await;
+    let cap = json!({"scope": "organization", "window": "month", "limit_usd": limit_usd,
+                     "hard_stop": true, "alert_at": []});
+    let cap = control.admin(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
+    let cap_id = cap["id"].as_str().expect("id").to_owned();
+    within(Duration::from_secs(5), "every node installs the cap", || async {
+        let listed = control.admin(Method::GET, "/nodes", None).await;
+        let listed_nodes = listed["nodes"].as_array().expect("nodes");
+        listed_nodes.len() == nodes
+            && listed_nodes.iter().all(|n| n["feed_version"] == listed["feed_version"])
+    })
+    .await;
+    (org_id, cap_id, secret)
+}
+
+/// The org's one cap's spend in the ledger, in nano-dollars, once `admitted` receipts are in it.
+async fn spend_once_delivered(control: &Control, org_id: &str, admitted: usize) -> i128 {
+    let receipts = || async {
+        let summary = control.admin(Method::GET, &format!("/orgs/{org_id}/receipts/summary"), None).await;
+        let rows = summary["rows"].as_array().expect("rows").clone();
+        rows.iter().map(|r| r["requests"].as_u64().expect("requests")).sum::<u64>()
+    };
+    within(Duration::from_secs(10), "every admitted request's receipt reaches the ledger", || async {
+        receipts().await >= admitted as u64
+    })
+    .await;
+    assert_eq!(receipts().await, admitted as u64, "one receipt per admitted request");
+    let spend = control.admin(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
+    nanos(spend["spend"][0]["spend_usd"].as_str().expect("spend_usd"))
+}
+
+/// Every client on every node at the cap until refused `REFUSALS_IN_A_ROW` times in a row:
+/// the requests each node admitted.
+async fn race(nodes: &[Node], secret: &str) -> Vec<usize> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut clients = tokio::task::JoinSet::new();
+    for (index, node) in nodes.iter().enumerate() {
+        for _ in 0..CLIENTS_PER_NODE {
+            let (url, secret) = (node.url.clone(), secret.to_owned());
+            clients.spawn(async move {
+                let client = http_client();
+                let (mut admitted, mut refused_in_a_row) = (0, 0);
+                while refused_in_a_row < REFUSALS_IN_A_ROW {
+                    assert!(Instant::now() < deadline, "a race did not end within 20 s");
+                    match chat_at(&client, &url, &secret).await.status {
+                        StatusCode::OK => (admitted, refused_in_a_row) = (admitted + 1, 0),
+                        StatusCode::PAYMENT_REQUIRED => refused_in_a_row += 1,
+                        other => panic!("a request at the line was answered {other}"),
+                    }
+                }
+                (index, admitted)
+            });
+        }
+    }
+    let mut admitted = vec![0; nodes.len()];
+    while let Some(joined) = clients.join_next().await {
+        let (index, count) = joined.expect("a client task");
+        admitted[index] += count;
+    }
+    admitted
+}
+
+/// What one race showed.
+struct Outcome {
+    race: usize,
+    admitted: Vec<usize>,
+    /// Ledger spend minus the limit, in nano-dollars.
+    over: i128,
+    /// Nodes that did not admit a request within 5 s once the limit left room for one on each.
+    stuck: Vec<usize>,
+}
+
+/// With any concurrency, the spend an armed cap admits exceeds its limit by at most one request's
+/// cost (every request here costs exactly its reservation: `max_tokens: 1` at a dollar an output
+/// token, input free). No phantom refusals: a race does not end refusing with room left for a
+/// whole request; every node admits some of it (each node's first requests arrive far from the
+/// line, so a node admitting none refused them with room left); and once the limit is raised
+/// above the settled spend, every node admits again. Five races in a row, each at a new
+/// organization's cap of 30 requests, 24 clients on each of two nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn line_holds_across_two_nodes_race_after_race() {
+    require_redis();
+    let dir = temp_dir("line-two-nodes");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let usage = json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2});
+    mock.script(Behaviour::default().usage(usage).times(1_000_000));
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1000000"});
+    control.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
+    let nodes: Vec<Node> = ["node-a", "node-b"]
+        .iter()
+        .map(|name| Node::start(&dir.join(name), &control.admin, &mock.url(), &[]))
+        .collect();
+    let limit = LIMIT_REQUESTS * REQUEST_NANOS;
+
+    let started = Instant::now();
+    let mut outcomes = Vec::new();
+    for number in 1..=RACES {
+        let (org_id, cap_id, secret) =
+            tenant_with_cap(&control, &format!("{LIMIT_REQUESTS}.00"), nodes.len()).await;
+        let admitted = race(&nodes, &secret).await;
+        let spend = spend_once_delivered(&control, &org_id, admitted.iter().sum()).await;
+        assert_eq!(spend, admitted.iter().sum::<usize>() as i128 * REQUEST_NANOS, "a dollar a request");
+
+        // Room for one more request on each node: each admits again once the new limit reaches it.
+        let raised = spend + REQUEST_NANOS * nodes.len() as i128;
+        let raised_usd = format!("{}.{:09}", raised / 1_000_000_000, raised % 1_000_000_000);
+        control
+            .admin(Method::PATCH, &format!("/caps/{cap_id}"), Some(json!({"limit_usd": raised_usd})))
+            .await;
+        let mut stuck = Vec::new();
+        for (index, node) in nodes.iter().enumerate() {
+            let client = http_client();
+            let asked = Instant::now();
+            while node.chat_on(&client, &secret).await.status != StatusCode::OK {
+                if asked.elapsed() > Duration::from_secs(5) {
+                    stuck.push(index);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        eprintln!(
+            "race {number}: admitted {admitted:?}, spend ${}, {:+} requests past the limit; nodes refusing after the raise: {stuck:?}",
+            spend / REQUEST_NANOS,
+            (spend - limit) / REQUEST_NANOS
+        );
+        outcomes.push(Outcome { race: number, admitted, over: spend - limit, stuck });
+    }
+    eprintln!("{RACES} races in {:?}", started.elapsed());
+
+    let broken: Vec<String> = outcomes
+        .iter()
+        .filter(|o| {
+            o.over > REQUEST_NANOS
+                || o.over <= -REQUEST_NANOS
+                || o.admitted.contains(&0)
+                || !o.stuck.is_empty()
+        })
+        .map(|o| {
+            let mut line = format!(
+                "race {}: {:+} requests' cost past the limit of {LIMIT_REQUESTS} (admitted {:?} by node)",
+                o.race,
+                o.over / REQUEST_NANOS,
+                o.admitted
+            );
+            if o.over > REQUEST_NANOS {
+                line.push_str(": over the bound of +1");
+            }
+            if o.over <= -REQUEST_NANOS {
+                line.push_str(": refused with room left for a whole request");
+            }
+            if o.admitted.contains(&0) {
+                line.push_str(": a node admitted nothing while far from the line");
+            }
+            if !o.stuck.is_empty() {
+                line.push_str(&format!("; nodes {:?} still refused 5 s after the limit left room", o.stuck));
+            }
+            line
+        })
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "{} of {RACES} races broke the line ({CLIENTS_PER_NODE} clients on each of 2 nodes):\n{}",
+        broken.len(),
+        broken.join("\n")
+    );
+    drop((nodes, control));
+    let _ = std::fs::remove_dir_all(&dir);
+}

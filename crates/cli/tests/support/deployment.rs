@@ -1,0 +1,162 @@
+//! The split deployment as the black-box tests run it: `recovea control` on a PostgreSQL database
+//! of the test's own, `recovea node` processes sharing Redis, all on loopback. Included with
+//! `#[path]` beside `harness.rs`.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::harness::{Answer, Database, HttpClient, Process, call, call_on};
+
+pub const ADMIN_TOKEN: &str = "split-admin-token";
+pub const NODE_TOKEN: &str = "split-node-token";
+pub const MASTER_KEY: &str = "6b1f3c5e7a9d0b2e4f6a8c0e2b4d6f8a1c3e5a7b9d1f3a5c7e9b1d3f5a7c9e1b";
+pub const REDIS: &str = "127.0.0.1:6379";
+/// The model every chat request names: the tests price it themselves.
+pub const MODEL: &str = "split-model";
+
+/// Fails loudly, before anything starts, when Redis does not answer.
+pub fn require_redis() {
+    use std::io::{Read, Write};
+    let answer = std::net::TcpStream::connect(REDIS).and_then(|mut redis| {
+        redis.set_read_timeout(Some(Duration::from_secs(2)))?;
+        redis.write_all(b"PING\r\n")?;
+        let mut pong = [0; 7];
+        redis.read_exact(&mut pong)?;
+        Ok(pong)
+    });
+    assert!(
+        matches!(answer, Ok(ref pong) if pong == b"+PONG\r\n"),
+        "these tests need Redis at {REDIS}: {answer:?}"
+    );
+}
+
+/// A port nothing listens on right now, so that a control plane can come back on the same address.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Polls `check` every 10 ms until it holds; panics with `what` after `within`. Returns the time it took.
+pub async fn within<F, Fut>(within: Duration, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    loop {
+        if check().await {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub struct Control {
+    pub process: Process,
+    pub admin: String,
+}
+
+impl Control {
+    pub fn start(database: &Database, port: u16, data_dir: &Path) -> Self {
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["control", "--admin-listen", &listen, "--database-url"];
+        let url = database.url();
+        args.extend([url.as_str(), "--data-dir", data_dir.to_str().expect("utf-8")]);
+        args.extend(["--admin-token", ADMIN_TOKEN, "--node-token", NODE_TOKEN, "--master-key", MASTER_KEY]);
+        let process = Process::start(&args, &[], "recovea admin:");
+        let admin = process.url_after("recovea admin:");
+        Self { process, admin }
+    }
+
+    pub async fn admin(&self, method: Method, path: &str, body: Option<Value>) -> Value {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let answer =
+            call(method, &format!("{}/admin/v1{path}", self.admin), &[("authorization", &auth)], body).await;
+        assert!(answer.status.is_success(), "{path}: {} {:?}", answer.status, answer.json());
+        answer.json()
+    }
+
+    /// An org with a managed openai credential and a key: (org id, key id, secret).
+    pub async fn tenant(&self) -> (String, String, String) {
+        let org = self.admin(Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
+        let org_id = org["id"].as_str().expect("id").to_owned();
+        let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
+        self.admin(Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider)).await;
+        let key = self.admin(Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
+        let (key_id, secret) = (key["id"].as_str().expect("id"), key["secret"].as_str().expect("secret"));
+        (org_id, key_id.to_owned(), secret.to_owned())
+    }
+
+    pub async fn receipts(&self, org_id: &str) -> Vec<Value> {
+        let page = self.admin(Method::GET, &format!("/orgs/{org_id}/receipts?limit=1000"), None).await;
+        page["receipts"].as_array().expect("receipts").clone()
+    }
+}
+
+pub struct Node {
+    pub process: Process,
+    pub url: String,
+}
+
+impl Node {
+    pub fn start(data_dir: &Path, control_url: &str, mock_url: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(data_dir, control_url, mock_url, extra, &[])
+    }
+
+    pub fn start_with_env(
+        data_dir: &Path,
+        control_url: &str,
+        mock_url: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Self {
+        let redis_url = format!("redis://{REDIS}/");
+        let mut args = vec!["node", "--listen", "127.0.0.1:0", "--control-url", control_url];
+        args.extend(["--node-token", NODE_TOKEN, "--master-key", MASTER_KEY, "--redis-url", &redis_url]);
+        args.extend(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url]);
+        args.extend(["--data-dir", data_dir.to_str().expect("utf-8")]);
+        args.extend(extra);
+        let process = Process::start(&args, envs, "recovea node");
+        let url = process.url_after("recovea node");
+        Self { process, url }
+    }
+
+    /// A chat request for one output token of [`MODEL`], on a fresh connection.
+    pub async fn chat(&self, secret: &str) -> Answer {
+        self.chat_on(&crate::harness::http_client(), secret).await
+    }
+
+    /// A chat request for one output token of [`MODEL`], through `client` (on a connection it keeps).
+    pub async fn chat_on(&self, client: &HttpClient, secret: &str) -> Answer {
+        chat_at(client, &self.url, secret).await
+    }
+
+    /// Waits until the node serves a state from the feed.
+    pub async fn ready(&self) {
+        within(Duration::from_secs(10), "the node is fed", || async {
+            call(Method::GET, &format!("{}/readyz", self.url), &[], None).await.status == StatusCode::OK
+        })
+        .await;
+    }
+
+    pub async fn metric(&self, line_prefix: &str) -> Option<f64> {
+        let text = call(Method::GET, &format!("{}/metrics", self.url), &[], None).await;
+        String::from_utf8_lossy(&text.body)
+            .lines()
+            .find_map(|l| l.strip_prefix(line_prefix))
+            .and_then(|v| v.trim().parse().ok())
+    }
+}
+
+/// A chat request for one output token of [`MODEL`] to the node at `node_url`, through `client`.
+pub async fn chat_at(client: &HttpClient, node_url: &str, secret: &str) -> Answer {
+    let auth = format!("Bearer {secret}");
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+    let url = format!("{node_url}/v1/chat/completions");
+    call_on(client, Method::POST, &url, &[("authorization", &auth)], Some(body)).await
+}
