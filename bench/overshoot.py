@@ -1,18 +1,42 @@
 #!/usr/bin/env python3
-"""Overshoot of an armed cap with two nodes racing at it.
+"""Overshoot of an armed cap with several nodes racing at its line, phantom refusals, and what a
+request near the line pays for the counter store's answer.
 
-One `recovea control` (on SQLite) feeds two `recovea node` processes that share one Redis
-(`--redis-url`): two gateway nodes behind a load balancer, each with its own spool and counters. Many clients on each node send requests of a known cost
-until the cap refuses them; the ledger then says how far past the limit the spend went.
+One `recovea control` (on SQLite) feeds N `recovea node` processes that share the Redis at
+127.0.0.1:6379 (`--redis-url`; the node has no key prefix flag, and every race uses a cap of its
+own, so races and other users of that Redis do not meet): N gateway nodes behind a load
+balancer, each with its own spool and counters. Each race, on the same processes, at a new
+organization's armed cap:
 
-Usage: bench/overshoot.py [--clients-per-node 32] [--limit 0.05] [--seconds 20] [--latency-ms 0] [--runs 1]
+1. far: every client sends a few requests to one organization whose armed cap is far from its
+   line (a million dollars): the latency of armed requests the line does not concern;
+2. line: every client on every node sends requests at the race's cap (a few dozen requests'
+   cost) until it has been refused several times in a row; the ledger, once every admitted
+   request's receipt is in it, says how far past the limit the spend went (exact decimals);
+3. again: the cap's limit is raised to the ledger's spend plus one request's cost per node, and
+   each node must admit a request again (polling, with a deadline): a node that keeps refusing
+   once every reservation has settled below the line refuses phantoms.
+
+Every request costs exactly its reservation: its body's input estimate (crates/providers
+`usage::estimate_input_tokens`: ceil(characters / 4) + 3, counting the message's keys and
+strings) is exactly the input tokens the mock reports, and its `max_tokens` exactly the output
+tokens; the model's price is set by the bench (`PUT /admin/v1/prices/overshoot-model`). So the
+bound is exact: spend <= limit + one request's cost (`--limit-requests` a whole number: a node
+deciding on the exact spend and reservations of all nodes admits no request past the limit).
+
+Usage: bench/overshoot.py [--nodes 2] [--clients-per-node 32] [--races 100] [--limit-requests 40]
+                          [--latency-ms 0] [--far-requests 3] [--refusals 5] [--seconds 15]
+Exit status 1 when a race broke the bound, ended with room left for a whole request after
+refusing (a phantom refusal), or a node did not admit again once the limit was raised.
 Needs the venv of scripts/test-sdk (httpx) and target/{release,debug}/recovea[-mock-provider]
 (RECOVEA_PROFILE=debug picks the debug build even where a release build exists; RECOVEA_BIN_DIR
 names a directory holding other builds of both).
 """
 
 import argparse
-import concurrent.futures
+import asyncio
+import json
+import math
 import os
 import re
 import secrets
@@ -21,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
@@ -28,11 +53,28 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "overshoot-admin-token"
-# 1000 input and 1000 output tokens of gpt-4o-mini: $0.00015 + $0.0006.
-USAGE = {"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000}
-COST = Decimal("0.00075")
-# About 1000 tokens of text, so that the reservation's input estimate is close to the real input.
-PROMPT = "word " * 800
+MODEL = "overshoot-model"
+# gpt-4o-mini's list prices, set on a model of the bench's own so that the built-in table's
+# changes do not move the figures.
+INPUT_PER_MTOK, OUTPUT_PER_MTOK = Decimal("0.15"), Decimal("0.60")
+INPUT_TOKENS, OUTPUT_TOKENS = 1000, 1000
+MILLION = Decimal(1_000_000)
+COST = (INPUT_TOKENS * INPUT_PER_MTOK + OUTPUT_TOKENS * OUTPUT_PER_MTOK) / MILLION  # $0.00075
+
+
+def prompt_for(tokens: int) -> str:
+    """Text whose chat message the gateway estimates at exactly `tokens` input tokens:
+    ceil(("role" + "user" + "content" + text) characters / 4) + 3."""
+    chars = (tokens - 3) * 4 - len("role" + "user" + "content")
+    text = ("word " * (chars // 5 + 1))[:chars]
+    assert math.ceil((15 + len(text)) / 4) + 3 == tokens
+    return text
+
+
+BODY = json.dumps({"model": MODEL, "max_tokens": OUTPUT_TOKENS,
+                   "messages": [{"role": "user", "content": prompt_for(INPUT_TOKENS)}]}).encode()
+USAGE = {"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS,
+         "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}
 
 
 def binary(name: str) -> str:
@@ -62,77 +104,335 @@ def read_banner(proc: subprocess.Popen, pattern: str, last: str | None = None) -
     sys.exit("no banner within 30 s")
 
 
-def race(admin: httpx.Client, nodes: list[dict[str, str]], limit: Decimal, opts: argparse.Namespace) -> Decimal:
-    """One race: a new organization with an armed cap, both nodes' clients at it until refused;
-    returns how far past the limit the ledger's spend went, in requests."""
-    org = admin.post("/orgs", json={"name": "overshoot"}).json()["id"]
-    admin.put(f"/orgs/{org}/providers/openai", json={"kind": "openai", "api_key": "sk-bench-0123456789"})
-    secret = admin.post(f"/orgs/{org}/keys", json={"name": "k"}).json()["secret"]
-    admin.post(f"/orgs/{org}/caps", json={"scope": "organization", "window": "month",
-                                          "limit_usd": str(limit), "hard_stop": True, "alert_at": []})
-    body = {"model": "gpt-4o-mini", "max_tokens": 1000, "messages": [{"role": "user", "content": PROMPT}]}
-    headers = {"Authorization": f"Bearer {secret}"}
-    for node in nodes:  # both nodes serve the key and the cap (the other learns of them by polling)
+class Connection:
+    """One keep-alive HTTP/1.1 connection to a node, sending the bench's one request. Plain
+    asyncio streams rather than httpx: the client's own cost per request is a small part of it,
+    so that 32 clients per node put 32 requests in flight on a 2-core machine."""
+
+    def __init__(self, url: str, secret: str):
+        self.host, self.port = url.removeprefix("http://").rsplit(":", 1)
+        self.request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {self.host}\r\n"
+                        f"authorization: Bearer {secret}\r\ncontent-type: application/json\r\n"
+                        f"content-length: {len(BODY)}\r\n\r\n").encode() + BODY
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, int(self.port))
+
+    async def send(self) -> int:
+        """Sends the request and reads its answer to the end; the status."""
+        for attempt in range(2):
+            await self.open()
+            try:
+                self.writer.write(self.request)
+                return await self.read_answer()
+            except (ConnectionError, asyncio.IncompleteReadError):
+                self.close()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def read_answer(self) -> int:
+        head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        status = int(head[0].split(" ")[1])
+        headers = dict((k.strip().lower(), v.strip()) for k, v in (h.split(":", 1) for h in head[1:] if h))
+        if "content-length" in headers:
+            await self.reader.readexactly(int(headers["content-length"]))
+        elif headers.get("transfer-encoding", "").lower() == "chunked":
+            while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
+                await self.reader.readexactly(size + 2)
+            await self.reader.readuntil(b"\r\n")
+        if headers.get("connection", "").lower() == "close":
+            self.close()
+        return status
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+@dataclass
+class Latencies:
+    """Client-side seconds of each request, by class."""
+    far: list[float] = field(default_factory=list)
+    approach: list[float] = field(default_factory=list)
+    near_admitted: list[float] = field(default_factory=list)
+    near_refused: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Race:
+    number: int
+    limit: Decimal
+    spend: Decimal
+    admitted: list[int]
+    refused: int
+    other: dict[int, int]
+    seconds: float
+    readmitted_in: list[float | None]
+    again_refusals: dict[int, int]
+
+    @property
+    def over(self) -> Decimal:
+        return self.spend - self.limit
+
+    @property
+    def within(self) -> bool:
+        return self.spend <= self.limit + COST
+
+    @property
+    def room_left(self) -> bool:
+        """Refused with room for a whole request left, though no request failed: a phantom refusal."""
+        return self.spend + COST <= self.limit and not self.other
+
+    @property
+    def readmitted(self) -> bool:
+        """Every node admitted again within 5 s of the raise (the feed brings it within milliseconds)."""
+        return all(t is not None and t <= 5 for t in self.readmitted_in)
+
+
+class Bench:
+    def __init__(self, opts: argparse.Namespace, admin: httpx.Client, nodes: list[str]):
+        self.opts, self.admin, self.nodes = opts, admin, nodes
+        self.latencies = Latencies()
+        self.limit = opts.limit_requests * COST
+
+    def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        answer = self.admin.request(method, path, json=body)
+        if not answer.is_success:
+            sys.exit(f"{method} {path}: {answer.status_code} {answer.text}")
+        return answer.json()
+
+    def tenant(self, limit: Decimal) -> tuple[str, str, str]:
+        """A new organization with a key and an armed monthly cap, served by every node: (org, cap, secret)."""
+        org = self.call("POST", "/orgs", {"name": "overshoot"})["id"]
+        self.call("PUT", f"/orgs/{org}/providers/openai", {"kind": "openai", "api_key": "sk-bench-0123456789"})
+        secret = self.call("POST", f"/orgs/{org}/keys", {"name": "k"})["secret"]
+        cap = self.call("POST", f"/orgs/{org}/caps", {"scope": "organization", "window": "month",
+                                                       "limit_usd": str(limit), "hard_stop": True, "alert_at": []})
+        self.wait_fed()
+        return org, cap["id"], secret
+
+    def wait_fed(self) -> None:
+        """Until every node has installed the control plane's latest version (the cap with it)."""
         deadline = time.monotonic() + 10
-        while httpx.post(f"{node['url']}/v1/chat/completions", json=body, headers=headers).status_code != 200:
-            assert time.monotonic() < deadline, "a node never admitted the key"
-            time.sleep(0.05)
-
-    admitted = {n["url"]: 0 for n in nodes}
-    lock = threading.Lock()
-    stop_at = time.monotonic() + opts.seconds
-
-    def client(url: str) -> None:
-        refused_in_a_row = 0
-        with httpx.Client(timeout=30) as http:
-            while time.monotonic() < stop_at and refused_in_a_row < 20:
-                status = http.post(f"{url}/v1/chat/completions", json=body, headers=headers).status_code
-                if status == 200:
-                    refused_in_a_row = 0
-                    with lock:
-                        admitted[url] += 1
-                elif status == 402:
-                    refused_in_a_row += 1
-                else:
-                    sys.exit(f"unexpected {status}")
-
-    started = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(opts.clients_per_node * 2) as pool:
-        for node in nodes:
-            for _ in range(opts.clients_per_node):
-                pool.submit(client, node["url"])
-    elapsed = time.monotonic() - started
-
-    # Every receipt in the ledger: both spools empty.
-    deadline = time.monotonic() + 30
-    for node in nodes:
         while True:
-            metrics = httpx.get(f"{node['url']}/metrics").text
-            pending = re.search(r"^recovea_receipts_pending (\d+)", metrics, re.M)
-            if pending and pending.group(1) == "0":
+            listed = self.call("GET", "/nodes")
+            versions = [n["feed_version"] for n in listed["nodes"]]
+            if len(versions) >= len(self.nodes) and all(v == listed["feed_version"] for v in versions):
+                return
+            if time.monotonic() > deadline:
+                sys.exit(f"the nodes did not install version {listed['feed_version']} within 10 s: {versions}")
+            time.sleep(0.01)
+
+    def ledger(self, org: str, admitted: int) -> Decimal:
+        """The cap's spend in the ledger once all `admitted` receipts are in it; checked against the
+        receipts' own costs, summed exactly."""
+        deadline = time.monotonic() + 30
+        while True:
+            rows = self.call("GET", f"/orgs/{org}/receipts/summary")["rows"]
+            if sum(r["requests"] for r in rows) >= admitted:
                 break
-            assert time.monotonic() < deadline, "receipts still pending"
-            time.sleep(0.1)
-    spend = Decimal(admin.get(f"/orgs/{org}/spend").json()["spend"][0]["spend_usd"])
-    over = spend - limit
-    print(f"limit ${limit}, {opts.clients_per_node} clients on each of 2 nodes, provider latency "
-          f"{opts.latency_ms} ms, {elapsed:.1f} s")
-    print(f"admitted while racing: {admitted[nodes[0]['url']]} on node a, {admitted[nodes[1]['url']]} on node b "
-          f"(+1 warm-up request each); each request ${COST}")
-    print(f"ledger spend ${spend}: overshoot ${over} = {over / COST:.1f} requests "
-          f"({over / COST / 2:.1f} per node; target at most 1 per node)", flush=True)
-    return over / COST
+            if time.monotonic() > deadline:
+                sys.exit(f"{org}: {sum(r['requests'] for r in rows)} of {admitted} receipts in the ledger after 30 s")
+            time.sleep(0.05)
+        counted = sum(r["requests"] for r in rows)
+        assert counted == admitted, f"{org}: {counted} receipts for {admitted} admitted requests"
+        spend = Decimal(self.call("GET", f"/orgs/{org}/spend")["spend"][0]["spend_usd"])
+        summed = sum((Decimal(r["cost_usd"]) for r in rows), Decimal(0))
+        assert spend == summed == admitted * COST, f"{org}: spend {spend}, receipts {summed}, {admitted} x {COST}"
+        return spend
+
+    async def clients(self, secret: str, work) -> None:
+        connections = [[Connection(url, secret) for _ in range(self.opts.clients_per_node)] for url in self.nodes]
+        try:
+            # Connected before the clock starts: a latency is a request's, not a connection's.
+            await asyncio.gather(*(c.open() for per_node in connections for c in per_node))
+            await asyncio.gather(*(work(i, c) for i, per_node in enumerate(connections) for c in per_node))
+        finally:
+            for per_node in connections:
+                for c in per_node:
+                    c.close()
+
+    async def far(self, secret: str) -> int:
+        """Every client sends `--far-requests` to the organization far from its line."""
+        async def client(_node: int, connection: Connection) -> None:
+            for _ in range(self.opts.far_requests):
+                started = time.perf_counter()
+                status = await connection.send()
+                self.latencies.far.append(time.perf_counter() - started)
+                assert status == 200, f"far from the line: {status}"
+        await self.clients(secret, client)
+        return self.opts.far_requests * self.opts.clients_per_node * len(self.nodes)
+
+    async def line(self, secret: str) -> tuple[list[int], int, dict[int, int]]:
+        """Every client at the race's cap until refused `--refusals` times in a row."""
+        admitted, refused, other = [0] * len(self.nodes), 0, {}
+        in_flight = 0
+        stop_at = time.monotonic() + self.opts.seconds
+        near_from = self.opts.limit_requests - self.opts.near
+
+        async def client(node: int, connection: Connection) -> None:
+            nonlocal in_flight, refused
+            in_a_row = 0
+            while in_a_row < self.opts.refusals and time.monotonic() < stop_at:
+                # The admitted and the in-flight requests, as the nodes count them: spend and reservations.
+                near = sum(admitted) + in_flight >= near_from
+                far = sum(admitted) + in_flight < self.opts.limit_requests / 2
+                in_flight += 1
+                started = time.perf_counter()
+                try:
+                    status = await connection.send()
+                finally:
+                    in_flight -= 1
+                took = time.perf_counter() - started
+                if status == 200:
+                    in_a_row = 0
+                    admitted[node] += 1
+                elif status == 402:
+                    in_a_row += 1
+                    refused += 1
+                else:
+                    other[status] = other.get(status, 0) + 1
+                if status == 402:
+                    self.latencies.near_refused.append(took)
+                elif status == 200 and near:
+                    self.latencies.near_admitted.append(took)
+                elif status == 200 and far:
+                    self.latencies.approach.append(took)
+        await self.clients(secret, client)
+        if time.monotonic() >= stop_at:
+            print(f"  (the race was cut at {self.opts.seconds} s)")
+        return admitted, refused, other
+
+    async def again(self, secret: str) -> tuple[list[float | None], dict[int, int]]:
+        """Each node, asked every 20 ms, admits a request again: seconds until it did (None after
+        15 s), and the statuses of the refusals meanwhile."""
+        refusals: dict[int, int] = {}
+
+        async def node(url: str) -> float | None:
+            connection = Connection(url, secret)
+            started = time.monotonic()
+            try:
+                while time.monotonic() - started < 15:
+                    status = await connection.send()
+                    if status == 200:
+                        return time.monotonic() - started
+                    refusals[status] = refusals.get(status, 0) + 1
+                    await asyncio.sleep(0.02)
+                return None
+            finally:
+                connection.close()
+        return list(await asyncio.gather(*(node(url) for url in self.nodes))), refusals
+
+    async def race(self, number: int, far_secret: str) -> Race:
+        await self.far(far_secret)
+        org, cap, secret = self.tenant(self.limit)
+        started = time.monotonic()
+        admitted, refused, other = await self.line(secret)
+        seconds = time.monotonic() - started
+        spend = self.ledger(org, sum(admitted))
+        # Room for one more request on each node: every node admits again once the limit is known.
+        self.call("PATCH", f"/caps/{cap}", {"limit_usd": str(spend + COST * len(self.nodes))})
+        readmitted_in, again_refusals = await self.again(secret)
+        return Race(number, self.limit, spend, admitted, refused, other, seconds, readmitted_in, again_refusals)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def line_answers(nodes: list[str]) -> dict[str, int]:
+    """`recovea_cap_line_asks_total` summed over the nodes, by answer: how the requests near the
+    line were decided (the last three decided from the node's own view)."""
+    answers: dict[str, int] = {}
+    for url in nodes:
+        for m in re.finditer(r'^recovea_cap_line_asks_total\{answer="(\w+)"\} (\d+)', httpx.get(f"{url}/metrics").text, re.M):
+            answers[m.group(1)] = answers.get(m.group(1), 0) + int(m.group(2))
+    return answers
+
+
+def report(races: list[Race], latencies: Latencies, opts: argparse.Namespace, answers: dict[str, int]) -> bool:
+    overs = sorted(r.over / COST for r in races)
+    median = overs[len(overs) // 2] if len(overs) % 2 else (overs[len(overs) // 2 - 1] + overs[len(overs) // 2]) / 2
+    within = sum(r.within for r in races)
+    room = [r.number for r in races if r.room_left]
+    stuck = [r.number for r in races if not r.readmitted]
+    worst = max(races, key=lambda r: r.over)
+    waits = [t for r in races for t in r.readmitted_in if t is not None and t <= 5]
+    print()
+    print(f"{len(races)} races, {opts.nodes} nodes x {opts.clients_per_node} clients, limit {opts.limit_requests} "
+          f"requests (${races[0].limit}), provider latency {opts.latency_ms} ms")
+    print(f"overshoot (spend - limit, in requests): worst {worst.over / COST} (race {worst.number}, "
+          f"${worst.over}), median {median}, best {overs[0]}")
+    print(f"within the bound (spend <= limit + one request's cost): {within} of {len(races)}")
+    print(f"room for a whole request left after refusals (phantom refusals): {len(room)} of {len(races)}"
+          + (f" (races {room})" if room else ""))
+    print(f"every node admitted again within 5 s once the limit was raised: {len(races) - len(stuck)} of {len(races)}"
+          + (f" (not in races {stuck})" if stuck else "")
+          + (f"; within p50 {percentile(waits, 50) * 1000:.0f} ms, max {max(waits) * 1000:.0f} ms" if waits else ""))
+    print("asks at the line, by the answer acted on: " + ", ".join(f"{k} {v}" for k, v in answers.items()))
+    print("client-side latency, ms:           count     p50     p99     max")
+    for name, values in (("far from the line (own cap)", latencies.far),
+                         ("approach (< half the limit)", latencies.approach),
+                         (f"near, admitted (last {opts.near})", latencies.near_admitted),
+                         ("near, refused at the line", latencies.near_refused)):
+        if values:
+            print(f"  {name:31} {len(values):7} {percentile(values, 50) * 1000:7.2f} "
+                  f"{percentile(values, 99) * 1000:7.2f} {max(values) * 1000:7.2f}")
+        else:
+            print(f"  {name:31} {0:7}")
+    return within == len(races) and not room and not stuck
+
+
+async def run(bench: Bench, opts: argparse.Namespace) -> list[Race]:
+    _org, _cap, far_secret = bench.tenant(Decimal(1_000_000))
+    # The cost check: the first request's receipt costs exactly the reservation's estimate.
+    connection = Connection(bench.nodes[0], far_secret)
+    assert await connection.send() == 200
+    connection.close()
+    bench.ledger(_org, 1)
+    print(f"each request: reservation estimate {INPUT_TOKENS} input tokens (from the body) + {OUTPUT_TOKENS} "
+          f"output (max_tokens) at ${INPUT_PER_MTOK}/${OUTPUT_PER_MTOK} per Mtok = ${COST}; real cost "
+          f"(the mock's usage {USAGE['prompt_tokens']} + {USAGE['completion_tokens']}, the ledger's receipt) = ${COST}")
+    print(f"bound: spend <= limit + ${COST} (one request); limit {opts.limit_requests} requests = "
+          f"${bench.limit}", flush=True)
+    races = []
+    for number in range(1, opts.races + 1):
+        race = await bench.race(number, far_secret)
+        races.append(race)
+        waits = " ".join("never (15 s)" if t is None else f"{t * 1000:.0f}" for t in race.readmitted_in)
+        if not race.readmitted:
+            waits += f" ms, refused meanwhile {race.again_refusals} (statuses)"
+        else:
+            waits += " ms"
+        print(f"race {number:3}: spend ${race.spend}, over {race.over / COST:+} requests "
+              f"{'ok' if race.within else 'OVER THE BOUND'}; admitted {'+'.join(map(str, race.admitted))}, "
+              f"refused {race.refused}{f', other {race.other}' if race.other else ''}, {race.seconds:.2f} s; "
+              f"admitted again in {waits}{' ROOM LEFT' if race.room_left else ''}", flush=True)
+    return races
 
 
 def main() -> None:
-    args = argparse.ArgumentParser()
+    args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args.add_argument("--nodes", type=int, default=2)
     args.add_argument("--clients-per-node", type=int, default=32)
-    args.add_argument("--limit", default="0.05")
-    args.add_argument("--seconds", type=float, default=20)
+    args.add_argument("--races", "--runs", type=int, default=100, dest="races",
+                      help="races, each at a new organization's cap, on the same processes")
+    args.add_argument("--limit-requests", type=int, default=40, help="the cap's limit, in requests' cost")
     args.add_argument("--latency-ms", type=int, default=0, help="the provider's time to answer each request")
-    args.add_argument("--runs", type=int, default=1, help="races, each at a new organization's cap, on the same processes")
+    args.add_argument("--far-requests", type=int, default=3, help="requests of each client far from the line, per race")
+    args.add_argument("--refusals", type=int, default=5, help="a client stops after this many refusals in a row")
+    args.add_argument("--near", type=int, default=8,
+                      help="requests sent within this many requests' cost of the line (admitted and in flight) are near it")
+    args.add_argument("--seconds", type=float, default=15, help="a race's longest time")
     opts = args.parse_args()
-    limit = Decimal(opts.limit)
+    if opts.nodes < 1 or opts.clients_per_node < 1 or opts.races < 1 or opts.limit_requests < 1:
+        sys.exit("--nodes, --clients-per-node, --races and --limit-requests are at least 1")
 
     work = Path(tempfile.mkdtemp(prefix="recovea-overshoot-"))
     procs: list[subprocess.Popen] = []
@@ -141,7 +441,7 @@ def main() -> None:
                                 stdout=subprocess.PIPE)
         procs.append(mock)
         mock_url = read_banner(mock, r"listening on (http://\S+)")["url"]
-        behaviour = {"usage": USAGE, "times": 4_000_000}
+        behaviour = {"usage": USAGE, "times": 100_000_000}
         if opts.latency_ms:
             behaviour["delay_ms"] = opts.latency_ms
         httpx.post(f"{mock_url}/__mock/script", json=behaviour).raise_for_status()
@@ -153,31 +453,29 @@ def main() -> None:
              "--admin-token", TOKEN, "--node-token", node_token, "--log", "warn"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         procs.append(control_proc)
-        control = read_banner(control_proc, r"recovea admin:\s+(http://\S+)/admin/v1", last="recovea admin:")
-        control_url = control["admin"]
+        control_url = read_banner(control_proc, r"recovea admin:\s+(http://\S+)/admin/v1", last="recovea admin:")["admin"]
+        admin = httpx.Client(base_url=f"{control_url}/admin/v1", headers={"Authorization": f"Bearer {TOKEN}"})
+        price = {"input_per_mtok_usd": str(INPUT_PER_MTOK), "output_per_mtok_usd": str(OUTPUT_PER_MTOK)}
+        admin.put(f"/prices/{MODEL}", json=price).raise_for_status()
         nodes = []
-        for name in ("a", "b"):
+        for n in range(opts.nodes):
             proc = subprocess.Popen(
-                [binary("recovea"), "node", "--listen", "127.0.0.1:0", "--data-dir", str(work / name),
+                [binary("recovea"), "node", "--listen", "127.0.0.1:0", "--data-dir", str(work / f"node-{n}"),
                  "--control-url", control_url, "--node-token", node_token, "--master-key", master_key,
                  "--redis-url", "redis://127.0.0.1:6379/", "--openai-base-url", mock_url,
                  "--anthropic-base-url", mock_url, "--log", "warn"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             procs.append(proc)
-            nodes.append(read_banner(proc, r"recovea node \S+:\s+(http://\S+)"))
+            nodes.append(read_banner(proc, r"recovea node \S+:\s+(http://\S+)")["url"])
 
-        admin = httpx.Client(base_url=f"{control_url}/admin/v1", headers={"Authorization": f"Bearer {TOKEN}"})
-        overs = [race(admin, nodes, limit, opts) for _ in range(opts.runs)]
-        if opts.runs > 1:
-            overs.sort()
-            median = overs[len(overs) // 2] if len(overs) % 2 else (overs[len(overs) // 2 - 1] + overs[len(overs) // 2]) / 2
-            within = sum(1 for o in overs if o <= 2)
-            print(f"{opts.runs} runs: overshoot {overs[0]:.1f} to {overs[-1]:.1f} requests (median {median:.1f}); "
-                  f"{within} of {opts.runs} within the target (at most 1 per node)")
+        bench = Bench(opts, admin, nodes)
+        races = asyncio.run(run(bench, opts))
+        ok = report(races, bench.latencies, opts, line_answers(nodes))
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
