@@ -546,7 +546,7 @@ RECEIPT_DEADLINE_S = float(os.environ.get("RECOVEA_SDK_RECEIPT_DEADLINE", "5"))
 RECEIPT_FIELDS = {
     "id", "request_id", "org_id", "key_id", "provider", "model", "endpoint", "status", "stream",
     "input_tokens", "output_tokens", "cached_input_tokens", "cache_write_input_tokens", "reasoning_tokens",
-    "cost_usd", "usage_source", "priced", "price_revision", "started_at", "finished_at", "node_id",
+    "cost_usd", "usage_source", "priced", "priced_as", "price_revision", "started_at", "finished_at", "node_id",
 }
 USD_RE = re.compile(r"^\d+\.\d{2,9}$")
 
@@ -671,6 +671,12 @@ class Ledger:
     def price_revision(self) -> int:
         return self.prices()["revision"]
 
+    def fallback_price(self, kind: str) -> Price:
+        """The price in force for `kind`'s unpriced models."""
+        fallback = self.prices()["fallback"][kind]
+        return Price(fallback["input_per_mtok_usd"], fallback["output_per_mtok_usd"],
+                     fallback.get("cached_input_per_mtok_usd"), fallback.get("cache_write_per_mtok_usd"))
+
     def put_price(self, model: str, price: Price) -> dict:
         body = {"input_per_mtok_usd": price.input, "output_per_mtok_usd": price.output}
         if price.cached is not None:
@@ -739,15 +745,15 @@ def assert_receipt(receipt: dict, *, tenant: Tenant, request_id: str, provider: 
                    endpoint: str, stream: bool, input_tokens: int, output_tokens: int, cached: int = 0,
                    cache_write: int = 0, reasoning: int = 0, status: int = 200, price: Price | None = None,
                    cost: str | None = None, priced: bool = True, usage_source: str = "provider",
-                   price_revision: int | None = None, not_before: dt.datetime | None = None) -> None:
+                   price_revision: int | None = None, priced_as: str | None = None,
+                   not_before: dt.datetime | None = None) -> None:
     """Every field of one receipt. `price` (default: the built-in price of `model`) gives the expected cost,
-    unless `cost` is given; an unpriced receipt costs "0.00"."""
+    unless `cost` is given (an unpriced receipt is costed at its kind's fallback price, which the caller gives)."""
     if cost is None:
-        if not priced:
-            cost = "0.00"
-        else:
-            price = price or BUILTIN_PRICES[model]
-            cost = expected_cost(price, input_tokens, output_tokens, cached, cache_write)
+        if price is None:
+            assert priced, "an unpriced receipt's cost is its kind's fallback price: pass `price` or `cost`"
+            price = BUILTIN_PRICES[model]
+        cost = expected_cost(price, input_tokens, output_tokens, cached, cache_write)
     want = {
         "id": "rcpt_" + request_id.removeprefix("req_"),
         "request_id": request_id,
@@ -769,6 +775,8 @@ def assert_receipt(receipt: dict, *, tenant: Tenant, request_id: str, provider: 
     }
     if price_revision is not None:
         want["price_revision"] = price_revision
+    if priced_as is not None:
+        want["priced_as"] = priced_as
     got = {k: receipt.get(k) for k in want}
     assert got == want, "receipt differs:\n" + "\n".join(
         f"  {k}: got {got[k]!r}, want {want[k]!r}" for k in want if got[k] != want[k]) + f"\nreceipt: {receipt}"

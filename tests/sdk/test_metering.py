@@ -395,12 +395,13 @@ def test_unpriced_model_then_priced(tenant, admin, gateway, openai_client, ledge
     receipts = ledger.settle_tenant(tenant, [unpriced._request_id, priced._request_id])
     common = dict(tenant=tenant, provider="openai", model=model, endpoint="/v1/chat/completions", stream=False,
                   input_tokens=CHAT_INPUT_TOKENS, output_tokens=MOCK_OUTPUT_TOKENS)
-    # usage is still the provider's; the cost is unknown, not free
-    assert_receipt(receipts[unpriced._request_id], request_id=unpriced._request_id, priced=False, cost="0.00",
-                   price_revision=rev0, **common)
+    # usage is still the provider's; the cost is unknown, so never free: the kind's fallback price
+    fallback = ledger.fallback_price("openai")
+    assert_receipt(receipts[unpriced._request_id], request_id=unpriced._request_id, priced=False, price=fallback,
+                   priced_as="fallback:openai", price_revision=rev0, **common)
     # 3 x 0.5 + 5 x 1.5 per M
     assert_receipt(receipts[priced._request_id], request_id=priced._request_id, price=price, cost="0.000009",
-                   price_revision=rev1, **common)
+                   priced_as=model, price_revision=rev1, **common)
 
 
 def test_cost_is_rounded_once_to_the_nano_dollar(tenant, admin, gateway, anthropic_client, mock_provider, ledger):
