@@ -223,8 +223,8 @@ pub enum LineAnswer {
 /// this node's view of its spend (the request's own estimate not in it). The store's answer wins;
 /// without one (`None`: it did not answer in time), or when it stayed contended or could not
 /// vouch for a window, the node decides from its own view as when the store is away: refused
-/// when spend plus known reservations reached the limit. A blip of the store therefore never refuses a
-/// request its own view admits.
+/// when spend plus known reservations reached the limit. A blip of the store therefore never
+/// refuses a request its own view admits.
 pub fn decide_at_line(asked: &[(&Cap, CapSpend)], answer: Option<LineAnswer>) -> Result<(), CapRefusal> {
     let exceeded = |cap: &Cap| CapRefusal::Exceeded { scope: cap.scope, window: cap.window };
     match answer {

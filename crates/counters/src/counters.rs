@@ -54,6 +54,15 @@ const ASK_AGAIN_AFTER: Duration = Duration::from_millis(10);
 /// this node's reservation on it may outlive the request in their view.
 const ARMED_SYNC_GAP: Duration = Duration::from_millis(100);
 
+/// How long a request keeps asking the store at the line after this answer (zero: it acts on it).
+fn asked_again_for(answer: LineAnswer) -> Duration {
+    match answer {
+        LineAnswer::Contended => CONTENDED_WAIT,
+        LineAnswer::Unseeded => UNSEEDED_WAIT,
+        LineAnswer::Reserved | LineAnswer::AtLine(_) => Duration::ZERO,
+    }
+}
+
 /// One cap's window, as the gateway names it for a request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CapWindow {
@@ -275,12 +284,7 @@ impl Counters {
                 // The holders of spare give it back at their next sync; the ledger's total of an
                 // unseeded window is seeded after the sync that finds it missing. This node's own
                 // view follows either way.
-                Ok(Ok(LineAnswer::Contended)) if started.elapsed() < CONTENDED_WAIT => {
-                    reservation.record = None;
-                    self.sync_soon();
-                    tokio::time::sleep(ASK_AGAIN_AFTER).await;
-                }
-                Ok(Ok(LineAnswer::Unseeded)) if started.elapsed() < UNSEEDED_WAIT => {
+                Ok(Ok(answer)) if started.elapsed() < asked_again_for(answer) => {
                     reservation.record = None;
                     self.sync_soon();
                     tokio::time::sleep(ASK_AGAIN_AFTER).await;

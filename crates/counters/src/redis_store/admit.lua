@@ -1,8 +1,8 @@
 -- A request's check and reservation at armed caps' lines, one atomic step over every window it
 -- asks about: refused (nothing written) when a window's total plus every live reservation has
 -- reached the limit even with every writer's spare room left out; 'contended' when only that
--- spare makes it so (the asking node's own included: it gave its spare up in memory when it asked,
--- and only the store knows how much of it the store still holds); otherwise the request's
+-- spare makes it so (the asking node's own included: the node gave it up in memory when it asked,
+-- and it stays counted here until that node's next push hands it back); otherwise the request's
 -- estimate is reserved in each window under its own member, until the deadline or until the
 -- asking node's sync removes it (its reservation then holds the estimate). money.lua is prepended.
 --
