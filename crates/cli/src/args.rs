@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use recovea_core::crypto::MasterKey;
-use recovea_gateway::{GatewayConfig, GatewaySettings};
+use recovea_gateway::{DEFAULT_HTTP2_CONNECTIONS, Egress, GatewayConfig, GatewaySettings, ProviderNetwork};
 
 use crate::size;
 
@@ -72,6 +72,26 @@ pub(crate) struct GatewayArgs {
     /// The least time between two alarms for one reason; passes in between are counted in the next.
     #[arg(long, env = "RECOVEA_ALARM_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     alarm_interval: Duration,
+    /// PEM file of certificate authorities trusted for providers beside the public web's roots: a
+    /// corporate CA, or a self-hosted model's.
+    #[arg(long, env = "RECOVEA_UPSTREAM_CA_FILE")]
+    upstream_ca_file: Option<PathBuf>,
+    /// Trust only --upstream-ca-file's authorities for providers, not the public web's roots.
+    #[arg(long, env = "RECOVEA_UPSTREAM_CA_ONLY")]
+    upstream_ca_only: bool,
+    /// Egress proxy to providers, `http://[user:password@]host[:port]` (`CONNECT` for https, absolute
+    /// URIs for http). Without it, https_proxy/HTTPS_PROXY, http_proxy/HTTP_PROXY and
+    /// all_proxy/ALL_PROXY apply, as for curl.
+    #[arg(long, env = "RECOVEA_UPSTREAM_PROXY", hide_env_values = true)]
+    upstream_proxy: Option<String>,
+    /// Providers reached without the proxy: comma-separated names (with their subdomains), IP
+    /// addresses, CIDR blocks, or `*`. Without it, no_proxy/NO_PROXY applies.
+    #[arg(long, env = "RECOVEA_UPSTREAM_NO_PROXY")]
+    upstream_no_proxy: Option<String>,
+    /// The most HTTP/2 connections opened to one provider: another opens when every one has as
+    /// many streams as the provider allows, and an extra one closes after 10 s unused.
+    #[arg(long, env = "RECOVEA_UPSTREAM_HTTP2_CONNECTIONS", default_value_t = DEFAULT_HTTP2_CONNECTIONS)]
+    upstream_http2_connections: usize,
 }
 
 impl GatewayArgs {
@@ -89,6 +109,23 @@ impl GatewayArgs {
         .and_then(|config| config.with_stream_idle_timeout(self.stream_idle_timeout))
         .map(|config| config.with_memory_release(crate::allocator::release_freed_memory))
         .map_err(|e| e.to_string())
+        .and_then(|config| Ok(config.with_network(self.network()?)))
+    }
+
+    /// How providers are reached: the flags, then the proxy variables of the environment.
+    fn network(&self) -> Result<ProviderNetwork, String> {
+        let ca = match &self.upstream_ca_file {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| format!("--upstream-ca-file: cannot read {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        let egress =
+            Egress::new(self.upstream_proxy.as_deref(), self.upstream_no_proxy.as_deref(), |name| {
+                std::env::var(name).ok()
+            })?;
+        ProviderNetwork::new(ca.as_deref(), self.upstream_ca_only, egress, self.upstream_http2_connections)
     }
 }
 

@@ -17,7 +17,7 @@ use recovea_core::{FailOpenReason, Timestamp};
 use tokio::sync::mpsc;
 
 use crate::metrics::{FAIL_OPEN_REASONS, reason_index};
-use crate::upstream::Upstream;
+use crate::upstream::{ProviderNetwork, Upstream};
 
 /// With at most one alarm per reason per interval, the queue fills only when the webhook has hung
 /// for many intervals; later alarms are then dropped, and the log and the metric still have them.
@@ -71,13 +71,18 @@ pub(crate) struct Alarm {
 }
 
 impl Alarm {
-    /// An alarm that logs, and POSTs to `webhook` when there is one. The webhook task needs the
-    /// tokio runtime the node runs on.
-    pub(crate) fn new(webhook: Option<Uri>, interval: Duration, node_id: &str) -> Self {
+    /// An alarm that logs, and POSTs to `webhook` (reached as providers are, through `network`)
+    /// when there is one. The webhook task needs the tokio runtime the node runs on.
+    pub(crate) fn new(
+        webhook: Option<Uri>,
+        interval: Duration,
+        node_id: &str,
+        network: &ProviderNetwork,
+    ) -> Self {
         let webhook = webhook.and_then(|url| match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let (queue, queued) = mpsc::channel(QUEUE);
-                runtime.spawn(deliver(url, node_id.to_owned(), queued));
+                runtime.spawn(deliver(url, node_id.to_owned(), network.clone(), queued));
                 Some(queue)
             }
             Err(_) => {
@@ -130,8 +135,8 @@ impl Alarm {
 
 /// Sends each alarm to the webhook in turn; a failure is logged and the alarm given up, since the
 /// next one of its reason carries the count on.
-async fn deliver(url: Uri, node_id: String, mut queued: mpsc::Receiver<Raised>) {
-    let client = Upstream::new(WEBHOOK_CONNECT_TIMEOUT, 0);
+async fn deliver(url: Uri, node_id: String, network: ProviderNetwork, mut queued: mpsc::Receiver<Raised>) {
+    let client = Upstream::new(WEBHOOK_CONNECT_TIMEOUT, 0, &network);
     while let Some(raised) = queued.recv().await {
         let body = serde_json::json!({
             "alarm": "fail_open",
@@ -182,7 +187,7 @@ mod tests {
 
     #[test]
     fn each_reason_alarms_once_per_interval_and_counts_the_quiet_passes() {
-        let alarm = Alarm::new(None, Duration::from_secs(3600), "node_test");
+        let alarm = Alarm::new(None, Duration::from_secs(3600), "node_test", &ProviderNetwork::default());
         let id = HeaderValue::from_static("req_test");
         for _ in 0..5 {
             alarm.raise(FailOpenReason::SnapshotError, &id);

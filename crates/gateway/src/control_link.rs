@@ -15,7 +15,7 @@ use recovea_counters::{CapWindow, SpendSource, WindowSpendFuture};
 use serde::Serialize;
 
 use crate::ConfigError;
-use crate::upstream::{Upstream, UpstreamError};
+use crate::upstream::{ProviderNetwork, Upstream, UpstreamError};
 
 /// The largest answer accepted from the control plane: a whole state of millions of keys.
 const MAX_ANSWER_BYTES: usize = 2 << 30;
@@ -43,7 +43,11 @@ impl ControlLink {
         let mut authorization = http::HeaderValue::from_str(&format!("Bearer {}", node_token.trim()))
             .map_err(|_| ConfigError("--node-token: must be printable ASCII".into()))?;
         authorization.set_sensitive(true);
-        Ok(Self { base_url, authorization, client: Upstream::new(Duration::from_secs(5), 0) })
+        Ok(Self {
+            base_url,
+            authorization,
+            client: Upstream::new(Duration::from_secs(5), 0, &ProviderNetwork::default()),
+        })
     }
 
     /// POSTs `body` as JSON to `path` and returns the status and the whole answer. The text of an

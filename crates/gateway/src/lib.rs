@@ -30,6 +30,8 @@ pub use control_link::ControlLink;
 pub use feed::follow_feed;
 pub use metrics::Outcome;
 pub use server::{Server, serve};
+pub use upstream::egress::Egress;
+pub use upstream::{DEFAULT_HTTP2_CONNECTIONS, ProviderNetwork};
 
 /// Arms the failpoints named in the `FAILPOINTS` environment variable, for as long as the guard
 /// lives (the whole process). Only builds with the `failpoints` feature (tests) have failpoints;
@@ -73,6 +75,7 @@ pub struct GatewayConfig {
     stream_idle_timeout: Duration,
     alarm_webhook: Option<http::Uri>,
     alarm_interval: Duration,
+    network: upstream::ProviderNetwork,
     release_freed_memory: fn(),
 }
 
@@ -123,6 +126,7 @@ impl GatewayConfig {
             stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
             alarm_webhook: None,
             alarm_interval: DEFAULT_ALARM_INTERVAL,
+            network: upstream::ProviderNetwork::default(),
             release_freed_memory: || {},
         })
     }
@@ -160,6 +164,13 @@ impl GatewayConfig {
         Ok(self)
     }
 
+    /// Providers (and the alarm webhook) are reached as `network` says: its trusted certificates,
+    /// its egress proxy, its bound on HTTP/2 connections.
+    pub fn with_network(mut self, network: upstream::ProviderNetwork) -> Self {
+        self.network = network;
+        self
+    }
+
     fn default_base_url(&self, kind: ProviderKind) -> &str {
         match kind {
             ProviderKind::OpenAi => &self.openai_base_url,
@@ -189,15 +200,22 @@ impl Gateway {
     /// A node that meters into `spool`, its receipts signed with `node_id`, and decides caps from
     /// `counters`.
     pub fn new(config: GatewayConfig, spool: &spool::Spool, node_id: &str, counters: Arc<Counters>) -> Self {
-        let upstream = upstream::Upstream::new(config.connect_timeout, server::connection_workers())
-            .with_idle_limit(config.stream_idle_timeout);
-        let alarm = alarm::Alarm::new(config.alarm_webhook.clone(), config.alarm_interval, node_id);
+        let upstream =
+            upstream::Upstream::new(config.connect_timeout, server::connection_workers(), &config.network)
+                .with_idle_limit(config.stream_idle_timeout);
+        let metrics = metrics::Metrics::new(
+            Arc::clone(&spool.stats),
+            Arc::clone(&counters),
+            Arc::clone(&upstream.stats),
+        );
+        let alarm =
+            alarm::Alarm::new(config.alarm_webhook.clone(), config.alarm_interval, node_id, &config.network);
         Self {
             shared: Arc::new(Shared {
                 snapshot: ArcSwapOption::empty(),
                 config,
                 upstream,
-                metrics: metrics::Metrics::new(Arc::clone(&spool.stats), Arc::clone(&counters)),
+                metrics,
                 meter: metering::Meter::new(spool.sender.clone(), node_id.to_owned()),
                 counters,
                 limiter: ratelimit::RateLimiter::default(),

@@ -12,6 +12,7 @@ use recovea_core::caps::LineAnswer;
 use recovea_counters::Counters;
 
 use crate::spool::SpoolStats;
+use crate::upstream::{Retry, UpstreamStats};
 
 /// How a request through the proxy ended; each is a label of `recovea_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +103,7 @@ pub(crate) struct Metrics {
     line_asks: [AtomicU64; LINE_ANSWERS.len()],
     spool: Arc<SpoolStats>,
     counters: Arc<Counters>,
+    upstream: Arc<UpstreamStats>,
 }
 
 fn unix_ms() -> u64 {
@@ -111,7 +113,7 @@ fn unix_ms() -> u64 {
 }
 
 impl Metrics {
-    pub(crate) fn new(spool: Arc<SpoolStats>, counters: Arc<Counters>) -> Self {
+    pub(crate) fn new(spool: Arc<SpoolStats>, counters: Arc<Counters>, upstream: Arc<UpstreamStats>) -> Self {
         Self {
             requests: Default::default(),
             fail_open: Default::default(),
@@ -121,6 +123,7 @@ impl Metrics {
             line_asks: Default::default(),
             spool,
             counters,
+            upstream,
         }
     }
 
@@ -190,6 +193,20 @@ impl Metrics {
             let n = self.line_asks[i].load(Relaxed);
             let _ = writeln!(out, "recovea_cap_line_asks_total{{answer=\"{answer}\"}} {n}");
         }
+        out.push_str("# HELP recovea_upstream_connections_opened_total Connections opened to providers, by protocol.\n");
+        out.push_str("# TYPE recovea_upstream_connections_opened_total counter\n");
+        for (i, protocol) in ["http1", "http2"].iter().enumerate() {
+            let n = self.upstream.opened[i].load(Relaxed);
+            let _ = writeln!(out, "recovea_upstream_connections_opened_total{{protocol=\"{protocol}\"}} {n}");
+        }
+        out.push_str(
+            "# HELP recovea_upstream_retries_total Requests sent again on a new connection, by why it was safe.\n",
+        );
+        out.push_str("# TYPE recovea_upstream_retries_total counter\n");
+        for retry in Retry::ALL {
+            let n = self.upstream.retries[retry as usize].load(Relaxed);
+            let _ = writeln!(out, "recovea_upstream_retries_total{{reason=\"{}\"}} {n}", retry.label());
+        }
         let counters = [
             (
                 "recovea_receipts_estimated_total",
@@ -251,7 +268,7 @@ mod tests {
 
     #[test]
     fn renders_every_label_with_its_count() {
-        let m = Metrics::new(Arc::default(), Counters::new("node_test"));
+        let m = Metrics::new(Arc::default(), Counters::new("node_test"), Arc::default());
         m.request(Outcome::InvalidKey);
         m.request(Outcome::InvalidKey);
         m.fail_open(FailOpenReason::RateLimiterError);
@@ -263,6 +280,12 @@ mod tests {
             assert!(text.contains(&format!("recovea_fail_open_total{{reason=\"{reason}\"}} 0\n")), "{text}");
         }
         assert!(!text.contains("snapshot_age"), "no snapshot yet: {text}");
+        for reason in ["unwritten", "refused", "silent"] {
+            assert!(
+                text.contains(&format!("recovea_upstream_retries_total{{reason=\"{reason}\"}} 0\n")),
+                "{text}"
+            );
+        }
         m.snapshot_confirmed(recovea_core::Timestamp::from_system_time(SystemTime::now()));
         assert!(m.render().contains("recovea_snapshot_age_seconds "));
     }

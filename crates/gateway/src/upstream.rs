@@ -1,25 +1,28 @@
 //! The client that carries requests to providers: HTTP/1.1 (our own, run on the request's task)
-//! and HTTP/2 (hyper's, when TLS negotiates it), with a pool of connections for each connection
-//! worker.
+//! and HTTP/2 (the `h2` crate, when TLS negotiates it), with a pool of connections for each
+//! connection worker.
 
 mod connect;
+pub(crate) mod egress;
 mod h1;
+mod h2;
 
 use std::cell::Cell;
+use std::fmt;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
-use http::{HeaderValue, Request, Response};
+use http::{HeaderValue, Method, Request, Response};
 use http_body::{Frame, SizeHint};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http2;
+use tokio::sync::watch;
 
 use self::connect::{Connected, Connector};
+use self::egress::Egress;
 use crate::proxy::BoxError;
 use crate::stall::{Stall, Stalled};
 
@@ -33,11 +36,89 @@ pub(crate) enum UpstreamError {
     Timeout,
 }
 
-/// A pooled connection unused this long is closed.
+/// A pooled HTTP/1.1 connection unused this long is closed, as is the first HTTP/2 connection to
+/// an origin.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// An HTTP/2 connection beyond an origin's first closes once it has carried nothing this long: it
+/// was opened for a burst that is over.
+const EXTRA_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most idle connections one worker keeps to one provider; beyond, a connection whose answer
 /// was read closes.
 const MAX_PER_ORIGIN: usize = 256;
+/// The most HTTP/2 connections a node opens to one provider, unless
+/// [`ProviderNetwork::new`] is told otherwise: at the 100 concurrent streams most providers allow
+/// on each, room for 25,600 answers in flight.
+pub const DEFAULT_HTTP2_CONNECTIONS: usize = 256;
+
+/// How the node reaches providers: the certificates it trusts, the egress proxy, and how many
+/// HTTP/2 connections it may open to one provider.
+#[derive(Clone)]
+pub struct ProviderNetwork {
+    roots: rustls::RootCertStore,
+    egress: Egress,
+    http2_connections: usize,
+}
+
+impl Default for ProviderNetwork {
+    /// The public web's roots, no proxy, [`DEFAULT_HTTP2_CONNECTIONS`].
+    fn default() -> Self {
+        Self { roots: web_roots(), egress: Egress::default(), http2_connections: DEFAULT_HTTP2_CONNECTIONS }
+    }
+}
+
+impl fmt::Debug for ProviderNetwork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProviderNetwork")
+            .field("roots", &self.roots.len())
+            .field("egress", &self.egress)
+            .field("http2_connections", &self.http2_connections)
+            .finish()
+    }
+}
+
+impl ProviderNetwork {
+    /// Trusts the certificates of `ca_pem` (PEM) beside the public web's roots, or, `ca_only`,
+    /// instead of them; goes out through `egress`; opens at most `http2_connections` HTTP/2
+    /// connections to one provider. Errors name the flag at fault.
+    pub fn new(
+        ca_pem: Option<&[u8]>,
+        ca_only: bool,
+        egress: Egress,
+        http2_connections: usize,
+    ) -> Result<Self, String> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+
+        if http2_connections == 0 {
+            return Err("--upstream-http2-connections must be greater than zero".into());
+        }
+        let mut roots = if ca_only { rustls::RootCertStore::empty() } else { web_roots() };
+        match ca_pem {
+            None if ca_only => return Err("--upstream-ca-only needs --upstream-ca-file".into()),
+            None => {}
+            Some(pem) => {
+                let mut added = 0;
+                for certificate in CertificateDer::pem_slice_iter(pem) {
+                    let certificate = certificate
+                        .map_err(|e| format!("--upstream-ca-file: not a PEM certificate ({e})"))?;
+                    roots
+                        .add(certificate)
+                        .map_err(|e| format!("--upstream-ca-file: a certificate cannot be trusted ({e})"))?;
+                    added += 1;
+                }
+                if added == 0 {
+                    return Err("--upstream-ca-file: the file holds no PEM certificate".into());
+                }
+            }
+        }
+        Ok(Self { roots, egress, http2_connections })
+    }
+}
+
+/// The public web's roots.
+fn web_roots() -> rustls::RootCertStore {
+    rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() }
+}
 
 thread_local! {
     /// Which pool of provider connections this thread's requests use: 0 for any thread that is not
@@ -56,15 +137,41 @@ pub(crate) fn use_lane(lane: usize) {
 ///
 /// A lane is a short list of origins. An HTTP/1.1 request takes the origin's most recently used idle
 /// connection that is still open, and its answer's body gives the connection back once read: no
-/// task, channel or hash per request, as a general-purpose pool needs.
+/// task, channel or hash per request, as a general-purpose pool needs. An HTTP/2 request takes a
+/// place on the first of the origin's connections with a stream free; when none has, one request
+/// opens another connection (up to the lane's share of the bound) while the others wait for it.
 pub(crate) struct Upstream {
     connector: Connector,
     lanes: Lanes,
+    /// The most HTTP/2 connections one lane opens to one origin.
+    http2_per_lane: usize,
     /// An answer's body that brings nothing for this long fails (see [`UpstreamBody`]).
     idle_limit: Duration,
+    pub(crate) stats: Arc<UpstreamStats>,
 }
 
 type Lanes = Arc<[Mutex<Vec<Origin>>]>;
+
+/// What the pool counts, for `/metrics`.
+#[derive(Default)]
+pub(crate) struct UpstreamStats {
+    /// Connections opened, by protocol: HTTP/1.1, HTTP/2.
+    pub(crate) opened: [AtomicU64; 2],
+    /// Requests sent again on another connection, by [`Retry`].
+    pub(crate) retries: [AtomicU64; 3],
+}
+
+/// What a provider's origin was last spoken to in over TLS; plain `http` is always HTTP/1.1.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Speaks {
+    /// No connection made yet.
+    Unknown,
+    Http1,
+    Http2,
+}
+
+/// The outcome of opening a connection, for the requests waiting on it: `None` while it opens.
+type Opened = Option<Result<(), Arc<str>>>;
 
 /// The connections of one lane to one scheme and authority.
 struct Origin {
@@ -72,8 +179,12 @@ struct Origin {
     authority: Authority,
     /// The `Host` header of its HTTP/1.1 requests.
     host: HeaderValue,
+    speaks: Speaks,
     idle: Vec<h1::Connection>,
-    http2: Option<http2::SendRequest<Full<Bytes>>>,
+    http2: Vec<h2::Multiplexed>,
+    /// A connection being opened for requests that found no stream free: they wait for it rather
+    /// than each opening its own.
+    opening: Option<watch::Receiver<Opened>>,
 }
 
 /// Where an HTTP/1.1 connection goes back once its answer is read. Origins are never removed
@@ -98,20 +209,82 @@ impl Home {
 /// What a request goes out on.
 enum Carrier {
     Http1(h1::Connection),
-    Http2(http2::SendRequest<Full<Bytes>>),
+    Http2(h2::Claimed),
+}
+
+/// What a request does next to find its carrier.
+enum Next {
+    /// A pooled connection (reused).
+    Pooled(Carrier),
+    /// Waits for the connection another request is opening, then looks again.
+    Wait(watch::Receiver<Opened>),
+    /// Opens a connection that other requests wait for.
+    Open(watch::Sender<Opened>),
+    /// Opens an HTTP/1.1 connection of its own: one carries one request at a time.
+    Connect,
+}
+
+/// Why a request went again on another connection: the labels of
+/// `recovea_upstream_retries_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// HTTP/1.1: a reused connection could not take the request (the provider had closed it).
+    Unwritten,
+    /// HTTP/2: the provider refused the stream or its `GOAWAY` left it unprocessed.
+    Refused,
+    /// A safe method (`GET`, `HEAD`, `OPTIONS`) whose reused connection closed before a byte of
+    /// the answer.
+    Silent,
+}
+
+impl Retry {
+    pub(crate) const ALL: [Retry; 3] = [Retry::Unwritten, Retry::Refused, Retry::Silent];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Retry::Unwritten => "unwritten",
+            Retry::Refused => "refused",
+            Retry::Silent => "silent",
+        }
+    }
+}
+
+/// How an exchange failed, as far as retrying it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failed {
+    /// The provider cannot have acted on the request: it was never written whole, or the provider
+    /// said it did not process it.
+    Unprocessed,
+    /// Written whole; the connection closed before any byte of an answer.
+    Silent,
+    /// Anything else: the provider may have acted on it, or answered in part.
+    Unanswered,
+}
+
+/// Whether a request whose exchange failed as `failed` goes again on another connection. Only
+/// where the provider cannot have acted on it, or where acting twice changes nothing and bills
+/// nothing (a safe method, RFC 9110 §9.2.1): a generation sent twice could be charged twice, so a
+/// `POST` the provider received is never sent again. At most once, on a connection that was
+/// reused (a fresh one failing says the provider is in trouble) or refused by HTTP/2.
+fn retry_for(failed: Failed, method: &Method, reused: bool, protocol_refused: bool) -> Option<Retry> {
+    let safe = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    match failed {
+        Failed::Unprocessed if protocol_refused => Some(Retry::Refused),
+        Failed::Unprocessed if reused => Some(Retry::Unwritten),
+        Failed::Silent if reused && safe => Some(Retry::Silent),
+        _ => None,
+    }
 }
 
 impl Upstream {
-    pub(crate) fn new(connect_timeout: Duration, workers: usize) -> Self {
-        Self::with_roots(connect_timeout, workers, Connector::web_roots())
-    }
-
-    /// As [`Self::new`], trusting the certificates of `roots` only.
-    fn with_roots(connect_timeout: Duration, workers: usize, roots: rustls::RootCertStore) -> Self {
+    pub(crate) fn new(connect_timeout: Duration, workers: usize, network: &ProviderNetwork) -> Self {
+        let lanes = workers + 1;
         Self {
-            connector: Connector::new(connect_timeout, roots),
-            lanes: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
+            connector: Connector::new(connect_timeout, network.roots.clone(), network.egress.clone()),
+            lanes: (0..lanes).map(|_| Mutex::new(Vec::new())).collect(),
+            http2_per_lane: network.http2_connections.div_ceil(workers.max(1)),
             idle_limit: crate::DEFAULT_STREAM_IDLE_TIMEOUT,
+            stats: Arc::default(),
         }
     }
 
@@ -155,44 +328,110 @@ impl Upstream {
             (Some(scheme), Some(authority)) => (scheme.clone(), authority.clone()),
             _ => return Err(format!("not an absolute URI: {}", request.uri()).into()),
         };
-        let (scheme, authority) = (&scheme, &authority);
         let lane = LANE.get() % self.lanes.len();
-        let (origin, host, pooled) = {
+        let (origin, host) = {
             let mut origins = lock(&self.lanes[lane]);
-            let origin = origin_of(&mut origins, scheme, authority)?;
-            let host = origins[origin].host.clone();
-            (origin, host, origins[origin].take())
+            let origin = origin_of(&mut origins, &scheme, &authority)?;
+            (origin, origins[origin].host.clone())
         };
         let home = || Home { lanes: Arc::clone(&self.lanes), lane, origin };
-        let request = match pooled {
-            Some(Carrier::Http2(mut sender)) => match sender.try_send_request(request.map(Full::new)).await {
-                Ok(response) => return Ok(response.map(Carried::Http2)),
-                // Closed before the request went out: it goes on a new connection.
-                Err(mut failed) => match failed.take_message() {
-                    Some(unsent) => unsent.map(full_bytes),
-                    None => return Err(failed.into_error().into()),
+        let mut retried = false;
+        loop {
+            // A retry goes on a new connection, never on another pooled one that may be as stale.
+            let next = if retried {
+                Next::Connect
+            } else {
+                lock(&self.lanes[lane])[origin].next(self.http2_per_lane)
+            };
+            let (carrier, reused) = match next {
+                Next::Pooled(carrier) => (carrier, true),
+                Next::Wait(mut opened) => {
+                    // A closed channel: the request opening it was dropped; look again.
+                    if let Ok(outcome) = opened.wait_for(Option::is_some).await
+                        && let Some(Err(why)) = &*outcome
+                    {
+                        return Err(why.to_string().into());
+                    }
+                    continue;
+                }
+                Next::Open(done) => {
+                    let opening = Opening { home: home(), done: Some(done) };
+                    // Boxed: connecting (TLS included) is a large future, and most requests never make one.
+                    let connected = Box::pin(self.connector.connect(&scheme, &authority)).await;
+                    (opening.finish(connected, &self.stats)?, false)
+                }
+                Next::Connect => {
+                    let connected = Box::pin(self.connector.connect(&scheme, &authority)).await?;
+                    (lock(&self.lanes[lane])[origin].adopt(connected, &self.stats), false)
+                }
+            };
+            let (failed, error, refused) = match carrier {
+                Carrier::Http1(connection) => match connection.exchange(&request, &host, home()).await {
+                    Ok(response) => return Ok(response.map(Carried::Http1)),
+                    Err(h1::Failure::Unwritten(e)) => (Failed::Unprocessed, e.into(), false),
+                    Err(h1::Failure::Silent(e)) => (Failed::Silent, e, false),
+                    Err(h1::Failure::Unanswered(e)) => (Failed::Unanswered, e, false),
                 },
-            },
-            Some(Carrier::Http1(connection)) => match connection.exchange(&request, &host, home()).await {
-                Ok(response) => return Ok(response.map(Carried::Http1)),
-                // The provider closed the connection meanwhile: the request goes on a new one.
-                Err(h1::Failure::Unwritten(_)) => request,
-                Err(h1::Failure::Unanswered(e)) => return Err(e),
-            },
-            None => request,
-        };
-        // Boxed: connecting (TLS included) is a large future, and most requests never make one.
-        match Box::pin(self.connector.connect(scheme, authority)).await? {
-            Connected::Http1(connection) => match connection.exchange(&request, &host, home()).await {
-                Ok(response) => Ok(response.map(Carried::Http1)),
-                Err(h1::Failure::Unwritten(e)) => Err(e.into()),
-                Err(h1::Failure::Unanswered(e)) => Err(e),
-            },
-            Connected::Http2(mut sender) => {
-                lock(&self.lanes[lane])[origin].http2 = Some(sender.clone());
-                let response = sender.send_request(request.map(Full::new)).await?;
-                Ok(response.map(Carried::Http2))
+                Carrier::Http2(claimed) => match claimed.send(&request).await {
+                    Ok(response) => return Ok(response.map(Carried::Http2)),
+                    Err(h2::Failure::Unprocessed(e)) => (Failed::Unprocessed, e.into(), true),
+                    Err(h2::Failure::Unanswered(e)) => (Failed::Unanswered, e.into(), false),
+                },
+            };
+            match retry_for(failed, request.method(), reused, refused) {
+                Some(why) if !retried => {
+                    retried = true;
+                    self.stats.retries[why as usize].fetch_add(1, Relaxed);
+                    tracing::debug!(?why, error = %error, "a request goes again on a new connection");
+                }
+                _ => return Err(error),
             }
+        }
+    }
+}
+
+/// A connection being opened that other requests wait for. Dropped unfinished (its request was
+/// abandoned), it lets them look again.
+struct Opening {
+    home: Home,
+    done: Option<watch::Sender<Opened>>,
+}
+
+impl Opening {
+    /// Pools what `connected` gave and tells the waiting requests; the carrier of the request
+    /// that opened it.
+    fn finish(
+        mut self,
+        connected: Result<Connected, BoxError>,
+        stats: &UpstreamStats,
+    ) -> Result<Carrier, BoxError> {
+        let outcome;
+        let carrier = {
+            let mut origins = lock(&self.home.lanes[self.home.lane]);
+            let origin = &mut origins[self.home.origin];
+            origin.opening = None;
+            match connected {
+                Ok(connected) => {
+                    outcome = Ok(());
+                    Ok(origin.adopt(connected, stats))
+                }
+                Err(e) => {
+                    outcome = Err(Arc::from(e.to_string()));
+                    Err(e)
+                }
+            }
+        };
+        if let Some(done) = self.done.take() {
+            done.send_replace(Some(outcome));
+        }
+        carrier
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if self.done.is_some() {
+            lock(&self.home.lanes[self.home.lane])[self.home.origin].opening = None;
         }
     }
 }
@@ -206,8 +445,10 @@ fn origin_of(origins: &mut Vec<Origin>, scheme: &Scheme, authority: &Authority) 
         scheme: scheme.clone(),
         authority: authority.clone(),
         host: host_header(scheme, authority)?,
+        speaks: if *scheme == Scheme::HTTPS { Speaks::Unknown } else { Speaks::Http1 },
         idle: Vec::new(),
-        http2: None,
+        http2: Vec::new(),
+        opening: None,
     });
     Ok(origins.len() - 1)
 }
@@ -222,41 +463,71 @@ fn host_header(scheme: &Scheme, authority: &Authority) -> Result<HeaderValue, Bo
     Ok(HeaderValue::try_from(host)?)
 }
 
-/// The bytes of a body that never went out (a `Full` of one frame).
-fn full_bytes(mut body: Full<Bytes>) -> Bytes {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    match http_body::Body::poll_frame(Pin::new(&mut body), &mut cx) {
-        Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
-        _ => Bytes::new(),
-    }
-}
-
 impl Origin {
-    /// The connection for the next request: the multiplexed one, or the most recently used idle
-    /// one still open and not idle too long.
-    fn take(&mut self) -> Option<Carrier> {
-        if let Some(sender) = &self.http2 {
-            if !sender.is_closed() {
-                return Some(Carrier::Http2(sender.clone()));
+    /// What the next request does: take a pooled connection (the multiplexed one with a stream
+    /// free, or the most recently used idle one still open), wait for one being opened, or open one.
+    fn next(&mut self, http2_bound: usize) -> Next {
+        if self.speaks == Speaks::Http1 {
+            let now = Instant::now();
+            while let Some(mut connection) = self.idle.pop() {
+                if usable(&mut connection, now) {
+                    return Next::Pooled(Carrier::Http1(connection));
+                }
             }
-            self.http2 = None;
+            return Next::Connect;
         }
-        let now = Instant::now();
-        while let Some(mut connection) = self.idle.pop() {
-            if usable(&mut connection, now) {
-                return Some(Carrier::Http1(connection));
+        self.http2.retain(|connection| !connection.is_closed());
+        if let Some(free) = self.http2.iter().find(|connection| connection.has_room()) {
+            return Next::Pooled(Carrier::Http2(free.claim()));
+        }
+        if let Some(opening) = &self.opening {
+            return Next::Wait(opening.clone());
+        }
+        if self.http2.len() >= http2_bound
+            && let Some(least) = self.http2.iter().min_by_key(|connection| connection.open())
+        {
+            // At the bound: the request waits on the least busy connection for a stream to end.
+            return Next::Pooled(Carrier::Http2(least.claim()));
+        }
+        let (done, opened) = watch::channel(None);
+        self.opening = Some(opened);
+        Next::Open(done)
+    }
+
+    /// Takes a new connection into the pool: an HTTP/2 one for every request, an HTTP/1.1 one for
+    /// the request that opened it. Returns that request's carrier.
+    fn adopt(&mut self, connected: Connected, stats: &UpstreamStats) -> Carrier {
+        match connected {
+            Connected::Http1(connection) => {
+                stats.opened[0].fetch_add(1, Relaxed);
+                if self.speaks == Speaks::Unknown || self.speaks == Speaks::Http2 {
+                    self.speaks = Speaks::Http1;
+                }
+                Carrier::Http1(connection)
+            }
+            Connected::Http2(connection) => {
+                stats.opened[1].fetch_add(1, Relaxed);
+                self.speaks = Speaks::Http2;
+                let claimed = connection.claim();
+                self.http2.push(connection);
+                Carrier::Http2(claimed)
             }
         }
-        None
     }
 
     /// Drops the idle connections that the provider closed or that were unused too long: without
-    /// it, a closed one would hold its socket until the next request to its origin.
+    /// it, a closed one would hold its socket until the next request to its origin. HTTP/2
+    /// connections beyond the first close sooner, once their burst is over.
     fn prune(&mut self, now: Instant) {
         self.idle.retain_mut(|c| usable(c, now));
-        if self.http2.as_ref().is_some_and(http2::SendRequest::is_closed) {
-            self.http2 = None;
-        }
+        let tokio_now = tokio::time::Instant::now();
+        let mut kept = 0;
+        self.http2.retain(|connection| {
+            let limit = if kept == 0 { IDLE_TIMEOUT } else { EXTRA_IDLE_TIMEOUT };
+            let keep = !connection.is_closed() && !connection.idle_for(limit, tokio_now);
+            kept += usize::from(keep);
+            keep
+        });
     }
 }
 
@@ -291,7 +562,7 @@ impl UpstreamBody {
 /// A provider's answer body, by the protocol that carries it.
 pub(crate) enum Carried {
     Http1(h1::Body),
-    Http2(Incoming),
+    Http2(h2::Body),
     /// Cut for its silence; its connection is gone.
     Cut,
 }
@@ -345,7 +616,7 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
-    use http_body_util::BodyExt;
+    use http_body_util::{BodyExt, Full};
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
     use super::*;
@@ -402,26 +673,10 @@ mod tests {
         }
     }
 
-    /// A provider on `https://127.0.0.1`, certified by the test CA (`testdata/`), that offers
-    /// `protocol` by ALPN: over HTTP/1.1 it answers "hi", over HTTP/2 "over h2".
+    /// A provider on `https://127.0.0.1`, certified by the tests' CA (`recovea_testkit::tls`), that
+    /// offers `protocol` by ALPN: over HTTP/1.1 it answers "hi", over HTTP/2 "over h2".
     async fn tls_provider(protocol: &[u8]) -> (String, Arc<AtomicUsize>) {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-
-        let chain = vec![
-            CertificateDer::from_pem_slice(include_bytes!("upstream/testdata/provider.pem")).expect("cert"),
-        ];
-        let key =
-            PrivateKeyDer::from_pem_slice(include_bytes!("upstream/testdata/provider.key")).expect("key");
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .expect("server config");
-        config.alpn_protocols = vec![protocol.to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let acceptor = tokio_rustls::TlsAcceptor::from(recovea_testkit::tls::server_config(&[protocol]));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("https://{}", listener.local_addr().expect("addr"));
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -448,15 +703,15 @@ mod tests {
         (url, accepted)
     }
 
-    fn test_roots() -> rustls::RootCertStore {
-        use rustls::pki_types::CertificateDer;
-        use rustls::pki_types::pem::PemObject;
+    /// A client of plain `http` providers.
+    fn plain() -> Upstream {
+        Upstream::new(LIMIT, 0, &ProviderNetwork::default())
+    }
 
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from_pem_slice(include_bytes!("upstream/testdata/ca.pem")).expect("ca"))
-            .expect("root");
-        roots
+    /// A client that trusts the tests' CA only.
+    fn trusting_test_ca() -> ProviderNetwork {
+        let ca = recovea_testkit::tls::CA_PEM;
+        ProviderNetwork::new(Some(ca), true, Egress::default(), DEFAULT_HTTP2_CONNECTIONS).expect("valid")
     }
 
     fn ok(body: &str) -> Vec<u8> {
@@ -478,7 +733,7 @@ mod tests {
         // Too large to be read off the connection before the client reads it.
         const BODY: usize = 4 << 20;
         let (url, accepted) = scripted(|_, _| (ok(&"o".repeat(BODY)), false)).await;
-        let upstream = Upstream::new(LIMIT, 0);
+        let upstream = plain();
         for _ in 0..3 {
             let response = upstream.send(get(&url), LIMIT).await.expect("answered");
             assert_eq!(length(response).await, BODY);
@@ -498,7 +753,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_provider_closed_is_not_used_again() {
         let (url, accepted) = scripted(|_, _| (ok("hi"), true)).await;
-        let upstream = Upstream::new(LIMIT, 0);
+        let upstream = plain();
         for _ in 0..3 {
             let response = upstream.send(get(&url), LIMIT).await.expect("answered");
             assert_eq!(length(response).await, 2);
@@ -516,7 +771,7 @@ mod tests {
     /// connections they took.
     async fn twice(method: http::Method, script: Script) -> (Vec<String>, usize) {
         let (url, accepted) = scripted(script).await;
-        let upstream = Upstream::new(LIMIT, 0);
+        let upstream = plain();
         let mut bodies = Vec::new();
         for _ in 0..2 {
             let request = Request::builder().method(method.clone()).uri(format!("{url}/v1/x"));
@@ -561,7 +816,7 @@ mod tests {
             (ok(&echo), false)
         })
         .await;
-        let upstream = Upstream::new(LIMIT, 0);
+        let upstream = plain();
         for length in [10, 100_000] {
             let body = "b".repeat(length);
             let request = Request::post(format!("{url}/v1/echo?q=1"))
@@ -590,7 +845,7 @@ mod tests {
         ];
         for script in cases {
             let (url, accepted) = scripted(script).await;
-            let upstream = Upstream::new(LIMIT, 0);
+            let upstream = plain();
             for _ in 0..2 {
                 let response = upstream.send(get(&url), LIMIT).await.expect("a head");
                 assert!(response.into_body().collect().await.is_err());
@@ -604,7 +859,7 @@ mod tests {
         ];
         for script in heads {
             let (url, _) = scripted(script).await;
-            let upstream = Upstream::new(LIMIT, 0);
+            let upstream = plain();
             assert!(matches!(upstream.send(get(&url), LIMIT).await, Err(UpstreamError::Unreachable(_))));
         }
     }
@@ -626,7 +881,7 @@ mod tests {
             stream.write_all(answer).await.expect("answer");
             tokio::time::sleep(Duration::from_secs(30)).await;
         });
-        let upstream = Upstream::new(LIMIT, 0);
+        let upstream = plain();
         // Far more than the socket buffers hold: the write stalls until the provider reads.
         let request =
             Request::post(format!("{url}/v1/x")).body(Bytes::from(vec![b'x'; 64 << 20])).expect("request");
@@ -642,7 +897,7 @@ mod tests {
         // Three bytes of ten, then nothing, the connection left open: only the limit ends it.
         let (url, _) =
             scripted(|_, _| (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc".to_vec(), false)).await;
-        let upstream = Upstream::new(LIMIT, 0).with_idle_limit(Duration::from_millis(200));
+        let upstream = plain().with_idle_limit(Duration::from_millis(200));
         let mut body = std::pin::pin!(upstream.send(get(&url), LIMIT).await.expect("answered").into_body());
         let first = body.frame().await.expect("a frame").expect("data").into_data().expect("data");
         assert_eq!(first, "abc");
@@ -661,7 +916,7 @@ mod tests {
     async fn a_body_dropped_before_its_end_closes_its_connection() {
         const BODY: usize = 4 << 20;
         let (url, accepted) = scripted(|_, _| (ok(&"o".repeat(BODY)), false)).await;
-        let upstream = Upstream::new(LIMIT, 0);
+        let upstream = plain();
         let mut body = Box::pin(upstream.send(get(&url), LIMIT).await.expect("answered").into_body());
         body.frame().await.expect("a frame").expect("data");
         drop(body);
@@ -677,7 +932,7 @@ mod tests {
             [(&b"http/1.1"[..], http::Version::HTTP_11, "hi"), (&b"h2"[..], http::Version::HTTP_2, "over h2")]
         {
             let (url, accepted) = tls_provider(protocol).await;
-            let upstream = Upstream::with_roots(LIMIT, 0, test_roots());
+            let upstream = Upstream::new(LIMIT, 0, &trusting_test_ca());
             for _ in 0..3 {
                 let response = upstream.send(get(&url), LIMIT).await.expect("answered");
                 assert_eq!(response.version(), version);
@@ -691,7 +946,7 @@ mod tests {
     #[tokio::test]
     async fn a_provider_whose_certificate_is_not_trusted_is_unreachable() {
         let (url, _) = tls_provider(b"http/1.1").await;
-        let upstream = Upstream::new(LIMIT, 0);
+        let upstream = plain();
         assert!(matches!(upstream.send(get(&url), LIMIT).await, Err(UpstreamError::Unreachable(_))));
     }
 
@@ -700,7 +955,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         drop(listener);
-        let upstream = Upstream::new(LIMIT, 0);
+        let upstream = plain();
         assert!(matches!(upstream.send(get(&url), LIMIT).await, Err(UpstreamError::Unreachable(_))));
         let relative = Request::get("/v1/models").body(Bytes::new()).expect("request");
         assert!(matches!(upstream.send(relative, LIMIT).await, Err(UpstreamError::Unreachable(_))));

@@ -5,9 +5,12 @@
 //! cut streams, dropped connections, usage overrides) to the next requests, in FIFO order.
 //!
 //! The `recovea-mock-provider` binary serves the same thing for black-box tests and benchmarks:
-//! `recovea-mock-provider [--listen ADDR] [--max-recorded N]` (default `127.0.0.1:0`, log
-//! unbounded) prints exactly one line, `listening on http://HOST:PORT`, once it accepts
-//! connections, then serves until killed. Benchmarks should pass `--max-recorded 0`.
+//! `recovea-mock-provider [--listen ADDR] [--max-recorded N] [--tls [--h2-max-streams N]]`
+//! (default `127.0.0.1:0`, log unbounded, plain HTTP) prints exactly one line,
+//! `listening on http://HOST:PORT` (`https://` with `--tls`), once it accepts connections, then
+//! serves until killed. Benchmarks should pass `--max-recorded 0`. Over TLS it presents the tests'
+//! certificate for `127.0.0.1` ([`tls`]) and offers HTTP/2, whose connections allow
+//! `--h2-max-streams` concurrent streams (100 by default), then HTTP/1.1.
 //!
 //! # Endpoints
 //!
@@ -75,14 +78,16 @@
 mod anthropic;
 mod body;
 mod openai;
+pub mod proxy;
 mod request;
 mod script;
 mod server;
 mod sse;
+pub mod tls;
 mod usage;
 
 pub use script::{Behaviour, InvalidBehaviour, RecordedRequest};
-pub use server::MockProvider;
+pub use server::{MockProvider, Transport};
 pub use usage::{
     DEFAULT_EMBEDDING_DIMENSIONS, INPUT_TOKEN_OVERHEAD, OUTPUT_TOKENS, REPLY_PIECES, REPLY_TEXT, input_tokens,
 };

@@ -28,6 +28,7 @@ use crate::{anthropic, openai};
 /// A running mock provider; it stops serving when dropped or shut down.
 pub struct MockProvider {
     addr: SocketAddr,
+    transport: Transport,
     shared: Arc<Shared>,
     /// Dropping or signalling it stops the accept loop and every open connection.
     stop: watch::Sender<()>,
@@ -75,6 +76,23 @@ impl MockProvider {
 
     /// Serves on an already bound listener. Must be called within a tokio runtime.
     pub fn serve(listener: TcpListener) -> io::Result<Self> {
+        Self::serve_over(listener, Transport::Plain)
+    }
+
+    /// Serves on an ephemeral port of 127.0.0.1 over TLS (see [`Transport::Tls`]).
+    ///
+    /// # Panics
+    ///
+    /// If no local port can be bound.
+    pub async fn start_tls(max_streams: u32) -> Self {
+        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("binding an ephemeral port on 127.0.0.1");
+        Self::serve_over(listener, Transport::Tls { max_streams }).expect("a bound listener's address")
+    }
+
+    /// Serves on an already bound listener, over `transport`. Must be called within a tokio runtime.
+    pub fn serve_over(listener: TcpListener, transport: Transport) -> io::Result<Self> {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             log: Log::default(),
@@ -83,13 +101,16 @@ impl MockProvider {
             models: openai::models(),
         });
         let (stop, stopped) = watch::channel(());
-        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&shared), stopped));
-        Ok(Self { addr, shared, stop, accept: Some(accept) })
+        let accept = tokio::spawn(accept_loop(listener, transport, Arc::clone(&shared), stopped));
+        Ok(Self { addr, transport, shared, stop, accept: Some(accept) })
     }
 
-    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    /// `http://127.0.0.1:PORT` (`https://` over TLS), without a trailing slash.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        match self.transport {
+            Transport::Plain => format!("http://{}", self.addr),
+            Transport::Tls { .. } => format!("https://{}", self.addr),
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -157,8 +178,31 @@ impl Shared {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<()>) {
-    let builder = auto::Builder::new(TokioExecutor::new());
+/// How the mock speaks on its port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// HTTP/1.1, or HTTP/2 for a client that opens with its preface (h2c).
+    Plain,
+    /// TLS with the tests' certificate for `127.0.0.1` ([`crate::tls`]), offering HTTP/2 and then
+    /// HTTP/1.1 by ALPN; an HTTP/2 connection allows `max_streams` concurrent streams, as a
+    /// provider's `SETTINGS_MAX_CONCURRENT_STREAMS` does.
+    Tls { max_streams: u32 },
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    transport: Transport,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<()>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let tls = match transport {
+        Transport::Plain => None,
+        Transport::Tls { max_streams } => {
+            builder.http2().max_concurrent_streams(max_streams);
+            Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(&[b"h2", b"http/1.1"])))
+        }
+    };
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -177,11 +221,22 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stopped: wa
         let builder = builder.clone();
         let shared = Arc::clone(&shared);
         let mut stopped = stopped.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(Arc::clone(&shared), req));
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let served = async {
+                match tls {
+                    None => {
+                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                    Some(tls) => {
+                        let Ok(stream) = tls.accept(stream).await else { return };
+                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
+            };
             tokio::select! {
-                _ = conn => {}
+                () = served => {}
                 _ = stopped.changed() => {}
             }
         });

@@ -1,5 +1,6 @@
-//! Opening a connection to a provider: DNS, TCP and, for `https`, TLS whose ALPN picks HTTP/2 or
-//! HTTP/1.1, all within one time limit.
+//! Opening a connection to a provider: DNS, TCP (to the provider, or to the egress proxy, which
+//! opens a tunnel for `https`) and, for `https`, TLS whose ALPN picks HTTP/2 or HTTP/1.1, all within
+//! one time limit.
 
 use std::io;
 use std::pin::Pin;
@@ -7,17 +8,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::uri::{Authority, Scheme};
-use http_body_util::Full;
-use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use super::h1;
+use super::egress::{Egress, Proxy};
+use super::{h1, h2};
+use crate::http1::push_header;
 use crate::proxy::BoxError;
 
 /// TCP keep-alive probes start after this long without traffic, so that a provider (or a middlebox)
@@ -27,17 +26,21 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 /// How long an address is tried before the next of the host's addresses is.
 const NEXT_ADDRESS_AFTER: Duration = Duration::from_secs(2);
 
+/// The longest answer head an egress proxy may give to `CONNECT`.
+const MAX_TUNNEL_HEAD: usize = 8 << 10;
+
 /// A new connection, ready for its first request.
 pub(super) enum Connected {
     Http1(h1::Connection),
-    /// Multiplexed: one connection carries every request to its origin.
-    Http2(http2::SendRequest<Full<Bytes>>),
+    /// Multiplexed: one connection carries many requests to its origin at once.
+    Http2(h2::Multiplexed),
 }
 
 #[derive(Clone)]
 pub(super) struct Connector {
     tls: tokio_rustls::TlsConnector,
     limit: Duration,
+    egress: Egress,
 }
 
 #[derive(Debug)]
@@ -54,7 +57,7 @@ impl std::error::Error for ConnectTimeout {}
 impl Connector {
     /// Checks certificates against `roots`; the whole set-up of a connection is bounded by `limit`:
     /// a provider that accepts but never completes a handshake is as unreachable as one that refuses.
-    pub(super) fn new(limit: Duration, roots: rustls::RootCertStore) -> Self {
+    pub(super) fn new(limit: Duration, roots: rustls::RootCertStore, egress: Egress) -> Self {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -62,12 +65,7 @@ impl Connector {
             .with_root_certificates(roots)
             .with_no_client_auth();
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Self { tls: tokio_rustls::TlsConnector::from(Arc::new(config)), limit }
-    }
-
-    /// The public web's roots.
-    pub(super) fn web_roots() -> rustls::RootCertStore {
-        rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() }
+        Self { tls: tokio_rustls::TlsConnector::from(Arc::new(config)), limit, egress }
     }
 
     pub(super) async fn connect(
@@ -90,18 +88,68 @@ impl Connector {
         // An IPv6 literal comes in brackets, which neither DNS nor a server name takes.
         let host = authority.host().trim_start_matches('[').trim_end_matches(']');
         let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
-        let tcp = tcp(host, port).await?;
+        let proxy = self.egress.proxy_for(scheme, host);
+        let tcp = match proxy {
+            None => tcp(host, port).await?,
+            Some(proxy) => tcp(&proxy.host, proxy.port)
+                .await
+                .map_err(|e| format!("connecting to the egress proxy {}:{}: {e}", proxy.host, proxy.port))?,
+        };
         if !tls {
-            return Ok(Connected::Http1(h1::Connection::new(Io::Plain(tcp))));
+            let connection = h1::Connection::new(Io::Plain(tcp));
+            return Ok(Connected::Http1(match proxy {
+                Some(proxy) => connection.through_proxy(proxy.authorization.clone()),
+                None => connection,
+            }));
         }
+        let tcp = match proxy {
+            Some(proxy) => tunnel(tcp, host, port, proxy).await?,
+            None => tcp,
+        };
         let name = ServerName::try_from(host.to_owned())?;
         let stream = self.tls.connect(name, tcp).await?;
         if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-            let (sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await?;
-            tokio::spawn(connection);
-            Ok(Connected::Http2(sender))
+            Ok(Connected::Http2(h2::handshake(stream).await?))
         } else {
             Ok(Connected::Http1(h1::Connection::new(Io::Tls(Box::new(stream)))))
+        }
+    }
+}
+
+/// Asks the egress `proxy`, connected on `stream`, for a tunnel to `host:port` (RFC 9110 §9.3.6).
+async fn tunnel(mut stream: TcpStream, host: &str, port: u16, proxy: &Proxy) -> Result<TcpStream, BoxError> {
+    let target = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+    let mut ask = format!("CONNECT {target} HTTP/1.1\r\n").into_bytes();
+    push_header(&mut ask, "host", target.as_bytes());
+    if let Some(authorization) = &proxy.authorization {
+        push_header(&mut ask, "proxy-authorization", authorization.as_bytes());
+    }
+    ask.extend_from_slice(b"\r\n");
+    stream.write_all(&ask).await?;
+    // Nothing follows the proxy's answer until the TLS handshake starts, which the gateway begins:
+    // a read cannot take bytes of the tunnel.
+    let mut head = Vec::with_capacity(512);
+    loop {
+        let mut lines = [httparse::EMPTY_HEADER; 32];
+        let mut answer = httparse::Response::new(&mut lines);
+        if let httparse::Status::Complete(length) = answer.parse(&head)? {
+            let code = answer.code.unwrap_or_default();
+            if length != head.len() {
+                return Err("the egress proxy sent bytes after its answer to CONNECT".into());
+            }
+            return match code {
+                200..=299 => Ok(stream),
+                407 => {
+                    Err("the egress proxy asks for credentials (407 Proxy Authentication Required)".into())
+                }
+                _ => Err(format!("the egress proxy refused a tunnel to {target}: {code}").into()),
+            };
+        }
+        if head.len() >= MAX_TUNNEL_HEAD {
+            return Err("the egress proxy's answer to CONNECT is too long".into());
+        }
+        if stream.read_buf(&mut head).await? == 0 {
+            return Err("the egress proxy closed the connection instead of opening a tunnel".into());
         }
     }
 }

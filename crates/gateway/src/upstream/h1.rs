@@ -36,6 +36,14 @@ pub(super) struct Connection {
     /// Read but not yet used: always empty between two requests.
     buf: BytesMut,
     pub(super) idle_since: Instant,
+    /// Set on a connection to an egress proxy: requests name their target in absolute form.
+    via_proxy: Option<ViaProxy>,
+}
+
+/// What requests through an egress proxy carry for it.
+struct ViaProxy {
+    /// `Proxy-Authorization`, from the proxy URL's credentials.
+    authorization: Option<HeaderValue>,
 }
 
 /// Why an exchange failed.
@@ -43,13 +51,22 @@ pub(super) enum Failure {
     /// The request could not be written: on a connection reused from the pool, the provider most
     /// likely closed it meanwhile, and the request may go on a new one.
     Unwritten(io::Error),
+    /// Written whole, and the connection closed (or was reset) before any byte of an answer.
+    Silent(BoxError),
     /// Written, but no usable answer: the provider may have acted on the request.
     Unanswered(BoxError),
 }
 
 impl Connection {
     pub(super) fn new(io: Io) -> Self {
-        Self { io, buf: BytesMut::new(), idle_since: Instant::now() }
+        Self { io, buf: BytesMut::new(), idle_since: Instant::now(), via_proxy: None }
+    }
+
+    /// The connection goes to an egress proxy, which forwards each request to the provider its
+    /// absolute URI names (RFC 9112 §3.2.2), shown `authorization` if given.
+    pub(super) fn through_proxy(mut self, authorization: Option<HeaderValue>) -> Self {
+        self.via_proxy = Some(ViaProxy { authorization });
+        self
     }
 
     /// Whether an idle connection can carry another request: the provider has neither closed it nor
@@ -72,7 +89,7 @@ impl Connection {
         home: Home,
     ) -> Result<Response<Body>, Failure> {
         let body = request.body();
-        let mut out = request_head(request, host);
+        let mut out = request_head(request, host, self.via_proxy.as_ref());
         if body.len() <= JOIN_BODY_BYTES {
             out.extend_from_slice(body);
         }
@@ -87,13 +104,14 @@ impl Connection {
                 return Err(Failure::Unanswered("the provider's response head is too long".into()));
             }
             self.buf.reserve(READ_BYTES);
+            let nothing_yet = self.buf.is_empty() && whole;
             match self.io.read_buf(&mut self.buf).await {
                 Ok(0) => {
-                    return Err(Failure::Unanswered(
-                        "the provider closed the connection without answering".into(),
-                    ));
+                    let e = "the provider closed the connection without answering".into();
+                    return Err(if nothing_yet { Failure::Silent(e) } else { Failure::Unanswered(e) });
                 }
                 Ok(_) => {}
+                Err(e) if nothing_yet => return Err(Failure::Silent(e.into())),
                 Err(e) => return Err(Failure::Unanswered(e.into())),
             }
         };
@@ -169,11 +187,18 @@ fn is_interim(code: u16) -> bool {
 }
 
 /// `METHOD /path HTTP/1.1`, the headers, and a `Content-Length` of the body's own.
-fn request_head(request: &Request<Bytes>, host: &HeaderValue) -> Vec<u8> {
+fn request_head(request: &Request<Bytes>, host: &HeaderValue, via_proxy: Option<&ViaProxy>) -> Vec<u8> {
     let headers = request.headers();
     let mut out = Vec::with_capacity(256 + headers.len() * 48);
     out.extend_from_slice(request.method().as_str().as_bytes());
     out.push(b' ');
+    if via_proxy.is_some()
+        && let (Some(scheme), Some(authority)) = (request.uri().scheme(), request.uri().authority())
+    {
+        out.extend_from_slice(scheme.as_str().as_bytes());
+        out.extend_from_slice(b"://");
+        out.extend_from_slice(authority.as_str().as_bytes());
+    }
     // `path()` is never empty: `/` stands in for a URI with none (`https://host?x=1`).
     out.extend_from_slice(request.uri().path().as_bytes());
     if let Some(query) = request.uri().query() {
@@ -192,6 +217,9 @@ fn request_head(request: &Request<Bytes>, host: &HeaderValue) -> Vec<u8> {
             continue;
         }
         push_header(&mut out, name.as_str(), value.as_bytes());
+    }
+    if let Some(ViaProxy { authorization: Some(authorization) }) = via_proxy {
+        push_header(&mut out, "proxy-authorization", authorization.as_bytes());
     }
     let body = request.body();
     let method = request.method();
@@ -710,6 +738,20 @@ mod tests {
     }
 
     #[test]
+    fn a_request_through_an_egress_proxy_names_its_target_whole_and_shows_the_credentials() {
+        let post = Request::post("http://10.0.0.5:8000/v1/chat?x=1")
+            .body(Bytes::from_static(b"{}"))
+            .expect("request");
+        let host = HeaderValue::from_static("10.0.0.5:8000");
+        let proxy = ViaProxy { authorization: Some(HeaderValue::from_static("Basic dTpw")) };
+        assert_eq!(
+            String::from_utf8(request_head(&post, &host, Some(&proxy))).expect("text"),
+            "POST http://10.0.0.5:8000/v1/chat?x=1 HTTP/1.1\r\nhost: 10.0.0.5:8000\r\n\
+             proxy-authorization: Basic dTpw\r\ncontent-length: 2\r\n\r\n"
+        );
+    }
+
+    #[test]
     fn the_request_head_carries_host_and_the_body_length() {
         let post = Request::post("http://127.0.0.1:9/v1/chat?x=1")
             .header("authorization", "Bearer sk")
@@ -719,24 +761,24 @@ mod tests {
             .expect("request");
         let host = HeaderValue::from_static("127.0.0.1:9");
         assert_eq!(
-            String::from_utf8(request_head(&post, &host)).expect("text"),
+            String::from_utf8(request_head(&post, &host, None)).expect("text"),
             "POST /v1/chat?x=1 HTTP/1.1\r\nhost: 127.0.0.1:9\r\nauthorization: Bearer sk\r\ncontent-length: 2\r\n\r\n"
         );
         let get =
             Request::get("http://h/v1/models").header("host", "other").body(Bytes::new()).expect("request");
         assert_eq!(
-            String::from_utf8(request_head(&get, &host)).expect("text"),
+            String::from_utf8(request_head(&get, &host, None)).expect("text"),
             "GET /v1/models HTTP/1.1\r\nhost: other\r\n\r\n"
         );
         let query_only = Request::get("http://h?x=1").body(Bytes::new()).expect("request");
         assert!(
-            String::from_utf8(request_head(&query_only, &host))
+            String::from_utf8(request_head(&query_only, &host, None))
                 .expect("text")
                 .starts_with("GET /?x=1 HTTP/1.1\r\n")
         );
         let empty_post = Request::post("http://h/x").body(Bytes::new()).expect("request");
         assert!(
-            String::from_utf8(request_head(&empty_post, &host))
+            String::from_utf8(request_head(&empty_post, &host, None))
                 .expect("text")
                 .ends_with("content-length: 0\r\n\r\n")
         );
