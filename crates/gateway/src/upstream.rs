@@ -960,4 +960,238 @@ mod tests {
         let relative = Request::get("/v1/models").body(Bytes::new()).expect("request");
         assert!(matches!(upstream.send(relative, LIMIT).await, Err(UpstreamError::Unreachable(_))));
     }
+
+    /// The number of HTTP/2 connections lane 0 keeps to its one origin.
+    fn http2_pooled(upstream: &Upstream) -> usize {
+        lock(&upstream.lanes[0]).iter().map(|origin| origin.http2.len()).sum()
+    }
+
+    #[tokio::test]
+    async fn http2_opens_another_connection_when_every_stream_is_taken_and_extras_close_when_idle() {
+        const STREAMS: usize = 500;
+        const ALLOWED: u32 = 100;
+        // A provider over TLS and HTTP/2 that allows 100 streams a connection; each answer sends its
+        // first bytes at once and its last once released.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("https://{}", listener.local_addr().expect("addr"));
+        let acceptor = tokio_rustls::TlsAcceptor::from(recovea_testkit::tls::server_config(&[b"h2"]));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (release, released) = tokio::sync::watch::channel(false);
+        let counter = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counter.fetch_add(1, SeqCst);
+                let (acceptor, released) = (acceptor.clone(), released.clone());
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(stream).await else { return };
+                    let answer = hyper::service::service_fn(move |_| {
+                        let mut released = released.clone();
+                        async move {
+                            use futures_util::StreamExt;
+                            let first = futures_util::stream::iter([Ok(Frame::data(Bytes::from("first")))]);
+                            let last = futures_util::stream::once(async move {
+                                let _ = released.wait_for(|done| *done).await;
+                                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from("last")))
+                            });
+                            Ok::<_, std::convert::Infallible>(Response::new(http_body_util::StreamBody::new(
+                                first.chain(last),
+                            )))
+                        }
+                    });
+                    let mut server =
+                        hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+                    server.max_concurrent_streams(ALLOWED);
+                    let _ = server.serve_connection(hyper_util::rt::TokioIo::new(stream), answer).await;
+                });
+            }
+        });
+        let upstream = Arc::new(Upstream::new(LIMIT, 0, &trusting_test_ca()));
+        let mut streams = tokio::task::JoinSet::new();
+        for _ in 0..STREAMS {
+            let (upstream, url) = (Arc::clone(&upstream), url.clone());
+            streams.spawn(async move {
+                let response = upstream.send(get(&url), LIMIT).await.expect("answered");
+                let mut body = Box::pin(response.into_body());
+                let first = body.frame().await.expect("a frame").expect("data").into_data().expect("data");
+                assert_eq!(first, "first");
+                body
+            });
+        }
+        // Every stream has its first bytes while none has ended: none waited for another.
+        let mut bodies = Vec::new();
+        let all_started = tokio::time::timeout(Duration::from_secs(20), async {
+            while let Some(body) = streams.join_next().await {
+                bodies.push(body.expect("a stream"));
+            }
+        });
+        all_started.await.expect("every stream started without another ending");
+        assert_eq!(bodies.len(), STREAMS);
+        assert_eq!(
+            accepted.load(SeqCst),
+            STREAMS / ALLOWED as usize,
+            "as many connections as needed, no more"
+        );
+        assert_eq!(http2_pooled(&upstream), STREAMS / ALLOWED as usize);
+        assert_eq!(upstream.stats.opened[1].load(Relaxed), (STREAMS / ALLOWED as usize) as u64);
+        release.send_replace(true);
+        for body in bodies {
+            let rest = body.collect().await.expect("the rest").to_bytes();
+            assert_eq!(rest, "last");
+        }
+        // Once the burst is over, the extra connections close and the first stays for the next.
+        upstream.prune();
+        assert_eq!(http2_pooled(&upstream), STREAMS / ALLOWED as usize, "not idle long enough yet");
+        tokio::time::pause();
+        tokio::time::advance(EXTRA_IDLE_TIMEOUT + Duration::from_secs(1)).await;
+        upstream.prune();
+        assert_eq!(http2_pooled(&upstream), 1);
+    }
+
+    /// A network trusting the tests' CA, going out through `egress`.
+    fn through(egress: Egress) -> ProviderNetwork {
+        let ca = recovea_testkit::tls::CA_PEM;
+        ProviderNetwork::new(Some(ca), false, egress, DEFAULT_HTTP2_CONNECTIONS).expect("valid")
+    }
+
+    fn egress(proxy: &str, no_proxy: Option<&str>) -> Egress {
+        Egress::new(Some(proxy), no_proxy, |_| None).expect("valid")
+    }
+
+    #[tokio::test]
+    async fn https_goes_through_the_egress_proxy_by_connect_and_http_in_absolute_form() {
+        use recovea_testkit::proxy::{Asked, ConnectProxy};
+
+        // "user:pass"
+        let proxy = ConnectProxy::start(Some("Basic dXNlcjpwYXNz")).await;
+        let via = egress(&format!("http://user:pass@{}", proxy.addr()), None);
+        let mut expected = Vec::new();
+        for (protocol, answer) in [(&b"http/1.1"[..], "hi"), (&b"h2"[..], "over h2")] {
+            let (url, _) = tls_provider(protocol).await;
+            let upstream = Upstream::new(LIMIT, 0, &through(via.clone()));
+            let response = upstream.send(get(&url), LIMIT).await.expect("answered through the tunnel");
+            assert_eq!(response.into_body().collect().await.expect("body").to_bytes(), answer);
+            let authority = url.trim_start_matches("https://");
+            expected.push(format!("CONNECT {authority} HTTP/1.1"));
+        }
+        let (url, _) = scripted(|_, _| (ok("plain"), false)).await;
+        let upstream = Upstream::new(LIMIT, 0, &through(via));
+        let response = upstream.send(get(&url), LIMIT).await.expect("answered through the proxy");
+        assert_eq!(response.into_body().collect().await.expect("body").to_bytes(), "plain");
+        expected.push(format!("GET {url}/v1/models HTTP/1.1"));
+        let shown = Some("Basic dXNlcjpwYXNz".to_owned());
+        let asked: Vec<Asked> = expected
+            .into_iter()
+            .map(|request_line| Asked { request_line, authorization: shown.clone() })
+            .collect();
+        assert_eq!(proxy.asked(), asked);
+
+        // Wrong credentials: the proxy's refusal is the error, and the password is in none of it.
+        let (url, _) = tls_provider(b"h2").await;
+        let upstream =
+            Upstream::new(LIMIT, 0, &through(egress(&format!("http://user:hunter2@{}", proxy.addr()), None)));
+        match upstream.send(get(&url), LIMIT).await {
+            Err(UpstreamError::Unreachable(e)) => {
+                let e = e.to_string();
+                assert!(e.contains("407"), "{e}");
+                assert!(!e.contains("hunter2"), "{e}");
+            }
+            other => panic!("expected the proxy's refusal, got {:?}", other.map(|r| r.status())),
+        }
+        // A host the no-proxy list names is reached directly.
+        let before = proxy.asked().len();
+        let direct = egress(&format!("http://user:pass@{}", proxy.addr()), Some("127.0.0.1"));
+        let upstream = Upstream::new(LIMIT, 0, &through(direct));
+        assert_eq!(length(upstream.send(get(&url), LIMIT).await.expect("answered directly")).await, 7);
+        assert_eq!(proxy.asked().len(), before);
+    }
+
+    #[tokio::test]
+    async fn a_reused_connection_closed_unanswered_is_retried_only_for_a_safe_method() {
+        // Each connection answers its first request and closes on its second without a word.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counter.fetch_add(1, SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    for answered in [true, false] {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buf.clear();
+                        if answered {
+                            stream.write_all(&ok("hi")).await.expect("answer");
+                        }
+                    }
+                });
+            }
+        });
+        let upstream = plain();
+        let retried = || upstream.stats.retries[Retry::Silent as usize].load(Relaxed);
+        assert_eq!(length(upstream.send(get(&url), LIMIT).await.expect("first")).await, 2);
+        // The pooled connection closes on this GET: it goes again on a new one.
+        assert_eq!(length(upstream.send(get(&url), LIMIT).await.expect("retried")).await, 2);
+        assert_eq!((accepted.load(SeqCst), retried()), (2, 1));
+        // A POST the provider received may have been acted on: it is not sent again.
+        let post = Request::post(format!("{url}/v1/chat/completions")).body(Bytes::new()).expect("request");
+        assert!(matches!(upstream.send(post, LIMIT).await, Err(UpstreamError::Unreachable(_))));
+        assert_eq!((accepted.load(SeqCst), retried()), (2, 1));
+    }
+
+    #[tokio::test]
+    async fn a_stream_the_provider_refused_goes_again_on_a_new_connection_whatever_its_method() {
+        // The first connection refuses every stream (REFUSED_STREAM: not processed); later ones answer.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("https://{}", listener.local_addr().expect("addr"));
+        let acceptor = tokio_rustls::TlsAcceptor::from(recovea_testkit::tls::server_config(&[b"h2"]));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let refuse = counter.fetch_add(1, SeqCst) == 0;
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(stream).await else { return };
+                    let Ok(mut connection) = ::h2::server::handshake(stream).await else { return };
+                    while let Some(Ok((_, mut respond))) = connection.accept().await {
+                        if refuse {
+                            respond.send_reset(::h2::Reason::REFUSED_STREAM);
+                            continue;
+                        }
+                        let Ok(mut body) = respond.send_response(Response::new(()), false) else { return };
+                        let _ = body.send_data(Bytes::from("over h2"), true);
+                    }
+                });
+            }
+        });
+        let upstream = Upstream::new(LIMIT, 0, &trusting_test_ca());
+        let post =
+            Request::post(format!("{url}/v1/chat/completions")).body(Bytes::from("{}")).expect("request");
+        let response = upstream.send(post, LIMIT).await.expect("answered on the second connection");
+        assert_eq!(response.into_body().collect().await.expect("body").to_bytes(), "over h2");
+        assert_eq!(accepted.load(SeqCst), 2);
+        assert_eq!(upstream.stats.retries[Retry::Refused as usize].load(Relaxed), 1);
+    }
+
+    #[test]
+    fn only_a_request_the_provider_cannot_have_acted_on_or_a_safe_one_is_retried() {
+        let (get, post) = (Method::GET, Method::POST);
+        assert_eq!(retry_for(Failed::Unprocessed, &post, true, false), Some(Retry::Unwritten));
+        assert_eq!(retry_for(Failed::Unprocessed, &post, false, false), None, "a fresh connection failing");
+        assert_eq!(retry_for(Failed::Unprocessed, &post, false, true), Some(Retry::Refused));
+        assert_eq!(retry_for(Failed::Silent, &get, true, false), Some(Retry::Silent));
+        assert_eq!(retry_for(Failed::Silent, &Method::HEAD, true, false), Some(Retry::Silent));
+        assert_eq!(retry_for(Failed::Silent, &post, true, false), None, "a generation may be billed");
+        assert_eq!(retry_for(Failed::Silent, &get, false, false), None);
+        for method in [&get, &post] {
+            assert_eq!(retry_for(Failed::Unanswered, method, true, false), None);
+        }
+    }
 }

@@ -43,8 +43,13 @@ impl Drop for Process {
 impl Process {
     /// Runs `recovea ARGS` with `envs` and reads its banner up to the line starting with `ready`.
     pub fn start(args: &[&str], envs: &[(&str, &str)], ready: &str) -> Self {
+        Self::start_logging(args, envs, ready, Stdio::null())
+    }
+
+    /// As [`Self::start`], its log (stderr) going to `log`.
+    pub fn start_logging(args: &[&str], envs: &[(&str, &str)], ready: &str, log: impl Into<Stdio>) -> Self {
         let mut command = Command::new(BIN);
-        command.args(args).env_remove("RECOVEA_ADMIN_TOKEN").stdout(Stdio::piped()).stderr(Stdio::null());
+        command.args(args).env_remove("RECOVEA_ADMIN_TOKEN").stdout(Stdio::piped()).stderr(log);
         for (name, value) in envs {
             command.env(name, value);
         }
@@ -111,6 +116,17 @@ impl Serve {
     /// Starts `serve` on ports the system picks, sending both providers to `mock_url`, and reads the
     /// addresses it bound from its banner, whose last line (the admin URL) means ready.
     pub fn start(data_dir: &Path, mock_url: &str, extra: &[&str]) -> Self {
+        Self::start_logging(data_dir, mock_url, extra, &[], Stdio::null())
+    }
+
+    /// As [`Self::start`], with `envs`, its log (stderr) going to `log`.
+    pub fn start_logging(
+        data_dir: &Path,
+        mock_url: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+        log: impl Into<Stdio>,
+    ) -> Self {
         let data_dir = data_dir.to_str().expect("a UTF-8 path");
         let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"];
         args.extend([
@@ -122,7 +138,7 @@ impl Serve {
             data_dir,
         ]);
         args.extend(extra);
-        let process = Process::start(&args, &[], "recovea admin:");
+        let process = Process::start_logging(&args, envs, "recovea admin:", log);
         let (gateway, admin) = (process.url_after("recovea gateway:"), process.url_after("recovea admin:"));
         Self { stdout: process.stdout.clone(), process, gateway, admin }
     }
