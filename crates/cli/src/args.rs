@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use recovea_core::crypto::MasterKey;
+use recovea_gateway::spool::{DEFAULT_MEMORY_BOUND, MemoryBound};
 use recovea_gateway::{DEFAULT_HTTP2_CONNECTIONS, Egress, GatewayConfig, GatewaySettings, ProviderNetwork};
 
 use crate::size;
@@ -92,6 +93,14 @@ pub(crate) struct GatewayArgs {
     /// many streams as the provider allows, and an extra one closes after 10 s unused.
     #[arg(long, env = "RECOVEA_UPSTREAM_HTTP2_CONNECTIONS", default_value_t = DEFAULT_HTTP2_CONNECTIONS)]
     upstream_http2_connections: usize,
+    /// The most receipts held in memory while the disk refuses them (full, failing); past it, or
+    /// past --spool-memory-bytes, a receipt is lost (counted and logged).
+    #[arg(long, env = "RECOVEA_SPOOL_MEMORY_RECEIPTS", default_value_t = DEFAULT_MEMORY_BOUND.receipts)]
+    spool_memory_receipts: usize,
+    /// The most bytes of receipts held in memory while the disk refuses them (bytes, or with a
+    /// KiB/MiB/GiB suffix).
+    #[arg(long, env = "RECOVEA_SPOOL_MEMORY_BYTES", default_value = "64MiB", value_parser = size::parse_bytes)]
+    spool_memory_bytes: u64,
 }
 
 impl GatewayArgs {
@@ -110,6 +119,12 @@ impl GatewayArgs {
         .map(|config| config.with_memory_release(crate::allocator::release_freed_memory))
         .map_err(|e| e.to_string())
         .and_then(|config| Ok(config.with_network(self.network()?)))
+    }
+
+    /// How many receipts the spool may hold in memory while the disk refuses them.
+    pub(crate) fn spool_memory(&self) -> MemoryBound {
+        let bytes = usize::try_from(self.spool_memory_bytes).unwrap_or(usize::MAX);
+        MemoryBound { receipts: self.spool_memory_receipts, bytes }
     }
 
     /// How providers are reached: the flags, then the proxy variables of the environment.

@@ -22,7 +22,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;
     let node_id = data_dir::node_id(data_dir)?;
-    let spool = open_spool(data_dir)?;
+    let spool = open_spool(data_dir, args.gateway.spool_memory())?;
     let (counters, shared_counters) = counters(&node_id, args.gateway.redis_url.as_deref())?;
     let rate_share = rate_share(args.gateway.redis_url.as_deref())?;
     let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));

@@ -38,7 +38,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let (admin_token, token_generated) = admin_token(&args.admin, data_dir)?;
     let node_id = data_dir::node_id(data_dir)?;
     let alert_secret = alert_signing_secret(&args.admin, data_dir)?;
-    let spool = open_spool(data_dir)?;
+    let spool = open_spool(data_dir, args.gateway.spool_memory())?;
 
     let (counters, shared_counters) = counters(&node_id, args.gateway.redis_url.as_deref())?;
     let rate_share = rate_share(args.gateway.redis_url.as_deref())?;

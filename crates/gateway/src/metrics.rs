@@ -225,7 +225,7 @@ impl Metrics {
             ),
             (
                 "recovea_receipts_dropped_total",
-                "Receipts lost: spool queue full or disk refused.",
+                "Receipts lost: the disk refused them while memory held as many as its bound allows.",
                 self.spool.dropped.load(Relaxed),
             ),
             (
@@ -237,11 +237,22 @@ impl Metrics {
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
         }
-        let pending = self.spool.pending.load(Relaxed).max(0);
-        let _ = writeln!(
-            out,
-            "# HELP recovea_receipts_pending Receipts in the spool not yet delivered.\n# TYPE recovea_receipts_pending gauge\nrecovea_receipts_pending {pending}"
-        );
+        let gauges = [
+            (
+                "recovea_receipts_pending",
+                "Receipts in the spool (or held in memory) not yet delivered.",
+                u64::try_from(self.spool.pending.load(Relaxed)).unwrap_or(0),
+            ),
+            (
+                "recovea_receipts_held",
+                "Receipts the disk refused, held in memory until appended or delivered.",
+                self.spool.held.load(Relaxed),
+            ),
+            ("recovea_spool_bytes", "The size of the spool's segment files.", self.spool.bytes.load(Relaxed)),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        }
         if let Some(confirmed) = self.counters.confirmed_at() {
             let age = unix_ms().saturating_sub(u64::try_from(confirmed.0).unwrap_or(0)) as f64 / 1000.0;
             let _ = writeln!(

@@ -12,6 +12,14 @@
 //! worth of appended receipts are also kept in memory, each with the place of its line, so that
 //! the shipper need not read back and parse what it was just handed: it takes them from memory
 //! when delivery stands exactly at their lines, and reads the files otherwise.
+//!
+//! A disk that refuses an append (full, or failing) costs no receipt that memory can hold: the
+//! receipt is held in memory, within a bound in receipts and bytes ([`MemoryBound`]), delivered
+//! from there once the files are delivered, and appended as soon as the disk takes it again. A
+//! failed append leaves its segment as it was (cut back to its last whole line) and opens no file.
+//! Only past the bound is a receipt dropped, counted and logged. Once delivery has reached the end
+//! of the segment being appended to, the next record of progress starts a new one, so the delivered
+//! one is deleted: the spool holds little more than what is undelivered.
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
@@ -44,16 +52,32 @@ const SHIPPED_FILE: &str = "shipped";
 /// a crash, a restart delivers again what came after the last record, and delivery is idempotent.
 const RECORD_EVERY: Duration = Duration::from_secs(1);
 
+/// How many receipts the disk refused may wait in memory, unless [`Spool::open_bounded`] says
+/// otherwise: about a minute of a busy node's receipts.
+pub const DEFAULT_MEMORY_BOUND: MemoryBound = MemoryBound { receipts: 100_000, bytes: 64 << 20 };
+
+/// The most receipts, and the most bytes of their text, that wait in memory while the disk refuses
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBound {
+    pub receipts: usize,
+    pub bytes: usize,
+}
+
 /// Counters the node reports.
 #[derive(Debug, Default)]
 pub struct SpoolStats {
-    /// Written to the spool and not yet delivered.
+    /// Written to the spool (or held in memory) and not yet delivered.
     pub pending: AtomicI64,
     pub delivered: AtomicU64,
-    /// Dropped because the queue was full or the disk refused them.
+    /// Lost: refused by the disk while memory held as many as its bound allows.
     pub dropped: AtomicU64,
     /// Lines of a segment that could not be read back (a write torn by a crash).
     pub corrupt: AtomicU64,
+    /// Refused by the disk and waiting in memory.
+    pub held: AtomicU64,
+    /// The size of the spool's segment files.
+    pub bytes: AtomicU64,
 }
 
 /// The request side of the spool: appends receipts.
@@ -65,18 +89,12 @@ pub struct SpoolSender {
 }
 
 impl SpoolSender {
-    /// Appends a finished request's receipt. A disk that refuses it costs the receipt, never the
-    /// response: the failure is counted and logged.
+    /// Appends a finished request's receipt, or holds it in memory when the disk refuses it. Never
+    /// costs the response; past the memory bound it costs the receipt, counted and logged.
     pub fn send(&self, receipt: Receipt) {
-        match self.appender.append(SerializedReceipt::new(receipt)) {
-            Ok(()) => {
-                self.stats.pending.fetch_add(1, Relaxed);
-                self.written.notify_one();
-            }
-            Err((e, receipt_id)) => {
-                self.stats.dropped.fetch_add(1, Relaxed);
-                tracing::error!(error = %e, %receipt_id, "a receipt could not be written to the spool: lost");
-            }
+        if self.appender.append(SerializedReceipt::new(receipt)) {
+            self.stats.pending.fetch_add(1, Relaxed);
+            self.written.notify_one();
         }
     }
 }
@@ -99,18 +117,29 @@ struct Shipped {
 
 impl Spool {
     /// Opens (or creates) the spool in `dir` and appends to a new segment, so that a segment torn
-    /// by a crash is never appended to.
+    /// by a crash is never appended to. Holds at most [`DEFAULT_MEMORY_BOUND`] in memory.
     pub fn open(dir: &Path) -> io::Result<Self> {
+        Self::open_bounded(dir, DEFAULT_MEMORY_BOUND)
+    }
+
+    /// As [`Self::open`], holding at most `bound` in memory while the disk refuses receipts.
+    pub fn open_bounded(dir: &Path, bound: MemoryBound) -> io::Result<Self> {
         fs::create_dir_all(dir)?;
         let next = segments(dir)?.last().map_or(1, |(n, _)| n + 1);
         let stats = Arc::new(SpoolStats::default());
         let recorded = Progress::load(dir)?;
         stats.pending.store(count_unshipped(dir, recorded)?, Relaxed);
-        let appender = Arc::new(Appender::open(dir, next, MIRRORED)?);
+        let mut bytes = 0;
+        for (_, path) in segments(dir)? {
+            bytes += fs::metadata(path)?.len();
+        }
+        stats.bytes.store(bytes, Relaxed);
+        let appender = Arc::new(Appender::open(dir, next, MIRRORED, bound, Arc::clone(&stats))?);
         let syncing = Arc::downgrade(&appender);
         std::thread::Builder::new().name("receipt-spool-sync".into()).spawn(move || {
             // Ends with the appender, when the last sender is gone.
             while let Some(appender) = syncing.upgrade() {
+                appender.append_held();
                 appender.sync();
                 drop(appender);
                 std::thread::sleep(SYNC_EVERY);
@@ -176,7 +205,8 @@ impl Spool {
     }
 
     /// Writes delivery's progress to the shipped file (if it moved) and deletes the segments it
-    /// has passed.
+    /// has passed. When delivery has reached the end of the segment being appended to, a new one
+    /// starts first, so that this one is deleted too.
     async fn record(&self) -> Result<(), String> {
         let progress = {
             let shipped = self.shipped();
@@ -185,8 +215,15 @@ impl Spool {
             }
             shipped.progress
         };
-        let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || progress.commit(&dir))
+        let progress = match self.sender.appender.roll_if_delivered(progress) {
+            Some(rolled) => {
+                self.shipped().progress = rolled;
+                rolled
+            }
+            None => progress,
+        };
+        let (dir, stats) = (self.dir.clone(), Arc::clone(&self.stats));
+        tokio::task::spawn_blocking(move || progress.commit(&dir, &stats))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
@@ -215,9 +252,10 @@ impl Spool {
         let mut more = true;
         loop {
             // Also when there is nothing to deliver, so that an idle shipper's periodic call
-            // records the last delivery.
+            // records the last delivery. Failing to record is not failing to deliver: it costs at
+            // most a second delivery after a restart.
             if self.record_due() {
-                self.record().await?;
+                self.record_logged().await;
             }
             if !more {
                 return Ok(());
@@ -228,10 +266,17 @@ impl Spool {
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;
-            let Some(Batch { receipts, progress, corrupt }) = batch else { return Ok(()) };
+            let Some(Batch { receipts, progress, corrupt, held }) = batch else { return Ok(()) };
             let delivered = receipts.len();
-            if !receipts.is_empty() {
-                sink.deliver(receipts).await.map_err(|e| e.to_string())?;
+            // Receipts from memory exist nowhere else: a failed delivery gives them back.
+            let kept = (held > 0).then(|| receipts[delivered - held..].to_vec());
+            if !receipts.is_empty()
+                && let Err(e) = sink.deliver(receipts).await
+            {
+                if let Some(kept) = kept {
+                    self.sender.appender.give_back_held(kept);
+                }
+                return Err(e.to_string());
             }
             self.shipped().progress = progress;
             self.stats.corrupt.fetch_add(corrupt, Relaxed);
@@ -245,17 +290,27 @@ impl Spool {
     }
 }
 
-/// The segment being appended to, and the receipts last appended.
+/// The segment being appended to, the receipts last appended, and those the disk refused.
 struct Appender {
     dir: PathBuf,
     state: Mutex<Appending>,
     mirror_capacity: usize,
+    bound: MemoryBound,
+    stats: Arc<SpoolStats>,
 }
 
 struct Appending {
     segment: Segment,
     /// Receipts appended lately, in the order of their lines; at most `mirror_capacity` of them.
     mirror: VecDeque<Mirrored>,
+    /// Receipts the disk refused, oldest first: appended once it takes them, or delivered from here.
+    held: VecDeque<SerializedReceipt>,
+    held_bytes: usize,
+    /// The disk refused the last append: the next that succeeds says so in the log.
+    refusing: bool,
+    /// Receipts lost since the last time the log said so, and when it did.
+    unlogged_drops: u64,
+    drop_logged_at: Option<Instant>,
 }
 
 /// An appended receipt and the place of its line.
@@ -271,64 +326,199 @@ struct Segment {
     file: File,
     size: u64,
     dirty: bool,
+    /// A failed append may have left part of a line that could not be cut away: the next append
+    /// goes to a new segment.
+    torn: bool,
 }
 
 impl Segment {
     fn create(dir: &Path, number: u64) -> io::Result<Self> {
         let file = OpenOptions::new().create(true).append(true).open(segment_path(dir, number))?;
         let size = file.metadata()?.len();
-        Ok(Self { number, file, size, dirty: false })
+        Ok(Self { number, file, size, dirty: false, torn: false })
     }
 }
 
+/// A receipt the disk refused, and why: boxed, as it is rare and large.
+struct Refused(io::Error, SerializedReceipt);
+
+/// How often a lost receipt is logged at most: each loss is counted, the log says how many.
+const DROP_LOG_EVERY: Duration = Duration::from_secs(1);
+
 impl Appender {
-    fn open(dir: &Path, number: u64, mirror_capacity: usize) -> io::Result<Self> {
+    fn open(
+        dir: &Path,
+        number: u64,
+        mirror_capacity: usize,
+        bound: MemoryBound,
+        stats: Arc<SpoolStats>,
+    ) -> io::Result<Self> {
         let segment = Segment::create(dir, number)?;
-        Ok(Self {
-            dir: dir.to_owned(),
-            state: Mutex::new(Appending { segment, mirror: VecDeque::new() }),
-            mirror_capacity,
-        })
+        let appending = Appending {
+            segment,
+            mirror: VecDeque::new(),
+            held: VecDeque::new(),
+            held_bytes: 0,
+            refusing: false,
+            unlogged_drops: 0,
+            drop_logged_at: None,
+        };
+        Ok(Self { dir: dir.to_owned(), state: Mutex::new(appending), mirror_capacity, bound, stats })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Appending> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Appends the receipt's line, in one `writev` as a rule: lines never interleave, and a crash
-    /// tears at most the last one. A receipt that could not be written is lost: its id is returned.
-    fn append(&self, receipt: SerializedReceipt) -> Result<(), (io::Error, String)> {
+    /// Appends the receipt's line, or holds the receipt in memory when the disk refuses it.
+    /// `false`: memory holds as many as its bound allows, and the receipt is lost.
+    fn append(&self, receipt: SerializedReceipt) -> bool {
         let mut state = self.lock();
-        let Appending { segment, mirror } = &mut *state;
-        if segment.size >= SEGMENT_BYTES {
-            let next = match Segment::create(&self.dir, segment.number + 1) {
-                Ok(next) => next,
-                Err(e) => return Err((e, receipt.into_receipt().id)),
-            };
-            let full = std::mem::replace(segment, next);
-            // Forced to disk off the request path: appends never wait on an fsync.
-            std::thread::spawn(move || {
-                if let Err(e) = full.file.sync_data() {
-                    tracing::error!(error = %e, "syncing a full receipt spool segment failed");
+        match self.write(&mut state, receipt) {
+            Ok(()) => true,
+            Err(refused) => {
+                let Refused(e, receipt) = *refused;
+                if !state.refusing {
+                    state.refusing = true;
+                    tracing::warn!(
+                        error = %e,
+                        "the disk refused a receipt: receipts are held in memory and delivered from there \
+                         until it takes them again"
+                    );
                 }
-            });
+                self.hold(&mut state, receipt)
+            }
+        }
+    }
+
+    /// Writes the receipt's line, in one `writev` as a rule: lines never interleave, and a crash
+    /// tears at most the last one. On failure the segment is cut back to its last whole line.
+    fn write(&self, state: &mut Appending, receipt: SerializedReceipt) -> Result<(), Box<Refused>> {
+        let Appending { segment, mirror, held, refusing, .. } = state;
+        if segment.size >= SEGMENT_BYTES || segment.torn {
+            match Segment::create(&self.dir, segment.number + 1) {
+                Ok(next) => {
+                    let full = std::mem::replace(segment, next);
+                    // Forced to disk off the request path: appends never wait on an fsync.
+                    std::thread::spawn(move || {
+                        if let Err(e) = full.file.sync_data() {
+                            tracing::error!(error = %e, "syncing a full receipt spool segment failed");
+                        }
+                    });
+                }
+                // A full segment takes more lines meanwhile; a torn one none.
+                Err(e) if segment.torn => return Err(Box::new(Refused(e, receipt))),
+                Err(_) => {}
+            }
         }
         let text = receipt.json().as_bytes();
         if let Err(e) = write_line(&mut segment.file, text) {
-            // The segment may now end in a torn line: continue in a fresh one.
-            let next = segment.number + 1;
-            if let Ok(fresh) = Segment::create(&self.dir, next) {
-                *segment = fresh;
+            // No part of a line stays: the next one would be read as its continuation.
+            if segment.file.set_len(segment.size).is_err() {
+                segment.torn = true;
             }
-            return Err((e, receipt.into_receipt().id));
+            return Err(Box::new(Refused(e, receipt)));
         }
         let start = segment.size;
         segment.size += text.len() as u64 + 1;
         segment.dirty = true;
+        self.stats.bytes.fetch_add(text.len() as u64 + 1, Relaxed);
+        if *refusing && held.is_empty() {
+            *refusing = false;
+            tracing::info!("the disk takes receipts again; none is held in memory");
+        }
         if mirror.len() < self.mirror_capacity {
             mirror.push_back(Mirrored { segment: segment.number, start, end: segment.size, receipt });
         }
         Ok(())
+    }
+
+    /// Keeps a receipt the disk refused, unless memory holds as many as its bound allows.
+    fn hold(&self, state: &mut Appending, receipt: SerializedReceipt) -> bool {
+        let length = receipt.json().len();
+        if state.held.len() >= self.bound.receipts || state.held_bytes + length > self.bound.bytes {
+            self.stats.dropped.fetch_add(1, Relaxed);
+            state.unlogged_drops += 1;
+            if state.drop_logged_at.is_none_or(|at| at.elapsed() >= DROP_LOG_EVERY) {
+                tracing::error!(
+                    lost = state.unlogged_drops,
+                    held = state.held.len(),
+                    held_bytes = state.held_bytes,
+                    receipt_id = %receipt.into_receipt().id,
+                    "the disk refuses receipts and memory holds as many as its bound allows: receipts lost"
+                );
+                state.unlogged_drops = 0;
+                state.drop_logged_at = Some(Instant::now());
+            }
+            return false;
+        }
+        state.held_bytes += length;
+        state.held.push_back(receipt);
+        self.stats.held.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// Appends the receipts held in memory, oldest first, until the disk refuses one; a batch at a
+    /// time, so that appends of requests wait at most one batch's writes.
+    fn append_held(&self) {
+        loop {
+            let mut state = self.lock();
+            if state.held.is_empty() {
+                return;
+            }
+            for _ in 0..BATCH {
+                let Some(receipt) = state.held.pop_front() else { break };
+                let length = receipt.json().len();
+                self.stats.held.fetch_sub(1, Relaxed);
+                state.held_bytes -= length;
+                if let Err(refused) = self.write(&mut state, receipt) {
+                    let Refused(_, receipt) = *refused;
+                    state.held_bytes += length;
+                    state.held.push_front(receipt);
+                    self.stats.held.fetch_add(1, Relaxed);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Up to `most` receipts held in memory, for delivery from there.
+    fn take_held(&self, most: usize) -> Vec<SerializedReceipt> {
+        let mut state = self.lock();
+        let taken: Vec<_> = (0..most).map_while(|_| state.held.pop_front()).collect();
+        let bytes: usize = taken.iter().map(|r| r.json().len()).sum();
+        state.held_bytes -= bytes;
+        self.stats.held.fetch_sub(taken.len() as u64, Relaxed);
+        taken
+    }
+
+    /// Receipts taken by [`Self::take_held`] whose delivery failed, in front of those held since.
+    fn give_back_held(&self, receipts: Vec<SerializedReceipt>) {
+        let mut state = self.lock();
+        self.stats.held.fetch_add(receipts.len() as u64, Relaxed);
+        for receipt in receipts.into_iter().rev() {
+            state.held_bytes += receipt.json().len();
+            state.held.push_front(receipt);
+        }
+    }
+
+    /// Whether delivery standing at `at` has every appended line.
+    fn is_at_end(&self, at: Progress) -> bool {
+        let state = self.lock();
+        (state.segment.number, state.segment.size) == (at.segment, at.offset)
+    }
+
+    /// When delivery standing at `at` has every line of a segment that holds some, starts a new
+    /// one, so that the delivered one can go: where delivery then stands.
+    fn roll_if_delivered(&self, at: Progress) -> Option<Progress> {
+        let mut state = self.lock();
+        let segment = &mut state.segment;
+        if (segment.number, segment.size) != (at.segment, at.offset) || segment.size == 0 {
+            return None;
+        }
+        let next = Segment::create(&self.dir, segment.number + 1).ok()?;
+        *segment = next;
+        Some(Progress { segment: segment.number, offset: 0 })
     }
 
     /// The batch that reading the files from `from` would give, when memory holds it: the lines
@@ -337,7 +527,7 @@ impl Appender {
     /// Receipts that delivery has already passed (read from the files meanwhile) are forgotten.
     fn take_mirrored(&self, from: Progress) -> Option<Batch> {
         let mut state = self.lock();
-        let Appending { segment, mirror } = &mut *state;
+        let Appending { segment, mirror, .. } = &mut *state;
         while mirror.front().is_some_and(|m| (m.segment, m.end) <= (from.segment, from.offset)) {
             mirror.pop_front();
         }
@@ -355,7 +545,7 @@ impl Appender {
             return None;
         }
         let receipts = mirror.drain(..run).map(|m| m.receipt).collect();
-        Some(Batch { receipts, progress, corrupt: 0 })
+        Some(Batch { receipts, progress, corrupt: 0, held: 0 })
     }
 
     /// Forces what was appended to disk, outside the lock so that appends never wait on it.
@@ -430,21 +620,24 @@ impl Progress {
         }
     }
 
-    /// Records progress atomically (write then rename), then deletes segments wholly delivered.
-    fn commit(self, dir: &Path) -> io::Result<()> {
+    /// Deletes the segments wholly delivered, then records progress atomically (write then
+    /// rename). Deleting first frees a full disk for the record; a restart that finds an older
+    /// record skips the deleted segments all the same.
+    fn commit(self, dir: &Path, stats: &SpoolStats) -> io::Result<()> {
+        for (n, path) in segments(dir)? {
+            if n < self.segment {
+                let size = fs::metadata(&path).map_or(0, |m| m.len());
+                fs::remove_file(path)?;
+                stats.bytes.fetch_sub(size, Relaxed);
+            }
+        }
         let tmp = dir.join(format!("{SHIPPED_FILE}.tmp"));
         {
             let mut file = File::create(&tmp)?;
             writeln!(file, "{} {}", self.segment, self.offset)?;
             file.sync_all()?;
         }
-        fs::rename(&tmp, dir.join(SHIPPED_FILE))?;
-        for (n, path) in segments(dir)? {
-            if n < self.segment {
-                fs::remove_file(path)?;
-            }
-        }
-        Ok(())
+        fs::rename(&tmp, dir.join(SHIPPED_FILE))
     }
 }
 
@@ -453,15 +646,30 @@ struct Batch {
     /// Where delivery stands once this batch is delivered.
     progress: Progress,
     corrupt: u64,
+    /// How many of the receipts, at the end, were held in memory (the disk refused them).
+    held: usize,
 }
 
 /// Up to [`BATCH`] receipts from where delivery stands, from memory when they are there, else
-/// from the files. `None`: nothing to do.
+/// from the files; once the files are all delivered, receipts the disk refused. `None`: nothing
+/// to do.
 fn next_batch(dir: &Path, appender: &Appender, start: Progress) -> io::Result<Option<Batch>> {
-    match appender.take_mirrored(start) {
-        Some(batch) => Ok(Some(batch)),
-        None => read_batch(dir, start),
+    let mut batch = match appender.take_mirrored(start) {
+        Some(batch) => Some(batch),
+        None => read_batch(dir, start)?,
+    };
+    let progress = batch.as_ref().map_or(start, |b| b.progress);
+    let room = BATCH - batch.as_ref().map_or(0, |b| b.receipts.len());
+    if room > 0 && appender.is_at_end(progress) {
+        let held = appender.take_held(room);
+        if !held.is_empty() {
+            let batch =
+                batch.get_or_insert_with(|| Batch { receipts: Vec::new(), progress, corrupt: 0, held: 0 });
+            batch.held = held.len();
+            batch.receipts.extend(held);
+        }
     }
+    Ok(batch)
 }
 
 /// Reads up to [`BATCH`] receipts from the files, from `start`. `None`: nothing to do.
@@ -512,7 +720,7 @@ fn read_batch(dir: &Path, start: Progress) -> io::Result<Option<Batch>> {
     if progress == start && receipts.is_empty() {
         return Ok(None);
     }
-    Ok(Some(Batch { receipts, progress, corrupt }))
+    Ok(Some(Batch { receipts, progress, corrupt, held: 0 }))
 }
 
 /// Counts the receipts written and not yet delivered, for the pending gauge at start-up.
@@ -625,7 +833,7 @@ mod tests {
             let batch = read_batch(&dir.0, from).expect("read").expect("a batch");
             let sink_dyn: Arc<dyn ReceiptSink> = sink.clone();
             sink_dyn.deliver(batch.receipts).await.expect("delivered");
-            batch.progress.commit(&dir.0).expect("commit");
+            batch.progress.commit(&dir.0, &SpoolStats::default()).expect("commit");
         }
         let spool = Spool::open(&dir.0).expect("reopen");
         assert_eq!(spool.stats.pending.load(Relaxed), 1200 - BATCH as i64);
@@ -695,7 +903,10 @@ mod tests {
         assert_ne!(delivered, start);
         assert_eq!(recorded(), start, "not recorded after each batch");
         tokio::time::sleep(RECORD_EVERY * 2).await;
-        assert_eq!(recorded(), delivered, "recorded once the shipper idles");
+        assert_eq!(recorded(), spool.shipped().progress, "recorded once the shipper idles");
+        let next = Progress { segment: delivered.segment + 1, offset: 0 };
+        assert_eq!(recorded(), next, "past the delivered segment, which is gone");
+        assert!(!segment_path(&dir.0, delivered.segment).exists());
 
         for n in 10..20 {
             spool.sender.send(receipt(n));
@@ -758,9 +969,8 @@ mod tests {
     fn the_shipper_takes_from_memory_only_the_lines_at_which_delivery_stands() {
         let dir = TempDir::new("mirror");
         fs::create_dir_all(&dir.0).expect("dir");
-        let appender = Appender::open(&dir.0, 1, 3).expect("open");
-        let append =
-            |n| appender.append(SerializedReceipt::new(receipt(n))).map_err(|(e, _)| e).expect("append");
+        let appender = Appender::open(&dir.0, 1, 3, DEFAULT_MEMORY_BOUND, Arc::default()).expect("open");
+        let append = |n| assert!(appender.append(SerializedReceipt::new(receipt(n))), "appended");
         // Where each line ends.
         let mut ends = vec![0];
         for n in 0..8 {
@@ -795,7 +1005,8 @@ mod tests {
     async fn receipts_missing_from_memory_are_read_from_the_files_in_order_once() {
         let dir = TempDir::new("mirror-gaps");
         let mut spool = Spool::open(&dir.0).expect("open");
-        spool.sender.appender = Arc::new(Appender::open(&dir.0, 100, 4).expect("appender"));
+        spool.sender.appender =
+            Arc::new(Appender::open(&dir.0, 100, 4, DEFAULT_MEMORY_BOUND, Arc::default()).expect("appender"));
         let sink = Arc::new(Sink::default());
         let mut sent = Vec::new();
         for round in 0..3 {
@@ -808,5 +1019,116 @@ mod tests {
             ship_all(&spool, &sink).await.expect("delivered");
         }
         assert_eq!(ids(&sink.accepted.lock().expect("lock")), sent);
+    }
+
+    /// A tmpfs of `kib` KiB mounted at a fresh directory (the tests run as root), unmounted when
+    /// dropped: a disk that fills.
+    struct Tmpfs(TempDir);
+
+    impl Tmpfs {
+        fn mount(name: &str, kib: u32) -> Self {
+            let dir = TempDir::new(name);
+            fs::create_dir_all(&dir.0).expect("mount point");
+            let status = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+                .arg(&dir.0)
+                .status()
+                .expect("mount runs");
+            assert!(status.success(), "mounting a tmpfs needs root: these tests run as root");
+            Self(dir)
+        }
+
+        /// Fills the disk with one file, which `free` deletes.
+        fn fill(&self) {
+            let mut filler = File::create(self.0.0.join("filler")).expect("filler");
+            let block = vec![0u8; 4096];
+            while filler.write_all(&block).is_ok() {}
+            let _ = filler.sync_all();
+        }
+
+        fn free(&self) {
+            fs::remove_file(self.0.0.join("filler")).expect("filler deleted");
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0.0).status();
+        }
+    }
+
+    fn files_in(dir: &Path) -> usize {
+        fs::read_dir(dir).expect("listed").count()
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_holds_receipts_in_memory_delivers_them_from_there_and_appends_them_once_it_has_room()
+    {
+        let disk = Tmpfs::mount("full", 256);
+        let dir = disk.0.0.join("spool");
+        let spool = Spool::open_bounded(&dir, MemoryBound { receipts: 50, bytes: 1 << 20 }).expect("open");
+        disk.fill();
+        let files = files_in(&dir);
+        for n in 1..=60 {
+            spool.sender.send(receipt(n));
+        }
+        assert_eq!(files_in(&dir), files, "a failed append opens no file");
+        let (held, dropped) = (|| spool.stats.held.load(Relaxed), || spool.stats.dropped.load(Relaxed));
+        assert_eq!((held(), dropped()), (50, 10), "memory holds its bound, past it receipts are lost");
+        assert_eq!(spool.stats.pending.load(Relaxed), 50);
+        assert_eq!(spool.stats.bytes.load(Relaxed), 0);
+
+        // Delivered from memory while the disk is still full.
+        let sink = Arc::new(Sink::default());
+        ship_all(&spool, &sink).await.expect("delivered");
+        let delivered: Vec<String> =
+            sink.accepted.lock().expect("lock").iter().map(|r| r.id.clone()).collect();
+        let expected: Vec<String> = (1..=50).map(|n| format!("rcpt_{n}")).collect();
+        assert_eq!(delivered, expected);
+        assert_eq!((held(), spool.stats.pending.load(Relaxed)), (0, 0));
+
+        // A failed delivery gives the receipts from memory back.
+        for n in 61..=65 {
+            spool.sender.send(receipt(n));
+        }
+        sink.failing.store(true, Relaxed);
+        assert!(ship_all(&spool, &sink).await.is_err());
+        assert_eq!(held(), 5);
+
+        // Room again: the held receipts are appended (as the sync thread does every 200 ms), then
+        // delivered from the file, once.
+        disk.free();
+        spool.sender.appender.append_held();
+        assert_eq!(held(), 0);
+        sink.failing.store(false, Relaxed);
+        ship_all(&spool, &sink).await.expect("delivered");
+        let ids: Vec<String> = sink.accepted.lock().expect("lock").iter().map(|r| r.id.clone()).collect();
+        let expected: Vec<String> = (1..=50).chain(61..=65).map(|n| format!("rcpt_{n}")).collect();
+        assert_eq!(ids, expected);
+    }
+
+    #[tokio::test]
+    async fn the_delivered_part_of_the_segment_being_appended_to_is_reclaimed_at_the_next_record() {
+        let dir = TempDir::new("reclaim");
+        let spool = Spool::open(&dir.0).expect("open");
+        for n in 0..100 {
+            spool.sender.send(receipt(n));
+        }
+        let written = spool.stats.bytes.load(Relaxed);
+        assert!(written > 0);
+        let sink = Arc::new(Sink::default());
+        ship_all(&spool, &sink).await.expect("delivered");
+        spool.record().await.expect("recorded");
+        assert_eq!(spool.stats.bytes.load(Relaxed), 0, "the spool holds nothing delivered");
+        let on_disk: u64 =
+            segments(&dir.0).expect("list").iter().map(|(_, p)| fs::metadata(p).expect("meta").len()).sum();
+        assert_eq!(on_disk, 0);
+        // Appends go on in the new segment, and a restart delivers them and nothing before.
+        spool.sender.send(receipt(100));
+        drop(spool);
+        let spool = Spool::open(&dir.0).expect("reopen");
+        let again = Arc::new(Sink::default());
+        ship_all(&spool, &again).await.expect("delivered");
+        assert_eq!(ids(&again.accepted.lock().expect("lock")), vec!["rcpt_100".to_owned()]);
     }
 }
