@@ -2,6 +2,7 @@
 //! fed by `recovea control` on a PostgreSQL database of the test's own, many clients on each node
 //! racing at a cap in several consecutive races, and the ledger as the judge.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
@@ -73,11 +74,16 @@ async fn spend_once_delivered(control: &Control, org_id: &str, admitted: usize) 
 async fn race(nodes: &[Node], secret: &str) -> Vec<usize> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut clients = tokio::task::JoinSet::new();
+    // Every client starts at once, so that each node's first requests arrive far from the line
+    // even on a loaded machine, where one node's clients could otherwise finish the race before
+    // the other's begin.
+    let start = Arc::new(tokio::sync::Barrier::new(nodes.len() * CLIENTS_PER_NODE));
     for (index, node) in nodes.iter().enumerate() {
         for _ in 0..CLIENTS_PER_NODE {
-            let (url, secret) = (node.url.clone(), secret.to_owned());
+            let (url, secret, start) = (node.url.clone(), secret.to_owned(), Arc::clone(&start));
             clients.spawn(async move {
                 let client = http_client();
+                start.wait().await;
                 let (mut admitted, mut refused_in_a_row) = (0, 0);
                 while refused_in_a_row < REFUSALS_IN_A_ROW {
                     assert!(Instant::now() < deadline, "a race did not end within 20 s");

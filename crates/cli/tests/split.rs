@@ -442,3 +442,42 @@ async fn json_logs_are_one_object_per_line() {
     assert!(!stderr.contains(NODE_TOKEN) && !stderr.contains(MASTER_KEY), "no secret in the log");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_is_ready_only_once_it_can_decide_and_then_answers_no_503() {
+    const RESTARTS: usize = 5;
+    const BURST: usize = 40;
+    deployment::require_redis();
+    let dir = temp_dir("split-restart");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let (org_id, _, secret) = control.tenant().await;
+    let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1"});
+    control.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
+    // Armed, far from its line: every request is decided by its counters, none refused.
+    let cap = json!({"scope": "organization", "window": "month", "limit_usd": "1000.00", "hard_stop": true});
+    control.admin(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
+    mock.script(Behaviour::default().times((RESTARTS * BURST) as u32 + 10));
+    let node_dir = dir.join("node");
+    let node = Node::start(&node_dir, &control.admin, &mock.url(), &[]);
+    node.ready().await;
+    drop(node);
+    for restart in 0..RESTARTS {
+        // Killed and started again from its saved state, as after a crash; a load balancer sends it
+        // traffic the moment /readyz says so, and a burst follows at once.
+        let node = Node::start(&node_dir, &control.admin, &mock.url(), &[]);
+        node.ready().await;
+        let client = harness::http_client();
+        let answers =
+            futures_util::future::join_all((0..BURST).map(|_| node.chat_on(&client, &secret))).await;
+        let statuses: Vec<StatusCode> = answers.iter().map(|a| a.status).collect();
+        assert!(
+            statuses.iter().all(|s| *s == StatusCode::OK),
+            "restart {restart}: {statuses:?} {:?}",
+            answers.iter().find(|a| a.status != StatusCode::OK).map(Answer::json)
+        );
+        node.process.kill();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

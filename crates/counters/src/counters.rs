@@ -94,6 +94,10 @@ pub struct Counters {
     /// Sync attempts so far: the clock of idleness.
     syncs: AtomicU64,
     confirmed_at: AtomicI64,
+    /// The number (in `syncs`) of the last sync that succeeded.
+    confirmed_sync: AtomicU64,
+    /// The number of the first sync to start after the last [`Counters::track`] of an armed window.
+    tracked_sync: AtomicU64,
     sync_lock: tokio::sync::Mutex<()>,
     wake: Notify,
     /// The shortest gap asked for since the loop last woke (`u64::MAX`: none).
@@ -178,6 +182,8 @@ impl Counters {
             seq: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             confirmed_at: AtomicI64::new(NEVER),
+            confirmed_sync: AtomicU64::new(0),
+            tracked_sync: AtomicU64::new(0),
             sync_lock: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
             asked_gap_ms: AtomicU64::new(u64::MAX),
@@ -311,6 +317,16 @@ impl Counters {
         let windows: Vec<CapWindow> = covered.iter().map(|c| c.window.clone()).collect();
         let mut lines = covered.iter().map(|c| c.line);
         self.touch(&windows, |s| s.line = lines.next().flatten());
+        if covered.iter().any(|c| c.line.is_some()) {
+            self.tracked_sync.fetch_max(self.syncs.load(Ordering::Acquire) + 1, Ordering::AcqRel);
+            self.sync_soon();
+        }
+    }
+
+    /// Whether a sync that started after the last [`Self::track`] of an armed window succeeded:
+    /// until then, a request at an armed cap could find its window unconfirmed (and answer 503).
+    pub fn tracked_confirmed(&self) -> bool {
+        self.confirmed_sync.load(Ordering::Acquire) >= self.tracked_sync.load(Ordering::Acquire)
     }
 
     /// Adds a cost directly (no reservation), e.g. a receipt of a request that had none.
@@ -367,11 +383,12 @@ impl Counters {
         let _one_at_a_time = self.sync_lock.lock().await;
         // This sync answers every ask made before it reads the windows: the next ask wakes the loop.
         self.asked_gap_ms.store(u64::MAX, Ordering::Release);
-        self.syncs.fetch_add(1, Ordering::Relaxed);
+        let number = self.syncs.fetch_add(1, Ordering::AcqRel) + 1;
         self.forget(now);
         let entries: Vec<Arc<Entry>> = self.read_map().values().cloned().collect();
         let outcome = self.exchange(shared, &entries, now).await?;
         self.confirmed_at.store(now.0, Ordering::Release);
+        self.confirmed_sync.fetch_max(number, Ordering::AcqRel);
         self.missing.send_if_modified(|current| {
             let changed = *current != outcome.missing;
             if changed {

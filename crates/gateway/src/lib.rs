@@ -179,6 +179,16 @@ impl GatewayConfig {
     }
 }
 
+/// Whether a node can decide requests, and if not, what it waits for (its `/readyz`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    /// No state installed yet: every request would pass fail-open.
+    NoState,
+    /// The counters of its armed caps were not confirmed since the state was installed.
+    CountersUnconfirmed,
+}
+
 /// One gateway node's shared state: cheap to clone, shared by every connection.
 #[derive(Clone)]
 pub struct Gateway {
@@ -194,6 +204,8 @@ struct Shared {
     counters: Arc<Counters>,
     limiter: ratelimit::RateLimiter,
     alarm: alarm::Alarm,
+    /// Set once the node was first ready: it then stays ready.
+    ready: std::sync::atomic::AtomicBool,
 }
 
 impl Gateway {
@@ -220,6 +232,7 @@ impl Gateway {
                 counters,
                 limiter: ratelimit::RateLimiter::default(),
                 alarm,
+                ready: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -248,8 +261,26 @@ impl Gateway {
         self.shared.metrics.snapshot_confirmed(now);
     }
 
-    /// Whether the node has state to decide from.
+    /// Whether the node can decide every request: its state is installed and, once, the counters
+    /// of its armed caps were confirmed after it (so that no request finds them unconfirmed and
+    /// answers 503). Once ready, it stays so: a counter store lost later is the caps' answer
+    /// (fail closed for armed caps, as the product page says), not a reason to turn traffic away.
     pub fn is_ready(&self) -> bool {
-        self.shared.snapshot.load().is_some()
+        self.readiness() == Readiness::Ready
+    }
+
+    /// What the node still waits for before it is ready.
+    pub fn readiness(&self) -> Readiness {
+        if self.shared.ready.load(std::sync::atomic::Ordering::Acquire) {
+            return Readiness::Ready;
+        }
+        if self.shared.snapshot.load().is_none() {
+            return Readiness::NoState;
+        }
+        if !self.shared.counters.tracked_confirmed() {
+            return Readiness::CountersUnconfirmed;
+        }
+        self.shared.ready.store(true, std::sync::atomic::Ordering::Release);
+        Readiness::Ready
     }
 }

@@ -221,10 +221,16 @@ impl Gateway {
         let mut ctx = RequestContext::new();
         let own = match (request.method(), request.uri().path()) {
             (&Method::GET, "/healthz") => Some(text(StatusCode::OK, "text/plain", "ok\n".into())),
-            (&Method::GET, "/readyz") => Some(if self.is_ready() {
-                text(StatusCode::OK, "text/plain", "ready\n".into())
-            } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no snapshot yet\n".into())
+            (&Method::GET, "/readyz") => Some(match self.readiness() {
+                crate::Readiness::Ready => text(StatusCode::OK, "text/plain", "ready\n".into()),
+                crate::Readiness::NoState => {
+                    text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no snapshot yet\n".into())
+                }
+                crate::Readiness::CountersUnconfirmed => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "the counters of armed caps are not confirmed yet\n".into(),
+                ),
             }),
             (&Method::GET, "/metrics") => {
                 Some(text(StatusCode::OK, "text/plain; version=0.0.4", self.shared.metrics.render()))
