@@ -159,6 +159,37 @@ pub(crate) struct AdminArgs {
     /// Key of the HMAC-SHA256 signature on alert webhooks; generated into the data dir when not given.
     #[arg(long, env = "RECOVEA_ALERT_SIGNING_SECRET", hide_env_values = true)]
     pub(crate) alert_signing_secret: Option<String>,
+    /// PostgreSQL cancels a statement that runs longer (`statement_timeout`).
+    #[arg(long, env = "RECOVEA_DATABASE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub(crate) database_timeout: Duration,
+    /// How long a store call waits for a database connection when all are busy or the database
+    /// is unreachable, before the admin API answers 503.
+    #[arg(long, env = "RECOVEA_DATABASE_POOL_WAIT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub(crate) database_pool_wait: Duration,
+}
+
+impl AdminArgs {
+    /// The PostgreSQL store's bounds.
+    pub(crate) fn database_bounds(&self) -> Result<recovea_store::postgres::Bounds, String> {
+        for (flag, value) in
+            [("--database-timeout", self.database_timeout), ("--database-pool-wait", self.database_pool_wait)]
+        {
+            if value.is_zero() {
+                return Err(format!("{flag} must be greater than zero"));
+            }
+        }
+        Ok(recovea_store::postgres::Bounds {
+            statement_timeout: self.database_timeout,
+            pool_wait: self.database_pool_wait,
+            ..recovea_store::postgres::DEFAULT_BOUNDS
+        })
+    }
+
+    /// How long a store call may take before the admin API answers 503: past the database's own
+    /// bounds, so that they end a slow call first, and a frozen database is answered all the same.
+    pub(crate) fn store_limit(&self) -> Duration {
+        self.database_timeout + self.database_pool_wait + Duration::from_secs(1)
+    }
 }
 
 #[derive(Args)]

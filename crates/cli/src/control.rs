@@ -22,15 +22,18 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
     let alert_secret = alert_signing_secret(&args.admin, data_dir)?;
     let url = args.admin.database_url.clone();
     let data = data_dir.clone();
-    let stores = tokio::task::spawn_blocking(move || open_stores(url.as_deref(), &data, true))
+    let bounds = args.admin.database_bounds()?;
+    let stores = tokio::task::spawn_blocking(move || open_stores(url.as_deref(), &data, true, bounds))
         .await
         .map_err(|e| e.to_string())??;
+    let limit = args.admin.store_limit();
     let control =
-        Control::new(stores.store.clone(), stores.ledger.clone(), master_key, &admin_token, Arc::new(|_| {}));
+        Control::new(stores.store.clone(), stores.ledger.clone(), master_key, &admin_token, Arc::new(|_| {}))
+            .with_store_limit(limit);
     match &args.node_token {
         Some(token) => {
             let alerts = Alerts::start(stores.store.clone(), stores.ledger.clone(), &alert_secret);
-            let sink = Arc::new(LedgerSink::new(stores.ledger.clone(), Some(alerts)));
+            let sink = Arc::new(LedgerSink::new(stores.ledger.clone(), Some(alerts)).with_limit(limit));
             control.serve_nodes(&non_blank("--node-token", token)?, sink);
         }
         None => tracing::warn!("no --node-token: no node can follow this control plane"),

@@ -34,7 +34,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
                 .map_err(|e| format!("the master key saved in the data dir: {e}"))?
         }
     };
-    let Stores { store, ledger } = open_stores(args.admin.database_url.as_deref(), data_dir, false)?;
+    let Stores { store, ledger } =
+        open_stores(args.admin.database_url.as_deref(), data_dir, false, args.admin.database_bounds()?)?;
     let (admin_token, token_generated) = admin_token(&args.admin, data_dir)?;
     let node_id = data_dir::node_id(data_dir)?;
     let alert_secret = alert_signing_secret(&args.admin, data_dir)?;
@@ -58,7 +59,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
             }
             Publication::Current => publish_to.snapshot_current(),
         }),
-    );
+    )
+    .with_store_limit(args.admin.store_limit());
     control.reconcile_with(counters.clone());
     let gateway_listener = TcpListener::bind(args.gateway.listen)
         .await
@@ -69,10 +71,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
     // The ledger first gets what the spool still holds, then every cap's current window is rebuilt
     // from it, so that no cap is enforced on a partial figure after a restart.
-    let sink = Arc::new(LedgerSink::new(
-        ledger.clone(),
-        Some(Alerts::start(store.clone(), ledger.clone(), &alert_secret)),
-    ));
+    let sink = Arc::new(
+        LedgerSink::new(ledger.clone(), Some(Alerts::start(store.clone(), ledger.clone(), &alert_secret)))
+            .with_limit(args.admin.store_limit()),
+    );
     if let Err(e) = spool.ship_available(sink.as_ref()).await {
         tracing::warn!(error = %e, "the spool could not be delivered at start-up; it will be retried");
     }

@@ -26,6 +26,7 @@ pub(crate) fn open_stores(
     url: Option<&str>,
     data_dir: &Path,
     postgres_allowed: bool,
+    bounds: recovea_store::postgres::Bounds,
 ) -> Result<Stores, String> {
     fn both<S: ControlStore + ReceiptLedger>(store: S) -> Stores {
         let store = Arc::new(store);
@@ -40,7 +41,9 @@ pub(crate) fn open_stores(
             Some(path) if !path.is_empty() => sqlite(Path::new(path)),
             _ if postgres_allowed && (url.starts_with("postgres://") || url.starts_with("postgresql://")) => {
                 // The URL may carry a password: errors name the scheme only.
-                PostgresStore::connect(url).map(both).map_err(|e| format!("--database-url (postgres): {e}"))
+                PostgresStore::connect_bounded(url, bounds)
+                    .map(both)
+                    .map_err(|e| format!("--database-url (postgres): {e}"))
             }
             _ if postgres_allowed => {
                 Err("--database-url: expected sqlite://PATH or postgres://...".to_owned())

@@ -481,3 +481,110 @@ async fn a_restarted_node_is_ready_only_once_it_can_decide_and_then_answers_no_5
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A TCP relay to PostgreSQL that can be frozen: connections stay open and nothing moves, as with a
+/// database whose processes are stopped.
+struct FreezableRelay {
+    addr: std::net::SocketAddr,
+    frozen: tokio::sync::watch::Sender<bool>,
+}
+
+impl FreezableRelay {
+    async fn start(to: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let frozen = tokio::sync::watch::Sender::new(false);
+        let (to, watch) = (to.to_owned(), frozen.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&to).await else { continue };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(Self::pass(client_read, server_write, watch.subscribe()));
+                tokio::spawn(Self::pass(server_read, client_write, watch.subscribe()));
+            }
+        });
+        Self { addr, frozen }
+    }
+
+    /// Copies `from` to `to`, holding every read while frozen.
+    async fn pass(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut frozen: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let Ok(n) = from.read(&mut buf).await else { return };
+            if n == 0 || frozen.wait_for(|frozen| !frozen).await.is_err() {
+                return;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn freeze(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_database_is_an_answer_not_a_hang_and_nodes_serve_on() {
+    let dir = temp_dir("split-frozen-db");
+    let database = Database::create();
+    let relay = FreezableRelay::start("127.0.0.1:5432").await;
+    let mock = MockProvider::start().await;
+    let bounds = ["--database-timeout", "1s", "--database-pool-wait", "500ms"];
+    let control =
+        Control::start_at(&database.url_via(relay.addr), free_port(), &dir.join("control"), &bounds);
+    let node = Node::start(&dir.join("node"), &control.admin, &mock.url(), &[]);
+    node.ready().await;
+    let (org_id, _, secret) = control.tenant().await;
+    let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1"});
+    control.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
+    mock.script(Behaviour::default().times(100));
+    within(Duration::from_secs(5), "the node serves the new key", || async {
+        node.chat(&secret).await.status == StatusCode::OK
+    })
+    .await;
+
+    relay.freeze(true);
+    let auth = format!("Bearer {}", deployment::ADMIN_TOKEN);
+    let orgs = format!("{}/admin/v1/orgs", control.admin);
+    let asked = Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(15),
+        call(Method::GET, &orgs, &[("authorization", &auth)], None),
+    )
+    .await
+    .expect("the admin API answers while the database is frozen");
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "after {:?}", asked.elapsed());
+    assert_eq!(answer.headers["retry-after"], "1");
+    let expected = "{\n  \"error\": {\n    \"message\": \"The database did not answer in time. Retry in a moment.\",\n    \"type\": \"api_error\",\n    \"param\": null,\n    \"code\": \"store_unavailable\"\n  }\n}";
+    assert_eq!(String::from_utf8_lossy(&answer.body), expected);
+    let readyz = format!("{}/readyz", control.admin);
+    within(Duration::from_secs(15), "the control plane says it is not ready", || async {
+        call(Method::GET, &readyz, &[], None).await.status == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    // Traffic is unaffected: the node decides from its state, its receipts wait in its spool.
+    let mut served = 1;
+    for _ in 0..5 {
+        assert_eq!(node.chat(&secret).await.status, StatusCode::OK);
+        served += 1;
+    }
+
+    relay.freeze(false);
+    within(Duration::from_secs(15), "the control plane is ready again by itself", || async {
+        call(Method::GET, &readyz, &[], None).await.status == StatusCode::OK
+    })
+    .await;
+    within(Duration::from_secs(15), "every receipt reaches the ledger", || async {
+        control.receipts(&org_id).await.len() == served
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -120,7 +120,7 @@ impl Control {
         work: impl FnOnce(&dyn ReceiptLedger) -> recovea_store::Result<T> + Send + 'static,
     ) -> Result<T, ApiError> {
         let ledger = Arc::clone(&self.inner.ledger);
-        Ok(tokio::task::spawn_blocking(move || work(ledger.as_ref())).await.map_err(ApiError::internal)??)
+        self.off_thread(move || work(ledger.as_ref())).await
     }
 
     pub(crate) async fn store<T: Send + 'static>(
@@ -128,7 +128,7 @@ impl Control {
         work: impl FnOnce(&dyn ControlStore) -> recovea_store::Result<T> + Send + 'static,
     ) -> Result<T, ApiError> {
         let store = Arc::clone(&self.inner.store);
-        Ok(tokio::task::spawn_blocking(move || work(store.as_ref())).await.map_err(ApiError::internal)??)
+        self.off_thread(move || work(store.as_ref())).await
     }
 
     pub(crate) async fn require_org(&self, id: &OrgId) -> Result<OrgRecord, ApiError> {

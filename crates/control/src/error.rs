@@ -13,6 +13,9 @@ pub enum ApiError {
     MethodNotAllowed,
     /// Something of ours failed. The cause goes to the log, never to the client.
     Internal(String),
+    /// The database did not answer within its bounds (or could not be reached): the same call may
+    /// succeed in a moment. The cause goes to the log.
+    Unavailable(String),
 }
 
 impl ApiError {
@@ -35,6 +38,16 @@ impl ApiError {
                 "method_not_allowed",
                 "Method not allowed on this path.",
             ),
+            Self::Unavailable(cause) => {
+                tracing::warn!(cause = %cause, "admin request failed: the database did not answer in time");
+                Answer::error(
+                    503,
+                    "api_error",
+                    "store_unavailable",
+                    "The database did not answer in time. Retry in a moment.",
+                )
+                .with_header("retry-after", "1")
+            }
             Self::Internal(cause) => {
                 tracing::error!(cause = %cause, "admin request failed");
                 Answer::error(
@@ -53,6 +66,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound => Self::NotFound("Not found.".into()),
             StoreError::Backend(cause) => Self::Internal(cause),
+            StoreError::Unavailable(cause) => Self::Unavailable(cause),
         }
     }
 }

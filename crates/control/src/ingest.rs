@@ -4,11 +4,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use recovea_core::receipt::{DeliveryError, ReceiptSink, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
 
+use crate::DEFAULT_STORE_LIMIT;
 use crate::alerts::Alerts;
 use recovea_store::ReceiptLedger;
 
@@ -20,11 +21,19 @@ pub struct LedgerSink {
     /// One batch at a time from insert to alerts: a batch's cost is added to the running totals
     /// exactly once only if no other batch lands between its insert and its evaluation.
     one_batch: Arc<std::sync::Mutex<()>>,
+    /// A delivery that takes longer fails (and is sent again): the database is frozen or gone.
+    limit: Duration,
 }
 
 impl LedgerSink {
     pub fn new(ledger: Arc<dyn ReceiptLedger>, alerts: Option<Arc<Alerts>>) -> Self {
-        Self { ledger, alerts, one_batch: Arc::new(std::sync::Mutex::new(())) }
+        Self { ledger, alerts, one_batch: Arc::new(std::sync::Mutex::new(())), limit: DEFAULT_STORE_LIMIT }
+    }
+
+    /// A delivery that takes longer than `limit` fails, to be sent again.
+    pub fn with_limit(mut self, limit: Duration) -> Self {
+        self.limit = limit;
+        self
     }
 }
 
@@ -36,10 +45,11 @@ impl ReceiptSink for LedgerSink {
         let ledger = Arc::clone(&self.ledger);
         let alerts = self.alerts.clone();
         let one_batch = Arc::clone(&self.one_batch);
+        let limit = self.limit;
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || {
+            crate::bounded::off_thread(limit, move || {
                 let _one_batch = one_batch.lock().unwrap_or_else(|p| p.into_inner());
-                let inserted = ledger.insert_receipts(&batch).map_err(|e| DeliveryError(e.to_string()))?;
+                let inserted = ledger.insert_receipts(&batch)?;
                 if let Some(alerts) = alerts {
                     let now = Timestamp::from_system_time(SystemTime::now());
                     alerts.evaluate_batch(&batch, inserted == batch.len(), now);
@@ -47,7 +57,7 @@ impl ReceiptSink for LedgerSink {
                 Ok(())
             })
             .await
-            .map_err(|e| DeliveryError(e.to_string()))?
+            .map_err(|e| DeliveryError(e.to_string()))
         })
     }
 }

@@ -6,6 +6,7 @@
 
 mod admin;
 pub mod alerts;
+mod bounded;
 pub mod client;
 mod error;
 mod feed;
@@ -24,6 +25,7 @@ use recovea_core::receipt::ReceiptSink;
 use recovea_core::snapshot::Prices;
 use recovea_store::{ControlStore, ReceiptLedger};
 
+pub use bounded::DEFAULT_STORE_LIMIT;
 pub use error::ApiError;
 pub use server::serve;
 pub use snapshot::feed_state;
@@ -60,8 +62,13 @@ struct Inner {
     metrics: Metrics,
     /// When each node's report was last stored, and the version it reported then.
     node_reports: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, Option<u64>)>>,
-    /// A state was published at least once: the control plane is ready.
+    /// A state was published at least once: the control plane is ready while its store answers.
     loaded: std::sync::atomic::AtomicBool,
+    /// The store answered the last look at it (`keep_published`'s, or a call's): cleared by a call
+    /// that found it unavailable, set again by the next look that succeeds.
+    store_answers: std::sync::atomic::AtomicBool,
+    /// How long a store call may take before it is answered `503` (see [`bounded`]).
+    store_limit: std::sync::OnceLock<std::time::Duration>,
     /// Set when nodes are served: the feed and receipt ingest then answer those who present it.
     nodes: std::sync::OnceLock<NodeAccess>,
     /// The version last published; the lock serialises rebuilds so that an older state is never
@@ -103,11 +110,43 @@ impl Control {
                 feed: feed::Feed::new(),
                 metrics: Metrics::default(),
                 loaded: std::sync::atomic::AtomicBool::new(false),
+                store_answers: std::sync::atomic::AtomicBool::new(true),
+                store_limit: std::sync::OnceLock::new(),
                 node_reports: std::sync::Mutex::new(std::collections::HashMap::new()),
                 nodes: std::sync::OnceLock::new(),
                 published: tokio::sync::Mutex::new(None),
             }),
         }
+    }
+
+    /// A store call that takes longer than `limit` is answered `503` at once (the database is
+    /// frozen or unreachable); [`DEFAULT_STORE_LIMIT`] unless set.
+    pub fn with_store_limit(self, limit: std::time::Duration) -> Self {
+        let _ = self.inner.store_limit.set(limit);
+        self
+    }
+
+    fn store_limit(&self) -> std::time::Duration {
+        self.inner.store_limit.get().copied().unwrap_or(DEFAULT_STORE_LIMIT)
+    }
+
+    /// Runs a store call off the async workers, within the store limit; a call that finds the
+    /// store unavailable marks the control plane not ready until the store answers again.
+    pub(crate) async fn off_thread<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> recovea_store::Result<T> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let answer = bounded::off_thread(self.store_limit(), work).await;
+        if let Err(recovea_store::StoreError::Unavailable(_)) = &answer {
+            self.inner.store_answers.store(false, std::sync::atomic::Ordering::Release);
+        }
+        Ok(answer?)
+    }
+
+    /// Whether the control plane can do its work: a state is published and its store answers.
+    pub fn is_ready(&self) -> bool {
+        self.inner.loaded.load(std::sync::atomic::Ordering::Acquire)
+            && self.inner.store_answers.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The counters of the node in this process: a new cap's window is seeded from the ledger
@@ -132,33 +171,33 @@ impl Control {
         // One thread does all of it, so that the snapshot is allocated where the rows it was built
         // from were just freed, rather than beside another thread's garbage.
         let control = self.clone();
-        let version = tokio::task::spawn_blocking(move || -> Result<Option<u64>, ApiError> {
-            let state = store.state()?;
-            if held.is_some_and(|version| state.version <= version) {
-                return Ok(None);
-            }
-            let version = state.version;
-            let feed = Arc::new(feed_state(&state));
-            let revisions =
-                state.price_overrides.iter().map(|set| (set.target.clone(), set.revision)).collect();
-            drop(state);
-            match feed.prices.to_prices() {
-                Ok(prices) => {
-                    *control.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                        (prices, revisions);
+        let version = self
+            .off_thread(move || -> recovea_store::Result<Option<u64>> {
+                let state = store.state()?;
+                if held.is_some_and(|version| state.version <= version) {
+                    return Ok(None);
                 }
-                Err(e) => tracing::error!(error = %e, "the published prices do not parse"),
-            }
-            // The feed keeps the state (and its recent changes) only when nodes follow it: in
-            // `serve` the node in this process gets it in memory and nothing else holds it.
-            if control.inner.nodes.get().is_some() {
-                control.inner.feed.publish(Arc::clone(&feed));
-            }
-            (control.inner.publish)(Publication::State(feed));
-            Ok(Some(version))
-        })
-        .await
-        .map_err(ApiError::internal)??;
+                let version = state.version;
+                let feed = Arc::new(feed_state(&state));
+                let revisions =
+                    state.price_overrides.iter().map(|set| (set.target.clone(), set.revision)).collect();
+                drop(state);
+                match feed.prices.to_prices() {
+                    Ok(prices) => {
+                        *control.inner.prices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                            (prices, revisions);
+                    }
+                    Err(e) => tracing::error!(error = %e, "the published prices do not parse"),
+                }
+                // The feed keeps the state (and its recent changes) only when nodes follow it: in
+                // `serve` the node in this process gets it in memory and nothing else holds it.
+                if control.inner.nodes.get().is_some() {
+                    control.inner.feed.publish(Arc::clone(&feed));
+                }
+                (control.inner.publish)(Publication::State(feed));
+                Ok(Some(version))
+            })
+            .await?;
         let Some(version) = version else { return Ok(()) };
         self.inner.loaded.store(true, std::sync::atomic::Ordering::Release);
         *published = Some(version);
@@ -182,17 +221,16 @@ impl Control {
                 () = &mut shutdown => return,
             }
             let store = Arc::clone(&self.inner.store);
-            let current = match tokio::task::spawn_blocking(move || store.version()).await {
-                Ok(Ok(version)) => version,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "reading the store's version failed");
-                    continue;
-                }
+            let current = match self.off_thread(move || store.version()).await {
+                Ok(version) => version,
                 Err(e) => {
-                    tracing::warn!(error = %e, "reading the store's version failed");
+                    tracing::warn!(error = ?e, "reading the store's version failed");
                     continue;
                 }
             };
+            if !self.inner.store_answers.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                tracing::info!("the store answers again: the control plane is ready");
+            }
             let published = *self.inner.published.lock().await;
             if published.is_none_or(|version| current > version) {
                 if let Err(e) = self.publish_latest().await {

@@ -85,7 +85,8 @@ impl Control {
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 let accepted = receipts.len();
-                access.sink.deliver(receipts).await.map_err(ApiError::internal)?;
+                // Whatever failed, the receipts stay in the node's spool: it sends them again.
+                access.sink.deliver(receipts).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
                 self.inner.metrics.receipts.fetch_add(accepted as u64, Relaxed);
                 Ok(Some(json_reply(json!({"accepted": accepted}))))
             }
@@ -98,11 +99,9 @@ impl Control {
                     let wanted =
                         CapWindow { cap, start: Timestamp(window.start_ms), end: Timestamp(window.end_ms) };
                     let (store, ledger) = (Arc::clone(&self.inner.store), Arc::clone(&self.inner.ledger));
-                    let total = tokio::task::spawn_blocking(move || {
-                        rebuild_window(store.as_ref(), ledger.as_ref(), &wanted)
-                    })
-                    .await
-                    .map_err(ApiError::internal)??;
+                    let total = self
+                        .off_thread(move || rebuild_window(store.as_ref(), ledger.as_ref(), &wanted))
+                        .await?;
                     window.total_nanos = total.map(|t| t.0);
                     answered.push(window);
                 }

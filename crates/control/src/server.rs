@@ -64,10 +64,14 @@ impl Control {
             return json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}"));
         }
         if request.method() == Method::GET && path == "/readyz" {
-            if self.inner.loaded.load(std::sync::atomic::Ordering::Acquire) {
+            if self.is_ready() {
                 return json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ready\"}"));
             }
-            let body = Bytes::from_static(b"{\"status\":\"no state loaded yet\"}");
+            let body = if self.inner.loaded.load(std::sync::atomic::Ordering::Acquire) {
+                Bytes::from_static(b"{\"status\":\"the database does not answer\"}")
+            } else {
+                Bytes::from_static(b"{\"status\":\"no state loaded yet\"}")
+            };
             return json_response(StatusCode::SERVICE_UNAVAILABLE, body);
         }
         if request.method() == Method::GET && path == "/metrics" {
@@ -175,10 +179,16 @@ impl Control {
 
 fn error_response(error: ApiError) -> Response<Full<Bytes>> {
     let answer = error.answer();
-    json_response(
+    let mut response = json_response(
         StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         Bytes::from(answer.body),
-    )
+    );
+    for (name, value) in answer.headers {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    response
 }
 
 fn json_response(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {

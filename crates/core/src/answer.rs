@@ -35,7 +35,7 @@ impl Answer {
         Self { status, headers: Vec::new(), body }
     }
 
-    fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
         self.headers.push((name, value.into()));
         self
     }

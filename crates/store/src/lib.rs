@@ -225,6 +225,9 @@ pub enum StoreError {
     NotFound,
     /// The database failed; the text is for operators' logs, never for API clients.
     Backend(String),
+    /// The database could not be reached or did not answer within its bounds: the same call may
+    /// succeed later. The text is for operators' logs.
+    Unavailable(String),
 }
 
 impl std::fmt::Display for StoreError {
@@ -232,6 +235,7 @@ impl std::fmt::Display for StoreError {
         match self {
             Self::NotFound => f.write_str("not found"),
             Self::Backend(message) => write!(f, "store backend: {message}"),
+            Self::Unavailable(message) => write!(f, "store unavailable: {message}"),
         }
     }
 }

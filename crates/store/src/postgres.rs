@@ -12,7 +12,6 @@
 //! (`spawn_blocking`), never from inside an async task.
 
 mod migrate;
-mod pool;
 
 use std::time::Duration;
 
@@ -33,61 +32,121 @@ use crate::{
     PriceOverride, ProviderRecord, ReceiptLedger, ReceiptQuery, Result, SpendRow, State, StoreError,
     price_override, price_rows,
 };
-use pool::{Manage, Pool};
 
 /// Connections a store keeps open at most, unless told otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 8;
 
-/// How long a call waits for a free connection when all are busy.
-const POOL_WAIT: Duration = Duration::from_secs(30);
-/// A connection idle for longer than this is checked with a round trip before it is reused.
-const CHECK_IDLE_AFTER: Duration = Duration::from_secs(30);
-const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a store call may take, unless told otherwise: statements past it are cancelled by
+/// the server, and a call waits at most this long for a free connection.
+pub const DEFAULT_BOUNDS: Bounds = Bounds {
+    max_connections: DEFAULT_MAX_CONNECTIONS,
+    pool_wait: Duration::from_secs(2),
+    statement_timeout: Duration::from_secs(5),
+};
 
-pub struct PostgresStore {
-    pool: Pool<Connector>,
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// An idle connection is closed after this long: a database restarted meanwhile is met afresh.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How much a store may hold and wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Connections open at most (at least 1).
+    pub max_connections: usize,
+    /// How long a call waits for a connection: a free one, or a new one being opened.
+    pub pool_wait: Duration,
+    /// The server cancels a statement that runs longer (`statement_timeout`).
+    pub statement_timeout: Duration,
 }
 
+type Pool = r2d2::Pool<Connector>;
+
+/// Opens the pool's connections and tells the broken ones.
 struct Connector {
     config: postgres::Config,
 }
 
-impl Manage for Connector {
-    type Conn = Client;
+/// Why a connection could not be opened: the whole chain of causes (the server's message among
+/// them), which the pool keeps as text for the call that finds no connection.
+#[derive(Debug)]
+struct ConnectError(String);
 
-    fn connect(&self) -> Result<Client> {
-        self.config.connect(NoTls).map_err(backend)
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+impl r2d2::ManageConnection for Connector {
+    type Connection = Client;
+    type Error = ConnectError;
+
+    fn connect(&self) -> std::result::Result<Client, ConnectError> {
+        self.config.connect(NoTls).map_err(|e| ConnectError(chain(&e)))
     }
 
-    fn is_valid(&self, conn: &mut Client) -> bool {
-        conn.is_valid(CHECK_TIMEOUT).is_ok()
+    fn is_valid(&self, client: &mut Client) -> std::result::Result<(), ConnectError> {
+        client.simple_query("").map(drop).map_err(|e| ConnectError(chain(&e)))
     }
 
-    fn is_closed(&self, conn: &Client) -> bool {
-        conn.is_closed()
+    fn has_broken(&self, client: &mut Client) -> bool {
+        client.is_closed()
     }
+}
+
+pub struct PostgresStore {
+    /// Always `Some` but in `drop`, which closes the connections off the caller's thread.
+    pool: Option<Pool>,
 }
 
 impl PostgresStore {
     /// Connects to `url` (`postgres://user:password@host:5432/dbname`, or the `host=... dbname=...`
-    /// form), brings the schema up to date, and keeps up to [`DEFAULT_MAX_CONNECTIONS`] connections.
+    /// form), brings the schema up to date, and keeps connections within [`DEFAULT_BOUNDS`].
     pub fn connect(url: &str) -> Result<Self> {
-        Self::connect_with(url, DEFAULT_MAX_CONNECTIONS)
+        Self::connect_bounded(url, DEFAULT_BOUNDS)
     }
 
-    /// As [`connect`](Self::connect), with at most `max_connections` (at least 1) open at once.
-    pub fn connect_with(url: &str, max_connections: usize) -> Result<Self> {
+    /// As [`connect`](Self::connect), within `bounds`.
+    pub fn connect_bounded(url: &str, bounds: Bounds) -> Result<Self> {
         let mut config: postgres::Config = url.parse().map_err(backend)?;
         if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
+            config.connect_timeout(CONNECT_TIMEOUT.min(bounds.pool_wait.max(Duration::from_secs(1))));
         }
         if config.get_application_name().is_none() {
             config.application_name("recovea");
         }
-        let pool = Pool::new(Connector { config }, max_connections, CHECK_IDLE_AFTER, POOL_WAIT);
-        migrate::migrate(&mut *pool.get()?)?;
-        Ok(Self { pool })
+        let timeout = format!("-c statement_timeout={}", bounds.statement_timeout.as_millis().max(1));
+        let options = match config.get_options() {
+            Some(given) => format!("{given} {timeout}"),
+            None => timeout,
+        };
+        config.options(&options);
+        let pool = r2d2::Pool::builder()
+            .max_size(u32::try_from(bounds.max_connections.max(1)).unwrap_or(u32::MAX))
+            // Opened on demand: a store made while the database is down still starts, and fails
+            // its calls until the database is back.
+            .min_idle(Some(0))
+            .connection_timeout(bounds.pool_wait)
+            // A broken connection is known without a round trip (`is_closed`) and dropped; a round
+            // trip before every call would double the latency of most of them.
+            .test_on_check_out(false)
+            .idle_timeout(Some(IDLE_TIMEOUT))
+            .error_handler(Box::new(LogErrors))
+            .build_unchecked(Connector { config });
+        let store = Self { pool: Some(pool) };
+        migrate::migrate(&mut *store.client()?)?;
+        Ok(store)
+    }
+
+    fn pool(&self) -> &Pool {
+        self.pool.as_ref().unwrap_or_else(|| unreachable!("the pool is only taken on drop"))
+    }
+
+    /// A connection, within the pool wait.
+    fn client(&self) -> Result<r2d2::PooledConnection<Connector>> {
+        self.pool().get().map_err(|e| StoreError::Unavailable(format!("no database connection: {e}")))
     }
 
     /// Runs `change` in a transaction that also bumps the state version.
@@ -95,7 +154,7 @@ impl PostgresStore {
     /// The version row is locked first: changes from every replica take turns, so versions and price
     /// revisions are handed out in commit order.
     fn change<T>(&self, change: impl FnOnce(&mut Transaction<'_>) -> Result<T>) -> Result<T> {
-        let mut client = self.pool.get()?;
+        let mut client = self.client()?;
         let mut tx = client.transaction().map_err(backend)?;
         tx.execute("UPDATE state_version SET version = version + 1", &[]).map_err(backend)?;
         let out = change(&mut tx)?;
@@ -105,15 +164,60 @@ impl PostgresStore {
 }
 
 /// The error with its causes: `postgres` keeps the server's message in the source chain.
+/// A failed call: `Unavailable` when the database could not be reached or did not answer in
+/// time (the call may be retried as it is), `Backend` otherwise.
 fn backend(e: postgres::Error) -> StoreError {
-    let mut message = e.to_string();
+    use postgres::error::SqlState;
+
+    let message = chain(&e);
     let mut source = std::error::Error::source(&e);
+    let mut io = false;
+    while let Some(cause) = source {
+        io |= cause.is::<std::io::Error>();
+        source = cause.source();
+    }
+    let unreachable = [SqlState::QUERY_CANCELED, SqlState::ADMIN_SHUTDOWN, SqlState::CANNOT_CONNECT_NOW];
+    if io || e.is_closed() || e.code().is_some_and(|code| unreachable.contains(code)) {
+        StoreError::Unavailable(message)
+    } else {
+        StoreError::Backend(message)
+    }
+}
+
+/// An error and its causes, `: `-separated.
+fn chain(e: &postgres::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
     while let Some(cause) = source {
         message.push_str(": ");
         message.push_str(&cause.to_string());
         source = cause.source();
     }
-    StoreError::Backend(message)
+    message
+}
+
+/// Errors of the pool's own connection attempts go to the log (a call that finds no connection
+/// reports its own error).
+#[derive(Debug)]
+struct LogErrors;
+
+impl r2d2::HandleError<ConnectError> for LogErrors {
+    fn handle_error(&self, error: ConnectError) {
+        tracing::warn!(error = %error, "opening a database connection failed");
+    }
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        // Closing a `postgres::Client` runs its own runtime, which panics on a thread that is
+        // already inside one; the last handle to a store may well be dropped on an async worker.
+        let Some(pool) = self.pool.take() else { return };
+        if let Ok(closing) =
+            std::thread::Builder::new().name("recovea-pg-close".into()).spawn(move || drop(pool))
+        {
+            let _ = closing.join();
+        }
+    }
 }
 
 fn corrupt(message: String) -> StoreError {
@@ -286,12 +390,12 @@ impl ControlStore for PostgresStore {
 
     fn list_orgs(&self) -> Result<Vec<OrgRecord>> {
         let sql = format!("SELECT {ORG_COLUMNS} FROM orgs ORDER BY created_at, id");
-        rows(&mut *self.pool.get()?, &sql, &[], org_row)
+        rows(&mut *self.client()?, &sql, &[], org_row)
     }
 
     fn org(&self, id: &OrgId) -> Result<Option<OrgRecord>> {
         let sql = format!("SELECT {ORG_COLUMNS} FROM orgs WHERE id = $1");
-        self.pool.get()?.query_opt(&sql, &[&id.as_str()]).map_err(backend)?.as_ref().map(org_row).transpose()
+        self.client()?.query_opt(&sql, &[&id.as_str()]).map_err(backend)?.as_ref().map(org_row).transpose()
     }
 
     fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()> {
@@ -323,12 +427,12 @@ impl ControlStore for PostgresStore {
 
     fn list_keys(&self, org: &OrgId) -> Result<Vec<KeyRecord>> {
         let sql = format!("SELECT {KEY_COLUMNS} FROM keys WHERE org_id = $1 ORDER BY created_at, id");
-        rows(&mut *self.pool.get()?, &sql, &[&org.as_str()], key_row)
+        rows(&mut *self.client()?, &sql, &[&org.as_str()], key_row)
     }
 
     fn key(&self, id: &KeyId) -> Result<Option<KeyRecord>> {
         let sql = format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = $1");
-        self.pool.get()?.query_opt(&sql, &[&id.as_str()]).map_err(backend)?.as_ref().map(key_row).transpose()
+        self.client()?.query_opt(&sql, &[&id.as_str()]).map_err(backend)?.as_ref().map(key_row).transpose()
     }
 
     fn set_key_limits(&self, id: &KeyId, limits: KeyLimits) -> Result<Option<KeyRecord>> {
@@ -387,11 +491,11 @@ impl ControlStore for PostgresStore {
 
     fn list_providers(&self, org: &OrgId) -> Result<Vec<ProviderRecord>> {
         let sql = format!("SELECT {PROVIDER_COLUMNS} FROM providers WHERE org_id = $1 ORDER BY name");
-        rows(&mut *self.pool.get()?, &sql, &[&org.as_str()], provider_row)
+        rows(&mut *self.client()?, &sql, &[&org.as_str()], provider_row)
     }
 
     fn state(&self) -> Result<State> {
-        let mut client = self.pool.get()?;
+        let mut client = self.client()?;
         // One snapshot for every read, so the version matches the rows read with it.
         let mut tx = client
             .build_transaction()
@@ -499,12 +603,12 @@ impl ControlStore for PostgresStore {
 
     fn caps(&self, org: &OrgId) -> Result<Vec<CapRecord>> {
         let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE org_id = $1 ORDER BY created_at, id");
-        rows(&mut *self.pool.get()?, &sql, &[&org.as_str()], cap_row)
+        rows(&mut *self.client()?, &sql, &[&org.as_str()], cap_row)
     }
 
     fn cap(&self, id: &CapId) -> Result<Option<CapRecord>> {
         let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = $1");
-        self.pool.get()?.query_opt(&sql, &[&id.as_str()]).map_err(backend)?.as_ref().map(cap_row).transpose()
+        self.client()?.query_opt(&sql, &[&id.as_str()]).map_err(backend)?.as_ref().map(cap_row).transpose()
     }
 
     fn update_cap(&self, record: &CapRecord) -> Result<()> {
@@ -533,9 +637,7 @@ impl ControlStore for PostgresStore {
     }
 
     fn raise_alert(&self, alert: &AlertRecord) -> Result<bool> {
-        let inserted = self
-            .pool
-            .get()?
+        let inserted = self.client()?
             .execute(
                 "INSERT INTO alerts (id, cap_id, org_id, window_start, threshold_permille, spend_nanos, limit_nanos,
                  raised_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
@@ -558,12 +660,11 @@ impl ControlStore for PostgresStore {
         let sql = format!(
             "SELECT {ALERT_COLUMNS} FROM alerts WHERE org_id = $1 ORDER BY raised_at, threshold_permille, id"
         );
-        rows(&mut *self.pool.get()?, &sql, &[&org.as_str()], alert_row)
+        rows(&mut *self.client()?, &sql, &[&org.as_str()], alert_row)
     }
 
     fn alert_delivery(&self, id: &str, delivered_at: Option<Timestamp>) -> Result<()> {
-        self.pool
-            .get()?
+        self.client()?
             .execute(
                 "UPDATE alerts SET attempts = attempts + 1, delivered_at = COALESCE($2::BIGINT, delivered_at)
                  WHERE id = $1",
@@ -574,12 +675,11 @@ impl ControlStore for PostgresStore {
     }
 
     fn version(&self) -> Result<u64> {
-        count(&self.pool.get()?.query_one("SELECT version FROM state_version", &[]).map_err(backend)?, 0)
+        count(&self.client()?.query_one("SELECT version FROM state_version", &[]).map_err(backend)?, 0)
     }
 
     fn record_node(&self, node: &NodeRecord) -> Result<()> {
-        self.pool
-            .get()?
+        self.client()?
             .execute(
                 "INSERT INTO nodes (id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at)
                  VALUES ($1, $2, $3, $4, $5, $6)
@@ -602,7 +702,7 @@ impl ControlStore for PostgresStore {
     fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>> {
         let as_u64 = |n: Option<i64>| n.map(|n| u64::try_from(n).unwrap_or(0));
         rows(
-            &mut *self.pool.get()?,
+            &mut *self.client()?,
             "SELECT id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at
              FROM nodes WHERE seen_at >= $1 ORDER BY id",
             &[&since.0],
@@ -630,9 +730,7 @@ impl ReceiptLedger for PostgresStore {
         let column = |f: fn(&Receipt) -> &str| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
         let number = |f: fn(&Receipt) -> i64| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
         // One statement for the batch; a receipt already present (or twice in the batch) is skipped.
-        let inserted = self
-            .pool
-            .get()?
+        let inserted = self.client()?
             .execute(
                 "INSERT INTO receipts
                  (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body)
@@ -658,7 +756,7 @@ impl ReceiptLedger for PostgresStore {
     fn receipts(&self, q: &ReceiptQuery) -> Result<Vec<Receipt>> {
         let (after_time, after_id) = q.after.as_ref().map_or((i64::MIN, ""), |(t, id)| (t.0, id.as_str()));
         rows(
-            &mut *self.pool.get()?,
+            &mut *self.client()?,
             "SELECT body FROM receipts WHERE org_id = $1
              AND started_at >= $2 AND started_at < $3
              AND ($4::TEXT IS NULL OR key_id = $4)
@@ -682,8 +780,7 @@ impl ReceiptLedger for PostgresStore {
 
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
         let row = self
-            .pool
-            .get()?
+            .client()?
             .query_one(
                 "SELECT COALESCE(SUM(cost_nanos), 0)::BIGINT FROM receipts WHERE org_id = $1
                  AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $3 AND started_at < $4",
@@ -702,7 +799,7 @@ impl ReceiptLedger for PostgresStore {
         // The day of `started_at / 1000` whole seconds (truncated toward zero), in UTC: as SQLite's
         // `date(started_at / 1000, 'unixepoch')`; a missing model sorts first, as NULLs do in SQLite.
         rows(
-            &mut *self.pool.get()?,
+            &mut *self.client()?,
             "SELECT to_char(to_timestamp(started_at / 1000) AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day, key_id, model,
                     COUNT(*), SUM(input_tokens)::BIGINT, SUM(output_tokens)::BIGINT, SUM(cost_nanos)::BIGINT
              FROM receipts WHERE org_id = $1 AND started_at >= $2 AND started_at < $3

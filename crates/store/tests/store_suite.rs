@@ -17,6 +17,8 @@ use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
+use std::time::Duration;
+
 use recovea_store::{
     ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PostgresStore,
     PriceChange, PriceOverride, PriceTarget, ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore,
@@ -818,7 +820,7 @@ fn postgres_concurrent_migrations_apply_once() {
 fn postgres_connect_errors_are_reported() {
     let refused = PostgresStore::connect("postgres://postgres@127.0.0.1:1/recovea");
     assert!(
-        matches!(&refused, Err(StoreError::Backend(m)) if m.contains("connect")),
+        matches!(&refused, Err(StoreError::Unavailable(m)) if m.contains("connect")),
         "{:?}",
         refused.as_ref().err()
     );
@@ -827,6 +829,62 @@ fn postgres_connect_errors_are_reported() {
     let missing = format!("{}/{}_missing", db.server, db.name);
     let error = PostgresStore::connect(&missing).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(error.contains("does not exist"), "the server's message is kept: {error}");
+}
+
+/// The pool holds at most its connections; a call finds none within the pool wait, or a statement
+/// runs past the statement timeout: either is `Unavailable` within its bound, not a hang.
+#[test]
+fn postgres_calls_are_bounded_by_the_pool_wait_and_the_statement_timeout() {
+    use recovea_store::postgres::Bounds;
+
+    let db = Postgres::new();
+    let bounds = Bounds {
+        max_connections: 1,
+        pool_wait: Duration::from_millis(200),
+        statement_timeout: Duration::from_secs(5),
+    };
+    let store = PostgresStore::connect_bounded(&db.url(), bounds).expect("connect");
+    store.version().expect("answers");
+    // Another session holds the version row's table: the store's one connection waits on it.
+    let mut blocker = db.client();
+    let mut lock = blocker.transaction().expect("transaction");
+    lock.batch_execute("LOCK TABLE state_version IN ACCESS EXCLUSIVE MODE").expect("lock");
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| store.version());
+        let mut watcher = db.client();
+        let blocked = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'recovea' AND wait_event_type = 'Lock'";
+        while watcher.query_one(blocked, &[]).expect("activity").get::<_, i64>(0) == 0 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let started = std::time::Instant::now();
+        let second = store.version();
+        assert!(matches!(second, Err(StoreError::Unavailable(_))), "{second:?}");
+        assert!(started.elapsed() < Duration::from_secs(4), "the pool wait bounds a call, not the statement");
+        let first = waiting.join().expect("thread");
+        assert!(
+            matches!(&first, Err(StoreError::Unavailable(m)) if m.contains("statement timeout")),
+            "{first:?}"
+        );
+    });
+    lock.rollback().expect("unlock");
+    store.version().expect("answers again once the database does");
+}
+
+/// A connection the server closed is dropped from the pool: once its failure is reported, the
+/// next call opens a new one.
+#[test]
+fn postgres_broken_connections_are_replaced() {
+    let db = Postgres::new();
+    let store = PostgresStore::connect(&db.url()).expect("connect");
+    store.version().expect("answers");
+    let kill = format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}' AND application_name = 'recovea'",
+        db.name
+    );
+    db.client().batch_execute(&kill).expect("terminated");
+    let after = store.version();
+    assert!(after.is_ok() || matches!(after, Err(StoreError::Unavailable(_))), "{after:?}");
+    store.version().expect("a new connection answers");
 }
 
 /// A store dropped on an async worker thread closes its connections without panicking.

@@ -63,10 +63,15 @@ pub struct Control {
 
 impl Control {
     pub fn start(database: &Database, port: u16, data_dir: &Path) -> Self {
+        Self::start_at(&database.url(), port, data_dir, &[])
+    }
+
+    /// A control plane on the database at `url`, with `extra` flags.
+    pub fn start_at(url: &str, port: u16, data_dir: &Path, extra: &[&str]) -> Self {
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec!["control", "--admin-listen", &listen, "--database-url"];
-        let url = database.url();
-        args.extend([url.as_str(), "--data-dir", data_dir.to_str().expect("utf-8")]);
+        args.extend([url, "--data-dir", data_dir.to_str().expect("utf-8")]);
+        args.extend(extra);
         args.extend(["--admin-token", ADMIN_TOKEN, "--node-token", NODE_TOKEN, "--master-key", MASTER_KEY]);
         let process = Process::start(&args, &[], "recovea admin:");
         let admin = process.url_after("recovea admin:");

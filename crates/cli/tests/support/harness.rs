@@ -201,6 +201,11 @@ impl Database {
     pub fn url(&self) -> String {
         format!("{}/{}", self.server, self.name)
     }
+
+    /// The database's URL with its server reached at `addr` instead (a relay in front of it).
+    pub fn url_via(&self, addr: std::net::SocketAddr) -> String {
+        format!("postgres://postgres@{addr}/{}", self.name)
+    }
 }
 
 impl Drop for Database {

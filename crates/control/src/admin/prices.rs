@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use recovea_core::pricing::{self, EntryWire, Price, PriceSource, PriceTable, PriceWire, PricedAs};
 use recovea_core::snapshot::ProviderKind;
-use recovea_store::{PriceChange, PriceTarget, StoreError};
+use recovea_store::{PriceChange, PriceTarget};
 use serde_json::{Value, json};
 
 use crate::admin::{Reply, now, ok};
@@ -139,12 +139,9 @@ impl Control {
     /// Stores the changes as one revision; `missing` is the 404's message for a removal of nothing.
     async fn change_prices(&self, changes: Vec<PriceChange>, missing: &str) -> Result<u64, ApiError> {
         let store = Arc::clone(&self.inner.store);
-        let stored = tokio::task::spawn_blocking(move || store.change_prices(&changes, now()))
-            .await
-            .map_err(ApiError::internal)?;
-        match stored {
-            Err(StoreError::NotFound) => Err(ApiError::NotFound(missing.to_owned())),
-            other => Ok(other?),
+        match self.off_thread(move || store.change_prices(&changes, now())).await {
+            Err(ApiError::NotFound(_)) => Err(ApiError::NotFound(missing.to_owned())),
+            other => other,
         }
     }
 }
