@@ -29,15 +29,18 @@ pub(crate) async fn off_thread<T: Send + 'static>(
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_call_past_its_limit_is_unavailable_and_one_within_it_answers() {
-        let slow = off_thread(Duration::from_millis(50), || {
-            std::thread::sleep(Duration::from_millis(500));
+        // Held until the caller has given up on it: past its limit whatever the machine's speed.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let slow = off_thread(Duration::from_millis(50), move || {
+            let _ = held.recv();
             Ok(1)
         });
         assert!(matches!(slow.await, Err(StoreError::Unavailable(_))));
-        assert_eq!(off_thread(Duration::from_secs(5), || Ok(2)).await.expect("answers"), 2);
-        let failed = off_thread(Duration::from_secs(5), || -> Result<()> { Err(StoreError::NotFound) });
+        let _ = release.send(());
+        assert_eq!(off_thread(Duration::from_secs(60), || Ok(2)).await.expect("answers"), 2);
+        let failed = off_thread(Duration::from_secs(60), || -> Result<()> { Err(StoreError::NotFound) });
         assert!(matches!(failed.await, Err(StoreError::NotFound)));
     }
 }
