@@ -93,12 +93,20 @@ impl ControlLink {
     async fn post_ok(&self, path: &str, body: Vec<u8>) -> Result<Bytes, String> {
         match self.send_json(path, body, CALL_TIMEOUT).await? {
             (StatusCode::OK, body) => Ok(body),
-            (status, body) => Err(format!(
-                "control plane answered {status}: {}",
-                String::from_utf8_lossy(&body[..body.len().min(200)])
-            )),
+            (status, body) => Err(format!("control plane answered {status}: {}", one_line(&body))),
         }
     }
+}
+
+/// The start of an answer's body for a log line: on one line (the control plane's error bodies are
+/// indented JSON), at most 200 characters.
+pub(crate) fn one_line(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(400)]);
+    let mut line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if let Some((cut, _)) = line.char_indices().nth(200) {
+        line.truncate(cut);
+    }
+    line
 }
 
 /// `{"receipts":[...]}`, written from each receipt's own JSON text rather than serialized again.
@@ -157,5 +165,22 @@ impl SpendSource for ControlLink {
             }
             Ok(answer.windows.iter().map(|w| w.total_nanos.map(Nanos)).collect())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn an_indented_error_body_is_logged_on_one_short_line() {
+        let body = b"{\n  \"error\": {\n    \"message\": \"Invalid node token.\",\n    \"code\": \"unauthorized\"\n  }\n}";
+        assert_eq!(
+            one_line(body),
+            r#"{ "error": { "message": "Invalid node token.", "code": "unauthorized" } }"#
+        );
+        let long = "é".repeat(1000);
+        assert_eq!(one_line(long.as_bytes()).chars().count(), 200);
+        assert_eq!(one_line(&[0xff, b'\n', b'x']), "\u{fffd} x");
     }
 }

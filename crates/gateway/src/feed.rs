@@ -120,8 +120,8 @@ pub async fn follow_feed(
                 Err(e) => Err(format!("the feed sent an unreadable message: {e}")),
             },
             Ok((status, body)) => Err(format!(
-                "the feed answered {status}: {}",
-                String::from_utf8_lossy(&body[..body.len().min(200)])
+                "the control plane's feed answered {status}: {}",
+                crate::control_link::one_line(&body)
             )),
             Err(e) => Err(e),
         };

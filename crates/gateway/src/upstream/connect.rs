@@ -48,7 +48,7 @@ struct ConnectTimeout;
 
 impl std::fmt::Display for ConnectTimeout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("connecting to the provider timed out")
+        f.write_str("connecting timed out")
     }
 }
 
