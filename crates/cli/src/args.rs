@@ -250,7 +250,9 @@ pub(crate) fn non_blank(flag: &str, value: &str) -> Result<String, String> {
 pub(crate) fn init_logging(common: &CommonArgs) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_new(&common.log)
         .map_err(|e| format!("--log {:?}: {e}", common.log))?;
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour codes only for a person at a terminal: in a file or a pipeline they are noise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match common.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),

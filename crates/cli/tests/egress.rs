@@ -180,6 +180,7 @@ async fn a_provider_behind_a_private_ca_is_reached_through_an_egress_proxy_whose
     let log = std::fs::read_to_string(dir.join("serve.log")).expect("log");
     assert!(log.contains("DEBUG"), "the log is at debug: {log}");
     assert!(!log.contains("s3cret-pw") && !log.contains("Y29ycDpzM2NyZXQtcHc"), "{log}");
+    assert!(!log.contains('\u{1b}'), "no colour codes in a log written to a file: {log}");
 
     // The flag with wrong credentials: the proxy refuses, the gateway answers 502.
     let dir = temp_dir("egress-refused");

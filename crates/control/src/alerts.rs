@@ -211,7 +211,9 @@ impl Alerts {
                 attempts: 0,
             };
             if self.store.raise_alert(&alert)? {
-                tracing::info!(cap_id = %cap.id, threshold, "cap alert raised");
+                // As the API gives it (0.5), not in thousandths.
+                let threshold = crate::admin::caps::permille_number(threshold);
+                tracing::info!(cap_id = %cap.id, %threshold, "cap alert raised");
                 if cap.alert_webhook.is_some() {
                     let _ = self.deliveries.send((alert, record.clone()));
                 }

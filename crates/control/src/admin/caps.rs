@@ -230,7 +230,7 @@ fn webhook(url: &str) -> Result<String, ApiError> {
         .map_err(|why| ApiError::BadRequest(format!("alert_webhook: {why}")))
 }
 
-fn permille_number(permille: u32) -> Value {
+pub(crate) fn permille_number(permille: u32) -> Value {
     // Thousandths print exactly as a decimal fraction.
     serde_json::from_str(&format!("{}.{:03}", permille / 1000, permille % 1000)).unwrap_or(Value::Null)
 }
