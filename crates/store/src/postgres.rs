@@ -20,9 +20,10 @@ mod migrate;
 
 use std::time::Duration;
 
-use postgres::types::FromSql;
+use postgres::types::ToSql;
 use postgres::{Client, GenericClient, NoTls, Row, Transaction};
 
+use crate::rows::Columns;
 use crate::{Result, StoreError};
 
 /// Connections a store keeps open at most, unless told otherwise.
@@ -212,28 +213,48 @@ impl Drop for PostgresStore {
     }
 }
 
-fn corrupt(message: String) -> StoreError {
-    StoreError::Backend(message)
-}
-
-fn get<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T> {
-    row.try_get(index).map_err(backend)
-}
-
-fn rows<T>(
+/// Every row `sql` selects, each made a record by `record`.
+fn select<T>(
     client: &mut impl GenericClient,
     sql: &str,
-    params: &[&(dyn postgres::types::ToSql + Sync)],
-    map: impl Fn(&Row) -> Result<T>,
+    params: &[&(dyn ToSql + Sync)],
+    record: impl Fn(&dyn Columns) -> Result<T>,
 ) -> Result<Vec<T>> {
-    client.query(sql, params).map_err(backend)?.iter().map(map).collect()
+    client.query(sql, params).map_err(backend)?.iter().map(|row| record(row)).collect()
 }
 
-fn count(row: &Row, index: usize) -> Result<u64> {
-    let n: i64 = get(row, index)?;
-    u64::try_from(n).map_err(|_| corrupt(format!("negative count {n}")))
+/// The row `sql` selects, if any, made a record by `record`.
+fn select_optional<T>(
+    client: &mut impl GenericClient,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    record: impl Fn(&dyn Columns) -> Result<T>,
+) -> Result<Option<T>> {
+    client.query_opt(sql, params).map_err(backend)?.as_ref().map(|row| record(row)).transpose()
 }
 
-fn to_i64(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
+impl Columns for Row {
+    fn text(&self, index: usize) -> Result<&str> {
+        self.try_get(index).map_err(backend)
+    }
+
+    fn optional_text(&self, index: usize) -> Result<Option<&str>> {
+        self.try_get(index).map_err(backend)
+    }
+
+    fn bytes(&self, index: usize) -> Result<&[u8]> {
+        self.try_get(index).map_err(backend)
+    }
+
+    fn integer(&self, index: usize) -> Result<i64> {
+        self.try_get(index).map_err(backend)
+    }
+
+    fn optional_integer(&self, index: usize) -> Result<Option<i64>> {
+        self.try_get(index).map_err(backend)
+    }
+
+    fn flag(&self, index: usize) -> Result<bool> {
+        self.try_get(index).map_err(backend)
+    }
 }

@@ -12,8 +12,10 @@ mod tests;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use rusqlite::Connection;
+use rusqlite::types::FromSqlError;
+use rusqlite::{Connection, Params, Row, Rows};
 
+use crate::rows::Columns;
 use crate::{Result, StoreError};
 
 pub struct SqliteStore {
@@ -68,11 +70,65 @@ fn backend(e: rusqlite::Error) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
-fn corrupt(message: String) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, message.into())
+/// Every row `sql` selects, each made a record by `record`.
+fn select<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    record: impl Fn(&dyn Columns) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut statement = conn.prepare(sql).map_err(backend)?;
+    records(statement.query(params).map_err(backend)?, record)
 }
 
-/// Counts past `i64::MAX` (SQLite's largest integer) are stored as that: no real count comes near.
-fn to_i64(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
+/// The first row `sql` selects, if any, made a record by `record`.
+fn select_optional<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    record: impl Fn(&dyn Columns) -> Result<T>,
+) -> Result<Option<T>> {
+    let mut statement = conn.prepare(sql).map_err(backend)?;
+    let mut rows = statement.query(params).map_err(backend)?;
+    rows.next().map_err(backend)?.map(|row| record(row)).transpose()
+}
+
+/// The records of `rows`, for statements prepared elsewhere (the ledger's are cached).
+fn records<T>(mut rows: Rows<'_>, record: impl Fn(&dyn Columns) -> Result<T>) -> Result<Vec<T>> {
+    let mut records = Vec::new();
+    while let Some(row) = rows.next().map_err(backend)? {
+        records.push(record(row)?);
+    }
+    Ok(records)
+}
+
+impl Columns for Row<'_> {
+    fn text(&self, index: usize) -> Result<&str> {
+        self.get_ref(index).map_err(backend)?.as_str().map_err(|e| column_type(index, e))
+    }
+
+    fn optional_text(&self, index: usize) -> Result<Option<&str>> {
+        self.get_ref(index).map_err(backend)?.as_str_or_null().map_err(|e| column_type(index, e))
+    }
+
+    fn bytes(&self, index: usize) -> Result<&[u8]> {
+        self.get_ref(index).map_err(backend)?.as_blob().map_err(|e| column_type(index, e))
+    }
+
+    fn integer(&self, index: usize) -> Result<i64> {
+        self.get(index).map_err(backend)
+    }
+
+    fn optional_integer(&self, index: usize) -> Result<Option<i64>> {
+        self.get(index).map_err(backend)
+    }
+
+    fn flag(&self, index: usize) -> Result<bool> {
+        self.get(index).map_err(backend)
+    }
+}
+
+/// A borrowed value of another type than asked: named by its column, as `get`'s errors are.
+fn column_type(index: usize, e: FromSqlError) -> StoreError {
+    StoreError::Backend(format!("column {index}: {e}"))
 }

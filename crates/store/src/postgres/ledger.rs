@@ -6,7 +6,8 @@ use recovea_core::money::Nanos;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
 
-use super::{PostgresStore, backend, count, get, rows, to_i64};
+use super::{PostgresStore, backend, select};
+use crate::rows::{self, Columns, saturating_i64};
 use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, StoreError};
 
 impl ReceiptLedger for PostgresStore {
@@ -32,8 +33,8 @@ impl ReceiptLedger for PostgresStore {
                     &column(|r| &r.key_id),
                     &number(|r| r.started_at.0),
                     &receipts.iter().map(|r| r.model.as_deref()).collect::<Vec<_>>(),
-                    &number(|r| to_i64(r.input_tokens)),
-                    &number(|r| to_i64(r.output_tokens)),
+                    &number(|r| saturating_i64(r.input_tokens)),
+                    &number(|r| saturating_i64(r.output_tokens)),
                     &number(|r| r.cost_usd.0),
                     &bodies,
                 ],
@@ -44,7 +45,7 @@ impl ReceiptLedger for PostgresStore {
 
     fn receipts(&self, q: &ReceiptQuery) -> Result<Vec<Receipt>> {
         let (after_time, after_id) = q.after.as_ref().map_or((i64::MIN, ""), |(t, id)| (t.0, id.as_str()));
-        rows(
+        select(
             &mut *self.client()?,
             "SELECT body FROM receipts WHERE org_id = $1
              AND started_at >= $2 AND started_at < $3
@@ -61,7 +62,7 @@ impl ReceiptLedger for PostgresStore {
                 &i64::from(q.limit),
             ],
             |row| {
-                serde_json::from_str(get(row, 0)?)
+                serde_json::from_str(row.text(0)?)
                     .map_err(|e| StoreError::Backend(format!("a stored receipt does not parse: {e}")))
             },
         )
@@ -76,7 +77,7 @@ impl ReceiptLedger for PostgresStore {
                 &[&org.as_str(), &key.map(KeyId::as_str), &from.0, &to.0],
             )
             .map_err(backend)?;
-        Ok(Nanos(get(&row, 0)?))
+        Ok(Nanos(row.integer(0)?))
     }
 
     fn spend_summary(
@@ -87,24 +88,14 @@ impl ReceiptLedger for PostgresStore {
     ) -> Result<Vec<SpendRow>> {
         // The day of `started_at / 1000` whole seconds (truncated toward zero), in UTC: as SQLite's
         // `date(started_at / 1000, 'unixepoch')`; a missing model sorts first, as NULLs do in SQLite.
-        rows(
+        select(
             &mut *self.client()?,
             "SELECT to_char(to_timestamp(started_at / 1000) AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day, key_id, model,
                     COUNT(*), SUM(input_tokens)::BIGINT, SUM(output_tokens)::BIGINT, SUM(cost_nanos)::BIGINT
              FROM receipts WHERE org_id = $1 AND started_at >= $2 AND started_at < $3
              GROUP BY day, key_id, model ORDER BY day, key_id, model NULLS FIRST",
             &[&org.as_str(), &from.map_or(i64::MIN, |t| t.0), &to.map_or(i64::MAX, |t| t.0)],
-            |row| {
-                Ok(SpendRow {
-                    day: get(row, 0)?,
-                    key_id: get(row, 1)?,
-                    model: get(row, 2)?,
-                    requests: count(row, 3)?,
-                    input_tokens: count(row, 4)?,
-                    output_tokens: count(row, 5)?,
-                    cost: Nanos(get(row, 6)?),
-                })
-            },
+            rows::spend_row,
         )
     }
 }

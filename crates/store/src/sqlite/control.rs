@@ -1,64 +1,25 @@
 //! The control store on SQLite: organizations, keys, providers, prices, caps, alerts and nodes,
 //! and the state nodes are built from.
 
-use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
-use recovea_core::money::Nanos;
 use recovea_core::ratelimit::KeyLimits;
-use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
-use recovea_core::window::Window;
-use rusqlite::{OptionalExtension, Row, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{SqliteStore, backend, corrupt};
+use super::{SqliteStore, backend, select, select_optional};
+use crate::rows::{
+    self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, OrgIds, PRICE_COLUMNS,
+    PROVIDER_COLUMNS, alert_at_text, saturating_i64,
+};
 use crate::{
-    ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgIds, OrgRecord, PriceChange,
-    PriceOverride, ProviderRecord, Result, State, StoreError, price_override, price_rows,
+    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PriceChange, PriceOverride,
+    ProviderRecord, Result, State, StoreError,
 };
 
-fn org_id(s: String) -> rusqlite::Result<OrgId> {
-    OrgId::parse(&s).ok_or_else(|| corrupt(format!("bad org id {s:?}")))
-}
-
-fn org_row(row: &Row<'_>) -> rusqlite::Result<OrgRecord> {
-    Ok(OrgRecord { id: org_id(row.get(0)?)?, name: row.get(1)?, created_at: Timestamp(row.get(2)?) })
-}
-
-const KEY_COLUMNS: &str =
-    "id, org_id, name, prefix, created_at, expires_at, revoked_at, requests_per_minute, tokens_per_minute";
-
-/// What [`State::active_keys`] reads of a key.
-const ACTIVE_KEY_COLUMNS: &str = "id, org_id, expires_at, requests_per_minute, tokens_per_minute, hash";
-
-fn key_row(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
-    let id: String = row.get(0)?;
-    Ok(KeyRecord {
-        id: KeyId::parse(&id).ok_or_else(|| corrupt(format!("bad key id {id:?}")))?,
-        org_id: org_id(row.get(1)?)?,
-        name: row.get(2)?,
-        prefix: row.get(3)?,
-        created_at: Timestamp(row.get(4)?),
-        expires_at: row.get::<_, Option<i64>>(5)?.map(Timestamp),
-        revoked_at: row.get::<_, Option<i64>>(6)?.map(Timestamp),
-        limits: KeyLimits { requests_per_minute: row.get(7)?, tokens_per_minute: row.get(8)? },
-    })
-}
-
-const PROVIDER_COLUMNS: &str = "org_id, name, kind, base_url, sealed_key, key_hint, updated_at";
-
-fn provider_row(row: &Row<'_>) -> rusqlite::Result<ProviderRecord> {
-    let kind: String = row.get(2)?;
-    Ok(ProviderRecord {
-        org_id: org_id(row.get(0)?)?,
-        name: row.get(1)?,
-        kind: ProviderKind::parse(&kind).ok_or_else(|| corrupt(format!("bad provider kind {kind:?}")))?,
-        base_url: row.get(3)?,
-        sealed_key: row.get(4)?,
-        key_hint: row.get(5)?,
-        updated_at: Timestamp(row.get(6)?),
-    })
-}
+/// A cap's columns, in the order [`rows::cap`] reads them.
+const CAP_COLUMNS: &str =
+    "id, org_id, scope, key_id, window, limit_nanos, hard_stop, alert_at, alert_webhook, created_at";
 
 fn org_exists(tx: &rusqlite::Transaction<'_>, id: &OrgId) -> Result<bool> {
     tx.query_row("SELECT 1 FROM orgs WHERE id = ?1", [id.as_str()], |_| Ok(()))
@@ -80,17 +41,13 @@ impl ControlStore for SqliteStore {
     }
 
     fn list_orgs(&self) -> Result<Vec<OrgRecord>> {
-        let conn = self.conn();
-        let mut stmt =
-            conn.prepare("SELECT id, name, created_at FROM orgs ORDER BY created_at, id").map_err(backend)?;
-        stmt.query_map([], org_row).map_err(backend)?.collect::<rusqlite::Result<_>>().map_err(backend)
+        let sql = format!("SELECT {ORG_COLUMNS} FROM orgs ORDER BY created_at, id");
+        select(&self.conn(), &sql, [], rows::org)
     }
 
     fn org(&self, id: &OrgId) -> Result<Option<OrgRecord>> {
-        self.conn()
-            .query_row("SELECT id, name, created_at FROM orgs WHERE id = ?1", [id.as_str()], org_row)
-            .optional()
-            .map_err(backend)
+        let sql = format!("SELECT {ORG_COLUMNS} FROM orgs WHERE id = ?1");
+        select_optional(&self.conn(), &sql, [id.as_str()], rows::org)
     }
 
     fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()> {
@@ -121,21 +78,12 @@ impl ControlStore for SqliteStore {
     }
 
     fn list_keys(&self, org: &OrgId) -> Result<Vec<KeyRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(&format!("SELECT {KEY_COLUMNS} FROM keys WHERE org_id = ?1 ORDER BY created_at, id"))
-            .map_err(backend)?;
-        stmt.query_map([org.as_str()], key_row)
-            .map_err(backend)?
-            .collect::<rusqlite::Result<_>>()
-            .map_err(backend)
+        let sql = format!("SELECT {KEY_COLUMNS} FROM keys WHERE org_id = ?1 ORDER BY created_at, id");
+        select(&self.conn(), &sql, [org.as_str()], rows::key)
     }
 
     fn key(&self, id: &KeyId) -> Result<Option<KeyRecord>> {
-        self.conn()
-            .query_row(&format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = ?1"), [id.as_str()], key_row)
-            .optional()
-            .map_err(backend)
+        key_by_id(&self.conn(), id)
     }
 
     fn set_key_limits(&self, id: &KeyId, limits: KeyLimits) -> Result<Option<KeyRecord>> {
@@ -145,9 +93,7 @@ impl ControlStore for SqliteStore {
                 params![id.as_str(), limits.requests_per_minute, limits.tokens_per_minute],
             )
             .map_err(backend)?;
-            tx.query_row(&format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = ?1"), [id.as_str()], key_row)
-                .optional()
-                .map_err(backend)
+            key_by_id(tx, id)
         })
     }
 
@@ -158,9 +104,7 @@ impl ControlStore for SqliteStore {
                 params![id.as_str(), at.0],
             )
             .map_err(backend)?;
-            tx.query_row(&format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = ?1"), [id.as_str()], key_row)
-                .optional()
-                .map_err(backend)
+            key_by_id(tx, id)
         })
     }
 
@@ -191,14 +135,8 @@ impl ControlStore for SqliteStore {
     }
 
     fn list_providers(&self, org: &OrgId) -> Result<Vec<ProviderRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(&format!("SELECT {PROVIDER_COLUMNS} FROM providers WHERE org_id = ?1 ORDER BY name"))
-            .map_err(backend)?;
-        stmt.query_map([org.as_str()], provider_row)
-            .map_err(backend)?
-            .collect::<rusqlite::Result<_>>()
-            .map_err(backend)
+        let sql = format!("SELECT {PROVIDER_COLUMNS} FROM providers WHERE org_id = ?1 ORDER BY name");
+        select(&self.conn(), &sql, [org.as_str()], rows::provider)
     }
 
     fn create_cap(&self, cap: &CapRecord) -> Result<()> {
@@ -216,21 +154,13 @@ impl ControlStore for SqliteStore {
     }
 
     fn caps(&self, org: &OrgId) -> Result<Vec<CapRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(&format!("SELECT {CAP_COLUMNS} FROM caps WHERE org_id = ?1 ORDER BY created_at, id"))
-            .map_err(backend)?;
-        stmt.query_map([org.as_str()], cap_row)
-            .map_err(backend)?
-            .collect::<rusqlite::Result<_>>()
-            .map_err(backend)
+        let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE org_id = ?1 ORDER BY created_at, id");
+        select(&self.conn(), &sql, [org.as_str()], rows::cap)
     }
 
     fn cap(&self, id: &CapId) -> Result<Option<CapRecord>> {
-        self.conn()
-            .query_row(&format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = ?1"), [id.as_str()], cap_row)
-            .optional()
-            .map_err(backend)
+        let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = ?1");
+        select_optional(&self.conn(), &sql, [id.as_str()], rows::cap)
     }
 
     fn update_cap(&self, cap: &CapRecord) -> Result<()> {
@@ -279,31 +209,10 @@ impl ControlStore for SqliteStore {
     }
 
     fn alerts(&self, org: &OrgId) -> Result<Vec<AlertRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(
-                "SELECT id, cap_id, org_id, window_start, threshold_permille, spend_nanos, limit_nanos, raised_at,
-                 delivered_at, attempts FROM alerts WHERE org_id = ?1 ORDER BY raised_at, threshold_permille, id",
-            )
-            .map_err(backend)?;
-        stmt.query_map([org.as_str()], |row| {
-            let cap: String = row.get(1)?;
-            Ok(AlertRecord {
-                id: row.get(0)?,
-                cap_id: CapId::parse(&cap).ok_or_else(|| corrupt(format!("bad cap id {cap:?}")))?,
-                org_id: org_id(row.get(2)?)?,
-                window_start: Timestamp(row.get(3)?),
-                threshold_permille: row.get(4)?,
-                spend: Nanos(row.get(5)?),
-                limit: Nanos(row.get(6)?),
-                raised_at: Timestamp(row.get(7)?),
-                delivered_at: row.get::<_, Option<i64>>(8)?.map(Timestamp),
-                attempts: row.get(9)?,
-            })
-        })
-        .map_err(backend)?
-        .collect::<rusqlite::Result<_>>()
-        .map_err(backend)
+        let sql = format!(
+            "SELECT {ALERT_COLUMNS} FROM alerts WHERE org_id = ?1 ORDER BY raised_at, threshold_permille, id"
+        );
+        select(&self.conn(), &sql, [org.as_str()], rows::alert)
     }
 
     fn alert_delivery(&self, id: &str, delivered_at: Option<Timestamp>) -> Result<()> {
@@ -323,20 +232,20 @@ impl ControlStore for SqliteStore {
     }
 
     fn record_node(&self, node: &NodeRecord) -> Result<()> {
-        let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         self.conn()
             .execute(
-                "INSERT INTO nodes (id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                 ON CONFLICT (id) DO UPDATE SET feed_version = excluded.feed_version,
-                   snapshot_age_ms = excluded.snapshot_age_ms, counters_confirmed_at = excluded.counters_confirmed_at,
-                   fail_open_total = excluded.fail_open_total, seen_at = excluded.seen_at",
+                &format!(
+                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (id) DO UPDATE SET feed_version = excluded.feed_version,
+                       snapshot_age_ms = excluded.snapshot_age_ms, counters_confirmed_at = excluded.counters_confirmed_at,
+                       fail_open_total = excluded.fail_open_total, seen_at = excluded.seen_at"
+                ),
                 params![
                     node.id,
-                    node.feed_version.map(as_i64),
-                    node.snapshot_age_ms.map(as_i64),
+                    node.feed_version.map(saturating_i64),
+                    node.snapshot_age_ms.map(saturating_i64),
                     node.counters_confirmed_at.map(|t| t.0),
-                    as_i64(node.fail_open_total),
+                    saturating_i64(node.fail_open_total),
                     node.seen_at.0
                 ],
             )
@@ -345,27 +254,8 @@ impl ControlStore for SqliteStore {
     }
 
     fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(
-                "SELECT id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at
-                 FROM nodes WHERE seen_at >= ?1 ORDER BY id",
-            )
-            .map_err(backend)?;
-        let as_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
-        stmt.query_map([since.0], |row| {
-            Ok(NodeRecord {
-                id: row.get(0)?,
-                feed_version: row.get::<_, Option<i64>>(1)?.map(as_u64),
-                snapshot_age_ms: row.get::<_, Option<i64>>(2)?.map(as_u64),
-                counters_confirmed_at: row.get::<_, Option<i64>>(3)?.map(Timestamp),
-                fail_open_total: as_u64(row.get(4)?),
-                seen_at: Timestamp(row.get(5)?),
-            })
-        })
-        .map_err(backend)?
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(backend)
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE seen_at >= ?1 ORDER BY id");
+        select(&self.conn(), &sql, [since.0], rows::node)
     }
 
     fn state(&self) -> Result<State> {
@@ -374,58 +264,21 @@ impl ControlStore for SqliteStore {
         let tx = conn.transaction().map_err(backend)?;
         let version: i64 =
             tx.query_row("SELECT version FROM state_version", [], |r| r.get(0)).map_err(backend)?;
-        let orgs = {
-            let mut stmt = tx.prepare("SELECT id, name, created_at FROM orgs").map_err(backend)?;
-            stmt.query_map([], org_row)
-                .map_err(backend)?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .map_err(backend)?
-        };
-        let active_keys = {
-            let org_ids = OrgIds::of(&orgs);
-            let mut stmt = tx
-                .prepare(&format!("SELECT {ACTIVE_KEY_COLUMNS} FROM keys WHERE revoked_at IS NULL"))
-                .map_err(backend)?;
-            stmt.query_map([], |row| {
-                // Borrowed text: the ids are parsed once, into the only allocation a key makes.
-                let id = row.get_ref(0)?.as_str()?;
-                let org = row.get_ref(1)?.as_str()?;
-                let hash: [u8; 32] = row
-                    .get_ref(5)?
-                    .as_blob()?
-                    .try_into()
-                    .map_err(|_| corrupt("key hash is not 32 bytes".into()))?;
-                Ok(ActiveKey {
-                    id: KeyId::parse(id).ok_or_else(|| corrupt(format!("bad key id {id:?}")))?,
-                    org_id: org_ids.get(org).ok_or_else(|| corrupt(format!("bad org id {org:?}")))?,
-                    hash: KeyHash(hash),
-                    expires_at: row.get::<_, Option<i64>>(2)?.map(Timestamp),
-                    limits: KeyLimits { requests_per_minute: row.get(3)?, tokens_per_minute: row.get(4)? },
-                })
-            })
-            .map_err(backend)?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(backend)?
-        };
-        let providers = {
-            let mut stmt =
-                tx.prepare(&format!("SELECT {PROVIDER_COLUMNS} FROM providers")).map_err(backend)?;
-            stmt.query_map([], provider_row)
-                .map_err(backend)?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .map_err(backend)?
-        };
+        let orgs = select(&tx, &format!("SELECT {ORG_COLUMNS} FROM orgs"), [], rows::org)?;
+        let org_ids = OrgIds::of(&orgs);
+        let active_keys = select(
+            &tx,
+            &format!("SELECT {ACTIVE_KEY_COLUMNS} FROM keys WHERE revoked_at IS NULL"),
+            [],
+            |row| rows::active_key(row, &org_ids),
+        )?;
+        let providers =
+            select(&tx, &format!("SELECT {PROVIDER_COLUMNS} FROM providers"), [], rows::provider)?;
         let price_revision: i64 = tx
             .query_row("SELECT COALESCE(MAX(revision), 0) FROM price_log", [], |r| r.get(0))
             .map_err(backend)?;
         let price_overrides = prices_in_force(&tx)?;
-        let caps = {
-            let mut stmt = tx.prepare(&format!("SELECT {CAP_COLUMNS} FROM caps")).map_err(backend)?;
-            stmt.query_map([], cap_row)
-                .map_err(backend)?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .map_err(backend)?
-        };
+        let caps = select(&tx, &format!("SELECT {CAP_COLUMNS} FROM caps"), [], rows::cap)?;
         tx.commit().map_err(backend)?;
         Ok(State {
             caps,
@@ -439,10 +292,10 @@ impl ControlStore for SqliteStore {
     }
 
     fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64> {
-        let rows = price_rows(changes)?;
+        let log_rows = rows::price_rows(changes)?;
         self.change(|tx| {
             let in_force = prices_in_force(tx)?;
-            for (target, name, _, price) in &rows {
+            for (target, name, _, price) in &log_rows {
                 let removes_nothing =
                     price.is_none() && !in_force.iter().any(|row| row.target.columns() == (*target, *name));
                 if removes_nothing {
@@ -458,7 +311,7 @@ impl ControlStore for SqliteStore {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )
                 .map_err(backend)?;
-            for (target, name, kind, price) in &rows {
+            for (target, name, kind, price) in &log_rows {
                 insert.execute(params![revision, target, name, kind, price, at.0]).map_err(backend)?;
             }
             Ok(u64::try_from(revision).unwrap_or(0))
@@ -466,42 +319,19 @@ impl ControlStore for SqliteStore {
     }
 }
 
-/// The operators' prices in force: the latest row of each target, unless it removed the price.
-fn prices_in_force(tx: &rusqlite::Transaction<'_>) -> Result<Vec<PriceOverride>> {
-    let mut stmt = tx
-        .prepare(
-            "SELECT target, name, kind, price, revision, created_at FROM price_log p
-             WHERE price IS NOT NULL AND revision =
-                 (SELECT MAX(revision) FROM price_log q WHERE q.target = p.target AND q.name = p.name)
-             ORDER BY target, name",
-        )
-        .map_err(backend)?;
-    let rows = stmt
-        .query_map([], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, Option<String>>(2)?,
-                row.get::<_, String>(3)?,
-                row.get::<_, i64>(4)?,
-                row.get::<_, i64>(5)?,
-            ))
-        })
-        .map_err(backend)?
-        .collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(backend)?;
-    rows.into_iter()
-        .map(|(target, name, kind, price, revision, at)| {
-            price_override(&target, name, kind, &price, revision, at)
-        })
-        .collect()
+fn key_by_id(conn: &Connection, id: &KeyId) -> Result<Option<KeyRecord>> {
+    select_optional(conn, &format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = ?1"), [id.as_str()], rows::key)
 }
 
-const CAP_COLUMNS: &str =
-    "id, org_id, scope, key_id, window, limit_nanos, hard_stop, alert_at, alert_webhook, created_at";
-
-fn alert_at_text(permille: &[u32]) -> String {
-    permille.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+/// The operators' prices in force: the latest row of each target, unless it removed the price.
+fn prices_in_force(conn: &Connection) -> Result<Vec<PriceOverride>> {
+    let sql = format!(
+        "SELECT {PRICE_COLUMNS} FROM price_log p
+         WHERE price IS NOT NULL AND revision =
+             (SELECT MAX(revision) FROM price_log q WHERE q.target = p.target AND q.name = p.name)
+         ORDER BY target, name"
+    );
+    select(conn, &sql, [], rows::price_override)
 }
 
 fn cap_params(record: &CapRecord) -> Vec<Box<dyn rusqlite::ToSql>> {
@@ -518,32 +348,4 @@ fn cap_params(record: &CapRecord) -> Vec<Box<dyn rusqlite::ToSql>> {
         Box::new(cap.alert_webhook.clone()),
         Box::new(record.created_at.0),
     ]
-}
-
-fn cap_row(row: &Row<'_>) -> rusqlite::Result<CapRecord> {
-    let (id, scope, window, alert_at): (String, String, String, String) =
-        (row.get(0)?, row.get(2)?, row.get(4)?, row.get(7)?);
-    let key_id = row
-        .get::<_, Option<String>>(3)?
-        .map(|k| KeyId::parse(&k).ok_or_else(|| corrupt(format!("bad key id {k:?}"))))
-        .transpose()?;
-    let alert_at_permille = alert_at
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<u32>().map_err(|_| corrupt(format!("bad alert_at {alert_at:?}"))))
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(CapRecord {
-        cap: Cap {
-            id: CapId::parse(&id).ok_or_else(|| corrupt(format!("bad cap id {id:?}")))?,
-            org_id: org_id(row.get(1)?)?,
-            scope: Scope::parse(&scope).ok_or_else(|| corrupt(format!("bad scope {scope:?}")))?,
-            key_id,
-            window: Window::parse(&window).ok_or_else(|| corrupt(format!("bad window {window:?}")))?,
-            limit: Nanos(row.get(5)?),
-            hard_stop: row.get(6)?,
-            alert_at_permille,
-            alert_webhook: row.get(8)?,
-        },
-        created_at: Timestamp(row.get(9)?),
-    })
 }

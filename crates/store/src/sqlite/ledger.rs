@@ -5,9 +5,10 @@ use recovea_core::money::Nanos;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::UsageSource;
-use rusqlite::{Row, params};
+use rusqlite::params;
 
-use super::{SqliteStore, backend, corrupt, to_i64};
+use super::{SqliteStore, backend, records};
+use crate::rows::{self, Columns, corrupt, saturating_i64};
 use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow};
 
 /// A receipt's columns, in the order [`receipt_row`] reads them.
@@ -15,36 +16,33 @@ const RECEIPT_COLUMNS: &str = "id, request_id, org_id, key_id, provider, model, 
     input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens, reasoning_tokens,
     cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id, priced_as";
 
-fn receipt_row(row: &Row<'_>) -> rusqlite::Result<Receipt> {
-    let count = |i: usize| -> rusqlite::Result<u64> {
-        let n: i64 = row.get(i)?;
-        u64::try_from(n).map_err(|_| corrupt(format!("a negative count {n} in a receipt")))
-    };
-    let usage_source: String = row.get(15)?;
+fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
+    let status = row.integer(7)?;
+    let usage_source = row.text(15)?;
     Ok(Receipt {
-        id: row.get(0)?,
-        request_id: row.get(1)?,
-        org_id: row.get(2)?,
-        key_id: row.get(3)?,
-        provider: row.get(4)?,
-        model: row.get(5)?,
-        endpoint: row.get(6)?,
-        status: row.get(7)?,
-        stream: row.get(8)?,
-        input_tokens: count(9)?,
-        output_tokens: count(10)?,
-        cached_input_tokens: count(11)?,
-        cache_write_input_tokens: count(12)?,
-        reasoning_tokens: count(13)?,
-        cost_usd: Nanos(row.get(14)?),
-        usage_source: UsageSource::parse(&usage_source)
+        id: row.string(0)?,
+        request_id: row.string(1)?,
+        org_id: row.string(2)?,
+        key_id: row.string(3)?,
+        provider: row.string(4)?,
+        model: row.optional_string(5)?,
+        endpoint: row.string(6)?,
+        status: u16::try_from(status).map_err(|_| corrupt(format!("bad status {status} in a receipt")))?,
+        stream: row.flag(8)?,
+        input_tokens: row.count(9)?,
+        output_tokens: row.count(10)?,
+        cached_input_tokens: row.count(11)?,
+        cache_write_input_tokens: row.count(12)?,
+        reasoning_tokens: row.count(13)?,
+        cost_usd: Nanos(row.integer(14)?),
+        usage_source: UsageSource::parse(usage_source)
             .ok_or_else(|| corrupt(format!("bad usage source {usage_source:?}")))?,
-        priced: row.get(16)?,
-        price_revision: count(17)?,
-        started_at: Timestamp(row.get(18)?),
-        finished_at: Timestamp(row.get(19)?),
-        node_id: row.get(20)?,
-        priced_as: row.get(21)?,
+        priced: row.flag(16)?,
+        price_revision: row.count(17)?,
+        started_at: row.timestamp(18)?,
+        finished_at: row.timestamp(19)?,
+        node_id: row.string(20)?,
+        priced_as: row.optional_string(21)?,
     })
 }
 
@@ -74,15 +72,15 @@ impl ReceiptLedger for SqliteStore {
                         r.endpoint,
                         r.status,
                         r.stream,
-                        to_i64(r.input_tokens),
-                        to_i64(r.output_tokens),
-                        to_i64(r.cached_input_tokens),
-                        to_i64(r.cache_write_input_tokens),
-                        to_i64(r.reasoning_tokens),
+                        saturating_i64(r.input_tokens),
+                        saturating_i64(r.output_tokens),
+                        saturating_i64(r.cached_input_tokens),
+                        saturating_i64(r.cache_write_input_tokens),
+                        saturating_i64(r.reasoning_tokens),
                         r.cost_usd.0,
                         r.usage_source.as_str(),
                         r.priced,
-                        to_i64(r.price_revision),
+                        saturating_i64(r.price_revision),
                         r.started_at.0,
                         r.finished_at.0,
                         r.node_id,
@@ -107,21 +105,18 @@ impl ReceiptLedger for SqliteStore {
                  ORDER BY started_at, id LIMIT ?7"
             ))
             .map_err(backend)?;
-        let rows = stmt
-            .query_map(
-                params![
-                    q.org_id.as_str(),
-                    q.from.map_or(i64::MIN, |t| t.0),
-                    q.to.map_or(i64::MAX, |t| t.0),
-                    q.key_id.as_ref().map(KeyId::as_str),
-                    after_time,
-                    after_id,
-                    q.limit
-                ],
-                receipt_row,
-            )
+        let found = stmt
+            .query(params![
+                q.org_id.as_str(),
+                q.from.map_or(i64::MIN, |t| t.0),
+                q.to.map_or(i64::MAX, |t| t.0),
+                q.key_id.as_ref().map(KeyId::as_str),
+                after_time,
+                after_id,
+                q.limit
+            ])
             .map_err(backend)?;
-        rows.collect::<rusqlite::Result<_>>().map_err(backend)
+        records(found, receipt_row)
     }
 
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
@@ -153,22 +148,9 @@ impl ReceiptLedger for SqliteStore {
                  GROUP BY day, key_id, model ORDER BY day, key_id, model",
             )
             .map_err(backend)?;
-        stmt.query_map(
-            params![org.as_str(), from.map_or(i64::MIN, |t| t.0), to.map_or(i64::MAX, |t| t.0)],
-            |row| {
-                Ok(SpendRow {
-                    day: row.get(0)?,
-                    key_id: row.get(1)?,
-                    model: row.get(2)?,
-                    requests: u64::try_from(row.get::<_, i64>(3)?).unwrap_or(0),
-                    input_tokens: u64::try_from(row.get::<_, i64>(4)?).unwrap_or(0),
-                    output_tokens: u64::try_from(row.get::<_, i64>(5)?).unwrap_or(0),
-                    cost: Nanos(row.get(6)?),
-                })
-            },
-        )
-        .map_err(backend)?
-        .collect::<rusqlite::Result<_>>()
-        .map_err(backend)
+        let found = stmt
+            .query(params![org.as_str(), from.map_or(i64::MIN, |t| t.0), to.map_or(i64::MAX, |t| t.0)])
+            .map_err(backend)?;
+        records(found, rows::spend_row)
     }
 }

@@ -8,8 +8,9 @@ use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::UsageSource;
 use rusqlite::{Connection, params};
 
+use super::SqliteStore;
 use super::migrate::MIGRATIONS;
-use super::{SqliteStore, to_i64};
+use crate::rows::saturating_i64;
 use crate::{ControlStore, ReceiptLedger, ReceiptQuery};
 
 /// Every field set to something other than `Receipt::example`'s, so that a field lost or
@@ -79,8 +80,8 @@ fn receipts_stored_as_json_text_become_columns() {
                 r.key_id,
                 r.started_at.0,
                 r.model,
-                to_i64(r.input_tokens),
-                to_i64(r.output_tokens),
+                saturating_i64(r.input_tokens),
+                saturating_i64(r.output_tokens),
                 r.cost_usd.0,
                 r.to_json()
             ],
