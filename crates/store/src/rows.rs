@@ -284,3 +284,11 @@ pub(crate) fn price_rows(changes: &[PriceChange]) -> Result<Vec<PriceRow<'_>>> {
     }
     Ok(rows)
 }
+
+/// Whether every removal among `rows` names a price in force: a revision that removes nothing is
+/// refused whole, changing nothing.
+pub(crate) fn removes_only_prices_in_force(rows: &[PriceRow<'_>], in_force: &[PriceOverride]) -> bool {
+    rows.iter().all(|(target, name, _, price)| {
+        price.is_some() || in_force.iter().any(|set| set.target.columns() == (*target, *name))
+    })
+}

@@ -189,13 +189,8 @@ impl ControlStore for PostgresStore {
     fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64> {
         let log_rows = rows::price_rows(changes)?;
         self.change(|tx| {
-            let in_force = prices_in_force(tx)?;
-            for (target, name, _, price) in &log_rows {
-                let removes_nothing =
-                    price.is_none() && !in_force.iter().any(|row| row.target.columns() == (*target, *name));
-                if removes_nothing {
-                    return Err(StoreError::NotFound);
-                }
+            if !rows::removes_only_prices_in_force(&log_rows, &prices_in_force(tx)?) {
+                return Err(StoreError::NotFound);
             }
             let revision = tx
                 .query_one("SELECT COALESCE(MAX(revision), 0)::BIGINT + 1 FROM price_log", &[])

@@ -294,13 +294,8 @@ impl ControlStore for SqliteStore {
     fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64> {
         let log_rows = rows::price_rows(changes)?;
         self.change(|tx| {
-            let in_force = prices_in_force(tx)?;
-            for (target, name, _, price) in &log_rows {
-                let removes_nothing =
-                    price.is_none() && !in_force.iter().any(|row| row.target.columns() == (*target, *name));
-                if removes_nothing {
-                    return Err(StoreError::NotFound);
-                }
+            if !rows::removes_only_prices_in_force(&log_rows, &prices_in_force(tx)?) {
+                return Err(StoreError::NotFound);
             }
             let revision: i64 = tx
                 .query_row("SELECT COALESCE(MAX(revision), 0) + 1 FROM price_log", [], |r| r.get(0))
