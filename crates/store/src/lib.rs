@@ -5,6 +5,7 @@
 //! sealed bytes only. It knows nothing of HTTP.
 
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 
 use recovea_core::caps::Cap;
@@ -46,45 +47,6 @@ impl PriceTarget {
             _ => None,
         }
     }
-}
-
-/// A price row as both stores read it: target, name, kind, price (JSON), revision, time.
-pub(crate) fn price_override(
-    target: &str,
-    name: String,
-    kind: Option<String>,
-    price: &str,
-    revision: i64,
-    set_at: i64,
-) -> Result<PriceOverride> {
-    let corrupt = |what: String| StoreError::Backend(format!("price row: {what}"));
-    let target =
-        PriceTarget::from_columns(target, name).ok_or_else(|| corrupt(format!("bad target {target:?}")))?;
-    let kind = kind
-        .map(|kind| ProviderKind::parse(&kind).ok_or_else(|| corrupt(format!("bad kind {kind:?}"))))
-        .transpose()?;
-    let price = serde_json::from_str(price).map_err(|e| corrupt(format!("bad price: {e}")))?;
-    let revision = u64::try_from(revision).map_err(|_| corrupt(format!("bad revision {revision}")))?;
-    Ok(PriceOverride { target, kind, price, revision, set_at: Timestamp(set_at) })
-}
-
-/// A price row to insert: target, name, kind, and the price as JSON (`None`: removed).
-pub(crate) type PriceRow<'a> = (&'static str, &'a str, Option<&'static str>, Option<String>);
-
-/// The changes as rows to insert, the later of two changes to one target only.
-pub(crate) fn price_rows(changes: &[PriceChange]) -> Result<Vec<PriceRow<'_>>> {
-    let mut rows: Vec<PriceRow<'_>> = Vec::with_capacity(changes.len());
-    for change in changes {
-        let (target, name) = change.target.columns();
-        let price = change
-            .price
-            .as_ref()
-            .map(|price| serde_json::to_string(price).map_err(|e| StoreError::Backend(e.to_string())))
-            .transpose()?;
-        rows.retain(|row| (row.0, row.1) != (target, name));
-        rows.push((target, name, change.kind.map(ProviderKind::as_str), price));
-    }
-    Ok(rows)
 }
 
 /// An operator's price in force.
@@ -137,21 +99,6 @@ pub struct ActiveKey {
     pub hash: KeyHash,
     pub expires_at: Option<Timestamp>,
     pub limits: KeyLimits,
-}
-
-/// The organizations' ids by their text, so that the keys read after them share them.
-pub(crate) struct OrgIds<'a>(std::collections::HashMap<&'a str, &'a OrgId>);
-
-impl<'a> OrgIds<'a> {
-    pub(crate) fn of(orgs: &'a [OrgRecord]) -> Self {
-        Self(orgs.iter().map(|org| (org.id.as_str(), &org.id)).collect())
-    }
-
-    /// The shared id for `text`, or a new one when no organization read has it (`None`: not an
-    /// organization id).
-    pub(crate) fn get(&self, text: &str) -> Option<OrgId> {
-        self.0.get(text).map(|&id| id.clone()).or_else(|| OrgId::parse(text))
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,357 @@
+//! The control store on PostgreSQL: organizations, keys, providers, prices, caps, alerts and nodes,
+//! and the state nodes are built from.
+
+use postgres::{GenericClient, IsolationLevel, Transaction};
+use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::keys::KeyHash;
+use recovea_core::ratelimit::KeyLimits;
+use recovea_core::timestamp::Timestamp;
+
+use super::{PostgresStore, backend, select, select_optional};
+use crate::rows::{
+    self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, Columns, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, OrgIds,
+    PRICE_COLUMNS, PROVIDER_COLUMNS, alert_at_text, corrupt, saturating_i64,
+};
+use crate::{
+    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PriceChange, PriceOverride,
+    ProviderRecord, Result, State, StoreError,
+};
+
+/// A cap's columns, in the order [`rows::cap`] reads them (`window` is a reserved word here).
+const CAP_COLUMNS: &str =
+    "id, org_id, scope, key_id, cap_window, limit_nanos, hard_stop, alert_at, alert_webhook, created_at";
+
+fn org_exists(tx: &mut Transaction<'_>, id: &OrgId) -> Result<bool> {
+    Ok(tx.query_opt("SELECT 1 FROM orgs WHERE id = $1", &[&id.as_str()]).map_err(backend)?.is_some())
+}
+
+impl ControlStore for PostgresStore {
+    fn create_org(&self, org: &OrgRecord) -> Result<()> {
+        self.change(|tx| {
+            tx.execute(
+                "INSERT INTO orgs (id, name, created_at) VALUES ($1, $2, $3)",
+                &[&org.id.as_str(), &org.name, &org.created_at.0],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn list_orgs(&self) -> Result<Vec<OrgRecord>> {
+        let sql = format!("SELECT {ORG_COLUMNS} FROM orgs ORDER BY created_at, id");
+        select(&mut *self.client()?, &sql, &[], rows::org)
+    }
+
+    fn org(&self, id: &OrgId) -> Result<Option<OrgRecord>> {
+        let sql = format!("SELECT {ORG_COLUMNS} FROM orgs WHERE id = $1");
+        select_optional(&mut *self.client()?, &sql, &[&id.as_str()], rows::org)
+    }
+
+    fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()> {
+        self.change(|tx| {
+            if !org_exists(tx, &key.org_id)? {
+                return Err(StoreError::NotFound);
+            }
+            tx.execute(
+                &format!(
+                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+                ),
+                &[
+                    &key.id.as_str(),
+                    &key.org_id.as_str(),
+                    &key.name,
+                    &key.prefix,
+                    &key.created_at.0,
+                    &key.expires_at.map(|t| t.0),
+                    &key.revoked_at.map(|t| t.0),
+                    &key.limits.requests_per_minute.map(i64::from),
+                    &key.limits.tokens_per_minute.map(i64::from),
+                    &&hash.0[..],
+                ],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn list_keys(&self, org: &OrgId) -> Result<Vec<KeyRecord>> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM keys WHERE org_id = $1 ORDER BY created_at, id");
+        select(&mut *self.client()?, &sql, &[&org.as_str()], rows::key)
+    }
+
+    fn key(&self, id: &KeyId) -> Result<Option<KeyRecord>> {
+        key_by_id(&mut *self.client()?, id)
+    }
+
+    fn set_key_limits(&self, id: &KeyId, limits: KeyLimits) -> Result<Option<KeyRecord>> {
+        self.change(|tx| {
+            tx.execute(
+                "UPDATE keys SET requests_per_minute = $2, tokens_per_minute = $3 WHERE id = $1",
+                &[
+                    &id.as_str(),
+                    &limits.requests_per_minute.map(i64::from),
+                    &limits.tokens_per_minute.map(i64::from),
+                ],
+            )
+            .map_err(backend)?;
+            key_by_id(tx, id)
+        })
+    }
+
+    fn revoke_key(&self, id: &KeyId, at: Timestamp) -> Result<Option<KeyRecord>> {
+        self.change(|tx| {
+            tx.execute(
+                "UPDATE keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1",
+                &[&id.as_str(), &at.0],
+            )
+            .map_err(backend)?;
+            key_by_id(tx, id)
+        })
+    }
+
+    fn put_provider(&self, p: &ProviderRecord) -> Result<()> {
+        self.change(|tx| {
+            if !org_exists(tx, &p.org_id)? {
+                return Err(StoreError::NotFound);
+            }
+            tx.execute(
+                &format!(
+                    "INSERT INTO providers ({PROVIDER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)
+                     ON CONFLICT (org_id, name) DO UPDATE SET kind = excluded.kind, base_url = excluded.base_url,
+                     sealed_key = excluded.sealed_key, key_hint = excluded.key_hint, updated_at = excluded.updated_at"
+                ),
+                &[
+                    &p.org_id.as_str(),
+                    &p.name,
+                    &p.kind.as_str(),
+                    &p.base_url,
+                    &p.sealed_key,
+                    &p.key_hint,
+                    &p.updated_at.0,
+                ],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn list_providers(&self, org: &OrgId) -> Result<Vec<ProviderRecord>> {
+        let sql = format!("SELECT {PROVIDER_COLUMNS} FROM providers WHERE org_id = $1 ORDER BY name");
+        select(&mut *self.client()?, &sql, &[&org.as_str()], rows::provider)
+    }
+
+    fn state(&self) -> Result<State> {
+        let mut client = self.client()?;
+        // One snapshot for every read, so the version matches the rows read with it.
+        let mut tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(backend)?;
+        let version = tx.query_one("SELECT version FROM state_version", &[]).map_err(backend)?.count(0)?;
+        let orgs = select(
+            &mut tx,
+            &format!("SELECT {ORG_COLUMNS} FROM orgs ORDER BY created_at, id"),
+            &[],
+            rows::org,
+        )?;
+        let org_ids = OrgIds::of(&orgs);
+        let active_keys = select(
+            &mut tx,
+            &format!(
+                "SELECT {ACTIVE_KEY_COLUMNS} FROM keys WHERE revoked_at IS NULL ORDER BY created_at, id"
+            ),
+            &[],
+            |row| rows::active_key(row, &org_ids),
+        )?;
+        let providers = select(
+            &mut tx,
+            &format!("SELECT {PROVIDER_COLUMNS} FROM providers ORDER BY org_id, name"),
+            &[],
+            rows::provider,
+        )?;
+        let price_revision = tx
+            .query_one("SELECT COALESCE(MAX(revision), 0)::BIGINT FROM price_log", &[])
+            .map_err(backend)?
+            .count(0)?;
+        let price_overrides = prices_in_force(&mut tx)?;
+        let caps = select(
+            &mut tx,
+            &format!("SELECT {CAP_COLUMNS} FROM caps ORDER BY created_at, id"),
+            &[],
+            rows::cap,
+        )?;
+        tx.commit().map_err(backend)?;
+        Ok(State { version, orgs, active_keys, providers, price_revision, price_overrides, caps })
+    }
+
+    fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64> {
+        let log_rows = rows::price_rows(changes)?;
+        self.change(|tx| {
+            if !rows::removes_only_prices_in_force(&log_rows, &prices_in_force(tx)?) {
+                return Err(StoreError::NotFound);
+            }
+            let revision = tx
+                .query_one("SELECT COALESCE(MAX(revision), 0)::BIGINT + 1 FROM price_log", &[])
+                .map_err(backend)?
+                .integer(0)?;
+            let insert = tx
+                .prepare(
+                    "INSERT INTO price_log (revision, target, name, kind, price, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .map_err(backend)?;
+            for (target, name, kind, price) in &log_rows {
+                tx.execute(&insert, &[&revision, target, name, kind, price, &at.0]).map_err(backend)?;
+            }
+            u64::try_from(revision).map_err(|_| corrupt(format!("bad revision {revision}")))
+        })
+    }
+
+    fn create_cap(&self, record: &CapRecord) -> Result<()> {
+        let cap = &record.cap;
+        self.change(|tx| {
+            if !org_exists(tx, &cap.org_id)? {
+                return Err(StoreError::NotFound);
+            }
+            tx.execute(
+                &format!("INSERT INTO caps ({CAP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
+                &[
+                    &cap.id.as_str(),
+                    &cap.org_id.as_str(),
+                    &cap.scope.as_str(),
+                    &cap.key_id.as_ref().map(KeyId::as_str),
+                    &cap.window.as_str(),
+                    &cap.limit.0,
+                    &cap.hard_stop,
+                    &alert_at_text(&cap.alert_at_permille),
+                    &cap.alert_webhook,
+                    &record.created_at.0,
+                ],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn caps(&self, org: &OrgId) -> Result<Vec<CapRecord>> {
+        let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE org_id = $1 ORDER BY created_at, id");
+        select(&mut *self.client()?, &sql, &[&org.as_str()], rows::cap)
+    }
+
+    fn cap(&self, id: &CapId) -> Result<Option<CapRecord>> {
+        let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = $1");
+        select_optional(&mut *self.client()?, &sql, &[&id.as_str()], rows::cap)
+    }
+
+    fn update_cap(&self, record: &CapRecord) -> Result<()> {
+        let cap = &record.cap;
+        self.change(|tx| {
+            let changed = tx
+                .execute(
+                    "UPDATE caps SET limit_nanos = $2, hard_stop = $3, alert_at = $4, alert_webhook = $5 WHERE id = $1",
+                    &[
+                        &cap.id.as_str(),
+                        &cap.limit.0,
+                        &cap.hard_stop,
+                        &alert_at_text(&cap.alert_at_permille),
+                        &cap.alert_webhook,
+                    ],
+                )
+                .map_err(backend)?;
+            if changed == 0 { Err(StoreError::NotFound) } else { Ok(()) }
+        })
+    }
+
+    fn delete_cap(&self, id: &CapId) -> Result<bool> {
+        self.change(|tx| {
+            Ok(tx.execute("DELETE FROM caps WHERE id = $1", &[&id.as_str()]).map_err(backend)? > 0)
+        })
+    }
+
+    fn raise_alert(&self, alert: &AlertRecord) -> Result<bool> {
+        let inserted = self.client()?
+            .execute(
+                "INSERT INTO alerts (id, cap_id, org_id, window_start, threshold_permille, spend_nanos, limit_nanos,
+                 raised_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                &[
+                    &alert.id,
+                    &alert.cap_id.as_str(),
+                    &alert.org_id.as_str(),
+                    &alert.window_start.0,
+                    &i64::from(alert.threshold_permille),
+                    &alert.spend.0,
+                    &alert.limit.0,
+                    &alert.raised_at.0,
+                ],
+            )
+            .map_err(backend)?;
+        Ok(inserted > 0)
+    }
+
+    fn alerts(&self, org: &OrgId) -> Result<Vec<AlertRecord>> {
+        let sql = format!(
+            "SELECT {ALERT_COLUMNS} FROM alerts WHERE org_id = $1 ORDER BY raised_at, threshold_permille, id"
+        );
+        select(&mut *self.client()?, &sql, &[&org.as_str()], rows::alert)
+    }
+
+    fn alert_delivery(&self, id: &str, delivered_at: Option<Timestamp>) -> Result<()> {
+        self.client()?
+            .execute(
+                "UPDATE alerts SET attempts = attempts + 1, delivered_at = COALESCE($2::BIGINT, delivered_at)
+                 WHERE id = $1",
+                &[&id, &delivered_at.map(|t| t.0)],
+            )
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    fn version(&self) -> Result<u64> {
+        self.client()?.query_one("SELECT version FROM state_version", &[]).map_err(backend)?.count(0)
+    }
+
+    fn record_node(&self, node: &NodeRecord) -> Result<()> {
+        self.client()?
+            .execute(
+                &format!(
+                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (id) DO UPDATE SET feed_version = EXCLUDED.feed_version,
+                       snapshot_age_ms = EXCLUDED.snapshot_age_ms, counters_confirmed_at = EXCLUDED.counters_confirmed_at,
+                       fail_open_total = EXCLUDED.fail_open_total, seen_at = EXCLUDED.seen_at"
+                ),
+                &[
+                    &node.id,
+                    &node.feed_version.map(saturating_i64),
+                    &node.snapshot_age_ms.map(saturating_i64),
+                    &node.counters_confirmed_at.map(|t| t.0),
+                    &saturating_i64(node.fail_open_total),
+                    &node.seen_at.0,
+                ],
+            )
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>> {
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE seen_at >= $1 ORDER BY id");
+        select(&mut *self.client()?, &sql, &[&since.0], rows::node)
+    }
+}
+
+fn key_by_id(client: &mut impl GenericClient, id: &KeyId) -> Result<Option<KeyRecord>> {
+    let sql = format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = $1");
+    select_optional(client, &sql, &[&id.as_str()], rows::key)
+}
+
+/// The operators' prices in force: the latest row of each target, unless it removed the price.
+fn prices_in_force(client: &mut impl GenericClient) -> Result<Vec<PriceOverride>> {
+    let sql = format!(
+        "SELECT {PRICE_COLUMNS} FROM (
+             SELECT DISTINCT ON (target, name) {PRICE_COLUMNS}
+             FROM price_log ORDER BY target, name, revision DESC
+         ) latest WHERE price IS NOT NULL ORDER BY target, name"
+    );
+    select(client, &sql, &[], rows::price_override)
+}

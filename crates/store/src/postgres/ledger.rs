@@ -1,0 +1,101 @@
+//! The receipt ledger on PostgreSQL: a receipt is a few columns to select and sum by, beside its
+//! JSON text as it came.
+
+use recovea_core::ids::{KeyId, OrgId};
+use recovea_core::money::Nanos;
+use recovea_core::receipt::{Receipt, SerializedReceipt};
+use recovea_core::timestamp::Timestamp;
+
+use super::{PostgresStore, backend, select};
+use crate::rows::{self, Columns, saturating_i64};
+use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, StoreError};
+
+impl ReceiptLedger for PostgresStore {
+    fn insert_receipts(&self, written: &[SerializedReceipt]) -> Result<usize> {
+        if written.is_empty() {
+            return Ok(0);
+        }
+        let receipts: Vec<&Receipt> = written.iter().map(SerializedReceipt::receipt).collect();
+        let bodies: Vec<&str> = written.iter().map(SerializedReceipt::json).collect();
+        let column = |f: fn(&Receipt) -> &str| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
+        let number = |f: fn(&Receipt) -> i64| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
+        // One statement for the batch; a receipt already present (or twice in the batch) is skipped.
+        let inserted = self.client()?
+            .execute(
+                "INSERT INTO receipts
+                 (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body)
+                 SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[],
+                                      $7::BIGINT[], $8::BIGINT[], $9::TEXT[])
+                 ON CONFLICT DO NOTHING",
+                &[
+                    &column(|r| &r.id),
+                    &column(|r| &r.org_id),
+                    &column(|r| &r.key_id),
+                    &number(|r| r.started_at.0),
+                    &receipts.iter().map(|r| r.model.as_deref()).collect::<Vec<_>>(),
+                    &number(|r| saturating_i64(r.input_tokens)),
+                    &number(|r| saturating_i64(r.output_tokens)),
+                    &number(|r| r.cost_usd.0),
+                    &bodies,
+                ],
+            )
+            .map_err(backend)?;
+        Ok(usize::try_from(inserted).unwrap_or(usize::MAX))
+    }
+
+    fn receipts(&self, q: &ReceiptQuery) -> Result<Vec<Receipt>> {
+        let (after_time, after_id) = q.after.as_ref().map_or((i64::MIN, ""), |(t, id)| (t.0, id.as_str()));
+        select(
+            &mut *self.client()?,
+            "SELECT body FROM receipts WHERE org_id = $1
+             AND started_at >= $2 AND started_at < $3
+             AND ($4::TEXT IS NULL OR key_id = $4)
+             AND (started_at, id) > ($5, $6)
+             ORDER BY started_at, id LIMIT $7",
+            &[
+                &q.org_id.as_str(),
+                &q.from.map_or(i64::MIN, |t| t.0),
+                &q.to.map_or(i64::MAX, |t| t.0),
+                &q.key_id.as_ref().map(KeyId::as_str),
+                &after_time,
+                &after_id,
+                &i64::from(q.limit),
+            ],
+            |row| {
+                serde_json::from_str(row.text(0)?)
+                    .map_err(|e| StoreError::Backend(format!("a stored receipt does not parse: {e}")))
+            },
+        )
+    }
+
+    fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
+        let row = self
+            .client()?
+            .query_one(
+                "SELECT COALESCE(SUM(cost_nanos), 0)::BIGINT FROM receipts WHERE org_id = $1
+                 AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $3 AND started_at < $4",
+                &[&org.as_str(), &key.map(KeyId::as_str), &from.0, &to.0],
+            )
+            .map_err(backend)?;
+        Ok(Nanos(row.integer(0)?))
+    }
+
+    fn spend_summary(
+        &self,
+        org: &OrgId,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+    ) -> Result<Vec<SpendRow>> {
+        // The day of `started_at / 1000` whole seconds (truncated toward zero), in UTC: as SQLite's
+        // `date(started_at / 1000, 'unixepoch')`; a missing model sorts first, as NULLs do in SQLite.
+        select(
+            &mut *self.client()?,
+            "SELECT to_char(to_timestamp(started_at / 1000) AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day, key_id, model,
+                    COUNT(*), SUM(input_tokens)::BIGINT, SUM(output_tokens)::BIGINT, SUM(cost_nanos)::BIGINT
+             FROM receipts WHERE org_id = $1 AND started_at >= $2 AND started_at < $3
+             GROUP BY day, key_id, model ORDER BY day, key_id, model NULLS FIRST",
+            &[&org.as_str(), &from.map_or(i64::MIN, |t| t.0), &to.map_or(i64::MAX, |t| t.0)],
+            rows::spend_row,
+        )
+    }
+}

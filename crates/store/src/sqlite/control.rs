@@ -1,0 +1,346 @@
+//! The control store on SQLite: organizations, keys, providers, prices, caps, alerts and nodes,
+//! and the state nodes are built from.
+
+use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::keys::KeyHash;
+use recovea_core::ratelimit::KeyLimits;
+use recovea_core::timestamp::Timestamp;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{SqliteStore, backend, select, select_optional};
+use crate::rows::{
+    self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, OrgIds, PRICE_COLUMNS,
+    PROVIDER_COLUMNS, alert_at_text, saturating_i64,
+};
+use crate::{
+    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PriceChange, PriceOverride,
+    ProviderRecord, Result, State, StoreError,
+};
+
+/// A cap's columns, in the order [`rows::cap`] reads them.
+const CAP_COLUMNS: &str =
+    "id, org_id, scope, key_id, window, limit_nanos, hard_stop, alert_at, alert_webhook, created_at";
+
+fn org_exists(tx: &rusqlite::Transaction<'_>, id: &OrgId) -> Result<bool> {
+    tx.query_row("SELECT 1 FROM orgs WHERE id = ?1", [id.as_str()], |_| Ok(()))
+        .optional()
+        .map(|found| found.is_some())
+        .map_err(backend)
+}
+
+impl ControlStore for SqliteStore {
+    fn create_org(&self, org: &OrgRecord) -> Result<()> {
+        self.change(|tx| {
+            tx.execute(
+                "INSERT INTO orgs (id, name, created_at) VALUES (?1, ?2, ?3)",
+                params![org.id.as_str(), org.name, org.created_at.0],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn list_orgs(&self) -> Result<Vec<OrgRecord>> {
+        let sql = format!("SELECT {ORG_COLUMNS} FROM orgs ORDER BY created_at, id");
+        select(&self.conn(), &sql, [], rows::org)
+    }
+
+    fn org(&self, id: &OrgId) -> Result<Option<OrgRecord>> {
+        let sql = format!("SELECT {ORG_COLUMNS} FROM orgs WHERE id = ?1");
+        select_optional(&self.conn(), &sql, [id.as_str()], rows::org)
+    }
+
+    fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()> {
+        self.change(|tx| {
+            if !org_exists(tx, &key.org_id)? {
+                return Err(StoreError::NotFound);
+            }
+            tx.execute(
+                &format!(
+                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                ),
+                params![
+                    key.id.as_str(),
+                    key.org_id.as_str(),
+                    key.name,
+                    key.prefix,
+                    key.created_at.0,
+                    key.expires_at.map(|t| t.0),
+                    key.revoked_at.map(|t| t.0),
+                    key.limits.requests_per_minute,
+                    key.limits.tokens_per_minute,
+                    &hash.0[..],
+                ],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn list_keys(&self, org: &OrgId) -> Result<Vec<KeyRecord>> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM keys WHERE org_id = ?1 ORDER BY created_at, id");
+        select(&self.conn(), &sql, [org.as_str()], rows::key)
+    }
+
+    fn key(&self, id: &KeyId) -> Result<Option<KeyRecord>> {
+        key_by_id(&self.conn(), id)
+    }
+
+    fn set_key_limits(&self, id: &KeyId, limits: KeyLimits) -> Result<Option<KeyRecord>> {
+        self.change(|tx| {
+            tx.execute(
+                "UPDATE keys SET requests_per_minute = ?2, tokens_per_minute = ?3 WHERE id = ?1",
+                params![id.as_str(), limits.requests_per_minute, limits.tokens_per_minute],
+            )
+            .map_err(backend)?;
+            key_by_id(tx, id)
+        })
+    }
+
+    fn revoke_key(&self, id: &KeyId, at: Timestamp) -> Result<Option<KeyRecord>> {
+        self.change(|tx| {
+            tx.execute(
+                "UPDATE keys SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1",
+                params![id.as_str(), at.0],
+            )
+            .map_err(backend)?;
+            key_by_id(tx, id)
+        })
+    }
+
+    fn put_provider(&self, p: &ProviderRecord) -> Result<()> {
+        self.change(|tx| {
+            if !org_exists(tx, &p.org_id)? {
+                return Err(StoreError::NotFound);
+            }
+            tx.execute(
+                &format!(
+                    "INSERT INTO providers ({PROVIDER_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                     ON CONFLICT (org_id, name) DO UPDATE SET kind = excluded.kind, base_url = excluded.base_url,
+                     sealed_key = excluded.sealed_key, key_hint = excluded.key_hint, updated_at = excluded.updated_at"
+                ),
+                params![
+                    p.org_id.as_str(),
+                    p.name,
+                    p.kind.as_str(),
+                    p.base_url,
+                    p.sealed_key,
+                    p.key_hint,
+                    p.updated_at.0
+                ],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn list_providers(&self, org: &OrgId) -> Result<Vec<ProviderRecord>> {
+        let sql = format!("SELECT {PROVIDER_COLUMNS} FROM providers WHERE org_id = ?1 ORDER BY name");
+        select(&self.conn(), &sql, [org.as_str()], rows::provider)
+    }
+
+    fn create_cap(&self, cap: &CapRecord) -> Result<()> {
+        self.change(|tx| {
+            if !org_exists(tx, &cap.cap.org_id)? {
+                return Err(StoreError::NotFound);
+            }
+            tx.execute(
+                &format!("INSERT INTO caps ({CAP_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+                rusqlite::params_from_iter(cap_params(cap)),
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn caps(&self, org: &OrgId) -> Result<Vec<CapRecord>> {
+        let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE org_id = ?1 ORDER BY created_at, id");
+        select(&self.conn(), &sql, [org.as_str()], rows::cap)
+    }
+
+    fn cap(&self, id: &CapId) -> Result<Option<CapRecord>> {
+        let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = ?1");
+        select_optional(&self.conn(), &sql, [id.as_str()], rows::cap)
+    }
+
+    fn update_cap(&self, cap: &CapRecord) -> Result<()> {
+        self.change(|tx| {
+            let changed = tx
+                .execute(
+                    "UPDATE caps SET limit_nanos = ?2, hard_stop = ?3, alert_at = ?4, alert_webhook = ?5 WHERE id = ?1",
+                    params![
+                        cap.cap.id.as_str(),
+                        cap.cap.limit.0,
+                        cap.cap.hard_stop,
+                        alert_at_text(&cap.cap.alert_at_permille),
+                        cap.cap.alert_webhook
+                    ],
+                )
+                .map_err(backend)?;
+            if changed == 0 { Err(StoreError::NotFound) } else { Ok(()) }
+        })
+    }
+
+    fn delete_cap(&self, id: &CapId) -> Result<bool> {
+        self.change(
+            |tx| Ok(tx.execute("DELETE FROM caps WHERE id = ?1", [id.as_str()]).map_err(backend)? > 0),
+        )
+    }
+
+    fn raise_alert(&self, alert: &AlertRecord) -> Result<bool> {
+        let inserted = self
+            .conn()
+            .execute(
+                "INSERT OR IGNORE INTO alerts (id, cap_id, org_id, window_start, threshold_permille, spend_nanos,
+                 limit_nanos, raised_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    alert.id,
+                    alert.cap_id.as_str(),
+                    alert.org_id.as_str(),
+                    alert.window_start.0,
+                    alert.threshold_permille,
+                    alert.spend.0,
+                    alert.limit.0,
+                    alert.raised_at.0
+                ],
+            )
+            .map_err(backend)?;
+        Ok(inserted > 0)
+    }
+
+    fn alerts(&self, org: &OrgId) -> Result<Vec<AlertRecord>> {
+        let sql = format!(
+            "SELECT {ALERT_COLUMNS} FROM alerts WHERE org_id = ?1 ORDER BY raised_at, threshold_permille, id"
+        );
+        select(&self.conn(), &sql, [org.as_str()], rows::alert)
+    }
+
+    fn alert_delivery(&self, id: &str, delivered_at: Option<Timestamp>) -> Result<()> {
+        self.conn()
+            .execute(
+                "UPDATE alerts SET attempts = attempts + 1, delivered_at = COALESCE(?2, delivered_at) WHERE id = ?1",
+                params![id, delivered_at.map(|t| t.0)],
+            )
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    fn version(&self) -> Result<u64> {
+        let version: i64 =
+            self.conn().query_row("SELECT version FROM state_version", [], |r| r.get(0)).map_err(backend)?;
+        Ok(u64::try_from(version).unwrap_or(0))
+    }
+
+    fn record_node(&self, node: &NodeRecord) -> Result<()> {
+        self.conn()
+            .execute(
+                &format!(
+                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (id) DO UPDATE SET feed_version = excluded.feed_version,
+                       snapshot_age_ms = excluded.snapshot_age_ms, counters_confirmed_at = excluded.counters_confirmed_at,
+                       fail_open_total = excluded.fail_open_total, seen_at = excluded.seen_at"
+                ),
+                params![
+                    node.id,
+                    node.feed_version.map(saturating_i64),
+                    node.snapshot_age_ms.map(saturating_i64),
+                    node.counters_confirmed_at.map(|t| t.0),
+                    saturating_i64(node.fail_open_total),
+                    node.seen_at.0
+                ],
+            )
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>> {
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE seen_at >= ?1 ORDER BY id");
+        select(&self.conn(), &sql, [since.0], rows::node)
+    }
+
+    fn state(&self) -> Result<State> {
+        let mut conn = self.conn();
+        // One read transaction, so the version matches the rows read with it.
+        let tx = conn.transaction().map_err(backend)?;
+        let version: i64 =
+            tx.query_row("SELECT version FROM state_version", [], |r| r.get(0)).map_err(backend)?;
+        let orgs = select(&tx, &format!("SELECT {ORG_COLUMNS} FROM orgs"), [], rows::org)?;
+        let org_ids = OrgIds::of(&orgs);
+        let active_keys = select(
+            &tx,
+            &format!("SELECT {ACTIVE_KEY_COLUMNS} FROM keys WHERE revoked_at IS NULL"),
+            [],
+            |row| rows::active_key(row, &org_ids),
+        )?;
+        let providers =
+            select(&tx, &format!("SELECT {PROVIDER_COLUMNS} FROM providers"), [], rows::provider)?;
+        let price_revision: i64 = tx
+            .query_row("SELECT COALESCE(MAX(revision), 0) FROM price_log", [], |r| r.get(0))
+            .map_err(backend)?;
+        let price_overrides = prices_in_force(&tx)?;
+        let caps = select(&tx, &format!("SELECT {CAP_COLUMNS} FROM caps"), [], rows::cap)?;
+        tx.commit().map_err(backend)?;
+        Ok(State {
+            caps,
+            version: u64::try_from(version).unwrap_or(0),
+            orgs,
+            active_keys,
+            providers,
+            price_revision: u64::try_from(price_revision).unwrap_or(0),
+            price_overrides,
+        })
+    }
+
+    fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64> {
+        let log_rows = rows::price_rows(changes)?;
+        self.change(|tx| {
+            if !rows::removes_only_prices_in_force(&log_rows, &prices_in_force(tx)?) {
+                return Err(StoreError::NotFound);
+            }
+            let revision: i64 = tx
+                .query_row("SELECT COALESCE(MAX(revision), 0) + 1 FROM price_log", [], |r| r.get(0))
+                .map_err(backend)?;
+            let mut insert = tx
+                .prepare(
+                    "INSERT INTO price_log (revision, target, name, kind, price, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(backend)?;
+            for (target, name, kind, price) in &log_rows {
+                insert.execute(params![revision, target, name, kind, price, at.0]).map_err(backend)?;
+            }
+            Ok(u64::try_from(revision).unwrap_or(0))
+        })
+    }
+}
+
+fn key_by_id(conn: &Connection, id: &KeyId) -> Result<Option<KeyRecord>> {
+    select_optional(conn, &format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = ?1"), [id.as_str()], rows::key)
+}
+
+/// The operators' prices in force: the latest row of each target, unless it removed the price.
+fn prices_in_force(conn: &Connection) -> Result<Vec<PriceOverride>> {
+    let sql = format!(
+        "SELECT {PRICE_COLUMNS} FROM price_log p
+         WHERE price IS NOT NULL AND revision =
+             (SELECT MAX(revision) FROM price_log q WHERE q.target = p.target AND q.name = p.name)
+         ORDER BY target, name"
+    );
+    select(conn, &sql, [], rows::price_override)
+}
+
+fn cap_params(record: &CapRecord) -> Vec<Box<dyn rusqlite::ToSql>> {
+    let cap = &record.cap;
+    vec![
+        Box::new(cap.id.as_str().to_owned()),
+        Box::new(cap.org_id.as_str().to_owned()),
+        Box::new(cap.scope.as_str()),
+        Box::new(cap.key_id.as_ref().map(|k| k.as_str().to_owned())),
+        Box::new(cap.window.as_str()),
+        Box::new(cap.limit.0),
+        Box::new(cap.hard_stop),
+        Box::new(alert_at_text(&cap.alert_at_permille)),
+        Box::new(cap.alert_webhook.clone()),
+        Box::new(record.created_at.0),
+    ]
+}

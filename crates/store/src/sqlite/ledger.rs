@@ -1,0 +1,156 @@
+//! The receipt ledger on SQLite: a receipt is a row of columns.
+
+use recovea_core::ids::{KeyId, OrgId};
+use recovea_core::money::Nanos;
+use recovea_core::receipt::{Receipt, SerializedReceipt};
+use recovea_core::timestamp::Timestamp;
+use recovea_core::usage::UsageSource;
+use rusqlite::params;
+
+use super::{SqliteStore, backend, records};
+use crate::rows::{self, Columns, corrupt, saturating_i64};
+use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow};
+
+/// A receipt's columns, in the order [`receipt_row`] reads them.
+const RECEIPT_COLUMNS: &str = "id, request_id, org_id, key_id, provider, model, endpoint, status, stream,
+    input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens, reasoning_tokens,
+    cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id, priced_as";
+
+fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
+    let status = row.integer(7)?;
+    let usage_source = row.text(15)?;
+    Ok(Receipt {
+        id: row.string(0)?,
+        request_id: row.string(1)?,
+        org_id: row.string(2)?,
+        key_id: row.string(3)?,
+        provider: row.string(4)?,
+        model: row.optional_string(5)?,
+        endpoint: row.string(6)?,
+        status: u16::try_from(status).map_err(|_| corrupt(format!("bad status {status} in a receipt")))?,
+        stream: row.flag(8)?,
+        input_tokens: row.count(9)?,
+        output_tokens: row.count(10)?,
+        cached_input_tokens: row.count(11)?,
+        cache_write_input_tokens: row.count(12)?,
+        reasoning_tokens: row.count(13)?,
+        cost_usd: Nanos(row.integer(14)?),
+        usage_source: UsageSource::parse(usage_source)
+            .ok_or_else(|| corrupt(format!("bad usage source {usage_source:?}")))?,
+        priced: row.flag(16)?,
+        price_revision: row.count(17)?,
+        started_at: row.timestamp(18)?,
+        finished_at: row.timestamp(19)?,
+        node_id: row.string(20)?,
+        priced_as: row.optional_string(21)?,
+    })
+}
+
+impl ReceiptLedger for SqliteStore {
+    fn insert_receipts(&self, receipts: &[SerializedReceipt]) -> Result<usize> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(backend)?;
+        let mut inserted = 0;
+        {
+            let mut stmt = tx
+                .prepare_cached(&format!(
+                    "INSERT OR IGNORE INTO receipts ({RECEIPT_COLUMNS})
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                             ?18, ?19, ?20, ?21, ?22)"
+                ))
+                .map_err(backend)?;
+            for written in receipts {
+                let r = written.receipt();
+                inserted += stmt
+                    .execute(params![
+                        r.id,
+                        r.request_id,
+                        r.org_id,
+                        r.key_id,
+                        r.provider,
+                        r.model,
+                        r.endpoint,
+                        r.status,
+                        r.stream,
+                        saturating_i64(r.input_tokens),
+                        saturating_i64(r.output_tokens),
+                        saturating_i64(r.cached_input_tokens),
+                        saturating_i64(r.cache_write_input_tokens),
+                        saturating_i64(r.reasoning_tokens),
+                        r.cost_usd.0,
+                        r.usage_source.as_str(),
+                        r.priced,
+                        saturating_i64(r.price_revision),
+                        r.started_at.0,
+                        r.finished_at.0,
+                        r.node_id,
+                        r.priced_as,
+                    ])
+                    .map_err(backend)?;
+            }
+        }
+        tx.commit().map_err(backend)?;
+        Ok(inserted)
+    }
+
+    fn receipts(&self, q: &ReceiptQuery) -> Result<Vec<Receipt>> {
+        let conn = self.conn();
+        let (after_time, after_id) = q.after.as_ref().map_or((i64::MIN, ""), |(t, id)| (t.0, id.as_str()));
+        let mut stmt = conn
+            .prepare_cached(&format!(
+                "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE org_id = ?1
+                 AND started_at >= ?2 AND started_at < ?3
+                 AND (?4 IS NULL OR key_id = ?4)
+                 AND (started_at > ?5 OR (started_at = ?5 AND id > ?6))
+                 ORDER BY started_at, id LIMIT ?7"
+            ))
+            .map_err(backend)?;
+        let found = stmt
+            .query(params![
+                q.org_id.as_str(),
+                q.from.map_or(i64::MIN, |t| t.0),
+                q.to.map_or(i64::MAX, |t| t.0),
+                q.key_id.as_ref().map(KeyId::as_str),
+                after_time,
+                after_id,
+                q.limit
+            ])
+            .map_err(backend)?;
+        records(found, receipt_row)
+    }
+
+    fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = ?1
+                 AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?3 AND started_at < ?4",
+            )
+            .map_err(backend)?;
+        let total: i64 = stmt
+            .query_row(params![org.as_str(), key.map(KeyId::as_str), from.0, to.0], |r| r.get(0))
+            .map_err(backend)?;
+        Ok(Nanos(total))
+    }
+
+    fn spend_summary(
+        &self,
+        org: &OrgId,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+    ) -> Result<Vec<SpendRow>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT date(started_at / 1000, 'unixepoch') AS day, key_id, model, COUNT(*),
+                        SUM(input_tokens), SUM(output_tokens), SUM(cost_nanos)
+                 FROM receipts WHERE org_id = ?1 AND started_at >= ?2 AND started_at < ?3
+                 GROUP BY day, key_id, model ORDER BY day, key_id, model",
+            )
+            .map_err(backend)?;
+        let found = stmt
+            .query(params![org.as_str(), from.map_or(i64::MIN, |t| t.0), to.map_or(i64::MAX, |t| t.0)])
+            .map_err(backend)?;
+        records(found, rows::spend_row)
+    }
+}

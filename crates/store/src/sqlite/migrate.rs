@@ -1,0 +1,184 @@
+//! The SQLite schema and its migrations, counted by `PRAGMA user_version` and applied once each,
+//! even when several processes open one fresh file at the same moment.
+
+use rusqlite::Connection;
+
+use super::backend;
+use crate::Result;
+
+/// Each entry migrates the schema from its index to the next; `PRAGMA user_version` records how far.
+pub(super) const MIGRATIONS: &[&str] = &[
+    r"
+    CREATE TABLE orgs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE keys (
+        id TEXT PRIMARY KEY,
+        org_id TEXT NOT NULL REFERENCES orgs(id),
+        name TEXT NOT NULL,
+        prefix TEXT NOT NULL,
+        hash BLOB NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER,
+        revoked_at INTEGER
+    );
+    CREATE INDEX keys_by_org ON keys(org_id);
+    CREATE TABLE providers (
+        org_id TEXT NOT NULL REFERENCES orgs(id),
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        base_url TEXT,
+        sealed_key BLOB NOT NULL,
+        key_hint TEXT NOT NULL,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (org_id, name)
+    );
+    CREATE TABLE state_version (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
+    INSERT INTO state_version VALUES (1, 0);
+",
+    r"
+    CREATE TABLE price_revisions (
+        revision INTEGER PRIMARY KEY AUTOINCREMENT,
+        model TEXT NOT NULL,
+        price TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE receipts (
+        id TEXT PRIMARY KEY,
+        org_id TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        started_at INTEGER NOT NULL,
+        model TEXT,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        cost_nanos INTEGER NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX receipts_by_org_time ON receipts(org_id, started_at, id);
+",
+    r"
+    CREATE TABLE caps (
+        id TEXT PRIMARY KEY,
+        org_id TEXT NOT NULL REFERENCES orgs(id),
+        scope TEXT NOT NULL,
+        key_id TEXT REFERENCES keys(id),
+        window TEXT NOT NULL,
+        limit_nanos INTEGER NOT NULL,
+        hard_stop INTEGER NOT NULL,
+        alert_at TEXT NOT NULL,
+        alert_webhook TEXT,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX caps_by_org ON caps(org_id);
+    CREATE TABLE alerts (
+        id TEXT PRIMARY KEY,
+        cap_id TEXT NOT NULL,
+        org_id TEXT NOT NULL,
+        window_start INTEGER NOT NULL,
+        threshold_permille INTEGER NOT NULL,
+        spend_nanos INTEGER NOT NULL,
+        limit_nanos INTEGER NOT NULL,
+        raised_at INTEGER NOT NULL,
+        delivered_at INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        UNIQUE (cap_id, window_start, threshold_permille)
+    );
+    CREATE INDEX alerts_by_org ON alerts(org_id, raised_at);
+    CREATE INDEX receipts_by_key_time ON receipts(key_id, started_at);
+",
+    r"
+    ALTER TABLE keys ADD COLUMN requests_per_minute INTEGER;
+    ALTER TABLE keys ADD COLUMN tokens_per_minute INTEGER;
+",
+    r"
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        feed_version INTEGER,
+        snapshot_age_ms INTEGER,
+        counters_confirmed_at INTEGER,
+        fail_open_total INTEGER NOT NULL,
+        seen_at INTEGER NOT NULL
+    );
+",
+    // Spend sums (cap alerts, rebuilds, reconciliation) read the indexes alone, not every
+    // receipt's row: a window of millions of receipts was summed from the table.
+    r"
+    DROP INDEX receipts_by_org_time;
+    CREATE INDEX receipts_by_org_time ON receipts(org_id, started_at, id, key_id, cost_nanos);
+    DROP INDEX receipts_by_key_time;
+    CREATE INDEX receipts_by_key_time ON receipts(key_id, started_at, org_id, cost_nanos);
+",
+    // A receipt is its columns, no longer its JSON text beside a few of them: rows of about 200
+    // bytes instead of 660, and those bytes (written to the WAL, then again by its checkpoint) were
+    // most of what a ledger insert cost.
+    r"
+    CREATE TABLE receipts_by_column (
+        id TEXT PRIMARY KEY,
+        org_id TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        started_at INTEGER NOT NULL,
+        model TEXT,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        cost_nanos INTEGER NOT NULL,
+        request_id TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        status INTEGER NOT NULL,
+        stream INTEGER NOT NULL,
+        cached_input_tokens INTEGER NOT NULL,
+        cache_write_input_tokens INTEGER NOT NULL,
+        reasoning_tokens INTEGER NOT NULL,
+        usage_source TEXT NOT NULL,
+        priced INTEGER NOT NULL,
+        price_revision INTEGER NOT NULL,
+        finished_at INTEGER NOT NULL,
+        node_id TEXT NOT NULL
+    );
+    INSERT INTO receipts_by_column
+        SELECT id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos,
+            body ->> '$.request_id', body ->> '$.provider', body ->> '$.endpoint', body ->> '$.status',
+            body ->> '$.stream', body ->> '$.cached_input_tokens',
+            body ->> '$.cache_write_input_tokens', body ->> '$.reasoning_tokens',
+            body ->> '$.usage_source', body ->> '$.priced', body ->> '$.price_revision',
+            CAST(round(unixepoch(body ->> '$.finished_at', 'subsec') * 1000) AS INTEGER),
+            body ->> '$.node_id'
+        FROM receipts ORDER BY rowid;
+    DROP TABLE receipts;
+    ALTER TABLE receipts_by_column RENAME TO receipts;
+    CREATE INDEX receipts_by_org_time ON receipts(org_id, started_at, id, key_id, cost_nanos);
+    CREATE INDEX receipts_by_key_time ON receipts(key_id, started_at, org_id, cost_nanos);
+",
+    // A revision may change many prices (an import), remove one (back to the built-in price), or
+    // set a provider kind's fallback price; a receipt says which price it was costed at. Rows of
+    // removed prices stay, with no price: the log says what each revision held.
+    r"
+    CREATE TABLE price_log (
+        revision INTEGER NOT NULL,
+        target TEXT NOT NULL,
+        name TEXT NOT NULL,
+        kind TEXT,
+        price TEXT,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (target, name, revision)
+    );
+    INSERT INTO price_log SELECT revision, 'model', model, NULL, price, created_at FROM price_revisions;
+    DROP TABLE price_revisions;
+    ALTER TABLE receipts ADD COLUMN priced_as TEXT;
+",
+];
+
+/// Applies each missing migration in a write transaction that reads the version itself, so that
+/// several processes opening one fresh file at once apply each migration exactly once.
+pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
+    loop {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(backend)?;
+        let current: usize = tx.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(backend)?;
+        let Some(sql) = MIGRATIONS.get(current) else { return Ok(()) };
+        tx.execute_batch(sql).map_err(backend)?;
+        tx.pragma_update(None, "user_version", current + 1).map_err(backend)?;
+        tx.commit().map_err(backend)?;
+    }
+}

@@ -1,0 +1,136 @@
+//! What only SQLite has to show: its own migrations from earlier schemas, and receipts kept as
+//! columns reading back whole. The shared suite (`tests/store_suite.rs`) covers the rest.
+
+use recovea_core::ids::OrgId;
+use recovea_core::money::Nanos;
+use recovea_core::receipt::{Receipt, SerializedReceipt};
+use recovea_core::timestamp::Timestamp;
+use recovea_core::usage::UsageSource;
+use rusqlite::{Connection, params};
+
+use super::SqliteStore;
+use super::migrate::MIGRATIONS;
+use crate::rows::saturating_i64;
+use crate::{ControlStore, ReceiptLedger, ReceiptQuery};
+
+/// Every field set to something other than `Receipt::example`'s, so that a field lost or
+/// swapped on the way shows.
+fn unusual(id: &str, started_at: i64) -> Receipt {
+    Receipt {
+        provider: "groq".into(),
+        model: None,
+        endpoint: "/v1/messages".into(),
+        status: 499,
+        stream: true,
+        input_tokens: 1_000_001,
+        output_tokens: 2,
+        cached_input_tokens: 3,
+        cache_write_input_tokens: 4,
+        reasoning_tokens: 5,
+        cost_usd: Nanos(123_456_789),
+        usage_source: UsageSource::Estimated,
+        priced: false,
+        price_revision: 7,
+        priced_as: Some("fallback:anthropic".into()),
+        started_at: Timestamp(started_at),
+        finished_at: Timestamp(started_at + 1_234),
+        node_id: "node_x".into(),
+        ..Receipt::example(id)
+    }
+}
+
+fn all_of_org_a(store: &SqliteStore) -> Vec<Receipt> {
+    let query = ReceiptQuery {
+        org_id: OrgId::parse("org_a").expect("org id"),
+        from: None,
+        to: None,
+        key_id: None,
+        limit: 100,
+        after: None,
+    };
+    store.receipts(&query).expect("receipts")
+}
+
+#[test]
+fn receipts_stored_as_json_text_become_columns() {
+    // The schema before migration 7 (at index 6) made receipts columns.
+    let conn = Connection::open_in_memory().expect("open");
+    for sql in &MIGRATIONS[..6] {
+        conn.execute_batch(sql).expect("an earlier migration");
+    }
+    conn.pragma_update(None, "user_version", 6).expect("version");
+    // Receipts of that time had no `priced_as`.
+    let old = [
+        Receipt { priced_as: None, ..unusual("rcpt_old1", 1_764_591_691_722) },
+        Receipt {
+            started_at: Timestamp(5),
+            finished_at: Timestamp(9),
+            priced_as: None,
+            ..Receipt::example("rcpt_old2")
+        },
+    ];
+    for r in &old {
+        conn.execute(
+            "INSERT INTO receipts
+             (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![
+                r.id,
+                r.org_id,
+                r.key_id,
+                r.started_at.0,
+                r.model,
+                saturating_i64(r.input_tokens),
+                saturating_i64(r.output_tokens),
+                r.cost_usd.0,
+                r.to_json()
+            ],
+        )
+        .expect("a receipt as stored before");
+    }
+    let store = SqliteStore::with_connection(conn).expect("migrated");
+    assert_eq!(all_of_org_a(&store), [old[1].clone(), old[0].clone()]);
+    let org = OrgId::parse("org_a").expect("org id");
+    assert_eq!(
+        store.spend(&org, None, Timestamp(0), Timestamp(i64::MAX)).expect("spend"),
+        Nanos(123_456_789)
+    );
+    let new = unusual("rcpt_new", 6);
+    store.insert_receipts(&[SerializedReceipt::new(new.clone())]).expect("insert");
+    assert_eq!(all_of_org_a(&store), [old[1].clone(), new, old[0].clone()]);
+}
+
+#[test]
+fn price_revisions_become_the_price_log() {
+    let conn = Connection::open_in_memory().expect("open");
+    for sql in &MIGRATIONS[..7] {
+        conn.execute_batch(sql).expect("an earlier migration");
+    }
+    conn.pragma_update(None, "user_version", 7).expect("version");
+    for (model, input, at) in [("m", "1", 1), ("m", "2", 2), ("n", "3", 3)] {
+        let price = format!(r#"{{"input_per_mtok_usd":"{input}","output_per_mtok_usd":"1"}}"#);
+        conn.execute(
+            "INSERT INTO price_revisions (model, price, created_at) VALUES (?1, ?2, ?3)",
+            params![model, price, at],
+        )
+        .expect("a price as stored before");
+    }
+    let store = SqliteStore::with_connection(conn).expect("migrated");
+    let state = store.state().expect("state");
+    assert_eq!(state.price_revision, 3);
+    let kept: Vec<(String, String, u64)> = state
+        .price_overrides
+        .iter()
+        .map(|o| (format!("{:?}", o.target), o.price.input_per_mtok_usd.clone(), o.revision))
+        .collect();
+    assert_eq!(kept, [(r#"Model("m")"#.into(), "2".into(), 2), (r#"Model("n")"#.into(), "3".into(), 3)]);
+    assert_eq!(store.put_price("n", &state.price_overrides[0].price, Timestamp(4)).expect("put"), 4);
+}
+
+#[test]
+fn a_receipt_reads_back_field_for_field() {
+    let store = SqliteStore::in_memory().expect("open");
+    let receipt = unusual("rcpt_a", 1_764_591_691_722);
+    store.insert_receipts(&[SerializedReceipt::new(receipt.clone())]).expect("insert");
+    assert_eq!(all_of_org_a(&store), [receipt]);
+}
