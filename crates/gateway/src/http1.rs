@@ -1,5 +1,5 @@
-//! What both sides of the gateway's HTTP/1.1 share: the client's connections
-//! ([`crate::server::h1`]) and the providers' ([`crate::upstream::h1`]).
+//! What the client's connections ([`crate::server::h1`]) take from HTTP/1.1 besides the codec
+//! (`recovea_http1`), which the providers' connections ([`crate::upstream::h1`]) already use.
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -46,10 +46,6 @@ pub(crate) fn tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iter
 
 pub(crate) fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
     tokens(headers, name).any(|t| t.eq_ignore_ascii_case(token))
-}
-
-pub(crate) fn last_token_is(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    tokens(headers, name).last().is_some_and(|t| t.eq_ignore_ascii_case(token))
 }
 
 pub(crate) fn push_header(out: &mut Vec<u8>, name: &str, value: &[u8]) {
