@@ -2,6 +2,8 @@
 //! endpoints, hands every other request to the proxy, and drains in-flight requests on shutdown.
 //! HTTP/1.1's common case is served by [`h1`]; hyper serves the rest.
 
+#[cfg(test)]
+mod differential;
 mod h1;
 
 use std::convert::Infallible;

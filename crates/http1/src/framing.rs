@@ -254,9 +254,10 @@ fn chunk_size(line: &[u8]) -> Result<u64, ChunkError> {
     })
 }
 
-/// A chunk's size line, written into `out`: its length in hexadecimal and CRLF.
+/// A chunk's size line, written into `out`: its length in hexadecimal (upper case, as hyper writes
+/// it) and CRLF.
 pub fn chunk_size_line(out: &mut [u8; 18], len: usize) -> &[u8] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut at = out.len() - 2;
     out[at..].copy_from_slice(b"\r\n");
     let mut n = len;
@@ -495,8 +496,8 @@ mod tests {
     fn chunk_size_lines_are_hexadecimal() {
         let mut out = [0; 18];
         assert_eq!(chunk_size_line(&mut out, 0), b"0\r\n");
-        assert_eq!(chunk_size_line(&mut out, 255), b"ff\r\n");
+        assert_eq!(chunk_size_line(&mut out, 255), b"FF\r\n");
         assert_eq!(chunk_size_line(&mut out, 4096), b"1000\r\n");
-        assert_eq!(chunk_size_line(&mut out, usize::MAX), b"ffffffffffffffff\r\n");
+        assert_eq!(chunk_size_line(&mut out, usize::MAX), b"FFFFFFFFFFFFFFFF\r\n");
     }
 }

@@ -786,7 +786,7 @@ mod tests {
         let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
         assert_eq!(
             client.response().await,
-            (chunked.into(), "5\r\nhello\r\na\r\n streaming\r\n6\r\n world\r\n0\r\n\r\n".into())
+            (chunked.into(), "5\r\nhello\r\nA\r\n streaming\r\n6\r\n world\r\n0\r\n\r\n".into())
         );
         assert_eq!(
             client.response().await,
