@@ -184,7 +184,9 @@ fn is_host(value: &[u8]) -> bool {
     let (host, port) = if let Some(literal) = value.strip_prefix(b"[") {
         let Some(end) = literal.iter().position(|&b| b == b']') else { return false };
         let inside = &literal[..end];
-        if inside.is_empty() || !inside.iter().all(|&b| is_unreserved(b) || is_sub_delim(b) || b == b':') {
+        // `%` for an IPv6 zone (`[fe80::1%25en0]`, RFC 6874).
+        let literal_byte = |b: u8| is_unreserved(b) || is_sub_delim(b) || b == b':' || b == b'%';
+        if inside.is_empty() || !inside.iter().all(|&b| literal_byte(b)) {
             return false;
         }
         (&[][..], &literal[end + 1..])
@@ -314,6 +316,7 @@ mod tests {
             "127.0.0.1:80",
             "[::1]:9",
             "[v1.x]",
+            "[fe80::1%25en0]:80",
             "my_host.local",
             "a%2Db",
             ":80",

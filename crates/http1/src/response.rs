@@ -340,9 +340,12 @@ mod tests {
                     None => break,
                 }
             }
+            if decoder.is_done() {
+                return (Ok(Some(text)), data, Ok(decoder));
+            }
             match pieces.next() {
-                Some(piece) if !decoder.is_done() => buf.extend_from_slice(piece),
-                _ => return (Ok(Some(text)), data, Ok(decoder)),
+                Some(piece) => buf.extend_from_slice(piece),
+                None => return (Ok(Some(text)), data, Ok(decoder)),
             }
         }
     }
