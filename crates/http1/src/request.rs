@@ -140,24 +140,25 @@ pub fn request_facts<'a>(
     let mut length = LengthRule::default();
     let mut codings = CodingRule::default();
     let (mut close, mut keep_alive, mut expect, mut upgrade) = (false, false, false, false);
+    // Most lines are none of these: their length alone says so.
     for (name, value) in lines {
-        if name.eq_ignore_ascii_case(b"host") {
-            hosts = hosts.saturating_add(1);
-            host_valid &= is_host(value);
-        } else if name.eq_ignore_ascii_case(b"content-length") {
-            length.line(value);
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            codings.line(value);
-        } else if name.eq_ignore_ascii_case(b"connection") {
-            for option in elements(value) {
-                close |= option.eq_ignore_ascii_case(b"close");
-                keep_alive |= option.eq_ignore_ascii_case(b"keep-alive");
-                upgrade |= option.eq_ignore_ascii_case(b"upgrade");
+        match name.len() {
+            4 if name.eq_ignore_ascii_case(b"host") => {
+                hosts = hosts.saturating_add(1);
+                host_valid &= is_host(value);
             }
-        } else if name.eq_ignore_ascii_case(b"expect") {
-            expect = true;
-        } else if name.eq_ignore_ascii_case(b"upgrade") {
-            upgrade = true;
+            14 if name.eq_ignore_ascii_case(b"content-length") => length.line(value),
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => codings.line(value),
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                for option in elements(value) {
+                    close |= option.eq_ignore_ascii_case(b"close");
+                    keep_alive |= option.eq_ignore_ascii_case(b"keep-alive");
+                    upgrade |= option.eq_ignore_ascii_case(b"upgrade");
+                }
+            }
+            6 if name.eq_ignore_ascii_case(b"expect") => expect = true,
+            7 if name.eq_ignore_ascii_case(b"upgrade") => upgrade = true,
+            _ => {}
         }
     }
     match hosts {
@@ -179,49 +180,55 @@ pub fn request_facts<'a>(
 
 /// Whether a `Host` value is `uri-host [ ":" port ]` (RFC 9110, section 7.2; RFC 3986, section
 /// 3.2.2): an IP literal in brackets, or a registered name or IPv4 address (unreserved characters,
-/// percent escapes, sub-delimiters; empty allowed), then an optional port of digits.
+/// percent escapes, sub-delimiters; empty allowed), then an optional port of digits. One pass over
+/// the bytes: every request's `Host` goes through it.
 fn is_host(value: &[u8]) -> bool {
-    let (host, port) = if let Some(literal) = value.strip_prefix(b"[") {
+    if let Some(literal) = value.strip_prefix(b"[") {
         let Some(end) = literal.iter().position(|&b| b == b']') else { return false };
         let inside = &literal[..end];
         // `%` for an IPv6 zone (`[fe80::1%25en0]`, RFC 6874).
-        let literal_byte = |b: u8| is_unreserved(b) || is_sub_delim(b) || b == b':' || b == b'%';
-        if inside.is_empty() || !inside.iter().all(|&b| literal_byte(b)) {
+        if inside.is_empty() || !inside.iter().all(|&b| HOST_BYTES[usize::from(b)] || b == b':' || b == b'%')
+        {
             return false;
         }
-        (&[][..], &literal[end + 1..])
-    } else {
-        let end = value.iter().position(|&b| b == b':').unwrap_or(value.len());
-        (&value[..end], &value[end..])
-    };
-    let port_ok = match port.split_first() {
-        None => true,
-        Some((b':', digits)) => digits.iter().all(u8::is_ascii_digit),
-        Some(_) => false,
-    };
-    port_ok && is_reg_name(host)
-}
-
-fn is_reg_name(name: &[u8]) -> bool {
-    let mut rest = name;
+        return match literal[end + 1..].split_first() {
+            None => true,
+            Some((b':', digits)) => digits.iter().all(u8::is_ascii_digit),
+            Some(_) => false,
+        };
+    }
+    let mut rest = value;
     while let Some((&b, tail)) = rest.split_first() {
         rest = match b {
+            b if HOST_BYTES[usize::from(b)] => tail,
             b'%' => match tail {
                 [high, low, tail @ ..] if high.is_ascii_hexdigit() && low.is_ascii_hexdigit() => tail,
                 _ => return false,
             },
-            b if is_unreserved(b) || is_sub_delim(b) => tail,
+            b':' => return tail.iter().all(u8::is_ascii_digit),
             _ => return false,
         };
     }
     true
 }
 
-fn is_unreserved(b: u8) -> bool {
+/// The unreserved characters and sub-delimiters of RFC 3986: what a registered name is made of
+/// besides percent escapes. A table, because every request's `Host` is checked byte by byte.
+const HOST_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = is_unreserved(b as u8) || is_sub_delim(b as u8);
+        b += 1;
+    }
+    table
+};
+
+const fn is_unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
 }
 
-fn is_sub_delim(b: u8) -> bool {
+const fn is_sub_delim(b: u8) -> bool {
     matches!(b, b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=')
 }
 
