@@ -90,6 +90,50 @@ impl Answer {
         )
     }
 
+    /// 400: an HTTP/1.1 request without exactly one `Host`, or with one that is not `host[:port]`
+    /// (RFC 9112, section 3.2). Sent with `connection: close`.
+    pub fn invalid_host() -> Self {
+        Self::error(
+            400,
+            "invalid_request_error",
+            "invalid_request",
+            "An HTTP/1.1 request must carry exactly one Host header, of the form host[:port].",
+        )
+    }
+
+    /// 400: a `Content-Length` that is not one decimal number on one line (`5, 5` included). Sent
+    /// with `connection: close`.
+    pub fn invalid_content_length() -> Self {
+        Self::error(
+            400,
+            "invalid_request_error",
+            "invalid_request",
+            "Content-Length must be a single decimal number, on a single line.",
+        )
+    }
+
+    /// 400: a `Transfer-Encoding` whose last coding is not `chunked`, or that applies it twice: the
+    /// body's end cannot be found (RFC 9112, section 6.3). Sent with `connection: close`.
+    pub fn invalid_transfer_encoding() -> Self {
+        Self::error(
+            400,
+            "invalid_request_error",
+            "invalid_request",
+            "Transfer-Encoding must end with chunked, applied once.",
+        )
+    }
+
+    /// 501: a body in a transfer coding other than `chunked` (`gzip, chunked`): the gateway decodes
+    /// none, and would otherwise pass the coded bytes on as plain ones. Sent with `connection: close`.
+    pub fn unsupported_transfer_coding() -> Self {
+        Self::error(
+            501,
+            "invalid_request_error",
+            "unsupported_transfer_coding",
+            "The only transfer coding accepted is chunked.",
+        )
+    }
+
     /// Adds a header; used by callers that extend an answer (for instance with a retry hint).
     pub fn header(self, name: &'static str, value: impl Into<String>) -> Self {
         self.with_header(name, value)
@@ -148,6 +192,46 @@ mod tests {
             String::from_utf8(answer.body).expect("utf-8"),
             "{\n  \"error\": {\n    \"message\": \"Upstream provider unreachable.\",\n    \"type\": \"api_error\",\n    \"param\": null,\n    \"code\": \"upstream_unreachable\"\n  }\n}"
         );
+    }
+
+    #[test]
+    fn refused_heads_bytes_are_exact() {
+        let cases = [
+            (
+                Answer::invalid_host(),
+                400,
+                "An HTTP/1.1 request must carry exactly one Host header, of the form host[:port].",
+                "invalid_request",
+            ),
+            (
+                Answer::invalid_content_length(),
+                400,
+                "Content-Length must be a single decimal number, on a single line.",
+                "invalid_request",
+            ),
+            (
+                Answer::invalid_transfer_encoding(),
+                400,
+                "Transfer-Encoding must end with chunked, applied once.",
+                "invalid_request",
+            ),
+            (
+                Answer::unsupported_transfer_coding(),
+                501,
+                "The only transfer coding accepted is chunked.",
+                "unsupported_transfer_coding",
+            ),
+        ];
+        for (answer, status, message, code) in cases {
+            assert_eq!(answer.status, status);
+            assert!(answer.headers.is_empty());
+            assert_eq!(
+                String::from_utf8(answer.body).expect("utf-8"),
+                format!(
+                    "{{\n  \"error\": {{\n    \"message\": \"{message}\",\n    \"type\": \"invalid_request_error\",\n    \"param\": null,\n    \"code\": \"{code}\"\n  }}\n}}"
+                )
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,6 @@
 mod alarm;
 mod control_link;
 pub mod feed;
-mod http1;
 mod metering;
 mod metrics;
 mod proxy;

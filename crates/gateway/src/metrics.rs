@@ -30,10 +30,14 @@ pub enum Outcome {
     BudgetExceeded,
     BudgetUnverifiable,
     RateLimited,
+    /// An HTTP/1 head without exactly one valid `Host`, or whose body's length cannot be told.
+    InvalidRequest,
+    /// An HTTP/1 body in a transfer coding other than `chunked`.
+    UnsupportedTransferCoding,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 12] = [
+    const ALL: [Outcome; 14] = [
         Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,
@@ -46,6 +50,8 @@ impl Outcome {
         Self::UnknownRoute,
         Self::UpstreamUnreachable,
         Self::UpstreamTimeout,
+        Self::InvalidRequest,
+        Self::UnsupportedTransferCoding,
     ];
 
     fn label(self) -> &'static str {
@@ -62,6 +68,61 @@ impl Outcome {
             Self::BudgetExceeded => "budget_exceeded",
             Self::BudgetUnverifiable => "budget_unverifiable",
             Self::RateLimited => "rate_limited",
+            Self::InvalidRequest => "invalid_request",
+            Self::UnsupportedTransferCoding => "unsupported_transfer_coding",
+        }
+    }
+}
+
+/// Why a client connection went to hyper's server, from the request that asked for what the
+/// gateway's own HTTP/1.1 does not serve; each is a label of `recovea_http1_handed_over_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HandOver {
+    /// The body did not follow its head within a moment.
+    TrailingBody,
+    ChunkedBody,
+    /// A declared length over `--max-body-size`: the proxy refuses it unread.
+    BodyTooLarge,
+    Expect,
+    Upgrade,
+    Http10,
+    HeadOrConnect,
+    /// The HTTP/2 preface (prior knowledge).
+    Http2,
+    HeadTooLong,
+    TooManyLines,
+    /// A head that does not parse (hyper answers `400`).
+    Unparsable,
+}
+
+impl HandOver {
+    pub(crate) const ALL: [HandOver; 11] = [
+        Self::TrailingBody,
+        Self::ChunkedBody,
+        Self::BodyTooLarge,
+        Self::Expect,
+        Self::Upgrade,
+        Self::Http10,
+        Self::HeadOrConnect,
+        Self::Http2,
+        Self::HeadTooLong,
+        Self::TooManyLines,
+        Self::Unparsable,
+    ];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::TrailingBody => "trailing_body",
+            Self::ChunkedBody => "chunked_body",
+            Self::BodyTooLarge => "body_too_large",
+            Self::Expect => "expect",
+            Self::Upgrade => "upgrade",
+            Self::Http10 => "http10",
+            Self::HeadOrConnect => "head_or_connect",
+            Self::Http2 => "http2",
+            Self::HeadTooLong => "head_too_long",
+            Self::TooManyLines => "too_many_lines",
+            Self::Unparsable => "unparsable",
         }
     }
 }
@@ -101,6 +162,7 @@ pub(crate) struct Metrics {
     /// Requests that asked the shared counter store at an armed cap's line, by its answer
     /// (see [`LINE_ANSWERS`]).
     line_asks: [AtomicU64; LINE_ANSWERS.len()],
+    handed_over: [AtomicU64; HandOver::ALL.len()],
     spool: Arc<SpoolStats>,
     counters: Arc<Counters>,
     upstream: Arc<UpstreamStats>,
@@ -121,6 +183,7 @@ impl Metrics {
             receipts_estimated: AtomicU64::new(0),
             receipts_unpriced: AtomicU64::new(0),
             line_asks: Default::default(),
+            handed_over: Default::default(),
             spool,
             counters,
             upstream,
@@ -145,6 +208,10 @@ impl Metrics {
             None => 4,
         };
         self.line_asks[index].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn handed_over(&self, reason: HandOver) {
+        self.handed_over[reason as usize].fetch_add(1, Relaxed);
     }
 
     pub(crate) fn request(&self, outcome: Outcome) {
@@ -206,6 +273,14 @@ impl Metrics {
         for retry in Retry::ALL {
             let n = self.upstream.retries[retry as usize].load(Relaxed);
             let _ = writeln!(out, "recovea_upstream_retries_total{{reason=\"{}\"}} {n}", retry.label());
+        }
+        out.push_str(
+            "# HELP recovea_http1_handed_over_total Client connections handed to hyper's server, by what their request asked for.\n",
+        );
+        out.push_str("# TYPE recovea_http1_handed_over_total counter\n");
+        for reason in HandOver::ALL {
+            let n = self.handed_over[reason as usize].load(Relaxed);
+            let _ = writeln!(out, "recovea_http1_handed_over_total{{reason=\"{}\"}} {n}", reason.label());
         }
         let counters = [
             (
@@ -299,6 +374,25 @@ mod tests {
         }
         m.snapshot_confirmed(recovea_core::Timestamp::from_system_time(SystemTime::now()));
         assert!(m.render().contains("recovea_snapshot_age_seconds "));
+    }
+
+    #[test]
+    fn every_hand_over_reason_is_rendered_in_its_own_slot() {
+        let m = Metrics::new(Arc::default(), Counters::new("node_test"), Arc::default());
+        m.handed_over(HandOver::Expect);
+        m.handed_over(HandOver::Expect);
+        m.handed_over(HandOver::Unparsable);
+        let text = m.render();
+        for (i, reason) in HandOver::ALL.iter().enumerate() {
+            assert_eq!(*reason as usize, i, "{reason:?}");
+            let n = match reason {
+                HandOver::Expect => 2,
+                HandOver::Unparsable => 1,
+                _ => 0,
+            };
+            let line = format!("recovea_http1_handed_over_total{{reason=\"{}\"}} {n}\n", reason.label());
+            assert!(text.contains(&line), "{line}{text}");
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use recovea_core::admission::{Admitted, Decision, FailOpenReason};
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::{Answer, Snapshot, Timestamp, credential};
+use recovea_http1::RequestError;
 use recovea_providers::{Route, headers};
 
 use std::sync::Arc;
@@ -550,6 +551,22 @@ pub(crate) fn answer_response(answer: Answer) -> Response<ResponseBody> {
         }
     }
     response
+}
+
+/// The answer to a request whose HTTP/1 head breaks the rules, with `connection: close`: what
+/// follows such a head cannot be trusted to be the next request.
+pub(crate) fn head_refusal(error: RequestError) -> Response<ResponseBody> {
+    let mut response = answer_response(Refusal::Head(error).answer());
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// Answers a request refused for its head before any phase ran (no route, no admission, no
+/// receipt), counted and logged as every answer is.
+pub(crate) fn refuse_head(shared: &Shared, error: RequestError) -> Response<ResponseBody> {
+    let mut ctx = RequestContext::new();
+    ctx.outcome = Refusal::Head(error).outcome();
+    respond(shared, &ctx, head_refusal(error))
 }
 
 /// Phase respond: every answer carries the gateway's request id; the outcome is counted and logged.

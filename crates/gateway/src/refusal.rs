@@ -3,6 +3,7 @@
 
 use recovea_core::Answer;
 use recovea_core::caps::CapRefusal;
+use recovea_http1::{FramingError, RequestError};
 
 use crate::metrics::Outcome;
 
@@ -22,6 +23,9 @@ pub(crate) enum Refusal {
     Budget(CapRefusal),
     /// The key's rate limit: retry after this many milliseconds.
     RateLimited(u64),
+    /// An HTTP/1 head that breaks the rules the gateway holds requests to (RFC 9112): refused
+    /// before anything else, whatever its path.
+    Head(RequestError),
 }
 
 impl Refusal {
@@ -37,6 +41,18 @@ impl Refusal {
             Self::Budget(CapRefusal::Exceeded { .. }) => Outcome::BudgetExceeded,
             Self::Budget(CapRefusal::Unverifiable { .. }) => Outcome::BudgetUnverifiable,
             Self::RateLimited(_) => Outcome::RateLimited,
+            Self::Head(RequestError::Framing(FramingError::CodingUnsupported)) => {
+                Outcome::UnsupportedTransferCoding
+            }
+            Self::Head(
+                RequestError::Host(_)
+                | RequestError::Framing(
+                    FramingError::LengthInvalid
+                    | FramingError::LengthRepeated
+                    | FramingError::ChunkedNotLast
+                    | FramingError::ChunkedRepeated,
+                ),
+            ) => Outcome::InvalidRequest,
         }
     }
 
@@ -52,6 +68,16 @@ impl Refusal {
             Self::UpstreamTimeout => Answer::upstream_timeout(),
             Self::Budget(refusal) => refusal.answer(),
             Self::RateLimited(ms) => Answer::rate_limited(*ms),
+            Self::Head(RequestError::Host(_)) => Answer::invalid_host(),
+            Self::Head(RequestError::Framing(FramingError::LengthInvalid | FramingError::LengthRepeated)) => {
+                Answer::invalid_content_length()
+            }
+            Self::Head(RequestError::Framing(
+                FramingError::ChunkedNotLast | FramingError::ChunkedRepeated,
+            )) => Answer::invalid_transfer_encoding(),
+            Self::Head(RequestError::Framing(FramingError::CodingUnsupported)) => {
+                Answer::unsupported_transfer_coding()
+            }
         }
     }
 }

@@ -2,6 +2,8 @@
 //! endpoints, hands every other request to the proxy, and drains in-flight requests on shutdown.
 //! HTTP/1.1's common case is served by [`h1`]; hyper serves the rest.
 
+#[cfg(test)]
+mod differential;
 mod h1;
 
 use std::convert::Infallible;
@@ -16,10 +18,12 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use recovea_http1::RequestError;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::Gateway;
+use crate::metrics::HandOver;
 use crate::proxy::{self, BoxError, REQUEST_ID, RequestContext, ResponseBody};
 use crate::stall;
 
@@ -145,8 +149,7 @@ impl Workers {
 
 /// One connection thread: serves every connection handed to it until the server stops.
 async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver<Handover>) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    let builder = std::sync::Arc::new(hyper_builder());
     // The runtime's timer wakes the thread at its earliest deadline, and a timer set earlier than
     // that must wake the thread to say so: a system call. Each request sets a header read timer
     // (30 s) while the earliest deadline is often a request's 600 s upstream limit, so that every
@@ -160,10 +163,11 @@ async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver
             pool.shared.upstream.prune();
         }
     });
-    let builder = std::sync::Arc::new(builder);
-    let max_body = gateway.shared.config.max_body_bytes;
-    let idle = gateway.shared.config.stream_idle_timeout;
-    while let Some((stream, mut drain)) = handed.recv().await {
+    let limits = Limits {
+        max_body: gateway.shared.config.max_body_bytes,
+        idle: gateway.shared.config.stream_idle_timeout,
+    };
+    while let Some((stream, drain)) = handed.recv().await {
         let stream = match stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
             Ok(stream) => stream,
             Err(e) => {
@@ -173,37 +177,111 @@ async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver
         };
         let _ = stream.set_nodelay(true);
         let (gateway, builder) = (gateway.clone(), std::sync::Arc::clone(&builder));
-        tokio::spawn(async move {
-            let served =
-                h1::serve(stream, &mut drain, max_body, idle, |request| gateway.handle(request)).await;
-            let Some((stream, read)) = served else { return };
-            let service = service_fn(move |request: Request<Incoming>| {
-                let gateway = gateway.clone();
-                async move {
-                    let http2 = request.version() == Version::HTTP_2;
-                    let response = gateway.handle(request).await;
-                    // A stream its client gives no room is not polled: only a watchdog sees it.
-                    Ok::<_, Infallible>(if http2 { stall::watch_unread(response, idle) } else { response })
-                }
-            });
-            let io = TokioIo::new(h1::Rewind::new(stream, read, idle));
-            let connection = builder.serve_connection(io, service);
-            tokio::pin!(connection);
-            let ended = tokio::select! {
-                // First: a drain that came while the connection was ours must not cancel the
-                // request it hands over before hyper has read it.
-                biased;
-                ended = connection.as_mut() => ended,
-                () = drained(&mut drain) => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(e) = ended {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
+        tokio::spawn(async move { serve_connection(stream, drain, &builder, limits, gateway).await });
     }
+}
+
+/// hyper's server, as every connection handed to it gets it.
+fn hyper_builder() -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    builder
+}
+
+/// What answers the requests of client connections: the gateway, or a test's own handler.
+pub(crate) trait Answerer: Clone + Send + Sync + 'static {
+    /// Answers one request: HTTP/1.1 read by [`h1`], or anything hyper read.
+    fn answer<B>(&self, request: Request<B>) -> impl Future<Output = Response<ResponseBody>> + Send
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>;
+
+    /// Answers an HTTP/1 request whose head breaks the rules of [`recovea_http1::request_facts`]
+    /// (its `Host`, its framing): it is never forwarded, and its connection ends with the answer.
+    fn refuse(&self, error: RequestError) -> Response<ResponseBody>;
+
+    /// A connection went to hyper's server, for `reason`.
+    fn handed_over(&self, reason: HandOver);
+}
+
+impl Answerer for Gateway {
+    fn answer<B>(&self, request: Request<B>) -> impl Future<Output = Response<ResponseBody>> + Send
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        self.handle(request)
+    }
+
+    fn refuse(&self, error: RequestError) -> Response<ResponseBody> {
+        proxy::refuse_head(&self.shared, error)
+    }
+
+    fn handed_over(&self, reason: HandOver) {
+        self.shared.metrics.handed_over(reason);
+    }
+}
+
+/// What every client connection of a node is held to.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// A longer request body goes to hyper, so that the proxy refuses it unread.
+    max_body: u64,
+    /// A client that takes no byte of its answer for this long has its connection closed.
+    idle: Duration,
+}
+
+/// Serves one client connection until it ends: HTTP/1.1's common case in [`h1`], then, if it asks
+/// for anything else, hyper for the rest of it, with every byte read so far in front.
+async fn serve_connection<A: Answerer>(
+    stream: TcpStream,
+    mut drain: watch::Receiver<bool>,
+    builder: &auto::Builder<TokioExecutor>,
+    limits: Limits,
+    answerer: A,
+) {
+    let Limits { max_body, idle } = limits;
+    let Some(handed) = h1::serve(stream, &mut drain, max_body, idle, &answerer).await else { return };
+    answerer.handed_over(handed.reason);
+    let service = service_fn(move |request: Request<Incoming>| {
+        let answerer = answerer.clone();
+        async move {
+            // hyper passes on what these rules refuse: they are held where the request is seen.
+            if request.version() <= Version::HTTP_11
+                && let Err(error) = head_rules(&request)
+            {
+                return Ok::<_, Infallible>(answerer.refuse(error));
+            }
+            let http2 = request.version() == Version::HTTP_2;
+            let response = answerer.answer(request).await;
+            // A stream its client gives no room is not polled: only a watchdog sees it.
+            Ok(if http2 { stall::watch_unread(response, idle) } else { response })
+        }
+    });
+    let io = TokioIo::new(h1::Rewind::new(handed.io, handed.read, idle));
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    let ended = tokio::select! {
+        // First: a drain that came while the connection was ours must not cancel the
+        // request it hands over before hyper has read it.
+        biased;
+        ended = connection.as_mut() => ended,
+        () = drained(&mut drain) => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// The rules of [`recovea_http1::request_facts`], over a head hyper parsed: the same function the
+/// gateway's own parser applies. Of the `Content-Length` rule, nothing reaches here: hyper answers
+/// a list (`5, 5`) with its own 400, and passes one of several identical lines on as one.
+fn head_rules<B>(request: &Request<B>) -> Result<(), RequestError> {
+    let lines = request.headers().iter().map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes()));
+    recovea_http1::request_facts(request.version(), lines).map(|_| ())
 }
 
 /// Resolves once the server drains (or is gone).

@@ -711,6 +711,210 @@ async fn requests_the_gateway_hands_to_hyper_are_answered_alike() {
     io.write_all(b"POST /v1/chat completions HTTP/1.1\r\n\r\n").await.expect("write");
     assert_eq!(raw_answer(&mut io, &mut Vec::new()).await.0, "HTTP/1.1 400 Bad Request");
     assert_eq!(h.receipts(4).await.len(), 4);
+    let metrics = h.send(Request::get(format!("{}/metrics", h.url)), "").await;
+    let text = String::from_utf8(body_of(metrics).await.to_vec()).expect("utf-8");
+    for (reason, n) in
+        [("expect", 1), ("http10", 1), ("unparsable", 1), ("chunked_body", 0), ("trailing_body", 0)]
+    {
+        let line = format!("recovea_http1_handed_over_total{{reason=\"{reason}\"}} {n}\n");
+        assert!(text.contains(&line), "{line}{text}");
+    }
+}
+
+/// Everything the gateway sends on a raw connection until it closes it, cut into answers
+/// (`content-length` framed): each head with its `date` and `x-request-id` values masked, and its
+/// body.
+async fn answers_until_closed(address: &str, request: &[u8]) -> Vec<(String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut io = tokio::net::TcpStream::connect(address).await.expect("connect");
+    io.write_all(request).await.expect("write");
+    let mut read = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), io.read_to_end(&mut read))
+        .await
+        .expect("the gateway closes the connection")
+        .expect("read");
+    let mut answers = Vec::new();
+    let mut rest = &read[..];
+    while !rest.is_empty() {
+        let end = rest.windows(4).position(|w| w == b"\r\n\r\n").expect("a whole head") + 4;
+        let head = std::str::from_utf8(&rest[..end]).expect("text");
+        let mut length = 0;
+        let masked: String = head
+            .split_inclusive("\r\n")
+            .map(|line| match line.split_once(": ") {
+                Some(("date", _)) => "date: <date>\r\n".to_owned(),
+                Some(("x-request-id", id)) => {
+                    assert!(id.starts_with("req_"), "{id}");
+                    "x-request-id: <id>\r\n".to_owned()
+                }
+                Some(("content-length", n)) => {
+                    length = n.trim_end().parse().expect("length");
+                    line.to_owned()
+                }
+                _ => line.to_owned(),
+            })
+            .collect();
+        let body = std::str::from_utf8(&rest[end..end + length]).expect("text").to_owned();
+        answers.push((masked, body));
+        rest = &rest[end + length..];
+    }
+    answers
+}
+
+/// The gateway's answer to a head it refuses, as both its HTTP/1.1 and hyper write it.
+fn refused(answer: &Answer, reason: &str) -> (String, String) {
+    let head = format!(
+        "HTTP/1.1 {} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\nx-request-id: <id>\r\n\
+         content-length: {}\r\ndate: <date>\r\n\r\n",
+        answer.status,
+        answer.body.len()
+    );
+    (head, String::from_utf8(answer.body.clone()).expect("utf-8"))
+}
+
+/// A first request that hands the connection to hyper (HTTP/1.0, kept alive), and its answer.
+const TO_HYPER: &str = "GET /healthz HTTP/1.0\r\nconnection: keep-alive\r\n\r\n";
+
+/// A chat request with `lines` (which frame its body) in its head.
+fn chat(lines: &str) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\n\
+         {lines}\r\n{CHAT}"
+    )
+}
+
+/// The chat request's own `content-length` line.
+fn length() -> String {
+    format!("content-length: {}\r\n", CHAT.len())
+}
+
+fn chunked_chat(lines: &str) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {KEY}\r\n\
+         content-type: application/json\r\n{lines}\r\n{:x}\r\n{CHAT}\r\n0\r\n\r\n",
+        CHAT.len()
+    )
+}
+
+/// RFC 9112, section 3.2, whether the gateway's own HTTP/1.1 reads the request or hyper does (which
+/// would pass it on): a 400, the connection closed, nothing forwarded.
+#[tokio::test]
+async fn a_request_without_exactly_one_host_is_refused_and_never_forwarded() {
+    let h = Harness::start().await;
+    let address = h.url.trim_start_matches("http://");
+    let expected = refused(&Answer::invalid_host(), "Bad Request");
+    let length = length();
+    let cases = [
+        chat(&length),
+        chat(&format!("host: gw\r\nHost: gw\r\n{length}")),
+        chat(&format!("host: gw gw\r\n{length}")),
+        format!("{TO_HYPER}{}", chat(&length)),
+        format!("{TO_HYPER}{}", chat(&format!("host: gw\r\nhost: other\r\n{length}"))),
+        format!("{TO_HYPER}{}", chunked_chat("host: gw\r\ntransfer-encoding: chunked\r\n")),
+    ];
+    for case in &cases {
+        let answers = answers_until_closed(address, case.as_bytes()).await;
+        let refusal = answers.last().expect("an answer");
+        assert_eq!(refusal, &expected, "{case}");
+        if case.starts_with(TO_HYPER) {
+            assert_eq!(answers.len(), 2, "{case}");
+            assert!(answers[0].0.starts_with("HTTP/1.0 200 OK\r\n"), "{answers:?}");
+        } else {
+            assert_eq!(answers.len(), 1, "{case}");
+        }
+    }
+    assert!(h.mock.requests().is_empty(), "nothing reached the provider");
+    let metrics = h.send(Request::get(format!("{}/metrics", h.url)), "").await;
+    let text = String::from_utf8(body_of(metrics).await.to_vec()).expect("utf-8");
+    assert!(text.contains("recovea_requests_total{outcome=\"invalid_request\"} 6\n"), "{text}");
+    assert!(text.contains("recovea_http1_handed_over_total{reason=\"http10\"} 3\n"), "{text}");
+}
+
+/// A body coded otherwise than in chunks alone would reach the provider still coded, labelled as
+/// plain JSON: a 501, on either of the gateway's HTTP/1.1 paths, and nothing forwarded.
+#[tokio::test]
+async fn a_request_in_a_transfer_coding_but_chunked_is_refused_and_never_forwarded() {
+    let h = Harness::start().await;
+    let address = h.url.trim_start_matches("http://");
+    let unsupported = refused(&Answer::unsupported_transfer_coding(), "Not Implemented");
+    let invalid = refused(&Answer::invalid_transfer_encoding(), "Bad Request");
+    let cases = [
+        (chunked_chat("transfer-encoding: gzip, chunked\r\n"), &unsupported),
+        (chunked_chat("transfer-encoding: identity, chunked\r\n"), &unsupported),
+        (chunked_chat("transfer-encoding: identity\r\ntransfer-encoding: chunked\r\n"), &unsupported),
+        (chunked_chat("transfer-encoding: chunked, chunked\r\n"), &invalid),
+        (format!("{TO_HYPER}{}", chunked_chat("transfer-encoding: gzip, chunked\r\n")), &unsupported),
+        (format!("{TO_HYPER}{}", chunked_chat("transfer-encoding: identity, chunked\r\n")), &unsupported),
+        (format!("{TO_HYPER}{}", chunked_chat("transfer-encoding: chunked, chunked\r\n")), &invalid),
+    ];
+    for (case, expected) in &cases {
+        let answers = answers_until_closed(address, case.as_bytes()).await;
+        assert_eq!(answers.last(), Some(*expected), "{case}");
+        assert_eq!(answers.len(), if case.starts_with(TO_HYPER) { 2 } else { 1 }, "{case}");
+    }
+    assert!(h.mock.requests().is_empty(), "nothing reached the provider");
+    let metrics = h.send(Request::get(format!("{}/metrics", h.url)), "").await;
+    let text = String::from_utf8(body_of(metrics).await.to_vec()).expect("utf-8");
+    assert!(text.contains("recovea_requests_total{outcome=\"unsupported_transfer_coding\"} 5\n"), "{text}");
+    assert!(text.contains("recovea_requests_total{outcome=\"invalid_request\"} 2\n"), "{text}");
+    // Chunked alone goes through, by hyper.
+    let answers = answers_until_closed(
+        address,
+        format!(
+            "{}{}",
+            chunked_chat("transfer-encoding: chunked\r\n"),
+            "GET /x HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert!(answers[0].0.starts_with("HTTP/1.1 200 OK\r\n"), "{answers:?}");
+    assert_eq!(h.mock.requests().len(), 1);
+}
+
+/// One Content-Length rule: one line, one number. The gateway's own HTTP/1.1 refuses a list
+/// (`74, 74`) and a repeated line with its answer. On a connection hyper already serves, hyper
+/// refuses the list itself and keeps one of two identical lines (it passes the head on with one):
+/// the other reading RFC 9110 allows, and what is forwarded carries the gateway's own length.
+#[tokio::test]
+async fn a_request_whose_length_is_repeated_is_refused_by_the_gateways_own_http1() {
+    let h = Harness::start().await;
+    let address = h.url.trim_start_matches("http://");
+    let expected = refused(&Answer::invalid_content_length(), "Bad Request");
+    let (n, length) = (CHAT.len(), length());
+    for case in [
+        chat(&format!("host: gw\r\n{length}{length}")),
+        chat(&format!("host: gw\r\ncontent-length: {n}, {n}\r\n")),
+    ] {
+        assert_eq!(
+            answers_until_closed(address, case.as_bytes()).await,
+            std::slice::from_ref(&expected),
+            "{case}"
+        );
+    }
+    assert!(h.mock.requests().is_empty(), "nothing reached the provider");
+
+    let list = format!("{TO_HYPER}{}", chat(&format!("host: gw\r\ncontent-length: {n}, {n}\r\n")));
+    let answers = answers_until_closed(address, list.as_bytes()).await;
+    assert_eq!(
+        answers[1],
+        ("HTTP/1.0 400 Bad Request\r\ncontent-length: 0\r\ndate: <date>\r\n\r\n".into(), String::new())
+    );
+    assert!(h.mock.requests().is_empty(), "nothing reached the provider");
+
+    let repeated =
+        format!("{TO_HYPER}{}", chat(&format!("host: gw\r\nconnection: close\r\n{length}{length}")));
+    let answers = answers_until_closed(address, repeated.as_bytes()).await;
+    assert!(answers[1].0.starts_with("HTTP/1.1 200 OK\r\n"), "{answers:?}");
+    let forwarded = h.mock.requests();
+    assert_eq!(forwarded.len(), 1);
+    let lengths: Vec<&str> = forwarded[0]
+        .headers
+        .iter()
+        .filter(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        .map(|(_, value)| value.as_str())
+        .collect();
+    assert_eq!(lengths, [n.to_string()], "one length, the gateway's");
 }
 
 // Metering: every admitted request gets exactly one receipt, from the provider's usage or an estimate.

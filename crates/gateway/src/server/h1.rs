@@ -10,7 +10,9 @@
 //! at once (the proxy answers a refused request without waiting for it, and times a slow body
 //! out), a chunked or
 //! oversized body, `Expect`, an upgrade, HTTP/1.0, `HEAD` or `CONNECT`, an HTTP/2 preface, and a
-//! head that does not parse or is long (hyper's `400` and `431`).
+//! head that does not parse or is long (hyper's `400` and `431`). A head that breaks the rules of
+//! [`recovea_http1::request_facts`] (its `Host`, its framing) is answered here and the connection
+//! closed: hyper would pass it on.
 
 use std::cell::RefCell;
 use std::future::{Future, poll_fn};
@@ -22,17 +24,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header;
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::Full;
+use recovea_http1::{Error, Framing, RequestError, chunk_size_line, has_token, parse_request, response_head};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
-use super::HEADER_READ_TIMEOUT;
-use crate::http1::{has_token, header_map, line_spans, push_header};
-use crate::proxy::{BoxError, ResponseBody};
+use super::{Answerer, HEADER_READ_TIMEOUT};
+use crate::metrics::HandOver;
+use crate::proxy::ResponseBody;
 use crate::stall::Stall;
 
 /// A request head longer than this goes to hyper, which takes up to its own limit.
@@ -47,22 +50,32 @@ const READ_BYTES: usize = 8 << 10;
 const BODY_GRACE: Duration = Duration::from_millis(5);
 /// The most of a pipelined next request read while an answer is still being written.
 const MAX_PIPELINED: usize = 64 << 10;
+/// How an HTTP/2 connection with prior knowledge opens: not a request line httparse reads.
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+/// How long, and how much, of what a client sends after a refused head is read before its connection
+/// is closed.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1 << 20;
 
-/// Serves requests on `io` with `handle` until the client or the drain closes it. `Some`: the
-/// connection is hyper's from here, with the bytes already read from it (which it reads first).
-/// A body longer than `max_body` goes to hyper, so that the proxy refuses it unread. A client that
-/// takes no byte of its answer for `idle` (it stopped reading) has its connection closed.
-pub(super) async fn serve<F, Fut>(
+/// A connection that is hyper's from here: the bytes already read from it (which hyper reads
+/// first), and why.
+pub(super) struct HandedOver {
+    pub(super) io: TcpStream,
+    pub(super) read: Bytes,
+    pub(super) reason: HandOver,
+}
+
+/// Serves requests on `io` with `answerer` until the client or the drain closes it, or until it
+/// goes to hyper (`Some`). A body longer than `max_body` goes to hyper, so that the proxy refuses
+/// it unread. A client that takes no byte of its answer for `idle` (it stopped reading) has its
+/// connection closed.
+pub(super) async fn serve<A: Answerer>(
     mut io: TcpStream,
     drain: &mut watch::Receiver<bool>,
     max_body: u64,
     idle: Duration,
-    handle: F,
-) -> Option<(TcpStream, Bytes)>
-where
-    F: Fn(Request<Full<Bytes>>) -> Fut,
-    Fut: Future<Output = Response<ResponseBody>>,
-{
+    answerer: &A,
+) -> Option<HandedOver> {
     let mut buf = BytesMut::with_capacity(READ_BYTES);
     let mut out = Vec::with_capacity(1024);
     let timer = tokio::time::sleep(HEADER_READ_TIMEOUT);
@@ -72,11 +85,20 @@ where
     loop {
         let (request, close) = match read_request(&mut io, &mut buf, timer.as_mut(), drain, max_body).await {
             Read::Request(request, close) => (request, close),
+            Read::Refuse(error) => {
+                // Whatever follows a head that breaks the rules cannot be trusted to be the next
+                // request: the connection ends with the answer.
+                let response = answerer.refuse(error);
+                let _ = write_response(&mut io, &mut buf, &mut out, response, true, stall.as_mut()).await;
+                let _ = io.shutdown().await;
+                linger(&mut io, &mut buf).await;
+                return None;
+            }
             Read::Closed => return None,
-            Read::HandOver => return Some((io, buf.freeze())),
+            Read::HandOver(reason) => return Some(HandedOver { io, read: buf.freeze(), reason }),
         };
         // A client that hangs up before its answer cancels it (the proxy records why).
-        let answering = handle(request);
+        let answering = answerer.answer(request);
         tokio::pin!(answering);
         let Ok(response) = unless_hangup(&io, &mut buf, |cx| answering.as_mut().poll(cx)).await else {
             return None;
@@ -90,13 +112,33 @@ where
     }
 }
 
+/// Reads and drops what the client still sends (the body of a refused request) until it closes,
+/// for [`LINGER`] and [`LINGER_BYTES`] at most: a socket closed with bytes unread is reset, and a
+/// reset can destroy the answer before the client has read it.
+async fn linger(io: &mut TcpStream, buf: &mut BytesMut) {
+    let mut dropped = 0;
+    let _ = tokio::time::timeout(LINGER, async {
+        while dropped < LINGER_BYTES {
+            buf.clear();
+            buf.reserve(READ_BYTES);
+            match io.read_buf(buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => dropped += n,
+            }
+        }
+    })
+    .await;
+}
+
 // Each value is made once a request and moved once: a box would cost an allocation a request.
 #[expect(clippy::large_enum_variant)]
 enum Read {
     /// A request, and whether the connection ends after its answer.
     Request(Request<Full<Bytes>>, bool),
+    /// A head that breaks the rules, answered without reading further.
+    Refuse(RequestError),
     Closed,
-    HandOver,
+    HandOver(HandOver),
 }
 
 /// The next request. Its head must come within the header read timeout (an idle connection is
@@ -119,7 +161,8 @@ async fn read_request(
                 }
                 return Read::Request(request, close);
             }
-            Parsed::HandOver => return Read::HandOver,
+            Parsed::Refuse(error) => return Read::Refuse(error),
+            Parsed::HandOver(reason) => return Read::HandOver(reason),
             Parsed::AwaitingBody if !awaiting_body => {
                 awaiting_body = true;
                 timer.as_mut().reset(Instant::now() + BODY_GRACE);
@@ -133,7 +176,9 @@ async fn read_request(
                 Ok(0) | Err(_) => return Read::Closed,
                 Ok(_) => {}
             },
-            () = timer.as_mut() => return if awaiting_body { Read::HandOver } else { Read::Closed },
+            () = timer.as_mut() => {
+                return if awaiting_body { Read::HandOver(HandOver::TrailingBody) } else { Read::Closed };
+            }
             // A drain closes a connection between requests at once, as hyper does, even with part
             // of a next request read: no answer was begun, so the client may send it again.
             () = super::drained(drain) => return Read::Closed,
@@ -149,7 +194,8 @@ enum Parsed {
     Partial,
     /// The head is whole, its body not yet.
     AwaitingBody,
-    HandOver,
+    Refuse(RequestError),
+    HandOver(HandOver),
 }
 
 /// The request at the start of `buf`, taken off it once its head is whole and its body with it.
@@ -158,59 +204,52 @@ fn parse(buf: &mut BytesMut, max_body: u64) -> Parsed {
         return Parsed::Partial;
     }
     let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut []);
-    let length = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
-        &mut parsed,
-        buf,
-        &mut lines,
-    ) {
-        Ok(httparse::Status::Complete(length)) => length,
-        Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD_BYTES => return Parsed::Partial,
-        _ => return Parsed::HandOver,
-    };
-    let (Some(method), Some(path), Some(1)) = (parsed.method, parsed.path, parsed.version) else {
-        return Parsed::HandOver;
-    };
-    let Ok(method) = Method::from_bytes(method.as_bytes()) else { return Parsed::HandOver };
-    if method == Method::HEAD || method == Method::CONNECT {
-        return Parsed::HandOver;
-    }
-    let mut declared = None;
-    let mut close = false;
-    for line in parsed.headers.iter() {
-        let name = line.name;
-        if name.eq_ignore_ascii_case("content-length") {
-            match (declared, content_length(line.value)) {
-                (None, Some(n)) => declared = Some(n),
-                _ => return Parsed::HandOver,
-            }
-        } else if ["transfer-encoding", "expect", "upgrade"].iter().any(|n| name.eq_ignore_ascii_case(n)) {
-            return Parsed::HandOver;
-        } else if name.eq_ignore_ascii_case("connection") {
-            for token in line.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                if token.eq_ignore_ascii_case(b"upgrade") {
-                    return Parsed::HandOver;
-                }
-                close |= token.eq_ignore_ascii_case(b"close");
-            }
+    let head = match parse_request(buf, &mut lines, MAX_HEAD_BYTES) {
+        Ok(Some(head)) => head,
+        Ok(None) => return Parsed::Partial,
+        Err(Error::HeadTooLong) => return Parsed::HandOver(HandOver::HeadTooLong),
+        Err(Error::Malformed(httparse::Error::TooManyHeaders)) => {
+            return Parsed::HandOver(HandOver::TooManyLines);
         }
+        Err(_) if buf.starts_with(HTTP2_PREFACE) => return Parsed::HandOver(HandOver::Http2),
+        Err(_) => return Parsed::HandOver(HandOver::Unparsable),
+    };
+    if head.version != Version::HTTP_11 {
+        return Parsed::HandOver(HandOver::Http10);
     }
-    let declared = declared.unwrap_or(0);
+    let Ok(method) = Method::from_bytes(head.method.as_bytes()) else {
+        return Parsed::HandOver(HandOver::Unparsable);
+    };
+    if method == Method::HEAD || method == Method::CONNECT {
+        return Parsed::HandOver(HandOver::HeadOrConnect);
+    }
+    let facts = match head.facts() {
+        Ok(facts) => facts,
+        Err(error) => return Parsed::Refuse(error),
+    };
+    let declared = match facts.framing {
+        Framing::Length(length) => length,
+        Framing::None | Framing::UntilClose => 0,
+        Framing::Chunked => return Parsed::HandOver(HandOver::ChunkedBody),
+    };
+    if facts.expect {
+        return Parsed::HandOver(HandOver::Expect);
+    }
+    if facts.upgrade {
+        return Parsed::HandOver(HandOver::Upgrade);
+    }
     if declared > max_body {
-        return Parsed::HandOver;
+        return Parsed::HandOver(HandOver::BodyTooLarge);
     }
-    let arrived = (buf.len() - length) as u64;
+    let arrived = (buf.len() - head.length) as u64;
     if arrived < declared {
         return Parsed::AwaitingBody;
     }
-    let spans = line_spans(buf, parsed.headers);
-    let path_start = path.as_ptr() as usize - buf.as_ptr() as usize;
-    let path_span = path_start..path_start + path.len();
+    let (layout, length) = (head.layout(), head.length);
     let head = buf.split_to(length).freeze();
     // `declared` fits: it is at most `arrived`, a length in memory.
     let body = buf.split_to(declared as usize).freeze();
-    let built = (Uri::from_maybe_shared(head.slice(path_span)).map_err(BoxError::from))
-        .and_then(|uri| Ok((uri, header_map(&head, &spans)?)));
+    let built = layout.target(&head).and_then(|uri| Ok((uri, layout.headers(&head)?)));
     let Ok((uri, headers)) = built else {
         // hyper answers what it cannot read: the request goes back in front of the rest.
         let mut whole = BytesMut::with_capacity(head.len() + body.len() + buf.len());
@@ -218,30 +257,14 @@ fn parse(buf: &mut BytesMut, max_body: u64) -> Parsed {
             whole.extend_from_slice(part);
         }
         *buf = whole;
-        return Parsed::HandOver;
+        return Parsed::HandOver(HandOver::Unparsable);
     };
     let mut request = Request::new(Full::new(body));
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
-    Parsed::Request(request, close)
-}
-
-/// A `Content-Length` value: digits only (RFC 9110, section 8.6), no more than fit.
-fn content_length(value: &[u8]) -> Option<u64> {
-    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(value.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
-}
-
-/// How an answer's body is delimited on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    None,
-    Length(u64),
-    Chunked,
+    Parsed::Request(request, facts.close)
 }
 
 /// Writes `response`; whether the connection can carry another request after it. The head goes
@@ -271,7 +294,7 @@ async fn write_response(
         body.size_hint().exact().map_or(Framing::Chunked, Framing::Length)
     };
     out.clear();
-    response_head(out, &parts, framing, close);
+    with_date(|date| response_head(out, &parts, framing, close, date));
     if framing == Framing::None {
         return write_all(io, &mut [IoSlice::new(out)], stall).await.is_ok() && !close;
     }
@@ -316,7 +339,7 @@ async fn write_response(
         let written = match framing {
             Framing::Length(length) if sent > length => return false,
             Framing::Chunked => {
-                let size = chunk_size(&mut size, data.len());
+                let size = chunk_size_line(&mut size, data.len());
                 let tail: &[u8] = if end { b"\r\n0\r\n\r\n" } else { b"\r\n" };
                 let slices = if data.is_empty() {
                     &mut [IoSlice::new(head), IoSlice::new(&tail[2..])][..]
@@ -350,37 +373,8 @@ fn close_after_length(framing: Framing, sent: u64) -> bool {
     matches!(framing, Framing::Length(length) if length != sent)
 }
 
-/// The status line and headers of an answer, with its framing, a `Date` and, when the connection
-/// ends after it, `Connection: close`.
-fn response_head(out: &mut Vec<u8>, parts: &http::response::Parts, framing: Framing, close: bool) {
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(parts.status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-    for (name, value) in &parts.headers {
-        if name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING {
-            push_header(out, name.as_str(), value.as_bytes());
-        }
-    }
-    if !parts.headers.contains_key(header::DATE) {
-        push_date(out);
-    }
-    match framing {
-        Framing::Length(length) => {
-            push_header(out, "content-length", itoa::Buffer::new().format(length).as_bytes());
-        }
-        Framing::Chunked => push_header(out, "transfer-encoding", b"chunked"),
-        Framing::None => {}
-    }
-    if close && !has_token(&parts.headers, &header::CONNECTION, "close") {
-        push_header(out, "connection", b"close");
-    }
-    out.extend_from_slice(b"\r\n");
-}
-
-/// `Date`, formatted once a second per thread.
-fn push_date(out: &mut Vec<u8>) {
+/// `f` of the `Date` value, formatted once a second per thread.
+fn with_date<T>(f: impl FnOnce(&[u8]) -> T) -> T {
     thread_local! {
         static DATE: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
     }
@@ -391,24 +385,8 @@ fn push_date(out: &mut Vec<u8>) {
             *text = httpdate::fmt_http_date(now);
             *at = second;
         }
-        push_header(out, "date", text.as_bytes());
-    });
-}
-
-/// A chunk's size line: its length in hexadecimal and CRLF.
-fn chunk_size(out: &mut [u8; 18], len: usize) -> &[u8] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut at = out.len() - 2;
-    out[at..].copy_from_slice(b"\r\n");
-    let mut n = len;
-    loop {
-        at -= 1;
-        out[at] = HEX[n & 0xf];
-        n >>= 4;
-        if n == 0 {
-            return &out[at..];
-        }
-    }
+        f(text.as_bytes())
+    })
 }
 
 /// The client closed its connection (or it failed) while its answer was awaited or written.
@@ -556,6 +534,7 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use super::*;
+    use crate::proxy::BoxError;
 
     const MAX_BODY: u64 = 1024;
     /// How long a client may take none of its answer.
@@ -594,8 +573,32 @@ mod tests {
     }
 
     /// What [`serve`] returned, in time.
-    async fn ended(server: JoinHandle<Option<(TcpStream, Bytes)>>) -> Option<(TcpStream, Bytes)> {
+    async fn ended(server: JoinHandle<Option<HandedOver>>) -> Option<HandedOver> {
         tokio::time::timeout(Duration::from_secs(5), server).await.expect("in time").expect("served")
+    }
+
+    /// Answers with [`answer`], and tells whether any request reached it.
+    #[derive(Clone)]
+    struct Test {
+        dropped: Arc<AtomicBool>,
+        answered: Arc<AtomicBool>,
+    }
+
+    impl Answerer for Test {
+        fn answer<B>(&self, request: Request<B>) -> impl Future<Output = Response<ResponseBody>> + Send
+        where
+            B: http_body::Body<Data = Bytes> + Send + 'static,
+            B::Error: Into<BoxError>,
+        {
+            self.answered.store(true, Ordering::SeqCst);
+            answer(request, Arc::clone(&self.dropped))
+        }
+
+        fn refuse(&self, error: RequestError) -> Response<ResponseBody> {
+            crate::proxy::head_refusal(error)
+        }
+
+        fn handed_over(&self, _: HandOver) {}
     }
 
     /// Answers by path: `/echo` (and `/slow`, after a while) tells what it received; `/stream`
@@ -603,10 +606,14 @@ mod tests {
     /// for the connection to end; `/wrong-length` declares a length its body does not have;
     /// `/empty` is a 204; `/hang` never answers and `/endless` never ends its body, each setting
     /// `dropped` once abandoned.
-    async fn answer(request: Request<Full<Bytes>>, dropped: Arc<AtomicBool>) -> Response<ResponseBody> {
+    async fn answer<B>(request: Request<B>, dropped: Arc<AtomicBool>) -> Response<ResponseBody>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
         let (parts, body) = request.into_parts();
-        let Ok(body) = body.collect().await;
-        let body = String::from_utf8_lossy(&body.to_bytes()).into_owned();
+        let body = body.collect().await.map(|body| body.to_bytes()).unwrap_or_default();
+        let body = String::from_utf8_lossy(&body).into_owned();
         if parts.uri.path() == "/slow" {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -667,7 +674,8 @@ mod tests {
         client: Client,
         drain: watch::Sender<bool>,
         dropped: Arc<AtomicBool>,
-        server: JoinHandle<Option<(TcpStream, Bytes)>>,
+        answered: Arc<AtomicBool>,
+        server: JoinHandle<Option<HandedOver>>,
     }
 
     /// A connection served by [`serve`] with [`answer`], and its client end.
@@ -676,12 +684,11 @@ mod tests {
         let client = TcpStream::connect(listener.local_addr().expect("address")).await.expect("connect");
         let (io, _) = listener.accept().await.expect("accept");
         let (drain, mut draining) = watch::channel(false);
-        let dropped = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&dropped);
-        let server = tokio::spawn(async move {
-            serve(io, &mut draining, MAX_BODY, IDLE, |request| answer(request, Arc::clone(&flag))).await
-        });
-        Served { client: Client { io: client, read: Vec::new() }, drain, dropped, server }
+        let test =
+            Test { dropped: Arc::new(AtomicBool::new(false)), answered: Arc::new(AtomicBool::new(false)) };
+        let (dropped, answered) = (Arc::clone(&test.dropped), Arc::clone(&test.answered));
+        let server = tokio::spawn(async move { serve(io, &mut draining, MAX_BODY, IDLE, &test).await });
+        Served { client: Client { io: client, read: Vec::new() }, drain, dropped, answered, server }
     }
 
     /// The client end: what it read and has not yet taken as a response.
@@ -761,11 +768,11 @@ mod tests {
         );
         assert_eq!(client.response().await.1, "GET /echo host=b body=");
         // The next request sent while the answer is awaited waits for it.
-        client.send(b"GET /slow HTTP/1.1\r\n\r\n").await;
+        client.send(b"GET /slow HTTP/1.1\r\nhost: h\r\n\r\n").await;
         tokio::time::sleep(Duration::from_millis(30)).await;
-        client.send(b"GET /echo HTTP/1.1\r\n\r\n").await;
-        assert_eq!(client.response().await.1, "GET /slow host= body=");
-        assert_eq!(client.response().await.1, "GET /echo host= body=");
+        client.send(b"GET /echo HTTP/1.1\r\nhost: h\r\n\r\n").await;
+        assert_eq!(client.response().await.1, "GET /slow host=h body=");
+        assert_eq!(client.response().await.1, "GET /echo host=h body=");
         drop(client);
         assert!(ended(server).await.is_none(), "closed, not handed over");
     }
@@ -773,43 +780,48 @@ mod tests {
     #[tokio::test]
     async fn answers_are_framed_by_their_bodies() {
         let Served { mut client, drain: _drain, .. } = connect().await;
-        client.send(b"GET /stream HTTP/1.1\r\n\r\nGET /stream-on HTTP/1.1\r\n\r\n").await;
+        client
+            .send(b"GET /stream HTTP/1.1\r\nhost: h\r\n\r\nGET /stream-on HTTP/1.1\r\nhost: h\r\n\r\n")
+            .await;
         let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
         assert_eq!(
             client.response().await,
-            (chunked.into(), "5\r\nhello\r\na\r\n streaming\r\n6\r\n world\r\n0\r\n\r\n".into())
+            (chunked.into(), "5\r\nhello\r\nA\r\n streaming\r\n6\r\n world\r\n0\r\n\r\n".into())
         );
         assert_eq!(
             client.response().await,
             (chunked.into(), "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n".into())
         );
-        client.send(b"GET /wrong-length HTTP/1.1\r\n\r\nGET /empty HTTP/1.1\r\n\r\n").await;
+        client
+            .send(b"GET /wrong-length HTTP/1.1\r\nhost: h\r\n\r\nGET /empty HTTP/1.1\r\nhost: h\r\n\r\n")
+            .await;
         assert_eq!(
             client.response().await,
             ("HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n".into(), "abc".into())
         );
-        client.send(b"GET /echo HTTP/1.1\r\n\r\n").await;
+        client.send(b"GET /echo HTTP/1.1\r\nhost: h\r\n\r\n").await;
         assert_eq!(client.response().await, ("HTTP/1.1 204 No Content\r\n\r\n".into(), String::new()));
-        assert_eq!(client.response().await.1, "GET /echo host= body=", "and the connection goes on");
+        assert_eq!(client.response().await.1, "GET /echo host=h body=", "and the connection goes on");
     }
 
     #[tokio::test]
     async fn a_body_that_trails_its_head_is_waited_for_a_moment() {
         let Served { mut client, server, drain: _drain, .. } = connect().await;
-        client.send(b"POST /echo HTTP/1.1\r\ncontent-length: 11\r\n\r\nhel").await;
+        client.send(b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 11\r\n\r\nhel").await;
         client.send(b"lo world").await;
-        assert_eq!(client.response().await.1, "POST /echo host= body=hello world");
-        client.send(b"POST /echo HTTP/1.1\r\ncontent-length: 11\r\n\r\nhel").await;
+        assert_eq!(client.response().await.1, "POST /echo host=h body=hello world");
+        client.send(b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 11\r\n\r\nhel").await;
         tokio::time::sleep(BODY_GRACE * 4).await;
         client.send(b"lo world").await;
-        let (_, read) = ended(server).await.expect("then handed over");
-        assert_eq!(read, &b"POST /echo HTTP/1.1\r\ncontent-length: 11\r\n\r\nhel"[..]);
+        let handed = ended(server).await.expect("then handed over");
+        assert_eq!(handed.reason, HandOver::TrailingBody);
+        assert_eq!(handed.read, &b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 11\r\n\r\nhel"[..]);
     }
 
     #[tokio::test]
     async fn an_answer_that_asks_to_close_or_a_client_that_does_ends_the_connection() {
         let Served { mut client, drain: _drain, .. } = connect().await;
-        client.send(b"GET /close HTTP/1.1\r\n\r\n").await;
+        client.send(b"GET /close HTTP/1.1\r\nhost: h\r\n\r\n").await;
         assert_eq!(
             client.response().await.0,
             "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 3\r\n\r\n"
@@ -817,17 +829,17 @@ mod tests {
         assert!(client.closed().await);
 
         let Served { mut client, drain: _drain, .. } = connect().await;
-        client.send(b"GET /echo HTTP/1.1\r\nconnection: keep-alive, Close\r\n\r\n").await;
+        client.send(b"GET /echo HTTP/1.1\r\nhost: h\r\nconnection: keep-alive, Close\r\n\r\n").await;
         let (head, _) = client.response().await;
-        assert!(head.ends_with("\r\nconnection: close\r\n\r\n"), "{head}");
+        assert_eq!(head, "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 22\r\n\r\n");
         assert!(client.closed().await);
     }
 
     #[tokio::test]
     async fn a_client_that_hangs_up_abandons_its_request_waiting_or_streaming() {
         for path in ["/hang", "/endless"] {
-            let Served { mut client, dropped, server, drain: _drain } = connect().await;
-            client.send(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes()).await;
+            let Served { mut client, dropped, server, drain: _drain, .. } = connect().await;
+            client.send(format!("GET {path} HTTP/1.1\r\nhost: h\r\n\r\n").as_bytes()).await;
             tokio::time::sleep(Duration::from_millis(100)).await;
             assert!(!dropped.load(Ordering::SeqCst), "{path}: still going");
             drop(client);
@@ -838,8 +850,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_that_stops_reading_has_its_connection_closed_and_its_answer_dropped() {
-        let Served { mut client, dropped, server, drain: _drain } = connect().await;
-        client.send(b"GET /flood HTTP/1.1\r\n\r\n").await;
+        let Served { mut client, dropped, server, drain: _drain, .. } = connect().await;
+        client.send(b"GET /flood HTTP/1.1\r\nhost: h\r\n\r\n").await;
         // Never read: once the socket is full, nothing more goes out, and after the limit the
         // connection is closed.
         assert!(ended(server).await.is_none());
@@ -867,11 +879,11 @@ mod tests {
         assert!(ended(server).await.is_none());
 
         let Served { mut client, drain, .. } = connect().await;
-        client.send(b"POST /slow HTTP/1.1\r\ncontent-length: 4\r\n\r\nabcd").await;
+        client.send(b"POST /slow HTTP/1.1\r\nhost: h\r\ncontent-length: 4\r\n\r\nabcd").await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         drain.send_replace(true);
         let (head, body) = client.response().await;
-        assert_eq!(body, "POST /slow host= body=abcd");
+        assert_eq!(body, "POST /slow host=h body=abcd");
         assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
         assert!(client.closed().await);
     }
@@ -879,49 +891,109 @@ mod tests {
     /// Including a body still on its way: the proxy may answer before it comes (a refusal), or
     /// time it out.
     #[tokio::test]
-    async fn anything_else_goes_to_hyper_with_every_byte_read() {
-        let long_head = format!("GET /echo HTTP/1.1\r\nx-long: {}\r\n\r\n", "a".repeat(4 * MAX_HEAD_BYTES));
-        let many_lines = format!("GET /echo HTTP/1.1\r\n{}\r\n", "x-a: b\r\n".repeat(MAX_HEADERS + 1));
-        let cases: [&[u8]; 14] = [
-            b"POST /echo HTTP/1.1\r\ncontent-length: 11\r\n\r\nhel",
-            b"POST /echo HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-            b"POST /echo HTTP/1.1\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n",
-            b"GET /echo HTTP/1.1\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
-            b"GET /echo HTTP/1.0\r\n\r\n",
-            b"HEAD /echo HTTP/1.1\r\n\r\n",
-            b"CONNECT example.com:443 HTTP/1.1\r\n\r\n",
-            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-            b"POST /echo HTTP/1.1\r\ncontent-length: 1025\r\n\r\n",
-            b"POST /echo HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 1\r\n\r\na",
-            b"POST /echo HTTP/1.1\r\ncontent-length: +1\r\n\r\na",
-            b"GET /e cho HTTP/1.1\r\n\r\n",
-            long_head.as_bytes(),
-            many_lines.as_bytes(),
+    async fn anything_else_goes_to_hyper_with_every_byte_read_and_why() {
+        let long_head =
+            format!("GET /echo HTTP/1.1\r\nhost: h\r\nx-long: {}\r\n\r\n", "a".repeat(4 * MAX_HEAD_BYTES));
+        let many_lines = format!("GET /echo HTTP/1.1\r\nhost: h\r\n{}\r\n", "x-a: b\r\n".repeat(MAX_HEADERS));
+        let cases: [(&[u8], HandOver); 13] = [
+            (b"POST /echo HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", HandOver::ChunkedBody),
+            (
+                b"POST /echo HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+                HandOver::ChunkedBody,
+            ),
+            (b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n", HandOver::Expect),
+            (b"GET /echo HTTP/1.1\r\nhost: h\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n", HandOver::Upgrade),
+            (b"GET /echo HTTP/1.0\r\n\r\n", HandOver::Http10),
+            // hyper holds the rules for these: the head is not read further here.
+            (b"GET /echo HTTP/1.0\r\nhost: a\r\nhost: b\r\n\r\n", HandOver::Http10),
+            (b"HEAD /echo HTTP/1.1\r\n\r\n", HandOver::HeadOrConnect),
+            (b"CONNECT example.com:443 HTTP/1.1\r\nhost: h\r\n\r\n", HandOver::HeadOrConnect),
+            (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", HandOver::Http2),
+            (b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 1025\r\n\r\n", HandOver::BodyTooLarge),
+            (b"GET /e cho HTTP/1.1\r\nhost: h\r\n\r\n", HandOver::Unparsable),
+            (long_head.as_bytes(), HandOver::HeadTooLong),
+            (many_lines.as_bytes(), HandOver::TooManyLines),
         ];
-        for case in cases {
+        for (case, reason) in cases {
             let name = String::from_utf8_lossy(&case[..case.len().min(60)]).into_owned();
-            let Served { mut client, server, drain: _drain, .. } = connect().await;
+            let Served { mut client, server, answered, drain: _drain, .. } = connect().await;
             client.send(case).await;
-            let (_, read) = tokio::time::timeout(Duration::from_secs(5), server)
+            let handed = tokio::time::timeout(Duration::from_secs(5), server)
                 .await
                 .unwrap_or_else(|_| panic!("not handed over at once: {name}"))
                 .expect("served")
                 .unwrap_or_else(|| panic!("not handed over: {name}"));
+            assert_eq!(handed.reason, reason, "{name}");
+            assert!(!answered.load(Ordering::SeqCst), "{name}");
             // Every byte read goes with it: all of it, or all of a head longer than the limit.
             if case == long_head.as_bytes() {
-                assert!(case.starts_with(&read) && read.len() > MAX_HEAD_BYTES);
+                assert!(case.starts_with(&handed.read) && handed.read.len() >= MAX_HEAD_BYTES);
             } else {
-                assert_eq!(read, case, "{name}");
+                assert_eq!(handed.read, case, "{name}");
             }
         }
+        let Served { mut client, server, drain: _drain, .. } = connect().await;
+        client.send(b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 11\r\n\r\nhel").await;
+        let handed = ended(server).await.expect("handed over after a moment");
+        assert_eq!(handed.reason, HandOver::TrailingBody);
+    }
+
+    /// RFC 9112: one `Host`, one length, no coding but chunked. hyper would take these; here the
+    /// answer is the gateway's, at once (the body is not waited for), and the connection ends.
+    #[tokio::test]
+    async fn a_head_that_breaks_the_rules_is_refused_and_its_connection_closed() {
+        let cases: [(&[u8], &str); 8] = [
+            (b"GET /echo HTTP/1.1\r\n\r\n", "invalid_request"),
+            (b"GET /echo HTTP/1.1\r\nhost: a\r\nHost: a\r\n\r\n", "invalid_request"),
+            (b"GET /echo HTTP/1.1\r\nhost: a b\r\n\r\n", "invalid_request"),
+            (b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 1, 1\r\n\r\na", "invalid_request"),
+            (b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 1\r\ncontent-length: 1\r\n\r\na", "invalid_request"),
+            (b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: +1\r\n\r\na", "invalid_request"),
+            (b"POST /echo HTTP/1.1\r\nhost: h\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\n", "unsupported_transfer_coding"),
+            (b"POST /echo HTTP/1.1\r\nhost: h\r\ntransfer-encoding: identity\r\ntransfer-encoding: chunked\r\nexpect: 100-continue\r\n\r\n", "unsupported_transfer_coding"),
+        ];
+        for (case, code) in cases {
+            let name = String::from_utf8_lossy(case).into_owned();
+            let Served { mut client, server, answered, drain: _drain, .. } = connect().await;
+            client.send(case).await;
+            let (head, body) = client.response().await;
+            let status = if code == "invalid_request" { "400 Bad Request" } else { "501 Not Implemented" };
+            let expected = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            assert_eq!(head, expected, "{name}");
+            let error: serde_json::Value = serde_json::from_str(&body).expect("json");
+            assert_eq!(error["error"]["code"], code, "{name}");
+            assert!(client.closed().await, "{name}");
+            // The server reads on until the client closes too.
+            drop(client);
+            assert!(ended(server).await.is_none(), "{name}: answered here, not by hyper");
+            assert!(!answered.load(Ordering::SeqCst), "{name}: never answered as a request");
+        }
+    }
+
+    /// The refusal does not wait for the body it refuses, and reads what the client sends of it
+    /// meanwhile, so that the client is not reset before it reads the answer.
+    #[tokio::test]
+    async fn a_client_still_sending_a_refused_body_gets_the_answer() {
+        let Served { mut client, server, drain: _drain, .. } = connect().await;
+        client.send(b"POST /echo HTTP/1.1\r\nhost: h\r\ntransfer-encoding: gzip, chunked\r\n\r\n").await;
+        let piece = format!("{:x}\r\n{}\r\n", 60_000, "x".repeat(60_000));
+        for _ in 0..8 {
+            client.send(piece.as_bytes()).await;
+        }
+        assert_eq!(client.response().await.0.lines().next(), Some("HTTP/1.1 501 Not Implemented"));
+        drop(client);
+        assert!(ended(server).await.is_none());
     }
 
     #[tokio::test]
     async fn a_connection_handed_over_reads_what_was_read_first() {
         let Served { mut client, server, drain: _drain, .. } = connect().await;
         client.send(b"GET /echo HTTP/1.0\r\n\r\n").await;
-        let (io, read) = ended(server).await.expect("handed over");
-        let mut rewind = Rewind::new(io, read, IDLE);
+        let handed = ended(server).await.expect("handed over");
+        let mut rewind = Rewind::new(handed.io, handed.read, IDLE);
         client.send(b"more").await;
         let mut seen = vec![0; 5];
         rewind.read_exact(&mut seen).await.expect("read");
@@ -933,24 +1005,5 @@ mod tests {
         let mut echoed = vec![0; 13];
         client.io.read_exact(&mut echoed).await.expect("read");
         assert_eq!(echoed, b"to the client");
-    }
-
-    #[test]
-    fn chunk_sizes_are_hexadecimal_lines() {
-        let mut out = [0; 18];
-        assert_eq!(chunk_size(&mut out, 0), b"0\r\n");
-        assert_eq!(chunk_size(&mut out, 255), b"ff\r\n");
-        assert_eq!(chunk_size(&mut out, 4096), b"1000\r\n");
-        assert_eq!(chunk_size(&mut out, usize::MAX), b"ffffffffffffffff\r\n");
-    }
-
-    #[test]
-    fn content_lengths_are_digits_that_fit() {
-        assert_eq!(content_length(b"0"), Some(0));
-        assert_eq!(content_length(b"0012"), Some(12));
-        assert_eq!(content_length(b"9999999999999999999"), Some(9_999_999_999_999_999_999));
-        for bad in [&b""[..], b"+1", b"-1", b" 1", b"1 ", b"1,1", b"0x10", b"99999999999999999999"] {
-            assert_eq!(content_length(bad), None, "{:?}", String::from_utf8_lossy(bad));
-        }
     }
 }

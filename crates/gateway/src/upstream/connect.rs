@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
+use recovea_http1::push_header;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
@@ -16,7 +17,6 @@ use tokio_rustls::client::TlsStream;
 
 use super::egress::{Egress, Proxy};
 use super::{h1, h2};
-use crate::http1::push_header;
 use crate::proxy::BoxError;
 
 /// TCP keep-alive probes start after this long without traffic, so that a provider (or a middlebox)
