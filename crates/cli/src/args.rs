@@ -8,7 +8,10 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use recovea_core::crypto::MasterKey;
 use recovea_gateway::spool::{DEFAULT_MEMORY_BOUND, MemoryBound};
-use recovea_gateway::{DEFAULT_HTTP2_CONNECTIONS, Egress, GatewayConfig, GatewaySettings, ProviderNetwork};
+use recovea_gateway::{
+    DEFAULT_HTTP2_CONNECTIONS, Egress, GatewayConfig, GatewaySettings, ProviderNetwork,
+    default_max_connections,
+};
 
 use crate::size;
 
@@ -93,6 +96,11 @@ pub(crate) struct GatewayArgs {
     /// many streams as the provider allows, and an extra one closes after 10 s unused.
     #[arg(long, env = "RECOVEA_UPSTREAM_HTTP2_CONNECTIONS", default_value_t = DEFAULT_HTTP2_CONNECTIONS)]
     upstream_http2_connections: usize,
+    /// The most client connections open at once: past it new ones are closed at once, and near it
+    /// (90%) idle ones are closed first. By default, half of what the process's descriptor limit
+    /// leaves after 64 for the node itself (a connection may hold a provider connection too).
+    #[arg(long, env = "RECOVEA_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
     /// The most receipts held in memory while the disk refuses them (full, failing); past it, or
     /// past --spool-memory-bytes, a receipt is lost (counted and logged).
     #[arg(long, env = "RECOVEA_SPOOL_MEMORY_RECEIPTS", default_value_t = DEFAULT_MEMORY_BOUND.receipts)]
@@ -116,6 +124,10 @@ impl GatewayArgs {
         })
         .and_then(|config| config.with_alarm(self.alarm_webhook.as_deref(), self.alarm_interval))
         .and_then(|config| config.with_stream_idle_timeout(self.stream_idle_timeout))
+        .and_then(|config| {
+            let max = self.max_connections.unwrap_or_else(|| default_max_connections(descriptor_limit()));
+            config.with_max_connections(max)
+        })
         .map(|config| config.with_memory_release(crate::allocator::release_freed_memory))
         .map_err(|e| e.to_string())
         .and_then(|config| Ok(config.with_network(self.network()?)))
@@ -142,6 +154,14 @@ impl GatewayArgs {
             })?;
         ProviderNetwork::new(ca.as_deref(), self.upstream_ca_only, egress, self.upstream_http2_connections)
     }
+}
+
+/// The process's soft limit on open descriptors (`None`: unknown, or no limit), from
+/// `/proc/self/limits`: the node bounds its connections within it.
+fn descriptor_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|line| line.starts_with("Max open files"))?;
+    line.trim_start_matches("Max open files").split_whitespace().next()?.parse().ok()
 }
 
 /// The admin API's flags (`serve`, `control`).

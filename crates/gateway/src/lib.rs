@@ -75,6 +75,7 @@ pub struct GatewayConfig {
     alarm_webhook: Option<http::Uri>,
     alarm_interval: Duration,
     network: upstream::ProviderNetwork,
+    max_connections: usize,
     release_freed_memory: fn(),
 }
 
@@ -126,6 +127,7 @@ impl GatewayConfig {
             alarm_webhook: None,
             alarm_interval: DEFAULT_ALARM_INTERVAL,
             network: upstream::ProviderNetwork::default(),
+            max_connections: default_max_connections(None),
             release_freed_memory: || {},
         })
     }
@@ -163,6 +165,16 @@ impl GatewayConfig {
         Ok(self)
     }
 
+    /// At most `max` client connections are open at once: past it a new one is closed at once, and
+    /// near it idle ones are closed first (see [`server`]).
+    pub fn with_max_connections(mut self, max: usize) -> Result<Self, ConfigError> {
+        if max == 0 {
+            return Err(ConfigError("--max-connections must be greater than zero".into()));
+        }
+        self.max_connections = max;
+        Ok(self)
+    }
+
     /// Providers (and the alarm webhook) are reached as `network` says: its trusted certificates,
     /// its egress proxy, its bound on HTTP/2 connections.
     pub fn with_network(mut self, network: upstream::ProviderNetwork) -> Self {
@@ -188,6 +200,18 @@ pub enum Readiness {
     CountersUnconfirmed,
 }
 
+/// Descriptors a node keeps for itself beyond its connections: listeners, the spool's files, the
+/// ledger, the runtimes' own, Redis, the log.
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The client connections a node holds at most by default, given the process's descriptor limit
+/// (`None`: unknown). Each client connection may hold a provider connection too, so each counts
+/// twice against what is left after [`RESERVED_DESCRIPTORS`].
+pub fn default_max_connections(descriptor_limit: Option<u64>) -> usize {
+    let limit = descriptor_limit.unwrap_or(1024);
+    usize::try_from((limit.saturating_sub(RESERVED_DESCRIPTORS) / 2).max(16)).unwrap_or(usize::MAX)
+}
+
 /// One gateway node's shared state: cheap to clone, shared by every connection.
 #[derive(Clone)]
 pub struct Gateway {
@@ -205,6 +229,9 @@ struct Shared {
     alarm: alarm::Alarm,
     /// Set once the node was first ready: it then stays ready.
     ready: std::sync::atomic::AtomicBool,
+    /// Wakes the connections waiting for a next request when the bound on connections nears:
+    /// they close, to make room (see [`server`]).
+    shed_idle: tokio::sync::Notify,
 }
 
 impl Gateway {
@@ -232,6 +259,7 @@ impl Gateway {
                 limiter: ratelimit::RateLimiter::default(),
                 alarm,
                 ready: std::sync::atomic::AtomicBool::new(false),
+                shed_idle: tokio::sync::Notify::new(),
             }),
         }
     }

@@ -151,7 +151,16 @@ pub(crate) fn reason_index(reason: FailOpenReason) -> usize {
 /// unseeded to the end, no answer in time.
 const LINE_ANSWERS: [&str; 5] = ["reserved", "at_line", "contended", "unseeded", "unanswered"];
 
+/// The node's client connections: open now, refused at the bound, closed while idle to make room.
+#[derive(Default)]
+pub(crate) struct ConnectionStats {
+    pub(crate) open: std::sync::atomic::AtomicUsize,
+    pub(crate) refused: AtomicU64,
+    pub(crate) shed: AtomicU64,
+}
+
 pub(crate) struct Metrics {
+    pub(crate) connections: ConnectionStats,
     requests: [AtomicU64; Outcome::ALL.len()],
     fail_open: [AtomicU64; FAIL_OPEN_REASONS.len()],
     /// Unix milliseconds of the last time the serving state was known to be the latest (its
@@ -183,6 +192,7 @@ impl Metrics {
             receipts_estimated: AtomicU64::new(0),
             receipts_unpriced: AtomicU64::new(0),
             line_asks: Default::default(),
+            connections: ConnectionStats::default(),
             handed_over: Default::default(),
             spool,
             counters,
@@ -282,7 +292,22 @@ impl Metrics {
             let n = self.handed_over[reason as usize].load(Relaxed);
             let _ = writeln!(out, "recovea_http1_handed_over_total{{reason=\"{}\"}} {n}", reason.label());
         }
+        let open = self.connections.open.load(Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP recovea_client_connections Client connections open.\n# TYPE recovea_client_connections gauge\nrecovea_client_connections {open}"
+        );
         let counters = [
+            (
+                "recovea_client_connections_refused_total",
+                "Client connections closed at once: the node held --max-connections.",
+                self.connections.refused.load(Relaxed),
+            ),
+            (
+                "recovea_client_connections_shed_total",
+                "Idle client connections closed to make room as --max-connections neared.",
+                self.connections.shed.load(Relaxed),
+            ),
             (
                 "recovea_receipts_estimated_total",
                 "Receipts whose usage the provider did not report.",

@@ -8,6 +8,7 @@ mod h1;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,6 +28,53 @@ use crate::metrics::HandOver;
 use crate::proxy::{self, BoxError, REQUEST_ID, RequestContext, ResponseBody};
 use crate::stall;
 
+/// From this share of `--max-connections` on, idle client connections are closed to make room.
+const SHED_AT_PERCENT: usize = 90;
+
+/// A client connection's place under `--max-connections`, freed when the connection ends.
+struct Slot {
+    gateway: Gateway,
+    /// Connections open once this one was counted.
+    open: usize,
+}
+
+impl Slot {
+    /// A place, unless `max` connections are open.
+    fn take(gateway: &Gateway, max: usize) -> Option<Self> {
+        let connections = &gateway.shared.metrics.connections.open;
+        let open = connections.fetch_add(1, Relaxed) + 1;
+        if open > max {
+            connections.fetch_sub(1, Relaxed);
+            return None;
+        }
+        Some(Self { gateway: gateway.clone(), open })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.gateway.shared.metrics.connections.open.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Counts an event and says when to log it: at most once a second, with how many happened since.
+#[derive(Default)]
+struct Throttled {
+    count: u64,
+    logged_at: Option<std::time::Instant>,
+}
+
+impl Throttled {
+    fn note(&mut self) -> Option<u64> {
+        self.count += 1;
+        if self.logged_at.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+            return None;
+        }
+        self.logged_at = Some(std::time::Instant::now());
+        Some(std::mem::take(&mut self.count))
+    }
+}
+
 /// How long shutdown waits for in-flight requests (streams included) before it stops anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// A client that takes longer to send a request's head is disconnected.
@@ -44,35 +92,69 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 pub struct Server {
     listener: TcpListener,
     workers: Workers,
+    gateway: Gateway,
 }
 
 impl Server {
     /// Starts the connection threads. An error means the gateway cannot serve at all: the caller
     /// should stop rather than run without it.
     pub fn start(gateway: &Gateway, listener: TcpListener) -> std::io::Result<Self> {
-        Ok(Self { listener, workers: Workers::start(gateway)? })
+        Ok(Self { listener, workers: Workers::start(gateway)?, gateway: gateway.clone() })
     }
 
     /// Serves until `shutdown` resolves, then drains open connections.
+    ///
+    /// At most `--max-connections` client connections are open at once: past it a new one is
+    /// closed at once (its descriptors are what the node must keep for the connections it serves,
+    /// its spool and its providers), and from [`SHED_AT_PERCENT`] of it on, each new one wakes the
+    /// connections waiting for a next request, which close: a storm of idle connections cannot
+    /// take the room of clients that send requests.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
-        let Self { listener, mut workers } = self;
+        let Self { listener, mut workers, gateway } = self;
         // Every connection holds a receiver: `true` asks it to finish its request in flight and
         // close; the sender's `closed` says when all have.
         let (drain, _) = watch::channel(false);
+        let max = gateway.shared.config.max_connections;
+        let shed_at = (max.saturating_mul(SHED_AT_PERCENT) / 100).max(1);
+        let (mut refusals, mut accept_errors) = (Throttled::default(), Throttled::default());
+        let connections = &gateway.shared.metrics.connections.open;
+        // Connections shed only when woken, and only those idle long enough: a storm that filled
+        // the room with new ones is shed by a later beat if nothing else wakes them.
+        let mut beat = tokio::time::interval(HEARTBEAT);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
+                _ = beat.tick() => {
+                    if connections.load(Relaxed) >= shed_at {
+                        gateway.shared.shed_idle.notify_waiters();
+                    }
+                }
                 accepted = listener.accept() => {
                     let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
                         Ok(stream) => stream,
                         Err(e) => {
                             // Running out of file descriptors must not end the server: wait and retry.
-                            tracing::warn!(error = %e, "accept failed");
+                            if let Some(count) = accept_errors.note() {
+                                tracing::warn!(error = %e, count, "accept failed");
+                            }
                             tokio::time::sleep(Duration::from_millis(50)).await;
                             continue;
                         }
                     };
-                    workers.hand_over(stream, drain.subscribe());
+                    let Some(slot) = Slot::take(&gateway, max) else {
+                        // Room for the next one: the idle ones that waited a while go.
+                        gateway.shared.shed_idle.notify_waiters();
+                        gateway.shared.metrics.connections.refused.fetch_add(1, Relaxed);
+                        if let Some(count) = refusals.note() {
+                            tracing::warn!(max, count, "client connections at --max-connections: new ones closed");
+                        }
+                        drop(stream);
+                        continue;
+                    };
+                    if slot.open >= shed_at {
+                        gateway.shared.shed_idle.notify_waiters();
+                    }
+                    workers.hand_over(stream, drain.subscribe(), slot);
                 }
                 () = &mut shutdown => break,
             }
@@ -101,7 +183,7 @@ pub(crate) fn connection_workers() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
-type Handover = (std::net::TcpStream, watch::Receiver<bool>);
+type Handover = (std::net::TcpStream, watch::Receiver<bool>, Slot);
 
 /// The connection threads, each fed accepted connections in turn.
 struct Workers {
@@ -128,10 +210,10 @@ impl Workers {
         Ok(workers)
     }
 
-    fn hand_over(&mut self, stream: std::net::TcpStream, drain: watch::Receiver<bool>) {
+    fn hand_over(&mut self, stream: std::net::TcpStream, drain: watch::Receiver<bool>, slot: Slot) {
         self.next = self.next.wrapping_add(1);
         // A worker only stops when its sender is dropped, so the send cannot fail while `self` lives.
-        let _ = self.senders[self.next % self.senders.len()].send((stream, drain));
+        let _ = self.senders[self.next % self.senders.len()].send((stream, drain, slot));
     }
 
     /// Ends every worker once the connections it serves are drained (or abandoned).
@@ -167,7 +249,7 @@ async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver
         max_body: gateway.shared.config.max_body_bytes,
         idle: gateway.shared.config.stream_idle_timeout,
     };
-    while let Some((stream, drain)) = handed.recv().await {
+    while let Some((stream, drain, slot)) = handed.recv().await {
         let stream = match stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
             Ok(stream) => stream,
             Err(e) => {
@@ -177,7 +259,10 @@ async fn serve_handed_over(gateway: Gateway, mut handed: mpsc::UnboundedReceiver
         };
         let _ = stream.set_nodelay(true);
         let (gateway, builder) = (gateway.clone(), std::sync::Arc::clone(&builder));
-        tokio::spawn(async move { serve_connection(stream, drain, &builder, limits, gateway).await });
+        tokio::spawn(async move {
+            serve_connection(stream, drain, &builder, limits, gateway).await;
+            drop(slot);
+        });
     }
 }
 
@@ -202,6 +287,14 @@ pub(crate) trait Answerer: Clone + Send + Sync + 'static {
 
     /// A connection went to hyper's server, for `reason`.
     fn handed_over(&self, reason: HandOver);
+
+    /// Wakes, once, the connections waiting for a next request, which then close; `None`: never.
+    fn idle_shed(&self) -> Option<&tokio::sync::Notify> {
+        None
+    }
+
+    /// A connection waiting for a next request was closed to make room.
+    fn shed(&self) {}
 }
 
 impl Answerer for Gateway {
@@ -219,6 +312,14 @@ impl Answerer for Gateway {
 
     fn handed_over(&self, reason: HandOver) {
         self.shared.metrics.handed_over(reason);
+    }
+
+    fn idle_shed(&self) -> Option<&tokio::sync::Notify> {
+        Some(&self.shared.shed_idle)
+    }
+
+    fn shed(&self) {
+        self.shared.metrics.connections.shed.fetch_add(1, Relaxed);
     }
 }
 

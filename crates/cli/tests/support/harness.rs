@@ -49,7 +49,25 @@ impl Process {
     /// As [`Self::start`], its log (stderr) going to `log`.
     pub fn start_logging(args: &[&str], envs: &[(&str, &str)], ready: &str, log: impl Into<Stdio>) -> Self {
         let mut command = Command::new(BIN);
-        command.args(args).env_remove("RECOVEA_ADMIN_TOKEN").stdout(Stdio::piped()).stderr(log);
+        command.args(args);
+        Self::spawn(command, args, envs, ready, log)
+    }
+
+    /// As [`Self::start`], the process allowed `descriptors` open files (`ulimit -n`).
+    pub fn start_with_descriptors(args: &[&str], descriptors: u32, ready: &str) -> Self {
+        let mut command = Command::new("sh");
+        command.args(["-c", &format!("ulimit -n {descriptors} && exec \"$0\" \"$@\""), BIN]).args(args);
+        Self::spawn(command, args, &[], ready, Stdio::null())
+    }
+
+    fn spawn(
+        mut command: Command,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        ready: &str,
+        log: impl Into<Stdio>,
+    ) -> Self {
+        command.env_remove("RECOVEA_ADMIN_TOKEN").stdout(Stdio::piped()).stderr(log);
         for (name, value) in envs {
             command.env(name, value);
         }

@@ -83,7 +83,8 @@ pub(super) async fn serve<A: Answerer>(
     let stall = Stall::new(idle);
     tokio::pin!(stall);
     loop {
-        let (request, close) = match read_request(&mut io, &mut buf, timer.as_mut(), drain, max_body).await {
+        let waiting = Waiting { timer: timer.as_mut(), drain, shed: answerer.idle_shed() };
+        let (request, close) = match read_request(&mut io, &mut buf, waiting, max_body).await {
             Read::Request(request, close) => (request, close),
             Read::Refuse(error) => {
                 // Whatever follows a head that breaks the rules cannot be trusted to be the next
@@ -95,6 +96,10 @@ pub(super) async fn serve<A: Answerer>(
                 return None;
             }
             Read::Closed => return None,
+            Read::Shed => {
+                answerer.shed();
+                return None;
+            }
             Read::HandOver(reason) => return Some(HandedOver { io, read: buf.freeze(), reason }),
         };
         // A client that hangs up before its answer cancels it (the proxy records why).
@@ -130,6 +135,17 @@ async fn linger(io: &mut TcpStream, buf: &mut BytesMut) {
     .await;
 }
 
+/// How long a connection must have waited for a next request before it may be shed.
+const SHED_AFTER_IDLE: Duration = Duration::from_millis(100);
+
+/// Resolves when `shed` is notified; never without one.
+async fn shed_wait(shed: Option<&tokio::sync::Notify>) {
+    match shed {
+        Some(shed) => shed.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
 // Each value is made once a request and moved once: a box would cost an allocation a request.
 #[expect(clippy::large_enum_variant)]
 enum Read {
@@ -138,18 +154,26 @@ enum Read {
     /// A head that breaks the rules, answered without reading further.
     Refuse(RequestError),
     Closed,
+    /// Closed while idle, to make room for other clients.
+    Shed,
     HandOver(HandOver),
 }
 
+/// What ends the wait for a next request besides the request itself.
+struct Waiting<'a> {
+    /// The header read timeout, then the body's grace.
+    timer: Pin<&'a mut Sleep>,
+    drain: &'a mut watch::Receiver<bool>,
+    /// Wakes an idle connection that must close to make room; `None`: none ever must.
+    shed: Option<&'a tokio::sync::Notify>,
+}
+
 /// The next request. Its head must come within the header read timeout (an idle connection is
-/// closed after it, as hyper does), its body within [`BODY_GRACE`] of the head.
-async fn read_request(
-    io: &mut TcpStream,
-    buf: &mut BytesMut,
-    mut timer: Pin<&mut Sleep>,
-    drain: &mut watch::Receiver<bool>,
-    max_body: u64,
-) -> Read {
+/// closed after it, as hyper does), its body within [`BODY_GRACE`] of the head. A connection that
+/// has sent nothing of it yet closes when the node sheds idle connections.
+async fn read_request(io: &mut TcpStream, buf: &mut BytesMut, waiting: Waiting<'_>, max_body: u64) -> Read {
+    let Waiting { mut timer, drain, shed } = waiting;
+    let idle_since = Instant::now();
     timer.as_mut().reset(Instant::now() + HEADER_READ_TIMEOUT);
     let mut awaiting_body = false;
     loop {
@@ -182,6 +206,13 @@ async fn read_request(
             // A drain closes a connection between requests at once, as hyper does, even with part
             // of a next request read: no answer was begun, so the client may send it again.
             () = super::drained(drain) => return Read::Closed,
+            // A connection that only just came, or just had its answer, is most likely a client
+            // about to send: the idle ones that go are those that have waited a while.
+            () = shed_wait(shed), if buf.is_empty() => {
+                if idle_since.elapsed() >= SHED_AFTER_IDLE {
+                    return Read::Shed;
+                }
+            }
         }
     }
 }
