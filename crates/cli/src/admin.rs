@@ -54,6 +54,9 @@ enum Resource {
     /// Model prices (the built-in table with overrides).
     #[command(subcommand)]
     Prices(Prices),
+    /// The nodes that reported to the control plane: feed version, snapshot age, counters
+    /// confirmed at, fail-open passes, last seen.
+    Nodes,
 }
 
 #[derive(Args)]
@@ -253,6 +256,10 @@ enum Keys {
         #[arg(long, env = "RECOVEA_ORG")]
         org: String,
     },
+    /// A key (never its secret): its limits, expiry and revocation.
+    Get {
+        key: String,
+    },
     Revoke {
         key: String,
     },
@@ -319,6 +326,7 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             }
             (Method::PATCH, format!("/keys/{key}"), Some(body))
         }
+        Resource::Keys(Keys::Get { key }) => (Method::GET, format!("/keys/{key}"), None),
         Resource::Keys(Keys::Revoke { key }) => (Method::POST, format!("/keys/{key}/revoke"), None),
         Resource::Providers(Providers::Set { org, name, kind, api_key, base_url }) => {
             let mut body = json!({ "kind": kind, "api_key": api_key });
@@ -386,6 +394,7 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
         }
         Resource::Caps(Caps::Delete { cap }) => (Method::DELETE, format!("/caps/{cap}"), None),
         Resource::Spend { org } => (Method::GET, format!("/orgs/{org}/spend"), None),
+        Resource::Nodes => (Method::GET, "/nodes".into(), None),
         Resource::Alerts { org } => (Method::GET, format!("/orgs/{org}/alerts"), None),
         Resource::Prices(Prices::List) => (Method::GET, "/prices".into(), None),
         Resource::Prices(Prices::Get { model }) => (Method::GET, format!("/prices/{}", encode(&model)), None),

@@ -12,7 +12,8 @@ mod wiring;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -38,7 +39,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().try_get_matches().unwrap_or_else(|error| {
+        if let Some(variable) = variable_of_bad_value(&error) {
+            eprintln!("error: the environment variable {variable} holds a value that cannot be used");
+        }
+        error.exit()
+    });
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     let _failpoints = recovea_gateway::failpoints_from_env();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -56,8 +63,49 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("error: {message}");
+            eprintln!("error: {}", naming_the_variable(message, &matches));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The environment variable of a long flag of any subcommand, e.g. `RECOVEA_LISTEN` for `listen`.
+fn variable_of(flag: &str) -> Option<String> {
+    fn search(command: &clap::Command, flag: &str) -> Option<String> {
+        let own = command.get_arguments().find(|arg| arg.get_long() == Some(flag));
+        own.and_then(|arg| arg.get_env().map(|env| env.to_string_lossy().into_owned()))
+            .or_else(|| command.get_subcommands().find_map(|sub| search(sub, flag)))
+    }
+    search(&Cli::command(), flag)
+}
+
+/// The variable a value that clap refused came from, when it came from the environment: clap's
+/// own message names only the flag.
+fn variable_of_bad_value(error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(error.kind(), ErrorKind::InvalidValue | ErrorKind::ValueValidation) {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) else { return None };
+    let flag = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let given = std::env::args().any(|a| a == format!("--{flag}") || a.starts_with(&format!("--{flag}=")));
+    let variable = variable_of(flag)?;
+    (!given && std::env::var_os(&variable).is_some()).then_some(variable)
+}
+
+/// A start-up error about `--flag` whose value came from its environment variable names the
+/// variable first: that is where the operator must look.
+fn naming_the_variable(message: String, matches: &ArgMatches) -> String {
+    let Some(flag) = message.strip_prefix("--").and_then(|rest| rest.split([':', ' ']).next()) else {
+        return message;
+    };
+    let Some((_, given)) = matches.subcommand() else { return message };
+    let from_environment = given.value_source(&flag.replace('-', "_")) == Some(ValueSource::EnvVariable);
+    match variable_of(flag) {
+        Some(variable) if from_environment => {
+            let rest = &message[2 + flag.len()..];
+            format!("{variable} (the environment variable of --{flag}){rest}")
+        }
+        _ => message,
     }
 }

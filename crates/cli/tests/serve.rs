@@ -90,6 +90,8 @@ async fn zero_setup_start_generates_secrets_once_and_serves_through_the_admin_cl
     let listed = admin_cli(&serve, &dir, &["keys", "list", "--org", &org_id]);
     assert_eq!(listed["keys"][0]["id"], key["id"]);
     assert!(listed["keys"][0].get("secret").is_none(), "the secret is shown only once");
+    let got = admin_cli(&serve, &dir, &["keys", "get", key["id"].as_str().expect("id")]);
+    assert_eq!((&got["id"], &got["name"], got.get("secret")), (&key["id"], &json!("prod"), None));
 
     let provider_key = "sk-managed-zero-setup-0123456789";
     let provider = admin_cli(
@@ -130,6 +132,7 @@ async fn zero_setup_start_generates_secrets_once_and_serves_through_the_admin_cl
     // Revocation reaches the serving snapshot within a second.
     let revoked = admin_cli(&serve, &dir, &["keys", "revoke", key["id"].as_str().expect("id")]);
     assert!(revoked["revoked_at"].is_string());
+    assert!(admin_cli(&serve, &dir, &["nodes"])["nodes"].is_array(), "the nodes that reported");
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
         let (status, _) = call(
@@ -276,7 +279,7 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     let dir = temp_dir("bad-flags");
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
     std::fs::write(dir.join("admin-token"), "\n").expect("an empty token file");
-    let cases: [Case<'_>; 9] = [
+    let cases: [Case<'_>; 11] = [
         (&[], &[], "admin-token is empty"),
         (&["--master-key", "zz"], &[], "--master-key"),
         (&["--openai-base-url", "ftp://x"], &[], "--openai-base-url"),
@@ -286,6 +289,13 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
         (&["--stream-idle-timeout", "0s"], &[], "--stream-idle-timeout"),
         (&[], &[("RECOVEA_ANTHROPIC_BASE_URL", "nowhere")], "--anthropic-base-url"),
         (&["--database-url", "mysql://x"], &[], "--database-url"),
+        // A bad value from the environment is reported under the variable's name.
+        (&[], &[("RECOVEA_UPSTREAM_TIMEOUT", "soon")], "the environment variable RECOVEA_UPSTREAM_TIMEOUT"),
+        (
+            &[],
+            &[("RECOVEA_ANTHROPIC_BASE_URL", "nowhere")],
+            "RECOVEA_ANTHROPIC_BASE_URL (the environment variable of --anthropic-base-url): ",
+        ),
     ];
     for (args, env, named) in cases {
         let output = Command::new(BIN)
@@ -306,7 +316,7 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
 
 #[test]
 fn every_flag_of_every_subcommand_names_its_environment_variable() {
-    let subcommands: [&[&str]; 29] = [
+    let subcommands: [&[&str]; 31] = [
         &["control"],
         &["node"],
         &["admin", "keys", "update"],
@@ -336,6 +346,8 @@ fn every_flag_of_every_subcommand_names_its_environment_variable() {
         &["admin", "providers", "set"],
         &["admin", "providers", "list"],
         &["admin", "orgs", "list"],
+        &["admin", "keys", "get"],
+        &["admin", "nodes"],
     ];
     for args in subcommands {
         let output = Command::new(BIN).args(args).arg("--help").output().expect("runs");
@@ -354,7 +366,7 @@ fn every_flag_of_every_subcommand_names_its_environment_variable() {
         let flags: Vec<&String> =
             blocks.iter().filter(|b| !b.contains("--help") && !b.contains("--version")).collect();
         if args == ["serve"] {
-            assert_eq!(flags.len(), 20, "{help}");
+            assert_eq!(flags.len(), 30, "{help}");
         }
         for block in flags {
             assert!(block.contains("[env: RECOVEA_"), "{args:?}: {block}");

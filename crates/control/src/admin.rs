@@ -94,6 +94,7 @@ impl Control {
             (["orgs", org, "keys"], &Method::POST) => self.create_key(org_id(org)?, parse(&body)?).await,
             (["orgs", org, "keys"], &Method::GET) => self.list_keys(org_id(org)?).await,
             (["keys", key, "revoke"], &Method::POST) => self.revoke_key(key_id(key)?).await,
+            (["keys", key], &Method::GET) => self.get_key(key_id(key)?).await,
             (["keys", key], &Method::PATCH) => self.update_key(key_id(key)?, parse(&body)?).await,
             (["orgs", org, "providers"], &Method::GET) => self.list_providers(org_id(org)?).await,
             (["orgs", org, "providers", name], &Method::PUT) => {
@@ -223,6 +224,12 @@ impl Control {
             .store(move |s| s.set_key_limits(&owner, limits))
             .await?
             .ok_or(ApiError::NotFound(missing))?;
+        ok(key_json(&key))
+    }
+
+    async fn get_key(&self, id: KeyId) -> Result<Reply, ApiError> {
+        let missing = format!("No key {id}.");
+        let key = self.store(move |s| s.key(&id)).await?.ok_or(ApiError::NotFound(missing))?;
         ok(key_json(&key))
     }
 
@@ -471,6 +478,7 @@ mod openapi_tests {
         ("/orgs/{org}/keys", "post"),
         ("/orgs/{org}/keys", "get"),
         ("/keys/{key}/revoke", "post"),
+        ("/keys/{key}", "get"),
         ("/keys/{key}", "patch"),
         ("/orgs/{org}/providers", "get"),
         ("/orgs/{org}/providers/{name}", "put"),
