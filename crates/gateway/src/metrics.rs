@@ -250,52 +250,52 @@ impl Metrics {
 
     pub(crate) fn render(&self) -> String {
         let mut out = String::with_capacity(1024);
-        out.push_str("# HELP recovea_requests_total Requests through the proxy, by how they ended.\n");
-        out.push_str("# TYPE recovea_requests_total counter\n");
-        for outcome in Outcome::ALL {
-            let n = self.requests[outcome as usize].load(Relaxed);
-            let _ = writeln!(out, "recovea_requests_total{{outcome=\"{}\"}} {n}", outcome.label());
-        }
-        out.push_str("# HELP recovea_fail_open_total Requests passed through unadmitted, by reason.\n");
-        out.push_str("# TYPE recovea_fail_open_total counter\n");
-        for (i, reason) in FAIL_OPEN_REASONS.iter().enumerate() {
-            let n = self.fail_open[i].load(Relaxed);
-            let _ = writeln!(out, "recovea_fail_open_total{{reason=\"{}\"}} {n}", reason.label());
-        }
-        out.push_str(
-            "# HELP recovea_cap_line_asks_total Requests near an armed cap's line that asked the shared counter store, by its answer.\n",
+        let load = |n: &AtomicU64| n.load(Relaxed);
+        labelled(
+            &mut out,
+            ("recovea_requests_total", "Requests through the proxy, by how they ended.", "outcome"),
+            Outcome::ALL.iter().map(|o| (o.label(), load(&self.requests[*o as usize]))),
         );
-        out.push_str("# TYPE recovea_cap_line_asks_total counter\n");
-        for (i, answer) in LINE_ANSWERS.iter().enumerate() {
-            let n = self.line_asks[i].load(Relaxed);
-            let _ = writeln!(out, "recovea_cap_line_asks_total{{answer=\"{answer}\"}} {n}");
-        }
-        out.push_str("# HELP recovea_upstream_connections_opened_total Connections opened to providers, by protocol.\n");
-        out.push_str("# TYPE recovea_upstream_connections_opened_total counter\n");
-        for (i, protocol) in ["http1", "http2"].iter().enumerate() {
-            let n = self.upstream.opened[i].load(Relaxed);
-            let _ = writeln!(out, "recovea_upstream_connections_opened_total{{protocol=\"{protocol}\"}} {n}");
-        }
-        out.push_str(
-            "# HELP recovea_upstream_retries_total Requests sent again on a new connection, by why it was safe.\n",
+        labelled(
+            &mut out,
+            ("recovea_fail_open_total", "Requests passed through unadmitted, by reason.", "reason"),
+            FAIL_OPEN_REASONS.iter().zip(&self.fail_open).map(|(r, n)| (r.label(), load(n))),
         );
-        out.push_str("# TYPE recovea_upstream_retries_total counter\n");
-        for retry in Retry::ALL {
-            let n = self.upstream.retries[retry as usize].load(Relaxed);
-            let _ = writeln!(out, "recovea_upstream_retries_total{{reason=\"{}\"}} {n}", retry.label());
-        }
-        out.push_str(
-            "# HELP recovea_http1_handed_over_total Client connections handed to hyper's server, by what their request asked for.\n",
+        labelled(
+            &mut out,
+            (
+                "recovea_cap_line_asks_total",
+                "Requests near an armed cap's line that asked the shared counter store, by its answer.",
+                "answer",
+            ),
+            LINE_ANSWERS.iter().zip(&self.line_asks).map(|(a, n)| (*a, load(n))),
         );
-        out.push_str("# TYPE recovea_http1_handed_over_total counter\n");
-        for reason in HandOver::ALL {
-            let n = self.handed_over[reason as usize].load(Relaxed);
-            let _ = writeln!(out, "recovea_http1_handed_over_total{{reason=\"{}\"}} {n}", reason.label());
-        }
-        let open = self.connections.open.load(Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP recovea_client_connections Client connections open.\n# TYPE recovea_client_connections gauge\nrecovea_client_connections {open}"
+        labelled(
+            &mut out,
+            (
+                "recovea_upstream_connections_opened_total",
+                "Connections opened to providers, by protocol.",
+                "protocol",
+            ),
+            ["http1", "http2"].into_iter().zip(&self.upstream.opened).map(|(p, n)| (p, load(n))),
+        );
+        labelled(
+            &mut out,
+            (
+                "recovea_upstream_retries_total",
+                "Requests sent again on a new connection, by why it was safe.",
+                "reason",
+            ),
+            Retry::ALL.iter().map(|r| (r.label(), load(&self.upstream.retries[*r as usize]))),
+        );
+        labelled(
+            &mut out,
+            (
+                "recovea_http1_handed_over_total",
+                "Client connections handed to hyper's server, by what their request asked for.",
+                "reason",
+            ),
+            HandOver::ALL.iter().map(|r| (r.label(), load(&self.handed_over[*r as usize]))),
         );
         let counters = [
             (
@@ -315,7 +315,7 @@ impl Metrics {
             ),
             (
                 "recovea_receipts_unpriced_total",
-                "Receipts of models without a price (cost 0, priced=false).",
+                "Receipts of models without a price of their own, costed at their kind's fallback price (priced=false).",
                 self.receipts_unpriced.load(Relaxed),
             ),
             (
@@ -349,6 +349,11 @@ impl Metrics {
                 self.spool.held.load(Relaxed),
             ),
             ("recovea_spool_bytes", "The size of the spool's segment files.", self.spool.bytes.load(Relaxed)),
+            (
+                "recovea_client_connections",
+                "Client connections open.",
+                u64::try_from(self.connections.open.load(Relaxed)).unwrap_or(u64::MAX),
+            ),
         ];
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
@@ -370,6 +375,18 @@ impl Metrics {
             let _ = writeln!(out, "recovea_snapshot_age_seconds {age:.3}");
         }
         out
+    }
+}
+
+/// A counter with one label: its help and type, then a line per label value.
+fn labelled<'a>(
+    out: &mut String,
+    (name, help, label): (&str, &str, &str),
+    values: impl Iterator<Item = (&'a str, u64)>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (value, n) in values {
+        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
     }
 }
 
