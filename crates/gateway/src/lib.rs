@@ -15,6 +15,7 @@ mod refusal;
 mod server;
 pub mod spool;
 mod stall;
+mod throttled;
 mod upstream;
 
 use std::sync::Arc;

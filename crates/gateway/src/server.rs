@@ -27,6 +27,7 @@ use crate::Gateway;
 use crate::metrics::HandOver;
 use crate::proxy::{self, BoxError, REQUEST_ID, RequestContext, ResponseBody};
 use crate::stall;
+use crate::throttled::Throttled;
 
 /// From this share of `--max-connections` on, idle client connections are closed to make room.
 const SHED_AT_PERCENT: usize = 90;
@@ -54,24 +55,6 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.gateway.shared.metrics.connections.open.fetch_sub(1, Relaxed);
-    }
-}
-
-/// Counts an event and says when to log it: at most once a second, with how many happened since.
-#[derive(Default)]
-struct Throttled {
-    count: u64,
-    logged_at: Option<std::time::Instant>,
-}
-
-impl Throttled {
-    fn note(&mut self) -> Option<u64> {
-        self.count += 1;
-        if self.logged_at.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
-            return None;
-        }
-        self.logged_at = Some(std::time::Instant::now());
-        Some(std::mem::take(&mut self.count))
     }
 }
 

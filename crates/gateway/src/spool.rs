@@ -34,6 +34,8 @@ use recovea_core::receipt::{Receipt, ReceiptSink, SerializedReceipt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::throttled::Throttled;
+
 /// A new segment starts past this size, so that delivered ones can be deleted whole.
 const SEGMENT_BYTES: u64 = 8 << 20;
 /// How long a woken shipper waits for more receipts before it delivers: one batch, rather than one
@@ -308,9 +310,8 @@ struct Appending {
     held_bytes: usize,
     /// The disk refused the last append: the next that succeeds says so in the log.
     refusing: bool,
-    /// Receipts lost since the last time the log said so, and when it did.
-    unlogged_drops: u64,
-    drop_logged_at: Option<Instant>,
+    /// Receipts lost, for a log line at most once a second.
+    drops: Throttled,
 }
 
 /// An appended receipt and the place of its line.
@@ -342,9 +343,6 @@ impl Segment {
 /// A receipt the disk refused, and why: boxed, as it is rare and large.
 struct Refused(io::Error, SerializedReceipt);
 
-/// How often a lost receipt is logged at most: each loss is counted, the log says how many.
-const DROP_LOG_EVERY: Duration = Duration::from_secs(1);
-
 impl Appender {
     fn open(
         dir: &Path,
@@ -360,8 +358,7 @@ impl Appender {
             held: VecDeque::new(),
             held_bytes: 0,
             refusing: false,
-            unlogged_drops: 0,
-            drop_logged_at: None,
+            drops: Throttled::default(),
         };
         Ok(Self { dir: dir.to_owned(), state: Mutex::new(appending), mirror_capacity, bound, stats })
     }
@@ -438,17 +435,14 @@ impl Appender {
         let length = receipt.json().len();
         if state.held.len() >= self.bound.receipts || state.held_bytes + length > self.bound.bytes {
             self.stats.dropped.fetch_add(1, Relaxed);
-            state.unlogged_drops += 1;
-            if state.drop_logged_at.is_none_or(|at| at.elapsed() >= DROP_LOG_EVERY) {
+            if let Some(lost) = state.drops.note() {
                 tracing::error!(
-                    lost = state.unlogged_drops,
+                    lost,
                     held = state.held.len(),
                     held_bytes = state.held_bytes,
                     receipt_id = %receipt.into_receipt().id,
                     "the disk refuses receipts and memory holds as many as its bound allows: receipts lost"
                 );
-                state.unlogged_drops = 0;
-                state.drop_logged_at = Some(Instant::now());
             }
             return false;
         }
