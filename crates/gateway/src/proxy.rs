@@ -162,9 +162,11 @@ where
         }
         None => None,
     };
-    // Usage is read from the stream; OpenAI streams carry it only when asked.
+    // Usage is read from the stream; OpenAI streams carry it only when asked. A fail-open pass is
+    // not metered: its body goes as the client sent it.
     let mut strip_usage_chunk = false;
-    if matches!(surface, Surface::ChatCompletions | Surface::Completions)
+    if ctx.admitted.is_some()
+        && matches!(surface, Surface::ChatCompletions | Surface::Completions)
         && let Some(rewritten) = rewrite::force_include_usage_with(&body, &facts)
     {
         body = Bytes::from(rewritten);

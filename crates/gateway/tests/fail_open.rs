@@ -264,6 +264,27 @@ async fn every_fail_open_pass_strips_the_key_writes_no_receipt_and_alarms_once_p
 }
 
 #[tokio::test]
+async fn a_stream_passed_through_fail_open_goes_and_comes_back_as_sent() {
+    let webhook = webhook().await;
+    let node = Node::start(&format!("{}/alarm", webhook.url()), Duration::from_secs(3600)).await;
+    // No state yet: a pass. The client asked for no usage: the gateway, which meters nothing on a
+    // pass, must neither ask the provider for it nor leave a usage chunk the client never asked for.
+    let stream =
+        r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Say hello"}]}"#;
+    let request = Request::post(format!("{}/v1/chat/completions", node.url))
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {KEY}"))
+        .body(Full::new(Bytes::from_static(stream.as_bytes())))
+        .expect("request");
+    let response = node.client.request(request).await.expect("gateway answers");
+    assert_eq!(response.status(), StatusCode::OK);
+    let events = String::from_utf8(body_of(response).await.to_vec()).expect("utf-8");
+    assert_eq!(node.mock.requests()[0].body, stream, "the body went as the client sent it");
+    assert!(!events.contains("\"usage\""), "no usage chunk the client did not ask for: {events}");
+    assert!(events.ends_with("data: [DONE]\n\n"), "{events}");
+}
+
+#[tokio::test]
 async fn the_next_alarm_after_the_interval_counts_the_passes_kept_quiet() {
     let scenario = FailScenario::setup();
     let webhook = webhook().await;
