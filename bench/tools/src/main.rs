@@ -124,7 +124,9 @@ fn main() {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: recovea-bench snapshot|load|streams|keys|cpu-watch|ingest|pg-create|pg-drop --flag value ...");
+    eprintln!(
+        "usage: recovea-bench snapshot|load|streams|keys|cpu-watch|ingest|pg-create|pg-drop --flag value ..."
+    );
     std::process::exit(2);
 }
 
