@@ -72,7 +72,11 @@ p("Every stream is a streaming chat request on an HTTP/1.1 connection of its own
   "the times between consecutive events of a stream. The hop's CPU per event and the cores are "
   "measured over the steady window (every stream open, none ended; *steady* gaps are those that "
   "arrive in it); RSS per stream is the hop's RSS at the peak of open streams less its RSS before "
-  "the first stream, divided by the streams open then. nginx's figures are its workers' summed.")
+  "the first stream, divided by the streams open then. nginx's figures are its workers' summed. "
+  "*direct* reaches the mock over HTTP/1.1 (a connection a stream, as nginx does); *direct-h2* over "
+  "HTTP/2, 100 streams a connection (as the gateway does): *added* is against *direct*, and in "
+  "brackets against *direct-h2*. *Other procs' cores*: CPU used meanwhile by processes outside the "
+  "benchmark (other users of the machine; also kernel threads).")
 p("")
 
 phases = []
@@ -89,8 +93,10 @@ for phase in phases:
     p("")
     direct = next((r for r in prs if r["target"] == "direct"), None)
     base = direct["r"] if direct else None
+    direct_h2 = next((r for r in prs if r["target"] == "direct-h2"), None)
+    base_h2 = ((direct_h2["r"].get("steady") or {}).get("gap_us")) if direct_h2 else None
     p("| target | completed | failed | peak open | TTFB p50 / p99 ms | added TTFB p50 / p99 | "
-      "gap p50 / p99 / p99.9 / max ms (steady) | added gap p99 (steady) | gap p99 / max ms (all) | "
+      "gap p50 / p99 / p99.9 / max ms (steady) | added gap p99 (steady; vs direct-h2) | gap p99 / max ms (all) | "
       "added gap p99 (all) | RSS idle → peak MiB | KiB per stream | CPU µs per event | hop cores | "
       "mock cores | client cores | other procs' cores |")
     p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
@@ -100,7 +106,7 @@ for phase in phases:
         st = x.get("steady") or {}
         g = st.get("gap_us") or {}
         bst = (base.get("steady") or {}).get("gap_us") if base else None
-        is_base = r["target"] == "direct"
+        is_base = r["target"].startswith("direct")
         fc = foreign_cores(r["t0"], r["t1"])
         row = [
             r["target"],
@@ -112,7 +118,8 @@ for phase in phases:
             f"{added(x['ttfb_us']['p50'], base['ttfb_us']['p50'])} / "
             f"{added(x['ttfb_us']['p99'], base['ttfb_us']['p99'])}",
             f"{ms(g['p50'])} / {ms(g['p99'])} / {ms(g['p999'])} / {ms(g['max'])}" if g else "n/a",
-            "–" if is_base or not bst or not g else added(g["p99"], bst["p99"]),
+            "–" if is_base or not bst or not g else added(g["p99"], bst["p99"])
+            + (f" ({added(g['p99'], base_h2['p99'])})" if base_h2 else ""),
             f"{ms(x['gap_us']['p99'])} / {ms(x['gap_us']['max'])}",
             "–" if is_base or not base else added(x["gap_us"]["p99"], base["gap_us"]["p99"]),
             "–" if is_base else

@@ -16,7 +16,8 @@
 //!   evaluates; reports receipts/s, batch latency and the CPU time the control plane (`--control-pid`),
 //!   PostgreSQL (for the database of `--database-url`) and itself used meanwhile.
 //! - `streams --url U --body B --streams N --rate R ...`: N concurrent streaming requests held open at
-//!   once, each on its own connection (HTTP/1.1, over TLS for an `https` URL), opened R a second;
+//!   once, each on its own connection (HTTP/1.1, over TLS for an `https` URL; or `--http2 M`, M on
+//!   each HTTP/2 connection), opened R a second;
 //!   time to first byte, every inter-event gap, errors, the peak of open streams, and the RSS and
 //!   CPU time of the processes under test (`--proxy-pids`) at that peak and per event (see
 //!   `streams.rs`).

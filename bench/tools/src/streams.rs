@@ -1,5 +1,6 @@
 //! `streams`: N concurrent streaming chat requests held open at once, as clients of a model hold
-//! them, each on a connection of its own (HTTP/1.1, TLS for an `https` URL), opened at a given rate.
+//! them, each on a connection of its own (HTTP/1.1, TLS for an `https` URL), opened at a given rate;
+//! or, `--http2 M`, M on each HTTP/2 connection (over TLS), as a multiplexing client holds them.
 //!
 //! For every stream it records the time to the answer's head and to its first SSE event, and the
 //! arrival of every further event (the gap since the one before). A sampler reads, every
@@ -68,10 +69,14 @@ struct Sample {
 
 pub(crate) async fn streams(flags: &Flags) -> Result<(), Error> {
     let url: http::Uri = flags.str("url")?.parse()?;
+    // `--http2 M`: the streams share HTTP/2 connections over TLS, M on each (a client that
+    // multiplexes, as the gateway does towards providers); by default one HTTP/1.1 connection each.
+    let http2: usize = flags.num("http2", 0)?;
+    let alpn: &[u8] = if http2 > 0 { b"h2" } else { b"http/1.1" };
     let tls = match url.scheme_str() {
-        Some("http") => None,
-        Some("https") => Some(tls_connector(flags.opt("ca"))?),
-        _ => return Err("--url: http:// or https:// expected".into()),
+        Some("http") if http2 == 0 => None,
+        Some("https") => Some(tls_connector(flags.opt("ca"), alpn)?),
+        _ => return Err("--url: http:// or (and with --http2) https:// expected".into()),
     };
     let authority = url.authority().ok_or("--url needs host:port")?.clone();
     let path = url.path_and_query().map_or("/", |p| p.as_str()).to_owned();
@@ -135,17 +140,38 @@ pub(crate) async fn streams(flags: &Flags) -> Result<(), Error> {
     };
 
     // The ramp: stream i starts at i / rate seconds.
+    let pool = Arc::new(Http2Pool {
+        connections: (0..count.div_ceil(http2.max(1))).map(|_| tokio::sync::OnceCell::new()).collect(),
+        per_connection: http2.max(1),
+    });
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(count);
     for i in 0..count {
         let at = started + Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until(at.into()).await;
-        let (authority, path, body, key, tls, shared) =
-            (authority.clone(), path.clone(), body.clone(), key.clone(), tls.clone(), Arc::clone(&shared));
+        let (authority, path, body, key, tls, shared, pool, url) = (
+            authority.clone(),
+            path.clone(),
+            body.clone(),
+            key.clone(),
+            tls.clone(),
+            Arc::clone(&shared),
+            Arc::clone(&pool),
+            url.clone(),
+        );
         shared.launched.fetch_add(1, Relaxed);
         tasks.push(tokio::spawn(async move {
             let mut outcome = Outcome { gaps: Vec::with_capacity(expect_events), ..Outcome::default() };
-            let run = one_stream(&authority, &path, &body, key.as_deref(), tls, &shared, &mut outcome);
+            let run = async {
+                match (http2 > 0, tls) {
+                    (true, Some(tls)) => {
+                        one_stream_h2(i, &pool, &url, &body, key.as_deref(), tls, &shared, &mut outcome).await
+                    }
+                    (_, tls) => {
+                        one_stream(&authority, &path, &body, key.as_deref(), tls, &shared, &mut outcome).await
+                    }
+                }
+            };
             match tokio::time::timeout(stream_timeout, run).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -404,19 +430,45 @@ where
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake::<_, Full<Bytes>>(hyper_util::rt::TokioIo::new(io)).await?;
     let conn = tokio::spawn(conn);
-    let mut req = http::Request::post(path)
-        .header(http::header::HOST, authority.as_str())
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header(http::header::ACCEPT, "text/event-stream");
-    if let Some(key) = key {
-        req = req.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
-    }
-    let req = req.body(Full::new(body.clone()))?;
-    let us = |d: Duration| u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+    let req = request(path.parse()?, Some(authority), body, key)?;
     sender.ready().await?;
     let t0 = Instant::now();
     let response = sender.send_request(req).await;
-    let result = async {
+    let result = read_answer(response, t0, shared, outcome).await;
+    drop(sender);
+    conn.abort();
+    result
+}
+
+/// The streaming request: to `uri` (absolute over HTTP/2, where it gives `:authority`), with a
+/// `Host` over HTTP/1.1.
+fn request(
+    uri: http::Uri,
+    host: Option<&http::uri::Authority>,
+    body: &Bytes,
+    key: Option<&str>,
+) -> Result<http::Request<Full<Bytes>>, Error> {
+    let mut req = http::Request::post(uri)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::ACCEPT, "text/event-stream");
+    if let Some(host) = host {
+        req = req.header(http::header::HOST, host.as_str());
+    }
+    if let Some(key) = key {
+        req = req.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    Ok(req.body(Full::new(body.clone()))?)
+}
+
+/// Reads an answer's head and its events into `outcome`.
+async fn read_answer(
+    response: Result<http::Response<hyper::body::Incoming>, hyper::Error>,
+    t0: Instant,
+    shared: &Shared,
+    outcome: &mut Outcome,
+) -> Result<(), Error> {
+    let us = |d: Duration| u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+    async {
         let response = response?;
         outcome.head_us = Some(us(t0.elapsed()));
         if response.status() != http::StatusCode::OK {
@@ -469,15 +521,63 @@ where
         }
         Ok::<(), Error>(())
     }
-    .await;
-    drop(sender);
-    conn.abort();
-    result
+    .await
 }
 
-/// A TLS client for HTTP/1.1 that trusts the PEM certificates of `ca` (the mock's, by default
+/// HTTP/2 connections shared by the streams (`--http2 M`: M streams on each, in launch order),
+/// each opened by the first stream that needs it.
+struct Http2Pool {
+    connections: Vec<tokio::sync::OnceCell<hyper::client::conn::http2::SendRequest<Full<Bytes>>>>,
+    per_connection: usize,
+}
+
+/// One stream on a shared HTTP/2 connection (over TLS, `h2` by ALPN).
+#[allow(clippy::too_many_arguments)]
+async fn one_stream_h2(
+    i: usize,
+    pool: &Http2Pool,
+    uri: &http::Uri,
+    body: &Bytes,
+    key: Option<&str>,
+    tls: tokio_rustls::TlsConnector,
+    shared: &Shared,
+    outcome: &mut Outcome,
+) -> Result<(), Error> {
+    let authority = uri.authority().ok_or("--url needs host:port")?;
+    let cell = &pool.connections[i / pool.per_connection];
+    let sender = cell
+        .get_or_try_init(|| async {
+            let tcp = tokio::net::TcpStream::connect(authority.as_str()).await?;
+            tcp.set_nodelay(true)?;
+            let name = rustls::pki_types::ServerName::try_from(authority.host().to_owned())?;
+            let stream = tls.connect(name, tcp).await?;
+            let (sender, conn) =
+                hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .initial_stream_window_size(1 << 20)
+                    .initial_connection_window_size(16 << 20)
+                    .handshake::<_, Full<Bytes>>(hyper_util::rt::TokioIo::new(stream))
+                    .await?;
+            tokio::spawn(conn);
+            Ok::<_, Error>(sender)
+        })
+        .await;
+    let mut sender = match sender {
+        Ok(sender) => sender.clone(),
+        Err(e) => {
+            outcome.error = Some(("connect", e.to_string()));
+            return Ok(());
+        }
+    };
+    let req = request(uri.clone(), None, body, key)?;
+    sender.ready().await?;
+    let t0 = Instant::now();
+    let response = sender.send_request(req).await;
+    read_answer(response, t0, shared, outcome).await
+}
+
+/// A TLS client for HTTP/1.1 (or, `alpn` `h2`, HTTP/2) that trusts the PEM certificates of `ca` (the mock's, by default
 /// none: then `--ca` is required).
-fn tls_connector(ca: Option<&str>) -> Result<tokio_rustls::TlsConnector, Error> {
+fn tls_connector(ca: Option<&str>, alpn: &[u8]) -> Result<tokio_rustls::TlsConnector, Error> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let ca = ca.ok_or("--ca FILE is required for an https URL")?;
@@ -490,7 +590,7 @@ fn tls_connector(ca: Option<&str>) -> Result<tokio_rustls::TlsConnector, Error> 
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
