@@ -269,6 +269,8 @@ if perfstat:
                 p(f"| {c} | " + " | ".join(f"{per_call[k].get(c, 0):.2f}" for k in cols) + " |")
         p("")
 profiles = (("gateway-as-served", "the gateway as served (metering on), chat at concurrency 32"),
+            ("node-as-served", "`recovea node` as deployed (metering on: its spool, shipped to the "
+             "control plane), chat at concurrency 32"),
             ("gateway-ledger-down", "the request path alone (ledger down), chat at concurrency 32"),
             ("drain-alerts-off", "serve draining a backlog into SQLite (no load, cap alerts off)"),
             ("ingest-alerts-on", "`recovea control` ingesting receipts into PostgreSQL, cap alerts on"),
