@@ -15,6 +15,12 @@
 //!   organizations it creates (or is given), optionally each with armed caps whose alerts ingest
 //!   evaluates; reports receipts/s, batch latency and the CPU time the control plane (`--control-pid`),
 //!   PostgreSQL (for the database of `--database-url`) and itself used meanwhile.
+//! - `streams --url U --body B --streams N --rate R ...`: N concurrent streaming requests held open at
+//!   once, each on its own connection (HTTP/1.1, over TLS for an `https` URL; or `--http2 M`, M on
+//!   each HTTP/2 connection), opened R a second;
+//!   time to first byte, every inter-event gap, errors, the peak of open streams, and the RSS and
+//!   CPU time of the processes under test (`--proxy-pids`) at that peak and per event (see
+//!   `streams.rs`).
 //! - `pg-create --server URL --db NAME`, `pg-drop --server URL --db NAME`: a fresh PostgreSQL
 //!   database for a run of `recovea control`, and its removal.
 //!
@@ -37,6 +43,8 @@ use recovea_core::snapshot::{ProviderCredential, ProviderKind, Snapshot, Snapsho
 use recovea_core::usage::UsageSource;
 use recovea_core::window::Window;
 use recovea_core::{Credential, CredentialHeader, Decision, Timestamp, admit};
+
+mod streams;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -102,6 +110,7 @@ fn main() {
     let result = match command.as_str() {
         "snapshot" => snapshot(&flags),
         "load" => runtime().and_then(|rt| rt.block_on(load(&flags))),
+        "streams" => runtime().and_then(|rt| rt.block_on(streams::streams(&flags))),
         "keys" => runtime().and_then(|rt| rt.block_on(keys(&flags))),
         "cpu-watch" => cpu_watch(&flags),
         "ingest" => runtime().and_then(|rt| rt.block_on(ingest(&flags))),
@@ -116,7 +125,9 @@ fn main() {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: recovea-bench snapshot|load|keys|cpu-watch|ingest|pg-create|pg-drop --flag value ...");
+    eprintln!(
+        "usage: recovea-bench snapshot|load|streams|keys|cpu-watch|ingest|pg-create|pg-drop --flag value ..."
+    );
     std::process::exit(2);
 }
 
@@ -724,6 +735,7 @@ fn synthetic_receipt(run: &str, i: usize, org: &str, org_index: usize, now_ms: i
         usage_source: UsageSource::Provider,
         priced: true,
         price_revision: 1,
+        priced_as: Some("gpt-4o-mini".into()),
         started_at: Timestamp(now_ms - 900 - (i % 500) as i64),
         finished_at: Timestamp(now_ms - (i % 500) as i64),
         node_id: "node_bench".into(),

@@ -5,22 +5,24 @@ use http::StatusCode;
 
 use crate::request::{Answer, Ctx, json_string};
 use crate::sse;
-use crate::usage::{OUTPUT_TOKENS, REPLY_PIECES, REPLY_TEXT, shapes};
+use crate::usage::{REPLY_PIECES, shapes};
 
 /// `POST /v1/messages`.
 pub(crate) fn messages(ctx: &Ctx) -> Answer {
     let head =
         format!(r#"{{"id":"msg_mock{}","type":"message","role":"assistant","model":{},"#, ctx.n, ctx.model);
+    let output = ctx.output_tokens();
     if !ctx.fields.stream() {
         return Answer::ok(format!(
-            r#"{head}"content":[{{"type":"text","text":"{REPLY_TEXT}"}}],"stop_reason":"end_turn","stop_sequence":null,"usage":{}}}"#,
-            ctx.usage_or(|input| shapes::anthropic(input, OUTPUT_TOKENS))
+            r#"{head}"content":[{{"type":"text","text":"{}"}}],"stop_reason":"end_turn","stop_sequence":null,"usage":{}}}"#,
+            ctx.reply_text(),
+            ctx.usage_or(|input| shapes::anthropic(input, output))
         ));
     }
     // The real stream reports one output token at the start and the final count at the end.
     let start_usage = ctx.usage_or(|input| shapes::anthropic(input, 1));
-    let end_usage = ctx.usage_or(|_| format!(r#"{{"output_tokens":{OUTPUT_TOKENS}}}"#));
-    let mut events = Vec::with_capacity(REPLY_PIECES.len() + 6);
+    let end_usage = ctx.usage_or(|_| format!(r#"{{"output_tokens":{output}}}"#));
+    let mut events = Vec::with_capacity(ctx.pieces + 6);
     events.push(sse::event(
         "message_start",
         &format!(
@@ -32,14 +34,19 @@ pub(crate) fn messages(ctx: &Ctx) -> Answer {
         r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
     ));
     events.push(sse::event("ping", r#"{"type": "ping"}"#));
-    for piece in REPLY_PIECES {
-        events.push(sse::event(
-            "content_block_delta",
-            &format!(
-                r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{piece}"}}}}"#
-            ),
-        ));
-    }
+    // A long answer repeats the same few events: built once, shared.
+    let deltas: Vec<Bytes> = REPLY_PIECES
+        .iter()
+        .map(|piece| {
+            sse::event(
+                "content_block_delta",
+                &format!(
+                    r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{piece}"}}}}"#
+                ),
+            )
+        })
+        .collect();
+    events.extend((0..ctx.pieces).map(|i| deltas[i % deltas.len()].clone()));
     events.push(sse::event("content_block_stop", r#"{"type":"content_block_stop","index":0}"#));
     events.push(sse::event(
         "message_delta",

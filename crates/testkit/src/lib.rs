@@ -37,6 +37,9 @@
 //!
 //! Every generated answer is the text [`REPLY_TEXT`] (`"This is a mock response."`), streamed as
 //! the [`REPLY_PIECES`] `["This", " is", " a", " mock", " response."]`, one delta per piece.
+//! A scripted [`Behaviour::pieces`] (`{"pieces": 600}`) makes it that many pieces long instead:
+//! [`REPLY_PIECES`] repeated in turn ([`reply_text`]), one delta each, so that a stream paced by
+//! `chunk_delay_ms` lasts as long as a model's (600 pieces at 33 ms: 20 s).
 //!
 //! * **Input tokens** = [`INPUT_TOKEN_OVERHEAD`] (1) + the number of whitespace-separated words
 //!   (Rust's `str::split_whitespace`, like Python's `str.split()`) in every JSON string found,
@@ -46,11 +49,12 @@
 //!   `{"content":[{"type":"text","text":"hi there"}]}` only `"hi there"` counts, so that message
 //!   costs 2 words. [`input_tokens`] computes it from a request body.
 //!   Example: `{"messages":[{"role":"user","content":"Say hello"}]}` has 2 + 1 = 3 input tokens.
-//! * **Output tokens** = the number of pieces sent = [`OUTPUT_TOKENS`] (5).
+//! * **Output tokens** = the number of pieces sent = [`OUTPUT_TOKENS`] (5), or the scripted
+//!   [`Behaviour::pieces`].
 //! * Cached, cache-creation, reasoning, audio and prediction token counts are 0.
 //! * Totals are input + output.
 //!
-//! Usage objects per endpoint (`P` = input tokens):
+//! Usage objects per endpoint (`P` = input tokens; the 5 output tokens are the pieces sent):
 //!
 //! * chat: `{"prompt_tokens":P,"completion_tokens":5,"total_tokens":P+5,
 //!   "prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},
@@ -89,5 +93,6 @@ mod usage;
 pub use script::{Behaviour, InvalidBehaviour, RecordedRequest};
 pub use server::{MockProvider, Transport};
 pub use usage::{
-    DEFAULT_EMBEDDING_DIMENSIONS, INPUT_TOKEN_OVERHEAD, OUTPUT_TOKENS, REPLY_PIECES, REPLY_TEXT, input_tokens,
+    DEFAULT_EMBEDDING_DIMENSIONS, INPUT_TOKEN_OVERHEAD, MAX_PIECES, OUTPUT_TOKENS, REPLY_PIECES, REPLY_TEXT,
+    input_tokens, reply_piece, reply_text,
 };

@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use crate::request::{Answer, Ctx, json_string};
 use crate::sse;
-use crate::usage::{DEFAULT_EMBEDDING_DIMENSIONS, REPLY_PIECES, REPLY_TEXT, shapes};
+use crate::usage::{DEFAULT_EMBEDDING_DIMENSIONS, REPLY_PIECES, reply_piece, shapes};
 
 /// Embedding vectors longer than this are refused, so a typo cannot make the mock allocate wildly.
 const MAX_DIMENSIONS: usize = 4096;
@@ -25,8 +25,8 @@ pub(crate) fn chat(ctx: &Ctx) -> Answer {
             n,
             created,
             model,
-            REPLY_TEXT,
-            ctx.usage_or(shapes::chat)
+            ctx.reply_text(),
+            ctx.usage_or(|input| shapes::chat(input, ctx.output_tokens()))
         ));
     }
     let head = format!(
@@ -39,19 +39,25 @@ pub(crate) fn chat(ctx: &Ctx) -> Answer {
     // The real API adds `"usage":null` to every chunk only when the final usage chunk is coming.
     let tail = if ctx.fields.include_usage() { r#"],"usage":null}"# } else { "]}" };
     let chunk = |choice: &str| sse::data(&format!("{head}{choice}{tail}"));
-    let mut events = Vec::with_capacity(REPLY_PIECES.len() + 4);
+    let mut events = Vec::with_capacity(ctx.pieces + 4);
     events.push(chunk(concat!(
         r#"{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"#,
         r#""logprobs":null,"finish_reason":null}"#
     )));
-    for piece in REPLY_PIECES {
-        events.push(chunk(&format!(
-            r#"{{"index":0,"delta":{{"content":"{piece}"}},"logprobs":null,"finish_reason":null}}"#
-        )));
-    }
+    // A long answer repeats the same few events: built once, shared.
+    let deltas: Vec<Bytes> = REPLY_PIECES
+        .iter()
+        .map(|piece| {
+            chunk(&format!(
+                r#"{{"index":0,"delta":{{"content":"{piece}"}},"logprobs":null,"finish_reason":null}}"#
+            ))
+        })
+        .collect();
+    events.extend((0..ctx.pieces).map(|i| deltas[i % deltas.len()].clone()));
     events.push(chunk(r#"{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}"#));
     if ctx.fields.include_usage() {
-        events.push(sse::data(&format!(r#"{head}],"usage":{}}}"#, ctx.usage_or(shapes::chat))));
+        let usage = ctx.usage_or(|input| shapes::chat(input, ctx.output_tokens()));
+        events.push(sse::data(&format!(r#"{head}],"usage":{usage}}}"#)));
     }
     events.push(Bytes::from_static(sse::DONE.as_bytes()));
     Answer::Events(events)
@@ -63,10 +69,12 @@ pub(crate) fn completions(ctx: &Ctx) -> Answer {
         r#"{{"id":"cmpl-mock{}","object":"text_completion","created":{},"model":{},"system_fingerprint":"fp_mock","choices":["#,
         ctx.n, ctx.created, ctx.model
     );
+    let usage = || ctx.usage_or(|input| shapes::legacy(input, ctx.output_tokens()));
     if !ctx.fields.stream() {
         return Answer::ok(format!(
-            r#"{head}{{"text":"{REPLY_TEXT}","index":0,"logprobs":null,"finish_reason":"stop"}}],"usage":{}}}"#,
-            ctx.usage_or(shapes::legacy)
+            r#"{head}{{"text":"{}","index":0,"logprobs":null,"finish_reason":"stop"}}],"usage":{}}}"#,
+            ctx.reply_text(),
+            usage()
         ));
     }
     let tail = if ctx.fields.include_usage() { r#"],"usage":null}"# } else { "]}" };
@@ -75,10 +83,11 @@ pub(crate) fn completions(ctx: &Ctx) -> Answer {
             r#"{head}{{"text":"{text}","index":0,"logprobs":null,"finish_reason":{finish}}}{tail}"#
         ))
     };
-    let mut events: Vec<Bytes> = REPLY_PIECES.iter().map(|p| chunk(p, "null")).collect();
+    let deltas: Vec<Bytes> = REPLY_PIECES.iter().map(|p| chunk(p, "null")).collect();
+    let mut events: Vec<Bytes> = (0..ctx.pieces).map(|i| deltas[i % deltas.len()].clone()).collect();
     events.push(chunk("", r#""stop""#));
     if ctx.fields.include_usage() {
-        events.push(sse::data(&format!(r#"{head}],"usage":{}}}"#, ctx.usage_or(shapes::legacy))));
+        events.push(sse::data(&format!(r#"{head}],"usage":{}}}"#, usage())));
     }
     events.push(Bytes::from_static(sse::DONE.as_bytes()));
     Answer::Events(events)
@@ -87,18 +96,19 @@ pub(crate) fn completions(ctx: &Ctx) -> Answer {
 /// `POST /v1/responses`.
 pub(crate) fn responses(ctx: &Ctx) -> Answer {
     let item_id = format!("msg_mock{}", ctx.n);
-    let part = format!(r#"{{"type":"output_text","annotations":[],"logprobs":[],"text":"{REPLY_TEXT}"}}"#);
+    let text = ctx.reply_text();
+    let part = format!(r#"{{"type":"output_text","annotations":[],"logprobs":[],"text":"{text}"}}"#);
     let item = format!(
         r#"{{"id":"{item_id}","type":"message","status":"completed","content":[{part}],"role":"assistant"}}"#
     );
-    let usage = ctx.usage_or(shapes::responses);
+    let usage = ctx.usage_or(|input| shapes::responses(input, ctx.output_tokens()));
     let done = response_object(ctx, "completed", &format!("[{item}]"), &usage);
     if !ctx.fields.stream() {
         return Answer::ok(done);
     }
     let in_progress = response_object(ctx, "in_progress", "[]", "null");
     let at = r#""output_index":0,"content_index":0"#;
-    let mut events = Vec::with_capacity(REPLY_PIECES.len() + 8);
+    let mut events = Vec::with_capacity(ctx.pieces + 8);
     let mut push = |kind: &str, rest: &str| {
         let json = format!(r#"{{"type":"{kind}","sequence_number":{},{rest}}}"#, events.len());
         events.push(sse::event(kind, &json));
@@ -117,7 +127,7 @@ pub(crate) fn responses(ctx: &Ctx) -> Answer {
             r#""item_id":"{item_id}",{at},"part":{{"type":"output_text","annotations":[],"logprobs":[],"text":""}}"#
         ),
     );
-    for piece in REPLY_PIECES {
+    for piece in (0..ctx.pieces).map(reply_piece) {
         push(
             "response.output_text.delta",
             &format!(r#""item_id":"{item_id}",{at},"delta":"{piece}","logprobs":[]"#),
@@ -125,7 +135,7 @@ pub(crate) fn responses(ctx: &Ctx) -> Answer {
     }
     push(
         "response.output_text.done",
-        &format!(r#""item_id":"{item_id}",{at},"text":"{REPLY_TEXT}","logprobs":[]"#),
+        &format!(r#""item_id":"{item_id}",{at},"text":"{text}","logprobs":[]"#),
     );
     push("response.content_part.done", &format!(r#""item_id":"{item_id}",{at},"part":{part}"#));
     push("response.output_item.done", &format!(r#""output_index":0,"item":{item}"#));

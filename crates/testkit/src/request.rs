@@ -48,6 +48,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) input_tokens: u64,
     /// A scripted usage object, already JSON text.
     pub(crate) usage: Option<&'a str>,
+    /// How many pieces the answer's text has (see [`crate::usage::reply_piece`]).
+    pub(crate) pieces: usize,
 }
 
 /// Renders `s` as a JSON string literal.
@@ -68,6 +70,16 @@ impl Answer {
 }
 
 impl Ctx<'_> {
+    /// Output tokens: one per piece.
+    pub(crate) fn output_tokens(&self) -> u64 {
+        self.pieces as u64
+    }
+
+    /// The answer's whole text.
+    pub(crate) fn reply_text(&self) -> String {
+        crate::usage::reply_text(self.pieces)
+    }
+
     /// The scripted usage object, or `default` computed.
     pub(crate) fn usage_or(&self, default: impl FnOnce(u64) -> String) -> std::borrow::Cow<'_, str> {
         match self.usage {

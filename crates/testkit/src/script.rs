@@ -51,6 +51,13 @@ pub struct Behaviour {
     /// Replace the usage object of the generated answer, verbatim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Value>,
+    /// Make the generated answer's text this many pieces long (at most
+    /// [`MAX_PIECES`](crate::MAX_PIECES)): [`REPLY_PIECES`](crate::REPLY_PIECES) repeated in turn,
+    /// one streamed delta per piece, and its output tokens this number wherever usage is reported.
+    /// Default 5 (one [`REPLY_TEXT`](crate::REPLY_TEXT)). With [`Self::chunk_delay_ms`], a stream as
+    /// long as a model's: 600 pieces at 33 ms last 20 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pieces: Option<usize>,
     /// How many consecutive requests this behaviour applies to (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub times: Option<u32>,
@@ -107,6 +114,11 @@ impl Behaviour {
         self
     }
 
+    pub fn pieces(mut self, pieces: usize) -> Self {
+        self.pieces = Some(pieces);
+        self
+    }
+
     pub fn times(mut self, times: u32) -> Self {
         self.times = Some(times);
         self
@@ -126,6 +138,9 @@ impl Behaviour {
                 .map_err(|_| InvalidBehaviour(format!("bad value for header {name}")))?;
             headers.insert(name, value);
         }
+        if let Some(pieces) = self.pieces.filter(|&p| p > crate::usage::MAX_PIECES) {
+            return Err(InvalidBehaviour(format!("{pieces} pieces: at most {}", crate::usage::MAX_PIECES)));
+        }
         let plan = Plan {
             status,
             body: self.body.as_ref().map(|b| Bytes::from(b.to_string())),
@@ -136,6 +151,7 @@ impl Behaviour {
             stall_after: self.stall_after_events,
             close: self.close_without_response,
             usage: self.usage.as_ref().map(Value::to_string),
+            pieces: self.pieces,
         };
         Ok((plan, self.times.unwrap_or(1).max(1)))
     }
@@ -165,6 +181,7 @@ pub(crate) struct Plan {
     pub(crate) stall_after: Option<usize>,
     pub(crate) close: bool,
     pub(crate) usage: Option<String>,
+    pub(crate) pieces: Option<usize>,
 }
 
 /// The FIFO of scripted behaviours with their remaining uses.
@@ -349,6 +366,8 @@ mod tests {
         assert!(Behaviour::default().header("bad name", "x").prepare().is_err());
         assert!(Behaviour::default().header("x-ok", "bad\nvalue").prepare().is_err());
         assert!(Behaviour::default().header("x-ok", "fine").prepare().is_ok());
+        assert!(Behaviour::default().pieces(crate::usage::MAX_PIECES + 1).prepare().is_err());
+        assert!(Behaviour::default().pieces(600).prepare().is_ok());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use crate::body::MockBody;
 use crate::request::{Answer, Ctx, Fields, json_string};
 use crate::script::{Behaviour, InvalidBehaviour, Log, Plan, RecordedRequest, Script};
-use crate::usage::input_tokens;
+use crate::usage::{REPLY_PIECES, input_tokens};
 use crate::{anthropic, openai};
 
 /// A running mock provider; it stops serving when dropped or shut down.
@@ -273,7 +273,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             });
             Answer::Json(status, body)
         }
-        _ => route(&shared, &parts.method, path, &body, n, plan.and_then(|p| p.usage.as_deref())),
+        _ => route(&shared, &parts.method, path, &body, n, plan),
     };
 
     let mut response = match answer {
@@ -305,7 +305,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
 }
 
 /// The generated answer for a provider request.
-fn route(shared: &Shared, method: &Method, path: &str, body: &[u8], n: u64, usage: Option<&str>) -> Answer {
+fn route(shared: &Shared, method: &Method, path: &str, body: &[u8], n: u64, plan: Option<&Plan>) -> Answer {
     let anthropic = path.starts_with("/v1/messages");
     if *method == Method::GET {
         if path == "/v1/models" {
@@ -341,7 +341,8 @@ fn route(shared: &Shared, method: &Method, path: &str, body: &[u8], n: u64, usag
         model: json_string(fields.model()),
         fields: &fields,
         input_tokens,
-        usage,
+        usage: plan.and_then(|p| p.usage.as_deref()),
+        pieces: plan.and_then(|p| p.pieces).unwrap_or(REPLY_PIECES.len()),
     };
     match path {
         "/v1/chat/completions" => openai::chat(&ctx),

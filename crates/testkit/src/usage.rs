@@ -13,6 +13,21 @@ pub const REPLY_PIECES: [&str; 5] = ["This", " is", " a", " mock", " response."]
 /// Output tokens of every generated answer: one per piece.
 pub const OUTPUT_TOKENS: u64 = REPLY_PIECES.len() as u64;
 
+/// The most pieces a scripted [`Behaviour::pieces`](crate::Behaviour::pieces) may ask for, so
+/// that a typo cannot make the mock build an answer wildly.
+pub const MAX_PIECES: usize = 1_000_000;
+
+/// Piece `i` of an answer of any length: [`REPLY_PIECES`] repeated in turn.
+pub fn reply_piece(i: usize) -> &'static str {
+    REPLY_PIECES[i % REPLY_PIECES.len()]
+}
+
+/// The text of an answer of `pieces` pieces: [`reply_piece`] 0 to `pieces - 1`, joined;
+/// [`REPLY_TEXT`] for the default 5.
+pub fn reply_text(pieces: usize) -> String {
+    (0..pieces).map(reply_piece).collect()
+}
+
 /// Added to the counted words so that even an empty prompt costs something, like a real one.
 pub const INPUT_TOKEN_OVERHEAD: u64 = 1;
 
@@ -119,9 +134,7 @@ impl Visitor<'_> for IsTextKey {
 
 /// Usage objects in each provider's shape, as JSON text.
 pub(crate) mod shapes {
-    use super::OUTPUT_TOKENS;
-
-    pub(crate) fn chat(input: u64) -> String {
+    pub(crate) fn chat(input: u64, output: u64) -> String {
         format!(
             concat!(
                 r#"{{"prompt_tokens":{},"completion_tokens":{},"total_tokens":{},"#,
@@ -130,21 +143,21 @@ pub(crate) mod shapes {
                 r#""accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}}}"#
             ),
             input,
-            OUTPUT_TOKENS,
-            input + OUTPUT_TOKENS
+            output,
+            input + output
         )
     }
 
-    pub(crate) fn legacy(input: u64) -> String {
+    pub(crate) fn legacy(input: u64, output: u64) -> String {
         format!(
             r#"{{"prompt_tokens":{},"completion_tokens":{},"total_tokens":{}}}"#,
             input,
-            OUTPUT_TOKENS,
-            input + OUTPUT_TOKENS
+            output,
+            input + output
         )
     }
 
-    pub(crate) fn responses(input: u64) -> String {
+    pub(crate) fn responses(input: u64, output: u64) -> String {
         format!(
             concat!(
                 r#"{{"input_tokens":{},"input_tokens_details":{{"cached_tokens":0}},"#,
@@ -152,8 +165,8 @@ pub(crate) mod shapes {
                 r#""total_tokens":{}}}"#
             ),
             input,
-            OUTPUT_TOKENS,
-            input + OUTPUT_TOKENS
+            output,
+            input + output
         )
     }
 
@@ -199,11 +212,19 @@ mod tests {
     }
 
     #[test]
+    fn pieces_repeat_the_reply_in_turn() {
+        assert_eq!(reply_text(REPLY_PIECES.len()), REPLY_TEXT);
+        assert_eq!(reply_text(7), format!("{REPLY_TEXT}This is"));
+        assert_eq!(reply_text(0), "");
+        assert_eq!(reply_piece(5), "This");
+    }
+
+    #[test]
     fn usage_shapes_are_json() {
         for text in [
-            shapes::chat(3),
-            shapes::legacy(3),
-            shapes::responses(3),
+            shapes::chat(3, 5),
+            shapes::legacy(3, 5),
+            shapes::responses(3, 5),
             shapes::embeddings(3),
             shapes::anthropic(3, 5),
         ] {

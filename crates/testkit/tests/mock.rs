@@ -8,7 +8,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use recovea_testkit::{Behaviour, MockProvider, OUTPUT_TOKENS, REPLY_PIECES, REPLY_TEXT};
+use recovea_testkit::{Behaviour, MockProvider, OUTPUT_TOKENS, REPLY_PIECES, REPLY_TEXT, reply_text};
 use serde_json::{Value, json};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -470,6 +470,56 @@ async fn scripted_usage_replaces_usage_everywhere() {
     let events = parse_sse(&post(&mock, "/v1/messages", messages_body(true)).await.body);
     assert_eq!(events[0].json()["message"]["usage"], usage);
     assert_eq!(events[events.len() - 2].json()["usage"], usage);
+}
+
+#[tokio::test]
+async fn scripted_pieces_lengthen_the_answer_and_its_usage() {
+    let mock = MockProvider::start().await;
+    let pieces = 12;
+    let text = reply_text(pieces);
+    assert!(text.starts_with(REPLY_TEXT) && text.ends_with("This is"), "{text:?}");
+    mock.script(Behaviour::default().pieces(pieces).times(6));
+
+    let v = post(&mock, "/v1/chat/completions", chat_body(false, None)).await.json();
+    assert_eq!(v["choices"][0]["message"]["content"], text.as_str());
+    assert_eq!(v["usage"]["completion_tokens"], pieces);
+    assert_eq!(v["usage"]["total_tokens"], CHAT_INPUT + pieces as u64);
+
+    let events = parse_sse(&post(&mock, "/v1/chat/completions", chat_body(true, Some(true))).await.body);
+    assert_eq!(events.len(), pieces + 4);
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(Event::json).collect();
+    let streamed: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(streamed, text);
+    assert_eq!(chunks.last().expect("usage chunk")["usage"]["completion_tokens"], pieces);
+
+    let body = json!({"model": "gpt-3.5-turbo-instruct", "prompt": "Say hello", "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let events = parse_sse(&post(&mock, "/v1/completions", body).await.body);
+    assert_eq!(events.len(), pieces + 3);
+    assert_eq!(events[events.len() - 2].json()["usage"]["completion_tokens"], pieces);
+
+    let body = json!({"model": "gpt-4o-mini", "input": "Say hello", "stream": true});
+    let events = parse_sse(&post(&mock, "/v1/responses", body).await.body);
+    let deltas: String = events
+        .iter()
+        .filter(|e| e.name.as_deref() == Some("response.output_text.delta"))
+        .map(|e| e.json()["delta"].as_str().expect("delta").to_owned())
+        .collect();
+    assert_eq!(deltas, text);
+    let completed = events.last().expect("completed").json();
+    assert_eq!(completed["response"]["usage"]["output_tokens"], pieces);
+
+    let events = parse_sse(&post(&mock, "/v1/messages", messages_body(true)).await.body);
+    assert_eq!(events.iter().filter(|e| e.name.as_deref() == Some("content_block_delta")).count(), pieces);
+    assert_eq!(events[events.len() - 2].json()["usage"]["output_tokens"], pieces);
+    let v = post(&mock, "/v1/messages", messages_body(false)).await.json();
+    assert_eq!(v["content"][0]["text"], text.as_str());
+    assert_eq!(v["usage"]["output_tokens"], pieces);
+
+    // Past the script, the default answer again.
+    let v = post(&mock, "/v1/chat/completions", chat_body(false, None)).await.json();
+    assert_eq!(v["usage"]["completion_tokens"], OUTPUT_TOKENS);
 }
 
 #[tokio::test]
