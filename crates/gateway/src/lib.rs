@@ -5,6 +5,7 @@
 //! decision are the snapshot installed in memory, the request and the clock.
 
 mod alarm;
+mod body;
 mod control_link;
 pub mod feed;
 mod metering;

@@ -20,8 +20,8 @@ use recovea_core::usage::{Usage, UsageSource};
 use recovea_providers::rewrite::UsageChunkFilter;
 use recovea_providers::usage::{self, Surface, Tapped, UsageTap};
 
+use crate::body::BoxError;
 use crate::metrics::Metrics;
-use crate::proxy::BoxError;
 use crate::spool::SpoolSender;
 
 /// What the receipt of an admitted request needs to know of it, gathered by the request phases.

@@ -9,7 +9,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode, Uri, Version};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use recovea_core::admission::{Admitted, Decision, FailOpenReason};
 use recovea_core::snapshot::ProviderKind;
@@ -30,13 +29,11 @@ use recovea_providers::rewrite::{self, InspectedRequest, RequestFacts};
 use recovea_providers::usage::{Surface, Tapped};
 
 use crate::Shared;
+use crate::body::{BoxError, ResponseBody};
 use crate::metering::{Metered, MeteredBody, PendingReceipt, Settle};
 use crate::metrics::Outcome;
 use crate::refusal::Refusal;
 use crate::upstream::UpstreamError;
-
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub(crate) type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
 
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Where a provider's own request id goes, since `x-request-id` carries the gateway's.

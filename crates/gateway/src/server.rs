@@ -24,8 +24,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::Gateway;
+use crate::body::{BoxError, ResponseBody};
 use crate::metrics::HandOver;
-use crate::proxy::{self, BoxError, REQUEST_ID, RequestContext, ResponseBody};
+use crate::proxy::{self, REQUEST_ID, RequestContext};
 use crate::stall;
 use crate::throttled::Throttled;
 

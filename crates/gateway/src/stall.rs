@@ -21,7 +21,7 @@ use pin_project_lite::pin_project;
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, Sleep};
 
-use crate::proxy::{BoxError, ResponseBody};
+use crate::body::{BoxError, ResponseBody};
 
 pin_project! {
     /// Ready once nothing has moved for its limit while something was awaited.

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 use self::connect::{Connected, Connector};
 use self::egress::Egress;
-use crate::proxy::BoxError;
+use crate::body::BoxError;
 use crate::stall::{Stall, Stalled};
 
 /// Why a provider gave no answer.

@@ -20,8 +20,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::{Answerer, Limits, hyper_builder, serve_connection};
+use crate::body::{BoxError, ResponseBody};
 use crate::metrics::HandOver;
-use crate::proxy::{BoxError, ResponseBody, head_refusal};
+use crate::proxy::head_refusal;
 
 const LIMITS: Limits = Limits { max_body: 1024, idle: Duration::from_secs(5) };
 /// How long a connection must stay silent after its last expected answer to count as open.

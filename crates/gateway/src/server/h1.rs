@@ -34,8 +34,8 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
 use super::{Answerer, HEADER_READ_TIMEOUT};
+use crate::body::ResponseBody;
 use crate::metrics::HandOver;
-use crate::proxy::ResponseBody;
 use crate::stall::Stall;
 
 /// A request head longer than this goes to hyper, which takes up to its own limit.
@@ -565,7 +565,7 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use super::*;
-    use crate::proxy::BoxError;
+    use crate::body::BoxError;
 
     const MAX_BODY: u64 = 1024;
     /// How long a client may take none of its answer.

@@ -17,7 +17,7 @@ use tokio_rustls::client::TlsStream;
 
 use super::egress::{Egress, Proxy};
 use super::{h1, h2};
-use crate::proxy::BoxError;
+use crate::body::BoxError;
 
 /// TCP keep-alive probes start after this long without traffic, so that a provider (or a middlebox)
 /// that vanished without a word is noticed on an idle pooled connection.

@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 use super::Home;
 use super::connect::Io;
-use crate::proxy::BoxError;
+use crate::body::BoxError;
 
 /// A response head longer than this is refused.
 const MAX_HEAD_BYTES: usize = 64 << 10;

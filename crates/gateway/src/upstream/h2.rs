@@ -17,7 +17,7 @@ use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
-use crate::proxy::BoxError;
+use crate::body::BoxError;
 
 /// The window of one stream: a fast answer is never held up by it (an LLM's answer is far smaller),
 /// and what it lets a provider send ahead of a slow client is bounded by it.
