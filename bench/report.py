@@ -5,43 +5,17 @@ Every ratio compares figures measured side by side in the same run; absolute num
 context only (they depend on the machine and on whatever else it was doing, which the report says).
 """
 
-import json
 import re
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+from bench_output import foreign_cores_of, load
+
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/out")
-rows = [json.loads(line) for line in (OUT / "results.jsonl").read_text().splitlines() if line.strip()]
-machine = dict(
-    line.split("=", 1) for line in (OUT / "machine.txt").read_text().splitlines() if "=" in line
-)
-
-# Foreign CPU: (unix ms, cumulative ms of CPU used by processes outside the benchmark).
-cpu = []
-for line in (OUT / "cpu.log").read_text().splitlines():
-    parts = line.split()
-    if len(parts) == 2:
-        cpu.append((int(parts[0]), int(parts[1])))
-
-
-def foreign_cores(t0, t1):
-    """CPU cores used on average by other processes between t0 and t1 (ms), or None."""
-    if len(cpu) < 2 or t1 <= t0:
-        return None
-
-    def at(t):
-        before = [c for c in cpu if c[0] <= t]
-        after = [c for c in cpu if c[0] >= t]
-        if not before:
-            return cpu[0][1]
-        if not after:
-            return cpu[-1][1]
-        (ta, va), (tb, vb) = before[-1], after[0]
-        return va if tb == ta else va + (vb - va) * (t - ta) / (tb - ta)
-
-    return (at(t1) - at(t0)) / (t1 - t0)
+rows, machine, cpu = load(OUT)
+foreign_cores = foreign_cores_of(cpu)
 
 
 def busy_note(records):

@@ -5,39 +5,15 @@ Added latencies are a hop's percentile minus the direct run's in the same phase;
 of a phase run one after the other on the same machine, with the mock and the client beside them.
 """
 
-import json
 import statistics
 import sys
 from pathlib import Path
 
+from bench_output import foreign_cores_of, load
+
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/out-streams")
-rows = [json.loads(line) for line in (OUT / "results.jsonl").read_text().splitlines() if line.strip()]
-machine = dict(
-    line.split("=", 1) for line in (OUT / "machine.txt").read_text().splitlines() if "=" in line
-)
-cpu = []
-for line in (OUT / "cpu.log").read_text().splitlines():
-    parts = line.split()
-    if len(parts) == 2:
-        cpu.append((int(parts[0]), int(parts[1])))
-
-
-def foreign_cores(t0, t1):
-    """CPU cores used on average by other processes between t0 and t1 (unix ms), or None."""
-    if len(cpu) < 2 or t1 <= t0:
-        return None
-
-    def at(t):
-        before = [c for c in cpu if c[0] <= t]
-        after = [c for c in cpu if c[0] >= t]
-        if not before:
-            return cpu[0][1]
-        if not after:
-            return cpu[-1][1]
-        (ta, va), (tb, vb) = before[-1], after[0]
-        return va if tb == ta else va + (vb - va) * (t - ta) / (tb - ta)
-
-    return (at(t1) - at(t0)) / (t1 - t0)
+rows, machine, cpu = load(OUT)
+foreign_cores = foreign_cores_of(cpu)
 
 
 def ms(us):
