@@ -285,13 +285,10 @@ mod tests {
     fn read_body(mut decoder: Decoder, wire: &[u8], cuts: &[usize]) -> Result<Option<ReadBack>, ChunkError> {
         let mut buf = BytesMut::new();
         let mut data = Vec::new();
-        let mut from = 0;
-        let mut cuts: Vec<usize> = cuts.iter().map(|&c| c.min(wire.len())).collect();
-        cuts.sort_unstable();
-        cuts.push(wire.len());
-        for to in cuts {
-            buf.extend_from_slice(&wire[from..to.max(from)]);
-            from = to.max(from);
+        let mut fed = 0;
+        for piece in crate::cut_at(wire, cuts.iter().copied()) {
+            buf.extend_from_slice(piece);
+            fed += piece.len();
             loop {
                 decoder.skip_framing(&mut buf)?;
                 match decoder.take_data(&mut buf) {
@@ -300,7 +297,7 @@ mod tests {
                 }
             }
             if decoder.is_done() {
-                buf.extend_from_slice(&wire[from..]);
+                buf.extend_from_slice(&wire[fed..]);
                 return Ok(Some((data, buf.to_vec())));
             }
         }

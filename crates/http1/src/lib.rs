@@ -51,6 +51,23 @@ fn elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|element| !element.is_empty())
 }
 
+/// `wire` cut at `cuts` (any order, any values; past the end means the end), as reads would give
+/// it: the property tests' way to say "any cut of the input".
+#[cfg(test)]
+pub(crate) fn cut_at(wire: &[u8], cuts: impl IntoIterator<Item = usize>) -> Vec<&[u8]> {
+    let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(wire.len())).collect();
+    cuts.sort_unstable();
+    cuts.push(wire.len());
+    let mut from = 0;
+    cuts.into_iter()
+        .map(|to| {
+            let piece = &wire[from..to];
+            from = to;
+            piece
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use http::HeaderValue;

@@ -476,15 +476,7 @@ mod tests {
             }
             wire.extend_from_slice(b"\r\n");
             wire.extend_from_slice(&body);
-            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(wire.len())).collect();
-            cuts.sort_unstable();
-            cuts.push(wire.len());
-            let mut pieces = Vec::new();
-            let mut from = 0;
-            for to in cuts {
-                pieces.push(&wire[from..to]);
-                from = to;
-            }
+            let pieces = crate::cut_at(&wire, cuts);
             let whole = read(&[&wire]);
             prop_assert!(matches!(whole, Ok(Some(_)) | Err(_)), "a whole head is complete: {whole:?}");
             prop_assert_eq!(read(&pieces), whole);

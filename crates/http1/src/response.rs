@@ -386,15 +386,7 @@ mod tests {
             wire.extend_from_slice(b"\r\n");
             wire.extend_from_slice(&body);
             let method = if head_method { Method::HEAD } else { Method::POST };
-            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(wire.len())).collect();
-            cuts.sort_unstable();
-            cuts.push(wire.len());
-            let mut pieces = Vec::new();
-            let mut from = 0;
-            for to in cuts {
-                pieces.push(&wire[from..to]);
-                from = to;
-            }
+            let pieces = crate::cut_at(&wire, cuts);
             prop_assert_eq!(read(&method, &pieces), read(&method, &[&wire]));
             for end in 0..=wire.len() {
                 let mut buf = BytesMut::from(&wire[..end]);
