@@ -14,7 +14,7 @@ use recovea_core::receipt::{DeliveryError, ReceiptSink, SerializedReceipt};
 use recovea_counters::{CapWindow, SpendSource, WindowSpendFuture};
 use serde::Serialize;
 
-use crate::ConfigError;
+use crate::config::ConfigError;
 use crate::upstream::{ProviderNetwork, Upstream, UpstreamError};
 
 /// The largest answer accepted from the control plane: a whole state of millions of keys.

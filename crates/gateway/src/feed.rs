@@ -15,8 +15,8 @@ use recovea_core::feed::{FeedError, FeedMessage, FeedState, NodeStatus, Opened, 
 use recovea_core::timestamp::Timestamp;
 use tokio::sync::watch;
 
-use crate::Gateway;
 use crate::control_link::ControlLink;
+use crate::node::Gateway;
 
 /// How long a poll may wait for a change. Every answer confirms the state, so this bounds the
 /// snapshot age of a node whose feed is healthy.

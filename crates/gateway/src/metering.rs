@@ -5,22 +5,16 @@
 //! spool's queue without waiting.
 
 use std::collections::HashSet;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::Mutex;
 use std::time::SystemTime;
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
 use recovea_core::Timestamp;
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{self, Receipt, Settlement};
 use recovea_core::snapshot::{Prices, ProviderKind};
 use recovea_core::usage::{Usage, UsageSource};
-use recovea_providers::rewrite::UsageChunkFilter;
-use recovea_providers::usage::{self, Surface, Tapped, UsageTap};
+use recovea_providers::usage::{self, Surface, Tapped};
 
-use crate::body::BoxError;
 use crate::metrics::Metrics;
 use crate::spool::SpoolSender;
 
@@ -161,161 +155,3 @@ impl Meter {
 /// The status a receipt records for a client that went away before the answer's head arrived
 /// (nginx's convention; no answer was sent to anyone).
 pub(crate) const CLIENT_CLOSED: u16 = 499;
-
-/// The receipt of a request from the moment it is sent to the provider until its answer's body
-/// takes over: dropped unanswered (the client went away mid-flight), it writes the receipt itself.
-pub(crate) struct PendingReceipt {
-    shared: Arc<crate::Shared>,
-    metered: Option<Metered>,
-}
-
-impl PendingReceipt {
-    pub(crate) fn new(shared: Arc<crate::Shared>, metered: Metered) -> Self {
-        Self { shared, metered: Some(metered) }
-    }
-
-    /// Hands the request over to whoever writes its receipt now.
-    pub(crate) fn take(mut self) -> Metered {
-        self.metered.take().expect("a pending receipt is taken once: take consumes it")
-    }
-}
-
-impl Drop for PendingReceipt {
-    fn drop(&mut self) {
-        if let Some(metered) = self.metered.take() {
-            self.shared.meter.record(&self.shared.metrics, metered, CLIENT_CLOSED, Tapped::default());
-        }
-    }
-}
-
-/// Everything needed to write the receipt when the body is over.
-struct Pending {
-    shared: Arc<crate::Shared>,
-    request: Metered,
-    status: u16,
-}
-
-/// A provider's response body on its way to the client: passed through frame by frame, read by
-/// the usage tap, and (when the client did not ask for it) without the usage-only chunk the
-/// gateway asked for. Its receipt is written exactly once: at the end, on an error, or on drop.
-pub(crate) struct MeteredBody<B> {
-    inner: B,
-    tap: Option<UsageTap>,
-    filter: Option<UsageChunkFilter>,
-    pending: Option<Pending>,
-    done: bool,
-}
-
-impl<B> MeteredBody<B> {
-    pub(crate) fn new(
-        inner: B,
-        shared: Arc<crate::Shared>,
-        request: Metered,
-        status: u16,
-        event_stream: bool,
-        strip_usage_chunk: bool,
-    ) -> Self {
-        Self {
-            inner,
-            tap: Some(UsageTap::new(request.surface, event_stream)),
-            filter: (strip_usage_chunk && event_stream).then(UsageChunkFilter::new),
-            pending: Some(Pending { shared, request, status }),
-            done: false,
-        }
-    }
-
-    fn finish(&mut self) {
-        if let (Some(pending), Some(tap)) = (self.pending.take(), self.tap.take()) {
-            let shared = &pending.shared;
-            shared.meter.record(&shared.metrics, pending.request, pending.status, tap.finish());
-        }
-    }
-}
-
-impl<B> Body for MeteredBody<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        if this.done {
-            return Poll::Ready(None);
-        }
-        loop {
-            match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Ok(frame))) => {
-                    let data = match frame.into_data() {
-                        Ok(data) => data,
-                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                    };
-                    if let Some(tap) = this.tap.as_mut() {
-                        tap.observe(&data);
-                    }
-                    let mut out = match this.filter.as_mut() {
-                        Some(filter) => filter.push(data),
-                        None => data,
-                    };
-                    if this.inner.is_end_stream() {
-                        // The last bytes: the receipt is spooled before they go, so that no crash can
-                        // leave a completed response without one.
-                        if let Some(rest) =
-                            this.filter.as_mut().map(UsageChunkFilter::finish).filter(|r| !r.is_empty())
-                        {
-                            let mut joined = bytes::BytesMut::from(&out[..]);
-                            joined.extend_from_slice(&rest);
-                            out = joined.freeze();
-                        }
-                        this.done = true;
-                        this.finish();
-                    }
-                    if out.is_empty() {
-                        if this.done {
-                            return Poll::Ready(None);
-                        }
-                        continue;
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(out))));
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    this.done = true;
-                    this.finish();
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                Poll::Ready(None) => {
-                    this.done = true;
-                    let rest = this.filter.as_mut().map(UsageChunkFilter::finish).unwrap_or_default();
-                    this.finish();
-                    return Poll::Ready((!rest.is_empty()).then(|| Ok(Frame::data(rest))));
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        // The filter may remove bytes, so an exact length would be a lie.
-        match self.filter {
-            Some(_) => SizeHint::default(),
-            None => self.inner.size_hint(),
-        }
-    }
-}
-
-impl<B> Drop for MeteredBody<B> {
-    /// A client that went away drops the body mid-stream: the upstream request is cancelled with
-    /// it, and the receipt is written from what was seen.
-    fn drop(&mut self) {
-        self.finish();
-    }
-}

@@ -28,10 +28,11 @@ use recovea_counters::{CapWindow, Covered, Reservation};
 use recovea_providers::rewrite::{self, InspectedRequest, RequestFacts};
 use recovea_providers::usage::{Surface, Tapped};
 
-use crate::Shared;
 use crate::body::{BoxError, ResponseBody};
-use crate::metering::{Metered, MeteredBody, PendingReceipt, Settle};
+use crate::metered_body::{MeteredBody, PendingReceipt};
+use crate::metering::{Metered, Settle};
 use crate::metrics::Outcome;
+use crate::node::{Shared, cap_window};
 use crate::refusal::Refusal;
 use crate::upstream::UpstreamError;
 
@@ -378,10 +379,6 @@ fn settle(
         }
         shared.limiter.charge_tokens(&key, limits, tokens);
     })
-}
-
-pub(crate) fn cap_window(cap: &Cap, at: Timestamp) -> CapWindow {
-    CapWindow { cap: cap.id.clone(), start: cap.window.start(at), end: cap.window.end(at) }
 }
 
 /// A request that sets no output limit is reserved as if it produced this much.

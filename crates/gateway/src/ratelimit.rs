@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -51,7 +50,7 @@ pub(crate) struct RateLimiter {
     /// Woken when a key starts being shared, so that what the others did with it arrives early.
     key_met: Notify,
     /// Syncs the store answered.
-    syncs: AtomicU64,
+    pub(crate) syncs: AtomicU64,
 }
 
 /// One key's part of a sync, taken under its shard's lock and applied after the store answered.
@@ -190,7 +189,12 @@ impl RateLimiter {
 
     /// Syncs with `share` every `interval`, and early when a key is met, until `shutdown`. A
     /// failing store only means each node enforces the limits alone meanwhile.
-    async fn share(&self, share: &dyn RateShare, interval: Duration, shutdown: impl Future<Output = ()>) {
+    pub(crate) async fn share(
+        &self,
+        share: &dyn RateShare,
+        interval: Duration,
+        shutdown: impl Future<Output = ()>,
+    ) {
         let interval = interval.max(Duration::from_millis(1));
         let mut shutdown = std::pin::pin!(shutdown);
         let mut ticker = tokio::time::interval(interval);
@@ -234,32 +238,6 @@ impl RateLimiter {
     }
 }
 
-impl crate::Gateway {
-    /// Shares this node's per-key rate limits with the other nodes of `share` until `shutdown`:
-    /// every `interval` (about 250 ms), and early when a key is met, it pushes what this node
-    /// admitted and charged per key and charges into its lanes what the others did meanwhile.
-    /// Requests never wait on it; when the store fails, the node keeps enforcing the limits
-    /// alone. Run one per gateway; the future owns what it needs, so it can be spawned as is.
-    pub fn share_rate_limits<S>(
-        &self,
-        share: Arc<dyn RateShare>,
-        interval: Duration,
-        shutdown: S,
-    ) -> impl Future<Output = ()> + Send + use<S>
-    where
-        S: Future<Output = ()> + Send + 'static,
-    {
-        let shared = Arc::clone(&self.shared);
-        async move { shared.limiter.share(share.as_ref(), interval, shutdown).await }
-    }
-
-    /// How many syncs of the shared rate limits the store answered since start (for health checks
-    /// and tests).
-    pub fn rate_limit_syncs(&self) -> u64 {
-        self.shared.limiter.syncs.load(Ordering::Relaxed)
-    }
-}
-
 fn to_ms(wait_us: u64) -> u64 {
     wait_us.div_ceil(1000).max(1)
 }
@@ -267,6 +245,7 @@ fn to_ms(wait_us: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use std::pin::Pin;
+    use std::sync::Arc;
 
     use recovea_counters::InProcessRateShare;
 

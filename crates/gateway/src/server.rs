@@ -23,9 +23,9 @@ use recovea_http1::RequestError;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use crate::Gateway;
 use crate::body::{BoxError, ResponseBody};
 use crate::metrics::HandOver;
+use crate::node::{Gateway, Readiness};
 use crate::proxy::{self, REQUEST_ID, RequestContext};
 use crate::stall;
 use crate::throttled::Throttled;
@@ -68,11 +68,11 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// The gateway on its listener, with its connection threads running.
 ///
-/// The caller's runtime only accepts. Each connection is handed to one of [`connection_workers`]
-/// threads, each with its own single-threaded runtime and its own pool of provider connections
-/// (see [`crate::upstream`]): a request, its client connection and its provider connection then
-/// live on one thread, and none of its wake-ups crosses threads or goes through a work-stealing
-/// queue, which under load cost more than the proxying itself.
+/// The caller's runtime only accepts. Each connection is handed to one of
+/// [`crate::node::connection_workers`] threads, each with its own single-threaded runtime and its
+/// own pool of provider connections (see [`crate::upstream`]): a request, its client connection
+/// and its provider connection then live on one thread, and none of its wake-ups crosses threads
+/// or goes through a work-stealing queue, which under load cost more than the proxying itself.
 pub struct Server {
     listener: TcpListener,
     workers: Workers,
@@ -160,11 +160,6 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     Server::start(&gateway, listener)?.serve(shutdown).await;
     Ok(())
-}
-
-/// How many threads serve connections: one per core the process may run on.
-pub(crate) fn connection_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 type Handover = (std::net::TcpStream, watch::Receiver<bool>, Slot);
@@ -385,11 +380,11 @@ impl Gateway {
         let own = match (request.method(), request.uri().path()) {
             (&Method::GET, "/healthz") => Some(text(StatusCode::OK, "text/plain", "ok\n".into())),
             (&Method::GET, "/readyz") => Some(match self.readiness() {
-                crate::Readiness::Ready => text(StatusCode::OK, "text/plain", "ready\n".into()),
-                crate::Readiness::NoState => {
+                Readiness::Ready => text(StatusCode::OK, "text/plain", "ready\n".into()),
+                Readiness::NoState => {
                     text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no snapshot yet\n".into())
                 }
-                crate::Readiness::CountersUnconfirmed => text(
+                Readiness::CountersUnconfirmed => text(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
                     "the counters of armed caps are not confirmed yet\n".into(),

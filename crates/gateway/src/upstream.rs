@@ -50,6 +50,13 @@ const MAX_PER_ORIGIN: usize = 256;
 /// on each, room for 25,600 answers in flight.
 pub const DEFAULT_HTTP2_CONNECTIONS: usize = 256;
 
+/// How long an answer may go without a byte from its provider, or without its client taking a
+/// byte, before it is cut, unless [`crate::GatewayConfig::with_stream_idle_timeout`] says
+/// otherwise. As long as the wait for an answer's head (`--upstream-timeout`'s default): a
+/// reasoning model may think for minutes between two events of a stream, as it may before a whole
+/// answer.
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// How the node reaches providers: the certificates it trusts, the egress proxy, and how many
 /// HTTP/2 connections it may open to one provider.
 #[derive(Clone)]
@@ -283,7 +290,7 @@ impl Upstream {
             connector: Connector::new(connect_timeout, network.roots.clone(), network.egress.clone()),
             lanes: (0..lanes).map(|_| Mutex::new(Vec::new())).collect(),
             http2_per_lane: network.http2_connections.div_ceil(workers.max(1)),
-            idle_limit: crate::DEFAULT_STREAM_IDLE_TIMEOUT,
+            idle_limit: DEFAULT_STREAM_IDLE_TIMEOUT,
             stats: Arc::default(),
         }
     }

@@ -3,19 +3,17 @@
 //! one time limit.
 
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 use recovea_http1::push_header;
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 
 use super::egress::{Egress, Proxy};
+use super::h1::Io;
 use super::{h1, h2};
 use crate::body::BoxError;
 
@@ -180,42 +178,4 @@ async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
         }
     }
     Err(failed.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the host has no address")))
-}
-
-/// The bytes an HTTP/1.1 connection travels on.
-pub(super) enum Io {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for Io {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
-            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Io {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Io::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
-            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(stream) => Pin::new(stream).poll_flush(cx),
-            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
-            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
-        }
-    }
 }

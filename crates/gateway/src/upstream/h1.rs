@@ -16,9 +16,10 @@ use http::{Request, Response};
 use http_body::{Frame, SizeHint};
 use recovea_http1::{Decoder, ResponseHead, ThroughProxy, final_head_in, parse_response, request_head};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
 use super::Home;
-use super::connect::Io;
 use crate::body::BoxError;
 
 /// A response head longer than this is refused.
@@ -276,6 +277,44 @@ impl http_body::Body for Body {
 
     fn size_hint(&self) -> SizeHint {
         self.decoder.exact_remaining().map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+/// The bytes an HTTP/1.1 connection travels on.
+pub(super) enum Io {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Io {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+        }
     }
 }
 

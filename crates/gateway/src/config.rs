@@ -1,0 +1,155 @@
+//! The node's configuration: the settings as given (flags, environment), validated once into a
+//! [`GatewayConfig`] that cannot be built any other way.
+
+use std::time::Duration;
+
+use recovea_core::snapshot::ProviderKind;
+
+use crate::alarm::parse_webhook;
+use crate::upstream::{DEFAULT_STREAM_IDLE_TIMEOUT, ProviderNetwork};
+
+/// The node's settings as given (flags, environment); [`GatewayConfig::new`] validates them.
+#[derive(Debug, Clone)]
+pub struct GatewaySettings {
+    pub openai_base_url: String,
+    pub anthropic_base_url: String,
+    pub max_body_bytes: u64,
+    pub upstream_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub body_read_timeout: Duration,
+    /// An armed cap whose counters were not confirmed for longer than this answers 503.
+    pub counter_max_age: Duration,
+}
+
+/// A validated node configuration: only [`GatewayConfig::new`] builds one.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub(crate) openai_base_url: String,
+    pub(crate) anthropic_base_url: String,
+    pub(crate) max_body_bytes: u64,
+    pub(crate) upstream_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) body_read_timeout: Duration,
+    pub(crate) counter_max_age: Duration,
+    pub(crate) stream_idle_timeout: Duration,
+    pub(crate) alarm_webhook: Option<http::Uri>,
+    pub(crate) alarm_interval: Duration,
+    pub(crate) network: ProviderNetwork,
+    pub(crate) max_connections: usize,
+    pub(crate) release_freed_memory: fn(),
+}
+
+/// How long a fail-open reason stays quiet after its alarm, unless [`GatewayConfig::with_alarm`]
+/// says otherwise.
+pub const DEFAULT_ALARM_INTERVAL: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl GatewayConfig {
+    pub fn new(settings: GatewaySettings) -> Result<Self, ConfigError> {
+        for (flag, value) in [
+            ("--upstream-timeout", settings.upstream_timeout),
+            ("--connect-timeout", settings.connect_timeout),
+            ("--request-body-timeout", settings.body_read_timeout),
+            ("--counter-max-age", settings.counter_max_age),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError(format!("{flag} must be greater than zero")));
+            }
+        }
+        let base_url = |flag: &str, url: &str| {
+            recovea_providers::normalize_base_url(url).map_err(|why| ConfigError(format!("{flag}: {why}")))
+        };
+        Ok(Self {
+            openai_base_url: base_url("--openai-base-url", &settings.openai_base_url)?,
+            anthropic_base_url: base_url("--anthropic-base-url", &settings.anthropic_base_url)?,
+            max_body_bytes: settings.max_body_bytes,
+            upstream_timeout: settings.upstream_timeout,
+            connect_timeout: settings.connect_timeout,
+            body_read_timeout: settings.body_read_timeout,
+            counter_max_age: settings.counter_max_age,
+            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
+            alarm_webhook: None,
+            alarm_interval: DEFAULT_ALARM_INTERVAL,
+            network: ProviderNetwork::default(),
+            max_connections: default_max_connections(None),
+            release_freed_memory: || {},
+        })
+    }
+
+    /// How the process's allocator gives back at once what the thread calling it freed: called on
+    /// the feed's thread after each state it installs, since a replaced snapshot of a million keys
+    /// is hundreds of MiB that an allocator may otherwise keep.
+    pub fn with_memory_release(mut self, release_freed_memory: fn()) -> Self {
+        self.release_freed_memory = release_freed_memory;
+        self
+    }
+
+    /// Fail-open passes alarm at most once per reason per `interval`, in the log and, when
+    /// `webhook` is given, by a POST to it.
+    pub fn with_alarm(mut self, webhook: Option<&str>, interval: Duration) -> Result<Self, ConfigError> {
+        if interval.is_zero() {
+            return Err(ConfigError("--alarm-interval must be greater than zero".into()));
+        }
+        self.alarm_webhook = webhook
+            .map(|url| parse_webhook(url).map_err(|why| ConfigError(format!("--alarm-webhook: {why}"))))
+            .transpose()?;
+        self.alarm_interval = interval;
+        Ok(self)
+    }
+
+    /// An answer whose provider sends nothing, or whose client reads nothing, for `limit` is cut:
+    /// its receipt is written from what passed, and its cap reservation settled by it.
+    pub fn with_stream_idle_timeout(mut self, limit: Duration) -> Result<Self, ConfigError> {
+        if limit.is_zero() {
+            return Err(ConfigError("--stream-idle-timeout must be greater than zero".into()));
+        }
+        self.stream_idle_timeout = limit;
+        Ok(self)
+    }
+
+    /// At most `max` client connections are open at once: past it a new one is closed at once, and
+    /// near it idle ones are closed first (see [`crate::server`]).
+    pub fn with_max_connections(mut self, max: usize) -> Result<Self, ConfigError> {
+        if max == 0 {
+            return Err(ConfigError("--max-connections must be greater than zero".into()));
+        }
+        self.max_connections = max;
+        Ok(self)
+    }
+
+    /// Providers (and the alarm webhook) are reached as `network` says: its trusted certificates,
+    /// its egress proxy, its bound on HTTP/2 connections.
+    pub fn with_network(mut self, network: ProviderNetwork) -> Self {
+        self.network = network;
+        self
+    }
+
+    pub(crate) fn default_base_url(&self, kind: ProviderKind) -> &str {
+        match kind {
+            ProviderKind::OpenAi => &self.openai_base_url,
+            ProviderKind::Anthropic => &self.anthropic_base_url,
+        }
+    }
+}
+
+/// Descriptors a node keeps for itself beyond its connections: listeners, the spool's files, the
+/// ledger, the runtimes' own, Redis, the log.
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The client connections a node holds at most by default, given the process's descriptor limit
+/// (`None`: unknown). Each client connection may hold a provider connection too, so each counts
+/// twice against what is left after [`RESERVED_DESCRIPTORS`].
+pub fn default_max_connections(descriptor_limit: Option<u64>) -> usize {
+    let limit = descriptor_limit.unwrap_or(1024);
+    usize::try_from((limit.saturating_sub(RESERVED_DESCRIPTORS) / 2).max(16)).unwrap_or(usize::MAX)
+}
