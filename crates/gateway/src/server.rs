@@ -20,6 +20,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use recovea_http1::RequestError;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
@@ -313,8 +314,8 @@ struct Limits {
 
 /// Serves one client connection until it ends: HTTP/1.1's common case in [`h1`], then, if it asks
 /// for anything else, hyper for the rest of it, with every byte read so far in front.
-async fn serve_connection<A: Answerer>(
-    stream: TcpStream,
+async fn serve_connection<A: Answerer, Io: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    stream: Io,
     mut drain: watch::Receiver<bool>,
     builder: &auto::Builder<TokioExecutor>,
     limits: Limits,

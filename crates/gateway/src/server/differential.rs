@@ -1,5 +1,6 @@
 //! The gateway's HTTP/1.1 (its own, and hyper behind it) against a plain hyper server: one corpus of
-//! raw requests sent to both over real sockets, the same handler behind both, the answers compared
+//! raw requests sent to both over in-memory wires on paused time (so that a pause between two
+//! writes is a pause however busy the machine), the same handler behind both, the answers compared
 //! byte for byte with the `date` value masked. Where the gateway answers otherwise on purpose (a
 //! `Host` or a framing that the rules refuse), the corpus says what it answers instead.
 
@@ -15,8 +16,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use recovea_core::Answer;
 use recovea_http1::{Decoder, RequestError, parse_response};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::watch;
 
 use super::{Answerer, Limits, hyper_builder, serve_connection};
@@ -29,6 +29,9 @@ const LIMITS: Limits = Limits { max_body: 1024, idle: Duration::from_secs(5) };
 const QUIET: Duration = Duration::from_millis(200);
 /// Between the writes of a case given in parts: longer than the gateway waits for a body.
 const PAUSE: Duration = Duration::from_millis(50);
+/// How much a wire holds in each direction: as much as a socket's buffers, so that a case's
+/// client writes all of it before it reads, as it could over a socket.
+const WIRE_BYTES: usize = 1 << 20;
 
 /// Tells what a request was: method, target, version, `Host` lines and body. `/stream` answers in
 /// pieces of no declared length, `/empty` with a 204.
@@ -95,39 +98,36 @@ fn full(bytes: Bytes) -> ResponseBody {
     Full::new(bytes).map_err(BoxError::from).boxed_unsync()
 }
 
-/// The gateway's way: [`serve_connection`] on every connection.
-async fn gateway(echo: Echo) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let address = listener.local_addr().expect("address").to_string();
-    let (drain, _) = watch::channel(false);
-    tokio::spawn(async move {
-        let builder = Arc::new(hyper_builder());
-        while let Ok((stream, _)) = listener.accept().await {
-            let (builder, echo, drain) = (Arc::clone(&builder), echo.clone(), drain.subscribe());
-            tokio::spawn(async move { serve_connection(stream, drain, &builder, LIMITS, echo).await });
-        }
-    });
-    address
+/// The server a case is sent to.
+#[derive(Clone, Copy)]
+enum Server {
+    /// The gateway's way: [`serve_connection`].
+    Gateway,
+    /// hyper's way: the same builder, serving the whole connection.
+    HyperAlone,
 }
 
-/// hyper's way: the same builder, serving the whole connection.
-async fn hyper_alone(echo: Echo) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let address = listener.local_addr().expect("address").to_string();
+/// A client connection to a new connection of `server`, with `echo` behind it.
+fn connect(server: Server, echo: &Echo) -> DuplexStream {
+    let (client, stream) = tokio::io::duplex(WIRE_BYTES);
+    let echo = echo.clone();
     tokio::spawn(async move {
-        let builder = Arc::new(hyper_builder());
-        while let Ok((stream, _)) = listener.accept().await {
-            let (builder, echo) = (Arc::clone(&builder), echo.clone());
-            tokio::spawn(async move {
+        let builder = hyper_builder();
+        match server {
+            Server::Gateway => {
+                let (_drain, draining) = watch::channel(false);
+                serve_connection(stream, draining, &builder, LIMITS, echo).await;
+            }
+            Server::HyperAlone => {
                 let service = service_fn(move |request| {
                     let echo = echo.clone();
                     async move { Ok::<_, Infallible>(echo.answer(request).await) }
                 });
                 let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-            });
+            }
         }
     });
-    address
+    client
 }
 
 /// What a server sent back: its answers (each with the interim heads before it), any bytes after
@@ -141,8 +141,7 @@ struct Exchange {
 
 /// Sends `parts` (pausing between them), then reads `answers` answers to `method` requests, then
 /// whatever comes until the server closes or stays quiet.
-async fn exchange(address: &str, parts: &[&[u8]], method: &Method, answers: usize) -> Exchange {
-    let mut io = TcpStream::connect(address).await.expect("connect");
+async fn exchange(mut io: DuplexStream, parts: &[&[u8]], method: &Method, answers: usize) -> Exchange {
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
             tokio::time::sleep(PAUSE).await;
@@ -427,17 +426,16 @@ fn corpus() -> Vec<Case> {
     cases
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_gateways_http1_answers_as_hyper_does_but_where_its_rules_say_otherwise() {
     let echo = Echo::default();
-    let (ours, theirs) = (gateway(echo.clone()).await, hyper_alone(echo.clone()).await);
     let corpus = corpus();
     let exchanges = futures_util::future::join_all(corpus.iter().map(|case| {
         let parts: Vec<&[u8]> = case.parts.iter().map(Vec::as_slice).collect();
-        let (ours, theirs) = (ours.clone(), theirs.clone());
+        let (ours, theirs) = (connect(Server::Gateway, &echo), connect(Server::HyperAlone, &echo));
         async move {
-            let ours = exchange(&ours, &parts, &case.method, case.answers).await;
-            let theirs = exchange(&theirs, &parts, &case.method, case.answers).await;
+            let ours = exchange(ours, &parts, &case.method, case.answers).await;
+            let theirs = exchange(theirs, &parts, &case.method, case.answers).await;
             (ours, theirs)
         }
     }))

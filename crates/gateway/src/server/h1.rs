@@ -29,9 +29,9 @@ use http_body::Body;
 use http_body_util::Full;
 use recovea_http1::{Error, Framing, RequestError, chunk_size_line, has_token, parse_request, response_head};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
+use tokio_util::io::poll_read_buf;
 
 use super::{Answerer, HEADER_READ_TIMEOUT};
 use crate::body::ResponseBody;
@@ -59,8 +59,8 @@ const LINGER_BYTES: usize = 1 << 20;
 
 /// A connection that is hyper's from here: the bytes already read from it (which hyper reads
 /// first), and why.
-pub(super) struct HandedOver {
-    pub(super) io: TcpStream,
+pub(super) struct HandedOver<Io> {
+    pub(super) io: Io,
     pub(super) read: Bytes,
     pub(super) reason: HandOver,
 }
@@ -69,13 +69,13 @@ pub(super) struct HandedOver {
 /// goes to hyper (`Some`). A body longer than `max_body` goes to hyper, so that the proxy refuses
 /// it unread. A client that takes no byte of its answer for `idle` (it stopped reading) has its
 /// connection closed.
-pub(super) async fn serve<A: Answerer>(
-    mut io: TcpStream,
+pub(super) async fn serve<A: Answerer, Io: AsyncRead + AsyncWrite + Unpin>(
+    mut io: Io,
     drain: &mut watch::Receiver<bool>,
     max_body: u64,
     idle: Duration,
     answerer: &A,
-) -> Option<HandedOver> {
+) -> Option<HandedOver<Io>> {
     let mut buf = BytesMut::with_capacity(READ_BYTES);
     let mut out = Vec::with_capacity(1024);
     let timer = tokio::time::sleep(HEADER_READ_TIMEOUT);
@@ -105,7 +105,7 @@ pub(super) async fn serve<A: Answerer>(
         // A client that hangs up before its answer cancels it (the proxy records why).
         let answering = answerer.answer(request);
         tokio::pin!(answering);
-        let Ok(response) = unless_hangup(&io, &mut buf, |cx| answering.as_mut().poll(cx)).await else {
+        let Ok(response) = unless_hangup(&mut io, &mut buf, |cx| answering.as_mut().poll(cx)).await else {
             return None;
         };
         let close = close || *drain.borrow();
@@ -120,7 +120,7 @@ pub(super) async fn serve<A: Answerer>(
 /// Reads and drops what the client still sends (the body of a refused request) until it closes,
 /// for [`LINGER`] and [`LINGER_BYTES`] at most: a socket closed with bytes unread is reset, and a
 /// reset can destroy the answer before the client has read it.
-async fn linger(io: &mut TcpStream, buf: &mut BytesMut) {
+async fn linger(io: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) {
     let mut dropped = 0;
     let _ = tokio::time::timeout(LINGER, async {
         while dropped < LINGER_BYTES {
@@ -171,7 +171,12 @@ struct Waiting<'a> {
 /// The next request. Its head must come within the header read timeout (an idle connection is
 /// closed after it, as hyper does), its body within [`BODY_GRACE`] of the head. A connection that
 /// has sent nothing of it yet closes when the node sheds idle connections.
-async fn read_request(io: &mut TcpStream, buf: &mut BytesMut, waiting: Waiting<'_>, max_body: u64) -> Read {
+async fn read_request(
+    io: &mut (impl AsyncRead + Unpin),
+    buf: &mut BytesMut,
+    waiting: Waiting<'_>,
+    max_body: u64,
+) -> Read {
     let Waiting { mut timer, drain, shed } = waiting;
     let idle_since = Instant::now();
     timer.as_mut().reset(Instant::now() + HEADER_READ_TIMEOUT);
@@ -304,7 +309,7 @@ fn parse(buf: &mut BytesMut, max_body: u64) -> Parsed {
 /// which cancels the provider's request); a next request that comes meanwhile is kept in `buf`.
 /// A client that takes nothing for `stall`'s limit ends it the same way.
 async fn write_response(
-    io: &mut TcpStream,
+    io: &mut (impl AsyncRead + AsyncWrite + Unpin),
     buf: &mut BytesMut,
     out: &mut Vec<u8>,
     response: Response<ResponseBody>,
@@ -426,7 +431,7 @@ struct Hangup;
 /// What `poll` gives, unless the client hangs up first: the connection is read meanwhile, and what
 /// a client sends ahead (its next request) is kept in `buf`, up to [`MAX_PIPELINED`].
 async fn unless_hangup<T>(
-    io: &TcpStream,
+    io: &mut (impl AsyncRead + Unpin),
     buf: &mut BytesMut,
     mut poll: impl FnMut(&mut Context<'_>) -> Poll<T>,
 ) -> Result<T, Hangup> {
@@ -435,18 +440,15 @@ async fn unless_hangup<T>(
             return Poll::Ready(Ok(value));
         }
         while buf.len() < MAX_PIPELINED {
-            match io.poll_read_ready(cx) {
+            // Room is made only when none is left: while the answer is awaited the buffer's block
+            // is shared with the request, and a new one would cost an allocation a request.
+            if buf.capacity() == buf.len() {
+                buf.reserve(READ_BYTES);
+            }
+            match poll_read_buf(Pin::new(&mut *io), cx, buf) {
                 Poll::Pending => break,
-                Poll::Ready(Err(_)) => return Poll::Ready(Err(Hangup)),
-                Poll::Ready(Ok(())) => {
-                    buf.reserve(READ_BYTES);
-                    match io.try_read_buf(buf) {
-                        Ok(0) => return Poll::Ready(Err(Hangup)),
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(_) => return Poll::Ready(Err(Hangup)),
-                    }
-                }
+                Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Err(Hangup)),
+                Poll::Ready(Ok(_)) => {}
             }
         }
         Poll::Pending
@@ -457,7 +459,7 @@ async fn unless_hangup<T>(
 /// Writes every slice, in as few system calls as the socket allows. A client that takes no byte
 /// for `stall`'s limit (it stopped reading: the socket stays full) fails the write.
 async fn write_all(
-    io: &mut TcpStream,
+    io: &mut (impl AsyncWrite + Unpin),
     mut slices: &mut [IoSlice<'_>],
     mut stall: Pin<&mut Stall>,
 ) -> io::Result<()> {
@@ -495,20 +497,20 @@ fn write_or_stall<W: AsyncWrite>(
 /// A connection with bytes already read from it in front, which are read first: how a connection
 /// goes to hyper. Its writes fail once the client has taken nothing for the idle limit, which ends
 /// hyper's connection (and with it the request it was answering).
-pub(super) struct Rewind {
+pub(super) struct Rewind<Io> {
     read: Bytes,
-    io: TcpStream,
+    io: Io,
     // Boxed to keep the connection `Unpin`, as hyper wants: one allocation per connection handed over.
     stall: Pin<Box<Stall>>,
 }
 
-impl Rewind {
-    pub(super) fn new(io: TcpStream, read: Bytes, idle: Duration) -> Self {
+impl<Io> Rewind<Io> {
+    pub(super) fn new(io: Io, read: Bytes, idle: Duration) -> Self {
         Self { read, io, stall: Box::pin(Stall::new(idle)) }
     }
 }
 
-impl AsyncRead for Rewind {
+impl<Io: AsyncRead + Unpin> AsyncRead for Rewind<Io> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -524,7 +526,7 @@ impl AsyncRead for Rewind {
     }
 }
 
-impl AsyncWrite for Rewind {
+impl<Io: AsyncWrite + Unpin> AsyncWrite for Rewind<Io> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         self.poll_write_vectored(cx, &[IoSlice::new(data)])
     }
@@ -560,8 +562,7 @@ mod tests {
     use http::HeaderValue;
     use http_body::Frame;
     use http_body_util::{BodyExt, StreamBody};
-    use tokio::io::AsyncWriteExt;
-    use tokio::net::TcpListener;
+    use tokio::io::{AsyncWriteExt, DuplexStream};
     use tokio::task::JoinHandle;
 
     use super::*;
@@ -570,6 +571,8 @@ mod tests {
     const MAX_BODY: u64 = 1024;
     /// How long a client may take none of its answer.
     const IDLE: Duration = Duration::from_millis(300);
+    /// How much the wire between a test's client and its server holds in each direction.
+    const WIRE_BYTES: usize = 64 << 10;
 
     /// Set when dropped: shows that a request's answer (or its body) was abandoned.
     struct Dropped(Arc<AtomicBool>);
@@ -604,7 +607,7 @@ mod tests {
     }
 
     /// What [`serve`] returned, in time.
-    async fn ended(server: JoinHandle<Option<HandedOver>>) -> Option<HandedOver> {
+    async fn ended(server: JoinHandle<Option<HandedOver<DuplexStream>>>) -> Option<HandedOver<DuplexStream>> {
         tokio::time::timeout(Duration::from_secs(5), server).await.expect("in time").expect("served")
     }
 
@@ -706,14 +709,13 @@ mod tests {
         drain: watch::Sender<bool>,
         dropped: Arc<AtomicBool>,
         answered: Arc<AtomicBool>,
-        server: JoinHandle<Option<HandedOver>>,
+        server: JoinHandle<Option<HandedOver<DuplexStream>>>,
     }
 
-    /// A connection served by [`serve`] with [`answer`], and its client end.
+    /// A connection served by [`serve`] with [`answer`], and its client end: an in-memory wire, so
+    /// that the tests (on paused time) decide when each byte arrives, not the scheduler.
     async fn connect() -> Served {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let client = TcpStream::connect(listener.local_addr().expect("address")).await.expect("connect");
-        let (io, _) = listener.accept().await.expect("accept");
+        let (client, io) = tokio::io::duplex(WIRE_BYTES);
         let (drain, mut draining) = watch::channel(false);
         let test =
             Test { dropped: Arc::new(AtomicBool::new(false)), answered: Arc::new(AtomicBool::new(false)) };
@@ -724,7 +726,7 @@ mod tests {
 
     /// The client end: what it read and has not yet taken as a response.
     struct Client {
-        io: TcpStream,
+        io: DuplexStream,
         read: Vec<u8>,
     }
 
@@ -781,7 +783,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn requests_are_answered_in_order_on_one_connection_pipelined_or_not() {
         let Served { mut client, server, drain: _drain, .. } = connect().await;
         client
@@ -808,7 +810,7 @@ mod tests {
         assert!(ended(server).await.is_none(), "closed, not handed over");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn answers_are_framed_by_their_bodies() {
         let Served { mut client, drain: _drain, .. } = connect().await;
         client
@@ -835,21 +837,23 @@ mod tests {
         assert_eq!(client.response().await.1, "GET /echo host=h body=", "and the connection goes on");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_body_that_trails_its_head_is_waited_for_a_moment() {
         let Served { mut client, server, drain: _drain, .. } = connect().await;
         client.send(b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 11\r\n\r\nhel").await;
+        // Paused time moves only once both ends wait: the server has read the head by then.
+        tokio::time::sleep(BODY_GRACE / 2).await;
         client.send(b"lo world").await;
         assert_eq!(client.response().await.1, "POST /echo host=h body=hello world");
         client.send(b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 11\r\n\r\nhel").await;
-        tokio::time::sleep(BODY_GRACE * 4).await;
+        tokio::time::sleep(BODY_GRACE * 2).await;
         client.send(b"lo world").await;
         let handed = ended(server).await.expect("then handed over");
         assert_eq!(handed.reason, HandOver::TrailingBody);
         assert_eq!(handed.read, &b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 11\r\n\r\nhel"[..]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_answer_that_asks_to_close_or_a_client_that_does_ends_the_connection() {
         let Served { mut client, drain: _drain, .. } = connect().await;
         client.send(b"GET /close HTTP/1.1\r\nhost: h\r\n\r\n").await;
@@ -866,7 +870,7 @@ mod tests {
         assert!(client.closed().await);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_client_that_hangs_up_abandons_its_request_waiting_or_streaming() {
         for path in ["/hang", "/endless"] {
             let Served { mut client, dropped, server, drain: _drain, .. } = connect().await;
@@ -879,7 +883,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_client_that_stops_reading_has_its_connection_closed_and_its_answer_dropped() {
         let Served { mut client, dropped, server, drain: _drain, .. } = connect().await;
         client.send(b"GET /flood HTTP/1.1\r\nhost: h\r\n\r\n").await;
@@ -902,7 +906,7 @@ mod tests {
         assert!(read > 0, "what the socket took before the stall is still delivered");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_drain_closes_idle_connections_and_lets_a_request_in_flight_finish() {
         let Served { mut client, drain, server, .. } = connect().await;
         drain.send_replace(true);
@@ -921,7 +925,7 @@ mod tests {
 
     /// Including a body still on its way: the proxy may answer before it comes (a refusal), or
     /// time it out.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn anything_else_goes_to_hyper_with_every_byte_read_and_why() {
         let long_head =
             format!("GET /echo HTTP/1.1\r\nhost: h\r\nx-long: {}\r\n\r\n", "a".repeat(4 * MAX_HEAD_BYTES));
@@ -971,7 +975,7 @@ mod tests {
 
     /// RFC 9112: one `Host`, one length, no coding but chunked. hyper would take these; here the
     /// answer is the gateway's, at once (the body is not waited for), and the connection ends.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_head_that_breaks_the_rules_is_refused_and_its_connection_closed() {
         let cases: [(&[u8], &str); 8] = [
             (b"GET /echo HTTP/1.1\r\n\r\n", "invalid_request"),
@@ -1006,7 +1010,7 @@ mod tests {
 
     /// The refusal does not wait for the body it refuses, and reads what the client sends of it
     /// meanwhile, so that the client is not reset before it reads the answer.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_client_still_sending_a_refused_body_gets_the_answer() {
         let Served { mut client, server, drain: _drain, .. } = connect().await;
         client.send(b"POST /echo HTTP/1.1\r\nhost: h\r\ntransfer-encoding: gzip, chunked\r\n\r\n").await;
@@ -1019,7 +1023,7 @@ mod tests {
         assert!(ended(server).await.is_none());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_connection_handed_over_reads_what_was_read_first() {
         let Served { mut client, server, drain: _drain, .. } = connect().await;
         client.send(b"GET /echo HTTP/1.0\r\n\r\n").await;
