@@ -1,0 +1,77 @@
+//! `GET /audit`: the audit log, filtered and paged as the receipts are.
+
+use recovea_core::ids::OrgId;
+use recovea_store::{AuditEntry, AuditQuery};
+use serde_json::{Value, json};
+
+use crate::admin::query::Params;
+use crate::admin::receipts::{parse_cursor, parse_limit};
+use crate::admin::{Reply, ok};
+use crate::{ApiError, Control};
+
+const DEFAULT_LIMIT: u32 = 100;
+const MAX_LIMIT: u32 = 1000;
+
+impl Control {
+    pub(crate) async fn list_audit(&self, query: &str) -> Result<Reply, ApiError> {
+        let params = Params::parse(query)?;
+        let limit = parse_limit(&params, DEFAULT_LIMIT, MAX_LIMIT)?;
+        let word = |name: &str| -> Result<Option<String>, ApiError> {
+            match params.get(name) {
+                None => Ok(None),
+                Some(text)
+                    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') =>
+                {
+                    Ok(Some(text.to_owned()))
+                }
+                Some(_) => {
+                    Err(ApiError::BadRequest(format!("{name}: expected a word such as {}", example(name))))
+                }
+            }
+        };
+        let query = AuditQuery {
+            from: params.time("from")?,
+            to: params.time("to")?,
+            org_id: params
+                .get("org_id")
+                .map(|id| {
+                    OrgId::parse(id).ok_or_else(|| ApiError::BadRequest("org_id: not an org id".into()))
+                })
+                .transpose()?,
+            object_kind: word("object_kind")?,
+            action: word("action")?,
+            // One more than asked tells whether another page follows.
+            limit: limit + 1,
+            after: params.get("cursor").map(parse_cursor).transpose()?,
+        };
+        let mut entries = self.store(move |s| s.audit_log(&query)).await?;
+        let more = entries.len() > limit as usize;
+        entries.truncate(limit as usize);
+        let next_cursor = entries.last().filter(|_| more).map(|e| format!("{}.{}", e.at.0, e.id));
+        let entries = entries.iter().map(entry_json).collect::<Result<Vec<_>, _>>()?;
+        ok(json!({ "entries": entries, "next_cursor": next_cursor }))
+    }
+}
+
+fn example(name: &str) -> &'static str {
+    if name == "action" { "create" } else { "key" }
+}
+
+/// An entry as the API gives it; its before and after are the JSON the store kept.
+fn entry_json(entry: &AuditEntry) -> Result<Value, ApiError> {
+    let object = |text: &Option<String>| -> Result<Value, ApiError> {
+        text.as_deref().map_or(Ok(Value::Null), |text| serde_json::from_str(text).map_err(ApiError::internal))
+    };
+    Ok(json!({
+        "id": entry.id,
+        "at": entry.at,
+        "auth": entry.auth.as_str(),
+        "client": entry.client,
+        "action": entry.action,
+        "object_kind": entry.object_kind,
+        "object_id": entry.object_id,
+        "org_id": entry.org_id,
+        "before": object(&entry.before)?,
+        "after": object(&entry.after)?,
+    }))
+}
