@@ -124,9 +124,9 @@ pub(crate) fn log(entry: &AuditEntry) {
         action = %entry.action,
         object_kind = %entry.object_kind,
         object_id = %entry.object_id,
-        org_id = entry.org_id.as_ref().map_or("", OrgId::as_str),
-        auth = entry.auth.as_str(),
-        client = entry.client.as_deref().unwrap_or(""),
+        org_id = entry.org_id.as_ref().map(tracing::field::display),
+        auth = %entry.auth.as_str(),
+        client = entry.client.as_deref().map(tracing::field::display),
         "admin change"
     );
 }
