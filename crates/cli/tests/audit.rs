@@ -212,6 +212,9 @@ async fn every_admin_change_leaves_its_row_and_no_secret() {
     let page = admin(&serve, Method::GET, "/audit?limit=1000", None).await;
     let entries = page["entries"].as_array().expect("entries");
     assert_eq!(entries.len(), changes);
+    let versions: Vec<u64> = entries.iter().filter_map(|e| e["version"].as_u64()).collect();
+    assert_eq!(versions.len(), changes);
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "in the order of the changes: {versions:?}");
 
     // Filters and pages.
     let keys = admin(&serve, Method::GET, &format!("/audit?org_id={org_id}&object_kind=key"), None).await;
@@ -222,6 +225,7 @@ async fn every_admin_change_leaves_its_row_and_no_secret() {
     assert_eq!(revoke["entries"][0]["object_id"], key_id.as_str());
     let first = admin(&serve, Method::GET, "/audit?limit=2", None).await;
     let cursor = first["next_cursor"].as_str().expect("a next page");
+    assert_eq!(cursor, versions[1].to_string(), "the cursor is the last entry's version");
     let second = admin(&serve, Method::GET, &format!("/audit?limit=2&cursor={cursor}"), None).await;
     assert_eq!(second["entries"][0]["id"], entries[2]["id"]);
     let from = entries[0]["at"].as_str().expect("at");

@@ -56,6 +56,9 @@ pub struct AuditContext {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditEntry {
     pub id: String,
+    /// The state version the change made: rows are in the order their changes were committed, and
+    /// a node serving this version or a later one serves the change.
+    pub version: u64,
     pub at: Timestamp,
     pub auth: AuditAuth,
     pub client: Option<String>,
@@ -82,13 +85,13 @@ pub struct AuditQuery {
     pub object_kind: Option<String>,
     pub action: Option<String>,
     pub limit: u32,
-    /// Continue after this row: its `at` and id.
-    pub after: Option<(Timestamp, String)>,
+    /// Continue after the row of this version.
+    pub after_version: Option<u64>,
 }
 
 /// The columns of the `audit_log` table, in the order [`AuditEntry`] is read from them.
 pub(crate) const AUDIT_COLUMNS: &str =
-    "id, at, auth, client, action, object_kind, object_id, org_id, before_json, after_json";
+    "id, version, at, auth, client, action, object_kind, object_id, org_id, before_json, after_json";
 
 /// What a change did to one object, made into its row once the change is known.
 pub(crate) struct Change {
@@ -101,9 +104,11 @@ pub(crate) struct Change {
 }
 
 impl Change {
-    pub(crate) fn entry(self, context: &AuditContext) -> AuditEntry {
+    /// The row of this change, made by `context` as state `version`.
+    pub(crate) fn entry(self, context: &AuditContext, version: u64) -> AuditEntry {
         AuditEntry {
             id: context.id.clone(),
+            version,
             at: context.at,
             auth: context.auth,
             client: context.client.clone(),
@@ -121,6 +126,7 @@ impl Change {
 pub(crate) fn log(entry: &AuditEntry) {
     tracing::info!(
         audit_id = %entry.id,
+        version = entry.version,
         action = %entry.action,
         object_kind = %entry.object_kind,
         object_id = %entry.object_id,
@@ -285,21 +291,22 @@ pub(crate) fn cap_change(before: Option<&CapRecord>, after: Option<&CapRecord>) 
 
 /// A row of the audit log, from its [`AUDIT_COLUMNS`].
 pub(crate) fn entry(row: &dyn Columns) -> Result<AuditEntry> {
-    let auth = row.text(2)?;
+    let auth = row.text(3)?;
     let org_id = row
-        .optional_text(7)?
+        .optional_text(8)?
         .map(|text| OrgId::parse(text).ok_or_else(|| corrupt(format!("audit row: bad org id {text:?}"))))
         .transpose()?;
     Ok(AuditEntry {
         id: row.string(0)?,
-        at: row.timestamp(1)?,
+        version: row.count(1)?,
+        at: row.timestamp(2)?,
         auth: AuditAuth::parse(auth).ok_or_else(|| corrupt(format!("audit row: bad auth {auth:?}")))?,
-        client: row.optional_string(3)?,
-        action: row.string(4)?,
-        object_kind: row.string(5)?,
-        object_id: row.string(6)?,
+        client: row.optional_string(4)?,
+        action: row.string(5)?,
+        object_kind: row.string(6)?,
+        object_id: row.string(7)?,
         org_id,
-        before: row.optional_string(8)?,
-        after: row.optional_string(9)?,
+        before: row.optional_string(9)?,
+        after: row.optional_string(10)?,
     })
 }

@@ -155,9 +155,12 @@ impl PostgresStore {
     ) -> Result<T> {
         let mut client = self.client()?;
         let mut tx = client.transaction().map_err(backend)?;
-        tx.execute("UPDATE state_version SET version = version + 1", &[]).map_err(backend)?;
+        let version = tx
+            .query_one("UPDATE state_version SET version = version + 1 RETURNING version", &[])
+            .map_err(backend)?
+            .count(0)?;
         let (out, row) = change(&mut tx)?;
-        let entry = row.map(|row| row.entry(audit));
+        let entry = row.map(|row| row.entry(audit, version));
         if let Some(entry) = &entry {
             control::insert_audit(&mut tx, entry)?;
         }

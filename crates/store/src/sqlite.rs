@@ -66,11 +66,13 @@ impl SqliteStore {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(backend)?;
         let (out, row) = change(&tx)?;
-        let entry = row.map(|row| row.entry(audit));
+        let version: i64 = tx
+            .query_row("UPDATE state_version SET version = version + 1 RETURNING version", [], |r| r.get(0))
+            .map_err(backend)?;
+        let entry = row.map(|row| row.entry(audit, u64::try_from(version).unwrap_or(0)));
         if let Some(entry) = &entry {
             control::insert_audit(&tx, entry)?;
         }
-        tx.execute("UPDATE state_version SET version = version + 1", []).map_err(backend)?;
         tx.commit().map_err(backend)?;
         drop(conn);
         if let Some(entry) = &entry {

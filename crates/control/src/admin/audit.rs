@@ -1,11 +1,12 @@
-//! `GET /audit`: the audit log, filtered and paged as the receipts are.
+//! `GET /audit`: the audit log, filtered and paged as the receipts are (the cursor is the last
+//! entry's state version).
 
 use recovea_core::ids::OrgId;
 use recovea_store::{AuditEntry, AuditQuery};
 use serde_json::{Value, json};
 
 use crate::admin::query::Params;
-use crate::admin::receipts::{parse_cursor, parse_limit};
+use crate::admin::receipts::parse_limit;
 use crate::admin::{Reply, ok};
 use crate::{ApiError, Control};
 
@@ -42,12 +43,17 @@ impl Control {
             action: word("action")?,
             // One more than asked tells whether another page follows.
             limit: limit + 1,
-            after: params.get("cursor").map(parse_cursor).transpose()?,
+            after_version: params
+                .get("cursor")
+                .map(|c| {
+                    c.parse().map_err(|_| ApiError::BadRequest("cursor: not a cursor this API gave".into()))
+                })
+                .transpose()?,
         };
         let mut entries = self.store(move |s| s.audit_log(&query)).await?;
         let more = entries.len() > limit as usize;
         entries.truncate(limit as usize);
-        let next_cursor = entries.last().filter(|_| more).map(|e| format!("{}.{}", e.at.0, e.id));
+        let next_cursor = entries.last().filter(|_| more).map(|e| e.version.to_string());
         let entries = entries.iter().map(entry_json).collect::<Result<Vec<_>, _>>()?;
         ok(json!({ "entries": entries, "next_cursor": next_cursor }))
     }
@@ -64,6 +70,7 @@ fn entry_json(entry: &AuditEntry) -> Result<Value, ApiError> {
     };
     Ok(json!({
         "id": entry.id,
+        "version": entry.version,
         "at": entry.at,
         "auth": entry.auth.as_str(),
         "client": entry.client,

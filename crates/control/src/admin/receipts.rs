@@ -113,8 +113,8 @@ fn key_filter(params: &Params) -> Result<Option<KeyId>, ApiError> {
         .transpose()
 }
 
-/// A cursor (`MILLISECONDS.ID`) as the receipts and the audit log hand them out.
-pub(crate) fn parse_cursor(cursor: &str) -> Result<(Timestamp, String), ApiError> {
+/// A cursor (`MILLISECONDS.ID`) as the receipts hand them out.
+fn parse_cursor(cursor: &str) -> Result<(Timestamp, String), ApiError> {
     let bad = || ApiError::BadRequest("cursor: not a cursor this API gave".into());
     let (time, id) = cursor.split_once('.').ok_or_else(bad)?;
     Ok((Timestamp(time.parse().map_err(|_| bad())?), id.to_owned()))

@@ -367,12 +367,11 @@ impl ControlStore for PostgresStore {
     }
 
     fn audit_log(&self, q: &AuditQuery) -> Result<Vec<AuditEntry>> {
-        let (after_time, after_id) = q.after.as_ref().map_or((i64::MIN, ""), |(t, id)| (t.0, id.as_str()));
         let sql = format!(
             "SELECT {AUDIT_COLUMNS} FROM audit_log WHERE at >= $1 AND at < $2
              AND ($3::TEXT IS NULL OR org_id = $3) AND ($4::TEXT IS NULL OR object_kind = $4)
-             AND ($5::TEXT IS NULL OR action = $5) AND (at, id) > ($6, $7)
-             ORDER BY at, id LIMIT $8"
+             AND ($5::TEXT IS NULL OR action = $5) AND version > $6
+             ORDER BY version LIMIT $7"
         );
         select(
             &mut *self.client()?,
@@ -383,8 +382,7 @@ impl ControlStore for PostgresStore {
                 &q.org_id.as_ref().map(OrgId::as_str),
                 &q.object_kind,
                 &q.action,
-                &after_time,
-                &after_id,
+                &q.after_version.map_or(-1, saturating_i64),
                 &i64::from(q.limit),
             ],
             audit::entry,
@@ -395,9 +393,12 @@ impl ControlStore for PostgresStore {
 /// Writes a change's audit row, in the change's transaction.
 pub(super) fn insert_audit(tx: &mut Transaction<'_>, entry: &AuditEntry) -> Result<()> {
     tx.execute(
-        &format!("INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
+        &format!(
+            "INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+        ),
         &[
             &entry.id,
+            &saturating_i64(entry.version),
             &entry.at.0,
             &entry.auth.as_str(),
             &entry.client,

@@ -129,6 +129,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     CREATE TABLE audit_log (
         id TEXT COLLATE "C" PRIMARY KEY,
+        version BIGINT NOT NULL UNIQUE,
         at BIGINT NOT NULL,
         auth TEXT NOT NULL,
         client TEXT,
@@ -139,8 +140,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
         before_json TEXT,
         after_json TEXT
     );
-    CREATE INDEX audit_log_by_time ON audit_log(at, id);
-    CREATE INDEX audit_log_by_org_time ON audit_log(org_id, at, id);
+    CREATE INDEX audit_log_by_org ON audit_log(org_id, version);
 "#,
 ];
 

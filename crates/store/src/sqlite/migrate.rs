@@ -173,6 +173,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r"
     CREATE TABLE audit_log (
         id TEXT PRIMARY KEY,
+        version INTEGER NOT NULL UNIQUE,
         at INTEGER NOT NULL,
         auth TEXT NOT NULL,
         client TEXT,
@@ -183,8 +184,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
         before_json TEXT,
         after_json TEXT
     );
-    CREATE INDEX audit_log_by_time ON audit_log(at, id);
-    CREATE INDEX audit_log_by_org_time ON audit_log(org_id, at, id);
+    CREATE INDEX audit_log_by_org ON audit_log(org_id, version);
 ",
 ];
 
