@@ -237,6 +237,11 @@ async fn every_admin_change_leaves_its_row_and_no_secret() {
         (status, bad["error"]["message"].as_str()),
         (StatusCode::BAD_REQUEST, Some("limit: expected 1 to 1000"))
     );
+    let (status, bad) = serve.admin_call(TOKEN, Method::GET, "/audit?object_kind=Key%21", None).await;
+    assert_eq!(
+        (status, bad["error"]["message"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("object_kind: expected a word such as key"))
+    );
     let (status, _) = serve.admin_call(TOKEN, Method::POST, "/audit", None).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
 

@@ -14,11 +14,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use recovea_store::AuditAuth;
 use tokio::net::TcpListener;
 
 use crate::admin::query::decode_path_segment;
-use recovea_store::AuditAuth;
-
 use crate::admin::{Caller, OPENAPI, Reply, ReplyBody};
 use crate::{ApiError, Control};
 

@@ -17,7 +17,8 @@ impl Control {
     pub(crate) async fn list_audit(&self, query: &str) -> Result<Reply, ApiError> {
         let params = Params::parse(query)?;
         let limit = parse_limit(&params, DEFAULT_LIMIT, MAX_LIMIT)?;
-        let word = |name: &str| -> Result<Option<String>, ApiError> {
+        // Kinds and actions are lowercase words; anything else selects nothing and is a mistake.
+        let word = |name: &str, example: &str| -> Result<Option<String>, ApiError> {
             match params.get(name) {
                 None => Ok(None),
                 Some(text)
@@ -25,9 +26,7 @@ impl Control {
                 {
                     Ok(Some(text.to_owned()))
                 }
-                Some(_) => {
-                    Err(ApiError::BadRequest(format!("{name}: expected a word such as {}", example(name))))
-                }
+                Some(_) => Err(ApiError::BadRequest(format!("{name}: expected a word such as {example}"))),
             }
         };
         let query = AuditQuery {
@@ -39,8 +38,8 @@ impl Control {
                     OrgId::parse(id).ok_or_else(|| ApiError::BadRequest("org_id: not an org id".into()))
                 })
                 .transpose()?,
-            object_kind: word("object_kind")?,
-            action: word("action")?,
+            object_kind: word("object_kind", "key")?,
+            action: word("action", "create")?,
             // One more than asked tells whether another page follows.
             limit: limit + 1,
             after_version: params
@@ -57,10 +56,6 @@ impl Control {
         let entries = entries.iter().map(entry_json).collect::<Result<Vec<_>, _>>()?;
         ok(json!({ "entries": entries, "next_cursor": next_cursor }))
     }
-}
-
-fn example(name: &str) -> &'static str {
-    if name == "action" { "create" } else { "key" }
 }
 
 /// An entry as the API gives it; its before and after are the JSON the store kept.
