@@ -57,6 +57,109 @@ enum Resource {
     /// The nodes that reported to the control plane: feed version, snapshot age, counters
     /// confirmed at, fail-open passes, last seen.
     Nodes,
+    /// The audit log: every admin change, oldest first, as a table (or the JSON answer with --json).
+    Audit(AuditArgs),
+}
+
+#[derive(Args)]
+struct AuditArgs {
+    /// RFC 3339 time: changes made at or after it.
+    #[arg(long, env = "RECOVEA_FROM")]
+    from: Option<String>,
+    /// RFC 3339 time: changes made before it.
+    #[arg(long, env = "RECOVEA_TO")]
+    to: Option<String>,
+    /// Only changes to this organization's objects.
+    #[arg(long, env = "RECOVEA_ORG")]
+    org: Option<String>,
+    /// Only changes to objects of this kind: org, key, provider, cap, price, fallback_price, prices.
+    #[arg(long, env = "RECOVEA_AUDIT_OBJECT_KIND")]
+    object_kind: Option<String>,
+    /// Only changes of this action: create, update, revoke, delete, set, import.
+    #[arg(long, env = "RECOVEA_AUDIT_ACTION")]
+    action: Option<String>,
+    /// Entries per page, 1 to 1000 (default 100).
+    #[arg(long, env = "RECOVEA_LIMIT")]
+    limit: Option<u32>,
+    /// The next_cursor of the previous page.
+    #[arg(long, env = "RECOVEA_CURSOR")]
+    cursor: Option<String>,
+    /// Print the API's JSON answer (with each entry's before and after) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl AuditArgs {
+    fn path(&self) -> String {
+        let pairs = [
+            ("from", &self.from),
+            ("to", &self.to),
+            ("org_id", &self.org),
+            ("object_kind", &self.object_kind),
+            ("action", &self.action),
+            ("limit", &self.limit.map(|l| l.to_string())),
+            ("cursor", &self.cursor),
+        ];
+        let encoded: Vec<String> = pairs
+            .iter()
+            .filter_map(|(name, value)| value.as_ref().map(|v| format!("{name}={}", encode(v))))
+            .collect();
+        if encoded.is_empty() { "/audit".into() } else { format!("/audit?{}", encoded.join("&")) }
+    }
+}
+
+/// The audit log's answer as a table: one line per change, then how to get the next page.
+fn audit_table(answer: &Value) -> String {
+    const HEADER: [&str; 7] = ["AT", "ACTION", "KIND", "OBJECT", "ORG", "AUTH", "CLIENT"];
+    let text = |v: &Value| v.as_str().unwrap_or("-").to_owned();
+    let rows: Vec<[String; 7]> = answer["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            [
+                text(&e["at"]),
+                text(&e["action"]),
+                text(&e["object_kind"]),
+                text(&e["object_id"]),
+                text(&e["org_id"]),
+                text(&e["auth"]),
+                text(&e["client"]),
+            ]
+        })
+        .collect();
+    let mut widths = HEADER.map(str::len);
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let padded: Vec<String> =
+            cells.iter().zip(widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        padded.join("  ").trim_end().to_owned() + "\n"
+    };
+    let mut out = line(&HEADER.map(str::to_owned));
+    for row in &rows {
+        out.push_str(&line(row));
+    }
+    if let Some(cursor) = answer["next_cursor"].as_str() {
+        out.push_str(&format!("more: --cursor {cursor}\n"));
+    }
+    out
+}
+
+/// A rate limit to set, or `none` to remove it: the JSON of a `PATCH`.
+fn limit_or_none(text: &str) -> Result<Value, String> {
+    if text == "none" {
+        return Ok(Value::Null);
+    }
+    text.parse::<u32>().map(|n| json!(n)).map_err(|_| format!("{text:?}: expected a number, or none"))
+}
+
+/// A webhook URL to set, or `none` to remove it: the JSON of a `PATCH`.
+fn url_or_none(text: &str) -> Result<Value, String> {
+    Ok(if text == "none" { Value::Null } else { Value::String(text.to_owned()) })
 }
 
 #[derive(Args)]
@@ -135,8 +238,10 @@ enum Caps {
         /// USD, as a decimal string.
         #[arg(long, env = "RECOVEA_CAP_LIMIT")]
         limit: String,
-        #[arg(long, env = "RECOVEA_CAP_HARD_STOP")]
-        hard_stop: bool,
+        /// Refuse at the line (402): `--hard-stop` alone or `--hard-stop=true`; off unless given.
+        #[arg(long, env = "RECOVEA_CAP_HARD_STOP", num_args = 0..=1,
+              default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+        hard_stop: Option<bool>,
         /// Fractions of the limit, comma-separated (default 0.5,0.8,1.0).
         #[arg(long, env = "RECOVEA_CAP_ALERT_AT", value_delimiter = ',')]
         alert_at: Option<Vec<String>>,
@@ -147,17 +252,24 @@ enum Caps {
         #[arg(long, env = "RECOVEA_ORG")]
         org: String,
     },
+    /// One cap.
+    Get {
+        cap: String,
+    },
     /// Changes a cap's limit, hard stop or alerts.
     Update {
         cap: String,
         #[arg(long, env = "RECOVEA_CAP_LIMIT")]
         limit: Option<String>,
-        #[arg(long, env = "RECOVEA_CAP_HARD_STOP")]
+        /// `--hard-stop` alone or `=true` turns it on, `--hard-stop=false` off.
+        #[arg(long, env = "RECOVEA_CAP_HARD_STOP", num_args = 0..=1, default_missing_value = "true",
+              value_parser = clap::builder::BoolishValueParser::new())]
         hard_stop: Option<bool>,
         #[arg(long, env = "RECOVEA_CAP_ALERT_AT", value_delimiter = ',')]
         alert_at: Option<Vec<String>>,
-        #[arg(long, env = "RECOVEA_CAP_ALERT_WEBHOOK")]
-        alert_webhook: Option<String>,
+        /// A URL, or `none` to remove the webhook.
+        #[arg(long, env = "RECOVEA_CAP_ALERT_WEBHOOK", value_parser = url_or_none)]
+        alert_webhook: Option<Value>,
     },
     Delete {
         cap: String,
@@ -244,13 +356,13 @@ enum Keys {
         #[arg(long, env = "RECOVEA_KEY_TOKENS_PER_MINUTE")]
         tokens_per_minute: Option<u32>,
     },
-    /// Changes a key's rate limits.
+    /// Changes a key's rate limits; `none` removes one.
     Update {
         key: String,
-        #[arg(long, env = "RECOVEA_KEY_REQUESTS_PER_MINUTE")]
-        requests_per_minute: Option<u32>,
-        #[arg(long, env = "RECOVEA_KEY_TOKENS_PER_MINUTE")]
-        tokens_per_minute: Option<u32>,
+        #[arg(long, env = "RECOVEA_KEY_REQUESTS_PER_MINUTE", value_parser = limit_or_none)]
+        requests_per_minute: Option<Value>,
+        #[arg(long, env = "RECOVEA_KEY_TOKENS_PER_MINUTE", value_parser = limit_or_none)]
+        tokens_per_minute: Option<Value>,
     },
     List {
         #[arg(long, env = "RECOVEA_ORG")]
@@ -318,11 +430,11 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
         Resource::Keys(Keys::List { org }) => (Method::GET, format!("/orgs/{org}/keys"), None),
         Resource::Keys(Keys::Update { key, requests_per_minute, tokens_per_minute }) => {
             let mut body = json!({});
-            if let Some(n) = requests_per_minute {
-                body["requests_per_minute"] = json!(n);
+            if let Some(limit) = requests_per_minute {
+                body["requests_per_minute"] = limit;
             }
-            if let Some(n) = tokens_per_minute {
-                body["tokens_per_minute"] = json!(n);
+            if let Some(limit) = tokens_per_minute {
+                body["tokens_per_minute"] = limit;
             }
             (Method::PATCH, format!("/keys/{key}"), Some(body))
         }
@@ -362,6 +474,7 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             alert_at,
             alert_webhook,
         }) => {
+            let hard_stop = hard_stop.unwrap_or(false);
             let mut body =
                 json!({ "scope": scope, "window": window, "limit_usd": limit, "hard_stop": hard_stop });
             if let Some(key) = key_id {
@@ -376,6 +489,7 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             (Method::POST, format!("/orgs/{org}/caps"), Some(body))
         }
         Resource::Caps(Caps::List { org }) => (Method::GET, format!("/orgs/{org}/caps"), None),
+        Resource::Caps(Caps::Get { cap }) => (Method::GET, format!("/caps/{cap}"), None),
         Resource::Caps(Caps::Update { cap, limit, hard_stop, alert_at, alert_webhook }) => {
             let mut body = json!({});
             if let Some(limit) = limit {
@@ -388,13 +502,22 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
                 body["alert_at"] = thresholds(&values)?;
             }
             if let Some(url) = alert_webhook {
-                body["alert_webhook"] = Value::String(url);
+                body["alert_webhook"] = url;
             }
             (Method::PATCH, format!("/caps/{cap}"), Some(body))
         }
         Resource::Caps(Caps::Delete { cap }) => (Method::DELETE, format!("/caps/{cap}"), None),
         Resource::Spend { org } => (Method::GET, format!("/orgs/{org}/spend"), None),
         Resource::Nodes => (Method::GET, "/nodes".into(), None),
+        Resource::Audit(audit) => {
+            let answer = client.call(Method::GET, &audit.path(), None).await.map_err(|e| e.to_string())?;
+            if audit.json {
+                println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+            } else {
+                print!("{}", audit_table(&answer));
+            }
+            return Ok(());
+        }
         Resource::Alerts { org } => (Method::GET, format!("/orgs/{org}/alerts"), None),
         Resource::Prices(Prices::List) => (Method::GET, "/prices".into(), None),
         Resource::Prices(Prices::Get { model }) => (Method::GET, format!("/prices/{}", encode(&model)), None),

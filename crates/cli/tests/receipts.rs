@@ -227,6 +227,32 @@ async fn the_admin_cli_sets_prices_and_reads_receipts() {
         serde_json::from_str(&admin_cli(&serve, &["receipts", "summary", "--org", &org_id])).expect("JSON");
     assert_eq!(summary["rows"][0]["requests"], 2);
     assert_eq!(summary["rows"][0]["cost_usd"], "0.0034645");
+    // --key-id filters the summary: the key's rows, none of another key's.
+    let key_id = after["key_id"].as_str().expect("key id");
+    let by_key: Value = serde_json::from_str(&admin_cli(
+        &serve,
+        &["receipts", "summary", "--org", &org_id, "--key-id", key_id],
+    ))
+    .expect("JSON");
+    assert_eq!(by_key["rows"], summary["rows"]);
+    let other =
+        admin(&serve, Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "idle"}))).await;
+    let other_id = other["id"].as_str().expect("id");
+    let idle: Value = serde_json::from_str(&admin_cli(
+        &serve,
+        &["receipts", "summary", "--org", &org_id, "--key-id", other_id],
+    ))
+    .expect("JSON");
+    assert_eq!(idle["rows"], json!([]), "a key without receipts has no rows");
+    // A limit past what the format allows names that format's largest.
+    for (query, largest) in [("limit=1001", "1000"), ("format=csv&limit=100001", "100000")] {
+        let auth = format!("Bearer {TOKEN}");
+        let url = format!("{}/admin/v1/orgs/{org_id}/receipts?{query}", serve.admin);
+        let (status, body) = call(Method::GET, &url, &[("authorization", &auth)], None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let body: Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(body["error"]["message"], format!("limit: expected 1 to {largest}"));
+    }
 
     // Where a price comes from, an override removed, a file imported and a fallback set.
     let got: Value =

@@ -387,6 +387,12 @@ async fn the_feed_and_ingest_answer_only_the_node_token() {
             )
             .await;
             assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{path} with {token:?}");
+            let error = &answer.json()["error"];
+            assert_eq!(
+                (error["code"].as_str(), error["message"].as_str()),
+                (Some("invalid_node_token"), Some("Invalid node token.")),
+                "{path} names the node token"
+            );
         }
     }
     let auth = format!("Bearer {NODE_TOKEN}");

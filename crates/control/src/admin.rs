@@ -11,7 +11,9 @@ use recovea_core::keys;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
-use recovea_store::{ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger};
+use recovea_store::{
+    AuditAuth, AuditContext, ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger,
+};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -23,10 +25,11 @@ use recovea_core::crypto::provider_key_context;
 
 pub(crate) const OPENAPI: &str = include_str!("openapi.json");
 
+mod audit;
 pub(crate) mod caps;
 mod prices;
 pub(crate) mod query;
-mod receipts;
+pub(crate) mod receipts;
 
 /// A successful admin answer: its status and body.
 pub(crate) struct Reply {
@@ -49,6 +52,26 @@ fn created(body: Value) -> Result<Reply, ApiError> {
     Ok(Reply { status: StatusCode::CREATED, body: ReplyBody::Json(body) })
 }
 
+/// Who is calling: how they authenticated and where from, recorded with each change they make.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller {
+    pub(crate) auth: AuditAuth,
+    pub(crate) client: Option<std::net::SocketAddr>,
+}
+
+impl Caller {
+    /// The audit context of one change by this caller: a new row id, and now.
+    pub(crate) fn audit(&self) -> Result<AuditContext, ApiError> {
+        let at = now();
+        let mut id = String::from("aud_");
+        let mut random = random::bytes::<64>().map_err(ApiError::internal)?.into_iter().cycle();
+        recovea_core::ids::push_time_ordered(&mut id, u64::try_from(at.0).unwrap_or(0), 12, || {
+            random.next().unwrap_or(0)
+        });
+        Ok(AuditContext { id, at, auth: self.auth, client: self.client.map(|addr| addr.to_string()) })
+    }
+}
+
 impl Control {
     pub(crate) fn authorized(&self, authorization: Option<&str>) -> bool {
         let presented = authorization.and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).unwrap_or("");
@@ -59,52 +82,62 @@ impl Control {
     /// Routes one authorized admin request (`segments` follow `/admin/v1/`).
     pub(crate) async fn route(
         &self,
+        caller: Caller,
         method: &Method,
         segments: &[&str],
         query: &str,
         body: Bytes,
     ) -> Result<Reply, ApiError> {
         let reply = match (segments, method) {
+            (["audit"], &Method::GET) => self.list_audit(query).await,
             (["orgs", org, "receipts"], &Method::GET) => self.list_receipts(org_id(org)?, query).await,
             (["orgs", org, "receipts", "summary"], &Method::GET) => {
                 self.spend_summary(org_id(org)?, query).await
             }
             (["prices"], &Method::GET) => self.list_prices(),
             (["nodes"], &Method::GET) => self.list_nodes().await,
-            (["orgs", org, "caps"], &Method::POST) => self.create_cap(org_id(org)?, parse(&body)?).await,
+            (["orgs", org, "caps"], &Method::POST) => {
+                self.create_cap(caller, org_id(org)?, parse(&body)?).await
+            }
             (["orgs", org, "caps"], &Method::GET) => self.list_caps(org_id(org)?).await,
             (["caps", cap], &Method::GET) => self.get_cap(cap_id(cap)?).await,
-            (["caps", cap], &Method::PATCH) => self.update_cap(cap_id(cap)?, parse(&body)?).await,
-            (["caps", cap], &Method::DELETE) => self.delete_cap(cap_id(cap)?).await,
+            (["caps", cap], &Method::PATCH) => self.update_cap(caller, cap_id(cap)?, parse(&body)?).await,
+            (["caps", cap], &Method::DELETE) => self.delete_cap(caller, cap_id(cap)?).await,
             (["orgs", org, "spend"], &Method::GET) => self.spend(org_id(org)?).await,
             (["orgs", org, "alerts"], &Method::GET) => self.list_alerts(org_id(org)?).await,
             (["prices", model @ ..], &Method::PUT) if !model.is_empty() => {
-                self.put_price(&model.join("/"), parse(&body)?).await
+                self.put_price(caller, &model.join("/"), parse(&body)?).await
             }
             (["prices", model @ ..], &Method::GET) if !model.is_empty() => self.get_price(&model.join("/")),
             (["prices", model @ ..], &Method::DELETE) if !model.is_empty() => {
-                self.delete_price(&model.join("/")).await
+                self.delete_price(caller, &model.join("/")).await
             }
-            (["price-imports"], &Method::POST) => self.import_prices(&body).await,
-            (["fallback-prices", kind], &Method::PUT) => self.put_fallback_price(kind, parse(&body)?).await,
-            (["fallback-prices", kind], &Method::DELETE) => self.delete_fallback_price(kind).await,
-            (["orgs"], &Method::POST) => self.create_org(parse(&body)?).await,
+            (["price-imports"], &Method::POST) => self.import_prices(caller, &body).await,
+            (["fallback-prices", kind], &Method::PUT) => {
+                self.put_fallback_price(caller, kind, parse(&body)?).await
+            }
+            (["fallback-prices", kind], &Method::DELETE) => self.delete_fallback_price(caller, kind).await,
+            (["orgs"], &Method::POST) => self.create_org(caller, parse(&body)?).await,
             (["orgs"], &Method::GET) => self.list_orgs().await,
             (["orgs", org], &Method::GET) => self.get_org(org_id(org)?).await,
-            (["orgs", org, "keys"], &Method::POST) => self.create_key(org_id(org)?, parse(&body)?).await,
+            (["orgs", org, "keys"], &Method::POST) => {
+                self.create_key(caller, org_id(org)?, parse(&body)?).await
+            }
             (["orgs", org, "keys"], &Method::GET) => self.list_keys(org_id(org)?).await,
-            (["keys", key, "revoke"], &Method::POST) => self.revoke_key(key_id(key)?).await,
+            (["keys", key, "revoke"], &Method::POST) => self.revoke_key(caller, key_id(key)?).await,
             (["keys", key], &Method::GET) => self.get_key(key_id(key)?).await,
-            (["keys", key], &Method::PATCH) => self.update_key(key_id(key)?, parse(&body)?).await,
+            (["keys", key], &Method::PATCH) => self.update_key(caller, key_id(key)?, parse(&body)?).await,
             (["orgs", org, "providers"], &Method::GET) => self.list_providers(org_id(org)?).await,
             (["orgs", org, "providers", name], &Method::PUT) => {
-                self.put_provider(org_id(org)?, name, parse(&body)?).await
+                self.put_provider(caller, org_id(org)?, name, parse(&body)?).await
             }
             (["orgs"] | ["orgs", _] | ["orgs", _, "keys"] | ["keys", _, "revoke"] | ["keys", _], _)
             | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _)
             | (["orgs", _, "receipts"] | ["orgs", _, "receipts", "summary"] | ["prices", ..], _)
             | (["orgs", _, "caps"] | ["caps", _] | ["orgs", _, "spend"] | ["orgs", _, "alerts"], _)
-            | (["nodes"] | ["price-imports"] | ["fallback-prices", _], _) => Err(ApiError::MethodNotAllowed),
+            | (["nodes"] | ["price-imports"] | ["fallback-prices", _] | ["audit"], _) => {
+                Err(ApiError::MethodNotAllowed)
+            }
             _ => Err(ApiError::NotFound("Unknown admin path.".into())),
         }?;
         if method != Method::GET
@@ -138,14 +171,14 @@ impl Control {
         self.store(move |s| s.org(&id)).await?.ok_or(ApiError::NotFound(missing))
     }
 
-    async fn create_org(&self, body: NewOrg) -> Result<Reply, ApiError> {
+    async fn create_org(&self, caller: Caller, body: NewOrg) -> Result<Reply, ApiError> {
         let org = OrgRecord {
             id: new_id(OrgId::PREFIX, OrgId::parse)?,
             name: name_field("name", body.name)?,
             created_at: now(),
         };
-        let row = org.clone();
-        self.store(move |s| s.create_org(&row)).await?;
+        let (row, audit) = (org.clone(), caller.audit()?);
+        self.store(move |s| s.create_org(&row, &audit)).await?;
         created(org_json(&org))
     }
 
@@ -158,7 +191,7 @@ impl Control {
         ok(org_json(&self.require_org(&id).await?))
     }
 
-    async fn create_key(&self, org_id: OrgId, body: NewKey) -> Result<Reply, ApiError> {
+    async fn create_key(&self, caller: Caller, org_id: OrgId, body: NewKey) -> Result<Reply, ApiError> {
         self.require_org(&org_id).await?;
         let created_at = now();
         let expires_at = match body.expires_at {
@@ -190,8 +223,8 @@ impl Control {
                 tokens_per_minute: positive("tokens_per_minute", body.tokens_per_minute)?,
             },
         };
-        let (row, hash) = (key.clone(), keys::hash_secret(&secret));
-        self.store(move |s| s.create_key(&row, hash)).await?;
+        let (row, hash, audit) = (key.clone(), keys::hash_secret(&secret), caller.audit()?);
+        self.store(move |s| s.create_key(&row, hash, &audit)).await?;
         let mut body = key_json(&key);
         body["secret"] = Value::String(secret);
         created(body)
@@ -203,7 +236,7 @@ impl Control {
         ok(json!({ "keys": keys.iter().map(key_json).collect::<Vec<_>>() }))
     }
 
-    async fn update_key(&self, id: KeyId, patch: KeyPatch) -> Result<Reply, ApiError> {
+    async fn update_key(&self, caller: Caller, id: KeyId, patch: KeyPatch) -> Result<Reply, ApiError> {
         let missing = format!("No key {id}.");
         let (lookup, owner) = (id.clone(), id.clone());
         let current =
@@ -220,8 +253,9 @@ impl Control {
                 current.limits.tokens_per_minute,
             )?,
         };
+        let audit = caller.audit()?;
         let key = self
-            .store(move |s| s.set_key_limits(&owner, limits))
+            .store(move |s| s.set_key_limits(&owner, limits, &audit))
             .await?
             .ok_or(ApiError::NotFound(missing))?;
         ok(key_json(&key))
@@ -233,9 +267,13 @@ impl Control {
         ok(key_json(&key))
     }
 
-    async fn revoke_key(&self, id: KeyId) -> Result<Reply, ApiError> {
+    async fn revoke_key(&self, caller: Caller, id: KeyId) -> Result<Reply, ApiError> {
         let missing = format!("No key {id}.");
-        let key = self.store(move |s| s.revoke_key(&id, now())).await?.ok_or(ApiError::NotFound(missing))?;
+        let audit = caller.audit()?;
+        let key = self
+            .store(move |s| s.revoke_key(&id, audit.at, &audit))
+            .await?
+            .ok_or(ApiError::NotFound(missing))?;
         ok(key_json(&key))
     }
 
@@ -245,7 +283,13 @@ impl Control {
         ok(json!({ "providers": providers.iter().map(provider_json).collect::<Vec<_>>() }))
     }
 
-    async fn put_provider(&self, org_id: OrgId, name: &str, body: ProviderBody) -> Result<Reply, ApiError> {
+    async fn put_provider(
+        &self,
+        caller: Caller,
+        org_id: OrgId,
+        name: &str,
+        body: ProviderBody,
+    ) -> Result<Reply, ApiError> {
         if !recovea_providers::is_credential_name(name) {
             return Err(ApiError::BadRequest(
                 "name: a provider name is 1 to 64 characters of a-z, 0-9, '-' and '_'".into(),
@@ -278,8 +322,8 @@ impl Control {
             base_url,
             updated_at: now(),
         };
-        let row = record.clone();
-        self.store(move |s| s.put_provider(&row)).await?;
+        let (row, audit) = (record.clone(), caller.audit()?);
+        self.store(move |s| s.put_provider(&row, &audit)).await?;
         ok(provider_json(&record))
     }
 }
@@ -455,6 +499,7 @@ mod openapi_tests {
     /// This table mirrors the match in `Control::route`: a route added, removed or changed there
     /// must change here too, and in `openapi.json`.
     const ROUTES: &[(&str, &str)] = &[
+        ("/audit", "get"),
         ("/orgs/{org}/receipts", "get"),
         ("/orgs/{org}/receipts/summary", "get"),
         ("/prices", "get"),
@@ -523,6 +568,30 @@ mod openapi_tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn every_operation_lists_the_answers_any_call_may_get() {
+        let doc = document();
+        for (path, method) in ROUTES {
+            for (status, answer) in [("405", "MethodNotAllowed"), ("500", "Internal"), ("503", "Unavailable")]
+            {
+                let listed = &doc["paths"][path][method]["responses"][status];
+                assert_eq!(
+                    listed["$ref"].as_str(),
+                    Some(format!("#/components/responses/{answer}").as_str()),
+                    "{} {path} lacks its {status} answer",
+                    method.to_uppercase()
+                );
+            }
+            assert!(
+                doc["paths"][path][method]["responses"]["401"].is_object(),
+                "{} {path} lacks its 401 answer",
+                method.to_uppercase()
+            );
+        }
+        let retry = &doc["components"]["responses"]["Unavailable"]["headers"]["retry-after"];
+        assert!(retry.is_object(), "the 503 answer names its retry-after header");
     }
 
     #[test]

@@ -365,6 +365,15 @@ mod tests {
         (url, rx)
     }
 
+    fn audit() -> recovea_store::AuditContext {
+        recovea_store::AuditContext {
+            id: format!("aud_{:016x}", fastrand::u64(..)),
+            at: Timestamp(0),
+            auth: recovea_store::AuditAuth::AdminToken,
+            client: None,
+        }
+    }
+
     /// A SQLite store in a directory of its own, holding org_a and its cap_a over `window` with
     /// alerts at `alert_at` (thousandths) posted to `webhook`.
     fn store_with_cap(
@@ -377,7 +386,7 @@ mod tests {
         let store = Arc::new(SqliteStore::open(&dir.join("db")).expect("store"));
         let org = OrgId::parse("org_a").expect("id");
         store
-            .create_org(&OrgRecord { id: org.clone(), name: "a".into(), created_at: Timestamp(0) })
+            .create_org(&OrgRecord { id: org.clone(), name: "a".into(), created_at: Timestamp(0) }, &audit())
             .expect("org");
         let cap = Cap {
             id: CapId::parse("cap_a").expect("id"),
@@ -390,7 +399,7 @@ mod tests {
             alert_at_permille: alert_at,
             alert_webhook: webhook,
         };
-        store.create_cap(&CapRecord { cap, created_at: Timestamp(0) }).expect("cap");
+        store.create_cap(&CapRecord { cap, created_at: Timestamp(0) }, &audit()).expect("cap");
         (dir, store, org)
     }
 

@@ -7,7 +7,10 @@ use recovea_store::StoreError;
 pub enum ApiError {
     /// The request body (or a parameter) is invalid; the text names the field.
     BadRequest(String),
+    /// A missing or wrong admin token.
     Unauthorized,
+    /// A missing or wrong node token, on the node endpoints.
+    NodeUnauthorized,
     /// The text names what was not found.
     NotFound(String),
     MethodNotAllowed,
@@ -30,6 +33,9 @@ impl ApiError {
             }
             Self::Unauthorized => {
                 Answer::error(401, "invalid_request_error", "invalid_admin_token", "Invalid admin token.")
+            }
+            Self::NodeUnauthorized => {
+                Answer::error(401, "invalid_request_error", "invalid_node_token", "Invalid node token.")
             }
             Self::NotFound(message) => Answer::error(404, "invalid_request_error", "not_found", message),
             Self::MethodNotAllowed => Answer::error(

@@ -63,7 +63,7 @@ impl Control {
         };
         let presented = authorization.and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).unwrap_or("");
         if presented.is_empty() || keys::hash_secret(presented) != access.token_hash {
-            return Err(ApiError::Unauthorized);
+            return Err(ApiError::NodeUnauthorized);
         }
         match path {
             POLL => {

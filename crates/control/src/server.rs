@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,10 +14,11 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use recovea_store::AuditAuth;
 use tokio::net::TcpListener;
 
 use crate::admin::query::decode_path_segment;
-use crate::admin::{OPENAPI, Reply, ReplyBody};
+use crate::admin::{Caller, OPENAPI, Reply, ReplyBody};
 use crate::{ApiError, Control};
 
 const PREFIX: &str = "/admin/v1/";
@@ -34,14 +36,14 @@ pub async fn serve(control: Control, listener: TcpListener, shutdown: impl Futur
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else {
+                let Ok((stream, peer)) = accepted else {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 };
                 let control = control.clone();
                 let service = service_fn(move |request: Request<Incoming>| {
                     let control = control.clone();
-                    async move { Ok::<_, Infallible>(control.handle(request).await) }
+                    async move { Ok::<_, Infallible>(control.handle_from(request, Some(peer)).await) }
                 });
                 let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service).into_owned());
                 tokio::spawn(connection);
@@ -53,8 +55,21 @@ pub async fn serve(control: Control, listener: TcpListener, shutdown: impl Futur
 }
 
 impl Control {
-    /// Answers one admin request.
+    /// Answers one admin request from an unknown address.
     pub async fn handle<B>(&self, request: Request<B>) -> Response<Full<Bytes>>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.handle_from(request, None).await
+    }
+
+    /// Answers one admin request from `client`, which the changes it makes are recorded with.
+    pub async fn handle_from<B>(
+        &self,
+        request: Request<B>,
+        client: Option<SocketAddr>,
+    ) -> Response<Full<Bytes>>
     where
         B: http_body::Body<Data = Bytes>,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -110,6 +125,7 @@ impl Control {
             None => Err(ApiError::NotFound("Unknown admin path.".into())),
             Some(_) if !self.authorized(authorization) => Err(ApiError::Unauthorized),
             Some(rest) => {
+                let caller = Caller { auth: AuditAuth::AdminToken, client };
                 let method = request.method().clone();
                 let query = request.uri().query().unwrap_or("").to_owned();
                 let segments: Option<Vec<String>> =
@@ -124,7 +140,7 @@ impl Control {
                         let control = self.clone();
                         let work = tokio::spawn(async move {
                             let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
-                            control.route(&method, &segments, &query, body.to_bytes()).await
+                            control.route(caller, &method, &segments, &query, body.to_bytes()).await
                         });
                         work.await.unwrap_or_else(|e| Err(ApiError::internal(e)))
                     }

@@ -4,6 +4,7 @@
 //! **Invariant:** the store never sees a key secret or an opened provider key; it holds hashes and
 //! sealed bytes only. It knows nothing of HTTP.
 
+pub mod audit;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
@@ -18,6 +19,7 @@ use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 
+pub use audit::{AuditAuth, AuditContext, AuditEntry, AuditQuery};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -193,46 +195,55 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// The control plane's durable state. Calls block: the control plane runs them off its async
 /// threads, and nothing on the request path ever calls them.
+///
+/// Every change takes an [`AuditContext`] and writes its row of the audit log in the change's own
+/// transaction: a change never lands without its row, and a change refused (`NotFound`, or no
+/// such key or cap) writes none.
 pub trait ControlStore: Send + Sync + 'static {
-    fn create_org(&self, org: &OrgRecord) -> Result<()>;
+    fn create_org(&self, org: &OrgRecord, audit: &AuditContext) -> Result<()>;
     fn list_orgs(&self) -> Result<Vec<OrgRecord>>;
     fn org(&self, id: &OrgId) -> Result<Option<OrgRecord>>;
 
     /// Fails with `NotFound` when the organization does not exist.
-    fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()>;
+    fn create_key(&self, key: &KeyRecord, hash: KeyHash, audit: &AuditContext) -> Result<()>;
     fn list_keys(&self, org: &OrgId) -> Result<Vec<KeyRecord>>;
     fn key(&self, id: &KeyId) -> Result<Option<KeyRecord>>;
     /// Sets a key's rate limits and returns it; `None` for an unknown id.
-    fn set_key_limits(&self, id: &KeyId, limits: KeyLimits) -> Result<Option<KeyRecord>>;
+    fn set_key_limits(
+        &self,
+        id: &KeyId,
+        limits: KeyLimits,
+        audit: &AuditContext,
+    ) -> Result<Option<KeyRecord>>;
     /// Revokes the key (keeping the first revocation time) and returns it; `None` for an unknown id.
-    fn revoke_key(&self, id: &KeyId, at: Timestamp) -> Result<Option<KeyRecord>>;
+    fn revoke_key(&self, id: &KeyId, at: Timestamp, audit: &AuditContext) -> Result<Option<KeyRecord>>;
 
     /// Creates or replaces the credential of that name; `NotFound` when the organization does not exist.
-    fn put_provider(&self, provider: &ProviderRecord) -> Result<()>;
+    fn put_provider(&self, provider: &ProviderRecord, audit: &AuditContext) -> Result<()>;
     fn list_providers(&self, org: &OrgId) -> Result<Vec<ProviderRecord>>;
 
     fn state(&self) -> Result<State>;
     /// Applies `changes` together as one new revision of the price table, and returns that
     /// revision. `NotFound`, changing nothing, when a removal names no price in force. Of two
     /// changes to one target, the later wins.
-    fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64>;
+    fn change_prices(&self, changes: &[PriceChange], at: Timestamp, audit: &AuditContext) -> Result<u64>;
     /// Sets a model's price as a new revision of the price table, and returns that revision.
-    fn put_price(&self, model: &str, price: &PriceWire, at: Timestamp) -> Result<u64> {
+    fn put_price(&self, model: &str, price: &PriceWire, at: Timestamp, audit: &AuditContext) -> Result<u64> {
         let change = PriceChange {
             target: PriceTarget::Model(model.to_owned()),
             kind: None,
             price: Some(price.clone()),
         };
-        self.change_prices(&[change], at)
+        self.change_prices(&[change], at, audit)
     }
     /// `NotFound` when the organization does not exist.
-    fn create_cap(&self, cap: &CapRecord) -> Result<()>;
+    fn create_cap(&self, cap: &CapRecord, audit: &AuditContext) -> Result<()>;
     fn caps(&self, org: &OrgId) -> Result<Vec<CapRecord>>;
     fn cap(&self, id: &CapId) -> Result<Option<CapRecord>>;
     /// Replaces the limit, hard stop and alert settings; `NotFound` for an unknown cap.
-    fn update_cap(&self, cap: &CapRecord) -> Result<()>;
+    fn update_cap(&self, cap: &CapRecord, audit: &AuditContext) -> Result<()>;
     /// Whether there was such a cap.
-    fn delete_cap(&self, id: &CapId) -> Result<bool>;
+    fn delete_cap(&self, id: &CapId, audit: &AuditContext) -> Result<bool>;
     /// Stores an alert unless one was already raised for its cap, window and threshold; whether it is new.
     fn raise_alert(&self, alert: &AlertRecord) -> Result<bool>;
     fn alerts(&self, org: &OrgId) -> Result<Vec<AlertRecord>>;
@@ -246,6 +257,9 @@ pub trait ControlStore: Send + Sync + 'static {
     fn record_node(&self, node: &NodeRecord) -> Result<()>;
     /// The nodes seen at or after `since`, by id.
     fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>>;
+
+    /// The rows of the audit log that `query` selects, oldest first.
+    fn audit_log(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>>;
 }
 
 /// Which receipts to read, oldest first.
@@ -281,9 +295,11 @@ pub trait ReceiptLedger: Send + Sync + 'static {
     /// many were new.
     fn insert_receipts(&self, receipts: &[SerializedReceipt]) -> Result<usize>;
     fn receipts(&self, query: &ReceiptQuery) -> Result<Vec<Receipt>>;
+    /// Spend by day, key and model; only `key`'s rows when given.
     fn spend_summary(
         &self,
         org: &OrgId,
+        key: Option<&KeyId>,
         from: Option<Timestamp>,
         to: Option<Timestamp>,
     ) -> Result<Vec<SpendRow>>;

@@ -23,6 +23,7 @@ use std::time::Duration;
 use postgres::types::ToSql;
 use postgres::{Client, GenericClient, NoTls, Row, Transaction};
 
+use crate::audit::{self, AuditContext};
 use crate::rows::Columns;
 use crate::{Result, StoreError};
 
@@ -142,16 +143,31 @@ impl PostgresStore {
         self.pool().get().map_err(|e| StoreError::Unavailable(format!("no database connection: {e}")))
     }
 
-    /// Runs `change` in a transaction that also bumps the state version.
+    /// Runs `change` in a transaction that also bumps the state version and writes the audit row
+    /// `change` gives (none when it changed nothing), then logs that row once it is committed.
     ///
     /// The version row is locked first: changes from every replica take turns, so versions and price
     /// revisions are handed out in commit order.
-    fn change<T>(&self, change: impl FnOnce(&mut Transaction<'_>) -> Result<T>) -> Result<T> {
+    fn change<T>(
+        &self,
+        audit: &AuditContext,
+        change: impl FnOnce(&mut Transaction<'_>) -> Result<(T, Option<audit::Change>)>,
+    ) -> Result<T> {
         let mut client = self.client()?;
         let mut tx = client.transaction().map_err(backend)?;
-        tx.execute("UPDATE state_version SET version = version + 1", &[]).map_err(backend)?;
-        let out = change(&mut tx)?;
+        let version = tx
+            .query_one("UPDATE state_version SET version = version + 1 RETURNING version", &[])
+            .map_err(backend)?
+            .count(0)?;
+        let (out, row) = change(&mut tx)?;
+        let entry = row.map(|row| row.entry(audit, version));
+        if let Some(entry) = &entry {
+            control::insert_audit(&mut tx, entry)?;
+        }
         tx.commit().map_err(backend)?;
+        if let Some(entry) = &entry {
+            audit::log(entry);
+        }
         Ok(out)
     }
 }

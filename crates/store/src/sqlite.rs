@@ -15,6 +15,7 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::types::FromSqlError;
 use rusqlite::{Connection, Params, Row, Rows};
 
+use crate::audit::{self, AuditContext};
 use crate::rows::Columns;
 use crate::{Result, StoreError};
 
@@ -55,13 +56,28 @@ impl SqliteStore {
         self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs `change` in a transaction that also bumps the state version.
-    fn change<T>(&self, change: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
+    /// Runs `change` in a transaction that also bumps the state version and writes the audit row
+    /// `change` gives (none when it changed nothing), then logs that row once it is committed.
+    fn change<T>(
+        &self,
+        audit: &AuditContext,
+        change: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(T, Option<audit::Change>)>,
+    ) -> Result<T> {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(backend)?;
-        let out = change(&tx)?;
-        tx.execute("UPDATE state_version SET version = version + 1", []).map_err(backend)?;
+        let (out, row) = change(&tx)?;
+        let version: i64 = tx
+            .query_row("UPDATE state_version SET version = version + 1 RETURNING version", [], |r| r.get(0))
+            .map_err(backend)?;
+        let entry = row.map(|row| row.entry(audit, u64::try_from(version).unwrap_or(0)));
+        if let Some(entry) = &entry {
+            control::insert_audit(&tx, entry)?;
+        }
         tx.commit().map_err(backend)?;
+        drop(conn);
+        if let Some(entry) = &entry {
+            audit::log(entry);
+        }
         Ok(out)
     }
 }

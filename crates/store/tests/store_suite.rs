@@ -20,9 +20,9 @@ use recovea_core::window::Window;
 use std::time::Duration;
 
 use recovea_store::{
-    ActiveKey, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PostgresStore,
-    PriceChange, PriceOverride, PriceTarget, ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore,
-    StoreError,
+    ActiveKey, AlertRecord, AuditAuth, AuditContext, AuditEntry, AuditQuery, CapRecord, ControlStore,
+    KeyRecord, NodeRecord, OrgRecord, PostgresStore, PriceChange, PriceOverride, PriceTarget, ProviderRecord,
+    ReceiptLedger, ReceiptQuery, SqliteStore, StoreError,
 };
 
 /// A fresh, empty database; `open` gives a new store instance on it each time it is called.
@@ -141,6 +141,9 @@ suite!(
     concurrent_changes_each_bump_the_version,
     concurrent_replays_insert_each_receipt_once,
     nodes_are_recorded_replaced_and_listed_since_a_time,
+    every_change_writes_its_audit_row,
+    refused_changes_write_no_audit_row,
+    the_audit_log_is_filtered_and_paged,
 );
 
 fn nodes_are_recorded_replaced_and_listed_since_a_time(db: &impl Backend) {
@@ -163,6 +166,18 @@ fn nodes_are_recorded_replaced_and_listed_since_a_time(db: &impl Backend) {
     );
     assert_eq!(store.nodes(Timestamp(150)).expect("nodes"), vec![node("node_b", Some(8), 200)]);
     assert_eq!(store.version().expect("version"), version, "nodes are not part of the state");
+}
+
+/// The audit context of a test's change: ids in the order they are made, an admin from nowhere.
+fn audit() -> AuditContext {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    AuditContext {
+        id: format!("aud_{n:08}"),
+        at: Timestamp(1_000),
+        auth: AuditAuth::AdminToken,
+        client: None,
+    }
 }
 
 fn org_id(id: &str) -> OrgId {
@@ -269,17 +284,17 @@ fn ids(receipts: &[Receipt]) -> Vec<&str> {
 
 fn keys_revoke_once_and_leave_the_active_state(db: &impl Backend) {
     let store = db.open();
-    store.create_org(&org("org_a")).expect("org");
-    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a")).expect("key");
-    store.create_key(&key("key_b", "org_a"), hash_secret("rk_b")).expect("key");
+    store.create_org(&org("org_a"), &audit()).expect("org");
+    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a"), &audit()).expect("key");
+    store.create_key(&key("key_b", "org_a"), hash_secret("rk_b"), &audit()).expect("key");
     let before = store.state().expect("state");
     assert_eq!(before.active_keys.len(), 2);
 
-    let revoked = store.revoke_key(&key_id("key_a"), Timestamp(10)).expect("revoke");
+    let revoked = store.revoke_key(&key_id("key_a"), Timestamp(10), &audit()).expect("revoke");
     assert_eq!(revoked.expect("known").revoked_at, Some(Timestamp(10)));
-    let again = store.revoke_key(&key_id("key_a"), Timestamp(20)).expect("revoke");
+    let again = store.revoke_key(&key_id("key_a"), Timestamp(20), &audit()).expect("revoke");
     assert_eq!(again.expect("known").revoked_at, Some(Timestamp(10)), "the first revocation is kept");
-    assert_eq!(store.revoke_key(&key_id("key_zz"), Timestamp(20)).expect("ok"), None);
+    assert_eq!(store.revoke_key(&key_id("key_zz"), Timestamp(20), &audit()).expect("ok"), None);
 
     let after = store.state().expect("state");
     assert!(after.version > before.version);
@@ -288,56 +303,62 @@ fn keys_revoke_once_and_leave_the_active_state(db: &impl Backend) {
     assert_eq!(after.active_keys[0].hash, hash_secret("rk_b"));
     assert_eq!(store.list_keys(&org_id("org_a")).expect("list").len(), 2, "revoked keys are still listed");
     assert!(matches!(
-        store.create_key(&key("key_c", "org_a"), hash_secret("rk_b")),
+        store.create_key(&key("key_c", "org_a"), hash_secret("rk_b"), &audit()),
         Err(StoreError::Backend(_))
     ));
 }
 
 fn key_limits_are_kept_and_changed(db: &impl Backend) {
     let store = db.open();
-    store.create_org(&org("org_a")).expect("org");
+    store.create_org(&org("org_a"), &audit()).expect("org");
     let limited = KeyLimits { requests_per_minute: Some(60), tokens_per_minute: Some(u32::MAX) };
     let mut record = key("key_a", "org_a");
     record.limits = limited;
     record.expires_at = Some(Timestamp(99));
-    store.create_key(&record, hash_secret("rk_a")).expect("key");
+    store.create_key(&record, hash_secret("rk_a"), &audit()).expect("key");
     assert_eq!(store.key(&key_id("key_a")).expect("read"), Some(record.clone()));
     assert_eq!(store.key(&key_id("key_zz")).expect("read"), None);
 
     let version = store.version().expect("version");
     let lifted = KeyLimits { requests_per_minute: None, tokens_per_minute: Some(1000) };
-    let changed = store.set_key_limits(&key_id("key_a"), lifted).expect("set").expect("known");
+    let changed = store.set_key_limits(&key_id("key_a"), lifted, &audit()).expect("set").expect("known");
     assert_eq!(changed, KeyRecord { limits: lifted, ..record });
     assert!(store.version().expect("version") > version);
     assert_eq!(store.state().expect("state").active_keys[0].limits, lifted);
-    assert_eq!(store.set_key_limits(&key_id("key_zz"), lifted).expect("ok"), None);
+    assert_eq!(store.set_key_limits(&key_id("key_zz"), lifted, &audit()).expect("ok"), None);
 }
 
 fn children_of_unknown_orgs_are_refused(db: &impl Backend) {
     let store = db.open();
-    assert!(matches!(store.create_key(&key("key_a", "org_x"), hash_secret("x")), Err(StoreError::NotFound)));
+    assert!(matches!(
+        store.create_key(&key("key_a", "org_x"), hash_secret("x"), &audit()),
+        Err(StoreError::NotFound)
+    ));
     let provider = provider("org_x");
-    assert!(matches!(store.put_provider(&provider), Err(StoreError::NotFound)));
-    assert!(matches!(store.create_cap(&cap("cap_a", "org_x", None)), Err(StoreError::NotFound)));
+    assert!(matches!(store.put_provider(&provider, &audit()), Err(StoreError::NotFound)));
+    assert!(matches!(store.create_cap(&cap("cap_a", "org_x", None), &audit()), Err(StoreError::NotFound)));
     assert_eq!(store.version().expect("version"), 0, "refused changes leave the version alone");
 
-    store.create_org(&org("org_x")).expect("org");
-    store.put_provider(&provider).expect("put");
+    store.create_org(&org("org_x"), &audit()).expect("org");
+    store.put_provider(&provider, &audit()).expect("put");
     let replaced = ProviderRecord {
         kind: ProviderKind::Anthropic,
         base_url: Some("http://127.0.0.1:9".into()),
         sealed_key: vec![9; 40],
         ..provider.clone()
     };
-    store.put_provider(&replaced).expect("put again");
+    store.put_provider(&replaced, &audit()).expect("put again");
     assert_eq!(store.list_providers(&provider.org_id).expect("list"), vec![replaced]);
-    assert!(matches!(store.create_org(&org("org_x")), Err(StoreError::Backend(_))), "ids are unique");
+    assert!(
+        matches!(store.create_org(&org("org_x"), &audit()), Err(StoreError::Backend(_))),
+        "ids are unique"
+    );
 }
 
 fn state_survives_reopening(db: &impl Backend) {
     {
         let store = db.open();
-        store.create_org(&org("org_a")).expect("org");
+        store.create_org(&org("org_a"), &audit()).expect("org");
         store.insert_receipts(&serialized(&[receipt("rcpt_a", "key_a", 1, 1)])).expect("insert");
     }
     let store = db.open();
@@ -348,12 +369,12 @@ fn state_survives_reopening(db: &impl Backend) {
 
 fn state_holds_every_table(db: &impl Backend) {
     let store = db.open();
-    store.create_org(&org("org_a")).expect("org");
-    store.create_org(&OrgRecord { created_at: Timestamp(0), ..org("org_b") }).expect("org");
-    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a")).expect("key");
-    store.put_provider(&provider("org_a")).expect("provider");
-    store.create_cap(&cap("cap_a", "org_a", Some("key_a"))).expect("cap");
-    store.put_price("gpt-4o", &wire("2.5"), Timestamp(5)).expect("price");
+    store.create_org(&org("org_a"), &audit()).expect("org");
+    store.create_org(&OrgRecord { created_at: Timestamp(0), ..org("org_b") }, &audit()).expect("org");
+    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a"), &audit()).expect("key");
+    store.put_provider(&provider("org_a"), &audit()).expect("provider");
+    store.create_cap(&cap("cap_a", "org_a", Some("key_a")), &audit()).expect("cap");
+    store.put_price("gpt-4o", &wire("2.5"), Timestamp(5), &audit()).expect("price");
 
     let state = store.state().expect("state");
     assert_eq!(state.version, 6);
@@ -455,7 +476,7 @@ fn spend_summary_groups_by_day_key_and_model(db: &impl Backend) {
         ]))
         .expect("insert");
     let org = org_id("org_a");
-    let summary = store.spend_summary(&org, None, None).expect("summary");
+    let summary = store.spend_summary(&org, None, None, None).expect("summary");
     let rows: Vec<_> = summary
         .iter()
         .map(|r| {
@@ -479,10 +500,12 @@ fn spend_summary_groups_by_day_key_and_model(db: &impl Backend) {
         ]
     );
     let second_day =
-        store.spend_summary(&org, Some(Timestamp(day)), Some(Timestamp(2 * day))).expect("summary");
+        store.spend_summary(&org, None, Some(Timestamp(day)), Some(Timestamp(2 * day))).expect("summary");
     assert_eq!(second_day.len(), 1);
     assert_eq!(second_day[0].cost, Nanos(11));
-    assert_eq!(store.spend_summary(&org_id("org_b"), None, None).expect("summary"), vec![]);
+    let key_b = store.spend_summary(&org, Some(&key_id("key_b")), None, None).expect("summary");
+    assert_eq!(key_b, [second_day[0].clone()], "only the key's rows");
+    assert_eq!(store.spend_summary(&org_id("org_b"), None, None, None).expect("summary"), vec![]);
 }
 
 fn spend_sums_costs_in_a_window(db: &impl Backend) {
@@ -513,9 +536,9 @@ fn spend_sums_costs_in_a_window(db: &impl Backend) {
 fn each_price_change_is_a_new_revision(db: &impl Backend) {
     let store = db.open();
     assert_eq!(store.state().expect("state").price_revision, 0);
-    let first = store.put_price("m", &wire("2"), Timestamp(1)).expect("put");
-    let second = store.put_price("m", &wire("3"), Timestamp(2)).expect("put");
-    store.put_price("n", &wire("4"), Timestamp(3)).expect("put");
+    let first = store.put_price("m", &wire("2"), Timestamp(1), &audit()).expect("put");
+    let second = store.put_price("m", &wire("3"), Timestamp(2), &audit()).expect("put");
+    store.put_price("n", &wire("4"), Timestamp(3), &audit()).expect("put");
     assert!(second > first);
     let state = store.state().expect("state");
     assert_eq!(state.price_revision, 3);
@@ -535,7 +558,11 @@ fn prices_are_removed_imported_and_set_per_kind_in_one_revision_each(db: &impl B
     let version = store.version().expect("version");
     // An import: many prices, one revision; of two changes to one model the later wins.
     let imported = store
-        .change_prices(&[model("a", Some("1")), model("b/c", Some("2")), model("a", Some("3"))], Timestamp(1))
+        .change_prices(
+            &[model("a", Some("1")), model("b/c", Some("2")), model("a", Some("3"))],
+            Timestamp(1),
+            &audit(),
+        )
         .expect("import");
     assert_eq!(imported, 1);
     assert_eq!(store.version().expect("version"), version + 1);
@@ -554,7 +581,7 @@ fn prices_are_removed_imported_and_set_per_kind_in_one_revision_each(db: &impl B
     };
     let openai_model =
         PriceChange { target: PriceTarget::Model("openai".into()), kind: None, price: Some(wire("9")) };
-    assert_eq!(store.change_prices(&[fallback, openai_model], Timestamp(2)).expect("fallback"), 2);
+    assert_eq!(store.change_prices(&[fallback, openai_model], Timestamp(2), &audit()).expect("fallback"), 2);
     let state = store.state().expect("state");
     assert_eq!(
         state.price_overrides[0].target,
@@ -564,7 +591,7 @@ fn prices_are_removed_imported_and_set_per_kind_in_one_revision_each(db: &impl B
     assert_eq!(state.price_overrides.len(), 4);
 
     // A removal is a revision of its own; the price is gone, the others stay.
-    assert_eq!(store.change_prices(&[model("a", None)], Timestamp(3)).expect("remove"), 3);
+    assert_eq!(store.change_prices(&[model("a", None)], Timestamp(3), &audit()).expect("remove"), 3);
     let state = store.state().expect("state");
     assert_eq!(state.price_revision, 3);
     let names: Vec<PriceTarget> = state.price_overrides.iter().map(|o| o.target.clone()).collect();
@@ -580,14 +607,20 @@ fn prices_are_removed_imported_and_set_per_kind_in_one_revision_each(db: &impl B
     let version = store.version().expect("version");
     let fallback_gone =
         PriceChange { target: PriceTarget::Fallback(ProviderKind::Anthropic), kind: None, price: None };
-    assert!(matches!(store.change_prices(&[model("a", None)], Timestamp(4)), Err(StoreError::NotFound)));
-    assert!(matches!(store.change_prices(&[fallback_gone], Timestamp(4)), Err(StoreError::NotFound)));
+    assert!(matches!(
+        store.change_prices(&[model("a", None)], Timestamp(4), &audit()),
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.change_prices(&[fallback_gone], Timestamp(4), &audit()),
+        Err(StoreError::NotFound)
+    ));
     assert_eq!(
         (store.version().expect("version"), store.state().expect("state").price_revision),
         (version, 3)
     );
     // Set again after its removal, a price is back at a new revision.
-    assert_eq!(store.put_price("a", &wire("5"), Timestamp(5)).expect("put"), 4);
+    assert_eq!(store.put_price("a", &wire("5"), Timestamp(5), &audit()).expect("put"), 4);
     let reopened = db.open().state().expect("state");
     let a = reopened.price_overrides.iter().find(|o| o.target == PriceTarget::Model("a".into())).expect("a");
     assert_eq!((a.price.clone(), a.kind, a.revision, a.set_at), (wire("5"), None, 4, Timestamp(5)));
@@ -606,14 +639,17 @@ fn in_force(overrides: &[PriceOverride]) -> Vec<(String, PriceWire)> {
 
 fn caps_are_created_read_updated_and_deleted(db: &impl Backend) {
     let store = db.open();
-    store.create_org(&org("org_a")).expect("org");
-    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a")).expect("key");
+    store.create_org(&org("org_a"), &audit()).expect("org");
+    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a"), &audit()).expect("key");
     let org_cap = CapRecord { created_at: Timestamp(9), ..cap("cap_b", "org_a", None) };
     let key_cap = cap("cap_a", "org_a", Some("key_a"));
-    store.create_cap(&org_cap).expect("org cap");
-    store.create_cap(&key_cap).expect("key cap");
+    store.create_cap(&org_cap, &audit()).expect("org cap");
+    store.create_cap(&key_cap, &audit()).expect("key cap");
     assert!(
-        matches!(store.create_cap(&cap("cap_c", "org_a", Some("key_zz"))), Err(StoreError::Backend(_))),
+        matches!(
+            store.create_cap(&cap("cap_c", "org_a", Some("key_zz")), &audit()),
+            Err(StoreError::Backend(_))
+        ),
         "a key cap needs its key"
     );
     assert_eq!(store.caps(&org_id("org_a")).expect("list"), vec![key_cap.clone(), org_cap.clone()]);
@@ -628,17 +664,17 @@ fn caps_are_created_read_updated_and_deleted(db: &impl Backend) {
     updated.cap.alert_webhook = None;
     updated.cap.window = Window::Day;
     updated.created_at = Timestamp(100);
-    store.update_cap(&updated).expect("update");
+    store.update_cap(&updated, &audit()).expect("update");
     let read = store.cap(&cap_id("cap_b")).expect("read").expect("known");
     assert_eq!(read.cap.limit, Nanos(5));
     assert!(!read.cap.hard_stop);
     assert_eq!(read.cap.alert_at_permille, Vec::<u32>::new());
     assert_eq!(read.cap.alert_webhook, None);
     assert_eq!((read.cap.window, read.created_at), (Window::Month, Timestamp(9)), "window and creation stay");
-    assert!(matches!(store.update_cap(&cap("cap_zz", "org_a", None)), Err(StoreError::NotFound)));
+    assert!(matches!(store.update_cap(&cap("cap_zz", "org_a", None), &audit()), Err(StoreError::NotFound)));
 
-    assert!(store.delete_cap(&cap_id("cap_b")).expect("delete"));
-    assert!(!store.delete_cap(&cap_id("cap_b")).expect("delete again"));
+    assert!(store.delete_cap(&cap_id("cap_b"), &audit()).expect("delete"));
+    assert!(!store.delete_cap(&cap_id("cap_b"), &audit()).expect("delete again"));
     assert_eq!(store.state().expect("state").caps, vec![key_cap]);
 }
 
@@ -677,30 +713,30 @@ fn the_state_version_grows_with_each_change(db: &impl Backend) {
         assert_eq!(store.state().expect("state").version, now);
         last = now;
     };
-    store.create_org(&org("org_a")).expect("org");
+    store.create_org(&org("org_a"), &audit()).expect("org");
     grew("create_org");
-    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a")).expect("key");
+    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a"), &audit()).expect("key");
     grew("create_key");
-    store.set_key_limits(&key_id("key_a"), KeyLimits::default()).expect("limits");
+    store.set_key_limits(&key_id("key_a"), KeyLimits::default(), &audit()).expect("limits");
     grew("set_key_limits");
-    store.revoke_key(&key_id("key_a"), Timestamp(5)).expect("revoke");
+    store.revoke_key(&key_id("key_a"), Timestamp(5), &audit()).expect("revoke");
     grew("revoke_key");
-    store.put_provider(&provider("org_a")).expect("provider");
+    store.put_provider(&provider("org_a"), &audit()).expect("provider");
     grew("put_provider");
-    store.put_price("m", &wire("1"), Timestamp(5)).expect("price");
+    store.put_price("m", &wire("1"), Timestamp(5), &audit()).expect("price");
     grew("put_price");
-    store.create_cap(&cap("cap_a", "org_a", None)).expect("cap");
+    store.create_cap(&cap("cap_a", "org_a", None), &audit()).expect("cap");
     grew("create_cap");
-    store.update_cap(&cap("cap_a", "org_a", None)).expect("cap");
+    store.update_cap(&cap("cap_a", "org_a", None), &audit()).expect("cap");
     grew("update_cap");
-    store.delete_cap(&cap_id("cap_a")).expect("cap");
+    store.delete_cap(&cap_id("cap_a"), &audit()).expect("cap");
     grew("delete_cap");
 
     let before = store.version().expect("version");
     store.insert_receipts(&serialized(&[receipt("rcpt_a", "key_a", 1, 1)])).expect("insert");
     store.raise_alert(&alert("alrt_a", 0, 500, 1)).expect("alert");
     store.alert_delivery("alrt_a", Some(Timestamp(2))).expect("delivery");
-    assert!(matches!(store.update_cap(&cap("cap_a", "org_a", None)), Err(StoreError::NotFound)));
+    assert!(matches!(store.update_cap(&cap("cap_a", "org_a", None), &audit()), Err(StoreError::NotFound)));
     assert_eq!(store.version().expect("version"), before, "ledger writes and refused changes leave it");
 }
 
@@ -708,14 +744,14 @@ fn two_stores_on_one_database_see_each_others_changes(db: &impl Backend) {
     let (a, b) = (db.open(), db.open());
     assert_eq!(a.version().expect("a"), b.version().expect("b"));
 
-    a.create_org(&org("org_a")).expect("org on a");
+    a.create_org(&org("org_a"), &audit()).expect("org on a");
     assert_eq!(b.version().expect("b"), a.version().expect("a"), "b sees a's version move");
     assert_eq!(b.list_orgs().expect("list on b"), vec![org("org_a")]);
 
     let before = a.version().expect("a");
-    b.create_key(&key("key_a", "org_a"), hash_secret("rk_a")).expect("key on b");
-    b.put_price("m", &wire("2"), Timestamp(1)).expect("price on b");
-    let revision = a.put_price("m", &wire("3"), Timestamp(2)).expect("price on a");
+    b.create_key(&key("key_a", "org_a"), hash_secret("rk_a"), &audit()).expect("key on b");
+    b.put_price("m", &wire("2"), Timestamp(1), &audit()).expect("price on b");
+    let revision = a.put_price("m", &wire("3"), Timestamp(2), &audit()).expect("price on a");
     assert!(a.version().expect("a") > before, "a sees b's version move");
     let (state_a, state_b) = (a.state().expect("a"), b.state().expect("b"));
     assert_eq!(state_a.version, state_b.version);
@@ -748,7 +784,7 @@ fn concurrent_changes_each_bump_the_version(db: &impl Backend) {
             s.spawn(move || {
                 barrier.wait();
                 for i in 0..each {
-                    store.create_org(&org(&format!("org_{t}x{i}"))).expect("org");
+                    store.create_org(&org(&format!("org_{t}x{i}")), &audit()).expect("org");
                 }
             });
         }
@@ -806,7 +842,7 @@ fn postgres_concurrent_migrations_apply_once() {
         .collect();
     assert!(!versions.is_empty());
     assert_eq!(versions, (1..=i64::try_from(versions.len()).expect("few")).collect::<Vec<_>>());
-    stores[0].create_org(&org("org_a")).expect("org");
+    stores[0].create_org(&org("org_a"), &audit()).expect("org");
     assert_eq!(stores[3].version().expect("version"), 1, "one state_version row, seeded once");
 
     drop(stores);
@@ -915,4 +951,194 @@ fn sqlite_opened_by_many_at_once_migrates_once() {
         });
         assert_eq!(db.open().list_orgs().expect("list"), Vec::new());
     }
+}
+
+/// Every row of the audit log, oldest first.
+fn audit_rows(store: &impl ControlStore) -> Vec<AuditEntry> {
+    store.audit_log(&AuditQuery { limit: 1000, ..AuditQuery::default() }).expect("audit log")
+}
+
+/// A row's what: action, kind, object id, org id, before and after.
+type What = (String, String, String, Option<String>, Option<String>, Option<String>);
+
+fn what(entry: &AuditEntry) -> What {
+    (
+        entry.action.clone(),
+        entry.object_kind.clone(),
+        entry.object_id.clone(),
+        entry.org_id.as_ref().map(|id| id.as_str().to_owned()),
+        entry.before.clone(),
+        entry.after.clone(),
+    )
+}
+
+fn row(
+    action: &str,
+    kind: &str,
+    id: &str,
+    org: Option<&str>,
+    before: Option<&str>,
+    after: Option<&str>,
+) -> What {
+    (
+        action.into(),
+        kind.into(),
+        id.into(),
+        org.map(Into::into),
+        before.map(Into::into),
+        after.map(Into::into),
+    )
+}
+
+fn every_change_writes_its_audit_row(db: &impl Backend) {
+    let store = db.open();
+    let by = AuditContext {
+        id: "aud_0".into(),
+        at: Timestamp(1_000),
+        auth: AuditAuth::AdminToken,
+        client: Some("10.0.0.7:51234".into()),
+    };
+    store.create_org(&org("org_a"), &by).expect("org");
+    let hash = hash_secret("rk_the_secret_of_key_a");
+    store.create_key(&key("key_a", "org_a"), hash, &audit()).expect("key");
+    let limits = KeyLimits { requests_per_minute: Some(60), tokens_per_minute: None };
+    store.set_key_limits(&key_id("key_a"), limits, &audit()).expect("limits");
+    store.revoke_key(&key_id("key_a"), Timestamp(9), &audit()).expect("revoke");
+    store.put_provider(&provider("org_a"), &audit()).expect("provider");
+    let replaced = ProviderRecord { key_hint: "sk-...wxyz".into(), ..provider("org_a") };
+    store.put_provider(&replaced, &audit()).expect("provider replaced");
+    store.create_cap(&cap("cap_a", "org_a", None), &audit()).expect("cap");
+    let mut changed = cap("cap_a", "org_a", None);
+    changed.cap.limit = Nanos(2_500_000_000);
+    changed.cap.alert_webhook = None;
+    store.update_cap(&changed, &audit()).expect("cap updated");
+    store.delete_cap(&cap_id("cap_a"), &audit()).expect("cap deleted");
+    store.put_price("m", &wire("2"), Timestamp(5), &audit()).expect("price");
+    let import = [
+        PriceChange {
+            target: PriceTarget::Model("m".into()),
+            kind: Some(ProviderKind::OpenAi),
+            price: Some(wire("3")),
+        },
+        PriceChange {
+            target: PriceTarget::Fallback(ProviderKind::Anthropic),
+            kind: None,
+            price: Some(wire("4")),
+        },
+    ];
+    store.change_prices(&import, Timestamp(6), &audit()).expect("import");
+    let removal = PriceChange { target: PriceTarget::Model("m".into()), kind: None, price: None };
+    store.change_prices(&[removal], Timestamp(7), &audit()).expect("removal");
+
+    let rows = audit_rows(&store);
+    let first = &rows[0];
+    assert_eq!(
+        (first.id.as_str(), first.at, first.auth, first.client.as_deref()),
+        ("aud_0", Timestamp(1_000), AuditAuth::AdminToken, Some("10.0.0.7:51234")),
+        "who and when, as given"
+    );
+    let key_before = r#"{"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":null,"revoked_at":null,"tokens_per_minute":null}"#;
+    let key_limited = r#"{"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":null,"tokens_per_minute":null}"#;
+    let key_revoked = r#"{"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":"1970-01-01T00:00:00.009Z","tokens_per_minute":null}"#;
+    let provider_first = r#"{"base_url":null,"key_hint":"...","kind":"openai","name":"openai"}"#;
+    let provider_second = r#"{"base_url":null,"key_hint":"sk-...wxyz","kind":"openai","name":"openai"}"#;
+    let cap_first = r#"{"alert_at":[0.5,0.8,1.0],"alert_webhook":"https://hooks.example/recovea","created_at":"1970-01-01T00:00:00.004Z","hard_stop":true,"id":"cap_a","key_id":null,"limit_usd":"1.00","org_id":"org_a","scope":"organization","window":"month"}"#;
+    let cap_changed = r#"{"alert_at":[0.5,0.8,1.0],"alert_webhook":null,"created_at":"1970-01-01T00:00:00.004Z","hard_stop":true,"id":"cap_a","key_id":null,"limit_usd":"2.50","org_id":"org_a","scope":"organization","window":"month"}"#;
+    let price_1 = r#"{"cache_write_per_mtok_usd":"0.5","input_per_mtok_usd":"2","kind":null,"output_per_mtok_usd":"1","revision":1}"#;
+    let price_2 = r#"{"cache_write_per_mtok_usd":"0.5","input_per_mtok_usd":"3","kind":"openai","output_per_mtok_usd":"1","revision":2}"#;
+    let fallback_2 = r#"{"cache_write_per_mtok_usd":"0.5","input_per_mtok_usd":"4","kind":null,"output_per_mtok_usd":"1","revision":2}"#;
+    let import_before = format!(r#"{{"fallback:anthropic":null,"model:m":{price_1}}}"#);
+    let import_after = format!(r#"{{"fallback:anthropic":{fallback_2},"model:m":{price_2}}}"#);
+    assert_eq!(
+        rows.iter().map(what).collect::<Vec<_>>(),
+        [
+            row(
+                "create",
+                "org",
+                "org_a",
+                Some("org_a"),
+                None,
+                Some(r#"{"created_at":"1970-01-01T00:00:00.001Z","id":"org_a","name":"org_a name"}"#)
+            ),
+            row("create", "key", "key_a", Some("org_a"), None, Some(key_before)),
+            row("update", "key", "key_a", Some("org_a"), Some(key_before), Some(key_limited)),
+            row("revoke", "key", "key_a", Some("org_a"), Some(key_limited), Some(key_revoked)),
+            row("set", "provider", "openai", Some("org_a"), None, Some(provider_first)),
+            row("set", "provider", "openai", Some("org_a"), Some(provider_first), Some(provider_second)),
+            row("create", "cap", "cap_a", Some("org_a"), None, Some(cap_first)),
+            row("update", "cap", "cap_a", Some("org_a"), Some(cap_first), Some(cap_changed)),
+            row("delete", "cap", "cap_a", Some("org_a"), Some(cap_changed), None),
+            row("set", "price", "m", None, None, Some(price_1)),
+            row("import", "prices", "import", None, Some(&import_before), Some(&import_after)),
+            row("delete", "price", "m", None, Some(price_2), None),
+        ]
+    );
+    // Nothing of the key's hash nor of the sealed provider key is kept, in any form.
+    let hex: String = hash.0.iter().map(|b| format!("{b:02x}")).collect();
+    for entry in &rows {
+        let text = format!("{:?} {:?}", entry.before, entry.after);
+        assert!(!text.contains(&hex) && !text.contains("sealed") && !text.contains("hash"), "{text}");
+    }
+    assert_eq!(db.open().audit_log(&AuditQuery { limit: 1000, ..AuditQuery::default() }).expect("log"), rows);
+    let last = rows.last().expect("rows").version;
+    assert_eq!(last, store.version().expect("version"), "a row holds the state version its change made");
+}
+
+fn refused_changes_write_no_audit_row(db: &impl Backend) {
+    let store = db.open();
+    assert!(matches!(
+        store.create_key(&key("key_a", "org_x"), hash_secret("a"), &audit()),
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(store.put_provider(&provider("org_x"), &audit()), Err(StoreError::NotFound)));
+    assert!(matches!(store.create_cap(&cap("cap_a", "org_x", None), &audit()), Err(StoreError::NotFound)));
+    assert!(matches!(store.update_cap(&cap("cap_a", "org_x", None), &audit()), Err(StoreError::NotFound)));
+    assert!(!store.delete_cap(&cap_id("cap_a"), &audit()).expect("delete"));
+    assert_eq!(store.revoke_key(&key_id("key_a"), Timestamp(1), &audit()).expect("revoke"), None);
+    assert_eq!(store.set_key_limits(&key_id("key_a"), KeyLimits::default(), &audit()).expect("limits"), None);
+    let removal = PriceChange { target: PriceTarget::Model("m".into()), kind: None, price: None };
+    assert!(matches!(store.change_prices(&[removal], Timestamp(1), &audit()), Err(StoreError::NotFound)));
+    assert_eq!(audit_rows(&store), []);
+    // A change whose audit row cannot be written does not land either: the row's id is taken.
+    let taken = audit();
+    store.create_org(&org("org_a"), &taken).expect("org");
+    assert!(store.create_org(&org("org_b"), &taken).is_err());
+    assert_eq!(store.org(&org_id("org_b")).expect("read"), None, "no change without its row");
+    assert_eq!(audit_rows(&store).len(), 1);
+}
+
+fn the_audit_log_is_filtered_and_paged(db: &impl Backend) {
+    let store = db.open();
+    let at = |id: &str, ms: i64| AuditContext {
+        id: id.into(),
+        at: Timestamp(ms),
+        auth: AuditAuth::AdminToken,
+        client: None,
+    };
+    store.create_org(&org("org_a"), &at("aud_1", 10)).expect("org");
+    store.create_org(&org("org_b"), &at("aud_2", 20)).expect("org");
+    store.create_key(&key("key_a", "org_a"), hash_secret("a"), &at("aud_3", 20)).expect("key");
+    store.create_key(&key("key_b", "org_b"), hash_secret("b"), &at("aud_4", 30)).expect("key");
+    store.revoke_key(&key_id("key_a"), Timestamp(40), &at("aud_5", 40)).expect("revoke");
+    let ids = |query: AuditQuery| -> Vec<String> {
+        store.audit_log(&query).expect("audit log").into_iter().map(|e| e.id).collect()
+    };
+    let all = AuditQuery { limit: 100, ..AuditQuery::default() };
+    assert_eq!(ids(all.clone()), ["aud_1", "aud_2", "aud_3", "aud_4", "aud_5"]);
+    assert_eq!(ids(AuditQuery { org_id: Some(org_id("org_a")), ..all.clone() }), ["aud_1", "aud_3", "aud_5"]);
+    assert_eq!(
+        ids(AuditQuery { object_kind: Some("key".into()), ..all.clone() }),
+        ["aud_3", "aud_4", "aud_5"]
+    );
+    assert_eq!(ids(AuditQuery { action: Some("revoke".into()), ..all.clone() }), ["aud_5"]);
+    assert_eq!(
+        ids(AuditQuery { from: Some(Timestamp(20)), to: Some(Timestamp(40)), ..all.clone() }),
+        ["aud_2", "aud_3", "aud_4"]
+    );
+    let page = AuditQuery { limit: 2, ..all.clone() };
+    assert_eq!(ids(page.clone()), ["aud_1", "aud_2"]);
+    let versions: Vec<u64> = store.audit_log(&all).expect("audit log").iter().map(|e| e.version).collect();
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "one version per change, in order: {versions:?}");
+    assert_eq!(ids(AuditQuery { after_version: Some(versions[1]), ..page.clone() }), ["aud_3", "aud_4"]);
+    assert_eq!(ids(AuditQuery { after_version: Some(versions[3]), ..page }), ["aud_5"]);
 }

@@ -9,7 +9,7 @@ use recovea_store::{AlertRecord, CapRecord};
 use serde::Deserialize;
 use serde_json::{Number, Value, json};
 
-use crate::admin::{Reply, created, now, ok};
+use crate::admin::{Caller, Reply, created, now, ok};
 use crate::{ApiError, Control};
 
 /// Alerts at half, four fifths and all of the limit unless told otherwise.
@@ -39,7 +39,12 @@ pub(crate) struct CapPatch {
 }
 
 impl Control {
-    pub(crate) async fn create_cap(&self, org_id: OrgId, body: NewCap) -> Result<Reply, ApiError> {
+    pub(crate) async fn create_cap(
+        &self,
+        caller: Caller,
+        org_id: OrgId,
+        body: NewCap,
+    ) -> Result<Reply, ApiError> {
         self.require_org(&org_id).await?;
         let scope = Scope::parse(&body.scope)
             .ok_or_else(|| ApiError::BadRequest("scope: expected \"organization\" or \"key\"".into()))?;
@@ -76,8 +81,8 @@ impl Control {
             alert_webhook: body.alert_webhook.map(|url| webhook(&url)).transpose()?,
         };
         let record = CapRecord { cap, created_at: now() };
-        let row = record.clone();
-        self.store(move |s| s.create_cap(&row)).await?;
+        let (row, audit) = (record.clone(), caller.audit()?);
+        self.store(move |s| s.create_cap(&row, &audit)).await?;
         self.seed_current_window(&record.cap).await?;
         created(cap_json(&record))
     }
@@ -92,7 +97,12 @@ impl Control {
         ok(cap_json(&self.require_cap(id).await?))
     }
 
-    pub(crate) async fn update_cap(&self, id: CapId, patch: CapPatch) -> Result<Reply, ApiError> {
+    pub(crate) async fn update_cap(
+        &self,
+        caller: Caller,
+        id: CapId,
+        patch: CapPatch,
+    ) -> Result<Reply, ApiError> {
         let mut record = self.require_cap(id).await?;
         let cap = &mut record.cap;
         if let Some(text) = patch.limit_usd {
@@ -110,15 +120,15 @@ impl Control {
             Some(Value::String(url)) => cap.alert_webhook = Some(webhook(&url)?),
             Some(_) => return Err(ApiError::BadRequest("alert_webhook: expected a URL or null".into())),
         }
-        let row = record.clone();
-        self.store(move |s| s.update_cap(&row)).await?;
+        let (row, audit) = (record.clone(), caller.audit()?);
+        self.store(move |s| s.update_cap(&row, &audit)).await?;
         ok(cap_json(&record))
     }
 
-    pub(crate) async fn delete_cap(&self, id: CapId) -> Result<Reply, ApiError> {
+    pub(crate) async fn delete_cap(&self, caller: Caller, id: CapId) -> Result<Reply, ApiError> {
         let missing = format!("No cap {id}.");
-        let cap = id.clone();
-        if !self.store(move |s| s.delete_cap(&cap)).await? {
+        let (cap, audit) = (id.clone(), caller.audit()?);
+        if !self.store(move |s| s.delete_cap(&cap, &audit)).await? {
             return Err(ApiError::NotFound(missing));
         }
         ok(json!({ "id": id, "deleted": true }))

@@ -13,7 +13,7 @@ use recovea_core::snapshot::ProviderKind;
 use recovea_store::{PriceChange, PriceTarget};
 use serde_json::{Value, json};
 
-use crate::admin::{Reply, now, ok};
+use crate::admin::{Caller, Reply, ok};
 use crate::{ApiError, Control};
 
 const KINDS: [ProviderKind; 2] = [ProviderKind::OpenAi, ProviderKind::Anthropic];
@@ -70,7 +70,12 @@ impl Control {
         ok(body)
     }
 
-    pub(crate) async fn put_price(&self, model: &str, wire: EntryWire) -> Result<Reply, ApiError> {
+    pub(crate) async fn put_price(
+        &self,
+        caller: Caller,
+        model: &str,
+        wire: EntryWire,
+    ) -> Result<Reply, ApiError> {
         let model = model_name(model)?;
         let (kind, _) = wire.parse().map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let change = PriceChange {
@@ -78,23 +83,24 @@ impl Control {
             kind,
             price: Some(wire.price_wire()),
         };
-        let revision = self.change_prices(vec![change], "").await?;
+        let revision = self.change_prices(caller, vec![change], "").await?;
         let mut body = serde_json::to_value(&wire).map_err(ApiError::internal)?;
         body["model"] = json!(model);
         body["revision"] = json!(revision);
         ok(body)
     }
 
-    pub(crate) async fn delete_price(&self, model: &str) -> Result<Reply, ApiError> {
+    pub(crate) async fn delete_price(&self, caller: Caller, model: &str) -> Result<Reply, ApiError> {
         let model = model_name(model)?;
         let change = PriceChange { target: PriceTarget::Model(model.to_owned()), kind: None, price: None };
-        let revision =
-            self.change_prices(vec![change], &format!("No price override for model {model:?}.")).await?;
+        let revision = self
+            .change_prices(caller, vec![change], &format!("No price override for model {model:?}."))
+            .await?;
         ok(json!({ "model": model, "revision": revision }))
     }
 
     /// Imports a price file (the built-in table's format or LiteLLM's) as one revision.
-    pub(crate) async fn import_prices(&self, body: &[u8]) -> Result<Reply, ApiError> {
+    pub(crate) async fn import_prices(&self, caller: Caller, body: &[u8]) -> Result<Reply, ApiError> {
         let text = std::str::from_utf8(body)
             .map_err(|_| ApiError::BadRequest("body: expected UTF-8 JSON".into()))?;
         let import = pricing::import::parse(text).map_err(|e| ApiError::BadRequest(format!("body: {e}")))?;
@@ -112,34 +118,44 @@ impl Control {
             });
         }
         let imported = changes.len();
-        let revision = self.change_prices(changes, "").await?;
+        let revision = self.change_prices(caller, changes, "").await?;
         ok(json!({ "revision": revision, "imported": imported, "skipped": import.skipped }))
     }
 
-    pub(crate) async fn put_fallback_price(&self, kind: &str, wire: PriceWire) -> Result<Reply, ApiError> {
+    pub(crate) async fn put_fallback_price(
+        &self,
+        caller: Caller,
+        kind: &str,
+        wire: PriceWire,
+    ) -> Result<Reply, ApiError> {
         let kind = provider_kind(kind)?;
         Price::try_from(&wire).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let change =
             PriceChange { target: PriceTarget::Fallback(kind), kind: None, price: Some(wire.clone()) };
-        let revision = self.change_prices(vec![change], "").await?;
+        let revision = self.change_prices(caller, vec![change], "").await?;
         let mut body = serde_json::to_value(&wire).map_err(ApiError::internal)?;
         body["kind"] = json!(kind.as_str());
         body["revision"] = json!(revision);
         ok(body)
     }
 
-    pub(crate) async fn delete_fallback_price(&self, kind: &str) -> Result<Reply, ApiError> {
+    pub(crate) async fn delete_fallback_price(&self, caller: Caller, kind: &str) -> Result<Reply, ApiError> {
         let kind = provider_kind(kind)?;
         let change = PriceChange { target: PriceTarget::Fallback(kind), kind: None, price: None };
         let missing = format!("No fallback price override for kind {:?}.", kind.as_str());
-        let revision = self.change_prices(vec![change], &missing).await?;
+        let revision = self.change_prices(caller, vec![change], &missing).await?;
         ok(json!({ "kind": kind.as_str(), "revision": revision }))
     }
 
     /// Stores the changes as one revision; `missing` is the 404's message for a removal of nothing.
-    async fn change_prices(&self, changes: Vec<PriceChange>, missing: &str) -> Result<u64, ApiError> {
-        let store = Arc::clone(&self.inner.store);
-        match self.off_thread(move || store.change_prices(&changes, now())).await {
+    async fn change_prices(
+        &self,
+        caller: Caller,
+        changes: Vec<PriceChange>,
+        missing: &str,
+    ) -> Result<u64, ApiError> {
+        let (store, audit) = (Arc::clone(&self.inner.store), caller.audit()?);
+        match self.off_thread(move || store.change_prices(&changes, audit.at, &audit)).await {
             Err(ApiError::NotFound(_)) => Err(ApiError::NotFound(missing.to_owned())),
             other => other,
         }

@@ -49,28 +49,16 @@ impl Control {
             Some("csv") => true,
             Some(_) => return Err(ApiError::BadRequest("format: expected json or csv".into())),
         };
-        let limit = match params.get("limit") {
-            None => {
-                if csv {
-                    MAX_CSV_ROWS
-                } else {
-                    DEFAULT_LIMIT
-                }
-            }
-            Some(text) => text
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=if csv { MAX_CSV_ROWS } else { MAX_LIMIT }).contains(n))
-                .ok_or_else(|| ApiError::BadRequest(format!("limit: expected 1 to {MAX_LIMIT}")))?,
+        let limit = if csv {
+            parse_limit(&params, MAX_CSV_ROWS, MAX_CSV_ROWS)?
+        } else {
+            parse_limit(&params, DEFAULT_LIMIT, MAX_LIMIT)?
         };
         let query = ReceiptQuery {
             org_id,
             from: params.time("from")?,
             to: params.time("to")?,
-            key_id: params
-                .get("key_id")
-                .map(|k| KeyId::parse(k).ok_or_else(|| ApiError::BadRequest("key_id: not a key id".into())))
-                .transpose()?,
+            key_id: key_filter(&params)?,
             // One more than asked tells whether another page follows.
             limit: limit + 1,
             after: params.get("cursor").map(parse_cursor).transpose()?,
@@ -88,8 +76,8 @@ impl Control {
     pub(crate) async fn spend_summary(&self, org_id: OrgId, query: &str) -> Result<Reply, ApiError> {
         self.require_org(&org_id).await?;
         let params = Params::parse(query)?;
-        let (from, to) = (params.time("from")?, params.time("to")?);
-        let rows = self.ledger(move |l| l.spend_summary(&org_id, from, to)).await?;
+        let (from, to, key) = (params.time("from")?, params.time("to")?, key_filter(&params)?);
+        let rows = self.ledger(move |l| l.spend_summary(&org_id, key.as_ref(), from, to)).await?;
         let rows: Vec<Value> = rows
             .iter()
             .map(|r| {
@@ -108,6 +96,24 @@ impl Control {
     }
 }
 
+/// The `limit` parameter: `default` when absent, else 1 to `max`.
+pub(crate) fn parse_limit(params: &Params, default: u32, max: u32) -> Result<u32, ApiError> {
+    let Some(text) = params.get("limit") else { return Ok(default) };
+    text.parse::<u32>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| ApiError::BadRequest(format!("limit: expected 1 to {max}")))
+}
+
+/// The `key_id` parameter, when given.
+fn key_filter(params: &Params) -> Result<Option<KeyId>, ApiError> {
+    params
+        .get("key_id")
+        .map(|k| KeyId::parse(k).ok_or_else(|| ApiError::BadRequest("key_id: not a key id".into())))
+        .transpose()
+}
+
+/// A cursor (`MILLISECONDS.ID`) as the receipts hand them out.
 fn parse_cursor(cursor: &str) -> Result<(Timestamp, String), ApiError> {
     let bad = || ApiError::BadRequest("cursor: not a cursor this API gave".into());
     let (time, id) = cursor.split_once('.').ok_or_else(bad)?;
@@ -162,6 +168,24 @@ fn csv_field(field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_name_the_largest_allowed() {
+        let limit = |query: &str, default, max| match parse_limit(
+            &Params::parse(query).expect("query"),
+            default,
+            max,
+        ) {
+            Ok(n) => Ok(n),
+            Err(ApiError::BadRequest(message)) => Err(message),
+            Err(other) => panic!("{other:?}"),
+        };
+        assert_eq!(limit("", DEFAULT_LIMIT, MAX_LIMIT), Ok(100));
+        assert_eq!(limit("limit=1000", DEFAULT_LIMIT, MAX_LIMIT), Ok(1000));
+        assert_eq!(limit("limit=1001", DEFAULT_LIMIT, MAX_LIMIT), Err("limit: expected 1 to 1000".into()));
+        assert_eq!(limit("limit=100000", MAX_CSV_ROWS, MAX_CSV_ROWS), Ok(100_000));
+        assert_eq!(limit("limit=0", MAX_CSV_ROWS, MAX_CSV_ROWS), Err("limit: expected 1 to 100000".into()));
+    }
 
     #[test]
     fn csv_fields_are_quoted_and_defused() {

@@ -8,6 +8,7 @@ use recovea_core::ratelimit::KeyLimits;
 use recovea_core::timestamp::Timestamp;
 
 use super::{PostgresStore, backend, select, select_optional};
+use crate::audit::{self, AUDIT_COLUMNS, AuditContext, AuditEntry, AuditQuery};
 use crate::rows::{
     self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, Columns, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, OrgIds,
     PRICE_COLUMNS, PROVIDER_COLUMNS, alert_at_text, corrupt, saturating_i64,
@@ -26,14 +27,14 @@ fn org_exists(tx: &mut Transaction<'_>, id: &OrgId) -> Result<bool> {
 }
 
 impl ControlStore for PostgresStore {
-    fn create_org(&self, org: &OrgRecord) -> Result<()> {
-        self.change(|tx| {
+    fn create_org(&self, org: &OrgRecord, audit: &AuditContext) -> Result<()> {
+        self.change(audit, |tx| {
             tx.execute(
                 "INSERT INTO orgs (id, name, created_at) VALUES ($1, $2, $3)",
                 &[&org.id.as_str(), &org.name, &org.created_at.0],
             )
             .map_err(backend)?;
-            Ok(())
+            Ok(((), Some(audit::org_created(org))))
         })
     }
 
@@ -47,8 +48,8 @@ impl ControlStore for PostgresStore {
         select_optional(&mut *self.client()?, &sql, &[&id.as_str()], rows::org)
     }
 
-    fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()> {
-        self.change(|tx| {
+    fn create_key(&self, key: &KeyRecord, hash: KeyHash, audit: &AuditContext) -> Result<()> {
+        self.change(audit, |tx| {
             if !org_exists(tx, &key.org_id)? {
                 return Err(StoreError::NotFound);
             }
@@ -70,7 +71,7 @@ impl ControlStore for PostgresStore {
                 ],
             )
             .map_err(backend)?;
-            Ok(())
+            Ok(((), Some(audit::key_change("create", None, key))))
         })
     }
 
@@ -83,8 +84,14 @@ impl ControlStore for PostgresStore {
         key_by_id(&mut *self.client()?, id)
     }
 
-    fn set_key_limits(&self, id: &KeyId, limits: KeyLimits) -> Result<Option<KeyRecord>> {
-        self.change(|tx| {
+    fn set_key_limits(
+        &self,
+        id: &KeyId,
+        limits: KeyLimits,
+        audit: &AuditContext,
+    ) -> Result<Option<KeyRecord>> {
+        self.change(audit, |tx| {
+            let before = key_by_id(tx, id)?;
             tx.execute(
                 "UPDATE keys SET requests_per_minute = $2, tokens_per_minute = $3 WHERE id = $1",
                 &[
@@ -94,26 +101,37 @@ impl ControlStore for PostgresStore {
                 ],
             )
             .map_err(backend)?;
-            key_by_id(tx, id)
+            let after = key_by_id(tx, id)?;
+            let row = after.as_ref().map(|after| audit::key_change("update", before.as_ref(), after));
+            Ok((after, row))
         })
     }
 
-    fn revoke_key(&self, id: &KeyId, at: Timestamp) -> Result<Option<KeyRecord>> {
-        self.change(|tx| {
+    fn revoke_key(&self, id: &KeyId, at: Timestamp, audit: &AuditContext) -> Result<Option<KeyRecord>> {
+        self.change(audit, |tx| {
+            let before = key_by_id(tx, id)?;
             tx.execute(
                 "UPDATE keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1",
                 &[&id.as_str(), &at.0],
             )
             .map_err(backend)?;
-            key_by_id(tx, id)
+            let after = key_by_id(tx, id)?;
+            let row = after.as_ref().map(|after| audit::key_change("revoke", before.as_ref(), after));
+            Ok((after, row))
         })
     }
 
-    fn put_provider(&self, p: &ProviderRecord) -> Result<()> {
-        self.change(|tx| {
+    fn put_provider(&self, p: &ProviderRecord, audit: &AuditContext) -> Result<()> {
+        self.change(audit, |tx| {
             if !org_exists(tx, &p.org_id)? {
                 return Err(StoreError::NotFound);
             }
+            let before = select_optional(
+                tx,
+                &format!("SELECT {PROVIDER_COLUMNS} FROM providers WHERE org_id = $1 AND name = $2"),
+                &[&p.org_id.as_str(), &p.name],
+                rows::provider,
+            )?;
             tx.execute(
                 &format!(
                     "INSERT INTO providers ({PROVIDER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -131,7 +149,7 @@ impl ControlStore for PostgresStore {
                 ],
             )
             .map_err(backend)?;
-            Ok(())
+            Ok(((), Some(audit::provider_set(before.as_ref(), p))))
         })
     }
 
@@ -186,10 +204,11 @@ impl ControlStore for PostgresStore {
         Ok(State { version, orgs, active_keys, providers, price_revision, price_overrides, caps })
     }
 
-    fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64> {
+    fn change_prices(&self, changes: &[PriceChange], at: Timestamp, audit: &AuditContext) -> Result<u64> {
         let log_rows = rows::price_rows(changes)?;
-        self.change(|tx| {
-            if !rows::removes_only_prices_in_force(&log_rows, &prices_in_force(tx)?) {
+        self.change(audit, |tx| {
+            let in_force = prices_in_force(tx)?;
+            if !rows::removes_only_prices_in_force(&log_rows, &in_force) {
                 return Err(StoreError::NotFound);
             }
             let revision = tx
@@ -205,13 +224,15 @@ impl ControlStore for PostgresStore {
             for (target, name, kind, price) in &log_rows {
                 tx.execute(&insert, &[&revision, target, name, kind, price, &at.0]).map_err(backend)?;
             }
-            u64::try_from(revision).map_err(|_| corrupt(format!("bad revision {revision}")))
+            let revision =
+                u64::try_from(revision).map_err(|_| corrupt(format!("bad revision {revision}")))?;
+            Ok((revision, Some(audit::price_change(changes, &in_force, revision))))
         })
     }
 
-    fn create_cap(&self, record: &CapRecord) -> Result<()> {
+    fn create_cap(&self, record: &CapRecord, audit: &AuditContext) -> Result<()> {
         let cap = &record.cap;
-        self.change(|tx| {
+        self.change(audit, |tx| {
             if !org_exists(tx, &cap.org_id)? {
                 return Err(StoreError::NotFound);
             }
@@ -231,7 +252,7 @@ impl ControlStore for PostgresStore {
                 ],
             )
             .map_err(backend)?;
-            Ok(())
+            Ok(((), audit::cap_change(None, Some(record))))
         })
     }
 
@@ -241,13 +262,13 @@ impl ControlStore for PostgresStore {
     }
 
     fn cap(&self, id: &CapId) -> Result<Option<CapRecord>> {
-        let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = $1");
-        select_optional(&mut *self.client()?, &sql, &[&id.as_str()], rows::cap)
+        cap_by_id(&mut *self.client()?, id)
     }
 
-    fn update_cap(&self, record: &CapRecord) -> Result<()> {
+    fn update_cap(&self, record: &CapRecord, audit: &AuditContext) -> Result<()> {
         let cap = &record.cap;
-        self.change(|tx| {
+        self.change(audit, |tx| {
+            let before = cap_by_id(tx, &cap.id)?;
             let changed = tx
                 .execute(
                     "UPDATE caps SET limit_nanos = $2, hard_stop = $3, alert_at = $4, alert_webhook = $5 WHERE id = $1",
@@ -260,13 +281,19 @@ impl ControlStore for PostgresStore {
                     ],
                 )
                 .map_err(backend)?;
-            if changed == 0 { Err(StoreError::NotFound) } else { Ok(()) }
+            if changed == 0 {
+                return Err(StoreError::NotFound);
+            }
+            let after = cap_by_id(tx, &cap.id)?;
+            Ok(((), audit::cap_change(before.as_ref(), after.as_ref())))
         })
     }
 
-    fn delete_cap(&self, id: &CapId) -> Result<bool> {
-        self.change(|tx| {
-            Ok(tx.execute("DELETE FROM caps WHERE id = $1", &[&id.as_str()]).map_err(backend)? > 0)
+    fn delete_cap(&self, id: &CapId, audit: &AuditContext) -> Result<bool> {
+        self.change(audit, |tx| {
+            let before = cap_by_id(tx, id)?;
+            let deleted = tx.execute("DELETE FROM caps WHERE id = $1", &[&id.as_str()]).map_err(backend)? > 0;
+            Ok((deleted, audit::cap_change(before.as_ref(), None)))
         })
     }
 
@@ -338,6 +365,58 @@ impl ControlStore for PostgresStore {
         let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE seen_at >= $1 ORDER BY id");
         select(&mut *self.client()?, &sql, &[&since.0], rows::node)
     }
+
+    fn audit_log(&self, q: &AuditQuery) -> Result<Vec<AuditEntry>> {
+        let sql = format!(
+            "SELECT {AUDIT_COLUMNS} FROM audit_log WHERE at >= $1 AND at < $2
+             AND ($3::TEXT IS NULL OR org_id = $3) AND ($4::TEXT IS NULL OR object_kind = $4)
+             AND ($5::TEXT IS NULL OR action = $5) AND version > $6
+             ORDER BY version LIMIT $7"
+        );
+        select(
+            &mut *self.client()?,
+            &sql,
+            &[
+                &q.from.map_or(i64::MIN, |t| t.0),
+                &q.to.map_or(i64::MAX, |t| t.0),
+                &q.org_id.as_ref().map(OrgId::as_str),
+                &q.object_kind,
+                &q.action,
+                &q.after_version.map_or(-1, saturating_i64),
+                &i64::from(q.limit),
+            ],
+            audit::entry,
+        )
+    }
+}
+
+/// Writes a change's audit row, in the change's transaction.
+pub(super) fn insert_audit(tx: &mut Transaction<'_>, entry: &AuditEntry) -> Result<()> {
+    tx.execute(
+        &format!(
+            "INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+        ),
+        &[
+            &entry.id,
+            &saturating_i64(entry.version),
+            &entry.at.0,
+            &entry.auth.as_str(),
+            &entry.client,
+            &entry.action,
+            &entry.object_kind,
+            &entry.object_id,
+            &entry.org_id.as_ref().map(OrgId::as_str),
+            &entry.before,
+            &entry.after,
+        ],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+fn cap_by_id(client: &mut impl GenericClient, id: &CapId) -> Result<Option<CapRecord>> {
+    let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = $1");
+    select_optional(client, &sql, &[&id.as_str()], rows::cap)
 }
 
 fn key_by_id(client: &mut impl GenericClient, id: &KeyId) -> Result<Option<KeyRecord>> {

@@ -83,6 +83,7 @@ impl ReceiptLedger for PostgresStore {
     fn spend_summary(
         &self,
         org: &OrgId,
+        key: Option<&KeyId>,
         from: Option<Timestamp>,
         to: Option<Timestamp>,
     ) -> Result<Vec<SpendRow>> {
@@ -93,8 +94,14 @@ impl ReceiptLedger for PostgresStore {
             "SELECT to_char(to_timestamp(started_at / 1000) AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day, key_id, model,
                     COUNT(*), SUM(input_tokens)::BIGINT, SUM(output_tokens)::BIGINT, SUM(cost_nanos)::BIGINT
              FROM receipts WHERE org_id = $1 AND started_at >= $2 AND started_at < $3
+             AND ($4::TEXT IS NULL OR key_id = $4)
              GROUP BY day, key_id, model ORDER BY day, key_id, model NULLS FIRST",
-            &[&org.as_str(), &from.map_or(i64::MIN, |t| t.0), &to.map_or(i64::MAX, |t| t.0)],
+            &[
+                &org.as_str(),
+                &from.map_or(i64::MIN, |t| t.0),
+                &to.map_or(i64::MAX, |t| t.0),
+                &key.map(KeyId::as_str),
+            ],
             rows::spend_row,
         )
     }

@@ -124,6 +124,24 @@ pub(super) const MIGRATIONS: &[&str] = &[
     INSERT INTO price_log SELECT revision, 'model', model, NULL, price, created_at FROM price_revisions;
     DROP TABLE price_revisions;
 "#,
+    // The audit log (issue 18): one row per admin change, written in the change's transaction.
+    // Rows outlive what they describe, so no foreign key.
+    r#"
+    CREATE TABLE audit_log (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        version BIGINT NOT NULL UNIQUE,
+        at BIGINT NOT NULL,
+        auth TEXT NOT NULL,
+        client TEXT,
+        action TEXT COLLATE "C" NOT NULL,
+        object_kind TEXT COLLATE "C" NOT NULL,
+        object_id TEXT COLLATE "C" NOT NULL,
+        org_id TEXT COLLATE "C",
+        before_json TEXT,
+        after_json TEXT
+    );
+    CREATE INDEX audit_log_by_org ON audit_log(org_id, version);
+"#,
 ];
 
 /// The advisory lock that serializes migrations across every process on the database ("recovea!").

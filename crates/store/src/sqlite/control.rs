@@ -8,6 +8,7 @@ use recovea_core::timestamp::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{SqliteStore, backend, select, select_optional};
+use crate::audit::{self, AUDIT_COLUMNS, AuditContext, AuditEntry, AuditQuery};
 use crate::rows::{
     self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, OrgIds, PRICE_COLUMNS,
     PROVIDER_COLUMNS, alert_at_text, saturating_i64,
@@ -29,14 +30,14 @@ fn org_exists(tx: &rusqlite::Transaction<'_>, id: &OrgId) -> Result<bool> {
 }
 
 impl ControlStore for SqliteStore {
-    fn create_org(&self, org: &OrgRecord) -> Result<()> {
-        self.change(|tx| {
+    fn create_org(&self, org: &OrgRecord, audit: &AuditContext) -> Result<()> {
+        self.change(audit, |tx| {
             tx.execute(
                 "INSERT INTO orgs (id, name, created_at) VALUES (?1, ?2, ?3)",
                 params![org.id.as_str(), org.name, org.created_at.0],
             )
             .map_err(backend)?;
-            Ok(())
+            Ok(((), Some(audit::org_created(org))))
         })
     }
 
@@ -50,8 +51,8 @@ impl ControlStore for SqliteStore {
         select_optional(&self.conn(), &sql, [id.as_str()], rows::org)
     }
 
-    fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()> {
-        self.change(|tx| {
+    fn create_key(&self, key: &KeyRecord, hash: KeyHash, audit: &AuditContext) -> Result<()> {
+        self.change(audit, |tx| {
             if !org_exists(tx, &key.org_id)? {
                 return Err(StoreError::NotFound);
             }
@@ -73,7 +74,7 @@ impl ControlStore for SqliteStore {
                 ],
             )
             .map_err(backend)?;
-            Ok(())
+            Ok(((), Some(audit::key_change("create", None, key))))
         })
     }
 
@@ -86,33 +87,50 @@ impl ControlStore for SqliteStore {
         key_by_id(&self.conn(), id)
     }
 
-    fn set_key_limits(&self, id: &KeyId, limits: KeyLimits) -> Result<Option<KeyRecord>> {
-        self.change(|tx| {
+    fn set_key_limits(
+        &self,
+        id: &KeyId,
+        limits: KeyLimits,
+        audit: &AuditContext,
+    ) -> Result<Option<KeyRecord>> {
+        self.change(audit, |tx| {
+            let before = key_by_id(tx, id)?;
             tx.execute(
                 "UPDATE keys SET requests_per_minute = ?2, tokens_per_minute = ?3 WHERE id = ?1",
                 params![id.as_str(), limits.requests_per_minute, limits.tokens_per_minute],
             )
             .map_err(backend)?;
-            key_by_id(tx, id)
+            let after = key_by_id(tx, id)?;
+            let row = after.as_ref().map(|after| audit::key_change("update", before.as_ref(), after));
+            Ok((after, row))
         })
     }
 
-    fn revoke_key(&self, id: &KeyId, at: Timestamp) -> Result<Option<KeyRecord>> {
-        self.change(|tx| {
+    fn revoke_key(&self, id: &KeyId, at: Timestamp, audit: &AuditContext) -> Result<Option<KeyRecord>> {
+        self.change(audit, |tx| {
+            let before = key_by_id(tx, id)?;
             tx.execute(
                 "UPDATE keys SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1",
                 params![id.as_str(), at.0],
             )
             .map_err(backend)?;
-            key_by_id(tx, id)
+            let after = key_by_id(tx, id)?;
+            let row = after.as_ref().map(|after| audit::key_change("revoke", before.as_ref(), after));
+            Ok((after, row))
         })
     }
 
-    fn put_provider(&self, p: &ProviderRecord) -> Result<()> {
-        self.change(|tx| {
+    fn put_provider(&self, p: &ProviderRecord, audit: &AuditContext) -> Result<()> {
+        self.change(audit, |tx| {
             if !org_exists(tx, &p.org_id)? {
                 return Err(StoreError::NotFound);
             }
+            let before = select_optional(
+                tx,
+                &format!("SELECT {PROVIDER_COLUMNS} FROM providers WHERE org_id = ?1 AND name = ?2"),
+                params![p.org_id.as_str(), p.name],
+                rows::provider,
+            )?;
             tx.execute(
                 &format!(
                     "INSERT INTO providers ({PROVIDER_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
@@ -130,7 +148,7 @@ impl ControlStore for SqliteStore {
                 ],
             )
             .map_err(backend)?;
-            Ok(())
+            Ok(((), Some(audit::provider_set(before.as_ref(), p))))
         })
     }
 
@@ -139,8 +157,8 @@ impl ControlStore for SqliteStore {
         select(&self.conn(), &sql, [org.as_str()], rows::provider)
     }
 
-    fn create_cap(&self, cap: &CapRecord) -> Result<()> {
-        self.change(|tx| {
+    fn create_cap(&self, cap: &CapRecord, audit: &AuditContext) -> Result<()> {
+        self.change(audit, |tx| {
             if !org_exists(tx, &cap.cap.org_id)? {
                 return Err(StoreError::NotFound);
             }
@@ -149,7 +167,7 @@ impl ControlStore for SqliteStore {
                 rusqlite::params_from_iter(cap_params(cap)),
             )
             .map_err(backend)?;
-            Ok(())
+            Ok(((), audit::cap_change(None, Some(cap))))
         })
     }
 
@@ -159,12 +177,12 @@ impl ControlStore for SqliteStore {
     }
 
     fn cap(&self, id: &CapId) -> Result<Option<CapRecord>> {
-        let sql = format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = ?1");
-        select_optional(&self.conn(), &sql, [id.as_str()], rows::cap)
+        cap_by_id(&self.conn(), id)
     }
 
-    fn update_cap(&self, cap: &CapRecord) -> Result<()> {
-        self.change(|tx| {
+    fn update_cap(&self, cap: &CapRecord, audit: &AuditContext) -> Result<()> {
+        self.change(audit, |tx| {
+            let before = cap_by_id(tx, &cap.cap.id)?;
             let changed = tx
                 .execute(
                     "UPDATE caps SET limit_nanos = ?2, hard_stop = ?3, alert_at = ?4, alert_webhook = ?5 WHERE id = ?1",
@@ -177,14 +195,20 @@ impl ControlStore for SqliteStore {
                     ],
                 )
                 .map_err(backend)?;
-            if changed == 0 { Err(StoreError::NotFound) } else { Ok(()) }
+            if changed == 0 {
+                return Err(StoreError::NotFound);
+            }
+            let after = cap_by_id(tx, &cap.cap.id)?;
+            Ok(((), audit::cap_change(before.as_ref(), after.as_ref())))
         })
     }
 
-    fn delete_cap(&self, id: &CapId) -> Result<bool> {
-        self.change(
-            |tx| Ok(tx.execute("DELETE FROM caps WHERE id = ?1", [id.as_str()]).map_err(backend)? > 0),
-        )
+    fn delete_cap(&self, id: &CapId, audit: &AuditContext) -> Result<bool> {
+        self.change(audit, |tx| {
+            let before = cap_by_id(tx, id)?;
+            let deleted = tx.execute("DELETE FROM caps WHERE id = ?1", [id.as_str()]).map_err(backend)? > 0;
+            Ok((deleted, audit::cap_change(before.as_ref(), None)))
+        })
     }
 
     fn raise_alert(&self, alert: &AlertRecord) -> Result<bool> {
@@ -291,10 +315,11 @@ impl ControlStore for SqliteStore {
         })
     }
 
-    fn change_prices(&self, changes: &[PriceChange], at: Timestamp) -> Result<u64> {
+    fn change_prices(&self, changes: &[PriceChange], at: Timestamp, audit: &AuditContext) -> Result<u64> {
         let log_rows = rows::price_rows(changes)?;
-        self.change(|tx| {
-            if !rows::removes_only_prices_in_force(&log_rows, &prices_in_force(tx)?) {
+        self.change(audit, |tx| {
+            let in_force = prices_in_force(tx)?;
+            if !rows::removes_only_prices_in_force(&log_rows, &in_force) {
                 return Err(StoreError::NotFound);
             }
             let revision: i64 = tx
@@ -309,9 +334,60 @@ impl ControlStore for SqliteStore {
             for (target, name, kind, price) in &log_rows {
                 insert.execute(params![revision, target, name, kind, price, at.0]).map_err(backend)?;
             }
-            Ok(u64::try_from(revision).unwrap_or(0))
+            let revision = u64::try_from(revision).unwrap_or(0);
+            Ok((revision, Some(audit::price_change(changes, &in_force, revision))))
         })
     }
+
+    fn audit_log(&self, q: &AuditQuery) -> Result<Vec<AuditEntry>> {
+        let sql = format!(
+            "SELECT {AUDIT_COLUMNS} FROM audit_log WHERE at >= ?1 AND at < ?2
+             AND (?3 IS NULL OR org_id = ?3) AND (?4 IS NULL OR object_kind = ?4) AND (?5 IS NULL OR action = ?5)
+             AND version > ?6 ORDER BY version LIMIT ?7"
+        );
+        select(
+            &self.conn(),
+            &sql,
+            params![
+                q.from.map_or(i64::MIN, |t| t.0),
+                q.to.map_or(i64::MAX, |t| t.0),
+                q.org_id.as_ref().map(OrgId::as_str),
+                q.object_kind,
+                q.action,
+                q.after_version.map_or(-1, saturating_i64),
+                q.limit
+            ],
+            audit::entry,
+        )
+    }
+}
+
+/// Writes a change's audit row, in the change's transaction.
+pub(super) fn insert_audit(tx: &rusqlite::Transaction<'_>, entry: &AuditEntry) -> Result<()> {
+    tx.execute(
+        &format!(
+            "INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+        ),
+        params![
+            entry.id,
+            saturating_i64(entry.version),
+            entry.at.0,
+            entry.auth.as_str(),
+            entry.client,
+            entry.action,
+            entry.object_kind,
+            entry.object_id,
+            entry.org_id.as_ref().map(OrgId::as_str),
+            entry.before,
+            entry.after
+        ],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+fn cap_by_id(conn: &Connection, id: &CapId) -> Result<Option<CapRecord>> {
+    select_optional(conn, &format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = ?1"), [id.as_str()], rows::cap)
 }
 
 fn key_by_id(conn: &Connection, id: &KeyId) -> Result<Option<KeyRecord>> {

@@ -136,6 +136,7 @@ impl ReceiptLedger for SqliteStore {
     fn spend_summary(
         &self,
         org: &OrgId,
+        key: Option<&KeyId>,
         from: Option<Timestamp>,
         to: Option<Timestamp>,
     ) -> Result<Vec<SpendRow>> {
@@ -145,11 +146,17 @@ impl ReceiptLedger for SqliteStore {
                 "SELECT date(started_at / 1000, 'unixepoch') AS day, key_id, model, COUNT(*),
                         SUM(input_tokens), SUM(output_tokens), SUM(cost_nanos)
                  FROM receipts WHERE org_id = ?1 AND started_at >= ?2 AND started_at < ?3
+                 AND (?4 IS NULL OR key_id = ?4)
                  GROUP BY day, key_id, model ORDER BY day, key_id, model",
             )
             .map_err(backend)?;
         let found = stmt
-            .query(params![org.as_str(), from.map_or(i64::MIN, |t| t.0), to.map_or(i64::MAX, |t| t.0)])
+            .query(params![
+                org.as_str(),
+                from.map_or(i64::MIN, |t| t.0),
+                to.map_or(i64::MAX, |t| t.0),
+                key.map(KeyId::as_str)
+            ])
             .map_err(backend)?;
         records(found, rows::spend_row)
     }

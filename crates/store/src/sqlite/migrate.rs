@@ -168,6 +168,24 @@ pub(super) const MIGRATIONS: &[&str] = &[
     DROP TABLE price_revisions;
     ALTER TABLE receipts ADD COLUMN priced_as TEXT;
 ",
+    // The audit log (issue 18): one row per admin change, written in the change's transaction.
+    // Rows outlive what they describe, so no foreign key.
+    r"
+    CREATE TABLE audit_log (
+        id TEXT PRIMARY KEY,
+        version INTEGER NOT NULL UNIQUE,
+        at INTEGER NOT NULL,
+        auth TEXT NOT NULL,
+        client TEXT,
+        action TEXT NOT NULL,
+        object_kind TEXT NOT NULL,
+        object_id TEXT NOT NULL,
+        org_id TEXT,
+        before_json TEXT,
+        after_json TEXT
+    );
+    CREATE INDEX audit_log_by_org ON audit_log(org_id, version);
+",
 ];
 
 /// Applies each missing migration in a write transaction that reads the version itself, so that

@@ -11,7 +11,7 @@ use rusqlite::{Connection, params};
 use super::SqliteStore;
 use super::migrate::MIGRATIONS;
 use crate::rows::saturating_i64;
-use crate::{ControlStore, ReceiptLedger, ReceiptQuery};
+use crate::{AuditAuth, AuditContext, ControlStore, ReceiptLedger, ReceiptQuery};
 
 /// Every field set to something other than `Receipt::example`'s, so that a field lost or
 /// swapped on the way shows.
@@ -124,7 +124,9 @@ fn price_revisions_become_the_price_log() {
         .map(|o| (format!("{:?}", o.target), o.price.input_per_mtok_usd.clone(), o.revision))
         .collect();
     assert_eq!(kept, [(r#"Model("m")"#.into(), "2".into(), 2), (r#"Model("n")"#.into(), "3".into(), 3)]);
-    assert_eq!(store.put_price("n", &state.price_overrides[0].price, Timestamp(4)).expect("put"), 4);
+    let audit =
+        AuditContext { id: "aud_a".into(), at: Timestamp(4), auth: AuditAuth::AdminToken, client: None };
+    assert_eq!(store.put_price("n", &state.price_overrides[0].price, Timestamp(4), &audit).expect("put"), 4);
 }
 
 #[test]
