@@ -13,6 +13,7 @@ pub mod feed;
 pub mod hex;
 pub mod ids;
 pub mod keys;
+pub mod models;
 pub mod money;
 pub mod pricing;
 pub mod ratelimit;
