@@ -11,6 +11,7 @@ pub mod sqlite;
 use recovea_core::caps::Cap;
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
@@ -75,6 +76,8 @@ pub struct OrgRecord {
     pub id: OrgId,
     pub name: String,
     pub created_at: Timestamp,
+    /// The models the organization's keys may use; `None`: every model.
+    pub allowed_models: Option<ModelAllowlist>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +90,8 @@ pub struct KeyRecord {
     pub expires_at: Option<Timestamp>,
     pub revoked_at: Option<Timestamp>,
     pub limits: KeyLimits,
+    /// The models the key may use; `None`: every model its organization allows.
+    pub allowed_models: Option<ModelAllowlist>,
 }
 
 /// A key that is not revoked, as nodes serve it. Nothing of it is only the admin API's (name,
@@ -99,6 +104,7 @@ pub struct ActiveKey {
     pub hash: KeyHash,
     pub expires_at: Option<Timestamp>,
     pub limits: KeyLimits,
+    pub allowed_models: Option<ModelAllowlist>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,6 +203,13 @@ pub trait ControlStore: Send + Sync + 'static {
     fn create_org(&self, org: &OrgRecord) -> Result<()>;
     fn list_orgs(&self) -> Result<Vec<OrgRecord>>;
     fn org(&self, id: &OrgId) -> Result<Option<OrgRecord>>;
+    /// Sets (`None`: clears) an organization's model allowlist and returns it; `None` for an
+    /// unknown id.
+    fn set_org_allowed_models(
+        &self,
+        id: &OrgId,
+        models: Option<&ModelAllowlist>,
+    ) -> Result<Option<OrgRecord>>;
 
     /// Fails with `NotFound` when the organization does not exist.
     fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()>;
@@ -204,6 +217,12 @@ pub trait ControlStore: Send + Sync + 'static {
     fn key(&self, id: &KeyId) -> Result<Option<KeyRecord>>;
     /// Sets a key's rate limits and returns it; `None` for an unknown id.
     fn set_key_limits(&self, id: &KeyId, limits: KeyLimits) -> Result<Option<KeyRecord>>;
+    /// Sets (`None`: clears) a key's model allowlist and returns it; `None` for an unknown id.
+    fn set_key_allowed_models(
+        &self,
+        id: &KeyId,
+        models: Option<&ModelAllowlist>,
+    ) -> Result<Option<KeyRecord>>;
     /// Revokes the key (keeping the first revocation time) and returns it; `None` for an unknown id.
     fn revoke_key(&self, id: &KeyId, at: Timestamp) -> Result<Option<KeyRecord>>;
 

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::ProviderKind;
@@ -85,15 +86,34 @@ fn rate_limit(row: &dyn Columns, index: usize) -> Result<Option<u32>> {
         .transpose()
 }
 
-pub(crate) const ORG_COLUMNS: &str = "id, name, created_at";
+/// A model allowlist is stored as its JSON array of patterns; `NULL`: no list.
+fn allowed_models(row: &dyn Columns, index: usize) -> Result<Option<ModelAllowlist>> {
+    row.optional_text(index)?
+        .map(|text| {
+            serde_json::from_str(text).map_err(|e| corrupt(format!("bad allowed_models {text:?}: {e}")))
+        })
+        .transpose()
+}
+
+/// The text of a model allowlist's column.
+pub(crate) fn allowed_models_text(models: Option<&ModelAllowlist>) -> Option<String> {
+    models.map(|list| serde_json::to_string(list.patterns()).unwrap_or_else(|_| "[]".into()))
+}
+
+pub(crate) const ORG_COLUMNS: &str = "id, name, created_at, allowed_models";
 
 /// An organization, from its [`ORG_COLUMNS`].
 pub(crate) fn org(row: &dyn Columns) -> Result<OrgRecord> {
-    Ok(OrgRecord { id: org_id(row.text(0)?)?, name: row.string(1)?, created_at: row.timestamp(2)? })
+    Ok(OrgRecord {
+        id: org_id(row.text(0)?)?,
+        name: row.string(1)?,
+        created_at: row.timestamp(2)?,
+        allowed_models: allowed_models(row, 3)?,
+    })
 }
 
-pub(crate) const KEY_COLUMNS: &str =
-    "id, org_id, name, prefix, created_at, expires_at, revoked_at, requests_per_minute, tokens_per_minute";
+pub(crate) const KEY_COLUMNS: &str = "id, org_id, name, prefix, created_at, expires_at, revoked_at, \
+     requests_per_minute, tokens_per_minute, allowed_models";
 
 /// A key, from its [`KEY_COLUMNS`].
 pub(crate) fn key(row: &dyn Columns) -> Result<KeyRecord> {
@@ -109,12 +129,13 @@ pub(crate) fn key(row: &dyn Columns) -> Result<KeyRecord> {
             requests_per_minute: rate_limit(row, 7)?,
             tokens_per_minute: rate_limit(row, 8)?,
         },
+        allowed_models: allowed_models(row, 9)?,
     })
 }
 
 /// What [`State::active_keys`](crate::State::active_keys) reads of a key.
 pub(crate) const ACTIVE_KEY_COLUMNS: &str =
-    "id, org_id, expires_at, requests_per_minute, tokens_per_minute, hash";
+    "id, org_id, expires_at, requests_per_minute, tokens_per_minute, hash, allowed_models";
 
 /// The organizations' ids by their text, so that the keys read after them share them.
 pub(crate) struct OrgIds<'a>(HashMap<&'a str, &'a OrgId>);
@@ -144,6 +165,7 @@ pub(crate) fn active_key(row: &dyn Columns, org_ids: &OrgIds<'_>) -> Result<Acti
             requests_per_minute: rate_limit(row, 3)?,
             tokens_per_minute: rate_limit(row, 4)?,
         },
+        allowed_models: allowed_models(row, 6)?,
     })
 }
 

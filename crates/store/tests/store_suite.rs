@@ -10,6 +10,7 @@ use std::sync::Barrier;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::hash_secret;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
@@ -126,6 +127,7 @@ macro_rules! suite {
 suite!(
     keys_revoke_once_and_leave_the_active_state,
     key_limits_are_kept_and_changed,
+    model_allowlists_are_kept_and_changed,
     children_of_unknown_orgs_are_refused,
     state_survives_reopening,
     state_holds_every_table,
@@ -178,7 +180,7 @@ fn cap_id(id: &str) -> CapId {
 }
 
 fn org(id: &str) -> OrgRecord {
-    OrgRecord { id: org_id(id), name: format!("{id} name"), created_at: Timestamp(1) }
+    OrgRecord { id: org_id(id), name: format!("{id} name"), created_at: Timestamp(1), allowed_models: None }
 }
 
 fn key(id: &str, org: &str) -> KeyRecord {
@@ -191,6 +193,7 @@ fn key(id: &str, org: &str) -> KeyRecord {
         expires_at: None,
         revoked_at: None,
         limits: KeyLimits::default(),
+        allowed_models: None,
     }
 }
 
@@ -313,6 +316,42 @@ fn key_limits_are_kept_and_changed(db: &impl Backend) {
     assert_eq!(store.set_key_limits(&key_id("key_zz"), lifted).expect("ok"), None);
 }
 
+fn model_allowlists_are_kept_and_changed(db: &impl Backend) {
+    let store = db.open();
+    let models =
+        |p: &[&str]| ModelAllowlist::parse(p.iter().map(|m| (*m).to_owned()).collect()).expect("valid");
+    let listed = OrgRecord { allowed_models: Some(models(&["gpt-*", "claude-sonnet-4-5"])), ..org("org_a") };
+    store.create_org(&listed).expect("org");
+    assert_eq!(store.org(&org_id("org_a")).expect("read"), Some(listed.clone()));
+    let mut record = key("key_a", "org_a");
+    record.allowed_models = Some(models(&["gpt-4o-mini"]));
+    store.create_key(&record, hash_secret("rk_a")).expect("key");
+    assert_eq!(store.key(&key_id("key_a")).expect("read"), Some(record.clone()));
+    let state = store.state().expect("state");
+    assert_eq!(state.orgs[0].allowed_models, listed.allowed_models);
+    assert_eq!(state.active_keys[0].allowed_models, record.allowed_models);
+
+    let version = store.version().expect("version");
+    let empty = models(&[]);
+    let changed = store.set_key_allowed_models(&key_id("key_a"), Some(&empty)).expect("set").expect("known");
+    assert_eq!(
+        changed,
+        KeyRecord { allowed_models: Some(empty.clone()), ..record.clone() },
+        "an empty list is kept, not cleared"
+    );
+    assert!(store.version().expect("version") > version);
+    let cleared = store.set_key_allowed_models(&key_id("key_a"), None).expect("set").expect("known");
+    assert_eq!(cleared.allowed_models, None);
+    assert_eq!(store.set_key_allowed_models(&key_id("key_zz"), None).expect("ok"), None);
+
+    let version = store.version().expect("version");
+    let org = store.set_org_allowed_models(&org_id("org_a"), None).expect("set").expect("known");
+    assert_eq!(org, OrgRecord { allowed_models: None, ..listed });
+    assert!(store.version().expect("version") > version);
+    assert_eq!(store.state().expect("state").orgs[0].allowed_models, None);
+    assert_eq!(store.set_org_allowed_models(&org_id("org_zz"), Some(&empty)).expect("ok"), None);
+}
+
 fn children_of_unknown_orgs_are_refused(db: &impl Backend) {
     let store = db.open();
     assert!(matches!(store.create_key(&key("key_a", "org_x"), hash_secret("x")), Err(StoreError::NotFound)));
@@ -367,7 +406,8 @@ fn state_holds_every_table(db: &impl Backend) {
             org_id: org_id("org_a"),
             hash: hash_secret("rk_a"),
             expires_at: None,
-            limits: KeyLimits::default()
+            limits: KeyLimits::default(),
+            allowed_models: None,
         }]
     );
     let org_a = state.orgs.iter().find(|o| o.id == org_id("org_a")).expect("org_a");

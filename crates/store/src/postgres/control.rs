@@ -4,6 +4,7 @@
 use postgres::{GenericClient, IsolationLevel, Transaction};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::timestamp::Timestamp;
 
@@ -29,8 +30,13 @@ impl ControlStore for PostgresStore {
     fn create_org(&self, org: &OrgRecord) -> Result<()> {
         self.change(|tx| {
             tx.execute(
-                "INSERT INTO orgs (id, name, created_at) VALUES ($1, $2, $3)",
-                &[&org.id.as_str(), &org.name, &org.created_at.0],
+                "INSERT INTO orgs (id, name, created_at, allowed_models) VALUES ($1, $2, $3, $4)",
+                &[
+                    &org.id.as_str(),
+                    &org.name,
+                    &org.created_at.0,
+                    &rows::allowed_models_text(org.allowed_models.as_ref()),
+                ],
             )
             .map_err(backend)?;
             Ok(())
@@ -47,6 +53,22 @@ impl ControlStore for PostgresStore {
         select_optional(&mut *self.client()?, &sql, &[&id.as_str()], rows::org)
     }
 
+    fn set_org_allowed_models(
+        &self,
+        id: &OrgId,
+        models: Option<&ModelAllowlist>,
+    ) -> Result<Option<OrgRecord>> {
+        self.change(|tx| {
+            tx.execute(
+                "UPDATE orgs SET allowed_models = $2 WHERE id = $1",
+                &[&id.as_str(), &rows::allowed_models_text(models)],
+            )
+            .map_err(backend)?;
+            let sql = format!("SELECT {ORG_COLUMNS} FROM orgs WHERE id = $1");
+            select_optional(tx, &sql, &[&id.as_str()], rows::org)
+        })
+    }
+
     fn create_key(&self, key: &KeyRecord, hash: KeyHash) -> Result<()> {
         self.change(|tx| {
             if !org_exists(tx, &key.org_id)? {
@@ -54,7 +76,7 @@ impl ControlStore for PostgresStore {
             }
             tx.execute(
                 &format!(
-                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
                 ),
                 &[
                     &key.id.as_str(),
@@ -66,6 +88,7 @@ impl ControlStore for PostgresStore {
                     &key.revoked_at.map(|t| t.0),
                     &key.limits.requests_per_minute.map(i64::from),
                     &key.limits.tokens_per_minute.map(i64::from),
+                    &rows::allowed_models_text(key.allowed_models.as_ref()),
                     &&hash.0[..],
                 ],
             )
@@ -92,6 +115,21 @@ impl ControlStore for PostgresStore {
                     &limits.requests_per_minute.map(i64::from),
                     &limits.tokens_per_minute.map(i64::from),
                 ],
+            )
+            .map_err(backend)?;
+            key_by_id(tx, id)
+        })
+    }
+
+    fn set_key_allowed_models(
+        &self,
+        id: &KeyId,
+        models: Option<&ModelAllowlist>,
+    ) -> Result<Option<KeyRecord>> {
+        self.change(|tx| {
+            tx.execute(
+                "UPDATE keys SET allowed_models = $2 WHERE id = $1",
+                &[&id.as_str(), &rows::allowed_models_text(models)],
             )
             .map_err(backend)?;
             key_by_id(tx, id)

@@ -124,6 +124,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     INSERT INTO price_log SELECT revision, 'model', model, NULL, price, created_at FROM price_revisions;
     DROP TABLE price_revisions;
 "#,
+    // Model allowlists of keys and organizations: a JSON array of patterns; NULL allows every model.
+    r#"
+    ALTER TABLE orgs ADD COLUMN allowed_models TEXT;
+    ALTER TABLE keys ADD COLUMN allowed_models TEXT;
+"#,
 ];
 
 /// The advisory lock that serializes migrations across every process on the database ("recovea!").

@@ -168,6 +168,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     DROP TABLE price_revisions;
     ALTER TABLE receipts ADD COLUMN priced_as TEXT;
 ",
+    // Model allowlists of keys and organizations: a JSON array of patterns; NULL allows every model.
+    r"
+    ALTER TABLE orgs ADD COLUMN allowed_models TEXT;
+    ALTER TABLE keys ADD COLUMN allowed_models TEXT;
+",
 ];
 
 /// Applies each missing migration in a write transaction that reads the version itself, so that
