@@ -219,11 +219,40 @@ enum Orgs {
     Create {
         #[arg(long, env = "RECOVEA_ORG_NAME")]
         name: String,
+        /// Comma-separated models the organization's keys may use: exact names and `prefix*`
+        /// (`gpt-4o-mini,claude-*`); left out, every model.
+        #[arg(long, env = "RECOVEA_ORG_ALLOWED_MODELS")]
+        allowed_models: Option<String>,
+    },
+    /// Changes an organization's model allowlist.
+    Update {
+        org: String,
+        /// Comma-separated models the organization's keys may use (`""`: none).
+        #[arg(long, env = "RECOVEA_ORG_ALLOWED_MODELS", conflicts_with = "allow_all_models")]
+        allowed_models: Option<String>,
+        /// Removes the allowlist: every model.
+        #[arg(long, env = "RECOVEA_ORG_ALLOW_ALL_MODELS")]
+        allow_all_models: bool,
     },
     List,
     Get {
         org: String,
     },
+}
+
+/// `--allowed-models a,b*` as the admin API's list; `""` is the empty list (no model).
+fn model_list(text: &str) -> Value {
+    let models: Vec<&str> = text.split(',').map(str::trim).filter(|m| !m.is_empty()).collect();
+    json!(models)
+}
+
+/// The `allowed_models` member of a patch: a list, `null` (every model), or left out.
+fn models_patch(body: &mut Value, allowed_models: Option<String>, allow_all_models: bool) {
+    if allow_all_models {
+        body["allowed_models"] = Value::Null;
+    } else if let Some(text) = allowed_models {
+        body["allowed_models"] = model_list(&text);
+    }
 }
 
 #[derive(Subcommand)]
@@ -243,14 +272,24 @@ enum Keys {
         /// Tokens (input and output) a minute this key may use.
         #[arg(long, env = "RECOVEA_KEY_TOKENS_PER_MINUTE")]
         tokens_per_minute: Option<u32>,
+        /// Comma-separated models this key may use: exact names and `prefix*`
+        /// (`gpt-4o-mini,claude-*`); left out, every model its organization allows.
+        #[arg(long, env = "RECOVEA_KEY_ALLOWED_MODELS")]
+        allowed_models: Option<String>,
     },
-    /// Changes a key's rate limits.
+    /// Changes a key's rate limits and model allowlist.
     Update {
         key: String,
         #[arg(long, env = "RECOVEA_KEY_REQUESTS_PER_MINUTE")]
         requests_per_minute: Option<u32>,
         #[arg(long, env = "RECOVEA_KEY_TOKENS_PER_MINUTE")]
         tokens_per_minute: Option<u32>,
+        /// Comma-separated models this key may use (`""`: none).
+        #[arg(long, env = "RECOVEA_KEY_ALLOWED_MODELS", conflicts_with = "allow_all_models")]
+        allowed_models: Option<String>,
+        /// Removes the key's allowlist: every model its organization allows.
+        #[arg(long, env = "RECOVEA_KEY_ALLOW_ALL_MODELS")]
+        allow_all_models: bool,
     },
     List {
         #[arg(long, env = "RECOVEA_ORG")]
@@ -297,12 +336,28 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
     })?;
     let client = AdminClient::new(&args.admin_url, &token);
     let (method, path, body): (Method, String, Option<Value>) = match args.resource {
-        Resource::Orgs(Orgs::Create { name }) => {
-            (Method::POST, "/orgs".into(), Some(json!({ "name": name })))
+        Resource::Orgs(Orgs::Create { name, allowed_models }) => {
+            let mut body = json!({ "name": name });
+            if let Some(text) = allowed_models {
+                body["allowed_models"] = model_list(&text);
+            }
+            (Method::POST, "/orgs".into(), Some(body))
+        }
+        Resource::Orgs(Orgs::Update { org, allowed_models, allow_all_models }) => {
+            let mut body = json!({});
+            models_patch(&mut body, allowed_models, allow_all_models);
+            (Method::PATCH, format!("/orgs/{org}"), Some(body))
         }
         Resource::Orgs(Orgs::List) => (Method::GET, "/orgs".into(), None),
         Resource::Orgs(Orgs::Get { org }) => (Method::GET, format!("/orgs/{org}"), None),
-        Resource::Keys(Keys::Create { org, name, expires_at, requests_per_minute, tokens_per_minute }) => {
+        Resource::Keys(Keys::Create {
+            org,
+            name,
+            expires_at,
+            requests_per_minute,
+            tokens_per_minute,
+            allowed_models,
+        }) => {
             let mut body = json!({ "name": name });
             if let Some(at) = expires_at {
                 body["expires_at"] = Value::String(at);
@@ -313,10 +368,19 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             if let Some(n) = tokens_per_minute {
                 body["tokens_per_minute"] = json!(n);
             }
+            if let Some(text) = allowed_models {
+                body["allowed_models"] = model_list(&text);
+            }
             (Method::POST, format!("/orgs/{org}/keys"), Some(body))
         }
         Resource::Keys(Keys::List { org }) => (Method::GET, format!("/orgs/{org}/keys"), None),
-        Resource::Keys(Keys::Update { key, requests_per_minute, tokens_per_minute }) => {
+        Resource::Keys(Keys::Update {
+            key,
+            requests_per_minute,
+            tokens_per_minute,
+            allowed_models,
+            allow_all_models,
+        }) => {
             let mut body = json!({});
             if let Some(n) = requests_per_minute {
                 body["requests_per_minute"] = json!(n);
@@ -324,6 +388,7 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             if let Some(n) = tokens_per_minute {
                 body["tokens_per_minute"] = json!(n);
             }
+            models_patch(&mut body, allowed_models, allow_all_models);
             (Method::PATCH, format!("/keys/{key}"), Some(body))
         }
         Resource::Keys(Keys::Get { key }) => (Method::GET, format!("/keys/{key}"), None),

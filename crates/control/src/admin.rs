@@ -8,6 +8,7 @@ use http::{Method, StatusCode};
 use recovea_core::crypto::{self, MasterKey};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
@@ -91,6 +92,7 @@ impl Control {
             (["orgs"], &Method::POST) => self.create_org(parse(&body)?).await,
             (["orgs"], &Method::GET) => self.list_orgs().await,
             (["orgs", org], &Method::GET) => self.get_org(org_id(org)?).await,
+            (["orgs", org], &Method::PATCH) => self.update_org(org_id(org)?, parse(&body)?).await,
             (["orgs", org, "keys"], &Method::POST) => self.create_key(org_id(org)?, parse(&body)?).await,
             (["orgs", org, "keys"], &Method::GET) => self.list_keys(org_id(org)?).await,
             (["keys", key, "revoke"], &Method::POST) => self.revoke_key(key_id(key)?).await,
@@ -143,6 +145,7 @@ impl Control {
             id: new_id(OrgId::PREFIX, OrgId::parse)?,
             name: name_field("name", body.name)?,
             created_at: now(),
+            allowed_models: allowed_models(body.allowed_models)?,
         };
         let row = org.clone();
         self.store(move |s| s.create_org(&row)).await?;
@@ -156,6 +159,18 @@ impl Control {
 
     async fn get_org(&self, id: OrgId) -> Result<Reply, ApiError> {
         ok(org_json(&self.require_org(&id).await?))
+    }
+
+    async fn update_org(&self, id: OrgId, patch: OrgPatch) -> Result<Reply, ApiError> {
+        let current = self.require_org(&id).await?;
+        let Some(value) = patch.allowed_models else { return ok(org_json(&current)) };
+        let models = allowed_models_patch(value)?;
+        let missing = format!("No organization {id}.");
+        let org = self
+            .store(move |s| s.set_org_allowed_models(&id, models.as_ref()))
+            .await?
+            .ok_or(ApiError::NotFound(missing))?;
+        ok(org_json(&org))
     }
 
     async fn create_key(&self, org_id: OrgId, body: NewKey) -> Result<Reply, ApiError> {
@@ -189,6 +204,7 @@ impl Control {
                 requests_per_minute: positive("requests_per_minute", body.requests_per_minute)?,
                 tokens_per_minute: positive("tokens_per_minute", body.tokens_per_minute)?,
             },
+            allowed_models: allowed_models(body.allowed_models)?,
         };
         let (row, hash) = (key.clone(), keys::hash_secret(&secret));
         self.store(move |s| s.create_key(&row, hash)).await?;
@@ -208,6 +224,8 @@ impl Control {
         let (lookup, owner) = (id.clone(), id.clone());
         let current =
             self.store(move |s| s.key(&lookup)).await?.ok_or_else(|| ApiError::NotFound(missing.clone()))?;
+        // Validated before anything is saved, so that a bad member changes nothing.
+        let models = patch.allowed_models.map(allowed_models_patch).transpose()?;
         let limits = KeyLimits {
             requests_per_minute: limit_patch(
                 "requests_per_minute",
@@ -221,7 +239,12 @@ impl Control {
             )?,
         };
         let key = self
-            .store(move |s| s.set_key_limits(&owner, limits))
+            .store(move |s| {
+                if let Some(models) = &models {
+                    s.set_key_allowed_models(&owner, models.as_ref())?;
+                }
+                s.set_key_limits(&owner, limits)
+            })
             .await?
             .ok_or(ApiError::NotFound(missing))?;
         ok(key_json(&key))
@@ -288,6 +311,15 @@ impl Control {
 #[serde(deny_unknown_fields)]
 struct NewOrg {
     name: String,
+    allowed_models: Option<Vec<String>>,
+}
+
+/// `PATCH /orgs/{org}`: a member left out keeps its value; `null` removes the list.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OrgPatch {
+    #[serde(default, deserialize_with = "present")]
+    allowed_models: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -297,9 +329,10 @@ struct NewKey {
     expires_at: Option<String>,
     requests_per_minute: Option<u32>,
     tokens_per_minute: Option<u32>,
+    allowed_models: Option<Vec<String>>,
 }
 
-/// `PATCH /keys/{key}`: a member left out keeps its value; `null` removes the limit.
+/// `PATCH /keys/{key}`: a member left out keeps its value; `null` removes the limit (or the list).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct KeyPatch {
@@ -307,6 +340,8 @@ struct KeyPatch {
     requests_per_minute: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     tokens_per_minute: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    allowed_models: Option<Value>,
 }
 
 /// For patch members: `Some(Value::Null)` for an explicit `null`, where a plain `Option` would
@@ -380,7 +415,33 @@ fn seal(master_key: &MasterKey, context: &[u8], plaintext: &[u8]) -> Result<Vec<
 }
 
 fn org_json(org: &OrgRecord) -> Value {
-    json!({ "id": org.id, "name": org.name, "created_at": org.created_at })
+    json!({
+        "id": org.id,
+        "name": org.name,
+        "created_at": org.created_at,
+        "allowed_models": org.allowed_models.as_ref().map(ModelAllowlist::patterns),
+    })
+}
+
+/// A model allowlist given on creation: absent (every model) or a list of names and `prefix*`s.
+fn allowed_models(value: Option<Vec<String>>) -> Result<Option<ModelAllowlist>, ApiError> {
+    value
+        .map(ModelAllowlist::parse)
+        .transpose()
+        .map_err(|e| ApiError::BadRequest(format!("allowed_models: {e}")))
+}
+
+/// A model allowlist in a patch: `null` removes it (every model), a list of strings sets it.
+fn allowed_models_patch(value: Value) -> Result<Option<ModelAllowlist>, ApiError> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    let list = serde_json::from_value::<Vec<String>>(value).map_err(|_| {
+        ApiError::BadRequest(
+            "allowed_models: expected a list of model names (or \"prefix*\"), or null".into(),
+        )
+    })?;
+    allowed_models(Some(list))
 }
 
 /// A rate limit given on creation: absent or a positive number.
@@ -416,6 +477,7 @@ fn key_json(key: &KeyRecord) -> Value {
         "created_at": key.created_at,
         "expires_at": key.expires_at,
         "revoked_at": key.revoked_at,
+        "allowed_models": key.allowed_models.as_ref().map(ModelAllowlist::patterns),
     })
 }
 
@@ -480,6 +542,7 @@ mod openapi_tests {
         ("/keys/{key}/revoke", "post"),
         ("/keys/{key}", "get"),
         ("/keys/{key}", "patch"),
+        ("/orgs/{org}", "patch"),
         ("/orgs/{org}/providers", "get"),
         ("/orgs/{org}/providers/{name}", "put"),
     ];

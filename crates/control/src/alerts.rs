@@ -377,7 +377,12 @@ mod tests {
         let store = Arc::new(SqliteStore::open(&dir.join("db")).expect("store"));
         let org = OrgId::parse("org_a").expect("id");
         store
-            .create_org(&OrgRecord { id: org.clone(), name: "a".into(), created_at: Timestamp(0) })
+            .create_org(&OrgRecord {
+                id: org.clone(),
+                name: "a".into(),
+                created_at: Timestamp(0),
+                allowed_models: None,
+            })
             .expect("org");
         let cap = Cap {
             id: CapId::parse("cap_a").expect("id"),
