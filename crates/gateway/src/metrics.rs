@@ -34,10 +34,12 @@ pub enum Outcome {
     InvalidRequest,
     /// An HTTP/1 body in a transfer coding other than `chunked`.
     UnsupportedTransferCoding,
+    /// The key's or its organization's model allowlist does not list the model.
+    ModelNotAllowed,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 14] = [
+    const ALL: [Outcome; 15] = [
         Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,
@@ -52,6 +54,7 @@ impl Outcome {
         Self::UpstreamTimeout,
         Self::InvalidRequest,
         Self::UnsupportedTransferCoding,
+        Self::ModelNotAllowed,
     ];
 
     fn label(self) -> &'static str {
@@ -70,6 +73,7 @@ impl Outcome {
             Self::RateLimited => "rate_limited",
             Self::InvalidRequest => "invalid_request",
             Self::UnsupportedTransferCoding => "unsupported_transfer_coding",
+            Self::ModelNotAllowed => "model_not_allowed",
         }
     }
 }
