@@ -86,6 +86,12 @@ impl Answer {
         self
     }
 
+    /// 400: an `x-recovea-tags` header that breaks the tag rules (`core::tags`); `reason` says how.
+    pub fn invalid_tags(reason: &str) -> Self {
+        let message = format!("Invalid x-recovea-tags: {reason}.");
+        Self::error(400, "invalid_request_error", "invalid_tags", &message)
+    }
+
     /// 403: the key's or its organization's `allowed_models` does not list the model. Names the
     /// model (cut to a readable length: it is the client's own text).
     pub fn model_not_allowed(model: &str) -> Self {
@@ -430,6 +436,18 @@ mod tests {
     }
 
     #[test]
+    fn invalid_tags_bytes_are_exact() {
+        let answer =
+            Answer::invalid_tags("the key 'Team' must be 1 to 32 characters of a-z, 0-9, '_', '-' and '.'");
+        assert_eq!(answer.status, 400);
+        assert!(answer.headers.is_empty());
+        assert_eq!(
+            text(&answer),
+            "{\n  \"error\": {\n    \"message\": \"Invalid x-recovea-tags: the key 'Team' must be 1 to 32 characters of a-z, 0-9, '_', '-' and '.'.\",\n    \"type\": \"invalid_request_error\",\n    \"param\": null,\n    \"code\": \"invalid_tags\"\n  }\n}"
+        );
+    }
+
+    #[test]
     fn the_shape_of_a_request() {
         use WireShape::*;
         for (path, version, shape) in [
@@ -474,6 +492,7 @@ mod tests {
             Answer::budget_unverifiable("key", "day", "Daily"),
             Answer::rate_limited(1500),
             Answer::model_not_allowed("claude-opus-4"),
+            Answer::invalid_tags("at most 10 tags"),
         ];
         for openai in every {
             let anthropic = openai.clone().shaped(WireShape::Anthropic);

@@ -19,6 +19,7 @@ pub mod pricing;
 pub mod ratelimit;
 pub mod receipt;
 pub mod snapshot;
+pub mod tags;
 pub mod timestamp;
 pub mod usage;
 pub mod window;
