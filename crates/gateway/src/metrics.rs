@@ -36,10 +36,12 @@ pub enum Outcome {
     UnsupportedTransferCoding,
     /// The key's or its organization's model allowlist does not list the model.
     ModelNotAllowed,
+    /// `x-recovea-tags` breaks the tag rules.
+    InvalidTags,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 15] = [
+    const ALL: [Outcome; 16] = [
         Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,
@@ -55,6 +57,7 @@ impl Outcome {
         Self::InvalidRequest,
         Self::UnsupportedTransferCoding,
         Self::ModelNotAllowed,
+        Self::InvalidTags,
     ];
 
     fn label(self) -> &'static str {
@@ -74,6 +77,7 @@ impl Outcome {
             Self::InvalidRequest => "invalid_request",
             Self::UnsupportedTransferCoding => "unsupported_transfer_coding",
             Self::ModelNotAllowed => "model_not_allowed",
+            Self::InvalidTags => "invalid_tags",
         }
     }
 }

@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use recovea_core::admission::{Admitted, Decision, FailOpenReason};
 use recovea_core::answer::WireShape;
 use recovea_core::snapshot::ProviderKind;
+use recovea_core::tags::{self, Tags};
 use recovea_core::{Answer, Snapshot, Timestamp, credential};
 use recovea_http1::RequestError;
 use recovea_providers::{Route, headers};
@@ -49,6 +50,8 @@ pub(crate) struct RequestContext {
     credential: Option<String>,
     /// Who is calling, once admitted.
     admitted: Option<Admitted>,
+    /// The admitted request's attribution tags (`x-recovea-tags`).
+    tags: Tags,
     /// Why the request was passed through unadmitted, if it was.
     fail_open: Option<FailOpenReason>,
     outcome: Outcome,
@@ -74,6 +77,7 @@ impl RequestContext {
             started_at,
             credential: None,
             admitted: None,
+            tags: Tags::new(),
             fail_open: None,
             outcome: Outcome::Forwarded,
             body_read: false,
@@ -200,6 +204,7 @@ where
                 input_tokens,
                 started_at: ctx.started_at,
                 prices,
+                tags: std::mem::take(&mut ctx.tags),
                 settle: Some(settle(shared, admitted, reservation)),
             },
         )
@@ -246,6 +251,9 @@ fn plan<'p>(
     let target = match admission(shared, request_headers) {
         Admission::Admit(admitted) => {
             let target = target_for(shared, &route, &admitted, request_headers)?;
+            // Only an admitted request has a receipt to carry them; a fail-open pass drops them unread.
+            ctx.tags = tags::parse(request_headers.get_all(tags::HEADER).iter().map(HeaderValue::as_bytes))
+                .map_err(|e| Refusal::InvalidTags(e.0))?;
             ctx.admitted = Some(admitted);
             target
         }
@@ -509,6 +517,8 @@ fn upstream_request(
         || request_headers.contains_key(header::TRANSFER_ENCODING);
     headers::remove_hop_by_hop(request_headers);
     headers::remove_recovea_key(request_headers);
+    // Attribution is the gateway's: the provider never sees the tags.
+    request_headers.remove(tags::HEADER);
     request_headers.remove(header::HOST);
     request_headers.remove(header::CONTENT_LENGTH);
     if let Some((kind, key)) = &target.managed_key {

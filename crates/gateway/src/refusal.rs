@@ -25,6 +25,8 @@ pub(crate) enum Refusal {
     RateLimited(u64),
     /// The key's or its organization's `allowed_models` does not list this model.
     ModelNotAllowed(String),
+    /// `x-recovea-tags` breaks the tag rules; why.
+    InvalidTags(String),
     /// An HTTP/1 head that breaks the rules the gateway holds requests to (RFC 9112): refused
     /// before anything else, whatever its path.
     Head(RequestError),
@@ -44,6 +46,7 @@ impl Refusal {
             Self::Budget(CapRefusal::Unverifiable { .. }) => Outcome::BudgetUnverifiable,
             Self::RateLimited(_) => Outcome::RateLimited,
             Self::ModelNotAllowed(_) => Outcome::ModelNotAllowed,
+            Self::InvalidTags(_) => Outcome::InvalidTags,
             Self::Head(RequestError::Framing(FramingError::CodingUnsupported)) => {
                 Outcome::UnsupportedTransferCoding
             }
@@ -72,6 +75,7 @@ impl Refusal {
             Self::Budget(refusal) => refusal.answer(),
             Self::RateLimited(ms) => Answer::rate_limited(*ms),
             Self::ModelNotAllowed(model) => Answer::model_not_allowed(model),
+            Self::InvalidTags(reason) => Answer::invalid_tags(reason),
             Self::Head(RequestError::Host(_)) => Answer::invalid_host(),
             Self::Head(RequestError::Framing(FramingError::LengthInvalid | FramingError::LengthRepeated)) => {
                 Answer::invalid_content_length()

@@ -1,6 +1,6 @@
-//! Model allowlists and Anthropic-shaped answers on the request path, in-process over real
-//! sockets, in front of the mock provider: the gateway's own answers byte for byte, what reached
-//! the provider, and which receipts were written.
+//! Model allowlists, attribution tags and Anthropic-shaped answers on the request path,
+//! in-process over real sockets, in front of the mock provider: the gateway's own answers byte for
+//! byte, what reached the provider, and which receipts were written.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -303,4 +303,52 @@ async fn a_request_carrying_anthropic_version_goes_to_the_anthropic_credential_o
     }
     assert_eq!(seen[2].header("authorization"), Some(format!("Bearer {MANAGED_OPENAI}").as_str()));
     assert_eq!(seen[2].header("x-api-key"), None);
+}
+
+#[tokio::test]
+async fn tags_reach_the_receipt_and_never_the_provider() {
+    let h = Harness::start(1 << 20).await;
+    let tagged = h
+        .post("/v1/chat/completions", OPEN_KEY)
+        .header("x-recovea-tags", "team=search, feature=autocomplete");
+    ok(h.send(tagged, CHAT_MINI).await).await;
+    let two_lines = h
+        .anthropic(http::Method::POST, "/v1/messages", OPEN_KEY)
+        .header("x-recovea-tags", "team=ads")
+        .header("x-recovea-tags", "env=prod/eu-1");
+    ok(h.send(two_lines, MESSAGES).await).await;
+    ok(h.send(h.post("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await).await;
+    for request in h.mock.requests() {
+        assert_eq!(request.header("x-recovea-tags"), None, "{}: tags forwarded", request.path);
+        assert!(!request.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("x-recovea-tags")));
+    }
+    let mut receipts = h.receipts(3).await;
+    receipts.sort_by_key(|r| r.endpoint.clone());
+    let tags: Vec<String> = receipts.iter().map(|r| recovea_core::tags::to_text(&r.tags)).collect();
+    // chat completions (tagged, then untagged), then messages
+    let mut chat = [tags[0].clone(), tags[1].clone()];
+    chat.sort();
+    assert_eq!(chat, ["".to_owned(), "feature=autocomplete,team=search".to_owned()]);
+    assert_eq!(tags[2], "env=prod/eu-1,team=ads");
+}
+
+#[tokio::test]
+async fn invalid_tags_are_a_400_that_says_why_before_the_provider_and_without_a_receipt() {
+    let h = Harness::start(1 << 20).await;
+    let bad = h.post("/v1/chat/completions", OPEN_KEY).header("x-recovea-tags", "Team=search");
+    let expected =
+        Answer::invalid_tags("the key 'Team' must be 1 to 32 characters of a-z, 0-9, '_', '-' and '.'");
+    assert_answer(h.send(bad, CHAT_MINI).await, &expected).await;
+    let twice = h.anthropic(http::Method::POST, "/v1/messages", OPEN_KEY).header("x-recovea-tags", "a=1,a=2");
+    let expected = Answer::invalid_tags("the key 'a' is given twice").shaped(WireShape::Anthropic);
+    assert_answer(h.send(twice, MESSAGES).await, &expected).await;
+    let many = (0..11).map(|n| format!("k{n}=v")).collect::<Vec<_>>().join(",");
+    let too_many = h.post("/v1/chat/completions", OPEN_KEY).header("x-recovea-tags", many);
+    assert_answer(h.send(too_many, CHAT_MINI).await, &Answer::invalid_tags("at most 10 tags")).await;
+    // An unknown key is refused for its key first: tags are read only for an admitted caller.
+    let unknown = h.post("/v1/chat/completions", UNKNOWN_KEY).header("x-recovea-tags", "Team=x");
+    assert_answer(h.send(unknown, CHAT_MINI).await, &Answer::invalid_api_key()).await;
+    assert!(h.mock.requests().is_empty(), "a refused request reached the provider");
+    ok(h.send(h.post("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await).await;
+    assert!(h.receipts(1).await[0].tags.is_empty(), "only the admitted request has a receipt");
 }
