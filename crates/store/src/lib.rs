@@ -279,6 +279,21 @@ pub struct ReceiptQuery {
     pub limit: u32,
     /// Continue after this receipt: its `started_at` and id.
     pub after: Option<(Timestamp, String)>,
+    /// Only receipts tagged with this key and value.
+    pub tag: Option<(String, String)>,
+}
+
+/// One row of the spend summary by tag: what the receipts with one value of a tag key (`None`:
+/// without that key) spent on one (UTC) day.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TagSpendRow {
+    /// `YYYY-MM-DD`, UTC.
+    pub day: String,
+    pub value: Option<String>,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost: Nanos,
 }
 
 /// One row of the spend summary: what a key spent on a model on one (UTC) day.
@@ -306,6 +321,15 @@ pub trait ReceiptLedger: Send + Sync + 'static {
         from: Option<Timestamp>,
         to: Option<Timestamp>,
     ) -> Result<Vec<SpendRow>>;
+    /// The spend summary by the values of the tag `key`, by day and value (untagged receipts under
+    /// `None`, first), from `[from, to)`.
+    fn spend_by_tag(
+        &self,
+        org: &OrgId,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+        key: &str,
+    ) -> Result<Vec<TagSpendRow>>;
     /// The spend of an organization (or one of its keys) in `[from, to)`: the sum of its receipts' costs.
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos>;
 }

@@ -11,12 +11,13 @@ use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::ProviderKind;
+use recovea_core::tags::{self, Tags};
 use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
 
 use crate::{
     ActiveKey, AlertRecord, CapRecord, KeyRecord, NodeRecord, OrgRecord, PriceChange, PriceOverride,
-    PriceTarget, ProviderRecord, Result, SpendRow, StoreError,
+    PriceTarget, ProviderRecord, Result, SpendRow, StoreError, TagSpendRow,
 };
 
 /// A row as its driver reads it, one column at a time. Text and bytes are borrowed from the row:
@@ -258,6 +259,63 @@ pub(crate) fn node(row: &dyn Columns) -> Result<NodeRecord> {
 /// A row of the spend summary, from its day, key_id, model, request count and the sums of
 /// input_tokens, output_tokens and cost_nanos, in that order: each backend computes the day its
 /// own way.
+/// A receipt's tags from their stored text; `NULL` or empty: none.
+pub(crate) fn tags(row: &dyn Columns, index: usize) -> Result<Tags> {
+    match row.optional_text(index)? {
+        None => Ok(Tags::new()),
+        Some(text) => tags::parse([text.as_bytes()]).map_err(|e| corrupt(format!("bad tags {text:?}: {e}"))),
+    }
+}
+
+/// The stored text of a receipt's tags: `NULL` for none.
+pub(crate) fn tags_text(tags: &Tags) -> Option<String> {
+    (!tags.is_empty()).then(|| tags::to_text(tags))
+}
+
+/// What a tags filter looks for in `',' || tags || ','`: the pair whole, between commas.
+pub(crate) fn tag_needle(tag: &Option<(String, String)>) -> Option<String> {
+    tag.as_ref().map(|(key, value)| format!(",{key}={value},"))
+}
+
+/// Sums per (day, tags text) rows, in (day, tags) order, into rows per (day, value of `key`), in
+/// (day, value) order with the receipts without `key` first.
+pub(crate) fn by_tag(rows: Vec<(String, Option<String>, SpendRow)>, key: &str) -> Vec<TagSpendRow> {
+    let mut sums: std::collections::BTreeMap<(String, Option<String>), TagSpendRow> = Default::default();
+    for (day, text, row) in rows {
+        let value = text.as_deref().and_then(|text| tags::text_value(text, key)).map(str::to_owned);
+        let sum = sums.entry((day.clone(), value.clone())).or_insert_with(|| TagSpendRow {
+            day,
+            value,
+            requests: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cost: Nanos(0),
+        });
+        sum.requests += row.requests;
+        sum.input_tokens = sum.input_tokens.saturating_add(row.input_tokens);
+        sum.output_tokens = sum.output_tokens.saturating_add(row.output_tokens);
+        sum.cost = Nanos(sum.cost.0.saturating_add(row.cost.0));
+    }
+    sums.into_values().collect()
+}
+
+/// A (day, tags text) row of the summary by tag: `day, tags, count, input, output, cost`.
+pub(crate) fn tag_sum_row(row: &dyn Columns) -> Result<(String, Option<String>, SpendRow)> {
+    Ok((
+        row.string(0)?,
+        row.optional_string(1)?,
+        SpendRow {
+            day: String::new(),
+            key_id: String::new(),
+            model: None,
+            requests: row.count(2)?,
+            input_tokens: row.count(3)?,
+            output_tokens: row.count(4)?,
+            cost: Nanos(row.integer(5)?),
+        },
+    ))
+}
+
 pub(crate) fn spend_row(row: &dyn Columns) -> Result<SpendRow> {
     Ok(SpendRow {
         day: row.string(0)?,

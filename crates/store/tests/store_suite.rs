@@ -128,6 +128,7 @@ suite!(
     keys_revoke_once_and_leave_the_active_state,
     key_limits_are_kept_and_changed,
     model_allowlists_are_kept_and_changed,
+    receipts_keep_their_tags_and_filter_and_sum_by_them,
     children_of_unknown_orgs_are_refused,
     state_survives_reopening,
     state_holds_every_table,
@@ -449,6 +450,7 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
         key_id: key.map(key_id),
         limit: 2,
         after,
+        tag: None,
     };
     let first = store.receipts(&query(None, None)).expect("page");
     assert_eq!(ids(&first), ["rcpt_a", "rcpt_b"]);
@@ -479,6 +481,69 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
     let after_upper = ReceiptQuery { after: Some((Timestamp(50), "rcpt_X".into())), ..at_50 };
     assert_eq!(ids(&store.receipts(&after_upper).expect("page")), ["rcpt_x"]);
     assert_eq!(store.receipts(&after_upper).expect("page")[0], mixed[0], "the receipt reads back whole");
+}
+
+fn receipts_keep_their_tags_and_filter_and_sum_by_them(db: &impl Backend) {
+    let store = db.open();
+    let day = 86_400_000;
+    let tagged = |id: &str, started_at: i64, cost: i64, tags: &[(&str, &str)]| Receipt {
+        tags: tags.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        ..receipt(id, "key_a", started_at, cost)
+    };
+    let batch = [
+        tagged("rcpt_a", 1, 3, &[("team", "search"), ("feature", "autocomplete")]),
+        tagged("rcpt_b", 2, 5, &[("team", "search")]),
+        tagged("rcpt_c", 3, 7, &[("team", "ads"), ("feature", "search")]),
+        tagged("rcpt_d", 4, 11, &[]),
+        tagged("rcpt_e", day + 1, 13, &[("team", "search_x")]),
+    ];
+    store.insert_receipts(&serialized(&batch)).expect("insert");
+    let all = ReceiptQuery {
+        org_id: org_id("org_a"),
+        from: None,
+        to: None,
+        key_id: None,
+        limit: 10,
+        after: None,
+        tag: None,
+    };
+    assert_eq!(store.receipts(&all).expect("all"), batch.to_vec(), "tags read back, none as none");
+    let team = |value: &str| ReceiptQuery { tag: Some(("team".into(), value.into())), ..all.clone() };
+    assert_eq!(
+        ids(&store.receipts(&team("search")).expect("filter")),
+        ["rcpt_a", "rcpt_b"],
+        "whole values only"
+    );
+    assert_eq!(ids(&store.receipts(&team("ads")).expect("filter")), ["rcpt_c"]);
+    let feature = ReceiptQuery { tag: Some(("feature".into(), "search".into())), ..all.clone() };
+    assert_eq!(
+        ids(&store.receipts(&feature).expect("filter")),
+        ["rcpt_c"],
+        "a value is matched under its key"
+    );
+    assert_eq!(store.receipts(&team("nobody")).expect("filter"), vec![]);
+
+    let org = org_id("org_a");
+    let rows: Vec<_> = store
+        .spend_by_tag(&org, None, None, "team")
+        .expect("summary")
+        .into_iter()
+        .map(|r| (r.day, r.value, r.requests, r.input_tokens, r.output_tokens, r.cost))
+        .collect();
+    let first = "1970-01-01".to_owned();
+    assert_eq!(
+        rows,
+        vec![
+            (first.clone(), None, 1, 10, 5, Nanos(11)),
+            (first.clone(), Some("ads".into()), 1, 10, 5, Nanos(7)),
+            (first, Some("search".into()), 2, 20, 10, Nanos(8)),
+            ("1970-01-02".into(), Some("search_x".into()), 1, 10, 5, Nanos(13)),
+        ]
+    );
+    let window =
+        store.spend_by_tag(&org, Some(Timestamp(2)), Some(Timestamp(4)), "feature").expect("summary");
+    let values: Vec<_> = window.iter().map(|r| (r.value.clone(), r.requests)).collect();
+    assert_eq!(values, [(None, 1), (Some("search".into()), 1)]);
 }
 
 fn spend_summary_groups_by_day_key_and_model(db: &impl Backend) {

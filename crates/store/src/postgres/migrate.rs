@@ -125,9 +125,12 @@ pub(super) const MIGRATIONS: &[&str] = &[
     DROP TABLE price_revisions;
 "#,
     // Model allowlists of keys and organizations: a JSON array of patterns; NULL allows every model.
+    // A receipt's attribution tags, as `core::tags::to_text` writes them (its body holds them too),
+    // to filter and sum by; NULL: none.
     r#"
     ALTER TABLE orgs ADD COLUMN allowed_models TEXT;
     ALTER TABLE keys ADD COLUMN allowed_models TEXT;
+    ALTER TABLE receipts ADD COLUMN tags TEXT;
 "#,
 ];
 

@@ -169,9 +169,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE receipts ADD COLUMN priced_as TEXT;
 ",
     // Model allowlists of keys and organizations: a JSON array of patterns; NULL allows every model.
+    // A receipt's attribution tags, as `core::tags::to_text` writes them; NULL: none.
     r"
     ALTER TABLE orgs ADD COLUMN allowed_models TEXT;
     ALTER TABLE keys ADD COLUMN allowed_models TEXT;
+    ALTER TABLE receipts ADD COLUMN tags TEXT;
 ",
 ];
 
