@@ -71,11 +71,19 @@ struct ReceiptFilter {
     to: Option<String>,
     #[arg(long, env = "RECOVEA_KEY_ID")]
     key_id: Option<String>,
+    /// Only receipts with this attribution tag, as key:value (team:search).
+    #[arg(long, env = "RECOVEA_TAG")]
+    tag: Option<String>,
 }
 
 impl ReceiptFilter {
     fn query(&self, extra: &[(&str, Option<String>)]) -> String {
-        let pairs = [("from", self.from.clone()), ("to", self.to.clone()), ("key_id", self.key_id.clone())];
+        let pairs = [
+            ("from", self.from.clone()),
+            ("to", self.to.clone()),
+            ("key_id", self.key_id.clone()),
+            ("tag", self.tag.clone()),
+        ];
         let encoded: Vec<String> = pairs
             .iter()
             .chain(extra)
@@ -112,10 +120,13 @@ enum Receipts {
         #[command(flatten)]
         filter: ReceiptFilter,
     },
-    /// Spend by day, key and model.
+    /// Spend by day, key and model; with --group-by tag:KEY, by day and that tag's value.
     Summary {
         #[command(flatten)]
         filter: ReceiptFilter,
+        /// tag:KEY (tag:team): sum by the values of that attribution tag.
+        #[arg(long, env = "RECOVEA_GROUP_BY")]
+        group_by: Option<String>,
     },
 }
 
@@ -414,8 +425,9 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             print!("{}", String::from_utf8_lossy(&csv));
             return Ok(());
         }
-        Resource::Receipts(Receipts::Summary { filter }) => {
-            (Method::GET, format!("/orgs/{}/receipts/summary{}", filter.org, filter.query(&[])), None)
+        Resource::Receipts(Receipts::Summary { filter, group_by }) => {
+            let query = filter.query(&[("group_by", group_by)]);
+            (Method::GET, format!("/orgs/{}/receipts/summary{query}", filter.org), None)
         }
         Resource::Caps(Caps::Create {
             org,
