@@ -14,8 +14,9 @@ pub struct Answer {
     pub status: u16,
     pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
-    /// What the body says, kept so that [`Answer::shaped`] can write it in another envelope.
-    error: ErrorFields,
+    /// What the body says, kept so that [`Answer::shaped`] can write it in another envelope (boxed:
+    /// answers travel in every layer's error type, which must stay small).
+    error: Box<ErrorFields>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,7 +75,11 @@ struct ErrorBody<'a> {
 impl Answer {
     /// An answer in the contract's error shape.
     pub fn error(status: u16, kind: &str, code: &str, message: &str) -> Self {
-        let error = ErrorFields { kind: kind.to_owned(), code: code.to_owned(), message: message.to_owned() };
+        let error = Box::new(ErrorFields {
+            kind: kind.to_owned(),
+            code: code.to_owned(),
+            message: message.to_owned(),
+        });
         Self { status, headers: Vec::new(), body: render(&error, WireShape::OpenAi), error }
     }
 
