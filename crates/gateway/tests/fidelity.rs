@@ -64,7 +64,12 @@ struct Harness {
 }
 
 impl Harness {
+    /// A node whose counters are confirmed once, as `serve`'s sync loop does at start.
     async fn start(max_body_bytes: u64) -> Self {
+        Self::start_confirmed(max_body_bytes, true).await
+    }
+
+    async fn start_confirmed(max_body_bytes: u64, confirmed: bool) -> Self {
         let mock = MockProvider::start().await;
         let config = GatewayConfig::new(GatewaySettings {
             openai_base_url: mock.url(),
@@ -84,10 +89,12 @@ impl Harness {
         gateway.install_snapshot(Arc::new(snapshot()));
         let (url, stop) = common::serve(&gateway).await;
         let client = Client::builder(TokioExecutor::new()).build_http();
-        counters
-            .sync_with(&InProcess::default(), Timestamp::from_system_time(std::time::SystemTime::now()))
-            .await
-            .expect("sync");
+        if confirmed {
+            counters
+                .sync_with(&InProcess::default(), Timestamp::from_system_time(std::time::SystemTime::now()))
+                .await
+                .expect("sync");
+        }
         Self { mock, url, client, receipts, _gateway: gateway, _spool_dir: spool_dir, _stop: stop }
     }
 
@@ -351,4 +358,16 @@ async fn invalid_tags_are_a_400_that_says_why_before_the_provider_and_without_a_
     assert!(h.mock.requests().is_empty(), "a refused request reached the provider");
     ok(h.send(h.post("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await).await;
     assert!(h.receipts(1).await[0].tags.is_empty(), "only the admitted request has a receipt");
+}
+
+#[tokio::test]
+async fn an_armed_cap_that_cannot_confirm_its_spend_is_503_in_anthropics_envelope() {
+    let h = Harness::start_confirmed(1 << 20, false).await;
+    let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", CAPPED_KEY), MESSAGES).await;
+    let expected =
+        Answer::budget_unverifiable("organization", "month", "Monthly").shaped(WireShape::Anthropic);
+    assert_answer(response, &expected).await;
+    let response = h.send(h.post("/v1/chat/completions", CAPPED_KEY), CHAT_MINI).await;
+    assert_answer(response, &Answer::budget_unverifiable("organization", "month", "Monthly")).await;
+    assert!(h.mock.requests().is_empty());
 }
