@@ -1,4 +1,5 @@
-"""Unknown, malformed, missing, revoked and expired keys: one identical 401, nothing forwarded, no receipt."""
+"""Unknown, malformed, missing, revoked and expired keys: one identical 401 per route shape (on Anthropic routes
+with Anthropic's top-level `"type": "error"`), nothing forwarded, no receipt."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ EXPECTED_ERROR = {
     "param": None,
     "code": "invalid_api_key",
 }
+# On Anthropic routes the same error object, in Anthropic's envelope.
+ANTHROPIC_401 = {"type": "error", "error": EXPECTED_ERROR}
 VOLATILE_HEADERS = {"x-request-id", "date"}
 CHAT_BODY = {"model": OPENAI_MODEL, "messages": [{"role": "user", "content": "hi"}]}
 MESSAGES_BODY = {"model": ANTHROPIC_MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -131,14 +134,18 @@ def test_every_bad_key_gets_the_identical_401(gateway, tenant, revoked_key, expi
         assert r.status_code == 401, f"{name}: {r.status_code} {r.text}"
         assert_request_id(r.headers)
         assert r.headers.get("content-type", "").startswith("application/json"), f"{name}: {r.headers}"
-        assert r.json() == {"error": EXPECTED_ERROR}, f"{name}: {r.text}"
+        expected = ANTHROPIC_401 if name.startswith("anthropic") else {"error": EXPECTED_ERROR}
+        assert r.json() == expected, f"{name}: {r.text}"
 
-    ref_name, ref = next(iter(cases.items()))
-    for name, r in cases.items():
-        assert r.content == ref.content, f"body bytes differ: {name} {r.content!r} vs {ref_name} {ref.content!r}"
-        assert stable_headers(r) == stable_headers(ref), (
-            f"headers differ: {name} {stable_headers(r)} vs {ref_name} {stable_headers(ref)}"
-        )
+    # one answer per route shape: a caller cannot tell one bad key from another
+    for shape in (False, True):
+        same = [(name, r) for name, r in cases.items() if name.startswith("anthropic") == shape]
+        ref_name, ref = same[0]
+        for name, r in same:
+            assert r.content == ref.content, f"body bytes differ: {name} {r.content!r} vs {ref_name} {ref.content!r}"
+            assert stable_headers(r) == stable_headers(ref), (
+                f"headers differ: {name} {stable_headers(r)} vs {ref_name} {stable_headers(ref)}"
+            )
 
     forwarded = mock_provider.since(mark)
     assert forwarded == [], f"refused requests reached the provider: {[(f.method, f.path) for f in forwarded]}"
@@ -156,6 +163,8 @@ def test_sdks_raise_authentication_error(gateway, tenant, revoked_key, openai_cl
     unknown = "rk_" + random_base62(len(tenant.secret) - 3)
     reference = openai_route(gateway, {"Authorization": f"Bearer {unknown}"}).content
     assert json.loads(reference) == {"error": EXPECTED_ERROR}
+    anthropic_reference = anthropic_route(gateway, {"x-api-key": unknown}).content
+    assert json.loads(anthropic_reference) == ANTHROPIC_401
     mark = mock_provider.mark()
 
     for label, key in [("unknown", unknown), ("malformed", "rk_abc123"), ("revoked", revoked_secret)]:
@@ -181,8 +190,9 @@ def test_sdks_raise_authentication_error(gateway, tenant, revoked_key, openai_cl
             with pytest.raises(anthropic.AuthenticationError) as ai:
                 aclient.messages.create(**MESSAGES_BODY)
             assert ai.value.status_code == 401, (label, auth)
-            assert ai.value.response.content == reference, (label, auth)
-            assert ai.value.body == {"error": EXPECTED_ERROR}, (label, auth)
+            assert ai.value.response.content == anthropic_reference, (label, auth)
+            assert ai.value.body == ANTHROPIC_401, (label, auth)
+            assert "Invalid API key." in str(ai.value), (label, auth)
             with pytest.raises(anthropic.AuthenticationError):
                 with aclient.messages.stream(**MESSAGES_BODY) as s:
                     s.get_final_message()

@@ -460,10 +460,14 @@ def test_csv_export_matches_json(tenant, openai_client, anthropic_client, mock_p
     assert r.headers.get("content-type", "").startswith("text/csv"), r.headers
     rows = list(csv.reader(io.StringIO(r.text)))
     header, body = rows[0], rows[1:]
-    assert set(header) == RECEIPT_FIELDS and len(header) == len(RECEIPT_FIELDS), header
+    # every receipt field, and `tags` last (`key=value,...`; empty, and absent from the JSON, without tags)
+    assert set(header) == RECEIPT_FIELDS | {"tags"} and len(header) == len(RECEIPT_FIELDS) + 1, header
+    assert header[-1] == "tags", header
     assert len(body) == len(receipts), (len(body), len(receipts), r.text)
     for row, receipt in zip(body, receipts):  # same order: oldest first
-        assert dict(zip(header, row)) == {k: _csv_value(receipt[k]) for k in header}, (row, receipt)
+        tags = ",".join(f"{k}={v}" for k, v in sorted(receipt.get("tags", {}).items()))
+        expected = {k: _csv_value(receipt[k]) for k in header if k != "tags"} | {"tags": tags}
+        assert dict(zip(header, row)) == expected, (row, receipt)
     # the whole org, and a key filter that matches nothing but the header
     assert len(list(csv.reader(io.StringIO(ledger.csv(tenant.org_id).text)))) == len(receipts) + 1
     other = ledger.csv(tenant.org_id, key_id="key_" + "0" * 20).text

@@ -739,6 +739,7 @@ fn synthetic_receipt(run: &str, i: usize, org: &str, org_index: usize, now_ms: i
         started_at: Timestamp(now_ms - 900 - (i % 500) as i64),
         finished_at: Timestamp(now_ms - (i % 500) as i64),
         node_id: "node_bench".into(),
+        tags: Default::default(),
     }
 }
 

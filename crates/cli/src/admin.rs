@@ -174,11 +174,19 @@ struct ReceiptFilter {
     to: Option<String>,
     #[arg(long, env = "RECOVEA_KEY_ID")]
     key_id: Option<String>,
+    /// Only receipts with this attribution tag, as key:value (team:search).
+    #[arg(long, env = "RECOVEA_TAG")]
+    tag: Option<String>,
 }
 
 impl ReceiptFilter {
     fn query(&self, extra: &[(&str, Option<String>)]) -> String {
-        let pairs = [("from", self.from.clone()), ("to", self.to.clone()), ("key_id", self.key_id.clone())];
+        let pairs = [
+            ("from", self.from.clone()),
+            ("to", self.to.clone()),
+            ("key_id", self.key_id.clone()),
+            ("tag", self.tag.clone()),
+        ];
         let encoded: Vec<String> = pairs
             .iter()
             .chain(extra)
@@ -215,10 +223,13 @@ enum Receipts {
         #[command(flatten)]
         filter: ReceiptFilter,
     },
-    /// Spend by day, key and model.
+    /// Spend by day, key and model; with --group-by tag:KEY, by day and that tag's value.
     Summary {
         #[command(flatten)]
         filter: ReceiptFilter,
+        /// tag:KEY (tag:team): sum by the values of that attribution tag.
+        #[arg(long, env = "RECOVEA_GROUP_BY")]
+        group_by: Option<String>,
     },
 }
 
@@ -331,11 +342,40 @@ enum Orgs {
     Create {
         #[arg(long, env = "RECOVEA_ORG_NAME")]
         name: String,
+        /// Comma-separated models the organization's keys may use: exact names and `prefix*`
+        /// (`gpt-4o-mini,claude-*`); left out, every model.
+        #[arg(long, env = "RECOVEA_ORG_ALLOWED_MODELS")]
+        allowed_models: Option<String>,
+    },
+    /// Changes an organization's model allowlist.
+    Update {
+        org: String,
+        /// Comma-separated models the organization's keys may use (`""`: none).
+        #[arg(long, env = "RECOVEA_ORG_ALLOWED_MODELS", conflicts_with = "allow_all_models")]
+        allowed_models: Option<String>,
+        /// Removes the allowlist: every model.
+        #[arg(long, env = "RECOVEA_ORG_ALLOW_ALL_MODELS")]
+        allow_all_models: bool,
     },
     List,
     Get {
         org: String,
     },
+}
+
+/// `--allowed-models a,b*` as the admin API's list; `""` is the empty list (no model).
+fn model_list(text: &str) -> Value {
+    let models: Vec<&str> = text.split(',').map(str::trim).filter(|m| !m.is_empty()).collect();
+    json!(models)
+}
+
+/// The `allowed_models` member of a patch: a list, `null` (every model), or left out.
+fn models_patch(body: &mut Value, allowed_models: Option<String>, allow_all_models: bool) {
+    if allow_all_models {
+        body["allowed_models"] = Value::Null;
+    } else if let Some(text) = allowed_models {
+        body["allowed_models"] = model_list(&text);
+    }
 }
 
 #[derive(Subcommand)]
@@ -355,14 +395,24 @@ enum Keys {
         /// Tokens (input and output) a minute this key may use.
         #[arg(long, env = "RECOVEA_KEY_TOKENS_PER_MINUTE")]
         tokens_per_minute: Option<u32>,
+        /// Comma-separated models this key may use: exact names and `prefix*`
+        /// (`gpt-4o-mini,claude-*`); left out, every model its organization allows.
+        #[arg(long, env = "RECOVEA_KEY_ALLOWED_MODELS")]
+        allowed_models: Option<String>,
     },
-    /// Changes a key's rate limits; `none` removes one.
+    /// Changes a key's rate limits (`none` removes one) and model allowlist.
     Update {
         key: String,
         #[arg(long, env = "RECOVEA_KEY_REQUESTS_PER_MINUTE", value_parser = limit_or_none)]
         requests_per_minute: Option<Value>,
         #[arg(long, env = "RECOVEA_KEY_TOKENS_PER_MINUTE", value_parser = limit_or_none)]
         tokens_per_minute: Option<Value>,
+        /// Comma-separated models this key may use (`""`: none).
+        #[arg(long, env = "RECOVEA_KEY_ALLOWED_MODELS", conflicts_with = "allow_all_models")]
+        allowed_models: Option<String>,
+        /// Removes the key's allowlist: every model its organization allows.
+        #[arg(long, env = "RECOVEA_KEY_ALLOW_ALL_MODELS")]
+        allow_all_models: bool,
     },
     List {
         #[arg(long, env = "RECOVEA_ORG")]
@@ -409,12 +459,28 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
     })?;
     let client = AdminClient::new(&args.admin_url, &token);
     let (method, path, body): (Method, String, Option<Value>) = match args.resource {
-        Resource::Orgs(Orgs::Create { name }) => {
-            (Method::POST, "/orgs".into(), Some(json!({ "name": name })))
+        Resource::Orgs(Orgs::Create { name, allowed_models }) => {
+            let mut body = json!({ "name": name });
+            if let Some(text) = allowed_models {
+                body["allowed_models"] = model_list(&text);
+            }
+            (Method::POST, "/orgs".into(), Some(body))
+        }
+        Resource::Orgs(Orgs::Update { org, allowed_models, allow_all_models }) => {
+            let mut body = json!({});
+            models_patch(&mut body, allowed_models, allow_all_models);
+            (Method::PATCH, format!("/orgs/{org}"), Some(body))
         }
         Resource::Orgs(Orgs::List) => (Method::GET, "/orgs".into(), None),
         Resource::Orgs(Orgs::Get { org }) => (Method::GET, format!("/orgs/{org}"), None),
-        Resource::Keys(Keys::Create { org, name, expires_at, requests_per_minute, tokens_per_minute }) => {
+        Resource::Keys(Keys::Create {
+            org,
+            name,
+            expires_at,
+            requests_per_minute,
+            tokens_per_minute,
+            allowed_models,
+        }) => {
             let mut body = json!({ "name": name });
             if let Some(at) = expires_at {
                 body["expires_at"] = Value::String(at);
@@ -425,10 +491,19 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             if let Some(n) = tokens_per_minute {
                 body["tokens_per_minute"] = json!(n);
             }
+            if let Some(text) = allowed_models {
+                body["allowed_models"] = model_list(&text);
+            }
             (Method::POST, format!("/orgs/{org}/keys"), Some(body))
         }
         Resource::Keys(Keys::List { org }) => (Method::GET, format!("/orgs/{org}/keys"), None),
-        Resource::Keys(Keys::Update { key, requests_per_minute, tokens_per_minute }) => {
+        Resource::Keys(Keys::Update {
+            key,
+            requests_per_minute,
+            tokens_per_minute,
+            allowed_models,
+            allow_all_models,
+        }) => {
             let mut body = json!({});
             if let Some(limit) = requests_per_minute {
                 body["requests_per_minute"] = limit;
@@ -436,6 +511,7 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             if let Some(limit) = tokens_per_minute {
                 body["tokens_per_minute"] = limit;
             }
+            models_patch(&mut body, allowed_models, allow_all_models);
             (Method::PATCH, format!("/keys/{key}"), Some(body))
         }
         Resource::Keys(Keys::Get { key }) => (Method::GET, format!("/keys/{key}"), None),
@@ -461,8 +537,9 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             print!("{}", String::from_utf8_lossy(&csv));
             return Ok(());
         }
-        Resource::Receipts(Receipts::Summary { filter }) => {
-            (Method::GET, format!("/orgs/{}/receipts/summary{}", filter.org, filter.query(&[])), None)
+        Resource::Receipts(Receipts::Summary { filter, group_by }) => {
+            let query = filter.query(&[("group_by", group_by)]);
+            (Method::GET, format!("/orgs/{}/receipts/summary{query}", filter.org), None)
         }
         Resource::Caps(Caps::Create {
             org,

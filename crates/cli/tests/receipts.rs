@@ -290,3 +290,68 @@ async fn the_admin_cli_sets_prices_and_reads_receipts() {
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tagged_receipts_are_filtered_exported_and_summed_by_tag() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("tags");
+    let serve = start(&dir, &mock.url());
+    let (org_id, secret) = tenant(&serve).await;
+    let bearer = format!("Bearer {secret}");
+    let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
+    let url = format!("{}/v1/chat/completions", serve.gateway);
+    for tags in ["team=search,feature=autocomplete", "team=search", "team=ads", ""] {
+        let mut headers = vec![("authorization", bearer.as_str())];
+        if !tags.is_empty() {
+            headers.push(("x-recovea-tags", tags));
+        }
+        let (status, body) = call(Method::POST, &url, &headers, Some(chat.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    }
+    let (status, body) =
+        call(Method::POST, &url, &[("authorization", &bearer), ("x-recovea-tags", "team")], Some(chat)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let error: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(error["error"]["code"], "invalid_tags");
+    assert_eq!(error["error"]["message"], "Invalid x-recovea-tags: 'team' is not key=value.");
+    assert!(
+        mock.requests().iter().all(|r| r.header("x-recovea-tags").is_none()),
+        "tags reached the provider"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while all_receipts(&serve, &org_id).await.len() < 4 {
+        assert!(Instant::now() < deadline, "the receipts did not arrive");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(all_receipts(&serve, &org_id).await.len(), 4, "the refused request has no receipt");
+    let listed: Value = serde_json::from_str(&admin_cli(
+        &serve,
+        &["receipts", "list", "--org", &org_id, "--tag", "team:search"],
+    ))
+    .expect("JSON");
+    let tags: Vec<&Value> =
+        listed["receipts"].as_array().expect("receipts").iter().map(|r| &r["tags"]).collect();
+    assert_eq!(tags, [&json!({"feature": "autocomplete", "team": "search"}), &json!({"team": "search"})]);
+    let csv = admin_cli(&serve, &["receipts", "export", "--org", &org_id, "--tag", "team:ads"]);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 2, "{csv}");
+    assert!(lines[0].ends_with(",priced_as,tags"), "{csv}");
+    assert!(lines[1].ends_with(",team=ads"), "{csv}");
+    let summary: Value = serde_json::from_str(&admin_cli(
+        &serve,
+        &["receipts", "summary", "--org", &org_id, "--group-by", "tag:team"],
+    ))
+    .expect("JSON");
+    let rows: Vec<(Value, u64)> = summary["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| (r["tag_value"].clone(), r["requests"].as_u64().expect("count")))
+        .collect();
+    assert_eq!(rows, [(Value::Null, 1), (json!("ads"), 1), (json!("search"), 2)]);
+    let auth = format!("Bearer {TOKEN}");
+    let bad = format!("{}/admin/v1/orgs/{org_id}/receipts?tag=team", serve.admin);
+    assert_eq!(call(Method::GET, &bad, &[("authorization", &auth)], None).await.0, StatusCode::BAD_REQUEST);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -316,7 +316,8 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
 
 #[test]
 fn every_flag_of_every_subcommand_names_its_environment_variable() {
-    let subcommands: [&[&str]; 31] = [
+    let subcommands: [&[&str]; 32] = [
+        &["admin", "orgs", "update"],
         &["control"],
         &["node"],
         &["admin", "keys", "update"],
@@ -588,4 +589,89 @@ async fn the_snapshot_age_of_serve_stays_near_zero_without_changes() {
     }
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_allowlists_are_set_through_the_cli_and_refuse_other_models_with_403() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("allowlists");
+    let serve = Serve::start(&dir, &mock.url(), &[]);
+    let org = admin_cli(
+        &serve,
+        &dir,
+        &["orgs", "create", "--name", "a", "--allowed-models", "gpt-4o-mini, gpt-4.1*"],
+    );
+    assert_eq!(org["allowed_models"], json!(["gpt-4o-mini", "gpt-4.1*"]));
+    let org_id = org["id"].as_str().expect("id").to_owned();
+    let provider = ["providers", "set", "--org", &org_id, "--name", "openai", "--kind", "openai"];
+    admin_cli(&serve, &dir, &[&provider[..], &["--api-key", "sk-managed-0123456789"]].concat());
+    let key = admin_cli(
+        &serve,
+        &dir,
+        &["keys", "create", "--org", &org_id, "--name", "k", "--allowed-models", "gpt-4.1-mini"],
+    );
+    assert_eq!(key["allowed_models"], json!(["gpt-4.1-mini"]));
+    let key_id = key["id"].as_str().expect("id").to_owned();
+    let bearer = format!("Bearer {}", key["secret"].as_str().expect("secret"));
+    let gateway = format!("{}/v1/chat/completions", serve.gateway);
+    let ask = |model: &'static str| {
+        let (gateway, bearer) = (gateway.clone(), bearer.clone());
+        async move {
+            let body = json!({"model": model, "messages": [{"role": "user", "content": "Hi"}]});
+            call(Method::POST, &gateway, &[("authorization", &bearer)], Some(body)).await
+        }
+    };
+    // Polls until a change has reached the gateway.
+    let until = |model: &'static str, wanted: StatusCode| {
+        let ask = &ask;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                let (status, body) = ask(model).await;
+                if status == wanted {
+                    return body;
+                }
+                assert!(Instant::now() < deadline, "{model}: still {status} {body}");
+            }
+        }
+    };
+    let refused = until("gpt-4o-mini", StatusCode::FORBIDDEN).await;
+    assert_eq!(
+        refused,
+        json!({"error": {
+            "message": "Model 'gpt-4o-mini' is not allowed for this key.",
+            "type": "permission_error",
+            "param": null,
+            "code": "model_not_allowed"
+        }})
+    );
+    assert!(mock.requests().is_empty(), "refused before the provider");
+    until("gpt-4.1-mini", StatusCode::OK).await;
+
+    // The key's list removed: the organization's list alone decides.
+    let cleared = admin_cli(&serve, &dir, &["keys", "update", &key_id, "--allow-all-models"]);
+    assert_eq!(cleared["allowed_models"], Value::Null);
+    until("gpt-4o-mini", StatusCode::OK).await;
+    assert_eq!(ask("gpt-4o").await.0, StatusCode::FORBIDDEN);
+    let opened = admin_cli(&serve, &dir, &["orgs", "update", &org_id, "--allow-all-models"]);
+    assert_eq!(opened["allowed_models"], Value::Null);
+    until("gpt-4o", StatusCode::OK).await;
+    let closed = admin_cli(&serve, &dir, &["orgs", "update", &org_id, "--allowed-models", ""]);
+    assert_eq!(closed["allowed_models"], json!([]));
+    until("gpt-4o", StatusCode::FORBIDDEN).await;
+
+    // A bad pattern is a 400 naming the field, and changes nothing.
+    let token = std::fs::read_to_string(dir.join("admin-token")).expect("token").trim().to_owned();
+    let auth = format!("Bearer {token}");
+    let key_url = format!("{}/admin/v1/keys/{key_id}", serve.admin);
+    for bad in [json!(["gpt*4"]), json!("gpt-4o"), json!([""])] {
+        let (status, body) =
+            call(Method::PATCH, &key_url, &[("authorization", &auth)], Some(json!({"allowed_models": bad})))
+                .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(body["error"]["message"].as_str().expect("message").starts_with("allowed_models:"), "{body}");
+    }
+    let (_, unchanged) = call(Method::GET, &key_url, &[("authorization", &auth)], None).await;
+    assert_eq!(unchanged["allowed_models"], Value::Null);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
 }

@@ -594,3 +594,61 @@ async fn a_frozen_database_is_an_answer_not_a_hang_and_nodes_serve_on() {
     .await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowlists_reach_a_node_through_the_feed_and_tags_reach_the_ledger_through_ingest() {
+    let dir = temp_dir("split-allowlists-tags");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let node = Node::start(&dir.join("node"), &control.admin, &mock.url(), &[]);
+    node.ready().await;
+    let (org_id, key_id, secret) = control.tenant().await;
+    within(Duration::from_secs(2), "the key is served", || async {
+        node.chat(&secret).await.status == StatusCode::OK
+    })
+    .await;
+
+    // The organization's list, set on the control plane, refuses the model on the node.
+    let listed = json!({"allowed_models": ["other-*"]});
+    control.admin(Method::PATCH, &format!("/orgs/{org_id}"), Some(listed)).await;
+    within(Duration::from_secs(2), "the list reaches the node", || async {
+        node.chat(&secret).await.status == StatusCode::FORBIDDEN
+    })
+    .await;
+    let refused = node.chat(&secret).await;
+    assert_eq!(refused.json()["error"]["code"], "model_not_allowed");
+    let forwarded = mock.requests().len();
+    // With the organization's list removed, the key's own list (which names the model) decides.
+    let key_list = json!({"allowed_models": [MODEL]});
+    control.admin(Method::PATCH, &format!("/keys/{key_id}"), Some(key_list)).await;
+    control.admin(Method::PATCH, &format!("/orgs/{org_id}"), Some(json!({"allowed_models": null}))).await;
+    within(Duration::from_secs(2), "the cleared list reaches the node", || async {
+        node.chat(&secret).await.status == StatusCode::OK
+    })
+    .await;
+    assert!(mock.requests().len() > forwarded);
+
+    // A tagged request's receipt goes from the node's spool to the ledger with its tags.
+    let auth = format!("Bearer {secret}");
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+    let tagged = call(
+        Method::POST,
+        &format!("{}/v1/chat/completions", node.url),
+        &[("authorization", &auth), ("x-recovea-tags", "team=search")],
+        Some(body),
+    )
+    .await;
+    assert_eq!(tagged.status, StatusCode::OK);
+    let request_id = tagged.headers["x-request-id"].to_str().expect("text").to_owned();
+    assert!(mock.requests().iter().all(|r| r.header("x-recovea-tags").is_none()));
+    within(Duration::from_secs(10), "the tagged receipt reaches the ledger", || async {
+        let found =
+            control.admin(Method::GET, &format!("/orgs/{org_id}/receipts?tag=team:search"), None).await;
+        found["receipts"].as_array().is_some_and(|r| r.len() == 1)
+    })
+    .await;
+    let found = control.admin(Method::GET, &format!("/orgs/{org_id}/receipts?tag=team:search"), None).await;
+    assert_eq!(found["receipts"][0]["request_id"], request_id.as_str());
+    assert_eq!(found["receipts"][0]["tags"], json!({"team": "search"}));
+}

@@ -8,6 +8,7 @@ use http::{Method, StatusCode};
 use recovea_core::crypto::{self, MasterKey};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
@@ -17,6 +18,8 @@ use recovea_store::{
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+
+use recovea_store::audit::{key_json, org_json, provider_json};
 
 use crate::Control;
 use crate::error::ApiError;
@@ -120,6 +123,7 @@ impl Control {
             (["orgs"], &Method::POST) => self.create_org(caller, parse(&body)?).await,
             (["orgs"], &Method::GET) => self.list_orgs().await,
             (["orgs", org], &Method::GET) => self.get_org(org_id(org)?).await,
+            (["orgs", org], &Method::PATCH) => self.update_org(caller, org_id(org)?, parse(&body)?).await,
             (["orgs", org, "keys"], &Method::POST) => {
                 self.create_key(caller, org_id(org)?, parse(&body)?).await
             }
@@ -176,6 +180,7 @@ impl Control {
             id: new_id(OrgId::PREFIX, OrgId::parse)?,
             name: name_field("name", body.name)?,
             created_at: now(),
+            allowed_models: allowed_models(body.allowed_models)?,
         };
         let (row, audit) = (org.clone(), caller.audit()?);
         self.store(move |s| s.create_org(&row, &audit)).await?;
@@ -189,6 +194,19 @@ impl Control {
 
     async fn get_org(&self, id: OrgId) -> Result<Reply, ApiError> {
         ok(org_json(&self.require_org(&id).await?))
+    }
+
+    async fn update_org(&self, caller: Caller, id: OrgId, patch: OrgPatch) -> Result<Reply, ApiError> {
+        let current = self.require_org(&id).await?;
+        let Some(value) = patch.allowed_models else { return ok(org_json(&current)) };
+        let models = allowed_models_patch(value)?;
+        let missing = format!("No organization {id}.");
+        let audit = caller.audit()?;
+        let org = self
+            .store(move |s| s.set_org_allowed_models(&id, models.as_ref(), &audit))
+            .await?
+            .ok_or(ApiError::NotFound(missing))?;
+        ok(org_json(&org))
     }
 
     async fn create_key(&self, caller: Caller, org_id: OrgId, body: NewKey) -> Result<Reply, ApiError> {
@@ -222,6 +240,7 @@ impl Control {
                 requests_per_minute: positive("requests_per_minute", body.requests_per_minute)?,
                 tokens_per_minute: positive("tokens_per_minute", body.tokens_per_minute)?,
             },
+            allowed_models: allowed_models(body.allowed_models)?,
         };
         let (row, hash, audit) = (key.clone(), keys::hash_secret(&secret), caller.audit()?);
         self.store(move |s| s.create_key(&row, hash, &audit)).await?;
@@ -241,6 +260,11 @@ impl Control {
         let (lookup, owner) = (id.clone(), id.clone());
         let current =
             self.store(move |s| s.key(&lookup)).await?.ok_or_else(|| ApiError::NotFound(missing.clone()))?;
+        // Validated before anything is saved, so that a bad member changes nothing.
+        let allowed_models = match patch.allowed_models {
+            Some(value) => allowed_models_patch(value)?,
+            None => current.allowed_models.clone(),
+        };
         let limits = KeyLimits {
             requests_per_minute: limit_patch(
                 "requests_per_minute",
@@ -255,7 +279,7 @@ impl Control {
         };
         let audit = caller.audit()?;
         let key = self
-            .store(move |s| s.set_key_limits(&owner, limits, &audit))
+            .store(move |s| s.update_key(&owner, limits, allowed_models.as_ref(), &audit))
             .await?
             .ok_or(ApiError::NotFound(missing))?;
         ok(key_json(&key))
@@ -332,6 +356,15 @@ impl Control {
 #[serde(deny_unknown_fields)]
 struct NewOrg {
     name: String,
+    allowed_models: Option<Vec<String>>,
+}
+
+/// `PATCH /orgs/{org}`: a member left out keeps its value; `null` removes the list.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OrgPatch {
+    #[serde(default, deserialize_with = "present")]
+    allowed_models: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -341,9 +374,10 @@ struct NewKey {
     expires_at: Option<String>,
     requests_per_minute: Option<u32>,
     tokens_per_minute: Option<u32>,
+    allowed_models: Option<Vec<String>>,
 }
 
-/// `PATCH /keys/{key}`: a member left out keeps its value; `null` removes the limit.
+/// `PATCH /keys/{key}`: a member left out keeps its value; `null` removes the limit (or the list).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct KeyPatch {
@@ -351,6 +385,8 @@ struct KeyPatch {
     requests_per_minute: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     tokens_per_minute: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    allowed_models: Option<Value>,
 }
 
 /// For patch members: `Some(Value::Null)` for an explicit `null`, where a plain `Option` would
@@ -423,8 +459,25 @@ fn seal(master_key: &MasterKey, context: &[u8], plaintext: &[u8]) -> Result<Vec<
     Ok(master_key.seal(nonce, context, plaintext))
 }
 
-fn org_json(org: &OrgRecord) -> Value {
-    json!({ "id": org.id, "name": org.name, "created_at": org.created_at })
+/// A model allowlist given on creation: absent (every model) or a list of names and `prefix*`s.
+fn allowed_models(value: Option<Vec<String>>) -> Result<Option<ModelAllowlist>, ApiError> {
+    value
+        .map(ModelAllowlist::parse)
+        .transpose()
+        .map_err(|e| ApiError::BadRequest(format!("allowed_models: {e}")))
+}
+
+/// A model allowlist in a patch: `null` removes it (every model), a list of strings sets it.
+fn allowed_models_patch(value: Value) -> Result<Option<ModelAllowlist>, ApiError> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    let list = serde_json::from_value::<Vec<String>>(value).map_err(|_| {
+        ApiError::BadRequest(
+            "allowed_models: expected a list of model names (or \"prefix*\"), or null".into(),
+        )
+    })?;
+    allowed_models(Some(list))
 }
 
 /// A rate limit given on creation: absent or a positive number.
@@ -447,24 +500,6 @@ fn limit_patch(field: &str, value: Option<Value>, current: Option<u32>) -> Resul
             .map(Some)
             .ok_or_else(|| ApiError::BadRequest(format!("{field}: expected a positive number or null"))),
     }
-}
-
-fn key_json(key: &KeyRecord) -> Value {
-    json!({
-        "requests_per_minute": key.limits.requests_per_minute,
-        "tokens_per_minute": key.limits.tokens_per_minute,
-        "id": key.id,
-        "org_id": key.org_id,
-        "name": key.name,
-        "prefix": key.prefix,
-        "created_at": key.created_at,
-        "expires_at": key.expires_at,
-        "revoked_at": key.revoked_at,
-    })
-}
-
-fn provider_json(p: &ProviderRecord) -> Value {
-    json!({ "name": p.name, "kind": p.kind.as_str(), "base_url": p.base_url, "key_hint": p.key_hint })
 }
 
 #[cfg(test)]
@@ -525,6 +560,7 @@ mod openapi_tests {
         ("/keys/{key}/revoke", "post"),
         ("/keys/{key}", "get"),
         ("/keys/{key}", "patch"),
+        ("/orgs/{org}", "patch"),
         ("/orgs/{org}/providers", "get"),
         ("/orgs/{org}/providers/{name}", "put"),
     ];

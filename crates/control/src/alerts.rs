@@ -23,8 +23,9 @@ use ring::hmac;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::admin::caps::{alert_json, cap_json};
+use crate::admin::caps::alert_json;
 use crate::random;
+use recovea_store::audit::{cap_json, permille_number};
 
 /// Header carrying `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`.
 pub const SIGNATURE_HEADER: &str = "x-recovea-signature";
@@ -212,7 +213,7 @@ impl Alerts {
             };
             if self.store.raise_alert(&alert)? {
                 // As the API gives it (0.5), not in thousandths.
-                let threshold = crate::admin::caps::permille_number(threshold);
+                let threshold = permille_number(threshold);
                 tracing::info!(cap_id = %cap.id, %threshold, "cap alert raised");
                 if cap.alert_webhook.is_some() {
                     let _ = self.deliveries.send((alert, record.clone()));
@@ -386,7 +387,15 @@ mod tests {
         let store = Arc::new(SqliteStore::open(&dir.join("db")).expect("store"));
         let org = OrgId::parse("org_a").expect("id");
         store
-            .create_org(&OrgRecord { id: org.clone(), name: "a".into(), created_at: Timestamp(0) }, &audit())
+            .create_org(
+                &OrgRecord {
+                    id: org.clone(),
+                    name: "a".into(),
+                    created_at: Timestamp(0),
+                    allowed_models: None,
+                },
+                &audit(),
+            )
             .expect("org");
         let cap = Cap {
             id: CapId::parse("cap_a").expect("id"),

@@ -104,6 +104,7 @@ mod tests {
                 expires_at_ms: None,
                 requests_per_minute: None,
                 tokens_per_minute: None,
+                allowed_models: None,
             };
             state.keys.insert(KeyHash([*n; 32]), key);
         }

@@ -9,7 +9,8 @@ use recovea_store::{PriceTarget, State};
 pub fn feed_state(state: &State) -> FeedState {
     let mut feed = FeedState { version: state.version, ..FeedState::default() };
     for org in &state.orgs {
-        feed.orgs.insert(org.id.clone(), OrgWire::default());
+        let wire = OrgWire { allowed_models: org.allowed_models.clone(), ..OrgWire::default() };
+        feed.orgs.insert(org.id.clone(), wire);
     }
     for provider in &state.providers {
         if let Some(org) = feed.orgs.get_mut(&provider.org_id) {
@@ -40,6 +41,7 @@ pub fn feed_state(state: &State) -> FeedState {
                     expires_at_ms: key.expires_at.map(|t| t.0),
                     requests_per_minute: key.limits.requests_per_minute,
                     tokens_per_minute: key.limits.tokens_per_minute,
+                    allowed_models: key.allowed_models.clone(),
                 },
             );
         }

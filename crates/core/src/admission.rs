@@ -6,6 +6,7 @@ use crate::answer::Answer;
 use crate::credential::{Credential, CredentialHeader};
 use crate::ids::KeyId;
 use crate::keys;
+use crate::models::ModelAllowlist;
 use crate::ratelimit::KeyLimits;
 use crate::snapshot::{Org, Snapshot};
 use crate::timestamp::Timestamp;
@@ -41,6 +42,15 @@ pub struct Admitted {
     pub org: Arc<Org>,
     pub credential_header: CredentialHeader,
     pub limits: KeyLimits,
+    /// The key's own model allowlist (its organization's is on `org`).
+    pub allowed_models: Option<Arc<ModelAllowlist>>,
+}
+
+impl Admitted {
+    /// Whether the key and its organization both allow `model` (see [`crate::models::model_allowed`]).
+    pub fn allows_model(&self, model: Option<&str>) -> bool {
+        crate::models::model_allowed(self.allowed_models.as_deref(), self.org.allowed_models.as_ref(), model)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +82,7 @@ pub fn admit(snapshot: Option<&Snapshot>, credential: Option<Credential<'_>>, no
         org: Arc::clone(entry.org),
         credential_header: credential.header,
         limits: entry.limits,
+        allowed_models: entry.allowed_models.cloned(),
     })
 }
 

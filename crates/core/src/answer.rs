@@ -1,7 +1,10 @@
 //! The answers the gateway gives itself (refusals and upstream failures): status, headers, body bytes.
 //!
 //! Bodies follow the contract's one shape, `{"error": {"message", "type", "param", "code"}}`, printed
-//! with two-space indentation exactly as the product page shows them.
+//! with two-space indentation exactly as the product page shows them. On Anthropic routes the body
+//! also carries Anthropic's top-level `"type": "error"` (first, as Anthropic writes it), the
+//! `error` object unchanged: Anthropic's SDKs and the Vercel AI SDK read that envelope, OpenAI's
+//! SDKs read `error` alone, so every one of them shows the message.
 
 use serde::Serialize;
 
@@ -11,10 +14,52 @@ pub struct Answer {
     pub status: u16,
     pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
+    /// What the body says, kept so that [`Answer::shaped`] can write it in another envelope (boxed:
+    /// answers travel in every layer's error type, which must stay small).
+    error: Box<ErrorFields>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ErrorFields {
+    kind: String,
+    code: String,
+    message: String,
+}
+
+/// The wire dialect a request speaks, which decides the envelope of the gateway's own answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WireShape {
+    #[default]
+    OpenAi,
+    Anthropic,
+}
+
+impl WireShape {
+    /// The shape of a request: Anthropic's when it carries `anthropic-version` (every Anthropic
+    /// SDK sends it, on every path) or when its path, below an optional `/{credential}` segment,
+    /// is `/v1/messages...`; OpenAI's otherwise.
+    pub fn of_request(path: &str, carries_anthropic_version: bool) -> Self {
+        if carries_anthropic_version {
+            return Self::Anthropic;
+        }
+        let path = path.split_once('?').map_or(path, |(path, _)| path);
+        // `/v1/...`, or `/{credential}/v1/...`.
+        let versioned = path.strip_prefix("/v1/").or_else(|| {
+            let (_, rest) = path.strip_prefix('/')?.split_once('/')?;
+            rest.strip_prefix("v1/")
+        });
+        let messages = versioned
+            .and_then(|rest| rest.strip_prefix("messages"))
+            .is_some_and(|tail| tail.is_empty() || tail.starts_with('/'));
+        if messages { Self::Anthropic } else { Self::OpenAi }
+    }
 }
 
 #[derive(Serialize)]
 struct Envelope<'a> {
+    /// Anthropic's `"type": "error"`; absent in OpenAI's shape.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
     error: ErrorBody<'a>,
 }
 
@@ -30,9 +75,34 @@ struct ErrorBody<'a> {
 impl Answer {
     /// An answer in the contract's error shape.
     pub fn error(status: u16, kind: &str, code: &str, message: &str) -> Self {
-        let envelope = Envelope { error: ErrorBody { message, kind, param: None, code } };
-        let body = serde_json::to_vec_pretty(&envelope).expect("a struct of strings always serialises");
-        Self { status, headers: Vec::new(), body }
+        let error = Box::new(ErrorFields {
+            kind: kind.to_owned(),
+            code: code.to_owned(),
+            message: message.to_owned(),
+        });
+        Self { status, headers: Vec::new(), body: render(&error, WireShape::OpenAi), error }
+    }
+
+    /// The same answer in the envelope of `shape`: status, headers and the `error` object are kept.
+    pub fn shaped(mut self, shape: WireShape) -> Self {
+        if shape != WireShape::OpenAi {
+            self.body = render(&self.error, shape);
+        }
+        self
+    }
+
+    /// 400: an `x-recovea-tags` header that breaks the tag rules (`core::tags`); `reason` says how.
+    pub fn invalid_tags(reason: &str) -> Self {
+        let message = format!("Invalid x-recovea-tags: {reason}.");
+        Self::error(400, "invalid_request_error", "invalid_tags", &message)
+    }
+
+    /// 403: the key's or its organization's `allowed_models` does not list the model. Names the
+    /// model (cut to a readable length: it is the client's own text).
+    pub fn model_not_allowed(model: &str) -> Self {
+        let shown: String = model.chars().take(MODEL_SHOWN_CHARS).collect();
+        let message = format!("Model '{shown}' is not allowed for this key.");
+        Self::error(403, "permission_error", "model_not_allowed", &message)
     }
 
     pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
@@ -167,6 +237,20 @@ impl Answer {
             .with_header("retry-after", seconds.to_string())
             .with_header("retry-after-ms", retry_after_ms.to_string())
     }
+}
+
+/// How much of a refused model's name its message shows.
+const MODEL_SHOWN_CHARS: usize = 200;
+
+fn render(error: &ErrorFields, shape: WireShape) -> Vec<u8> {
+    let envelope = Envelope {
+        kind: match shape {
+            WireShape::OpenAi => None,
+            WireShape::Anthropic => Some("error"),
+        },
+        error: ErrorBody { message: &error.message, kind: &error.kind, param: None, code: &error.code },
+    };
+    serde_json::to_vec_pretty(&envelope).expect("a struct of strings always serialises")
 }
 
 #[cfg(test)]
@@ -337,5 +421,128 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn model_not_allowed_bytes_are_exact() {
+        let answer = Answer::model_not_allowed("gpt-4o");
+        assert_eq!(answer.status, 403);
+        assert!(answer.headers.is_empty());
+        assert_eq!(
+            text(&answer),
+            "{\n  \"error\": {\n    \"message\": \"Model 'gpt-4o' is not allowed for this key.\",\n    \"type\": \"permission_error\",\n    \"param\": null,\n    \"code\": \"model_not_allowed\"\n  }\n}"
+        );
+        let long = Answer::model_not_allowed(&"m".repeat(5000));
+        let value: serde_json::Value = serde_json::from_slice(&long.body).expect("json");
+        assert_eq!(
+            value["error"]["message"],
+            format!("Model '{}' is not allowed for this key.", "m".repeat(200))
+        );
+    }
+
+    #[test]
+    fn invalid_tags_bytes_are_exact() {
+        let answer =
+            Answer::invalid_tags("the key 'Team' must be 1 to 32 characters of a-z, 0-9, '_', '-' and '.'");
+        assert_eq!(answer.status, 400);
+        assert!(answer.headers.is_empty());
+        assert_eq!(
+            text(&answer),
+            "{\n  \"error\": {\n    \"message\": \"Invalid x-recovea-tags: the key 'Team' must be 1 to 32 characters of a-z, 0-9, '_', '-' and '.'.\",\n    \"type\": \"invalid_request_error\",\n    \"param\": null,\n    \"code\": \"invalid_tags\"\n  }\n}"
+        );
+    }
+
+    #[test]
+    fn the_shape_of_a_request() {
+        use WireShape::*;
+        for (path, version, shape) in [
+            ("/v1/messages", false, Anthropic),
+            ("/v1/messages?beta=true", false, Anthropic),
+            ("/v1/messages/count_tokens", false, Anthropic),
+            ("/v1/messages/batches/x", false, Anthropic),
+            ("/claude/v1/messages", false, Anthropic),
+            ("/v1/models", true, Anthropic),
+            ("/v1/chat/completions", true, Anthropic),
+            ("/nowhere", true, Anthropic),
+            ("/v1/models", false, OpenAi),
+            ("/v1/messagesx", false, OpenAi),
+            ("/v1/chat/completions", false, OpenAi),
+            ("/groq/v1/chat/completions", false, OpenAi),
+            ("/a/b/v1/messages", false, OpenAi),
+            ("/v2/messages", false, OpenAi),
+            ("/", false, OpenAi),
+        ] {
+            assert_eq!(WireShape::of_request(path, version), shape, "{path} {version}");
+        }
+    }
+
+    /// Every answer on an Anthropic route: Anthropic's `"type": "error"` first, then the very
+    /// `error` object of the OpenAI shape; status and headers unchanged.
+    #[test]
+    fn anthropic_shape_bytes_for_every_answer() {
+        let every = [
+            Answer::invalid_api_key(),
+            Answer::provider_not_configured("anthropic"),
+            Answer::upstream_unreachable(),
+            Answer::upstream_timeout(),
+            Answer::request_too_large(64),
+            Answer::request_body_unreadable(),
+            Answer::request_body_timeout(),
+            Answer::unknown_route(),
+            Answer::invalid_host(),
+            Answer::invalid_content_length(),
+            Answer::invalid_transfer_encoding(),
+            Answer::unsupported_transfer_coding(),
+            Answer::budget_exceeded("organization", "month", "Monthly"),
+            Answer::budget_unverifiable("key", "day", "Daily"),
+            Answer::rate_limited(1500),
+            Answer::model_not_allowed("claude-opus-4"),
+            Answer::invalid_tags("at most 10 tags"),
+        ];
+        for openai in every {
+            let anthropic = openai.clone().shaped(WireShape::Anthropic);
+            assert_eq!((anthropic.status, &anthropic.headers), (openai.status, &openai.headers));
+            let inner = text(&openai).strip_prefix("{\n").expect("an object");
+            assert_eq!(text(&anthropic), format!("{{\n  \"type\": \"error\",\n{inner}"));
+            assert_eq!(openai.clone().shaped(WireShape::OpenAi), openai, "the OpenAI shape is the default");
+        }
+    }
+
+    #[test]
+    fn anthropic_shape_bytes_are_exact() {
+        let answer = Answer::budget_exceeded("organization", "month", "Monthly").shaped(WireShape::Anthropic);
+        assert_eq!(answer.status, 402);
+        let expected = r#"{
+  "type": "error",
+  "error": {
+    "message": "Monthly spend cap reached.",
+    "type": "insufficient_quota",
+    "param": null,
+    "code": "budget_exceeded"
+  }
+}"#;
+        assert_eq!(text(&answer), expected);
+        let answer = Answer::invalid_api_key().shaped(WireShape::Anthropic);
+        let expected = r#"{
+  "type": "error",
+  "error": {
+    "message": "Invalid API key.",
+    "type": "invalid_request_error",
+    "param": null,
+    "code": "invalid_api_key"
+  }
+}"#;
+        assert_eq!(text(&answer), expected);
+        let answer = Answer::model_not_allowed("claude-opus-4").shaped(WireShape::Anthropic);
+        let expected = r#"{
+  "type": "error",
+  "error": {
+    "message": "Model 'claude-opus-4' is not allowed for this key.",
+    "type": "permission_error",
+    "param": null,
+    "code": "model_not_allowed"
+  }
+}"#;
+        assert_eq!(text(&answer), expected);
     }
 }

@@ -14,6 +14,7 @@ use crate::caps::{Cap, Scope};
 use crate::crypto::{MasterKey, NONCE_LEN, provider_key_context};
 use crate::ids::{CapId, KeyId, OrgId};
 use crate::keys::KeyHash;
+use crate::models::ModelAllowlist;
 use crate::money::Nanos;
 use crate::pricing::{Price, PriceTable, PriceWire};
 use crate::ratelimit::KeyLimits;
@@ -38,6 +39,9 @@ pub struct OrgWire {
     /// By credential name.
     pub providers: BTreeMap<String, ProviderWire>,
     pub caps: Vec<CapWire>,
+    /// The models the organization's keys may use; left out: every model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_models: Option<ModelAllowlist>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,6 +80,9 @@ pub struct KeyWire {
     pub requests_per_minute: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<u32>,
+    /// The models the key may use; left out: every model its organization allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_models: Option<ModelAllowlist>,
 }
 
 /// The operators' price overrides; the built-in table is compiled into every node.
@@ -292,7 +299,12 @@ impl OrgWire {
             }
         }
         let caps = self.caps.iter().map(|cap| cap.to_cap(org_id)).collect::<Result<_, _>>()?;
-        Ok(Org { id: org_id.clone(), providers: providers.into(), caps })
+        Ok(Org {
+            id: org_id.clone(),
+            providers: providers.into(),
+            caps,
+            allowed_models: self.allowed_models.clone(),
+        })
     }
 }
 
@@ -306,6 +318,7 @@ impl KeyWire {
                 requests_per_minute: self.requests_per_minute,
                 tokens_per_minute: self.tokens_per_minute,
             },
+            allowed_models: self.allowed_models.as_ref(),
         }
     }
 }
@@ -467,7 +480,12 @@ mod tests {
             expires_at_ms: None,
             requests_per_minute: None,
             tokens_per_minute: None,
+            allowed_models: None,
         }
+    }
+
+    fn models(patterns: &[&str]) -> ModelAllowlist {
+        ModelAllowlist::parse(patterns.iter().map(|p| (*p).to_owned()).collect()).expect("valid")
     }
 
     fn state() -> FeedState {
@@ -594,7 +612,7 @@ mod tests {
                     org.caps.iter().map(|c| format!("{}:{}:{}", c.id, c.limit.0, c.hard_stop)).collect();
                 let mut providers: Vec<&String> = org.providers.iter().map(|p| &p.name).collect();
                 providers.sort();
-                format!("{} {caps:?} {providers:?}", org.id)
+                format!("{} {caps:?} {providers:?} {:?}", org.id, org.allowed_models)
             })
             .collect();
         orgs.sort();
@@ -602,7 +620,13 @@ mod tests {
             .filter_map(|n| {
                 let entry = snapshot.key(&KeyHash([n; 32]))?;
                 let caps: Vec<i64> = entry.org.caps.iter().map(|c| c.limit.0).collect();
-                Some(format!("{n} {} {} {:?} {caps:?}", entry.id(), entry.org.id, entry.limits))
+                Some(format!(
+                    "{n} {} {} {:?} {caps:?} {:?}",
+                    entry.id(),
+                    entry.org.id,
+                    entry.limits,
+                    entry.allowed_models
+                ))
             })
             .collect();
         keys.sort();
@@ -618,25 +642,31 @@ mod tests {
         let org_ids = prop::sample::select(vec!["org_a", "org_b", "org_c"]);
         let keys = prop::collection::hash_map(
             prop::sample::select((0u8..12).collect::<Vec<_>>()),
-            (org_ids.clone(), prop::option::of(1u32..100)),
+            (org_ids.clone(), prop::option::of(1u32..100), prop::option::of(0usize..3)),
             0..8,
         );
-        let orgs = prop::collection::btree_map(org_ids, (0i64..10, any::<bool>()), 0..3);
-        (1u64..50, orgs, keys, 0u64..3).prop_map(|(version, orgs, keys, revision)| FeedState {
+        let orgs = prop::collection::btree_map(
+            org_ids,
+            (0i64..10, any::<bool>(), prop::option::of(0usize..3)),
+            0..3,
+        );
+        let lists = [models(&[]), models(&["gpt-*"]), models(&["gpt-4o", "claude-*"])];
+        (1u64..50, orgs, keys, 0u64..3).prop_map(move |(version, orgs, keys, revision)| FeedState {
             version,
             // The control plane never feeds a key of an organization it does not feed.
             keys: keys
                 .into_iter()
-                .filter(|(_, (org, _))| orgs.contains_key(*org))
-                .map(|(n, (org, rpm))| {
+                .filter(|(_, (org, _, _))| orgs.contains_key(*org))
+                .map(|(n, (org, rpm, list))| {
                     let mut wire = key(&format!("key_{n}"), org);
                     wire.requests_per_minute = rpm;
+                    wire.allowed_models = list.map(|i| lists[i].clone());
                     (KeyHash([n; 32]), wire)
                 })
                 .collect(),
             orgs: orgs
                 .into_iter()
-                .map(|(id, (limit, hard_stop))| {
+                .map(|(id, (limit, hard_stop, list))| {
                     let cap = CapWire {
                         id: "cap_x".into(),
                         scope: "organization".into(),
@@ -646,7 +676,8 @@ mod tests {
                         hard_stop,
                         alert_at_permille: Vec::new(),
                     };
-                    (org_id(id), OrgWire { providers: BTreeMap::new(), caps: vec![cap] })
+                    let allowed_models = list.map(|i| lists[i].clone());
+                    (org_id(id), OrgWire { providers: BTreeMap::new(), caps: vec![cap], allowed_models })
                 })
                 .collect(),
             prices: PricesWire { revision, ..PricesWire::default() },

@@ -7,6 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::money::Nanos;
 use crate::pricing::{self, PriceSource, Resolution};
+use crate::tags::Tags;
 use crate::timestamp::Timestamp;
 use crate::usage::{Usage, UsageSource};
 
@@ -49,6 +50,10 @@ pub struct Receipt {
     #[serde(deserialize_with = "rfc3339")]
     pub finished_at: Timestamp,
     pub node_id: String,
+    /// The request's attribution tags (`x-recovea-tags`). Left out when there are none, so that a
+    /// receipt without tags reads as it did before them, and defaulted, so that older ones read.
+    #[serde(default, skip_serializing_if = "Tags::is_empty")]
+    pub tags: Tags,
 }
 
 impl Receipt {
@@ -107,6 +112,18 @@ impl Receipt {
         out.push('"');
         out.push_str(r#","node_id":"#);
         push_json_str(&mut out, &self.node_id);
+        if !self.tags.is_empty() {
+            out.push_str(r#","tags":{"#);
+            for (n, (key, value)) in self.tags.iter().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                push_json_str(&mut out, key);
+                out.push(':');
+                push_json_str(&mut out, value);
+            }
+            out.push('}');
+        }
         out.push('}');
         out
     }
@@ -141,6 +158,7 @@ impl Receipt {
             started_at: Timestamp(1),
             finished_at: Timestamp(2),
             node_id: "node".into(),
+            tags: Tags::new(),
         }
     }
 }
@@ -419,6 +437,7 @@ mod tests {
             priced_as in proptest::option::of(any_text()),
             cost in prop_oneof![any::<i64>(), -10_000_000_000i64..10_000_000_000],
             times in prop_oneof![any::<[i64; 2]>(), proptest::array::uniform2(0i64..300_000_000_000_000)],
+            tags in proptest::collection::btree_map(any_text(), any_text(), 0..3),
         ) -> Receipt {
             let mut text = texts.into_iter();
             let mut next = || text.next().unwrap_or_default();
@@ -445,6 +464,7 @@ mod tests {
                 started_at: Timestamp(times[0]),
                 finished_at: Timestamp(times[1]),
                 node_id: next(),
+                tags,
             }
         }
     }
@@ -464,6 +484,21 @@ mod tests {
         assert_eq!(read, written);
         assert_eq!(read.into_receipt(), sample());
         assert!(SerializedReceipt::parse(r#"{"id":"rcpt_a"}"#).is_err(), "a partial receipt is refused");
+    }
+
+    /// A receipt spooled before tags existed still reads, without tags; one with tags keeps them.
+    #[test]
+    fn receipts_without_tags_read_and_tags_round_trip() {
+        let old = sample().to_json();
+        assert!(!old.contains("tags"), "no tags, no member: {old}");
+        assert_eq!(SerializedReceipt::parse(&old).expect("an old receipt reads").into_receipt(), sample());
+        let tagged = Receipt {
+            tags: [("team".to_owned(), "search".to_owned()), ("feature".to_owned(), "ac".to_owned())].into(),
+            ..sample()
+        };
+        let text = tagged.to_json();
+        assert!(text.ends_with(r#","tags":{"feature":"ac","team":"search"}}"#), "{text}");
+        assert_eq!(SerializedReceipt::parse(&text).expect("reads").into_receipt(), tagged);
     }
 
     #[test]

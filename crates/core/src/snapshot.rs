@@ -15,6 +15,7 @@ use std::sync::Arc;
 use crate::caps::Cap;
 use crate::ids::{KeyId, OrgId};
 use crate::keys::KeyHash;
+use crate::models::ModelAllowlist;
 use crate::pricing::PriceTable;
 use crate::ratelimit::KeyLimits;
 use crate::timestamp::Timestamp;
@@ -71,6 +72,8 @@ pub struct Org {
     pub providers: Box<[ProviderCredential]>,
     /// Every cap of the organization, organization- and key-scoped.
     pub caps: Box<[Cap]>,
+    /// The models its keys may use; `None`: every model.
+    pub allowed_models: Option<ModelAllowlist>,
 }
 
 impl Org {
@@ -86,6 +89,8 @@ pub struct KeyEntry<'a> {
     pub org: &'a Arc<Org>,
     pub expires_at: Option<Timestamp>,
     pub limits: KeyLimits,
+    /// The models this key may use; `None`: every model its organization allows.
+    pub allowed_models: Option<&'a Arc<ModelAllowlist>>,
     id: StoredId<'a>,
 }
 
@@ -180,6 +185,8 @@ const TOKENS_PER_MINUTE: u8 = 4;
 const LONG_ID: u8 = 8;
 /// Only in a change: the key goes.
 const REMOVED: u8 = 16;
+/// The key lists its models (kept beside the table: few keys do).
+const ALLOWED_MODELS: u8 = 32;
 
 /// A key in the table: 80 bytes, no pointer to follow. `org` indexes the snapshot's organizations.
 #[derive(Clone, Copy)]
@@ -201,7 +208,8 @@ impl Row {
         let flags = key.expires_at.map_or(0, |_| EXPIRES)
             | limits.requests_per_minute.map_or(0, |_| REQUESTS_PER_MINUTE)
             | limits.tokens_per_minute.map_or(0, |_| TOKENS_PER_MINUTE)
-            | packed.map_or(LONG_ID, |_| 0);
+            | packed.map_or(LONG_ID, |_| 0)
+            | key.allowed_models.map_or(0, |_| ALLOWED_MODELS);
         let row = Row {
             hash,
             id: packed.unwrap_or(PackedId::LONG),
@@ -252,11 +260,17 @@ struct KeyTable {
     bits: u32,
     /// The ids too long to pack, by key.
     long_ids: HashMap<KeyHash, KeyId>,
+    /// The allowlists of the keys that have one.
+    models: HashMap<KeyHash, Arc<ModelAllowlist>>,
 }
 
 impl KeyTable {
     /// `rows` sorted by hash, each hash once.
-    fn from_sorted(rows: Vec<Row>, long_ids: HashMap<KeyHash, KeyId>) -> KeyTable {
+    fn from_sorted(
+        rows: Vec<Row>,
+        long_ids: HashMap<KeyHash, KeyId>,
+        models: HashMap<KeyHash, Arc<ModelAllowlist>>,
+    ) -> KeyTable {
         let bits = bucket_bits(rows.len());
         let buckets = 1usize << bits;
         let shift = 64 - bits;
@@ -268,7 +282,7 @@ impl KeyTable {
             }
             dir.push(at as u32);
         }
-        KeyTable { rows, dir, bits, long_ids }
+        KeyTable { rows, dir, bits, long_ids, models }
     }
 
     fn len(&self) -> usize {
@@ -287,6 +301,7 @@ impl KeyTable {
         &self,
         mut changes: Vec<Row>,
         long_ids: HashMap<KeyHash, KeyId>,
+        models: HashMap<KeyHash, Arc<ModelAllowlist>>,
         keep: impl Fn(&Row) -> bool,
     ) -> KeyTable {
         // Stable, so that the last change of a key is the last of its run.
@@ -326,10 +341,14 @@ impl KeyTable {
             rows.extend_from_slice(&kept[from..]);
             rows
         };
-        let mut table = KeyTable::from_sorted(rows, long_ids);
+        let mut table = KeyTable::from_sorted(rows, long_ids, models);
         if !table.long_ids.is_empty() && matches!(kept, Cow::Owned(_)) {
             let long_ids = std::mem::take(&mut table.long_ids);
             table.long_ids = long_ids.into_iter().filter(|(hash, _)| table.get(hash).is_some()).collect();
+        }
+        if !table.models.is_empty() && matches!(kept, Cow::Owned(_)) {
+            let models = std::mem::take(&mut table.models);
+            table.models = models.into_iter().filter(|(hash, _)| table.get(hash).is_some()).collect();
         }
         table
     }
@@ -386,6 +405,11 @@ impl Snapshot {
                     .then_some(row.requests_per_minute),
                 tokens_per_minute: (row.flags & TOKENS_PER_MINUTE != 0).then_some(row.tokens_per_minute),
             },
+            allowed_models: if row.flags & ALLOWED_MODELS == 0 {
+                None
+            } else {
+                self.keys.models.get(&row.hash)
+            },
             id,
         })
     }
@@ -419,6 +443,7 @@ pub struct KeyParts<'a> {
     pub org: &'a OrgId,
     pub expires_at: Option<Timestamp>,
     pub limits: KeyLimits,
+    pub allowed_models: Option<&'a ModelAllowlist>,
 }
 
 impl Snapshot {
@@ -470,6 +495,7 @@ impl Snapshot {
         let changed_keys = changed_keys.into_iter();
         let mut changes = Vec::with_capacity(changed_keys.size_hint().0);
         let mut long_ids = self.keys.long_ids.clone();
+        let mut models = self.keys.models.clone();
         for (hash, key) in changed_keys {
             match key.and_then(|key| Some((key, *org_index.get(key.org)?))) {
                 Some((key, org)) => {
@@ -479,11 +505,23 @@ impl Snapshot {
                     } else if !long_ids.is_empty() {
                         long_ids.remove(&hash);
                     }
+                    match key.allowed_models {
+                        Some(list) => {
+                            models.insert(hash, Arc::new(list.clone()));
+                        }
+                        None if !models.is_empty() => {
+                            models.remove(&hash);
+                        }
+                        None => {}
+                    }
                     changes.push(row);
                 }
                 None => {
                     if !long_ids.is_empty() {
                         long_ids.remove(&hash);
+                    }
+                    if !models.is_empty() {
+                        models.remove(&hash);
                     }
                     changes.push(Row::removal(hash));
                 }
@@ -494,8 +532,9 @@ impl Snapshot {
         for at in &removed {
             gone[*at as usize] = true;
         }
-        let keys =
-            self.keys.changed(changes, long_ids, |row| !gone.get(row.org as usize).copied().unwrap_or(false));
+        let keys = self
+            .keys
+            .changed(changes, long_ids, models, |row| !gone.get(row.org as usize).copied().unwrap_or(false));
         free_orgs.extend(removed);
         Snapshot {
             version,
@@ -527,6 +566,8 @@ pub struct SnapshotBuilder {
     version: u64,
     orgs: HashMap<OrgId, (Vec<ProviderCredential>, Vec<Cap>)>,
     keys: Vec<(KeyHash, KeyId, OrgId, Option<Timestamp>, KeyLimits)>,
+    key_models: HashMap<KeyHash, ModelAllowlist>,
+    org_models: HashMap<OrgId, ModelAllowlist>,
     prices: Option<Prices>,
 }
 
@@ -574,6 +615,18 @@ impl SnapshotBuilder {
         self
     }
 
+    /// The models the key of `hash` may use.
+    pub fn key_allowed_models(&mut self, hash: KeyHash, list: ModelAllowlist) -> &mut Self {
+        self.key_models.insert(hash, list);
+        self
+    }
+
+    /// The models the keys of `org` may use.
+    pub fn org_allowed_models(&mut self, org: OrgId, list: ModelAllowlist) -> &mut Self {
+        self.org_models.insert(org, list);
+        self
+    }
+
     /// Without this, the built-in table at revision 0.
     pub fn prices(&mut self, prices: Prices) -> &mut Self {
         self.prices = Some(prices);
@@ -582,11 +635,15 @@ impl SnapshotBuilder {
 
     /// Keys of organizations the builder does not hold are dropped: they could not be served.
     pub fn build(self) -> Snapshot {
+        let key_models = &self.key_models;
         let keys = self.keys.iter().map(|(hash, id, org, expires_at, limits)| {
-            (*hash, Some(KeyParts { id, org, expires_at: *expires_at, limits: *limits }))
+            let allowed_models = key_models.get(hash);
+            (*hash, Some(KeyParts { id, org, expires_at: *expires_at, limits: *limits, allowed_models }))
         });
+        let mut org_models = self.org_models;
         let orgs = self.orgs.into_iter().map(|(id, (providers, caps))| {
-            let org = Org { id: id.clone(), providers: providers.into(), caps: caps.into() };
+            let allowed_models = org_models.remove(&id);
+            let org = Org { id: id.clone(), providers: providers.into(), caps: caps.into(), allowed_models };
             (id, Some(org))
         });
         Snapshot::default().with_changes(self.version, orgs, keys, Some(self.prices.unwrap_or_default()))
@@ -618,7 +675,12 @@ mod tests {
             alert_at_permille: Vec::new(),
             alert_webhook: None,
         };
-        Org { id: org_id(id), providers: Box::default(), caps: (0..caps).map(cap).collect() }
+        Org {
+            id: org_id(id),
+            providers: Box::default(),
+            caps: (0..caps).map(cap).collect(),
+            allowed_models: None,
+        }
     }
 
     /// A hash whose first four bytes (and so its bucket) are `tag`: keys that share buckets on
@@ -668,6 +730,37 @@ mod tests {
     }
 
     #[test]
+    fn allowlists_of_keys_and_organizations_read_back_and_follow_changes() {
+        let models =
+            |p: &[&str]| ModelAllowlist::parse(p.iter().map(|m| (*m).to_owned()).collect()).expect("valid");
+        let mut b = SnapshotBuilder::new(1);
+        b.org(org_id("org_a")).org_allowed_models(org_id("org_a"), models(&["gpt-*"]));
+        b.key(hash(3, 1), key_id("key_1"), org_id("org_a"), None);
+        b.key_allowed_models(hash(3, 1), models(&["gpt-4o-mini"]));
+        b.key(hash(3, 2), key_id("key_2"), org_id("org_a"), None);
+        let first = b.build();
+        let one = first.key(&hash(3, 1)).expect("served");
+        assert_eq!(one.allowed_models.map(|l| l.patterns().to_vec()), Some(vec!["gpt-4o-mini".to_owned()]));
+        assert!(first.key(&hash(3, 2)).expect("served").allowed_models.is_none());
+        assert_eq!(one.org.allowed_models, Some(models(&["gpt-*"])));
+        // The list goes when the key is changed without one, and when the key goes.
+        let (id, org) = (key_id("key_1"), org_id("org_a"));
+        let plain = KeyParts {
+            id: &id,
+            org: &org,
+            expires_at: None,
+            limits: KeyLimits::default(),
+            allowed_models: None,
+        };
+        let second = first.with_changes(2, std::iter::empty(), [(hash(3, 1), Some(plain))], None);
+        assert!(second.key(&hash(3, 1)).expect("served").allowed_models.is_none());
+        assert!(second.keys.models.is_empty());
+        let third = first.with_changes(3, std::iter::empty(), [(hash(3, 1), None)], None);
+        assert!(third.keys.models.is_empty());
+        assert!(first.key(&hash(3, 1)).expect("the old one is untouched").allowed_models.is_some());
+    }
+
+    #[test]
     fn replacing_an_organization_moves_its_keys_and_removing_it_drops_them() {
         let mut b = SnapshotBuilder::new(1);
         b.org(org_id("org_a")).org(org_id("org_b"));
@@ -691,7 +784,13 @@ mod tests {
         assert!(third.key(&hash(7, 2)).is_none());
         let c = org_id("org_c");
         let id = key_id("key_c");
-        let parts = KeyParts { id: &id, org: &c, expires_at: None, limits: KeyLimits::default() };
+        let parts = KeyParts {
+            id: &id,
+            org: &c,
+            expires_at: None,
+            limits: KeyLimits::default(),
+            allowed_models: None,
+        };
         let fourth = third.with_changes(4, std::iter::empty(), [(hash(7, 3), Some(parts))], None);
         assert_eq!(fourth.key(&hash(7, 3)).expect("served").org.id.as_str(), "org_c");
         assert_eq!(fourth.key_count(), 2);
@@ -702,8 +801,13 @@ mod tests {
         let org = org_id("org_a");
         let ids: Vec<KeyId> = (0..6000).map(|i| key_id(&format!("key_{i}"))).collect();
         let hashes: Vec<KeyHash> = (0..6000).map(|i| crate::keys::hash_secret(&format!("rk_{i}"))).collect();
-        let parts =
-            |i: usize| KeyParts { id: &ids[i], org: &org, expires_at: None, limits: KeyLimits::default() };
+        let parts = |i: usize| KeyParts {
+            id: &ids[i],
+            org: &org,
+            expires_at: None,
+            limits: KeyLimits::default(),
+            allowed_models: None,
+        };
         let mut b = SnapshotBuilder::new(1);
         b.org(org.clone());
         let first = b.build().with_changes(
@@ -772,7 +876,7 @@ mod tests {
                     Op::Remove(tag, n) => (self::hash(tag, n), None),
                 };
                 let parsed = id.as_deref().map(key_id);
-                let parts = parsed.as_ref().map(|id| KeyParts { id, org: &org, expires_at: None, limits: KeyLimits::default() });
+                let parts = parsed.as_ref().map(|id| KeyParts { id, org: &org, expires_at: None, limits: KeyLimits::default(), allowed_models: None });
                 snapshot = snapshot.with_changes(step as u64, std::iter::empty(), [(hash, parts)], None);
                 match id {
                     Some(id) => model.insert(hash, id),

@@ -12,6 +12,7 @@ use recovea_core::Timestamp;
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{self, Receipt, Settlement};
 use recovea_core::snapshot::{Prices, ProviderKind};
+use recovea_core::tags::Tags;
 use recovea_core::usage::{Usage, UsageSource};
 use recovea_providers::usage::{self, Surface, Tapped};
 
@@ -36,6 +37,8 @@ pub(crate) struct Metered {
     pub(crate) input_tokens: u64,
     pub(crate) started_at: Timestamp,
     pub(crate) prices: Prices,
+    /// The request's attribution tags, for its receipt.
+    pub(crate) tags: Tags,
     /// Settles what admission took on account with the receipt's cost and tokens (input + output):
     /// the spend-cap reservation and the key's token lane.
     pub(crate) settle: Option<Settle>,
@@ -129,6 +132,7 @@ impl Meter {
             started_at: request.started_at,
             finished_at,
             node_id: self.node_id.clone(),
+            tags: request.tags,
         }
     }
 

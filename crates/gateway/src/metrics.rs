@@ -34,10 +34,14 @@ pub enum Outcome {
     InvalidRequest,
     /// An HTTP/1 body in a transfer coding other than `chunked`.
     UnsupportedTransferCoding,
+    /// The key's or its organization's model allowlist does not list the model.
+    ModelNotAllowed,
+    /// `x-recovea-tags` breaks the tag rules.
+    InvalidTags,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 14] = [
+    const ALL: [Outcome; 16] = [
         Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,
@@ -52,6 +56,8 @@ impl Outcome {
         Self::UpstreamTimeout,
         Self::InvalidRequest,
         Self::UnsupportedTransferCoding,
+        Self::ModelNotAllowed,
+        Self::InvalidTags,
     ];
 
     fn label(self) -> &'static str {
@@ -70,6 +76,8 @@ impl Outcome {
             Self::RateLimited => "rate_limited",
             Self::InvalidRequest => "invalid_request",
             Self::UnsupportedTransferCoding => "unsupported_transfer_coding",
+            Self::ModelNotAllowed => "model_not_allowed",
+            Self::InvalidTags => "invalid_tags",
         }
     }
 }

@@ -11,7 +11,9 @@ use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use recovea_core::admission::{Admitted, Decision, FailOpenReason};
+use recovea_core::answer::WireShape;
 use recovea_core::snapshot::ProviderKind;
+use recovea_core::tags::{self, Tags};
 use recovea_core::{Answer, Snapshot, Timestamp, credential};
 use recovea_http1::RequestError;
 use recovea_providers::{Route, headers};
@@ -49,6 +51,8 @@ pub(crate) struct RequestContext {
     credential: Option<String>,
     /// Who is calling, once admitted.
     admitted: Option<Admitted>,
+    /// The admitted request's attribution tags (`x-recovea-tags`).
+    tags: Tags,
     /// Why the request was passed through unadmitted, if it was.
     fail_open: Option<FailOpenReason>,
     outcome: Outcome,
@@ -74,6 +78,7 @@ impl RequestContext {
             started_at,
             credential: None,
             admitted: None,
+            tags: Tags::new(),
             fail_open: None,
             outcome: Outcome::Forwarded,
             body_read: false,
@@ -109,13 +114,18 @@ where
     B::Error: Into<BoxError>,
 {
     let http1 = request.version() <= Version::HTTP_11;
+    // The gateway's own answers speak the request's dialect, so that its SDK shows their message.
+    let shape = WireShape::of_request(
+        request.uri().path(),
+        request.headers().contains_key(headers::ANTHROPIC_VERSION),
+    );
     let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
         || request.headers().get(header::CONTENT_LENGTH).is_some_and(|v| v != "0");
     let response = match run(shared, ctx, request).await {
         Ok(response) => response,
         Err(refusal) => {
             ctx.outcome = refusal.outcome();
-            let mut response = answer_response(refusal.answer());
+            let mut response = answer_response(refusal.answer().shaped(shape));
             if http1 && has_body && !ctx.body_read {
                 // Refused before its body was read: say that the connection ends here, so that
                 // the client does not send its next request down it.
@@ -153,6 +163,12 @@ where
     let surface = Surface::of(target.kind, endpoint);
     // One parse gives the facts and the input estimate that the caps and the receipt both need.
     let InspectedRequest { facts, input_tokens } = rewrite::inspect_and_estimate(&body);
+    if let Some(admitted) = &ctx.admitted
+        && !admitted.allows_model(facts.model.as_deref())
+    {
+        // Before the caps and the provider: nothing is reserved, called or metered.
+        return Err(Refusal::ModelNotAllowed(facts.model.clone().unwrap_or_default()));
+    }
     let prices = shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default();
     let reservation = match &ctx.admitted {
         Some(admitted) => {
@@ -189,6 +205,7 @@ where
                 input_tokens,
                 started_at: ctx.started_at,
                 prices,
+                tags: std::mem::take(&mut ctx.tags),
                 settle: Some(settle(shared, admitted, reservation)),
             },
         )
@@ -228,11 +245,16 @@ fn plan<'p>(
     request_headers: &HeaderMap,
     path_and_query: &'p str,
 ) -> Result<(Route<'p>, Target), Refusal> {
-    let route = recovea_providers::route(path_and_query).ok_or(Refusal::UnknownRoute)?;
+    let anthropic_version = request_headers.contains_key(headers::ANTHROPIC_VERSION);
+    let route =
+        recovea_providers::route_for(path_and_query, anthropic_version).ok_or(Refusal::UnknownRoute)?;
     ctx.credential = Some(route.credential.to_owned());
     let target = match admission(shared, request_headers) {
         Admission::Admit(admitted) => {
             let target = target_for(shared, &route, &admitted, request_headers)?;
+            // Only an admitted request has a receipt to carry them; a fail-open pass drops them unread.
+            ctx.tags = tags::parse(request_headers.get_all(tags::HEADER).iter().map(HeaderValue::as_bytes))
+                .map_err(|e| Refusal::InvalidTags(e.0))?;
             ctx.admitted = Some(admitted);
             target
         }
@@ -492,6 +514,8 @@ fn upstream_request(
         || request_headers.contains_key(header::TRANSFER_ENCODING);
     headers::remove_hop_by_hop(request_headers);
     headers::remove_recovea_key(request_headers);
+    // Attribution is the gateway's: the provider never sees the tags.
+    request_headers.remove(tags::HEADER);
     request_headers.remove(header::HOST);
     request_headers.remove(header::CONTENT_LENGTH);
     if let Some((kind, key)) = &target.managed_key {

@@ -23,6 +23,10 @@ pub(crate) enum Refusal {
     Budget(CapRefusal),
     /// The key's rate limit: retry after this many milliseconds.
     RateLimited(u64),
+    /// The key's or its organization's `allowed_models` does not list this model.
+    ModelNotAllowed(String),
+    /// `x-recovea-tags` breaks the tag rules; why.
+    InvalidTags(String),
     /// An HTTP/1 head that breaks the rules the gateway holds requests to (RFC 9112): refused
     /// before anything else, whatever its path.
     Head(RequestError),
@@ -41,6 +45,8 @@ impl Refusal {
             Self::Budget(CapRefusal::Exceeded { .. }) => Outcome::BudgetExceeded,
             Self::Budget(CapRefusal::Unverifiable { .. }) => Outcome::BudgetUnverifiable,
             Self::RateLimited(_) => Outcome::RateLimited,
+            Self::ModelNotAllowed(_) => Outcome::ModelNotAllowed,
+            Self::InvalidTags(_) => Outcome::InvalidTags,
             Self::Head(RequestError::Framing(FramingError::CodingUnsupported)) => {
                 Outcome::UnsupportedTransferCoding
             }
@@ -68,6 +74,8 @@ impl Refusal {
             Self::UpstreamTimeout => Answer::upstream_timeout(),
             Self::Budget(refusal) => refusal.answer(),
             Self::RateLimited(ms) => Answer::rate_limited(*ms),
+            Self::ModelNotAllowed(model) => Answer::model_not_allowed(model),
+            Self::InvalidTags(reason) => Answer::invalid_tags(reason),
             Self::Head(RequestError::Host(_)) => Answer::invalid_host(),
             Self::Head(RequestError::Framing(FramingError::LengthInvalid | FramingError::LengthRepeated)) => {
                 Answer::invalid_content_length()

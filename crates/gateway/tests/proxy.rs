@@ -9,6 +9,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use recovea_core::answer::WireShape;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::CapId;
 use recovea_core::ids::{KeyId, OrgId};
@@ -285,8 +286,13 @@ async fn x_recovea_key_without_a_provider_key_uses_the_managed_one_or_is_refused
     for path in ["/v1/chat/completions", "/v1/messages"] {
         let response = h.send(h.post(path).header("x-recovea-key", BYO_KEY), CHAT).await;
         let status = response.status();
-        let credential = if path == "/v1/messages" { "anthropic" } else { "openai" };
-        assert_answer(status, &body_of(response).await, &Answer::provider_not_configured(credential));
+        let (credential, shape) = if path == "/v1/messages" {
+            ("anthropic", WireShape::Anthropic)
+        } else {
+            ("openai", WireShape::OpenAi)
+        };
+        let expected = Answer::provider_not_configured(credential).shaped(shape);
+        assert_answer(status, &body_of(response).await, &expected);
     }
     assert_eq!(h.mock.requests().len(), 1);
 }
@@ -435,7 +441,7 @@ async fn unreachable_provider_is_502_and_tls_failure_too() {
     // TLS spoken to a plain-HTTP port fails the handshake.
     let tls = h.send(h.post("/v1/messages").header("x-api-key", KEY), MESSAGES).await;
     let status = tls.status();
-    assert_answer(status, &body_of(tls).await, &Answer::upstream_unreachable());
+    assert_answer(status, &body_of(tls).await, &Answer::upstream_unreachable().shaped(WireShape::Anthropic));
 }
 
 #[tokio::test]
@@ -468,7 +474,7 @@ async fn a_stalled_tls_handshake_or_a_dns_failure_is_502() {
     );
     let dns = h.send(h.post("/v1/messages").header("x-api-key", KEY), MESSAGES).await;
     let status = dns.status();
-    assert_answer(status, &body_of(dns).await, &Answer::upstream_unreachable());
+    assert_answer(status, &body_of(dns).await, &Answer::upstream_unreachable().shaped(WireShape::Anthropic));
 }
 
 #[tokio::test]

@@ -6,6 +6,9 @@ use recovea_core::credential::{API_KEY, RECOVEA_KEY};
 use recovea_core::keys::SECRET_PREFIX;
 use recovea_core::snapshot::ProviderKind;
 
+/// Sent by every Anthropic SDK: it marks a request as Anthropic's, whatever its path.
+pub const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+
 /// Headers that describe one connection, not the message (RFC 9110 section 7.6.1), plus the
 /// non-standard ones proxies are known to meet.
 const HOP_BY_HOP: [HeaderName; 8] = [

@@ -17,6 +17,13 @@ pub struct Route<'p> {
 /// Routes a path and query: `/v1/messages...` to `anthropic`, any other `/v1/...` to `openai`,
 /// `/{name}/v1/...` to the credential called `name`. Anything else is not ours to proxy.
 pub fn route(path_and_query: &str) -> Option<Route<'_>> {
+    route_for(path_and_query, false)
+}
+
+/// Routes a request: as [`route`], except that a request carrying `anthropic-version` (every
+/// Anthropic SDK sends it) goes to `anthropic` whatever its `/v1/...` path, `/v1/models`
+/// included: an Anthropic client pointed at the gateway speaks to Anthropic throughout.
+pub fn route_for(path_and_query: &str, carries_anthropic_version: bool) -> Option<Route<'_>> {
     if escapes_its_root(path_and_query) {
         return None;
     }
@@ -25,7 +32,11 @@ pub fn route(path_and_query: &str) -> Option<Route<'_>> {
         let is_messages = rest
             .strip_prefix("/messages")
             .is_some_and(|tail| tail.is_empty() || tail.starts_with(['/', '?']));
-        let kind = if is_messages { ProviderKind::Anthropic } else { ProviderKind::OpenAi };
+        let kind = if is_messages || carries_anthropic_version {
+            ProviderKind::Anthropic
+        } else {
+            ProviderKind::OpenAi
+        };
         return Some(Route {
             credential: kind.as_str(),
             fallback_kind: Some(kind),
@@ -95,6 +106,18 @@ mod tests {
         assert_eq!(route("/v1/chat/completions"), r("openai", Some(OpenAi), "/v1/chat/completions"));
         assert_eq!(route("/v1/messagesx"), r("openai", Some(OpenAi), "/v1/messagesx"));
         assert_eq!(route("/v1/responses?x=1"), r("openai", Some(OpenAi), "/v1/responses?x=1"));
+    }
+
+    #[test]
+    fn anthropic_version_routes_every_default_path_to_anthropic() {
+        use ProviderKind::*;
+        for path in ["/v1/models", "/v1/models/claude-sonnet-4-5", "/v1/messages", "/v1/chat/completions"] {
+            assert_eq!(route_for(path, true), r("anthropic", Some(Anthropic), path), "{path}");
+        }
+        assert_eq!(route_for("/v1/models", false), r("openai", Some(OpenAi), "/v1/models"));
+        // A named route keeps its credential: the client chose it.
+        assert_eq!(route_for("/groq/v1/models", true), r("groq", None, "/v1/models"));
+        assert_eq!(route_for("/v2/models", true), None);
     }
 
     #[test]

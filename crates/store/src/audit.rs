@@ -6,6 +6,7 @@
 //! are made here, from the store's records, so that a change and its row cannot disagree.
 
 use recovea_core::ids::OrgId;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::pricing::PriceWire;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
@@ -137,12 +138,17 @@ pub(crate) fn log(entry: &AuditEntry) {
     );
 }
 
-pub(crate) fn org_json(org: &OrgRecord) -> Value {
-    json!({ "id": org.id, "name": org.name, "created_at": org.created_at })
+pub fn org_json(org: &OrgRecord) -> Value {
+    json!({
+        "id": org.id,
+        "name": org.name,
+        "created_at": org.created_at,
+        "allowed_models": org.allowed_models.as_ref().map(ModelAllowlist::patterns),
+    })
 }
 
 /// A key as the admin API shows it: never its hash (the store has no secret to leak).
-pub(crate) fn key_json(key: &KeyRecord) -> Value {
+pub fn key_json(key: &KeyRecord) -> Value {
     json!({
         "requests_per_minute": key.limits.requests_per_minute,
         "tokens_per_minute": key.limits.tokens_per_minute,
@@ -153,20 +159,22 @@ pub(crate) fn key_json(key: &KeyRecord) -> Value {
         "created_at": key.created_at,
         "expires_at": key.expires_at,
         "revoked_at": key.revoked_at,
+        "allowed_models": key.allowed_models.as_ref().map(ModelAllowlist::patterns),
     })
 }
 
 /// A provider credential as the admin API shows it: the key's hint, never the sealed key.
-pub(crate) fn provider_json(p: &ProviderRecord) -> Value {
+pub fn provider_json(p: &ProviderRecord) -> Value {
     json!({ "name": p.name, "kind": p.kind.as_str(), "base_url": p.base_url, "key_hint": p.key_hint })
 }
 
-pub(crate) fn cap_json(record: &CapRecord) -> Value {
+/// Thousandths as an exact decimal fraction (`500` is `0.500`), as the admin API gives them.
+pub fn permille_number(permille: u32) -> Value {
+    serde_json::from_str(&format!("{}.{:03}", permille / 1000, permille % 1000)).unwrap_or(Value::Null)
+}
+
+pub fn cap_json(record: &CapRecord) -> Value {
     let cap = &record.cap;
-    // Thousandths print exactly as a decimal fraction, as the admin API gives them.
-    let fraction = |p: u32| {
-        serde_json::from_str::<Value>(&format!("{}.{:03}", p / 1000, p % 1000)).unwrap_or(Value::Null)
-    };
     json!({
         "id": cap.id,
         "org_id": cap.org_id,
@@ -175,7 +183,7 @@ pub(crate) fn cap_json(record: &CapRecord) -> Value {
         "window": cap.window.as_str(),
         "limit_usd": cap.limit,
         "hard_stop": cap.hard_stop,
-        "alert_at": cap.alert_at_permille.iter().map(|p| fraction(*p)).collect::<Vec<_>>(),
+        "alert_at": cap.alert_at_permille.iter().map(|p| permille_number(*p)).collect::<Vec<_>>(),
         "alert_webhook": cap.alert_webhook,
         "created_at": record.created_at,
     })
@@ -244,6 +252,17 @@ pub(crate) fn org_created(org: &OrgRecord) -> Change {
         org_id: Some(org.id.clone()),
         before: None,
         after: Some(org_json(org)),
+    }
+}
+
+pub(crate) fn org_updated(before: &OrgRecord, after: &OrgRecord) -> Change {
+    Change {
+        action: "update",
+        object_kind: "org",
+        object_id: after.id.as_str().to_owned(),
+        org_id: Some(after.id.clone()),
+        before: Some(org_json(before)),
+        after: Some(org_json(after)),
     }
 }
 

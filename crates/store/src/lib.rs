@@ -12,6 +12,7 @@ pub mod sqlite;
 use recovea_core::caps::Cap;
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
@@ -77,6 +78,8 @@ pub struct OrgRecord {
     pub id: OrgId,
     pub name: String,
     pub created_at: Timestamp,
+    /// The models the organization's keys may use; `None`: every model.
+    pub allowed_models: Option<ModelAllowlist>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +92,8 @@ pub struct KeyRecord {
     pub expires_at: Option<Timestamp>,
     pub revoked_at: Option<Timestamp>,
     pub limits: KeyLimits,
+    /// The models the key may use; `None`: every model its organization allows.
+    pub allowed_models: Option<ModelAllowlist>,
 }
 
 /// A key that is not revoked, as nodes serve it. Nothing of it is only the admin API's (name,
@@ -101,6 +106,7 @@ pub struct ActiveKey {
     pub hash: KeyHash,
     pub expires_at: Option<Timestamp>,
     pub limits: KeyLimits,
+    pub allowed_models: Option<ModelAllowlist>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,16 +209,26 @@ pub trait ControlStore: Send + Sync + 'static {
     fn create_org(&self, org: &OrgRecord, audit: &AuditContext) -> Result<()>;
     fn list_orgs(&self) -> Result<Vec<OrgRecord>>;
     fn org(&self, id: &OrgId) -> Result<Option<OrgRecord>>;
+    /// Sets (`None`: clears) an organization's model allowlist and returns it; `None` for an
+    /// unknown id.
+    fn set_org_allowed_models(
+        &self,
+        id: &OrgId,
+        models: Option<&ModelAllowlist>,
+        audit: &AuditContext,
+    ) -> Result<Option<OrgRecord>>;
 
     /// Fails with `NotFound` when the organization does not exist.
     fn create_key(&self, key: &KeyRecord, hash: KeyHash, audit: &AuditContext) -> Result<()>;
     fn list_keys(&self, org: &OrgId) -> Result<Vec<KeyRecord>>;
     fn key(&self, id: &KeyId) -> Result<Option<KeyRecord>>;
-    /// Sets a key's rate limits and returns it; `None` for an unknown id.
-    fn set_key_limits(
+    /// Sets a key's rate limits and model allowlist (`None`: every model) in one change, and
+    /// returns it; `None` for an unknown id.
+    fn update_key(
         &self,
         id: &KeyId,
         limits: KeyLimits,
+        allowed_models: Option<&ModelAllowlist>,
         audit: &AuditContext,
     ) -> Result<Option<KeyRecord>>;
     /// Revokes the key (keeping the first revocation time) and returns it; `None` for an unknown id.
@@ -274,6 +290,21 @@ pub struct ReceiptQuery {
     pub limit: u32,
     /// Continue after this receipt: its `started_at` and id.
     pub after: Option<(Timestamp, String)>,
+    /// Only receipts tagged with this key and value.
+    pub tag: Option<(String, String)>,
+}
+
+/// One row of the spend summary by tag: what the receipts with one value of a tag key (`None`:
+/// without that key) spent on one (UTC) day.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TagSpendRow {
+    /// `YYYY-MM-DD`, UTC.
+    pub day: String,
+    pub value: Option<String>,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost: Nanos,
 }
 
 /// One row of the spend summary: what a key spent on a model on one (UTC) day.
@@ -303,6 +334,16 @@ pub trait ReceiptLedger: Send + Sync + 'static {
         from: Option<Timestamp>,
         to: Option<Timestamp>,
     ) -> Result<Vec<SpendRow>>;
+    /// The spend summary by the values of the tag `key`, by day and value (untagged receipts under
+    /// `None`, first), from `[from, to)`, of one key's receipts when `key_id` is given.
+    fn spend_by_tag(
+        &self,
+        org: &OrgId,
+        key_id: Option<&KeyId>,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+        key: &str,
+    ) -> Result<Vec<TagSpendRow>>;
     /// The spend of an organization (or one of its keys) in `[from, to)`: the sum of its receipts' costs.
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos>;
 }

@@ -7,15 +7,17 @@ use std::collections::HashMap;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::ProviderKind;
+use recovea_core::tags::{self, Tags};
 use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
 
 use crate::{
     ActiveKey, AlertRecord, CapRecord, KeyRecord, NodeRecord, OrgRecord, PriceChange, PriceOverride,
-    PriceTarget, ProviderRecord, Result, SpendRow, StoreError,
+    PriceTarget, ProviderRecord, Result, SpendRow, StoreError, TagSpendRow,
 };
 
 /// A row as its driver reads it, one column at a time. Text and bytes are borrowed from the row:
@@ -85,15 +87,34 @@ fn rate_limit(row: &dyn Columns, index: usize) -> Result<Option<u32>> {
         .transpose()
 }
 
-pub(crate) const ORG_COLUMNS: &str = "id, name, created_at";
+/// A model allowlist is stored as its JSON array of patterns; `NULL`: no list.
+fn allowed_models(row: &dyn Columns, index: usize) -> Result<Option<ModelAllowlist>> {
+    row.optional_text(index)?
+        .map(|text| {
+            serde_json::from_str(text).map_err(|e| corrupt(format!("bad allowed_models {text:?}: {e}")))
+        })
+        .transpose()
+}
+
+/// The text of a model allowlist's column.
+pub(crate) fn allowed_models_text(models: Option<&ModelAllowlist>) -> Option<String> {
+    models.map(|list| serde_json::to_string(list.patterns()).unwrap_or_else(|_| "[]".into()))
+}
+
+pub(crate) const ORG_COLUMNS: &str = "id, name, created_at, allowed_models";
 
 /// An organization, from its [`ORG_COLUMNS`].
 pub(crate) fn org(row: &dyn Columns) -> Result<OrgRecord> {
-    Ok(OrgRecord { id: org_id(row.text(0)?)?, name: row.string(1)?, created_at: row.timestamp(2)? })
+    Ok(OrgRecord {
+        id: org_id(row.text(0)?)?,
+        name: row.string(1)?,
+        created_at: row.timestamp(2)?,
+        allowed_models: allowed_models(row, 3)?,
+    })
 }
 
-pub(crate) const KEY_COLUMNS: &str =
-    "id, org_id, name, prefix, created_at, expires_at, revoked_at, requests_per_minute, tokens_per_minute";
+pub(crate) const KEY_COLUMNS: &str = "id, org_id, name, prefix, created_at, expires_at, revoked_at, \
+     requests_per_minute, tokens_per_minute, allowed_models";
 
 /// A key, from its [`KEY_COLUMNS`].
 pub(crate) fn key(row: &dyn Columns) -> Result<KeyRecord> {
@@ -109,12 +130,13 @@ pub(crate) fn key(row: &dyn Columns) -> Result<KeyRecord> {
             requests_per_minute: rate_limit(row, 7)?,
             tokens_per_minute: rate_limit(row, 8)?,
         },
+        allowed_models: allowed_models(row, 9)?,
     })
 }
 
 /// What [`State::active_keys`](crate::State::active_keys) reads of a key.
 pub(crate) const ACTIVE_KEY_COLUMNS: &str =
-    "id, org_id, expires_at, requests_per_minute, tokens_per_minute, hash";
+    "id, org_id, expires_at, requests_per_minute, tokens_per_minute, hash, allowed_models";
 
 /// The organizations' ids by their text, so that the keys read after them share them.
 pub(crate) struct OrgIds<'a>(HashMap<&'a str, &'a OrgId>);
@@ -144,6 +166,7 @@ pub(crate) fn active_key(row: &dyn Columns, org_ids: &OrgIds<'_>) -> Result<Acti
             requests_per_minute: rate_limit(row, 3)?,
             tokens_per_minute: rate_limit(row, 4)?,
         },
+        allowed_models: allowed_models(row, 6)?,
     })
 }
 
@@ -236,6 +259,63 @@ pub(crate) fn node(row: &dyn Columns) -> Result<NodeRecord> {
 /// A row of the spend summary, from its day, key_id, model, request count and the sums of
 /// input_tokens, output_tokens and cost_nanos, in that order: each backend computes the day its
 /// own way.
+/// A receipt's tags from their stored text; `NULL` or empty: none.
+pub(crate) fn tags(row: &dyn Columns, index: usize) -> Result<Tags> {
+    match row.optional_text(index)? {
+        None => Ok(Tags::new()),
+        Some(text) => tags::parse([text.as_bytes()]).map_err(|e| corrupt(format!("bad tags {text:?}: {e}"))),
+    }
+}
+
+/// The stored text of a receipt's tags: `NULL` for none.
+pub(crate) fn tags_text(tags: &Tags) -> Option<String> {
+    (!tags.is_empty()).then(|| tags::to_text(tags))
+}
+
+/// What a tags filter looks for in `',' || tags || ','`: the pair whole, between commas.
+pub(crate) fn tag_needle(tag: &Option<(String, String)>) -> Option<String> {
+    tag.as_ref().map(|(key, value)| format!(",{key}={value},"))
+}
+
+/// Sums per (day, tags text) rows, in (day, tags) order, into rows per (day, value of `key`), in
+/// (day, value) order with the receipts without `key` first.
+pub(crate) fn by_tag(rows: Vec<(String, Option<String>, SpendRow)>, key: &str) -> Vec<TagSpendRow> {
+    let mut sums: std::collections::BTreeMap<(String, Option<String>), TagSpendRow> = Default::default();
+    for (day, text, row) in rows {
+        let value = text.as_deref().and_then(|text| tags::text_value(text, key)).map(str::to_owned);
+        let sum = sums.entry((day.clone(), value.clone())).or_insert_with(|| TagSpendRow {
+            day,
+            value,
+            requests: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cost: Nanos(0),
+        });
+        sum.requests += row.requests;
+        sum.input_tokens = sum.input_tokens.saturating_add(row.input_tokens);
+        sum.output_tokens = sum.output_tokens.saturating_add(row.output_tokens);
+        sum.cost = Nanos(sum.cost.0.saturating_add(row.cost.0));
+    }
+    sums.into_values().collect()
+}
+
+/// A (day, tags text) row of the summary by tag: `day, tags, count, input, output, cost`.
+pub(crate) fn tag_sum_row(row: &dyn Columns) -> Result<(String, Option<String>, SpendRow)> {
+    Ok((
+        row.string(0)?,
+        row.optional_string(1)?,
+        SpendRow {
+            day: String::new(),
+            key_id: String::new(),
+            model: None,
+            requests: row.count(2)?,
+            input_tokens: row.count(3)?,
+            output_tokens: row.count(4)?,
+            cost: Nanos(row.integer(5)?),
+        },
+    ))
+}
+
 pub(crate) fn spend_row(row: &dyn Columns) -> Result<SpendRow> {
     Ok(SpendRow {
         day: row.string(0)?,

@@ -10,6 +10,7 @@ use std::sync::Barrier;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::hash_secret;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
@@ -126,6 +127,8 @@ macro_rules! suite {
 suite!(
     keys_revoke_once_and_leave_the_active_state,
     key_limits_are_kept_and_changed,
+    model_allowlists_are_kept_and_changed,
+    receipts_keep_their_tags_and_filter_and_sum_by_them,
     children_of_unknown_orgs_are_refused,
     state_survives_reopening,
     state_holds_every_table,
@@ -193,7 +196,7 @@ fn cap_id(id: &str) -> CapId {
 }
 
 fn org(id: &str) -> OrgRecord {
-    OrgRecord { id: org_id(id), name: format!("{id} name"), created_at: Timestamp(1) }
+    OrgRecord { id: org_id(id), name: format!("{id} name"), created_at: Timestamp(1), allowed_models: None }
 }
 
 fn key(id: &str, org: &str) -> KeyRecord {
@@ -206,6 +209,7 @@ fn key(id: &str, org: &str) -> KeyRecord {
         expires_at: None,
         revoked_at: None,
         limits: KeyLimits::default(),
+        allowed_models: None,
     }
 }
 
@@ -321,11 +325,51 @@ fn key_limits_are_kept_and_changed(db: &impl Backend) {
 
     let version = store.version().expect("version");
     let lifted = KeyLimits { requests_per_minute: None, tokens_per_minute: Some(1000) };
-    let changed = store.set_key_limits(&key_id("key_a"), lifted, &audit()).expect("set").expect("known");
+    let changed = store.update_key(&key_id("key_a"), lifted, None, &audit()).expect("set").expect("known");
     assert_eq!(changed, KeyRecord { limits: lifted, ..record });
     assert!(store.version().expect("version") > version);
     assert_eq!(store.state().expect("state").active_keys[0].limits, lifted);
-    assert_eq!(store.set_key_limits(&key_id("key_zz"), lifted, &audit()).expect("ok"), None);
+    assert_eq!(store.update_key(&key_id("key_zz"), lifted, None, &audit()).expect("ok"), None);
+}
+
+fn model_allowlists_are_kept_and_changed(db: &impl Backend) {
+    let store = db.open();
+    let models =
+        |p: &[&str]| ModelAllowlist::parse(p.iter().map(|m| (*m).to_owned()).collect()).expect("valid");
+    let listed = OrgRecord { allowed_models: Some(models(&["gpt-*", "claude-sonnet-4-5"])), ..org("org_a") };
+    store.create_org(&listed, &audit()).expect("org");
+    assert_eq!(store.org(&org_id("org_a")).expect("read"), Some(listed.clone()));
+    let mut record = key("key_a", "org_a");
+    record.allowed_models = Some(models(&["gpt-4o-mini"]));
+    store.create_key(&record, hash_secret("rk_a"), &audit()).expect("key");
+    assert_eq!(store.key(&key_id("key_a")).expect("read"), Some(record.clone()));
+    let state = store.state().expect("state");
+    assert_eq!(state.orgs[0].allowed_models, listed.allowed_models);
+    assert_eq!(state.active_keys[0].allowed_models, record.allowed_models);
+
+    let version = store.version().expect("version");
+    let empty = models(&[]);
+    let changed = store
+        .update_key(&key_id("key_a"), record.limits, Some(&empty), &audit())
+        .expect("set")
+        .expect("known");
+    assert_eq!(
+        changed,
+        KeyRecord { allowed_models: Some(empty.clone()), ..record.clone() },
+        "an empty list is kept, not cleared"
+    );
+    assert!(store.version().expect("version") > version);
+    let cleared =
+        store.update_key(&key_id("key_a"), record.limits, None, &audit()).expect("set").expect("known");
+    assert_eq!(cleared.allowed_models, None);
+    assert_eq!(store.update_key(&key_id("key_zz"), record.limits, None, &audit()).expect("ok"), None);
+
+    let version = store.version().expect("version");
+    let org = store.set_org_allowed_models(&org_id("org_a"), None, &audit()).expect("set").expect("known");
+    assert_eq!(org, OrgRecord { allowed_models: None, ..listed });
+    assert!(store.version().expect("version") > version);
+    assert_eq!(store.state().expect("state").orgs[0].allowed_models, None);
+    assert_eq!(store.set_org_allowed_models(&org_id("org_zz"), Some(&empty), &audit()).expect("ok"), None);
 }
 
 fn children_of_unknown_orgs_are_refused(db: &impl Backend) {
@@ -388,7 +432,8 @@ fn state_holds_every_table(db: &impl Backend) {
             org_id: org_id("org_a"),
             hash: hash_secret("rk_a"),
             expires_at: None,
-            limits: KeyLimits::default()
+            limits: KeyLimits::default(),
+            allowed_models: None,
         }]
     );
     let org_a = state.orgs.iter().find(|o| o.id == org_id("org_a")).expect("org_a");
@@ -430,6 +475,7 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
         key_id: key.map(key_id),
         limit: 2,
         after,
+        tag: None,
     };
     let first = store.receipts(&query(None, None)).expect("page");
     assert_eq!(ids(&first), ["rcpt_a", "rcpt_b"]);
@@ -460,6 +506,69 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
     let after_upper = ReceiptQuery { after: Some((Timestamp(50), "rcpt_X".into())), ..at_50 };
     assert_eq!(ids(&store.receipts(&after_upper).expect("page")), ["rcpt_x"]);
     assert_eq!(store.receipts(&after_upper).expect("page")[0], mixed[0], "the receipt reads back whole");
+}
+
+fn receipts_keep_their_tags_and_filter_and_sum_by_them(db: &impl Backend) {
+    let store = db.open();
+    let day = 86_400_000;
+    let tagged = |id: &str, started_at: i64, cost: i64, tags: &[(&str, &str)]| Receipt {
+        tags: tags.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        ..receipt(id, "key_a", started_at, cost)
+    };
+    let batch = [
+        tagged("rcpt_a", 1, 3, &[("team", "search"), ("feature", "autocomplete")]),
+        tagged("rcpt_b", 2, 5, &[("team", "search")]),
+        tagged("rcpt_c", 3, 7, &[("team", "ads"), ("feature", "search")]),
+        tagged("rcpt_d", 4, 11, &[]),
+        tagged("rcpt_e", day + 1, 13, &[("team", "search_x")]),
+    ];
+    store.insert_receipts(&serialized(&batch)).expect("insert");
+    let all = ReceiptQuery {
+        org_id: org_id("org_a"),
+        from: None,
+        to: None,
+        key_id: None,
+        limit: 10,
+        after: None,
+        tag: None,
+    };
+    assert_eq!(store.receipts(&all).expect("all"), batch.to_vec(), "tags read back, none as none");
+    let team = |value: &str| ReceiptQuery { tag: Some(("team".into(), value.into())), ..all.clone() };
+    assert_eq!(
+        ids(&store.receipts(&team("search")).expect("filter")),
+        ["rcpt_a", "rcpt_b"],
+        "whole values only"
+    );
+    assert_eq!(ids(&store.receipts(&team("ads")).expect("filter")), ["rcpt_c"]);
+    let feature = ReceiptQuery { tag: Some(("feature".into(), "search".into())), ..all.clone() };
+    assert_eq!(
+        ids(&store.receipts(&feature).expect("filter")),
+        ["rcpt_c"],
+        "a value is matched under its key"
+    );
+    assert_eq!(store.receipts(&team("nobody")).expect("filter"), vec![]);
+
+    let org = org_id("org_a");
+    let rows: Vec<_> = store
+        .spend_by_tag(&org, None, None, None, "team")
+        .expect("summary")
+        .into_iter()
+        .map(|r| (r.day, r.value, r.requests, r.input_tokens, r.output_tokens, r.cost))
+        .collect();
+    let first = "1970-01-01".to_owned();
+    assert_eq!(
+        rows,
+        vec![
+            (first.clone(), None, 1, 10, 5, Nanos(11)),
+            (first.clone(), Some("ads".into()), 1, 10, 5, Nanos(7)),
+            (first, Some("search".into()), 2, 20, 10, Nanos(8)),
+            ("1970-01-02".into(), Some("search_x".into()), 1, 10, 5, Nanos(13)),
+        ]
+    );
+    let window =
+        store.spend_by_tag(&org, None, Some(Timestamp(2)), Some(Timestamp(4)), "feature").expect("summary");
+    let values: Vec<_> = window.iter().map(|r| (r.value.clone(), r.requests)).collect();
+    assert_eq!(values, [(None, 1), (Some("search".into()), 1)]);
 }
 
 fn spend_summary_groups_by_day_key_and_model(db: &impl Backend) {
@@ -717,8 +826,8 @@ fn the_state_version_grows_with_each_change(db: &impl Backend) {
     grew("create_org");
     store.create_key(&key("key_a", "org_a"), hash_secret("rk_a"), &audit()).expect("key");
     grew("create_key");
-    store.set_key_limits(&key_id("key_a"), KeyLimits::default(), &audit()).expect("limits");
-    grew("set_key_limits");
+    store.update_key(&key_id("key_a"), KeyLimits::default(), None, &audit()).expect("limits");
+    grew("update_key");
     store.revoke_key(&key_id("key_a"), Timestamp(5), &audit()).expect("revoke");
     grew("revoke_key");
     store.put_provider(&provider("org_a"), &audit()).expect("provider");
@@ -1002,7 +1111,7 @@ fn every_change_writes_its_audit_row(db: &impl Backend) {
     let hash = hash_secret("rk_the_secret_of_key_a");
     store.create_key(&key("key_a", "org_a"), hash, &audit()).expect("key");
     let limits = KeyLimits { requests_per_minute: Some(60), tokens_per_minute: None };
-    store.set_key_limits(&key_id("key_a"), limits, &audit()).expect("limits");
+    store.update_key(&key_id("key_a"), limits, None, &audit()).expect("limits");
     store.revoke_key(&key_id("key_a"), Timestamp(9), &audit()).expect("revoke");
     store.put_provider(&provider("org_a"), &audit()).expect("provider");
     let replaced = ProviderRecord { key_hint: "sk-...wxyz".into(), ..provider("org_a") };
@@ -1095,7 +1204,10 @@ fn refused_changes_write_no_audit_row(db: &impl Backend) {
     assert!(matches!(store.update_cap(&cap("cap_a", "org_x", None), &audit()), Err(StoreError::NotFound)));
     assert!(!store.delete_cap(&cap_id("cap_a"), &audit()).expect("delete"));
     assert_eq!(store.revoke_key(&key_id("key_a"), Timestamp(1), &audit()).expect("revoke"), None);
-    assert_eq!(store.set_key_limits(&key_id("key_a"), KeyLimits::default(), &audit()).expect("limits"), None);
+    assert_eq!(
+        store.update_key(&key_id("key_a"), KeyLimits::default(), None, &audit()).expect("limits"),
+        None
+    );
     let removal = PriceChange { target: PriceTarget::Model("m".into()), kind: None, price: None };
     assert!(matches!(store.change_prices(&[removal], Timestamp(1), &audit()), Err(StoreError::NotFound)));
     assert_eq!(audit_rows(&store), []);

@@ -5,6 +5,7 @@ use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::window::Window;
 use recovea_counters::CapWindow;
+use recovea_store::audit::{cap_json, permille_number};
 use recovea_store::{AlertRecord, CapRecord};
 use serde::Deserialize;
 use serde_json::{Number, Value, json};
@@ -238,27 +239,6 @@ fn webhook(url: &str) -> Result<String, ApiError> {
     recovea_providers::normalize_base_url(url)
         .map(|_| url.trim().to_owned())
         .map_err(|why| ApiError::BadRequest(format!("alert_webhook: {why}")))
-}
-
-pub(crate) fn permille_number(permille: u32) -> Value {
-    // Thousandths print exactly as a decimal fraction.
-    serde_json::from_str(&format!("{}.{:03}", permille / 1000, permille % 1000)).unwrap_or(Value::Null)
-}
-
-pub(crate) fn cap_json(record: &CapRecord) -> Value {
-    let cap = &record.cap;
-    json!({
-        "id": cap.id,
-        "org_id": cap.org_id,
-        "scope": cap.scope.as_str(),
-        "key_id": cap.key_id,
-        "window": cap.window.as_str(),
-        "limit_usd": cap.limit,
-        "hard_stop": cap.hard_stop,
-        "alert_at": cap.alert_at_permille.iter().map(|p| permille_number(*p)).collect::<Vec<_>>(),
-        "alert_webhook": cap.alert_webhook,
-        "created_at": record.created_at,
-    })
 }
 
 pub(crate) fn alert_json(alert: &AlertRecord) -> Value {

@@ -1,7 +1,9 @@
-//! `GET /orgs/{org}/receipts` (JSON pages or CSV) and the spend summary by day, key and model.
+//! `GET /orgs/{org}/receipts` (JSON pages or CSV) and the spend summary by day, key and model, or
+//! by day and the value of a tag.
 
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::receipt::Receipt;
+use recovea_core::tags;
 use recovea_core::timestamp::Timestamp;
 use recovea_store::ReceiptQuery;
 use serde_json::{Value, json};
@@ -15,7 +17,7 @@ const MAX_LIMIT: u32 = 1000;
 /// A CSV export is one answer: bounded so that it cannot exhaust the control plane's memory.
 const MAX_CSV_ROWS: u32 = 100_000;
 
-const CSV_COLUMNS: [&str; 22] = [
+const CSV_COLUMNS: [&str; 23] = [
     "id",
     "request_id",
     "org_id",
@@ -38,6 +40,7 @@ const CSV_COLUMNS: [&str; 22] = [
     "finished_at",
     "node_id",
     "priced_as",
+    "tags",
 ];
 
 impl Control {
@@ -62,6 +65,10 @@ impl Control {
             // One more than asked tells whether another page follows.
             limit: limit + 1,
             after: params.get("cursor").map(parse_cursor).transpose()?,
+            tag: params
+                .get("tag")
+                .map(|text| tags::parse_filter(text).map_err(|e| ApiError::BadRequest(format!("tag: {e}"))))
+                .transpose()?,
         };
         let mut receipts = self.ledger(move |l| l.receipts(&query)).await?;
         let more = receipts.len() > limit as usize;
@@ -76,8 +83,32 @@ impl Control {
     pub(crate) async fn spend_summary(&self, org_id: OrgId, query: &str) -> Result<Reply, ApiError> {
         self.require_org(&org_id).await?;
         let params = Params::parse(query)?;
-        let (from, to, key) = (params.time("from")?, params.time("to")?, key_filter(&params)?);
-        let rows = self.ledger(move |l| l.spend_summary(&org_id, key.as_ref(), from, to)).await?;
+        let (from, to, key_id) = (params.time("from")?, params.time("to")?, key_filter(&params)?);
+        if let Some(group) = params.get("group_by") {
+            let key = group
+                .strip_prefix("tag:")
+                .filter(|key| {
+                    !key.is_empty() && key.len() <= tags::MAX_KEY_LEN && key.bytes().all(tags::is_key_char)
+                })
+                .ok_or_else(|| ApiError::BadRequest("group_by: expected tag:KEY, a tag key".into()))?
+                .to_owned();
+            let rows = self.ledger(move |l| l.spend_by_tag(&org_id, key_id.as_ref(), from, to, &key)).await?;
+            let rows: Vec<Value> = rows
+                .iter()
+                .map(|r| {
+                    json!({
+                        "day": r.day,
+                        "tag_value": r.value,
+                        "requests": r.requests,
+                        "input_tokens": r.input_tokens,
+                        "output_tokens": r.output_tokens,
+                        "cost_usd": r.cost,
+                    })
+                })
+                .collect();
+            return ok(json!({ "group_by": group, "rows": rows }));
+        }
+        let rows = self.ledger(move |l| l.spend_summary(&org_id, key_id.as_ref(), from, to)).await?;
         let rows: Vec<Value> = rows
             .iter()
             .map(|r| {
@@ -147,6 +178,7 @@ fn to_csv(receipts: &[Receipt]) -> String {
             r.finished_at.to_rfc3339(),
             r.node_id.clone(),
             r.priced_as.clone().unwrap_or_default(),
+            tags::to_text(&r.tags),
         ];
         let escaped: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
         out.push_str(&escaped.join(","));

@@ -4,6 +4,7 @@
 use postgres::{GenericClient, IsolationLevel, Transaction};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::timestamp::Timestamp;
 
@@ -30,8 +31,13 @@ impl ControlStore for PostgresStore {
     fn create_org(&self, org: &OrgRecord, audit: &AuditContext) -> Result<()> {
         self.change(audit, |tx| {
             tx.execute(
-                "INSERT INTO orgs (id, name, created_at) VALUES ($1, $2, $3)",
-                &[&org.id.as_str(), &org.name, &org.created_at.0],
+                "INSERT INTO orgs (id, name, created_at, allowed_models) VALUES ($1, $2, $3, $4)",
+                &[
+                    &org.id.as_str(),
+                    &org.name,
+                    &org.created_at.0,
+                    &rows::allowed_models_text(org.allowed_models.as_ref()),
+                ],
             )
             .map_err(backend)?;
             Ok(((), Some(audit::org_created(org))))
@@ -48,6 +54,38 @@ impl ControlStore for PostgresStore {
         select_optional(&mut *self.client()?, &sql, &[&id.as_str()], rows::org)
     }
 
+    fn set_org_allowed_models(
+        &self,
+        id: &OrgId,
+        models: Option<&ModelAllowlist>,
+        audit: &AuditContext,
+    ) -> Result<Option<OrgRecord>> {
+        self.change(audit, |tx| {
+            let before = select_optional(
+                tx,
+                &format!("SELECT {ORG_COLUMNS} FROM orgs WHERE id = $1"),
+                &[&id.as_str()],
+                rows::org,
+            )?;
+            tx.execute(
+                "UPDATE orgs SET allowed_models = $2 WHERE id = $1",
+                &[&id.as_str(), &rows::allowed_models_text(models)],
+            )
+            .map_err(backend)?;
+            let after = select_optional(
+                tx,
+                &format!("SELECT {ORG_COLUMNS} FROM orgs WHERE id = $1"),
+                &[&id.as_str()],
+                rows::org,
+            )?;
+            let row = match (&before, &after) {
+                (Some(before), Some(after)) => Some(audit::org_updated(before, after)),
+                _ => None,
+            };
+            Ok((after, row))
+        })
+    }
+
     fn create_key(&self, key: &KeyRecord, hash: KeyHash, audit: &AuditContext) -> Result<()> {
         self.change(audit, |tx| {
             if !org_exists(tx, &key.org_id)? {
@@ -55,7 +93,7 @@ impl ControlStore for PostgresStore {
             }
             tx.execute(
                 &format!(
-                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
                 ),
                 &[
                     &key.id.as_str(),
@@ -67,6 +105,7 @@ impl ControlStore for PostgresStore {
                     &key.revoked_at.map(|t| t.0),
                     &key.limits.requests_per_minute.map(i64::from),
                     &key.limits.tokens_per_minute.map(i64::from),
+                    &rows::allowed_models_text(key.allowed_models.as_ref()),
                     &&hash.0[..],
                 ],
             )
@@ -84,20 +123,23 @@ impl ControlStore for PostgresStore {
         key_by_id(&mut *self.client()?, id)
     }
 
-    fn set_key_limits(
+    fn update_key(
         &self,
         id: &KeyId,
         limits: KeyLimits,
+        allowed_models: Option<&ModelAllowlist>,
         audit: &AuditContext,
     ) -> Result<Option<KeyRecord>> {
         self.change(audit, |tx| {
             let before = key_by_id(tx, id)?;
             tx.execute(
-                "UPDATE keys SET requests_per_minute = $2, tokens_per_minute = $3 WHERE id = $1",
+                "UPDATE keys SET requests_per_minute = $2, tokens_per_minute = $3, allowed_models = $4 \
+                 WHERE id = $1",
                 &[
                     &id.as_str(),
                     &limits.requests_per_minute.map(i64::from),
                     &limits.tokens_per_minute.map(i64::from),
+                    &rows::allowed_models_text(allowed_models),
                 ],
             )
             .map_err(backend)?;

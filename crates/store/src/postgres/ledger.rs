@@ -8,7 +8,7 @@ use recovea_core::timestamp::Timestamp;
 
 use super::{PostgresStore, backend, select};
 use crate::rows::{self, Columns, saturating_i64};
-use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, StoreError};
+use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, StoreError, TagSpendRow};
 
 impl ReceiptLedger for PostgresStore {
     fn insert_receipts(&self, written: &[SerializedReceipt]) -> Result<usize> {
@@ -23,9 +23,9 @@ impl ReceiptLedger for PostgresStore {
         let inserted = self.client()?
             .execute(
                 "INSERT INTO receipts
-                 (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body)
+                 (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body, tags)
                  SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[],
-                                      $7::BIGINT[], $8::BIGINT[], $9::TEXT[])
+                                      $7::BIGINT[], $8::BIGINT[], $9::TEXT[], $10::TEXT[])
                  ON CONFLICT DO NOTHING",
                 &[
                     &column(|r| &r.id),
@@ -37,6 +37,7 @@ impl ReceiptLedger for PostgresStore {
                     &number(|r| saturating_i64(r.output_tokens)),
                     &number(|r| r.cost_usd.0),
                     &bodies,
+                    &receipts.iter().map(|r| rows::tags_text(&r.tags)).collect::<Vec<_>>(),
                 ],
             )
             .map_err(backend)?;
@@ -51,6 +52,7 @@ impl ReceiptLedger for PostgresStore {
              AND started_at >= $2 AND started_at < $3
              AND ($4::TEXT IS NULL OR key_id = $4)
              AND (started_at, id) > ($5, $6)
+             AND ($8::TEXT IS NULL OR strpos(',' || tags || ',', $8) > 0)
              ORDER BY started_at, id LIMIT $7",
             &[
                 &q.org_id.as_str(),
@@ -60,6 +62,7 @@ impl ReceiptLedger for PostgresStore {
                 &after_time,
                 &after_id,
                 &i64::from(q.limit),
+                &rows::tag_needle(&q.tag),
             ],
             |row| {
                 serde_json::from_str(row.text(0)?)
@@ -104,5 +107,31 @@ impl ReceiptLedger for PostgresStore {
             ],
             rows::spend_row,
         )
+    }
+
+    fn spend_by_tag(
+        &self,
+        org: &OrgId,
+        key_id: Option<&KeyId>,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+        key: &str,
+    ) -> Result<Vec<TagSpendRow>> {
+        let sums = select(
+            &mut *self.client()?,
+            "SELECT to_char(to_timestamp(started_at / 1000) AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day, tags,
+                    COUNT(*), SUM(input_tokens)::BIGINT, SUM(output_tokens)::BIGINT, SUM(cost_nanos)::BIGINT
+             FROM receipts WHERE org_id = $1 AND started_at >= $2 AND started_at < $3
+             AND ($4::TEXT IS NULL OR key_id = $4)
+             GROUP BY day, tags",
+            &[
+                &org.as_str(),
+                &from.map_or(i64::MIN, |t| t.0),
+                &to.map_or(i64::MAX, |t| t.0),
+                &key_id.map(KeyId::as_str),
+            ],
+            rows::tag_sum_row,
+        )?;
+        Ok(rows::by_tag(sums, key))
     }
 }

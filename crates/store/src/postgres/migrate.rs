@@ -142,6 +142,14 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX audit_log_by_org ON audit_log(org_id, version);
 "#,
+    // Model allowlists of keys and organizations: a JSON array of patterns; NULL allows every model.
+    // A receipt's attribution tags, as `core::tags::to_text` writes them (its body holds them too),
+    // to filter and sum by; NULL: none.
+    r#"
+    ALTER TABLE orgs ADD COLUMN allowed_models TEXT;
+    ALTER TABLE keys ADD COLUMN allowed_models TEXT;
+    ALTER TABLE receipts ADD COLUMN tags TEXT;
+"#,
 ];
 
 /// The advisory lock that serializes migrations across every process on the database ("recovea!").

@@ -3,6 +3,7 @@
 
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::timestamp::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -11,7 +12,7 @@ use super::{SqliteStore, backend, select, select_optional};
 use crate::audit::{self, AUDIT_COLUMNS, AuditContext, AuditEntry, AuditQuery};
 use crate::rows::{
     self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, OrgIds, PRICE_COLUMNS,
-    PROVIDER_COLUMNS, alert_at_text, saturating_i64,
+    PROVIDER_COLUMNS, alert_at_text, allowed_models_text, saturating_i64,
 };
 use crate::{
     AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PriceChange, PriceOverride,
@@ -33,8 +34,13 @@ impl ControlStore for SqliteStore {
     fn create_org(&self, org: &OrgRecord, audit: &AuditContext) -> Result<()> {
         self.change(audit, |tx| {
             tx.execute(
-                "INSERT INTO orgs (id, name, created_at) VALUES (?1, ?2, ?3)",
-                params![org.id.as_str(), org.name, org.created_at.0],
+                "INSERT INTO orgs (id, name, created_at, allowed_models) VALUES (?1, ?2, ?3, ?4)",
+                params![
+                    org.id.as_str(),
+                    org.name,
+                    org.created_at.0,
+                    allowed_models_text(org.allowed_models.as_ref())
+                ],
             )
             .map_err(backend)?;
             Ok(((), Some(audit::org_created(org))))
@@ -51,6 +57,38 @@ impl ControlStore for SqliteStore {
         select_optional(&self.conn(), &sql, [id.as_str()], rows::org)
     }
 
+    fn set_org_allowed_models(
+        &self,
+        id: &OrgId,
+        models: Option<&ModelAllowlist>,
+        audit: &AuditContext,
+    ) -> Result<Option<OrgRecord>> {
+        self.change(audit, |tx| {
+            let before = select_optional(
+                tx,
+                &format!("SELECT {ORG_COLUMNS} FROM orgs WHERE id = ?1"),
+                [id.as_str()],
+                rows::org,
+            )?;
+            tx.execute(
+                "UPDATE orgs SET allowed_models = ?2 WHERE id = ?1",
+                params![id.as_str(), allowed_models_text(models)],
+            )
+            .map_err(backend)?;
+            let after = select_optional(
+                tx,
+                &format!("SELECT {ORG_COLUMNS} FROM orgs WHERE id = ?1"),
+                [id.as_str()],
+                rows::org,
+            )?;
+            let row = match (&before, &after) {
+                (Some(before), Some(after)) => Some(audit::org_updated(before, after)),
+                _ => None,
+            };
+            Ok((after, row))
+        })
+    }
+
     fn create_key(&self, key: &KeyRecord, hash: KeyHash, audit: &AuditContext) -> Result<()> {
         self.change(audit, |tx| {
             if !org_exists(tx, &key.org_id)? {
@@ -58,7 +96,7 @@ impl ControlStore for SqliteStore {
             }
             tx.execute(
                 &format!(
-                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
                 ),
                 params![
                     key.id.as_str(),
@@ -70,6 +108,7 @@ impl ControlStore for SqliteStore {
                     key.revoked_at.map(|t| t.0),
                     key.limits.requests_per_minute,
                     key.limits.tokens_per_minute,
+                    allowed_models_text(key.allowed_models.as_ref()),
                     &hash.0[..],
                 ],
             )
@@ -87,17 +126,24 @@ impl ControlStore for SqliteStore {
         key_by_id(&self.conn(), id)
     }
 
-    fn set_key_limits(
+    fn update_key(
         &self,
         id: &KeyId,
         limits: KeyLimits,
+        allowed_models: Option<&ModelAllowlist>,
         audit: &AuditContext,
     ) -> Result<Option<KeyRecord>> {
         self.change(audit, |tx| {
             let before = key_by_id(tx, id)?;
             tx.execute(
-                "UPDATE keys SET requests_per_minute = ?2, tokens_per_minute = ?3 WHERE id = ?1",
-                params![id.as_str(), limits.requests_per_minute, limits.tokens_per_minute],
+                "UPDATE keys SET requests_per_minute = ?2, tokens_per_minute = ?3, allowed_models = ?4 \
+                 WHERE id = ?1",
+                params![
+                    id.as_str(),
+                    limits.requests_per_minute,
+                    limits.tokens_per_minute,
+                    allowed_models_text(allowed_models)
+                ],
             )
             .map_err(backend)?;
             let after = key_by_id(tx, id)?;

@@ -9,12 +9,12 @@ use rusqlite::params;
 
 use super::{SqliteStore, backend, records};
 use crate::rows::{self, Columns, corrupt, saturating_i64};
-use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow};
+use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, TagSpendRow};
 
 /// A receipt's columns, in the order [`receipt_row`] reads them.
 const RECEIPT_COLUMNS: &str = "id, request_id, org_id, key_id, provider, model, endpoint, status, stream,
     input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens, reasoning_tokens,
-    cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id, priced_as";
+    cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id, priced_as, tags";
 
 fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
     let status = row.integer(7)?;
@@ -43,6 +43,7 @@ fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
         finished_at: row.timestamp(19)?,
         node_id: row.string(20)?,
         priced_as: row.optional_string(21)?,
+        tags: rows::tags(row, 22)?,
     })
 }
 
@@ -56,7 +57,7 @@ impl ReceiptLedger for SqliteStore {
                 .prepare_cached(&format!(
                     "INSERT OR IGNORE INTO receipts ({RECEIPT_COLUMNS})
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                             ?18, ?19, ?20, ?21, ?22)"
+                             ?18, ?19, ?20, ?21, ?22, ?23)"
                 ))
                 .map_err(backend)?;
             for written in receipts {
@@ -85,6 +86,7 @@ impl ReceiptLedger for SqliteStore {
                         r.finished_at.0,
                         r.node_id,
                         r.priced_as,
+                        rows::tags_text(&r.tags),
                     ])
                     .map_err(backend)?;
             }
@@ -102,6 +104,7 @@ impl ReceiptLedger for SqliteStore {
                  AND started_at >= ?2 AND started_at < ?3
                  AND (?4 IS NULL OR key_id = ?4)
                  AND (started_at > ?5 OR (started_at = ?5 AND id > ?6))
+                 AND (?8 IS NULL OR instr(',' || tags || ',', ?8) > 0)
                  ORDER BY started_at, id LIMIT ?7"
             ))
             .map_err(backend)?;
@@ -113,7 +116,8 @@ impl ReceiptLedger for SqliteStore {
                 q.key_id.as_ref().map(KeyId::as_str),
                 after_time,
                 after_id,
-                q.limit
+                q.limit,
+                rows::tag_needle(&q.tag),
             ])
             .map_err(backend)?;
         records(found, receipt_row)
@@ -159,5 +163,34 @@ impl ReceiptLedger for SqliteStore {
             ])
             .map_err(backend)?;
         records(found, rows::spend_row)
+    }
+
+    fn spend_by_tag(
+        &self,
+        org: &OrgId,
+        key_id: Option<&KeyId>,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+        key: &str,
+    ) -> Result<Vec<TagSpendRow>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT date(started_at / 1000, 'unixepoch') AS day, tags, COUNT(*),
+                        SUM(input_tokens), SUM(output_tokens), SUM(cost_nanos)
+                 FROM receipts WHERE org_id = ?1 AND started_at >= ?2 AND started_at < ?3
+                 AND (?4 IS NULL OR key_id = ?4)
+                 GROUP BY day, tags",
+            )
+            .map_err(backend)?;
+        let found = stmt
+            .query(params![
+                org.as_str(),
+                from.map_or(i64::MIN, |t| t.0),
+                to.map_or(i64::MAX, |t| t.0),
+                key_id.map(KeyId::as_str)
+            ])
+            .map_err(backend)?;
+        Ok(rows::by_tag(records(found, rows::tag_sum_row)?, key))
     }
 }

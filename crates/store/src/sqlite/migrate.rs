@@ -186,6 +186,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX audit_log_by_org ON audit_log(org_id, version);
 ",
+    // Model allowlists of keys and organizations: a JSON array of patterns; NULL allows every model.
+    // A receipt's attribution tags, as `core::tags::to_text` writes them; NULL: none.
+    r"
+    ALTER TABLE orgs ADD COLUMN allowed_models TEXT;
+    ALTER TABLE keys ADD COLUMN allowed_models TEXT;
+    ALTER TABLE receipts ADD COLUMN tags TEXT;
+",
 ];
 
 /// Applies each missing migration in a write transaction that reads the version itself, so that

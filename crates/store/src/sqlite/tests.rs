@@ -35,6 +35,7 @@ fn unusual(id: &str, started_at: i64) -> Receipt {
         started_at: Timestamp(started_at),
         finished_at: Timestamp(started_at + 1_234),
         node_id: "node_x".into(),
+        tags: [("team".to_owned(), "search".to_owned())].into(),
         ..Receipt::example(id)
     }
 }
@@ -47,6 +48,7 @@ fn all_of_org_a(store: &SqliteStore) -> Vec<Receipt> {
         key_id: None,
         limit: 100,
         after: None,
+        tag: None,
     };
     store.receipts(&query).expect("receipts")
 }
@@ -59,9 +61,9 @@ fn receipts_stored_as_json_text_become_columns() {
         conn.execute_batch(sql).expect("an earlier migration");
     }
     conn.pragma_update(None, "user_version", 6).expect("version");
-    // Receipts of that time had no `priced_as`.
+    // Receipts of that time had no `priced_as`, nor tags.
     let old = [
-        Receipt { priced_as: None, ..unusual("rcpt_old1", 1_764_591_691_722) },
+        Receipt { priced_as: None, tags: Default::default(), ..unusual("rcpt_old1", 1_764_591_691_722) },
         Receipt {
             started_at: Timestamp(5),
             finished_at: Timestamp(9),

@@ -1,0 +1,373 @@
+//! Model allowlists, attribution tags and Anthropic-shaped answers on the request path,
+//! in-process over real sockets, in front of the mock provider: the gateway's own answers byte for
+//! byte, what reached the provider, and which receipts were written.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use recovea_core::answer::WireShape;
+use recovea_core::caps::{Cap, Scope};
+use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::keys::hash_secret;
+use recovea_core::models::ModelAllowlist;
+use recovea_core::money::Nanos;
+use recovea_core::ratelimit::KeyLimits;
+use recovea_core::receipt::Receipt;
+use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
+use recovea_core::window::Window;
+use recovea_core::{Answer, Timestamp};
+use recovea_counters::{Counters, InProcess};
+use recovea_gateway::spool::Spool;
+use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
+use recovea_testkit::MockProvider;
+
+#[path = "support/common.rs"]
+mod common;
+
+use common::{MemorySink, TempDir};
+
+/// org_acme lists no models; this key lists none either.
+const OPEN_KEY: &str = "rk_open0000000000000000000000000000000000000001";
+/// org_acme; the key lists `gpt-4o-mini` and `claude-*`.
+const LISTED_KEY: &str = "rk_listed00000000000000000000000000000000000002";
+/// org_strict lists `gpt-4o-mini`; this key lists nothing.
+const STRICT_KEY: &str = "rk_strict00000000000000000000000000000000000003";
+/// org_strict; the key lists `claude-*`: no model is in both lists.
+const DISJOINT_KEY: &str = "rk_disjoint000000000000000000000000000000000004";
+/// org_capped: an armed monthly cap of $0.
+const CAPPED_KEY: &str = "rk_capped00000000000000000000000000000000000005";
+/// org_acme, one request a minute.
+const SLOW_KEY: &str = "rk_slow0000000000000000000000000000000000000006";
+const UNKNOWN_KEY: &str = "rk_unknown00000000000000000000000000000000000007";
+const MANAGED_OPENAI: &str = "sk-managed-openai-0123456789";
+const MANAGED_ANTHROPIC: &str = "sk-ant-managed-0123456789";
+
+const CHAT_MINI: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi"}]}"#;
+const CHAT_4O: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"Hi"}]}"#;
+const MESSAGES: &str =
+    r#"{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"Hi"}]}"#;
+
+struct Harness {
+    mock: MockProvider,
+    url: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    receipts: Arc<MemorySink>,
+    _gateway: Gateway,
+    _spool_dir: TempDir,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Harness {
+    /// A node whose counters are confirmed once, as `serve`'s sync loop does at start.
+    async fn start(max_body_bytes: u64) -> Self {
+        Self::start_confirmed(max_body_bytes, true).await
+    }
+
+    async fn start_confirmed(max_body_bytes: u64, confirmed: bool) -> Self {
+        let mock = MockProvider::start().await;
+        let config = GatewayConfig::new(GatewaySettings {
+            openai_base_url: mock.url(),
+            anthropic_base_url: mock.url(),
+            max_body_bytes,
+            upstream_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_millis(500),
+            body_read_timeout: Duration::from_secs(2),
+            counter_max_age: Duration::from_secs(60),
+        })
+        .expect("valid config");
+        let spool_dir = TempDir::new();
+        let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
+        let counters = Counters::new("node_test");
+        let gateway = Gateway::new(config, &spool, "node_test", Arc::clone(&counters));
+        let receipts = common::ship_to_memory(spool);
+        gateway.install_snapshot(Arc::new(snapshot()));
+        let (url, stop) = common::serve(&gateway).await;
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        if confirmed {
+            counters
+                .sync_with(&InProcess::default(), Timestamp::from_system_time(std::time::SystemTime::now()))
+                .await
+                .expect("sync");
+        }
+        Self { mock, url, client, receipts, _gateway: gateway, _spool_dir: spool_dir, _stop: stop }
+    }
+
+    async fn send(&self, request: http::request::Builder, body: &str) -> Response<hyper::body::Incoming> {
+        let request = request.body(Full::new(Bytes::from(body.to_owned()))).expect("request");
+        self.client.request(request).await.expect("gateway answers")
+    }
+
+    fn post(&self, path: &str, secret: &str) -> http::request::Builder {
+        Request::post(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {secret}"))
+    }
+
+    /// As the Anthropic SDKs send it: the key in `x-api-key`, and `anthropic-version`.
+    fn anthropic(&self, method: http::Method, path: &str, secret: &str) -> http::request::Builder {
+        Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .header("x-api-key", secret)
+            .header("anthropic-version", "2023-06-01")
+    }
+
+    /// Waits (with a deadline) until `count` receipts have arrived; fails on more.
+    async fn receipts(&self, count: usize) -> Vec<Receipt> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let receipts = self.receipts.0.lock().expect("lock").clone();
+            if receipts.len() >= count {
+                assert_eq!(receipts.len(), count, "more receipts than admitted requests: {receipts:#?}");
+                return receipts;
+            }
+            assert!(std::time::Instant::now() < deadline, "only {} of {count} receipts", receipts.len());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn models(patterns: &[&str]) -> ModelAllowlist {
+    ModelAllowlist::parse(patterns.iter().map(|p| (*p).to_owned()).collect()).expect("valid list")
+}
+
+fn snapshot() -> recovea_core::Snapshot {
+    let (acme, strict, capped) = (org("org_acme"), org("org_strict"), org("org_capped"));
+    let mut b = SnapshotBuilder::new(1);
+    b.org(acme.clone()).org(strict.clone()).org(capped.clone());
+    b.org_allowed_models(strict.clone(), models(&["gpt-4o-mini"]));
+    for org in [&acme, &strict, &capped] {
+        b.provider(org, credential("openai", ProviderKind::OpenAi, MANAGED_OPENAI));
+        b.provider(org, credential("anthropic", ProviderKind::Anthropic, MANAGED_ANTHROPIC));
+    }
+    b.cap(Cap {
+        id: CapId::parse("cap_zero").expect("id"),
+        org_id: capped.clone(),
+        scope: Scope::Organization,
+        key_id: None,
+        window: Window::Month,
+        limit: Nanos(0),
+        hard_stop: true,
+        alert_at_permille: Vec::new(),
+        alert_webhook: None,
+    });
+    b.key(hash_secret(OPEN_KEY), key("key_open"), acme.clone(), None);
+    b.key(hash_secret(LISTED_KEY), key("key_listed"), acme.clone(), None);
+    b.key_allowed_models(hash_secret(LISTED_KEY), models(&["gpt-4o-mini", "claude-*"]));
+    b.key(hash_secret(STRICT_KEY), key("key_strict"), strict.clone(), None);
+    b.key(hash_secret(DISJOINT_KEY), key("key_disjoint"), strict, None);
+    b.key_allowed_models(hash_secret(DISJOINT_KEY), models(&["claude-*"]));
+    b.key(hash_secret(CAPPED_KEY), key("key_capped"), capped, None);
+    let one_a_minute = KeyLimits { requests_per_minute: Some(1), tokens_per_minute: None };
+    b.key_with_limits(hash_secret(SLOW_KEY), key("key_slow"), acme, None, one_a_minute);
+    b.build()
+}
+
+fn org(id: &str) -> OrgId {
+    OrgId::parse(id).expect("id")
+}
+
+fn key(id: &str) -> KeyId {
+    KeyId::parse(id).expect("id")
+}
+
+fn credential(name: &str, kind: ProviderKind, api_key: &str) -> ProviderCredential {
+    ProviderCredential { name: name.into(), kind, base_url: None, api_key: api_key.into() }
+}
+
+/// The status, the body byte for byte, and every header of `expected`.
+async fn assert_answer(response: Response<hyper::body::Incoming>, expected: &Answer) {
+    assert_eq!(response.status().as_u16(), expected.status);
+    let headers = response.headers().clone();
+    assert_eq!(headers.get("content-type").expect("content type"), "application/json");
+    for (name, value) in &expected.headers {
+        assert_eq!(headers.get(*name).map(|v| v.to_str().expect("text")), Some(value.as_str()), "{name}");
+    }
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(
+        std::str::from_utf8(&body).expect("utf-8"),
+        std::str::from_utf8(&expected.body).expect("utf-8")
+    );
+}
+
+async fn ok(response: Response<hyper::body::Incoming>) {
+    assert_eq!(response.status(), StatusCode::OK);
+    response.into_body().collect().await.expect("body");
+}
+
+#[tokio::test]
+async fn a_model_no_list_allows_is_refused_403_before_the_provider_and_without_a_receipt() {
+    let h = Harness::start(1 << 20).await;
+    let refused = Answer::model_not_allowed("gpt-4o");
+    // The key's list refuses.
+    assert_answer(h.send(h.post("/v1/chat/completions", LISTED_KEY), CHAT_4O).await, &refused).await;
+    // The organization's list refuses, the key having none.
+    assert_answer(h.send(h.post("/v1/chat/completions", STRICT_KEY), CHAT_4O).await, &refused).await;
+    // Each list allows a model the other does not: both must allow it.
+    assert_answer(
+        h.send(h.post("/v1/chat/completions", DISJOINT_KEY), CHAT_MINI).await,
+        &Answer::model_not_allowed("gpt-4o-mini"),
+    )
+    .await;
+    // On an Anthropic route the 403 carries Anthropic's envelope.
+    let opus = r#"{"model":"claude-opus-4-1","max_tokens":8,"messages":[]}"#;
+    assert_answer(
+        h.send(h.anthropic(http::Method::POST, "/v1/messages", STRICT_KEY), opus).await,
+        &Answer::model_not_allowed("claude-opus-4-1").shaped(WireShape::Anthropic),
+    )
+    .await;
+    assert!(h.mock.requests().is_empty(), "a refused model never reaches the provider");
+
+    // What the lists allow goes through: an exact name, a prefix, and no list at all.
+    ok(h.send(h.post("/v1/chat/completions", LISTED_KEY), CHAT_MINI).await).await;
+    ok(h.send(h.anthropic(http::Method::POST, "/v1/messages", LISTED_KEY), MESSAGES).await).await;
+    ok(h.send(h.post("/v1/chat/completions", STRICT_KEY), CHAT_MINI).await).await;
+    ok(h.send(h.post("/v1/chat/completions", OPEN_KEY), CHAT_4O).await).await;
+    // A request that names no model has nothing to refuse.
+    let list =
+        Request::get(format!("{}/v1/models", h.url)).header("authorization", format!("Bearer {LISTED_KEY}"));
+    ok(h.send(list, "").await).await;
+    assert_eq!(h.mock.requests().len(), 5);
+    // Five receipts, for the five admitted requests: the refused ones wrote none.
+    let mut keys: Vec<String> = h.receipts(5).await.iter().map(|r| r.key_id.to_string()).collect();
+    keys.sort();
+    assert_eq!(keys, ["key_listed", "key_listed", "key_listed", "key_open", "key_strict"]);
+}
+
+#[tokio::test]
+async fn every_answer_of_the_gateway_on_an_anthropic_route_carries_anthropics_envelope() {
+    let h = Harness::start(1 << 20).await;
+    let anthropic = |answer: Answer| answer.shaped(WireShape::Anthropic);
+    // 401, on the messages route and on any path that carries `anthropic-version`.
+    for path in ["/v1/messages", "/v1/models", "/v1/messages/count_tokens"] {
+        let method = if path == "/v1/models" { http::Method::GET } else { http::Method::POST };
+        let response = h.send(h.anthropic(method, path, UNKNOWN_KEY), MESSAGES).await;
+        assert_answer(response, &anthropic(Answer::invalid_api_key())).await;
+    }
+    // Without `anthropic-version`, /v1/messages is still Anthropic's; other paths keep OpenAI's shape.
+    let bare = Request::post(format!("{}/v1/messages", h.url)).header("x-api-key", UNKNOWN_KEY);
+    assert_answer(h.send(bare, MESSAGES).await, &anthropic(Answer::invalid_api_key())).await;
+    assert_answer(
+        h.send(h.post("/v1/chat/completions", UNKNOWN_KEY), CHAT_MINI).await,
+        &Answer::invalid_api_key(),
+    )
+    .await;
+    // 404: a path the gateway does not serve.
+    let response = h.send(h.anthropic(http::Method::POST, "/v2/messages", OPEN_KEY), MESSAGES).await;
+    assert_answer(response, &anthropic(Answer::unknown_route())).await;
+    // 402: an armed cap at its line, its headers kept.
+    let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", CAPPED_KEY), MESSAGES).await;
+    assert_answer(response, &anthropic(Answer::budget_exceeded("organization", "month", "Monthly"))).await;
+    // 429: the key's rate limit, with its retry headers.
+    ok(h.send(h.anthropic(http::Method::POST, "/v1/messages", SLOW_KEY), MESSAGES).await).await;
+    let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", SLOW_KEY), MESSAGES).await;
+    let wait_ms: u64 = response
+        .headers()
+        .get("retry-after-ms")
+        .expect("retry-after-ms")
+        .to_str()
+        .expect("text")
+        .parse()
+        .expect("ms");
+    assert_answer(response, &anthropic(Answer::rate_limited(wait_ms))).await;
+    // 403: a model outside the lists.
+    let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", DISJOINT_KEY), CHAT_MINI).await;
+    assert_answer(response, &anthropic(Answer::model_not_allowed("gpt-4o-mini"))).await;
+    assert_eq!(h.mock.requests().len(), 1, "only the first request of the slow key was forwarded");
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_on_an_anthropic_route_is_413_in_anthropics_envelope() {
+    let h = Harness::start(64).await;
+    let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", OPEN_KEY), &"x".repeat(65)).await;
+    assert_answer(response, &Answer::request_too_large(64).shaped(WireShape::Anthropic)).await;
+    let response = h.send(h.post("/v1/chat/completions", OPEN_KEY), &"x".repeat(65)).await;
+    assert_answer(response, &Answer::request_too_large(64)).await;
+}
+
+#[tokio::test]
+async fn a_request_carrying_anthropic_version_goes_to_the_anthropic_credential_on_every_path() {
+    let h = Harness::start(1 << 20).await;
+    ok(h.send(h.anthropic(http::Method::GET, "/v1/models", OPEN_KEY), "").await).await;
+    ok(h.send(h.anthropic(http::Method::GET, "/v1/models/claude-sonnet-4-5", OPEN_KEY), "").await).await;
+    // Without it, /v1/models is OpenAI's.
+    let openai =
+        Request::get(format!("{}/v1/models", h.url)).header("authorization", format!("Bearer {OPEN_KEY}"));
+    ok(h.send(openai, "").await).await;
+    let seen = h.mock.requests();
+    assert_eq!(seen.len(), 3);
+    for request in &seen[..2] {
+        assert_eq!(request.header("x-api-key"), Some(MANAGED_ANTHROPIC), "{}", request.path);
+        assert_eq!(request.header("authorization"), None);
+        assert_eq!(request.header("anthropic-version"), Some("2023-06-01"));
+    }
+    assert_eq!(seen[2].header("authorization"), Some(format!("Bearer {MANAGED_OPENAI}").as_str()));
+    assert_eq!(seen[2].header("x-api-key"), None);
+}
+
+#[tokio::test]
+async fn tags_reach_the_receipt_and_never_the_provider() {
+    let h = Harness::start(1 << 20).await;
+    let tagged = h
+        .post("/v1/chat/completions", OPEN_KEY)
+        .header("x-recovea-tags", "team=search, feature=autocomplete");
+    ok(h.send(tagged, CHAT_MINI).await).await;
+    let two_lines = h
+        .anthropic(http::Method::POST, "/v1/messages", OPEN_KEY)
+        .header("x-recovea-tags", "team=ads")
+        .header("x-recovea-tags", "env=prod/eu-1");
+    ok(h.send(two_lines, MESSAGES).await).await;
+    ok(h.send(h.post("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await).await;
+    for request in h.mock.requests() {
+        assert_eq!(request.header("x-recovea-tags"), None, "{}: tags forwarded", request.path);
+        assert!(!request.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("x-recovea-tags")));
+    }
+    let mut receipts = h.receipts(3).await;
+    receipts.sort_by_key(|r| r.endpoint.clone());
+    let tags: Vec<String> = receipts.iter().map(|r| recovea_core::tags::to_text(&r.tags)).collect();
+    // chat completions (tagged, then untagged), then messages
+    let mut chat = [tags[0].clone(), tags[1].clone()];
+    chat.sort();
+    assert_eq!(chat, ["".to_owned(), "feature=autocomplete,team=search".to_owned()]);
+    assert_eq!(tags[2], "env=prod/eu-1,team=ads");
+}
+
+#[tokio::test]
+async fn invalid_tags_are_a_400_that_says_why_before_the_provider_and_without_a_receipt() {
+    let h = Harness::start(1 << 20).await;
+    let bad = h.post("/v1/chat/completions", OPEN_KEY).header("x-recovea-tags", "Team=search");
+    let expected =
+        Answer::invalid_tags("the key 'Team' must be 1 to 32 characters of a-z, 0-9, '_', '-' and '.'");
+    assert_answer(h.send(bad, CHAT_MINI).await, &expected).await;
+    let twice = h.anthropic(http::Method::POST, "/v1/messages", OPEN_KEY).header("x-recovea-tags", "a=1,a=2");
+    let expected = Answer::invalid_tags("the key 'a' is given twice").shaped(WireShape::Anthropic);
+    assert_answer(h.send(twice, MESSAGES).await, &expected).await;
+    let many = (0..11).map(|n| format!("k{n}=v")).collect::<Vec<_>>().join(",");
+    let too_many = h.post("/v1/chat/completions", OPEN_KEY).header("x-recovea-tags", many);
+    assert_answer(h.send(too_many, CHAT_MINI).await, &Answer::invalid_tags("at most 10 tags")).await;
+    // An unknown key is refused for its key first: tags are read only for an admitted caller.
+    let unknown = h.post("/v1/chat/completions", UNKNOWN_KEY).header("x-recovea-tags", "Team=x");
+    assert_answer(h.send(unknown, CHAT_MINI).await, &Answer::invalid_api_key()).await;
+    assert!(h.mock.requests().is_empty(), "a refused request reached the provider");
+    ok(h.send(h.post("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await).await;
+    assert!(h.receipts(1).await[0].tags.is_empty(), "only the admitted request has a receipt");
+}
+
+#[tokio::test]
+async fn an_armed_cap_that_cannot_confirm_its_spend_is_503_in_anthropics_envelope() {
+    let h = Harness::start_confirmed(1 << 20, false).await;
+    let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", CAPPED_KEY), MESSAGES).await;
+    let expected =
+        Answer::budget_unverifiable("organization", "month", "Monthly").shaped(WireShape::Anthropic);
+    assert_answer(response, &expected).await;
+    let response = h.send(h.post("/v1/chat/completions", CAPPED_KEY), CHAT_MINI).await;
+    assert_answer(response, &Answer::budget_unverifiable("organization", "month", "Monthly")).await;
+    assert!(h.mock.requests().is_empty());
+}
