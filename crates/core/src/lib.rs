@@ -15,6 +15,7 @@ pub mod ids;
 pub mod keys;
 pub mod money;
 pub mod pricing;
+pub mod projection;
 pub mod ratelimit;
 pub mod receipt;
 pub mod snapshot;
