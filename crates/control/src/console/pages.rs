@@ -317,13 +317,10 @@ fn cap_bar(row: &Value, at: Timestamp) -> Markup {
 
 /// Month-to-date spend of an organization: the sum of its spend summary since the month began.
 async fn month_to_date(control: &Control, org: &str, at: Timestamp) -> Result<Nanos, Refusal> {
-    let from = Window::Month.start(at).to_rfc3339();
-    let summary = control
-        .api_json(Method::GET, &["orgs", org, "receipts", "summary"], &query(&[("from", &from)]), None)
-        .await?;
-    Ok(list(&summary, "rows")
-        .iter()
-        .fold(Nanos::ZERO, |sum, row| sum.saturating_add(nanos(str_of(row, "cost_usd")))))
+    let from = Window::Month.start(at);
+    let q = query(&[("from", &from.to_rfc3339())]);
+    let summary = control.api_json(Method::GET, &["orgs", org, "receipts", "summary"], &q, None).await?;
+    Ok(spend_since(&summary, from))
 }
 
 async fn orgs_page(control: &Control, visit: &Visit, refused: Option<&Refused>) -> Response<Full<Bytes>> {
@@ -416,7 +413,11 @@ async fn org_data(control: &Control, org: &str, at: Timestamp) -> Result<OrgData
         let segments: Vec<&str> = path.iter().map(String::as_str).collect();
         control.api_json(Method::GET, &segments, &q, None).await
     };
-    let chart_from = Timestamp(Window::Day.start(at).0 - (CHART_DAYS - 1) * MS_PER_DAY).to_rfc3339();
+    // One summary serves the charts and the month to date: from whichever of their starts is first.
+    let month_start = Window::Month.start(at);
+    let summary_from = chart_start(at).min(month_start).to_rfc3339();
+    let summary = read(get(vec!["receipts", "summary"]), query(&[("from", &summary_from)])).await?;
+    let month = spend_since(&summary, month_start);
     Ok(OrgData {
         org: read(get(vec![]), String::new()).await?,
         caps: read(get(vec!["caps"]), String::new()).await?,
@@ -424,9 +425,28 @@ async fn org_data(control: &Control, org: &str, at: Timestamp) -> Result<OrgData
         keys: read(get(vec!["keys"]), String::new()).await?,
         providers: read(get(vec!["providers"]), String::new()).await?,
         alerts: read(get(vec!["alerts"]), String::new()).await?,
-        summary: read(get(vec!["receipts", "summary"]), query(&[("from", &chart_from)])).await?,
-        month: month_to_date(control, org, at).await?,
+        summary,
+        month,
     })
+}
+
+/// The first instant of the charts' first day.
+fn chart_start(at: Timestamp) -> Timestamp {
+    Timestamp(Window::Day.start(at).0 - (CHART_DAYS - 1) * MS_PER_DAY)
+}
+
+/// `YYYY-MM-DD` of the UTC day of `at`, as the spend summary names days.
+fn day_of(at: Timestamp) -> String {
+    at.to_rfc3339().chars().take(10).collect()
+}
+
+/// The spend of a summary's rows from the day of `since` on.
+fn spend_since(summary: &Value, since: Timestamp) -> Nanos {
+    let first = day_of(since);
+    list(summary, "rows")
+        .iter()
+        .filter(|row| str_of(row, "day") >= first.as_str())
+        .fold(Nanos::ZERO, |sum, row| sum.saturating_add(nanos(str_of(row, "cost_usd"))))
 }
 
 async fn org_page(
@@ -616,12 +636,13 @@ fn providers_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&
 }
 
 fn charts_section(data: &OrgData, at: Timestamp) -> Markup {
-    let first_day = Window::Day.start(at).0 - (CHART_DAYS - 1) * MS_PER_DAY;
-    let mut by_day: BTreeMap<String, Nanos> = (0..CHART_DAYS)
-        .map(|i| (Timestamp(first_day + i * MS_PER_DAY).to_rfc3339().chars().take(10).collect(), Nanos::ZERO))
-        .collect();
+    let first_day = chart_start(at);
+    let mut by_day: BTreeMap<String, Nanos> =
+        (0..CHART_DAYS).map(|i| (day_of(Timestamp(first_day.0 + i * MS_PER_DAY)), Nanos::ZERO)).collect();
     let mut by_model: BTreeMap<String, Nanos> = BTreeMap::new();
-    for row in list(&data.summary, "rows") {
+    let first_label = day_of(first_day);
+    // The summary may start earlier (at the month's start): the charts take their days only.
+    for row in list(&data.summary, "rows").iter().filter(|row| str_of(row, "day") >= first_label.as_str()) {
         let cost = nanos(str_of(row, "cost_usd"));
         let day = by_day.entry(str_of(row, "day").to_owned()).or_default();
         *day = day.saturating_add(cost);
@@ -1115,6 +1136,21 @@ async fn remove_price(control: &Control, visit: &Visit, form: &Form) -> Response
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_month_to_date_counts_the_days_of_the_month_only() {
+        let summary = json!({ "rows": [
+            { "day": "2026-11-30", "cost_usd": "5.00" },
+            { "day": "2026-12-01", "cost_usd": "0.000000001" },
+            { "day": "2026-12-02", "cost_usd": "1.50" },
+        ] });
+        let december = Timestamp::parse_rfc3339("2026-12-01T00:00:00Z").expect("a time");
+        assert_eq!(spend_since(&summary, december), Nanos(1_500_000_001));
+        assert_eq!(
+            day_of(Timestamp::parse_rfc3339("2026-12-02T23:59:59.999Z").expect("a time")),
+            "2026-12-02"
+        );
+    }
 
     #[test]
     fn a_node_is_stale_after_a_minute_unheard() {
