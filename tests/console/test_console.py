@@ -199,6 +199,7 @@ def test_the_console_runs_an_organization_from_creation_to_a_refused_cap(browser
     browser.screenshot(SHOTS / "organizations-390.png", width=390)
     browser.go(f"{admin_url}/orgs/{org_id}")
     browser.screenshot(SHOTS / "organization.png")
+    browser.screenshot(SHOTS / "organization-390.png", width=390)
 
     # Receipts: the list, one receipt's exact cost, and the CSV of the filtered set.
     browser.go(f"{admin_url}/orgs/{org_id}/receipts")
@@ -206,10 +207,10 @@ def test_the_console_runs_an_organization_from_creation_to_a_refused_cap(browser
     assert len(rows) >= admitted, (len(rows), admitted)
     browser.screenshot(SHOTS / "receipts.png")
     csv_href = browser.find("#csv").attribute("href")
-    browser.find("table.receipts tbody tr a").click()
-    assert "(exact)" in browser.text("dl.detail")
-    exact = browser.text("dl.detail strong.exact")
-    assert re.fullmatch(r"\$\d+\.\d{2,9}", exact), exact
+    browser.find("table.receipts tbody tr:last-child a").click()
+    assert "/v1/chat/completions" in browser.text("dl.detail")
+    # 3 input and 5 output tokens at a cent each.
+    assert browser.text("dl.detail strong.exact") == "$0.08"
     browser.screenshot(SHOTS / "receipt.png")
     csv = httpx.get(f"{admin_url}{csv_href}", cookies={"recovea_session": session_cookie(browser)})
     assert csv.status_code == 200 and csv.headers["content-type"].startswith("text/csv")

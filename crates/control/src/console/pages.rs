@@ -957,6 +957,32 @@ async fn receipts_csv(control: &Control, visit: &Visit, org: &str) -> Response<F
     }
 }
 
+/// A receipt's fields in the order a reader wants them; any other field follows.
+const RECEIPT_ORDER: [&str; 22] = [
+    "id",
+    "request_id",
+    "started_at",
+    "finished_at",
+    "org_id",
+    "key_id",
+    "provider",
+    "model",
+    "endpoint",
+    "status",
+    "stream",
+    "cost_usd",
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_write_input_tokens",
+    "reasoning_tokens",
+    "usage_source",
+    "priced",
+    "priced_as",
+    "price_revision",
+    "node_id",
+];
+
 /// One receipt, found among those that started in its millisecond (the link carries `at`).
 async fn receipt_page(control: &Control, visit: &Visit, org: &str, receipt: &str) -> Response<Full<Bytes>> {
     let params = crate::admin::query::Params::parse(&visit.query).unwrap_or_default();
@@ -977,7 +1003,8 @@ async fn receipt_page(control: &Control, visit: &Visit, org: &str, receipt: &str
         p { a href={ "/orgs/" (encode(org)) "/receipts" } { "All receipts of this organization" } }
         dl.detail {
             @if let Some(fields) = r.as_object() {
-                @for (name, value) in fields {
+                @for (name, value) in RECEIPT_ORDER.iter().filter_map(|n| fields.get_key_value(*n))
+                    .chain(fields.iter().filter(|(n, _)| !RECEIPT_ORDER.contains(&n.as_str()))) {
                     dt { (name) }
                     dd {
                         @match (name.as_str(), value) {
@@ -1058,7 +1085,31 @@ async fn prices_page(control: &Control, visit: &Visit, refused: Option<&Refused>
     let body = html! {
         h1 { "Prices" }
         p.muted { "Revision " strong { (prices["revision"]) } ". Dollars per million tokens, exact." }
-        (form.general(&["model"]))
+        section.panel {
+            h2 { "Override a price" }
+            form #price.grid method="post" action="/prices" {
+                (csrf_field(&visit.csrf))
+                (form.input("model", "Model", "text", "", true))
+                (form.select("kind", "Kind", &[("", "(not known)"), ("openai", "OpenAI-compatible"), ("anthropic", "Anthropic")], ""))
+                @for (field, label) in PRICE_FIELDS {
+                    (form.input(field, &format!("{label} (USD / MTok)"), "text", "", field.starts_with("input") || field.starts_with("output")))
+                }
+                (form.general(&["model", "kind", "input_per_mtok_usd", "output_per_mtok_usd", "cached_input_per_mtok_usd", "cache_write_per_mtok_usd"]))
+                button type="submit" { "Save price" }
+            }
+        }
+        h2 { "Fallback (an unpriced model of each kind)" }
+        div.scroll { table {
+            thead { tr { th { "Kind" } @for (_, label) in PRICE_FIELDS { th.num { (label) } } th { "Source" } } }
+            tbody {
+                @if let Some(fallback) = prices["fallback"].as_object() {
+                    @for (kind, entry) in fallback {
+                        tr { td { (kind) } @for (field, _) in PRICE_FIELDS { td.num { (cell(entry, field)) } } td { (str_of(entry, "source")) } }
+                    }
+                }
+            }
+        } }
+        h2 { "The table in force" }
         div.scroll { table.prices {
             thead { tr { th { "Model" } th { "Kind" } @for (_, label) in PRICE_FIELDS { th.num { (label) } } th { "Source" } th {} } }
             tbody {
@@ -1077,30 +1128,6 @@ async fn prices_page(control: &Control, visit: &Visit, refused: Option<&Refused>
                 }
             }
         } }
-        h2 { "Fallback (an unpriced model of each kind)" }
-        div.scroll { table {
-            thead { tr { th { "Kind" } @for (_, label) in PRICE_FIELDS { th.num { (label) } } th { "Source" } } }
-            tbody {
-                @if let Some(fallback) = prices["fallback"].as_object() {
-                    @for (kind, entry) in fallback {
-                        tr { td { (kind) } @for (field, _) in PRICE_FIELDS { td.num { (cell(entry, field)) } } td { (str_of(entry, "source")) } }
-                    }
-                }
-            }
-        } }
-        section.panel {
-            h2 { "Override a price" }
-            form #price.grid method="post" action="/prices" {
-                (csrf_field(&visit.csrf))
-                (form.input("model", "Model", "text", "", true))
-                (form.select("kind", "Kind", &[("", "(not known)"), ("openai", "OpenAI-compatible"), ("anthropic", "Anthropic")], ""))
-                @for (field, label) in PRICE_FIELDS {
-                    (form.input(field, &format!("{label} (USD / MTok)"), "text", "", field.starts_with("input") || field.starts_with("output")))
-                }
-                (form.general(&["model", "kind", "input_per_mtok_usd", "output_per_mtok_usd", "cached_input_per_mtok_usd", "cache_write_per_mtok_usd"]))
-                button type="submit" { "Save price" }
-            }
-        }
     };
     page(status, layout("Prices", Some(&visit.csrf), "prices", body))
 }
