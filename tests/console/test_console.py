@@ -206,7 +206,20 @@ def test_the_console_runs_an_organization_from_creation_to_a_refused_cap(browser
     rows = browser.find_all("table.receipts tbody tr")
     assert len(rows) >= admitted, (len(rows), admitted)
     browser.screenshot(SHOTS / "receipts.png")
+    # Filters: the API's own, its refusal beside the field.
+    browser.find("#filters-model").type(MODEL)
+    submit(browser, "#filters")
+    assert len(browser.find_all("table.receipts tbody tr")) == admitted
+    browser.find("#filters-status").type("two hundred")
+    submit(browser, "#filters")
+    assert browser.text("#filters-status-error").startswith("status: "), browser.text("main")
+    browser.find("#filters-status").type("200")
+    browser.find("#filters-usage_source").select("provider")
+    submit(browser, "#filters")
+    assert len(browser.find_all("table.receipts tbody tr")) == admitted
+    assert "usage_source=provider" in browser.url and "model=" in browser.url
     csv_href = browser.find("#csv").attribute("href")
+    browser.go(f"{admin_url}/orgs/{org_id}/receipts")
     browser.find("table.receipts tbody tr:last-child a").click()
     assert "/v1/chat/completions" in browser.text("dl.detail")
     # 3 input and 5 output tokens at a cent each.
@@ -215,7 +228,7 @@ def test_the_console_runs_an_organization_from_creation_to_a_refused_cap(browser
     csv = httpx.get(f"{admin_url}{csv_href}", cookies={"recovea_session": session_cookie(browser)})
     assert csv.status_code == 200 and csv.headers["content-type"].startswith("text/csv")
     assert csv.text.startswith("id,request_id,org_id,key_id,")
-    assert len(csv.text.strip().splitlines()) - 1 == len(rows)
+    assert len(csv.text.strip().splitlines()) - 1 == admitted, "the CSV holds the filtered set"
 
     browser.go(f"{admin_url}/nodes")
     assert browser.text("h1") == "Nodes"

@@ -856,6 +856,9 @@ fn receipt_filters(visit: &Visit) -> (Vec<(&'static str, String)>, String) {
         ("from", rfc3339_from_field(&get("from"))),
         ("to", rfc3339_from_field(&get("to"))),
         ("key_id", get("key_id")),
+        ("model", get("model")),
+        ("status", get("status")),
+        ("usage_source", get("usage_source")),
     ];
     (filters, get("cursor"))
 }
@@ -884,7 +887,14 @@ async fn receipts_page(control: &Control, visit: &Visit, org: &str) -> Response<
     };
     let refused = refused.map(|refusal| Refused {
         form: "filters".into(),
-        sent: filters.iter().map(|(n, v)| ((*n).to_owned(), v.clone())).collect(),
+        // As the fields show them: times in the `datetime-local` form.
+        sent: filters
+            .iter()
+            .map(|(n, v)| {
+                let shown = if matches!(*n, "from" | "to") { field_from_rfc3339(v) } else { v.clone() };
+                ((*n).to_owned(), shown)
+            })
+            .collect(),
         refusal,
     });
     let view = FormView::new("filters", refused.as_ref());
@@ -901,7 +911,10 @@ async fn receipts_page(control: &Control, visit: &Visit, org: &str) -> Response<
             (view.input("from", "From, UTC (inclusive)", "datetime-local", &field_from_rfc3339(value("from")), false))
             (view.input("to", "To, UTC (exclusive)", "datetime-local", &field_from_rfc3339(value("to")), false))
             (view.select("key_id", "Key", &key_options, value("key_id")))
-            (view.general(&["from", "to", "key_id"]))
+            (view.input("model", "Model", "text", value("model"), false))
+            (view.input("status", "HTTP status", "text", value("status"), false))
+            (view.select("usage_source", "Usage", &[("", "Reported or estimated"), ("provider", "Reported by the provider"), ("estimated", "Estimated")], value("usage_source")))
+            (view.general(&["from", "to", "key_id", "model", "status", "usage_source"]))
             button type="submit" { "Filter" }
         }
         p.actions {

@@ -102,6 +102,9 @@ impl ReceiptLedger for SqliteStore {
                  AND started_at >= ?2 AND started_at < ?3
                  AND (?4 IS NULL OR key_id = ?4)
                  AND (started_at > ?5 OR (started_at = ?5 AND id > ?6))
+                 AND (?8 IS NULL OR model = ?8)
+                 AND (?9 IS NULL OR status = ?9)
+                 AND (?10 IS NULL OR usage_source = ?10)
                  ORDER BY started_at, id LIMIT ?7"
             ))
             .map_err(backend)?;
@@ -113,7 +116,10 @@ impl ReceiptLedger for SqliteStore {
                 q.key_id.as_ref().map(KeyId::as_str),
                 after_time,
                 after_id,
-                q.limit
+                q.limit,
+                q.model.as_deref(),
+                q.status,
+                q.usage_source.map(UsageSource::as_str)
             ])
             .map_err(backend)?;
         records(found, receipt_row)

@@ -45,6 +45,9 @@ fn all_of_org_a(store: &SqliteStore) -> Vec<Receipt> {
         from: None,
         to: None,
         key_id: None,
+        model: None,
+        status: None,
+        usage_source: None,
         limit: 100,
         after: None,
     };
