@@ -71,11 +71,27 @@ struct ReceiptFilter {
     to: Option<String>,
     #[arg(long, env = "RECOVEA_KEY_ID")]
     key_id: Option<String>,
+    /// Only this model's receipts.
+    #[arg(long, env = "RECOVEA_RECEIPT_MODEL")]
+    model: Option<String>,
+    /// Only receipts with this HTTP status.
+    #[arg(long, env = "RECOVEA_RECEIPT_STATUS")]
+    status: Option<u16>,
+    /// Only receipts whose usage the provider reported (`provider`) or was estimated (`estimated`).
+    #[arg(long, env = "RECOVEA_RECEIPT_USAGE_SOURCE", value_parser = ["provider", "estimated"])]
+    usage_source: Option<String>,
 }
 
 impl ReceiptFilter {
     fn query(&self, extra: &[(&str, Option<String>)]) -> String {
-        let pairs = [("from", self.from.clone()), ("to", self.to.clone()), ("key_id", self.key_id.clone())];
+        let pairs = [
+            ("from", self.from.clone()),
+            ("to", self.to.clone()),
+            ("key_id", self.key_id.clone()),
+            ("model", self.model.clone()),
+            ("status", self.status.map(|s| s.to_string())),
+            ("usage_source", self.usage_source.clone()),
+        ];
         let encoded: Vec<String> = pairs
             .iter()
             .chain(extra)
