@@ -177,6 +177,15 @@ struct ReceiptFilter {
     /// Only receipts with this attribution tag, as key:value (team:search).
     #[arg(long, env = "RECOVEA_TAG")]
     tag: Option<String>,
+    /// Only this model's receipts.
+    #[arg(long, env = "RECOVEA_RECEIPT_MODEL")]
+    model: Option<String>,
+    /// Only receipts with this HTTP status.
+    #[arg(long, env = "RECOVEA_RECEIPT_STATUS")]
+    status: Option<u16>,
+    /// Only receipts whose usage the provider reported (`provider`) or was estimated (`estimated`).
+    #[arg(long, env = "RECOVEA_RECEIPT_USAGE_SOURCE", value_parser = ["provider", "estimated"])]
+    usage_source: Option<String>,
 }
 
 impl ReceiptFilter {
@@ -186,6 +195,9 @@ impl ReceiptFilter {
             ("to", self.to.clone()),
             ("key_id", self.key_id.clone()),
             ("tag", self.tag.clone()),
+            ("model", self.model.clone()),
+            ("status", self.status.map(|s| s.to_string())),
+            ("usage_source", self.usage_source.clone()),
         ];
         let encoded: Vec<String> = pairs
             .iter()

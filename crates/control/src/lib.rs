@@ -8,6 +8,7 @@ mod admin;
 pub mod alerts;
 mod bounded;
 pub mod client;
+mod console;
 mod error;
 mod feed;
 pub mod ingest;
@@ -74,6 +75,8 @@ struct Inner {
     /// The version last published; the lock serialises rebuilds so that an older state is never
     /// published after a newer one.
     published: tokio::sync::Mutex<Option<u64>>,
+    /// The signed-in sessions of the web console.
+    console_sessions: console::Sessions,
 }
 
 /// What `/metrics` counts besides the feed's version.
@@ -115,6 +118,7 @@ impl Control {
                 node_reports: std::sync::Mutex::new(std::collections::HashMap::new()),
                 nodes: std::sync::OnceLock::new(),
                 published: tokio::sync::Mutex::new(None),
+                console_sessions: console::Sessions::default(),
             }),
         }
     }

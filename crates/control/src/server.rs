@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 
 use crate::admin::query::decode_path_segment;
 use crate::admin::{Caller, OPENAPI, Reply, ReplyBody};
-use crate::{ApiError, Control};
+use crate::{ApiError, Control, console};
 
 const PREFIX: &str = "/admin/v1/";
 /// Admin bodies are small JSON documents.
@@ -99,6 +99,9 @@ impl Control {
         }
         if request.method() == Method::GET && path == "/admin/v1/openapi.json" {
             return json_response(StatusCode::OK, Bytes::from_static(OPENAPI.as_bytes()));
+        }
+        if console::serves(&path) && !Control::is_node_path(&path) {
+            return self.console(request, client).await;
         }
         let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         let result = match path.strip_prefix(PREFIX) {

@@ -16,6 +16,7 @@ pub mod keys;
 pub mod models;
 pub mod money;
 pub mod pricing;
+pub mod projection;
 pub mod ratelimit;
 pub mod receipt;
 pub mod snapshot;

@@ -23,6 +23,8 @@ use crate::{
 pub enum AuditAuth {
     AdminToken,
     NodeToken,
+    /// A console session, which was opened with the admin token.
+    ConsoleSession,
 }
 
 impl AuditAuth {
@@ -30,6 +32,7 @@ impl AuditAuth {
         match self {
             Self::AdminToken => "admin_token",
             Self::NodeToken => "node_token",
+            Self::ConsoleSession => "console_session",
         }
     }
 
@@ -37,6 +40,7 @@ impl AuditAuth {
         match text {
             "admin_token" => Some(Self::AdminToken),
             "node_token" => Some(Self::NodeToken),
+            "console_session" => Some(Self::ConsoleSession),
             _ => None,
         }
     }

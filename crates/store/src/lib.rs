@@ -287,6 +287,12 @@ pub struct ReceiptQuery {
     /// `started_at` before this.
     pub to: Option<Timestamp>,
     pub key_id: Option<KeyId>,
+    /// Only receipts of this model (`None` there: any).
+    pub model: Option<String>,
+    /// Only receipts with this HTTP status.
+    pub status: Option<u16>,
+    /// Only receipts whose usage came from here (`Estimated`: the provider reported none).
+    pub usage_source: Option<recovea_core::usage::UsageSource>,
     pub limit: u32,
     /// Continue after this receipt: its `started_at` and id.
     pub after: Option<(Timestamp, String)>,

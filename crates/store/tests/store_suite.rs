@@ -17,6 +17,7 @@ use recovea_core::ratelimit::KeyLimits;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
+use recovea_core::usage::UsageSource;
 use recovea_core::window::Window;
 use std::time::Duration;
 
@@ -134,6 +135,7 @@ suite!(
     state_holds_every_table,
     receipts_insert_once_and_page_in_order,
     spend_summary_groups_by_day_key_and_model,
+    receipts_filter_by_model_status_and_usage_source,
     spend_sums_costs_in_a_window,
     each_price_change_is_a_new_revision,
     prices_are_removed_imported_and_set_per_kind_in_one_revision_each,
@@ -473,6 +475,9 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
         from: None,
         to: None,
         key_id: key.map(key_id),
+        model: None,
+        status: None,
+        usage_source: None,
         limit: 2,
         after,
         tag: None,
@@ -528,6 +533,9 @@ fn receipts_keep_their_tags_and_filter_and_sum_by_them(db: &impl Backend) {
         from: None,
         to: None,
         key_id: None,
+        model: None,
+        status: None,
+        usage_source: None,
         limit: 10,
         after: None,
         tag: None,
@@ -569,6 +577,56 @@ fn receipts_keep_their_tags_and_filter_and_sum_by_them(db: &impl Backend) {
         store.spend_by_tag(&org, None, Some(Timestamp(2)), Some(Timestamp(4)), "feature").expect("summary");
     let values: Vec<_> = window.iter().map(|r| (r.value.clone(), r.requests)).collect();
     assert_eq!(values, [(None, 1), (Some("search".into()), 1)]);
+}
+
+fn receipts_filter_by_model_status_and_usage_source(db: &impl Backend) {
+    let store = db.open();
+    let batch = [
+        receipt("rcpt_f1", "key_a", 1, 1),
+        Receipt { model: Some("claude-haiku-4-5".into()), ..receipt("rcpt_f2", "key_a", 2, 1) },
+        Receipt { status: 500, ..receipt("rcpt_f3", "key_a", 3, 1) },
+        Receipt { usage_source: UsageSource::Estimated, ..receipt("rcpt_f4", "key_a", 4, 1) },
+        Receipt { model: None, ..receipt("rcpt_f5", "key_a", 5, 1) },
+    ];
+    store.insert_receipts(&serialized(&batch)).expect("insert");
+    let all = ReceiptQuery {
+        org_id: org_id("org_a"),
+        from: None,
+        to: None,
+        key_id: None,
+        model: None,
+        status: None,
+        usage_source: None,
+        limit: 100,
+        after: None,
+        tag: None,
+    };
+    let found = |q: ReceiptQuery| -> Vec<String> {
+        store.receipts(&q).expect("receipts").into_iter().map(|r| r.id).collect()
+    };
+    assert_eq!(found(all.clone()).len(), 5);
+    assert_eq!(
+        found(ReceiptQuery { model: Some("gpt-4o".into()), ..all.clone() }),
+        ["rcpt_f1", "rcpt_f3", "rcpt_f4"]
+    );
+    assert_eq!(found(ReceiptQuery { model: Some("claude-haiku-4-5".into()), ..all.clone() }), ["rcpt_f2"]);
+    assert_eq!(found(ReceiptQuery { status: Some(500), ..all.clone() }), ["rcpt_f3"]);
+    assert_eq!(
+        found(ReceiptQuery { usage_source: Some(UsageSource::Estimated), ..all.clone() }),
+        ["rcpt_f4"]
+    );
+    assert_eq!(found(ReceiptQuery { usage_source: Some(UsageSource::Provider), ..all.clone() }).len(), 4);
+    assert_eq!(
+        found(ReceiptQuery { status: Some(500), usage_source: Some(UsageSource::Estimated), ..all.clone() }),
+        Vec::<String>::new(),
+        "filters combine"
+    );
+    // A filter pages like the rest: the cursor continues after the last receipt that matched.
+    let first = store.receipts(&ReceiptQuery { status: Some(200), limit: 2, ..all.clone() }).expect("page");
+    assert_eq!(ids(&first), ["rcpt_f1", "rcpt_f2"]);
+    let last = first.last().expect("a receipt");
+    let after = Some((last.started_at, last.id.clone()));
+    assert_eq!(found(ReceiptQuery { status: Some(200), limit: 2, after, ..all }), ["rcpt_f4", "rcpt_f5"]);
 }
 
 fn spend_summary_groups_by_day_key_and_model(db: &impl Backend) {

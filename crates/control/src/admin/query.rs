@@ -5,6 +5,7 @@ use recovea_core::timestamp::Timestamp;
 use crate::ApiError;
 
 /// A decoded query string.
+#[derive(Default)]
 pub(crate) struct Params(Vec<(String, String)>);
 
 impl Params {
@@ -22,6 +23,11 @@ impl Params {
 
     pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// Every pair, in the order given.
+    pub(crate) fn pairs(&self) -> &[(String, String)] {
+        &self.0
     }
 
     pub(crate) fn time(&self, name: &str) -> Result<Option<Timestamp>, ApiError> {

@@ -5,6 +5,7 @@ use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::receipt::Receipt;
 use recovea_core::tags;
 use recovea_core::timestamp::Timestamp;
+use recovea_core::usage::UsageSource;
 use recovea_store::ReceiptQuery;
 use serde_json::{Value, json};
 
@@ -62,6 +63,23 @@ impl Control {
             from: params.time("from")?,
             to: params.time("to")?,
             key_id: key_filter(&params)?,
+            model: params.get("model").filter(|m| !m.is_empty()).map(str::to_owned),
+            status: params
+                .get("status")
+                .map(|s| {
+                    s.parse::<u16>().ok().filter(|n| (100..=599).contains(n)).ok_or_else(|| {
+                        ApiError::BadRequest("status: expected an HTTP status, 100 to 599".into())
+                    })
+                })
+                .transpose()?,
+            usage_source: params
+                .get("usage_source")
+                .map(|s| {
+                    UsageSource::parse(s).ok_or_else(|| {
+                        ApiError::BadRequest("usage_source: expected provider or estimated".into())
+                    })
+                })
+                .transpose()?,
             // One more than asked tells whether another page follows.
             limit: limit + 1,
             after: params.get("cursor").map(parse_cursor).transpose()?,

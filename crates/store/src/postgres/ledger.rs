@@ -5,6 +5,7 @@ use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
+use recovea_core::usage::UsageSource;
 
 use super::{PostgresStore, backend, select};
 use crate::rows::{self, Columns, saturating_i64};
@@ -53,6 +54,9 @@ impl ReceiptLedger for PostgresStore {
              AND ($4::TEXT IS NULL OR key_id = $4)
              AND (started_at, id) > ($5, $6)
              AND ($8::TEXT IS NULL OR strpos(',' || tags || ',', $8) > 0)
+             AND ($9::TEXT IS NULL OR model = $9)
+             AND ($10::INT IS NULL OR (body::jsonb ->> 'status')::INT = $10)
+             AND ($11::TEXT IS NULL OR body::jsonb ->> 'usage_source' = $11)
              ORDER BY started_at, id LIMIT $7",
             &[
                 &q.org_id.as_str(),
@@ -63,6 +67,11 @@ impl ReceiptLedger for PostgresStore {
                 &after_id,
                 &i64::from(q.limit),
                 &rows::tag_needle(&q.tag),
+                &q.model.as_deref(),
+                // Status and usage source are not columns here: read from the receipt's JSON, row
+                // by row in the (org, time) order of the index, until the page is full.
+                &q.status.map(i32::from),
+                &q.usage_source.map(UsageSource::as_str),
             ],
             |row| {
                 serde_json::from_str(row.text(0)?)

@@ -105,6 +105,9 @@ impl ReceiptLedger for SqliteStore {
                  AND (?4 IS NULL OR key_id = ?4)
                  AND (started_at > ?5 OR (started_at = ?5 AND id > ?6))
                  AND (?8 IS NULL OR instr(',' || tags || ',', ?8) > 0)
+                 AND (?9 IS NULL OR model = ?9)
+                 AND (?10 IS NULL OR status = ?10)
+                 AND (?11 IS NULL OR usage_source = ?11)
                  ORDER BY started_at, id LIMIT ?7"
             ))
             .map_err(backend)?;
@@ -118,6 +121,9 @@ impl ReceiptLedger for SqliteStore {
                 after_id,
                 q.limit,
                 rows::tag_needle(&q.tag),
+                q.model.as_deref(),
+                q.status,
+                q.usage_source.map(UsageSource::as_str)
             ])
             .map_err(backend)?;
         records(found, receipt_row)

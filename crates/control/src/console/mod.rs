@@ -1,0 +1,295 @@
+//! The web console at `/` of the admin listener: server-rendered pages over the admin API.
+//!
+//! Every page reads and every form writes through [`Control::route`], the admin API's own code
+//! path (see [`api`]): a form becomes the JSON body the API takes, and the page renders the JSON it
+//! answers. Validation, error messages and whatever else the API does apply here unchanged; a
+//! refused form shows the API's message beside the field it names.
+//!
+//! Security: sign-in with the admin token opens a server-side session ([`session`]); every POST
+//! carries the session's CSRF token; every answer carries a strict Content-Security-Policy and is
+//! never cached. The assets (one CSS file, one small script) are compiled into the binary.
+
+mod api;
+mod chart;
+mod format;
+mod pages;
+mod session;
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+
+use recovea_store::AuditAuth;
+
+use crate::Control;
+use crate::admin::Caller;
+use crate::admin::query::{Params, decode_path_segment};
+use api::ConsoleApi;
+
+pub(crate) use session::Sessions;
+
+const CSS: &str = include_str!("assets/console.css");
+const JS: &str = include_str!("assets/console.js");
+/// Console forms are a few short fields.
+const MAX_FORM_BYTES: usize = 64 << 10;
+
+/// Sent with every console answer: nothing loads from anywhere but this listener, nothing runs
+/// inline, no page can be framed, and forms post only back here.
+pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; script-src 'self'; \
+     img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// Whether `path` is the console's rather than the admin API's (or the probes', answered before).
+pub(crate) fn serves(path: &str) -> bool {
+    !path.starts_with("/admin/")
+}
+
+/// A submitted form's fields.
+pub(crate) struct Form(Params);
+
+impl Form {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name)
+    }
+
+    /// A field's value, trimmed; `""` when absent.
+    pub(crate) fn text(&self, name: &str) -> &str {
+        self.get(name).map_or("", str::trim)
+    }
+
+    /// The fields to show again beside a refusal: never the CSRF token, a token or an API key.
+    pub(crate) fn echo(&self) -> Vec<(String, String)> {
+        self.0
+            .pairs()
+            .iter()
+            .filter(|(name, _)| !matches!(name.as_str(), "csrf" | "token" | "api_key"))
+            .cloned()
+            .collect()
+    }
+}
+
+/// What the page handlers need of the request and the session.
+pub(crate) struct Visit {
+    pub(crate) csrf: String,
+    pub(crate) query: String,
+}
+
+impl Control {
+    /// Answers one request for the console.
+    pub(crate) async fn console<B>(
+        &self,
+        request: Request<B>,
+        client: Option<SocketAddr>,
+    ) -> Response<Full<Bytes>>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let (parts, body) = request.into_parts();
+        let secure = over_tls(&parts.headers);
+        let method = parts.method.clone();
+        let path = parts.uri.path().to_owned();
+        let query = parts.uri.query().unwrap_or("").to_owned();
+        if method == Method::GET {
+            match path.as_str() {
+                "/assets/console.css" => return asset(CSS, "text/css; charset=utf-8"),
+                "/assets/console.js" => return asset(JS, "text/javascript; charset=utf-8"),
+                _ => {}
+            }
+        }
+        if method != Method::GET && method != Method::POST {
+            return page(StatusCode::METHOD_NOT_ALLOWED, pages::message("Method not allowed", None));
+        }
+        let form = if method == Method::POST {
+            let Ok(collected) = Limited::new(body, MAX_FORM_BYTES).collect().await else {
+                return page(StatusCode::PAYLOAD_TOO_LARGE, pages::message("The form is too large.", None));
+            };
+            let bytes = collected.to_bytes();
+            match std::str::from_utf8(&bytes).ok().and_then(|text| Params::parse(text).ok()) {
+                Some(params) => Form(params),
+                None => {
+                    return page(StatusCode::BAD_REQUEST, pages::message("The form is unreadable.", None));
+                }
+            }
+        } else {
+            Form(Params::default())
+        };
+        let cookie = parts.headers.get(header::COOKIE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let session_id = session::cookie_value(cookie, session::COOKIE).unwrap_or("").to_owned();
+        let now = Instant::now();
+        let session = self.inner.console_sessions.get(&session_id, now);
+
+        if path == "/sign-in" {
+            return match (&method, session) {
+                (&Method::GET, Some(_)) => redirect("/"),
+                (&Method::GET, None) => page(StatusCode::OK, pages::sign_in(None)),
+                _ => self.sign_in(form.get("token").unwrap_or(""), secure, now),
+            };
+        }
+        let Some(session) = session else {
+            return if method == Method::GET {
+                redirect("/sign-in")
+            } else {
+                page(StatusCode::UNAUTHORIZED, pages::sign_in(Some("Your session has ended: sign in again.")))
+            };
+        };
+        if method == Method::POST && !session.csrf_matches(form.get("csrf")) {
+            return page(
+                StatusCode::FORBIDDEN,
+                pages::message(
+                    "This form did not come from this console's current session. Reload the page and submit it again.",
+                    Some(&session.csrf),
+                ),
+            );
+        }
+        if method == Method::POST && path == "/sign-out" {
+            self.inner.console_sessions.close(&session_id);
+            let mut response = redirect("/sign-in");
+            set_header(&mut response, header::SET_COOKIE, &session::clear_cookie(secure));
+            return response;
+        }
+        let segments: Option<Vec<String>> =
+            path.trim_matches('/').split('/').filter(|s| !s.is_empty()).map(decode_path_segment).collect();
+        let Some(segments) = segments else {
+            return page(StatusCode::BAD_REQUEST, pages::message("Bad path.", Some(&session.csrf)));
+        };
+        let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+        let visit = Visit { csrf: session.csrf, query };
+        let api = ConsoleApi { control: self, caller: Caller { auth: AuditAuth::ConsoleSession, client } };
+        pages::dispatch(&api, &method, &segments, &visit, &form).await
+    }
+
+    fn sign_in(&self, token: &str, secure: bool, now: Instant) -> Response<Full<Bytes>> {
+        // The API's own check, as if the token came in an `Authorization` header.
+        if !self.authorized(Some(&format!("Bearer {}", token.trim()))) {
+            return page(StatusCode::UNAUTHORIZED, pages::sign_in(Some("Wrong token.")));
+        }
+        let Ok((id, _)) = self.inner.console_sessions.open(now) else {
+            return page(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                pages::message("The operating system's random generator failed.", None),
+            );
+        };
+        let mut response = redirect("/");
+        set_header(&mut response, header::SET_COOKIE, &session::set_cookie(&id, secure));
+        response
+    }
+}
+
+/// Whether the browser reached us over TLS: the admin listener speaks plain HTTP, so only a TLS
+/// proxy in front of it can say so, with `X-Forwarded-Proto: https` (or RFC 7239 `Forwarded`).
+/// Believing it can only add `Secure` to the cookie, never remove a protection.
+pub(crate) fn over_tls(headers: &HeaderMap) -> bool {
+    let forwarded_proto = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').next().is_some_and(|first| first.trim().eq_ignore_ascii_case("https")));
+    let forwarded = headers
+        .get(header::FORWARDED)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split([';', ',']).any(|pair| pair.trim().eq_ignore_ascii_case("proto=https")));
+    forwarded_proto || forwarded
+}
+
+/// The headers every console answer carries.
+pub(crate) fn secure_headers(headers: &mut HeaderMap) {
+    headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+}
+
+pub(crate) fn page(status: StatusCode, markup: maud::Markup) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(markup.into_string())));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    // Pages show secrets once and spend as of now: never from a cache.
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    secure_headers(headers);
+    response
+}
+
+/// `303 See Other`: after a form, the browser loads `location` with a GET.
+pub(crate) fn redirect(location: &str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = StatusCode::SEE_OTHER;
+    set_header(&mut response, header::LOCATION, location);
+    secure_headers(response.headers_mut());
+    response
+}
+
+fn asset(text: &'static str, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    secure_headers(headers);
+    response
+}
+
+pub(crate) fn set_header(response: &mut Response<Full<Bytes>>, name: header::HeaderName, value: &str) {
+    if let Ok(value) = HeaderValue::try_from(value) {
+        response.headers_mut().insert(name, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_tls_proxy_makes_the_cookie_secure() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(*name, HeaderValue::from_static(value));
+            }
+            map
+        };
+        assert!(!over_tls(&headers(&[])));
+        assert!(over_tls(&headers(&[("x-forwarded-proto", "https")])));
+        assert!(over_tls(&headers(&[("x-forwarded-proto", "HTTPS, http")])));
+        assert!(!over_tls(&headers(&[("x-forwarded-proto", "http")])));
+        assert!(over_tls(&headers(&[("forwarded", "for=192.0.2.1;proto=https")])));
+        assert!(!over_tls(&headers(&[("forwarded", "for=192.0.2.1;proto=http")])));
+    }
+
+    #[test]
+    fn every_page_is_locked_down() {
+        let response = page(StatusCode::OK, maud::html! { p { "hi" } });
+        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let csp = header("content-security-policy");
+        for directive in [
+            "default-src 'none'",
+            "style-src 'self'",
+            "script-src 'self'",
+            "frame-ancestors 'none'",
+            "form-action 'self'",
+        ] {
+            assert!(csp.contains(directive), "{directive} in {csp}");
+        }
+        assert!(!csp.contains("unsafe"), "{csp}");
+        assert_eq!(header("x-content-type-options"), "nosniff");
+        assert_eq!(header("referrer-policy"), "no-referrer");
+        assert_eq!(header("cache-control"), "no-store");
+        assert_eq!(header("content-type"), "text/html; charset=utf-8");
+        assert!(redirect("/").headers().contains_key("content-security-policy"));
+    }
+
+    #[test]
+    fn the_console_leaves_the_admin_api_alone() {
+        assert!(serves("/"));
+        assert!(serves("/orgs/org_x"));
+        assert!(!serves("/admin/v1/orgs"));
+    }
+
+    #[test]
+    fn a_refused_form_never_echoes_a_secret() {
+        let form = Form(Params::parse("csrf=c&token=t&api_key=sk-1&name=n").expect("parses"));
+        assert_eq!(form.echo(), vec![("name".to_owned(), "n".to_owned())]);
+    }
+}
