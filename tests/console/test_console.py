@@ -2,7 +2,7 @@
 mock provider. It signs in, creates an organization, a provider credential, a key and an armed cap
 through the pages, sends traffic through the gateway until the cap refuses, watching the spend bar
 move, revokes the key in the console and sees the gateway answer 401. Each page's screenshot goes to
-docs/console/ (RECOVEA_CONSOLE_SCREENSHOTS names another directory)."""
+target/console-screenshots/; RECOVEA_CONSOLE_SCREENSHOTS=docs/console refreshes the documentation's."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from conftest import sdk
 from webdriver import Browser
 
 ADMIN_TOKEN = sdk.ADMIN_TOKEN
-SHOTS = Path(os.environ.get("RECOVEA_CONSOLE_SCREENSHOTS", sdk.REPO_ROOT / "docs" / "console"))
+# A test run leaves the work tree as it was: the docs' screenshots change only when asked for.
+SHOTS = Path(os.environ.get("RECOVEA_CONSOLE_SCREENSHOTS", sdk.REPO_ROOT / "target" / "console-screenshots"))
 # Receipts reach the ledger from the spool within a moment; the pages read the ledger. Poll, never sleep.
 LEDGER_DEADLINE_S = float(os.environ.get("RECOVEA_CONSOLE_LEDGER_DEADLINE", "20"))
 MODEL = "gpt-4o-mini"
@@ -131,6 +132,12 @@ def test_the_console_runs_an_organization_from_creation_to_a_refused_cap(browser
     assert re.fullmatch(rf"{re.escape(admin_url)}/orgs/org_\w+", browser.url), browser.url
     org_id = browser.url.rsplit("/", 1)[-1]
     assert browser.text("h1") == org_name
+    # The console's changes are the admin API's, and so audited: as a console session's.
+    audit = httpx.get(f"{admin_url}/admin/v1/audit", params={"org_id": org_id},
+                      headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert audit.status_code == 200, audit.text
+    [created] = audit.json()["entries"]
+    assert (created["action"], created["object_kind"], created["auth"]) == ("create", "org", "console_session")
 
     # A provider credential: only its hint is shown.
     provider_key = f"sk-managed-console-{uuid.uuid4().hex}"
