@@ -304,9 +304,16 @@ async fn sigterm_drains_in_flight_requests_and_flushes_the_spool() {
         let exit = node.process.terminate(Duration::from_secs(15));
         (node, exit)
     });
-    // While it drains, the node takes no new connection.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let refused = tokio::net::TcpStream::connect(&address).await.is_err();
+    // While it drains, the node takes no new connection: polled until its listener is gone,
+    // which must come while the in-flight request still holds the node open.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let refused = loop {
+        if tokio::net::TcpStream::connect(&address).await.is_err() {
+            break !slow.is_finished();
+        }
+        assert!(Instant::now() < deadline, "the node still takes connections 5 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let answer = slow.await.expect("the request task");
     assert_eq!(answer.status, StatusCode::OK, "the in-flight request finishes");
     let (_node, exit) = exit.await.expect("terminate");
@@ -429,12 +436,15 @@ async fn json_logs_are_one_object_per_line() {
     let mut banner = String::new();
     std::io::BufRead::read_line(&mut stdout, &mut banner).expect("banner");
     assert!(banner.starts_with("recovea node"), "{banner}");
-    // With no control plane to feed it, the node warns; then SIGTERM makes it log its drain.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // With no control plane to feed it, the node logs (its feed's failure); once it has, SIGTERM
+    // makes it log its drain.
+    let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut stderr = String::new();
+    std::io::BufRead::read_line(&mut log, &mut stderr).expect("a first log line");
     let term = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     assert!(term.is_ok_and(|s| s.success()));
-    let output = child.wait_with_output().expect("exits");
-    let stderr = String::from_utf8(output.stderr).expect("utf-8");
+    std::io::Read::read_to_string(&mut log, &mut stderr).expect("the rest of the log");
+    child.wait().expect("exits");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert!(lines.len() >= 2, "{stderr}");
     for line in &lines {

@@ -425,10 +425,11 @@ async fn at_an_unseeded_window_a_request_waits_for_the_ledgers_total(backend: Ba
     drop(blind);
 
     // The node's rebuild (here by hand: the sync finds the window missing, the ledger's total is
-    // seeded and pushed) lands while the request asks again: the store then decides it.
+    // seeded and pushed) lands while the request asks again: the store then decides it. The ask
+    // is polled first and sends its first question; the rebuild starts at once rather than after
+    // a sleep, so that a slow machine cannot push it past the ask's bounded wait.
     let mut first = a.reserve(&covered, Nanos(10));
     let rebuild = async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
         let outcome = a.sync_with(store.shared.as_ref(), now).await.expect("sync");
         assert_eq!(outcome.missing.iter().map(|m| &m.cap).collect::<Vec<_>>(), [&w.cap]);
         a.seed(&w, Nanos(95));

@@ -1,8 +1,8 @@
-//! Metering: the usage tap on the response body, and the receipt handed to the spool once the body
-//! has ended, been cut, or been dropped by a client that went away.
+//! Metering: what the receipt of an admitted request is made of ([`Metered`]), and the [`Meter`]
+//! that settles it into a receipt and hands it to the spool. The receipt in flight, and the usage
+//! tap on the answer's body, are `metered_body`'s.
 //!
-//! Nothing here delays a byte: the tap reads the bytes as they pass, and the receipt goes to the
-//! spool's queue without waiting.
+//! Nothing here delays a byte: the receipt goes to the spool's queue without waiting.
 
 use std::collections::HashSet;
 use std::sync::Mutex;

@@ -764,8 +764,7 @@ mod tests {
         for _ in 0..3 {
             let response = upstream.send(get(&url), LIMIT).await.expect("answered");
             assert_eq!(length(response).await, 2);
-            // The hang-up reaches the client's connection task.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            until_every_idle_connection_is_closed(&upstream).await;
         }
         assert_eq!(accepted.load(SeqCst), 3);
         let kept = || lock(&upstream.lanes[0]).iter().map(|origin| origin.idle.len()).sum::<usize>();
@@ -774,8 +773,21 @@ mod tests {
         assert_eq!(kept(), 0, "the last one, closed too, leaves at the prune");
     }
 
+    /// Waits (with a deadline) until the reactor has seen the provider's hang-up on each pooled
+    /// connection, which the provider sent before its answer was read whole.
+    async fn until_every_idle_connection_is_closed(upstream: &Upstream) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let open =
+            || lock(&upstream.lanes[0]).iter_mut().any(|o| o.idle.iter_mut().any(h1::Connection::is_open));
+        while open() {
+            assert!(Instant::now() < deadline, "a hang-up never reached the client's socket");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// The bodies of two requests in a row to a provider answering as `script` says, and how many
-    /// connections they took.
+    /// connections they took. Neither waits for anything but the answer: a body read to the
+    /// provider's hang-up, or one whose answer says `close`, leaves no connection to pool.
     async fn twice(method: http::Method, script: Script) -> (Vec<String>, usize) {
         let (url, accepted) = scripted(script).await;
         let upstream = plain();
@@ -786,8 +798,6 @@ mod tests {
                 upstream.send(request.body(Bytes::new()).expect("request"), LIMIT).await.expect("answered");
             let body = response.into_body().collect().await.expect("body").to_bytes();
             bodies.push(String::from_utf8(body.to_vec()).expect("text"));
-            // A hang-up reaches the client's socket.
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         (bodies, accepted.load(SeqCst))
     }
