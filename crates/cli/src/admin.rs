@@ -57,7 +57,7 @@ enum Resource {
     /// The nodes that reported to the control plane: feed version, snapshot age, counters
     /// confirmed at, fail-open passes, last seen.
     Nodes,
-    /// The audit log: every admin change, oldest first, as a table (or the JSON answer with --json).
+    /// The audit log: every admin change, oldest first, as a table or as the API's JSON.
     Audit(AuditArgs),
 }
 
