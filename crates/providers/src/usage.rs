@@ -13,8 +13,8 @@ use recovea_core::usage::Usage;
 use crate::sse::{SseEvent, SseReader};
 use quick::CompletionRead;
 use wire::{
-    AnthropicEvent, AnthropicMessage, AnthropicUsage, OpenAiCompletion, OpenAiEmbeddings, OutputChars,
-    ResponseBody, ResponsesEvent, StrOrNothing,
+    AnthropicEvent, AnthropicMessage, AnthropicUsage, GeminiResponse, OpenAiCompletion, OpenAiEmbeddings,
+    OutputChars, ResponseBody, ResponsesEvent, StrOrNothing,
 };
 
 /// The most of an answer the tap keeps: a JSON body it parses at the end, or one stream event.
@@ -36,9 +36,19 @@ const REQUEST_OVERHEAD_TOKENS: u64 = 3;
 /// tokens (a 1024x1024 image is about 765 tokens at OpenAI, about 1,600 at Anthropic).
 const MEDIA_PART_TOKENS: u64 = 1_000;
 
-/// The request fields that hold what the model reads.
-const INPUT_FIELDS: [&str; 7] =
-    ["messages", "system", "input", "prompt", "instructions", "tools", "functions"];
+/// The request fields that hold what the model reads (`contents` and `systemInstruction`: Gemini's).
+const INPUT_FIELDS: [&str; 10] = [
+    "messages",
+    "system",
+    "input",
+    "prompt",
+    "instructions",
+    "tools",
+    "functions",
+    "contents",
+    "systemInstruction",
+    "system_instruction",
+];
 
 /// Content part types whose payload is media, counted flat rather than by characters.
 const MEDIA_PART_TYPES: [&str; 7] =
@@ -52,6 +62,9 @@ pub enum Surface {
     Responses,
     Embeddings,
     Messages,
+    /// Gemini's `models/{model}:generateContent` and `:streamGenerateContent` (a JSON array, or
+    /// events with `alt=sse`).
+    GenerateContent,
     /// Anything else (models, files, images, audio, `messages/count_tokens`, batches): not tapped.
     Other,
 }
@@ -119,15 +132,49 @@ impl Surface {
         // `/v1/chat/completions` answers like OpenAI; third parties serve `/v1/messages` too).
         let _ = kind;
         let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
-        match path {
-            "/v1/chat/completions" => Surface::ChatCompletions,
-            "/v1/completions" => Surface::Completions,
-            "/v1/responses" => Surface::Responses,
-            "/v1/embeddings" => Surface::Embeddings,
-            "/v1/messages" => Surface::Messages,
+        if let Some(method) = gemini_method(path) {
+            return match method {
+                "generateContent" | "streamGenerateContent" => Surface::GenerateContent,
+                _ => Surface::Other,
+            };
+        }
+        // Azure's and Gemini's OpenAI-compatible paths answer in OpenAI's shapes.
+        let api = if let Some(rest) = path.strip_prefix("/openai/deployments/") {
+            rest.split_once('/').map_or("", |(_deployment, api)| api)
+        } else {
+            ["/openai/v1/", "/v1beta/openai/", "/openai/", "/v1/"]
+                .iter()
+                .find_map(|root| path.strip_prefix(root))
+                .unwrap_or("")
+        };
+        match api {
+            "chat/completions" => Surface::ChatCompletions,
+            "completions" => Surface::Completions,
+            "responses" => Surface::Responses,
+            "embeddings" => Surface::Embeddings,
+            "messages" if path == "/v1/messages" => Surface::Messages,
             _ => Surface::Other,
         }
     }
+}
+
+/// Gemini's `models/{model}:{method}` under `/v1beta/` or `/v1/`: the method.
+fn gemini_method(path: &str) -> Option<&str> {
+    gemini_call(path).map(|(_, method)| method)
+}
+
+/// Gemini's `/v1beta/models/{model}:{method}` (or `/v1/`, or `tunedModels/`): the model and method.
+fn gemini_call(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("/v1beta/").or_else(|| path.strip_prefix("/v1/"))?;
+    let rest = rest.strip_prefix("models/").or_else(|| rest.strip_prefix("tunedModels/"))?;
+    let (model, method) = rest.split_once(':')?;
+    (!model.is_empty() && !model.contains('/')).then_some((model, method))
+}
+
+/// The model a request names in its path rather than its body (Gemini's `models/{model}:...`).
+pub fn model_in_path(upstream_path: &str) -> Option<&str> {
+    let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
+    gemini_call(path).map(|(model, _)| model)
 }
 
 impl UsageTap {
@@ -197,6 +244,7 @@ fn read_json(surface: Surface, body: &[u8]) -> Tapped {
         Surface::Messages => crate::from_json(body).ok().map(|a: AnthropicMessage| {
             (a.usage.map(AnthropicUsage::to_usage), a.content.map_or(0, |c| c.total), a.model)
         }),
+        Surface::GenerateContent => read_gemini_json(body),
         Surface::Other => None,
     };
     parsed.map_or_else(Tapped::default, |(usage, output_chars, model)| Tapped {
@@ -205,6 +253,25 @@ fn read_json(surface: Surface, body: &[u8]) -> Tapped {
         model: owned_model(&model),
         partial: false,
     })
+}
+
+/// A Gemini answer: one `GenerateContentResponse`, or the JSON array `:streamGenerateContent` sends
+/// without `alt=sse`, whose last `usageMetadata` is the final count.
+fn read_gemini_json(body: &[u8]) -> Option<(Option<Usage>, u64, StrOrNothing<'_>)> {
+    let starts_array = body.trim_ascii_start().starts_with(b"[");
+    let responses: Vec<GeminiResponse<'_>> =
+        if starts_array { crate::from_json(body).ok()? } else { vec![crate::from_json(body).ok()?] };
+    let mut read = (None, 0u64, StrOrNothing::default());
+    for response in responses {
+        read.1 = read.1.saturating_add(response.candidates.map_or(0, |c| c.total));
+        if read.2.0.is_none() {
+            read.2 = response.model;
+        }
+        if let Some(usage) = response.usage {
+            read.0 = Some(usage.to_usage());
+        }
+    }
+    Some(read)
 }
 
 /// Whether a stream chunk may carry usage: false only when every `"usage"` key in it is followed
@@ -244,6 +311,7 @@ impl Tally {
             Surface::ChatCompletions | Surface::Completions => self.read_openai_chunk(event.data),
             Surface::Responses => self.read_responses_event(event),
             Surface::Messages => self.read_anthropic_event(event),
+            Surface::GenerateContent => self.read_gemini_event(event.data),
             Surface::Embeddings | Surface::Other => {}
         }
     }
@@ -342,6 +410,18 @@ impl Tally {
         }
     }
 
+    /// Every event of an `alt=sse` stream is a whole `GenerateContentResponse`; each report of usage
+    /// is cumulative, so the last one wins.
+    fn read_gemini_event(&mut self, data: &str) {
+        let Ok(response) = serde_json::from_str::<GeminiResponse>(data) else { return };
+        let chars = response.candidates.map_or(0, |c| c.total);
+        self.output_chars = self.output_chars.saturating_add(chars);
+        self.note_model(&response.model);
+        if let Some(usage) = response.usage {
+            self.usage = Some(usage.to_usage());
+        }
+    }
+
     /// Counts the characters of the chunks kept unread (the only thing they can tell).
     fn read_unread(&mut self) {
         let mut start = 0;
@@ -401,7 +481,8 @@ fn is_read_responses_event(name: &str) -> bool {
 
 /// Estimates a request's input tokens when the provider reported none:
 /// `ceil(chars / 4) + 1,000 per media part + 3`, where `chars` counts, inside `messages`, `system`,
-/// `input`, `prompt`, `instructions`, `tools` and `functions`, every string's and object key's
+/// `input`, `prompt`, `instructions`, `tools`, `functions` and Gemini's `contents` and
+/// `systemInstruction` (or `system_instruction`), every string's and object key's
 /// characters, and 4 per number (so a token-id array counts a token per id). An image, file or
 /// audio part (`type` `image_url`, `input_image`, `image`, `document`, `input_file`, `file`,
 /// `input_audio`) counts as 1,000 tokens whatever its size. A body that is not a JSON object: 0.
