@@ -81,6 +81,7 @@
 
 mod anthropic;
 mod body;
+mod gemini;
 mod openai;
 pub mod proxy;
 mod request;
