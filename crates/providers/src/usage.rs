@@ -109,6 +109,10 @@ struct Tally {
     /// Anthropic reports usage in `message_start` and again, final, in `message_delta`.
     anthropic: Option<AnthropicUsage>,
     anthropic_final: bool,
+    /// A Gemini stream reports usage in every event; only the last event, the one with a
+    /// `finishReason`, has the whole output count.
+    gemini_reported: bool,
+    gemini_final: bool,
     output_chars: u64,
     model: Option<String>,
     /// OpenAI chunks not read yet. Once the model is known, a chunk that cannot carry usage adds
@@ -417,8 +421,10 @@ impl Tally {
         let chars = response.candidates.map_or(0, |c| c.total);
         self.output_chars = self.output_chars.saturating_add(chars);
         self.note_model(&response.model);
+        self.gemini_final |= names_finish_reason(data.as_bytes());
         if let Some(usage) = response.usage {
             self.usage = Some(usage.to_usage());
+            self.gemini_reported = true;
         }
     }
 
@@ -451,7 +457,13 @@ impl Tally {
             }
             usage
         });
-        let partial = self.anthropic.is_some() && !self.anthropic_final;
+        let gemini_cut = self.gemini_reported && !self.gemini_final;
+        if gemini_cut && let Some(usage) = &mut self.usage {
+            // Cut before the last event: its prompt count is exact, its output count is of the
+            // events before, if any; the text seen says more.
+            usage.output_tokens = usage.output_tokens.max(estimate_output_tokens(self.output_chars));
+        }
+        let partial = (self.anthropic.is_some() && !self.anthropic_final) || gemini_cut;
         let usage = anthropic.or(self.usage);
         if usage.is_none() {
             self.read_unread();
@@ -463,6 +475,14 @@ impl Tally {
             partial,
         }
     }
+}
+
+/// Whether a Gemini event has a `"finishReason"` member: the last event of a stream does. Inside a
+/// JSON string a quote is escaped, so the quoted name followed by a colon is only ever a key.
+fn names_finish_reason(data: &[u8]) -> bool {
+    static KEY: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"\"finishReason\""));
+    KEY.find_iter(data).any(|at| data[at + KEY.needle().len()..].trim_ascii_start().starts_with(b":"))
 }
 
 fn is_read_responses_event(name: &str) -> bool {
@@ -525,6 +545,92 @@ mod tests {
             assert_eq!(Surface::of(Anthropic, other), Surface::Other, "{other}");
             assert_eq!(Surface::of(OpenAi, other), Surface::Other, "{other}");
         }
+    }
+
+    #[test]
+    fn azure_and_gemini_paths_have_openai_and_gemini_surfaces() {
+        use ProviderKind::{AzureOpenAi, Gemini};
+        for (path, surface) in [
+            ("/openai/deployments/my-gpt/chat/completions?api-version=2024-10-21", Surface::ChatCompletions),
+            ("/openai/deployments/my-gpt/completions", Surface::Completions),
+            ("/openai/deployments/emb/embeddings?api-version=1", Surface::Embeddings),
+            ("/openai/v1/chat/completions", Surface::ChatCompletions),
+            ("/openai/v1/responses", Surface::Responses),
+            ("/openai/responses?api-version=2025-04-01-preview", Surface::Responses),
+            ("/openai/deployments/my-gpt/chat/completions/extra", Surface::Other),
+            ("/openai/v1/messages", Surface::Other),
+        ] {
+            assert_eq!(Surface::of(AzureOpenAi, path), surface, "{path}");
+        }
+        for (path, surface) in [
+            ("/v1beta/openai/chat/completions", Surface::ChatCompletions),
+            ("/v1beta/openai/embeddings", Surface::Embeddings),
+            ("/v1beta/models/gemini-2.5-flash:generateContent", Surface::GenerateContent),
+            ("/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", Surface::GenerateContent),
+            ("/v1/models/gemini-2.5-flash:generateContent", Surface::GenerateContent),
+            ("/v1beta/models/gemini-2.5-flash:countTokens", Surface::Other),
+            ("/v1beta/models/gemini-2.5-flash:embedContent", Surface::Other),
+            ("/v1beta/models", Surface::Other),
+        ] {
+            assert_eq!(Surface::of(Gemini, path), surface, "{path}");
+        }
+    }
+
+    #[test]
+    fn gemini_names_its_model_in_the_path() {
+        assert_eq!(model_in_path("/v1beta/models/gemini-2.5-pro:generateContent"), Some("gemini-2.5-pro"));
+        assert_eq!(
+            model_in_path("/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"),
+            Some("gemini-2.5-pro")
+        );
+        assert_eq!(model_in_path("/v1beta/tunedModels/mine:generateContent"), Some("mine"));
+        for path in [
+            "/v1/chat/completions",
+            "/v1beta/models/:generateContent",
+            "/v1beta/models/a/b:x",
+            "/v1/models/gpt-4o",
+        ] {
+            assert_eq!(model_in_path(path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn gemini_usage_in_the_receipts_terms() {
+        let body = r#"{"candidates":[{"content":{"parts":[{"text":"ab"}]}}],"usageMetadata":{"promptTokenCount":100,"cachedContentTokenCount":60,"candidatesTokenCount":7,"thoughtsTokenCount":20,"toolUsePromptTokenCount":5},"modelVersion":"gemini-2.5-pro"}"#;
+        let tapped = tap(Surface::GenerateContent, false, body);
+        assert_eq!(
+            tapped.usage,
+            Some(Usage {
+                input_tokens: 105,
+                cached_input_tokens: 60,
+                output_tokens: 27,
+                reasoning_tokens: 20,
+                ..Usage::default()
+            })
+        );
+        assert_eq!(tapped.model.as_deref(), Some("gemini-2.5-pro"));
+        let without = tap(
+            Surface::GenerateContent,
+            false,
+            r#"{"candidates":[{"content":{"parts":[{"text":"abc"}]}}]}"#,
+        );
+        assert_eq!((without.usage, without.output_chars), (None, 3));
+        assert_eq!(tap(Surface::GenerateContent, false, "[{\"candidates\":"), Tapped::default());
+    }
+
+    #[test]
+    fn an_openai_total_that_says_more_than_its_parts_is_believed() {
+        // Gemini's OpenAI-compatible endpoint leaves thinking out of completion_tokens.
+        for body in [
+            r#"{"model":"gemini-2.5-flash","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":3,"total_tokens":131}}"#,
+            r#"{"model": "gemini-2.5-flash", "choices": [], "usage": {"total_tokens": 131, "prompt_tokens": 8, "completion_tokens": 3}}"#,
+        ] {
+            let usage = tap(Surface::ChatCompletions, false, body).usage.expect("usage");
+            assert_eq!((usage.input_tokens, usage.output_tokens), (8, 123), "{body}");
+        }
+        let consistent =
+            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":3,"total_tokens":11}}"#;
+        assert_eq!(tap(Surface::ChatCompletions, false, consistent).usage.map(|u| u.output_tokens), Some(3));
     }
 
     #[test]
