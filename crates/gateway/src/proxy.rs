@@ -203,7 +203,7 @@ where
                 endpoint: endpoint.to_owned(),
                 request_model: facts.model.clone(),
                 kind: target.kind,
-                stream: facts.stream,
+                stream: facts.stream || recovea_providers::usage::streams_by_path(endpoint),
                 surface,
                 input_tokens,
                 started_at: ctx.started_at,

@@ -181,6 +181,12 @@ pub fn model_in_path(upstream_path: &str) -> Option<&str> {
     gemini_call(path).map(|(model, _)| model)
 }
 
+/// Whether the path asks for a stream whatever the body says (Gemini's `:streamGenerateContent`).
+pub fn streams_by_path(upstream_path: &str) -> bool {
+    let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
+    gemini_method(path) == Some("streamGenerateContent")
+}
+
 impl UsageTap {
     /// `event_stream`: the response's content type is `text/event-stream`.
     pub fn new(surface: Surface, event_stream: bool) -> Self {
@@ -584,6 +590,8 @@ mod tests {
             Some("gemini-2.5-pro")
         );
         assert_eq!(model_in_path("/v1beta/tunedModels/mine:generateContent"), Some("mine"));
+        assert!(streams_by_path("/v1beta/models/m:streamGenerateContent?alt=sse"));
+        assert!(!streams_by_path("/v1beta/models/m:generateContent"));
         for path in [
             "/v1/chat/completions",
             "/v1beta/models/:generateContent",
