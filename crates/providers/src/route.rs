@@ -37,7 +37,7 @@ pub fn route_for(path_and_query: &str, carries_anthropic_version: bool) -> Optio
     if escapes_its_root(path_and_query) {
         return None;
     }
-    if is_versioned(path_and_query) {
+    if is_versioned(path_and_query) && !is_gemini_model_call(path_and_query) {
         let rest = &path_and_query[3..];
         let is_messages = rest
             .strip_prefix("/messages")
@@ -53,7 +53,7 @@ pub fn route_for(path_and_query: &str, carries_anthropic_version: bool) -> Optio
             upstream_path: path_and_query,
         });
     }
-    if is_gemini_versioned(path_and_query) {
+    if is_gemini_versioned(path_and_query) || is_gemini_model_call(path_and_query) {
         return Some(Route {
             credential: ProviderKind::Gemini.as_str(),
             fallback_kind: Some(ProviderKind::Gemini),
@@ -116,6 +116,26 @@ pub fn without_key_param(path_and_query: &str) -> Cow<'_, str> {
         return Cow::Owned(path.to_owned());
     }
     Cow::Owned(format!("{path}?{}", kept.join("&")))
+}
+
+/// Gemini's methods on a model (`models/{model}:{method}`), which no OpenAI or Anthropic path has.
+pub(crate) const GEMINI_MODEL_METHODS: [&str; 6] = [
+    "generateContent",
+    "streamGenerateContent",
+    "countTokens",
+    "embedContent",
+    "batchEmbedContents",
+    "batchGenerateContent",
+];
+
+/// `/v1/models/{model}:{method}` with one of Gemini's methods: Gemini's stable API version, which
+/// its newer SDKs call by default. (An OpenAI fine-tuned model's id has colons too, never one of
+/// these methods after its last.)
+fn is_gemini_model_call(path_and_query: &str) -> bool {
+    let path = path_and_query.split_once('?').map_or(path_and_query, |(path, _)| path);
+    path.strip_prefix("/v1/models/")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .is_some_and(|(model, method)| !model.is_empty() && GEMINI_MODEL_METHODS.contains(&method))
 }
 
 /// `/v1beta/` followed by something: Gemini's API version.
@@ -218,6 +238,11 @@ mod tests {
         assert_eq!(route(compat), r("gemini", Some(Gemini), compat));
         // An Anthropic client's header does not move Gemini's paths.
         assert_eq!(route_for(compat, true), r("gemini", Some(Gemini), compat));
+        let stable = "/v1/models/gemini-2.5-flash:streamGenerateContent?alt=sse";
+        assert_eq!(route(stable), r("gemini", Some(Gemini), stable));
+        assert_eq!(route_for(stable, true), r("gemini", Some(Gemini), stable));
+        let fine_tuned = "/v1/models/ft:gpt-4o-mini:acme::abc123";
+        assert_eq!(route(fine_tuned), r("openai", Some(ProviderKind::OpenAi), fine_tuned));
         assert_eq!(route("/v1beta/"), None);
         assert_eq!(route("/gemini/v1beta/../v1/x"), None);
     }

@@ -167,12 +167,14 @@ fn gemini_method(path: &str) -> Option<&str> {
     gemini_call(path).map(|(_, method)| method)
 }
 
-/// Gemini's `/v1beta/models/{model}:{method}` (or `/v1/`, or `tunedModels/`): the model and method.
+/// Gemini's `/v1beta/models/{model}:{method}` (or `/v1/`, or `tunedModels/`), one of its methods:
+/// the model and method. (An OpenAI fine-tuned model's id, `ft:...`, is none.)
 fn gemini_call(path: &str) -> Option<(&str, &str)> {
     let rest = path.strip_prefix("/v1beta/").or_else(|| path.strip_prefix("/v1/"))?;
     let rest = rest.strip_prefix("models/").or_else(|| rest.strip_prefix("tunedModels/"))?;
-    let (model, method) = rest.split_once(':')?;
-    (!model.is_empty() && !model.contains('/')).then_some((model, method))
+    let (model, method) = rest.rsplit_once(':')?;
+    let known = crate::route::GEMINI_MODEL_METHODS.contains(&method);
+    (known && !model.is_empty() && !model.contains(['/', ':'])).then_some((model, method))
 }
 
 /// The model a request names in its path rather than its body (Gemini's `models/{model}:...`).
@@ -590,6 +592,7 @@ mod tests {
             Some("gemini-2.5-pro")
         );
         assert_eq!(model_in_path("/v1beta/tunedModels/mine:generateContent"), Some("mine"));
+        assert_eq!(model_in_path("/v1/models/ft:gpt-4o-mini:acme::abc"), None);
         assert!(streams_by_path("/v1beta/models/m:streamGenerateContent?alt=sse"));
         assert!(!streams_by_path("/v1beta/models/m:generateContent"));
         for path in [

@@ -321,9 +321,15 @@ fn as_openai_path(path: &str) -> (String, Option<&str>) {
     (path.to_owned(), None)
 }
 
-/// Gemini's `/v1beta/models/{model}:{method}`: the model and the method.
+/// Gemini's `/v1beta/models/{model}:{method}`, or its `/v1/` twin with a Gemini method: the model and
+/// the method.
 fn gemini_call(path: &str) -> Option<(&str, &str)> {
-    path.strip_prefix("/v1beta/models/")?.split_once(':').filter(|(model, _)| !model.is_empty())
+    if let Some(rest) = path.strip_prefix("/v1beta/models/") {
+        return rest.split_once(':').filter(|(model, _)| !model.is_empty());
+    }
+    let (model, method) = path.strip_prefix("/v1/models/")?.split_once(':')?;
+    let gemini = ["generateContent", "streamGenerateContent"].contains(&method);
+    (gemini && !model.is_empty()).then_some((model, method))
 }
 
 /// The generated answer for a provider request.
@@ -419,7 +425,9 @@ fn route(
 fn error_body(path: &str, status: StatusCode, message: &str) -> Bytes {
     if path.starts_with("/v1/messages") {
         anthropic::error_body(status, message)
-    } else if path.starts_with("/v1beta/") && !path.starts_with("/v1beta/openai/") {
+    } else if (path.starts_with("/v1beta/") && !path.starts_with("/v1beta/openai/"))
+        || gemini_call(path).is_some()
+    {
         gemini::error_body(status, message)
     } else {
         openai::error_body(status, message)
