@@ -429,7 +429,11 @@ impl fmt::Display for PriceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.error {
             Some(error) => write!(f, "{}: {}", self.field, error),
-            None => write!(f, "{}: expected \"openai\" or \"anthropic\"", self.field),
+            None => write!(
+                f,
+                "{}: expected \"openai\", \"anthropic\", \"azure_openai\" or \"gemini\"",
+                self.field
+            ),
         }
     }
 }
