@@ -51,6 +51,11 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Self {
+        Self::start_with(true).await
+    }
+
+    /// `installed`: whether the node has its state; without it every request fails open.
+    async fn start_with(installed: bool) -> Self {
         let mock = MockProvider::start().await;
         let config = GatewayConfig::new(GatewaySettings {
             openai_base_url: "http://127.0.0.1:9".into(),
@@ -61,13 +66,17 @@ impl Harness {
             body_read_timeout: Duration::from_secs(2),
             counter_max_age: Duration::from_secs(60),
         })
-        .expect("valid config");
+        .expect("valid config")
+        .with_gemini_base_url(&mock.url())
+        .expect("valid URL");
         let spool_dir = TempDir::new();
         let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
         let counters = Counters::new("node_test");
         let gateway = Gateway::new(config, &spool, "node_test", Arc::clone(&counters));
         let receipts = common::ship_to_memory(spool);
-        gateway.install_snapshot(Arc::new(snapshot(&mock.url())));
+        if installed {
+            gateway.install_snapshot(Arc::new(snapshot(&mock.url())));
+        }
         let (url, stop) = common::serve(&gateway).await;
         let client = Client::builder(TokioExecutor::new()).build_http();
         counters
@@ -288,4 +297,22 @@ async fn a_gemini_model_named_only_in_the_path_is_held_to_the_allowlist() {
     assert!(String::from_utf8_lossy(&body).contains("model_not_allowed"));
     assert!(h.mock.requests().is_empty());
     assert!(h.receipts.0.lock().expect("lock").is_empty());
+}
+
+#[tokio::test]
+async fn failing_open_gemini_goes_to_the_nodes_gemini_base_url_and_azure_has_none() {
+    let h = Harness::start_with(false).await;
+    let path = "/v1beta/models/gemini-2.5-flash:generateContent?key=AIza-client-key";
+    body_text(h.post(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
+    let sent = h.last_request();
+    assert_eq!(sent.path, "/v1beta/models/gemini-2.5-flash:generateContent");
+    assert_eq!(sent.header("x-goog-api-key"), None, "no managed key, and the Recovea key removed");
+
+    let azure = "/openai/deployments/prod-chat/chat/completions?api-version=2024-10-21";
+    let response = h.post(azure, ("api-key", KEY), CHAT_MINI).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("provider_not_configured"));
+    assert_eq!(h.mock.requests().len(), 1, "an Azure request has nowhere to go unadmitted");
+    assert!(h.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass is not metered");
 }
