@@ -7,12 +7,13 @@ use recovea_fuzz::pieces;
 use recovea_providers::rewrite::UsageChunkFilter;
 use recovea_providers::usage::{Surface, UsageTap, estimate_output_tokens};
 
-const SURFACES: [Surface; 6] = [
+const SURFACES: [Surface; 7] = [
     Surface::ChatCompletions,
     Surface::Completions,
     Surface::Responses,
     Surface::Embeddings,
     Surface::Messages,
+    Surface::GenerateContent,
     Surface::Other,
 ];
 

@@ -490,7 +490,7 @@ def anthropic_client(gateway: Gateway) -> Callable[..., Any]:
 def _no_sdk_environment(monkeypatch):
     """The SDKs read keys and URLs from the environment; the suite passes everything explicitly."""
     for name in list(os.environ):
-        if name.startswith(("OPENAI_", "ANTHROPIC_")):
+        if name.startswith(("OPENAI_", "ANTHROPIC_", "AZURE_OPENAI_", "GOOGLE_", "GEMINI_")):
             monkeypatch.delenv(name)
 
 
@@ -570,6 +570,7 @@ BUILTIN_PRICES = {
     "claude-sonnet-4-5": Price("3", "15", "0.3", "3.75"),
     "claude-sonnet-4-6": Price("3", "15", "0.3", "3.75"),
     "claude-haiku-4-5": Price("1", "5", "0.1", "1.25"),
+    "gemini-2.5-flash": Price("0.3", "2.5", "0.03"),
 }
 
 MOCK_TEXT_KEYS = frozenset({"content", "text", "input", "prompt", "system", "instructions"})

@@ -38,3 +38,22 @@ def test_bad_admin_token_is_401(gateway):
                    headers={"Authorization": "Bearer not-the-token"})
     assert r.status_code == 401
     assert set(r.json()["error"]) >= {"message", "type", "param", "code"}
+
+
+def test_azure_and_gemini_credentials(admin: Admin, gateway):
+    org = admin.create_org(unique("cloud-org"))
+    p = admin.put_provider(org["id"], "azure", "azure_openai", "azure-key-0123456789",
+                           base_url="https://my-resource.openai.azure.com/")
+    assert (p["kind"], p["base_url"]) == ("azure_openai", "https://my-resource.openai.azure.com")
+    p = admin.put_provider(org["id"], "gemini", "gemini", "AIza-key-0123456789")
+    assert (p["kind"], p["base_url"]) == ("gemini", None)
+    # Every Azure resource has its own endpoint: there is no default to fall back on.
+    r = admin.http.put(f"/orgs/{org['id']}/providers/azure2", json={"kind": "azure_openai", "api_key": "k" * 20})
+    assert r.status_code == 400 and "base_url" in r.json()["error"]["message"], r.text
+    r = admin.http.put(f"/orgs/{org['id']}/providers/x", json={"kind": "vertex", "api_key": "k" * 20})
+    assert r.status_code == 400 and "azure_openai" in r.json()["error"]["message"], r.text
+    # Azure is priced as OpenAI: it has no fallback price of its own.
+    fallback = {"input_per_mtok_usd": "1", "output_per_mtok_usd": "2"}
+    r = admin.http.put("/fallback-prices/azure_openai", json=fallback)
+    assert r.status_code == 400 and "openai" in r.json()["error"]["message"], r.text
+    assert "gemini" in admin.http.get("/prices").json()["fallback"]

@@ -322,7 +322,8 @@ enum Prices {
     /// Imports a price file (the built-in table's format, or LiteLLM's
     /// model_prices_and_context_window.json) as one revision.
     Import { file: std::path::PathBuf },
-    /// Sets a provider kind's (openai, anthropic) fallback price: what a model without a price costs.
+    /// Sets a provider kind's (openai, anthropic, gemini) fallback price: what a model without a
+    /// price costs.
     SetFallback {
         kind: String,
         #[arg(long, env = "RECOVEA_PRICE_INPUT")]
@@ -335,7 +336,7 @@ enum Prices {
     /// Sets a model's price per million tokens (USD decimal strings): a new revision of the table.
     Set {
         model: String,
-        /// The provider kind (openai, anthropic) that serves the model.
+        /// The provider kind (openai, anthropic, azure_openai, gemini) that serves the model.
         #[arg(long, env = "RECOVEA_PRICE_KIND")]
         kind: Option<String>,
         #[arg(long, env = "RECOVEA_PRICE_INPUT")]
@@ -445,14 +446,16 @@ enum Providers {
     Set {
         #[arg(long, env = "RECOVEA_ORG")]
         org: String,
-        /// `openai` and `anthropic` serve the default routes; other names serve `/{name}/v1/...`.
+        /// `openai`, `anthropic`, `gemini` and `azure` serve the default routes; other names serve
+        /// `/{name}/v1/...` (and `/{name}/v1beta/...`, `/{name}/openai/...`).
         #[arg(long, env = "RECOVEA_PROVIDER_NAME")]
         name: String,
-        #[arg(long, env = "RECOVEA_PROVIDER_KIND", value_parser = ["openai", "anthropic"])]
+        #[arg(long, env = "RECOVEA_PROVIDER_KIND", value_parser = ["openai", "anthropic", "azure_openai", "gemini"])]
         kind: String,
         #[arg(long, env = "RECOVEA_PROVIDER_API_KEY", hide_env_values = true)]
         api_key: String,
-        /// The provider's root, without the version path (for example https://api.groq.com/openai).
+        /// The provider's root, without the version path (for example https://api.groq.com/openai);
+        /// for azure_openai, required: the resource endpoint, https://NAME.openai.azure.com.
         #[arg(long, env = "RECOVEA_PROVIDER_BASE_URL")]
         base_url: Option<String>,
     },

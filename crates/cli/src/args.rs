@@ -47,6 +47,9 @@ pub(crate) struct GatewayArgs {
     /// Default base URL of anthropic-kind credentials, and where a fail-open pass goes.
     #[arg(long, env = "RECOVEA_ANTHROPIC_BASE_URL", default_value = "https://api.anthropic.com")]
     anthropic_base_url: String,
+    /// Default base URL of gemini-kind credentials, and where a fail-open pass goes.
+    #[arg(long, env = "RECOVEA_GEMINI_BASE_URL", default_value = recovea_gateway::DEFAULT_GEMINI_BASE_URL)]
+    gemini_base_url: String,
     /// Largest request body accepted (bytes, or with a KiB/MiB/GiB suffix); larger ones get 413.
     #[arg(long, env = "RECOVEA_MAX_BODY_SIZE", default_value = "32MiB", value_parser = size::parse_bytes)]
     max_body_size: u64,
@@ -122,6 +125,7 @@ impl GatewayArgs {
             body_read_timeout: self.request_body_timeout,
             counter_max_age: self.counter_max_age,
         })
+        .and_then(|config| config.with_gemini_base_url(&self.gemini_base_url))
         .and_then(|config| config.with_alarm(self.alarm_webhook.as_deref(), self.alarm_interval))
         .and_then(|config| config.with_stream_idle_timeout(self.stream_idle_timeout))
         .and_then(|config| {

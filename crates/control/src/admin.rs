@@ -319,13 +319,22 @@ impl Control {
                 "name: a provider name is 1 to 64 characters of a-z, 0-9, '-' and '_'".into(),
             ));
         }
-        let kind = ProviderKind::parse(&body.kind)
-            .ok_or_else(|| ApiError::BadRequest("kind: expected \"openai\" or \"anthropic\"".into()))?;
+        let kind = ProviderKind::parse(&body.kind).ok_or_else(|| {
+            ApiError::BadRequest(
+                "kind: expected \"openai\", \"anthropic\", \"azure_openai\" or \"gemini\"".into(),
+            )
+        })?;
         let base_url = body
             .base_url
             .map(|url| recovea_providers::normalize_base_url(&url))
             .transpose()
             .map_err(|why| ApiError::BadRequest(format!("base_url: {why}")))?;
+        if kind == ProviderKind::AzureOpenAi && base_url.is_none() {
+            // Each Azure resource has its own endpoint: there is no default to fall back on.
+            return Err(ApiError::BadRequest(
+                "base_url: an azure_openai credential needs its resource endpoint, such as https://NAME.openai.azure.com".into(),
+            ));
+        }
         let api_key = body.api_key.trim();
         if api_key.is_empty() || !api_key.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(ApiError::BadRequest(

@@ -7,9 +7,17 @@ use crate::keys::SECRET_PREFIX;
 
 pub const RECOVEA_KEY_HEADER: &str = "x-recovea-key";
 pub const API_KEY_HEADER: &str = "x-api-key";
+/// How the Azure OpenAI SDKs send their key.
+pub const AZURE_API_KEY_HEADER: &str = "api-key";
+/// How the Google Gen AI SDKs send their key.
+pub const GOOG_API_KEY_HEADER: &str = "x-goog-api-key";
 /// The two as header names, made once at compile time rather than from their text at each lookup.
 pub const RECOVEA_KEY: HeaderName = HeaderName::from_static(RECOVEA_KEY_HEADER);
 pub const API_KEY: HeaderName = HeaderName::from_static(API_KEY_HEADER);
+pub const AZURE_API_KEY: HeaderName = HeaderName::from_static(AZURE_API_KEY_HEADER);
+pub const GOOG_API_KEY: HeaderName = HeaderName::from_static(GOOG_API_KEY_HEADER);
+/// The key headers of the providers' SDKs, in the order a Recovea key is looked for in them.
+pub const PROVIDER_KEY_HEADERS: [HeaderName; 3] = [API_KEY, AZURE_API_KEY, GOOG_API_KEY];
 
 /// Where the key was found; it decides which header is stripped and whether the client brings its own
 /// provider key.
@@ -19,7 +27,8 @@ pub enum CredentialHeader {
     RecoveaKey,
     /// `Authorization: Bearer rk_...` (how the OpenAI SDKs send their key).
     AuthorizationBearer,
-    /// `x-api-key: rk_...` (how the Anthropic SDKs send theirs).
+    /// `x-api-key: rk_...` (how the Anthropic SDKs send theirs), or the same in `api-key` (Azure
+    /// OpenAI's SDKs) or `x-goog-api-key` (Google's).
     ApiKey,
 }
 
@@ -37,7 +46,8 @@ impl CredentialHeader {
     }
 }
 
-/// Reads the key from `x-recovea-key`, then `Authorization: Bearer rk_...`, then `x-api-key: rk_...`.
+/// Reads the key from `x-recovea-key`, then `Authorization: Bearer rk_...`, then `x-api-key: rk_...`,
+/// `api-key: rk_...` and `x-goog-api-key: rk_...`.
 ///
 /// A bearer token or `x-api-key` that is not a Recovea key belongs to a provider and is not ours to
 /// read. A non-text `x-recovea-key` is read as an empty (so malformed) key rather than ignored.
@@ -55,9 +65,9 @@ pub fn read(headers: &HeaderMap) -> Option<Credential<'_>> {
     if let Some(secret) = bearer {
         return Some(Credential { secret, header: CredentialHeader::AuthorizationBearer });
     }
-    headers
-        .get_all(API_KEY)
+    PROVIDER_KEY_HEADERS
         .iter()
+        .flat_map(|name| headers.get_all(name))
         .filter_map(|v| v.to_str().ok())
         .map(str::trim)
         .find(|v| v.starts_with(SECRET_PREFIX))
@@ -105,6 +115,15 @@ mod tests {
         let h = headers(&[("authorization", "Bearer sk-proj-123"), ("x-api-key", "rk_c")]);
         assert_eq!(read(&h), Some(Credential { secret: "rk_c", header: CredentialHeader::ApiKey }));
         assert_eq!(read(&headers(&[("authorization", "Basic rk_x")])), None);
+    }
+
+    #[test]
+    fn azure_and_google_key_headers_carry_recovea_keys_too() {
+        let key = |secret| Some(Credential { secret, header: CredentialHeader::ApiKey });
+        assert_eq!(read(&headers(&[("api-key", "rk_az")])), key("rk_az"));
+        assert_eq!(read(&headers(&[("x-goog-api-key", "rk_g")])), key("rk_g"));
+        assert_eq!(read(&headers(&[("x-goog-api-key", "rk_g"), ("x-api-key", "rk_c")])), key("rk_c"));
+        assert_eq!(read(&headers(&[("api-key", "azure-key"), ("x-goog-api-key", "AIza-key")])), None);
     }
 
     #[test]

@@ -128,12 +128,15 @@ pub struct Fallback {
     pub source: PriceSource,
 }
 
-const KINDS: [ProviderKind; 2] = [ProviderKind::OpenAi, ProviderKind::Anthropic];
+/// The kinds with a fallback price of their own: Azure OpenAI is priced like OpenAI
+/// ([`ProviderKind::priced_like`]), and shares its fallback.
+pub const KINDS: [ProviderKind; 3] = [ProviderKind::OpenAi, ProviderKind::Anthropic, ProviderKind::Gemini];
 
 fn kind_index(kind: ProviderKind) -> usize {
-    match kind {
-        ProviderKind::OpenAi => 0,
+    match kind.priced_like() {
+        ProviderKind::OpenAi | ProviderKind::AzureOpenAi => 0,
         ProviderKind::Anthropic => 1,
+        ProviderKind::Gemini => 2,
     }
 }
 
@@ -142,14 +145,14 @@ fn kind_index(kind: ProviderKind) -> usize {
 pub struct PriceTable {
     entries: BTreeMap<String, TableEntry>,
     /// The operators' fallback price per kind, by [`kind_index`].
-    fallback_overrides: [Option<Price>; 2],
+    fallback_overrides: [Option<Price>; 3],
     /// Computed when the table is built, so that pricing an unknown model reads one value.
-    fallback: [Price; 2],
+    fallback: [Price; 3],
 }
 
 impl Default for PriceTable {
     fn default() -> PriceTable {
-        PriceTable::new(BTreeMap::new(), [None, None])
+        PriceTable::new(BTreeMap::new(), [None, None, None])
     }
 }
 
@@ -162,7 +165,7 @@ impl PriceTable {
         })
     }
 
-    fn new(entries: BTreeMap<String, TableEntry>, fallback_overrides: [Option<Price>; 2]) -> PriceTable {
+    fn new(entries: BTreeMap<String, TableEntry>, fallback_overrides: [Option<Price>; 3]) -> PriceTable {
         let fallback = KINDS.map(|kind| {
             fallback_overrides[kind_index(kind)].unwrap_or_else(|| most_expensive(&entries, kind))
         });
@@ -182,7 +185,7 @@ impl PriceTable {
             .into_iter()
             .map(|(model, kind, price)| (model, TableEntry { price, kind, source: PriceSource::Builtin }))
             .collect();
-        PriceTable::new(entries, [None, None])
+        PriceTable::new(entries, [None, None, None])
     }
 
     /// Parses the built-in table's format: `{"source"?, "license"?, "models": {name: EntryWire}}`.
@@ -229,7 +232,7 @@ impl PriceTable {
         model.and_then(|m| self.resolve(m)).unwrap_or(Resolution {
             price: self.fallback[kind_index(kind)],
             source: PriceSource::Fallback,
-            priced_as: PricedAs::Fallback(kind),
+            priced_as: PricedAs::Fallback(kind.priced_like()),
         })
     }
 
@@ -313,7 +316,12 @@ impl PriceTable {
 
 /// The most expensive input and output prices (each on its own) among `kind`'s entries.
 fn most_expensive(entries: &BTreeMap<String, TableEntry>, kind: ProviderKind) -> Price {
-    let of_kind = || entries.values().filter(|entry| entry.kind == Some(kind)).map(|entry| entry.price);
+    let of_kind = || {
+        entries
+            .values()
+            .filter(|entry| entry.kind.map(ProviderKind::priced_like) == Some(kind))
+            .map(|entry| entry.price)
+    };
     Price {
         input_per_mtok: of_kind().map(|p| p.input_per_mtok).max().unwrap_or(Nanos::ZERO),
         output_per_mtok: of_kind().map(|p| p.output_per_mtok).max().unwrap_or(Nanos::ZERO),
@@ -421,7 +429,11 @@ impl fmt::Display for PriceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.error {
             Some(error) => write!(f, "{}: {}", self.field, error),
-            None => write!(f, "{}: expected \"openai\" or \"anthropic\"", self.field),
+            None => write!(
+                f,
+                "{}: expected \"openai\", \"anthropic\", \"azure_openai\" or \"gemini\"",
+                self.field
+            ),
         }
     }
 }

@@ -25,13 +25,23 @@ use crate::timestamp::Timestamp;
 pub enum ProviderKind {
     OpenAi,
     Anthropic,
+    /// Azure OpenAI: OpenAI's shapes under `/openai/...` on a resource endpoint, the key in `api-key`.
+    AzureOpenAi,
+    /// Google Gemini: `generateContent` and an OpenAI-compatible endpoint, the key in `x-goog-api-key`.
+    Gemini,
 }
 
 impl ProviderKind {
+    /// Every kind, in the order the admin API lists them.
+    pub const ALL: [ProviderKind; 4] =
+        [ProviderKind::OpenAi, ProviderKind::Anthropic, ProviderKind::AzureOpenAi, ProviderKind::Gemini];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::OpenAi => "openai",
             Self::Anthropic => "anthropic",
+            Self::AzureOpenAi => "azure_openai",
+            Self::Gemini => "gemini",
         }
     }
 
@@ -39,7 +49,18 @@ impl ProviderKind {
         match s {
             "openai" => Some(Self::OpenAi),
             "anthropic" => Some(Self::Anthropic),
+            "azure_openai" => Some(Self::AzureOpenAi),
+            "gemini" => Some(Self::Gemini),
             _ => None,
+        }
+    }
+
+    /// The kind whose price table entries price this kind's models: Azure serves OpenAI's models
+    /// under OpenAI's names (its answers name the model, whatever the deployment is called).
+    pub fn priced_like(self) -> Self {
+        match self {
+            Self::AzureOpenAi => Self::OpenAi,
+            kind => kind,
         }
     }
 }

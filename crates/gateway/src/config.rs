@@ -26,6 +26,7 @@ pub struct GatewaySettings {
 pub struct GatewayConfig {
     pub(crate) openai_base_url: String,
     pub(crate) anthropic_base_url: String,
+    pub(crate) gemini_base_url: String,
     pub(crate) max_body_bytes: u64,
     pub(crate) upstream_timeout: Duration,
     pub(crate) connect_timeout: Duration,
@@ -38,6 +39,10 @@ pub struct GatewayConfig {
     pub(crate) max_connections: usize,
     pub(crate) release_freed_memory: fn(),
 }
+
+/// Where credentials of kind `gemini` without a base URL go, unless
+/// [`GatewayConfig::with_gemini_base_url`] says otherwise.
+pub const DEFAULT_GEMINI_BASE_URL: &str = "https://generativelanguage.googleapis.com";
 
 /// How long a fail-open reason stays quiet after its alarm, unless [`GatewayConfig::with_alarm`]
 /// says otherwise.
@@ -72,6 +77,7 @@ impl GatewayConfig {
         Ok(Self {
             openai_base_url: base_url("--openai-base-url", &settings.openai_base_url)?,
             anthropic_base_url: base_url("--anthropic-base-url", &settings.anthropic_base_url)?,
+            gemini_base_url: DEFAULT_GEMINI_BASE_URL.to_owned(),
             max_body_bytes: settings.max_body_bytes,
             upstream_timeout: settings.upstream_timeout,
             connect_timeout: settings.connect_timeout,
@@ -134,10 +140,21 @@ impl GatewayConfig {
         self
     }
 
-    pub(crate) fn default_base_url(&self, kind: ProviderKind) -> &str {
+    /// Credentials of kind `gemini` without a base URL of their own are sent here.
+    pub fn with_gemini_base_url(mut self, url: &str) -> Result<Self, ConfigError> {
+        self.gemini_base_url = recovea_providers::normalize_base_url(url)
+            .map_err(|why| ConfigError(format!("--gemini-base-url: {why}")))?;
+        Ok(self)
+    }
+
+    /// The node's base URL for a kind; `None` for Azure OpenAI, whose endpoint is each resource's
+    /// own (a credential of that kind always has one).
+    pub(crate) fn default_base_url(&self, kind: ProviderKind) -> Option<&str> {
         match kind {
-            ProviderKind::OpenAi => &self.openai_base_url,
-            ProviderKind::Anthropic => &self.anthropic_base_url,
+            ProviderKind::OpenAi => Some(&self.openai_base_url),
+            ProviderKind::Anthropic => Some(&self.anthropic_base_url),
+            ProviderKind::Gemini => Some(&self.gemini_base_url),
+            ProviderKind::AzureOpenAi => None,
         }
     }
 }

@@ -26,7 +26,7 @@ mod throttled;
 mod upstream;
 
 pub use config::{
-    ConfigError, DEFAULT_ALARM_INTERVAL, GatewayConfig, GatewaySettings, default_max_connections,
+    ConfigError, DEFAULT_ALARM_INTERVAL, DEFAULT_GEMINI_BASE_URL, GatewayConfig, GatewaySettings, default_max_connections,
 };
 pub use control_link::ControlLink;
 pub use feed::follow_feed;

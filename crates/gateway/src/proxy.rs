@@ -162,7 +162,11 @@ where
     let endpoint = route.upstream_path.split_once('?').map_or(route.upstream_path, |(path, _)| path);
     let surface = Surface::of(target.kind, endpoint);
     // One parse gives the facts and the input estimate that the caps and the receipt both need.
-    let InspectedRequest { facts, input_tokens } = rewrite::inspect_and_estimate(&body);
+    let InspectedRequest { mut facts, input_tokens } = rewrite::inspect_and_estimate(&body);
+    if facts.model.is_none() {
+        // Gemini names the model in the path (`models/{model}:generateContent`).
+        facts.model = recovea_providers::usage::model_in_path(endpoint).map(str::to_owned);
+    }
     if let Some(admitted) = &ctx.admitted
         && !admitted.allows_model(facts.model.as_deref())
     {
@@ -200,7 +204,7 @@ where
                 endpoint: endpoint.to_owned(),
                 request_model: facts.model.clone(),
                 kind: target.kind,
-                stream: facts.stream,
+                stream: facts.stream || recovea_providers::usage::streams_by_path(endpoint),
                 surface,
                 input_tokens,
                 started_at: ctx.started_at,
@@ -265,10 +269,10 @@ fn plan<'p>(
             ctx.fail_open = Some(reason);
             shared.metrics.fail_open(reason);
             shared.alarm.raise(reason, &ctx.request_id);
-            let kind = route
-                .fallback_kind
-                .ok_or_else(|| Refusal::ProviderNotConfigured(route.credential.to_owned()))?;
-            Target { kind, base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None }
+            let not_configured = || Refusal::ProviderNotConfigured(route.credential.to_owned());
+            let kind = route.fallback_kind.ok_or_else(not_configured)?;
+            let base_url = shared.config.default_base_url(kind).ok_or_else(not_configured)?;
+            Target { kind, base_url: base_url.to_owned(), managed_key: None }
         }
     };
     Ok((route, target))
@@ -352,19 +356,24 @@ fn target_for(
 ) -> Result<Target, Refusal> {
     let brings_own =
         admitted.credential_header.brings_own_provider_key() && headers::has_provider_auth(request_headers);
+    let not_configured = || Refusal::ProviderNotConfigured(route.credential.to_owned());
     match (admitted.org.provider(route.credential), route.fallback_kind) {
         (Some(credential), _) => Ok(Target {
             kind: credential.kind,
-            base_url: credential
-                .base_url
-                .clone()
-                .unwrap_or_else(|| shared.config.default_base_url(credential.kind).to_owned()),
+            base_url: match &credential.base_url {
+                Some(url) => url.clone(),
+                None => {
+                    shared.config.default_base_url(credential.kind).ok_or_else(not_configured)?.to_owned()
+                }
+            },
             managed_key: (!brings_own).then(|| (credential.kind, credential.api_key.clone())),
         }),
-        (None, Some(kind)) if brings_own => {
-            Ok(Target { kind, base_url: shared.config.default_base_url(kind).to_owned(), managed_key: None })
-        }
-        (None, _) => Err(Refusal::ProviderNotConfigured(route.credential.to_owned())),
+        (None, Some(kind)) if brings_own => Ok(Target {
+            kind,
+            base_url: shared.config.default_base_url(kind).ok_or_else(not_configured)?.to_owned(),
+            managed_key: None,
+        }),
+        (None, _) => Err(not_configured()),
     }
 }
 
@@ -528,9 +537,10 @@ fn upstream_request(
     }
     // The usage tap reads the answer as it passes: it must not arrive compressed.
     request_headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-    let uri = format!("{}{}", target.base_url, route.upstream_path)
-        .parse::<Uri>()
-        .map_err(|_| Refusal::UnknownRoute)?;
+    // A key in the URL is Gemini's other way to take one: it never reaches the provider.
+    let upstream_path = recovea_providers::without_key_param(route.upstream_path);
+    let uri =
+        format!("{}{}", target.base_url, upstream_path).parse::<Uri>().map_err(|_| Refusal::UnknownRoute)?;
     let mut builder = Request::builder().method(parts.method.clone()).uri(uri).version(Version::HTTP_11);
     if let Some(headers) = builder.headers_mut() {
         *headers = std::mem::take(request_headers);

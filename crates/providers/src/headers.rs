@@ -2,7 +2,7 @@
 //! each provider kind carries its key.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use recovea_core::credential::{API_KEY, RECOVEA_KEY};
+use recovea_core::credential::{API_KEY, AZURE_API_KEY, GOOG_API_KEY, PROVIDER_KEY_HEADERS, RECOVEA_KEY};
 use recovea_core::keys::SECRET_PREFIX;
 use recovea_core::snapshot::ProviderKind;
 
@@ -45,10 +45,12 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 pub fn remove_recovea_key(headers: &mut HeaderMap) {
     headers.remove(RECOVEA_KEY);
     remove_values(headers, header::AUTHORIZATION, is_recovea_bearer);
-    remove_values(headers, API_KEY, is_recovea_key);
+    for name in PROVIDER_KEY_HEADERS {
+        remove_values(headers, name, is_recovea_key);
+    }
 }
 
-/// `x-api-key: rk_...`. Read as bytes: a value that is not text but starts like a Recovea key is
+/// `x-api-key: rk_...` (or `api-key`, `x-goog-api-key`). Read as bytes: a value that is not text but starts like a Recovea key is
 /// treated as one, so that it never reaches a provider.
 fn is_recovea_key(value: &HeaderValue) -> bool {
     value.as_bytes().trim_ascii().starts_with(SECRET_PREFIX.as_bytes())
@@ -79,17 +81,24 @@ fn remove_values(headers: &mut HeaderMap, name: HeaderName, is_recovea: fn(&Head
     }
 }
 
-/// Whether the client sent a provider key of its own (`Authorization` or `x-api-key` that is not a
-/// Recovea key): only then does a key in `x-recovea-key` mean "forward my provider key untouched".
+/// Whether the client sent a provider key of its own (`Authorization`, `x-api-key`, `api-key` or
+/// `x-goog-api-key` that is not a Recovea key): only then does a key in `x-recovea-key` mean "forward my provider key untouched".
 pub fn has_provider_auth(headers: &HeaderMap) -> bool {
     headers.get_all(header::AUTHORIZATION).iter().any(|v| !is_recovea_bearer(v))
-        || headers.get_all(API_KEY).iter().any(|v| !is_recovea_key(v))
+        || PROVIDER_KEY_HEADERS.iter().any(|name| headers.get_all(name).iter().any(|v| !is_recovea_key(v)))
 }
 
 /// Replaces whatever provider auth the client sent with the managed key, in the kind's own header.
 pub fn set_managed_key(headers: &mut HeaderMap, kind: ProviderKind, api_key: &str) -> Result<(), InvalidKey> {
     headers.remove(header::AUTHORIZATION);
-    headers.remove(API_KEY);
+    for name in PROVIDER_KEY_HEADERS {
+        headers.remove(name);
+    }
+    let value = |key: &str| {
+        let mut value = HeaderValue::try_from(key).map_err(|_| InvalidKey)?;
+        value.set_sensitive(true);
+        Ok::<_, InvalidKey>(value)
+    };
     match kind {
         ProviderKind::OpenAi => {
             let mut bearer = String::with_capacity("Bearer ".len() + api_key.len());
@@ -100,9 +109,13 @@ pub fn set_managed_key(headers: &mut HeaderMap, kind: ProviderKind, api_key: &st
             headers.insert(header::AUTHORIZATION, value);
         }
         ProviderKind::Anthropic => {
-            let mut value = HeaderValue::try_from(api_key).map_err(|_| InvalidKey)?;
-            value.set_sensitive(true);
-            headers.insert(API_KEY, value);
+            headers.insert(API_KEY, value(api_key)?);
+        }
+        ProviderKind::AzureOpenAi => {
+            headers.insert(AZURE_API_KEY, value(api_key)?);
+        }
+        ProviderKind::Gemini => {
+            headers.insert(GOOG_API_KEY, value(api_key)?);
         }
     }
     Ok(())
@@ -182,5 +195,28 @@ mod tests {
         assert_eq!(h.get("x-api-key").expect("set"), "sk-ant");
         assert!(!h.contains_key("authorization"));
         assert_eq!(set_managed_key(&mut h, ProviderKind::Anthropic, "bad\nkey"), Err(InvalidKey));
+    }
+
+    #[test]
+    fn azure_and_gemini_keys_go_in_their_headers_and_replace_the_clients() {
+        let client =
+            [("authorization", "Bearer t"), ("api-key", "az-client"), ("x-goog-api-key", "g-client")];
+        let mut h = map(&client);
+        set_managed_key(&mut h, ProviderKind::AzureOpenAi, "az-managed").expect("valid");
+        assert_eq!((h.len(), h.get("api-key").expect("set").to_str().ok()), (1, Some("az-managed")));
+        let mut h = map(&client);
+        set_managed_key(&mut h, ProviderKind::Gemini, "g-managed").expect("valid");
+        assert_eq!((h.len(), h.get("x-goog-api-key").expect("set").to_str().ok()), (1, Some("g-managed")));
+    }
+
+    #[test]
+    fn recovea_keys_in_azure_and_google_headers_are_removed_and_not_provider_auth() {
+        let rk = "rk_0123456789012345678901234567890123456789";
+        let mut h = map(&[("api-key", rk), ("x-goog-api-key", rk)]);
+        assert!(!has_provider_auth(&h));
+        remove_recovea_key(&mut h);
+        assert!(h.is_empty());
+        assert!(has_provider_auth(&map(&[("api-key", "azure-own")])));
+        assert!(has_provider_auth(&map(&[("x-goog-api-key", "AIza-own")])));
     }
 }

@@ -28,8 +28,9 @@ pub struct RequestFacts {
     pub stream: bool,
     /// `"stream_options": {"include_usage": true}`: the client wants the usage chunk itself.
     pub client_asked_usage: bool,
-    /// The most output the client allows (`max_tokens`, `max_completion_tokens` or
-    /// `max_output_tokens`), for the reservation a spend cap makes before the answer is known.
+    /// The most output the client allows (`max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`, or Gemini's `generationConfig.maxOutputTokens`), for the reservation a
+    /// spend cap makes before the answer is known.
     pub max_output_tokens: Option<u64>,
 }
 
@@ -57,6 +58,9 @@ struct RequestHead {
     max_completion_tokens: Value,
     #[serde(default)]
     max_output_tokens: Value,
+    /// Gemini's: `generationConfig.maxOutputTokens` is its output limit.
+    #[serde(default, rename = "generationConfig")]
+    generation_config: Value,
 }
 
 /// The chunk OpenAI sends last when asked for usage: no choices, a usage block.
@@ -130,7 +134,8 @@ impl RequestHead {
             client_asked_usage: self.stream_options.get("include_usage") == Some(&Value::Bool(true)),
             max_output_tokens: [self.max_completion_tokens, self.max_output_tokens, self.max_tokens]
                 .iter()
-                .find_map(Value::as_u64),
+                .find_map(Value::as_u64)
+                .or_else(|| self.generation_config.get("maxOutputTokens").and_then(Value::as_u64)),
         }
     }
 }
@@ -143,7 +148,7 @@ struct RequestPass<'de> {
     repeated_head: bool,
     /// Which of `head`'s members were read, in the order `visit_map` names them: an explicit
     /// `null` reads the same as an absent member, so the value cannot tell.
-    seen_head: [bool; 6],
+    seen_head: [bool; 7],
     input: InputFields<'de>,
 }
 
@@ -182,6 +187,7 @@ impl<'de> Visitor<'de> for RequestPass<'de> {
                 "max_tokens" => (3, &mut self.head.max_tokens),
                 "max_completion_tokens" => (4, &mut self.head.max_completion_tokens),
                 "max_output_tokens" => (5, &mut self.head.max_output_tokens),
+                "generationConfig" => (6, &mut self.head.generation_config),
                 other => {
                     if !self.input.count_if_input(other, &mut map)? {
                         map.next_value_seed(Checked)?;
@@ -447,6 +453,9 @@ mod tests {
         assert_eq!(inspect(br#"{"max_tokens":64}"#).max_output_tokens, Some(64));
         assert_eq!(inspect(br#"{"max_output_tokens":9,"max_tokens":64}"#).max_output_tokens, Some(9));
         assert_eq!(inspect(br#"{"max_completion_tokens":7}"#).max_output_tokens, Some(7));
+        let gemini = br#"{"contents":[],"generationConfig":{"temperature":0.2,"maxOutputTokens":300}}"#;
+        assert_eq!(inspect(gemini).max_output_tokens, Some(300));
+        assert_eq!(inspect_and_estimate(gemini).facts.max_output_tokens, Some(300));
         for not_a_request in [&b"not json"[..], b"", b"[\"gpt\",true]", b"{\"model\":", b"null"] {
             assert_eq!(inspect(not_a_request), RequestFacts::default());
         }

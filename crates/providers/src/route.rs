@@ -1,5 +1,7 @@
 //! Routing by path: which named credential serves a request, and the path the provider sees.
 
+use std::borrow::Cow;
+
 use recovea_core::snapshot::ProviderKind;
 
 /// Where a request goes: a credential of the organization, chosen by name.
@@ -8,14 +10,22 @@ pub struct Route<'p> {
     /// The name of the organization's credential that serves this route.
     pub credential: &'p str,
     /// The kind to assume when the organization has no such credential (a client bringing its own
-    /// key, or a fail-open pass): known only for the default names `openai` and `anthropic`.
+    /// key, or a fail-open pass): known only for the default names `openai`, `anthropic`, `gemini`
+    /// and `azure`.
     pub fallback_kind: Option<ProviderKind>,
-    /// The path (and query) as the provider sees it, always starting with `/v1/`.
+    /// The path (and query) as the provider sees it: from `/v1/`, `/v1beta/` (Gemini) or `/openai/`
+    /// (Azure OpenAI) on.
     pub upstream_path: &'p str,
 }
 
+/// The name of the credential the Azure OpenAI paths (`/openai/deployments/...`) go to by default.
+pub const AZURE_CREDENTIAL: &str = "azure";
+
 /// Routes a path and query: `/v1/messages...` to `anthropic`, any other `/v1/...` to `openai`,
-/// `/{name}/v1/...` to the credential called `name`. Anything else is not ours to proxy.
+/// `/v1beta/...` to `gemini`, `/openai/deployments/...` to `azure`; `/{name}/v1/...`,
+/// `/{name}/v1beta/...` and `/{name}/openai/...` to the credential called `name`. Anything else is
+/// not ours to proxy. (`/openai/v1/...` is the named route to `openai`, as it always was: Azure's
+/// v1 paths are reached by name, `/azure/openai/v1/...`.)
 pub fn route(path_and_query: &str) -> Option<Route<'_>> {
     route_for(path_and_query, false)
 }
@@ -27,7 +37,7 @@ pub fn route_for(path_and_query: &str, carries_anthropic_version: bool) -> Optio
     if escapes_its_root(path_and_query) {
         return None;
     }
-    if is_versioned(path_and_query) {
+    if is_versioned(path_and_query) && !is_gemini_model_call(path_and_query) {
         let rest = &path_and_query[3..];
         let is_messages = rest
             .strip_prefix("/messages")
@@ -43,12 +53,30 @@ pub fn route_for(path_and_query: &str, carries_anthropic_version: bool) -> Optio
             upstream_path: path_and_query,
         });
     }
+    if is_gemini_versioned(path_and_query) || is_gemini_model_call(path_and_query) {
+        return Some(Route {
+            credential: ProviderKind::Gemini.as_str(),
+            fallback_kind: Some(ProviderKind::Gemini),
+            upstream_path: path_and_query,
+        });
+    }
+    if path_and_query.strip_prefix("/openai/deployments/").is_some_and(|rest| !rest.is_empty()) {
+        return Some(Route {
+            credential: AZURE_CREDENTIAL,
+            fallback_kind: Some(ProviderKind::AzureOpenAi),
+            upstream_path: path_and_query,
+        });
+    }
     let named = path_and_query.strip_prefix('/')?;
     let (name, rest) = named.split_at(named.find('/')?);
-    if !is_credential_name(name) || !is_versioned(rest) {
+    if !is_credential_name(name) || !(is_versioned(rest) || is_gemini_versioned(rest) || is_azure(rest)) {
         return None;
     }
-    Some(Route { credential: name, fallback_kind: ProviderKind::parse(name), upstream_path: rest })
+    let fallback_kind = match name {
+        AZURE_CREDENTIAL => Some(ProviderKind::AzureOpenAi),
+        name => ProviderKind::parse(name),
+    };
+    Some(Route { credential: name, fallback_kind, upstream_path: rest })
 }
 
 /// Whether the path could climb out of a credential's base URL once a server normalises it: a `.` or
@@ -72,6 +100,54 @@ fn escapes_its_root(path_and_query: &str) -> bool {
 /// `/v1/` followed by something.
 fn is_versioned(path: &str) -> bool {
     path.strip_prefix("/v1/").is_some_and(|rest| !rest.is_empty())
+}
+
+/// The path and query without any `key` query parameter, which is how Gemini's API also takes a
+/// key: the provider is never sent a key the client put in the URL (the credential's own key goes in
+/// its header), and a Recovea key there never leaves the gateway.
+pub fn without_key_param(path_and_query: &str) -> Cow<'_, str> {
+    let Some((path, query)) = path_and_query.split_once('?') else { return Cow::Borrowed(path_and_query) };
+    let is_key = |pair: &&str| pair.split_once('=').map_or(*pair, |(name, _)| name) == "key";
+    if !query.split('&').any(|pair| is_key(&pair)) {
+        return Cow::Borrowed(path_and_query);
+    }
+    let kept: Vec<&str> = query.split('&').filter(|pair| !is_key(pair)).collect();
+    if kept.is_empty() {
+        return Cow::Owned(path.to_owned());
+    }
+    Cow::Owned(format!("{path}?{}", kept.join("&")))
+}
+
+/// Gemini's methods on a model (`models/{model}:{method}`), which no OpenAI or Anthropic path has.
+pub(crate) const GEMINI_MODEL_METHODS: [&str; 6] = [
+    "generateContent",
+    "streamGenerateContent",
+    "countTokens",
+    "embedContent",
+    "batchEmbedContents",
+    "batchGenerateContent",
+];
+
+/// `/v1/models/{model}:{method}` with one of Gemini's methods: Gemini's stable API version, which
+/// its newer SDKs call by default. (An OpenAI fine-tuned model's id has colons too, never one of
+/// these methods after its last.)
+fn is_gemini_model_call(path_and_query: &str) -> bool {
+    let path = path_and_query.split_once('?').map_or(path_and_query, |(path, _)| path);
+    path.strip_prefix("/v1/models/")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .is_some_and(|(model, method)| !model.is_empty() && GEMINI_MODEL_METHODS.contains(&method))
+}
+
+/// `/v1beta/` followed by something: Gemini's API version.
+fn is_gemini_versioned(path: &str) -> bool {
+    path.strip_prefix("/v1beta/").is_some_and(|rest| !rest.is_empty())
+}
+
+/// Azure OpenAI's paths: `/openai/deployments/{deployment}/...` and `/openai/v1/...`.
+fn is_azure(path: &str) -> bool {
+    path.strip_prefix("/openai/")
+        .and_then(|rest| rest.strip_prefix("deployments/").or_else(|| rest.strip_prefix("v1/")))
+        .is_some_and(|rest| !rest.is_empty())
 }
 
 /// Credential names are short slugs, so they can sit in a path without escaping.
@@ -131,6 +207,57 @@ mod tests {
     }
 
     #[test]
+    fn azure_routes() {
+        use ProviderKind::AzureOpenAi;
+        let chat = "/openai/deployments/my-gpt/chat/completions?api-version=2024-10-21";
+        assert_eq!(route(chat), r("azure", Some(AzureOpenAi), chat));
+        assert_eq!(route(&format!("/azure{chat}")), r("azure", Some(AzureOpenAi), chat));
+        assert_eq!(route(&format!("/eu-azure{chat}")), r("eu-azure", None, chat));
+        assert_eq!(
+            route("/azure/openai/v1/chat/completions"),
+            r("azure", Some(AzureOpenAi), "/openai/v1/chat/completions")
+        );
+        // The named route to `openai` keeps its meaning.
+        assert_eq!(
+            route("/openai/v1/chat/completions"),
+            r("openai", Some(ProviderKind::OpenAi), "/v1/chat/completions")
+        );
+        for path in ["/openai/deployments/", "/azure/openai/", "/azure/openai/models", "/openai/models"] {
+            assert_eq!(route(path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn gemini_routes() {
+        use ProviderKind::Gemini;
+        let native = "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse";
+        assert_eq!(route(native), r("gemini", Some(Gemini), native));
+        assert_eq!(route(&format!("/gemini{native}")), r("gemini", Some(Gemini), native));
+        assert_eq!(route(&format!("/vertex{native}")), r("vertex", None, native));
+        let compat = "/v1beta/openai/chat/completions";
+        assert_eq!(route(compat), r("gemini", Some(Gemini), compat));
+        // An Anthropic client's header does not move Gemini's paths.
+        assert_eq!(route_for(compat, true), r("gemini", Some(Gemini), compat));
+        let stable = "/v1/models/gemini-2.5-flash:streamGenerateContent?alt=sse";
+        assert_eq!(route(stable), r("gemini", Some(Gemini), stable));
+        assert_eq!(route_for(stable, true), r("gemini", Some(Gemini), stable));
+        let fine_tuned = "/v1/models/ft:gpt-4o-mini:acme::abc123";
+        assert_eq!(route(fine_tuned), r("openai", Some(ProviderKind::OpenAi), fine_tuned));
+        assert_eq!(route("/v1beta/"), None);
+        assert_eq!(route("/gemini/v1beta/../v1/x"), None);
+    }
+
+    #[test]
+    fn key_params_never_reach_the_provider() {
+        let path = "/v1beta/models/m:generateContent";
+        assert_eq!(without_key_param(&format!("{path}?key=AIza")), path);
+        assert_eq!(without_key_param(&format!("{path}?alt=sse&key=rk_x&k=1")), format!("{path}?alt=sse&k=1"));
+        assert_eq!(without_key_param(&format!("{path}?key&alt=sse")), format!("{path}?alt=sse"));
+        assert!(matches!(without_key_param(&format!("{path}?alt=sse&keys=1")), Cow::Borrowed(_)));
+        assert!(matches!(without_key_param(path), Cow::Borrowed(_)));
+    }
+
+    #[test]
     fn not_ours() {
         for path in
             ["/", "/v1", "/v1/", "/v2/chat", "/healthz", "/Groq/v1/x", "/a/b/v1/x", "//v1/x", "/groq/v1/"]
@@ -159,9 +286,15 @@ mod tests {
 
     proptest! {
         #[test]
-        fn upstream_path_is_always_versioned(path in "/[a-z0-9/_?=.-]{0,40}") {
+        fn upstream_path_is_always_versioned(
+            path in "(/azure|/gemini)?(/openai/deployments|/openai|/v1beta)?/[a-z0-9/_?=.-]{0,40}",
+        ) {
             if let Some(route) = route(&path) {
-                prop_assert!(route.upstream_path.starts_with("/v1/"));
+                prop_assert!(
+                    ["/v1/", "/v1beta/", "/openai/deployments/", "/openai/v1/"]
+                        .iter()
+                        .any(|root| route.upstream_path.starts_with(root))
+                );
                 prop_assert!(path.ends_with(route.upstream_path));
             }
         }

@@ -13,8 +13,8 @@ use recovea_core::usage::Usage;
 use crate::sse::{SseEvent, SseReader};
 use quick::CompletionRead;
 use wire::{
-    AnthropicEvent, AnthropicMessage, AnthropicUsage, OpenAiCompletion, OpenAiEmbeddings, OutputChars,
-    ResponseBody, ResponsesEvent, StrOrNothing,
+    AnthropicEvent, AnthropicMessage, AnthropicUsage, GeminiResponse, OpenAiCompletion, OpenAiEmbeddings,
+    OutputChars, ResponseBody, ResponsesEvent, StrOrNothing,
 };
 
 /// The most of an answer the tap keeps: a JSON body it parses at the end, or one stream event.
@@ -36,9 +36,19 @@ const REQUEST_OVERHEAD_TOKENS: u64 = 3;
 /// tokens (a 1024x1024 image is about 765 tokens at OpenAI, about 1,600 at Anthropic).
 const MEDIA_PART_TOKENS: u64 = 1_000;
 
-/// The request fields that hold what the model reads.
-const INPUT_FIELDS: [&str; 7] =
-    ["messages", "system", "input", "prompt", "instructions", "tools", "functions"];
+/// The request fields that hold what the model reads (`contents` and `systemInstruction`: Gemini's).
+const INPUT_FIELDS: [&str; 10] = [
+    "messages",
+    "system",
+    "input",
+    "prompt",
+    "instructions",
+    "tools",
+    "functions",
+    "contents",
+    "systemInstruction",
+    "system_instruction",
+];
 
 /// Content part types whose payload is media, counted flat rather than by characters.
 const MEDIA_PART_TYPES: [&str; 7] =
@@ -52,6 +62,9 @@ pub enum Surface {
     Responses,
     Embeddings,
     Messages,
+    /// Gemini's `models/{model}:generateContent` and `:streamGenerateContent` (a JSON array, or
+    /// events with `alt=sse`).
+    GenerateContent,
     /// Anything else (models, files, images, audio, `messages/count_tokens`, batches): not tapped.
     Other,
 }
@@ -96,6 +109,10 @@ struct Tally {
     /// Anthropic reports usage in `message_start` and again, final, in `message_delta`.
     anthropic: Option<AnthropicUsage>,
     anthropic_final: bool,
+    /// A Gemini stream reports usage in every event; only the last event, the one with a
+    /// `finishReason`, has the whole output count.
+    gemini_reported: bool,
+    gemini_final: bool,
     output_chars: u64,
     model: Option<String>,
     /// OpenAI chunks not read yet. Once the model is known, a chunk that cannot carry usage adds
@@ -119,15 +136,57 @@ impl Surface {
         // `/v1/chat/completions` answers like OpenAI; third parties serve `/v1/messages` too).
         let _ = kind;
         let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
-        match path {
-            "/v1/chat/completions" => Surface::ChatCompletions,
-            "/v1/completions" => Surface::Completions,
-            "/v1/responses" => Surface::Responses,
-            "/v1/embeddings" => Surface::Embeddings,
-            "/v1/messages" => Surface::Messages,
+        if let Some(method) = gemini_method(path) {
+            return match method {
+                "generateContent" | "streamGenerateContent" => Surface::GenerateContent,
+                _ => Surface::Other,
+            };
+        }
+        // Azure's and Gemini's OpenAI-compatible paths answer in OpenAI's shapes.
+        let api = if let Some(rest) = path.strip_prefix("/openai/deployments/") {
+            rest.split_once('/').map_or("", |(_deployment, api)| api)
+        } else {
+            ["/openai/v1/", "/v1beta/openai/", "/openai/", "/v1/"]
+                .iter()
+                .find_map(|root| path.strip_prefix(root))
+                .unwrap_or("")
+        };
+        match api {
+            "chat/completions" => Surface::ChatCompletions,
+            "completions" => Surface::Completions,
+            "responses" => Surface::Responses,
+            "embeddings" => Surface::Embeddings,
+            "messages" if path == "/v1/messages" => Surface::Messages,
             _ => Surface::Other,
         }
     }
+}
+
+/// Gemini's `models/{model}:{method}` under `/v1beta/` or `/v1/`: the method.
+fn gemini_method(path: &str) -> Option<&str> {
+    gemini_call(path).map(|(_, method)| method)
+}
+
+/// Gemini's `/v1beta/models/{model}:{method}` (or `/v1/`, or `tunedModels/`), one of its methods:
+/// the model and method. (An OpenAI fine-tuned model's id, `ft:...`, is none.)
+fn gemini_call(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("/v1beta/").or_else(|| path.strip_prefix("/v1/"))?;
+    let rest = rest.strip_prefix("models/").or_else(|| rest.strip_prefix("tunedModels/"))?;
+    let (model, method) = rest.rsplit_once(':')?;
+    let known = crate::route::GEMINI_MODEL_METHODS.contains(&method);
+    (known && !model.is_empty() && !model.contains(['/', ':'])).then_some((model, method))
+}
+
+/// The model a request names in its path rather than its body (Gemini's `models/{model}:...`).
+pub fn model_in_path(upstream_path: &str) -> Option<&str> {
+    let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
+    gemini_call(path).map(|(model, _)| model)
+}
+
+/// Whether the path asks for a stream whatever the body says (Gemini's `:streamGenerateContent`).
+pub fn streams_by_path(upstream_path: &str) -> bool {
+    let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
+    gemini_method(path) == Some("streamGenerateContent")
 }
 
 impl UsageTap {
@@ -197,6 +256,7 @@ fn read_json(surface: Surface, body: &[u8]) -> Tapped {
         Surface::Messages => crate::from_json(body).ok().map(|a: AnthropicMessage| {
             (a.usage.map(AnthropicUsage::to_usage), a.content.map_or(0, |c| c.total), a.model)
         }),
+        Surface::GenerateContent => read_gemini_json(body),
         Surface::Other => None,
     };
     parsed.map_or_else(Tapped::default, |(usage, output_chars, model)| Tapped {
@@ -205,6 +265,25 @@ fn read_json(surface: Surface, body: &[u8]) -> Tapped {
         model: owned_model(&model),
         partial: false,
     })
+}
+
+/// A Gemini answer: one `GenerateContentResponse`, or the JSON array `:streamGenerateContent` sends
+/// without `alt=sse`, whose last `usageMetadata` is the final count.
+fn read_gemini_json(body: &[u8]) -> Option<(Option<Usage>, u64, StrOrNothing<'_>)> {
+    let starts_array = body.trim_ascii_start().starts_with(b"[");
+    let responses: Vec<GeminiResponse<'_>> =
+        if starts_array { crate::from_json(body).ok()? } else { vec![crate::from_json(body).ok()?] };
+    let mut read = (None, 0u64, StrOrNothing::default());
+    for response in responses {
+        read.1 = read.1.saturating_add(response.candidates.map_or(0, |c| c.total));
+        if read.2.0.is_none() {
+            read.2 = response.model;
+        }
+        if let Some(usage) = response.usage {
+            read.0 = Some(usage.to_usage());
+        }
+    }
+    Some(read)
 }
 
 /// Whether a stream chunk may carry usage: false only when every `"usage"` key in it is followed
@@ -244,6 +323,7 @@ impl Tally {
             Surface::ChatCompletions | Surface::Completions => self.read_openai_chunk(event.data),
             Surface::Responses => self.read_responses_event(event),
             Surface::Messages => self.read_anthropic_event(event),
+            Surface::GenerateContent => self.read_gemini_event(event.data),
             Surface::Embeddings | Surface::Other => {}
         }
     }
@@ -342,6 +422,20 @@ impl Tally {
         }
     }
 
+    /// Every event of an `alt=sse` stream is a whole `GenerateContentResponse`; each report of usage
+    /// is cumulative, so the last one wins.
+    fn read_gemini_event(&mut self, data: &str) {
+        let Ok(response) = serde_json::from_str::<GeminiResponse>(data) else { return };
+        let chars = response.candidates.map_or(0, |c| c.total);
+        self.output_chars = self.output_chars.saturating_add(chars);
+        self.note_model(&response.model);
+        self.gemini_final |= names_finish_reason(data.as_bytes());
+        if let Some(usage) = response.usage {
+            self.usage = Some(usage.to_usage());
+            self.gemini_reported = true;
+        }
+    }
+
     /// Counts the characters of the chunks kept unread (the only thing they can tell).
     fn read_unread(&mut self) {
         let mut start = 0;
@@ -371,7 +465,13 @@ impl Tally {
             }
             usage
         });
-        let partial = self.anthropic.is_some() && !self.anthropic_final;
+        let gemini_cut = self.gemini_reported && !self.gemini_final;
+        if gemini_cut && let Some(usage) = &mut self.usage {
+            // Cut before the last event: its prompt count is exact, its output count is of the
+            // events before, if any; the text seen says more.
+            usage.output_tokens = usage.output_tokens.max(estimate_output_tokens(self.output_chars));
+        }
+        let partial = (self.anthropic.is_some() && !self.anthropic_final) || gemini_cut;
         let usage = anthropic.or(self.usage);
         if usage.is_none() {
             self.read_unread();
@@ -383,6 +483,14 @@ impl Tally {
             partial,
         }
     }
+}
+
+/// Whether a Gemini event has a `"finishReason"` member: the last event of a stream does. Inside a
+/// JSON string a quote is escaped, so the quoted name followed by a colon is only ever a key.
+fn names_finish_reason(data: &[u8]) -> bool {
+    static KEY: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"\"finishReason\""));
+    KEY.find_iter(data).any(|at| data[at + KEY.needle().len()..].trim_ascii_start().starts_with(b":"))
 }
 
 fn is_read_responses_event(name: &str) -> bool {
@@ -401,7 +509,8 @@ fn is_read_responses_event(name: &str) -> bool {
 
 /// Estimates a request's input tokens when the provider reported none:
 /// `ceil(chars / 4) + 1,000 per media part + 3`, where `chars` counts, inside `messages`, `system`,
-/// `input`, `prompt`, `instructions`, `tools` and `functions`, every string's and object key's
+/// `input`, `prompt`, `instructions`, `tools`, `functions` and Gemini's `contents` and
+/// `systemInstruction` (or `system_instruction`), every string's and object key's
 /// characters, and 4 per number (so a token-id array counts a token per id). An image, file or
 /// audio part (`type` `image_url`, `input_image`, `image`, `document`, `input_file`, `file`,
 /// `input_audio`) counts as 1,000 tokens whatever its size. A body that is not a JSON object: 0.
@@ -444,6 +553,95 @@ mod tests {
             assert_eq!(Surface::of(Anthropic, other), Surface::Other, "{other}");
             assert_eq!(Surface::of(OpenAi, other), Surface::Other, "{other}");
         }
+    }
+
+    #[test]
+    fn azure_and_gemini_paths_have_openai_and_gemini_surfaces() {
+        use ProviderKind::{AzureOpenAi, Gemini};
+        for (path, surface) in [
+            ("/openai/deployments/my-gpt/chat/completions?api-version=2024-10-21", Surface::ChatCompletions),
+            ("/openai/deployments/my-gpt/completions", Surface::Completions),
+            ("/openai/deployments/emb/embeddings?api-version=1", Surface::Embeddings),
+            ("/openai/v1/chat/completions", Surface::ChatCompletions),
+            ("/openai/v1/responses", Surface::Responses),
+            ("/openai/responses?api-version=2025-04-01-preview", Surface::Responses),
+            ("/openai/deployments/my-gpt/chat/completions/extra", Surface::Other),
+            ("/openai/v1/messages", Surface::Other),
+        ] {
+            assert_eq!(Surface::of(AzureOpenAi, path), surface, "{path}");
+        }
+        for (path, surface) in [
+            ("/v1beta/openai/chat/completions", Surface::ChatCompletions),
+            ("/v1beta/openai/embeddings", Surface::Embeddings),
+            ("/v1beta/models/gemini-2.5-flash:generateContent", Surface::GenerateContent),
+            ("/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", Surface::GenerateContent),
+            ("/v1/models/gemini-2.5-flash:generateContent", Surface::GenerateContent),
+            ("/v1beta/models/gemini-2.5-flash:countTokens", Surface::Other),
+            ("/v1beta/models/gemini-2.5-flash:embedContent", Surface::Other),
+            ("/v1beta/models", Surface::Other),
+        ] {
+            assert_eq!(Surface::of(Gemini, path), surface, "{path}");
+        }
+    }
+
+    #[test]
+    fn gemini_names_its_model_in_the_path() {
+        assert_eq!(model_in_path("/v1beta/models/gemini-2.5-pro:generateContent"), Some("gemini-2.5-pro"));
+        assert_eq!(
+            model_in_path("/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"),
+            Some("gemini-2.5-pro")
+        );
+        assert_eq!(model_in_path("/v1beta/tunedModels/mine:generateContent"), Some("mine"));
+        assert_eq!(model_in_path("/v1/models/ft:gpt-4o-mini:acme::abc"), None);
+        assert!(streams_by_path("/v1beta/models/m:streamGenerateContent?alt=sse"));
+        assert!(!streams_by_path("/v1beta/models/m:generateContent"));
+        for path in [
+            "/v1/chat/completions",
+            "/v1beta/models/:generateContent",
+            "/v1beta/models/a/b:x",
+            "/v1/models/gpt-4o",
+        ] {
+            assert_eq!(model_in_path(path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn gemini_usage_in_the_receipts_terms() {
+        let body = r#"{"candidates":[{"content":{"parts":[{"text":"ab"}]}}],"usageMetadata":{"promptTokenCount":100,"cachedContentTokenCount":60,"candidatesTokenCount":7,"thoughtsTokenCount":20,"toolUsePromptTokenCount":5},"modelVersion":"gemini-2.5-pro"}"#;
+        let tapped = tap(Surface::GenerateContent, false, body);
+        assert_eq!(
+            tapped.usage,
+            Some(Usage {
+                input_tokens: 105,
+                cached_input_tokens: 60,
+                output_tokens: 27,
+                reasoning_tokens: 20,
+                ..Usage::default()
+            })
+        );
+        assert_eq!(tapped.model.as_deref(), Some("gemini-2.5-pro"));
+        let without = tap(
+            Surface::GenerateContent,
+            false,
+            r#"{"candidates":[{"content":{"parts":[{"text":"abc"}]}}]}"#,
+        );
+        assert_eq!((without.usage, without.output_chars), (None, 3));
+        assert_eq!(tap(Surface::GenerateContent, false, "[{\"candidates\":"), Tapped::default());
+    }
+
+    #[test]
+    fn an_openai_total_that_says_more_than_its_parts_is_believed() {
+        // Gemini's OpenAI-compatible endpoint leaves thinking out of completion_tokens.
+        for body in [
+            r#"{"model":"gemini-2.5-flash","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":3,"total_tokens":131}}"#,
+            r#"{"model": "gemini-2.5-flash", "choices": [], "usage": {"total_tokens": 131, "prompt_tokens": 8, "completion_tokens": 3}}"#,
+        ] {
+            let usage = tap(Surface::ChatCompletions, false, body).usage.expect("usage");
+            assert_eq!((usage.input_tokens, usage.output_tokens), (8, 123), "{body}");
+        }
+        let consistent =
+            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":3,"total_tokens":11}}"#;
+        assert_eq!(tap(Surface::ChatCompletions, false, consistent).usage.map(|u| u.output_tokens), Some(3));
     }
 
     #[test]

@@ -44,6 +44,7 @@ fn load(name: &str, expected_path: &Path) -> Fixture {
         "Responses" => Surface::Responses,
         "Embeddings" => Surface::Embeddings,
         "Messages" => Surface::Messages,
+        "GenerateContent" => Surface::GenerateContent,
         other => panic!("{name}: unknown surface {other}"),
     };
     let usage = match &expected["usage"] {
@@ -136,7 +137,13 @@ fn every_fixture_gives_its_expected_tapped_in_every_chunking() {
 #[test]
 fn the_corpus_covers_every_surface_both_ways_and_the_hard_cases() {
     let fixtures = load_fixtures();
-    for surface in [Surface::ChatCompletions, Surface::Completions, Surface::Responses, Surface::Messages] {
+    for surface in [
+        Surface::ChatCompletions,
+        Surface::Completions,
+        Surface::Responses,
+        Surface::Messages,
+        Surface::GenerateContent,
+    ] {
         for event_stream in [false, true] {
             assert!(
                 fixtures.iter().any(|f| f.surface == surface && f.event_stream == event_stream),
@@ -153,6 +160,10 @@ fn the_corpus_covers_every_surface_both_ways_and_the_hard_cases() {
         .is_some_and(|u| u.cache_write_input_tokens > 0 && u.cached_input_tokens > 0)));
     assert!(any(&|f| f.event_stream && f.expected.usage.is_none() && f.expected.output_chars > 0));
     assert!(any(&|f| f.body.windows(19).any(|w| w == b"response.incomplete")));
+    // Gemini: thoughts and tool-use prompts, a cut stream, Azure's content-filter chunks.
+    assert!(any(&|f| f.surface == Surface::GenerateContent && f.expected.partial));
+    assert!(any(&|f| f.body.windows(23).any(|w| w == b"toolUsePromptTokenCount")));
+    assert!(any(&|f| f.body.windows(21).any(|w| w == b"prompt_filter_results")));
 }
 
 /// A stream whose client did not ask for usage: the filter removes exactly the usage chunk, and the
@@ -186,6 +197,9 @@ fn filtering_openai_streams_removes_only_the_usage_chunk() {
 /// The length of the fixture's usage-only event, blank line included.
 fn usage_event_len(body: &[u8]) -> usize {
     let text = std::str::from_utf8(body).expect("utf-8");
-    let event = text.split_inclusive("\n\n").find(|e| e.contains("\"choices\":[],")).expect("usage event");
+    let event = text
+        .split_inclusive("\n\n")
+        .find(|e| e.contains("\"choices\":[],") && e.contains("\"usage\":{"))
+        .expect("usage event");
     event.len()
 }

@@ -4,6 +4,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use recovea_providers::rewrite::UsageChunkFilter;
 use recovea_providers::sse::SseReader;
+use recovea_providers::usage::{Surface, Tapped, UsageTap};
 
 type Event = (Option<String>, String);
 
@@ -141,6 +142,47 @@ fn chunks() -> impl Strategy<Value = Vec<Chunk>> {
     prop::collection::vec(chunk, 0..16)
 }
 
+/// One event of a Gemini stream: its text, and the usage it reports (prompt, candidates, thoughts).
+#[derive(Debug, Clone)]
+struct GeminiChunk {
+    text: String,
+    usage: Option<(u32, u32, u32)>,
+}
+
+fn gemini_chunks() -> impl Strategy<Value = Vec<GeminiChunk>> {
+    let chunk = ("[ -~é✓🦊]{0,12}", proptest::option::of((0u32..5000, 0u32..5000, 0u32..5000)))
+        .prop_map(|(text, usage)| GeminiChunk { text, usage });
+    prop::collection::vec(chunk, 1..10)
+}
+
+/// The chunks as `GenerateContentResponse`s, the last one finished.
+fn gemini_responses(chunks: &[GeminiChunk]) -> Vec<String> {
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(i, chunk)| {
+            let finish = if i + 1 == chunks.len() { r#","finishReason":"STOP""# } else { "" };
+            let usage = chunk.usage.map_or(String::new(), |(prompt, candidates, thoughts)| {
+                format!(
+                    r#","usageMetadata":{{"promptTokenCount":{prompt},"candidatesTokenCount":{candidates},"thoughtsTokenCount":{thoughts}}}"#
+                )
+            });
+            format!(
+                r#"{{"candidates":[{{"content":{{"parts":[{{"text":{}}}],"role":"model"}}{finish},"index":0}}]{usage},"modelVersion":"gemini-x"}}"#,
+                serde_json::to_string(&chunk.text).unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+fn tap_pieces(surface: Surface, event_stream: bool, pieces: &[&[u8]]) -> Tapped {
+    let mut tap = UsageTap::new(surface, event_stream);
+    for piece in pieces {
+        tap.observe(piece);
+    }
+    tap.finish()
+}
+
 fn line_end() -> impl Strategy<Value = &'static str> {
     prop_oneof![Just("\n"), Just("\r\n"), Just("\r")]
 }
@@ -200,5 +242,33 @@ proptest! {
             prop_assert_eq!(&out, &stream);
         }
         prop_assert_eq!(out, filter(&[&stream]));
+    }
+
+    /// A Gemini stream, as `alt=sse` events with any line ends or as the JSON array, cut anywhere:
+    /// the last usage reported wins, in the receipt's terms, and the model is the first named.
+    #[test]
+    fn gemini_streams_read_the_last_usage_over_any_split(
+        chunks in gemini_chunks(),
+        end in line_end(),
+        cuts in prop::collection::vec(any::<usize>(), 0..12),
+    ) {
+        let responses = gemini_responses(&chunks);
+        let chars: u64 = chunks.iter().map(|c| c.text.chars().count() as u64).sum();
+        let last = chunks.iter().rev().find_map(|c| c.usage);
+        let expected = Tapped {
+            usage: last.map(|(prompt, candidates, thoughts)| recovea_core::usage::Usage {
+                input_tokens: u64::from(prompt),
+                output_tokens: u64::from(candidates) + u64::from(thoughts),
+                reasoning_tokens: u64::from(thoughts),
+                ..Default::default()
+            }),
+            output_chars: if last.is_some() { 0 } else { chars },
+            model: Some("gemini-x".to_owned()),
+            partial: false,
+        };
+        let sse: String = responses.iter().map(|r| format!("data: {r}{end}{end}")).collect();
+        prop_assert_eq!(&tap_pieces(Surface::GenerateContent, true, &split(sse.as_bytes(), &cuts)), &expected);
+        let array = format!("[{}]", responses.join("\n,\r\n"));
+        prop_assert_eq!(&tap_pieces(Surface::GenerateContent, false, &split(array.as_bytes(), &cuts)), &expected);
     }
 }

@@ -1204,9 +1204,9 @@ fn every_change_writes_its_audit_row(db: &impl Backend) {
         ("aud_0", Timestamp(1_000), AuditAuth::AdminToken, Some("10.0.0.7:51234")),
         "who and when, as given"
     );
-    let key_before = r#"{"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":null,"revoked_at":null,"tokens_per_minute":null}"#;
-    let key_limited = r#"{"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":null,"tokens_per_minute":null}"#;
-    let key_revoked = r#"{"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":"1970-01-01T00:00:00.009Z","tokens_per_minute":null}"#;
+    let key_before = r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":null,"revoked_at":null,"tokens_per_minute":null}"#;
+    let key_limited = r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":null,"tokens_per_minute":null}"#;
+    let key_revoked = r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":"1970-01-01T00:00:00.009Z","tokens_per_minute":null}"#;
     let provider_first = r#"{"base_url":null,"key_hint":"...","kind":"openai","name":"openai"}"#;
     let provider_second = r#"{"base_url":null,"key_hint":"sk-...wxyz","kind":"openai","name":"openai"}"#;
     let cap_first = r#"{"alert_at":[0.5,0.8,1.0],"alert_webhook":"https://hooks.example/recovea","created_at":"1970-01-01T00:00:00.004Z","hard_stop":true,"id":"cap_a","key_id":null,"limit_usd":"1.00","org_id":"org_a","scope":"organization","window":"month"}"#;
@@ -1225,7 +1225,7 @@ fn every_change_writes_its_audit_row(db: &impl Backend) {
                 "org_a",
                 Some("org_a"),
                 None,
-                Some(r#"{"created_at":"1970-01-01T00:00:00.001Z","id":"org_a","name":"org_a name"}"#)
+                Some(r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.001Z","id":"org_a","name":"org_a name"}"#)
             ),
             row("create", "key", "key_a", Some("org_a"), None, Some(key_before)),
             row("update", "key", "key_a", Some("org_a"), Some(key_before), Some(key_limited)),

@@ -1,4 +1,4 @@
-//! A scriptable mock of the OpenAI and Anthropic HTTP APIs for recovea's tests and benchmarks.
+//! A scriptable mock of the OpenAI, Anthropic, Azure OpenAI and Gemini HTTP APIs for recovea's tests and benchmarks.
 //!
 //! [`MockProvider`] serves, on one port, faithful copies of the providers' wire formats (JSON and
 //! SSE), records every request it receives, and applies scripted [`Behaviour`]s (errors, delays,
@@ -23,6 +23,9 @@
 //! | `GET /v1/models`, `GET /v1/models/{id}` | OpenAI-shaped model list / model |
 //! | `POST /v1/messages` | Anthropic `message`, or its SSE event sequence |
 //! | `POST /v1/messages/count_tokens` | `{"input_tokens": N}` |
+//! | `POST /openai/deployments/{deployment}/...?api-version=V`, `/openai/v1/...`, `/v1beta/openai/...` | as the `/v1/...` path after them (Azure OpenAI, Gemini's OpenAI-compatible endpoint); a deployment without `api-version` is a 404; a body without `model` is answered with the deployment's name |
+//! | `POST /v1beta/models/{model}:generateContent` (or `/v1/models/...`) | a Gemini `GenerateContentResponse` naming `{model}` in `modelVersion` |
+//! | `POST /v1beta/models/{model}:streamGenerateContent` | one response per piece: `data:` events ending in CRLF CRLF with `alt=sse`, else one JSON array |
 //! | `GET /__mock/requests` | the log: `[{"method","path","headers":[[name,value],...],"body":"<lossy UTF-8>"}]` |
 //! | `POST /__mock/script` | queue a [`Behaviour`] given as JSON; 204 |
 //! | `POST /__mock/reset` | clear the log and the script, restart request numbering; 204 |
@@ -64,13 +67,18 @@
 //! * responses: `{"input_tokens":P,"input_tokens_details":{"cached_tokens":0},"output_tokens":5,
 //!   "output_tokens_details":{"reasoning_tokens":0},"total_tokens":P+5}`
 //! * embeddings: `{"prompt_tokens":P,"total_tokens":P}`
+//! * Gemini: `{"promptTokenCount":P,"candidatesTokenCount":5,"totalTokenCount":P+5,
+//!   "promptTokensDetails":[{"modality":"TEXT","tokenCount":P}]}`; in a stream, every event but the
+//!   last carries `{"promptTokenCount":P,"totalTokenCount":P}`, the last the whole count and
+//!   `finishReason: "STOP"`. Errors on Gemini's paths: `{"error":{"code","message","status"}}`.
 //! * messages: `{"input_tokens":P,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,
 //!   "output_tokens":5}`; when streaming, `message_start` carries it with `output_tokens: 1` and
 //!   `message_delta` carries `{"output_tokens":5}`.
 //!
 //! A scripted [`Behaviour::usage`] replaces the usage object verbatim: in the JSON answer, in the
 //! final usage chunk of chat/legacy streams (only sent when `stream_options.include_usage` is
-//! true), in `response.completed`, and in both `message_start` and `message_delta`.
+//! true), in `response.completed`, in both `message_start` and `message_delta`, and in Gemini's
+//! `usageMetadata` (the last event of a stream).
 //!
 //! # Embeddings
 //!
@@ -81,6 +89,7 @@
 
 mod anthropic;
 mod body;
+mod gemini;
 mod openai;
 pub mod proxy;
 mod request;

@@ -27,6 +27,11 @@ impl Fields {
         self.model.as_deref().unwrap_or(DEFAULT_MODEL)
     }
 
+    /// The model the request names, if it names one.
+    pub(crate) fn named_model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
     pub(crate) fn stream(&self) -> bool {
         self.stream.unwrap_or(false)
     }

@@ -23,7 +23,7 @@ use crate::body::MockBody;
 use crate::request::{Answer, Ctx, Fields, json_string};
 use crate::script::{Behaviour, InvalidBehaviour, Log, Plan, RecordedRequest, Script};
 use crate::usage::{REPLY_PIECES, input_tokens};
-use crate::{anthropic, openai};
+use crate::{anthropic, gemini, openai};
 
 /// A running mock provider; it stops serving when dropped or shut down.
 pub struct MockProvider {
@@ -269,11 +269,11 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         Some(Plan { status, body: scripted, .. }) if status.is_some() || scripted.is_some() => {
             let status = status.unwrap_or(StatusCode::OK);
             let body = scripted.clone().unwrap_or_else(|| {
-                error_body(anthropic, status, &format!("mock: scripted error (status {})", status.as_u16()))
+                error_body(path, status, &format!("mock: scripted error (status {})", status.as_u16()))
             });
             Answer::Json(status, body)
         }
-        _ => route(&shared, &parts.method, path, &body, n, plan),
+        _ => route(&shared, &parts.method, path, parts.uri.query().unwrap_or(""), &body, n, plan),
     };
 
     let mut response = match answer {
@@ -304,9 +304,75 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     Ok(response)
 }
 
+/// A path of Azure OpenAI (`/openai/deployments/{deployment}/...`, `/openai/v1/...`) or of Gemini's
+/// OpenAI-compatible endpoint (`/v1beta/openai/...`) as the `/v1/...` path it is answered as, with
+/// the deployment's name; any other path as it is.
+fn as_openai_path(path: &str) -> (String, Option<&str>) {
+    if let Some(rest) = path.strip_prefix("/openai/deployments/")
+        && let Some((deployment, api)) = rest.split_once('/')
+    {
+        return (format!("/v1/{api}"), Some(deployment));
+    }
+    for root in ["/openai/v1/", "/v1beta/openai/"] {
+        if let Some(api) = path.strip_prefix(root) {
+            return (format!("/v1/{api}"), None);
+        }
+    }
+    (path.to_owned(), None)
+}
+
+/// Gemini's `/v1beta/models/{model}:{method}`, or its `/v1/` twin with a Gemini method: the model and
+/// the method.
+fn gemini_call(path: &str) -> Option<(&str, &str)> {
+    if let Some(rest) = path.strip_prefix("/v1beta/models/") {
+        return rest.split_once(':').filter(|(model, _)| !model.is_empty());
+    }
+    let (model, method) = path.strip_prefix("/v1/models/")?.split_once(':')?;
+    let gemini = ["generateContent", "streamGenerateContent"].contains(&method);
+    (gemini && !model.is_empty()).then_some((model, method))
+}
+
 /// The generated answer for a provider request.
-fn route(shared: &Shared, method: &Method, path: &str, body: &[u8], n: u64, plan: Option<&Plan>) -> Answer {
-    let anthropic = path.starts_with("/v1/messages");
+fn route(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    query: &str,
+    body: &[u8],
+    n: u64,
+    plan: Option<&Plan>,
+) -> Answer {
+    let error = |status: StatusCode, message: &str| Answer::Json(status, error_body(path, status, message));
+    if let Some((model, call)) = gemini_call(path) {
+        let stream = match (method.as_str(), call) {
+            ("POST", "generateContent") => false,
+            ("POST", "streamGenerateContent") => true,
+            _ => return error(StatusCode::NOT_FOUND, &format!("Invalid URL ({method} {path})")),
+        };
+        let Some(input_tokens) = input_tokens(body) else {
+            return error(StatusCode::BAD_REQUEST, "Invalid JSON payload received.");
+        };
+        let fields = Fields::default();
+        let ctx = Ctx {
+            n,
+            created: 0,
+            model: json_string(model),
+            fields: &fields,
+            input_tokens,
+            usage: plan.and_then(|p| p.usage.as_deref()),
+            pieces: plan.and_then(|p| p.pieces).unwrap_or(REPLY_PIECES.len()),
+        };
+        let sse = query.split('&').any(|pair| pair == "alt=sse");
+        return gemini::generate_content(&ctx, stream, sse);
+    }
+    let (openai_path, deployment) = as_openai_path(path);
+    if deployment.is_some() && !query.split('&').any(|pair| pair.starts_with("api-version=")) {
+        return error(
+            StatusCode::NOT_FOUND,
+            "Resource not found: the api-version query parameter is required",
+        );
+    }
+    let path = openai_path.as_str();
     if *method == Method::GET {
         if path == "/v1/models" {
             return Answer::Json(StatusCode::OK, shared.models.clone());
@@ -324,21 +390,22 @@ fn route(shared: &Shared, method: &Method, path: &str, body: &[u8], n: u64, plan
         "/v1/messages/count_tokens",
     ];
     if *method != Method::POST || !known.contains(&path) {
-        let message = format!("Invalid URL ({method} {path})");
-        return Answer::Json(StatusCode::NOT_FOUND, error_body(anthropic, StatusCode::NOT_FOUND, &message));
+        return error(StatusCode::NOT_FOUND, &format!("Invalid URL ({method} {path})"));
     }
     let (Ok(fields), Some(input_tokens)) = (serde_json::from_slice::<Fields>(body), input_tokens(body))
     else {
         let message = "The request body is not valid JSON or has fields of the wrong type.";
-        return Answer::Json(
-            StatusCode::BAD_REQUEST,
-            error_body(anthropic, StatusCode::BAD_REQUEST, message),
-        );
+        return error(StatusCode::BAD_REQUEST, message);
+    };
+    // An Azure deployment answers with the model the body names, else with its own name.
+    let model = match (fields.named_model(), deployment) {
+        (None, Some(deployment)) => deployment,
+        _ => fields.model(),
     };
     let ctx = Ctx {
         n,
         created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        model: json_string(fields.model()),
+        model: json_string(model),
         fields: &fields,
         input_tokens,
         usage: plan.and_then(|p| p.usage.as_deref()),
@@ -354,8 +421,17 @@ fn route(shared: &Shared, method: &Method, path: &str, body: &[u8], n: u64, plan
     }
 }
 
-fn error_body(anthropic: bool, status: StatusCode, message: &str) -> Bytes {
-    if anthropic { anthropic::error_body(status, message) } else { openai::error_body(status, message) }
+/// An error in the shape of the API the path belongs to.
+fn error_body(path: &str, status: StatusCode, message: &str) -> Bytes {
+    if path.starts_with("/v1/messages") {
+        anthropic::error_body(status, message)
+    } else if (path.starts_with("/v1beta/") && !path.starts_with("/v1beta/openai/"))
+        || gemini_call(path).is_some()
+    {
+        gemini::error_body(status, message)
+    } else {
+        openai::error_body(status, message)
+    }
 }
 
 /// `/__mock/<action>`: what black-box tests use instead of the in-process methods.

@@ -170,6 +170,25 @@ pub(crate) mod shapes {
         )
     }
 
+    /// Gemini's `usageMetadata` of a whole answer.
+    pub(crate) fn gemini(input: u64, output: u64) -> String {
+        format!(
+            concat!(
+                r#"{{"promptTokenCount":{},"candidatesTokenCount":{},"totalTokenCount":{},"#,
+                r#""promptTokensDetails":[{{"modality":"TEXT","tokenCount":{}}}]}}"#
+            ),
+            input,
+            output,
+            input + output,
+            input
+        )
+    }
+
+    /// Gemini's `usageMetadata` of a stream chunk before the last: the prompt only.
+    pub(crate) fn gemini_prompt_only(input: u64) -> String {
+        format!(r#"{{"promptTokenCount":{input},"totalTokenCount":{input}}}"#)
+    }
+
     pub(crate) fn embeddings(input: u64) -> String {
         format!(r#"{{"prompt_tokens":{input},"total_tokens":{input}}}"#)
     }

@@ -700,3 +700,72 @@ async fn shutdown_stops_serving() {
     mock.shutdown().await;
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+fn gemini_body() -> Value {
+    json!({"contents": [{"role": "user", "parts": [{"text": "Say hello"}]}]})
+}
+
+#[tokio::test]
+async fn gemini_generate_content_json_sse_and_array() {
+    let mock = MockProvider::start().await;
+    let whole = post(&mock, "/v1beta/models/gemini-2.5-flash:generateContent", gemini_body()).await;
+    assert_eq!(whole.status, StatusCode::OK);
+    let answer = whole.json();
+    assert_eq!(answer["candidates"][0]["content"]["parts"][0]["text"], REPLY_TEXT);
+    assert_eq!(answer["modelVersion"], "gemini-2.5-flash");
+    let usage = &answer["usageMetadata"];
+    assert_eq!(
+        (usage["promptTokenCount"].as_u64(), usage["candidatesTokenCount"].as_u64()),
+        (Some(3), Some(5))
+    );
+
+    // `alt=sse`: one event per piece, CRLF-terminated, the whole count in the last only.
+    let sse = post(&mock, "/v1/models/gemini-2.5-flash:streamGenerateContent?alt=sse", gemini_body()).await;
+    assert!(sse.header("content-type").is_some_and(|v| v.starts_with("text/event-stream")));
+    let text = std::str::from_utf8(&sse.body).expect("utf-8");
+    let events: Vec<Value> = text
+        .split("\r\n\r\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").expect("data")).expect("json"))
+        .collect();
+    assert_eq!(events.len(), REPLY_PIECES.len());
+    let pieces: String = events
+        .iter()
+        .map(|e| e["candidates"][0]["content"]["parts"][0]["text"].as_str().expect("text"))
+        .collect();
+    assert_eq!(pieces, REPLY_TEXT);
+    assert!(
+        events[..events.len() - 1].iter().all(|e| e["usageMetadata"].get("candidatesTokenCount").is_none())
+    );
+    let last = &events[events.len() - 1];
+    assert_eq!(
+        (
+            last["usageMetadata"]["candidatesTokenCount"].as_u64(),
+            last["candidates"][0]["finishReason"].as_str()
+        ),
+        (Some(OUTPUT_TOKENS), Some("STOP"))
+    );
+
+    // Without `alt=sse`: the same responses as one JSON array.
+    let array = post(&mock, "/v1beta/models/gemini-2.5-flash:streamGenerateContent", gemini_body()).await;
+    assert_eq!(array.json().as_array().map(Vec::len), Some(REPLY_PIECES.len()));
+
+    let unknown = post(&mock, "/v1beta/models/gemini-2.5-flash:fly", gemini_body()).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert_eq!(unknown.json()["error"]["status"], "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn azure_deployments_need_an_api_version_and_answer_as_openai() {
+    let mock = MockProvider::start().await;
+    let no_version = post(&mock, "/openai/deployments/prod/chat/completions", chat_body(false, None)).await;
+    assert_eq!(no_version.status, StatusCode::NOT_FOUND);
+    let body = json!({"messages": [{"role": "user", "content": "Say hello"}]});
+    let answer = post(&mock, "/openai/deployments/prod/chat/completions?api-version=2024-10-21", body).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.json()["model"], "prod", "a body without a model: the deployment's name");
+    let v1 = post(&mock, "/openai/v1/chat/completions", chat_body(false, None)).await;
+    assert_eq!(v1.json()["object"], "chat.completion");
+    let compat = post(&mock, "/v1beta/openai/chat/completions", chat_body(false, None)).await;
+    assert_eq!(compat.json()["choices"][0]["message"]["content"], REPLY_TEXT);
+}

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::admin::{Caller, Reply, ok};
 use crate::{ApiError, Control};
 
-const KINDS: [ProviderKind; 2] = [ProviderKind::OpenAi, ProviderKind::Anthropic];
+use recovea_core::pricing::KINDS;
 
 impl Control {
     fn published_prices(&self) -> (recovea_core::snapshot::Prices, HashMap<PriceTarget, u64>) {
@@ -128,7 +128,7 @@ impl Control {
         kind: &str,
         wire: PriceWire,
     ) -> Result<Reply, ApiError> {
-        let kind = provider_kind(kind)?;
+        let kind = fallback_kind(kind)?;
         Price::try_from(&wire).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let change =
             PriceChange { target: PriceTarget::Fallback(kind), kind: None, price: Some(wire.clone()) };
@@ -140,7 +140,7 @@ impl Control {
     }
 
     pub(crate) async fn delete_fallback_price(&self, caller: Caller, kind: &str) -> Result<Reply, ApiError> {
-        let kind = provider_kind(kind)?;
+        let kind = fallback_kind(kind)?;
         let change = PriceChange { target: PriceTarget::Fallback(kind), kind: None, price: None };
         let missing = format!("No fallback price override for kind {:?}.", kind.as_str());
         let revision = self.change_prices(caller, vec![change], &missing).await?;
@@ -172,8 +172,24 @@ fn model_name(model: &str) -> Result<&str, ApiError> {
 
 fn provider_kind(kind: &str) -> Result<ProviderKind, ApiError> {
     ProviderKind::parse(kind).ok_or_else(|| {
-        ApiError::BadRequest(format!("kind: expected \"openai\" or \"anthropic\", got {kind:?}"))
+        ApiError::BadRequest(format!(
+            "kind: expected \"openai\", \"anthropic\", \"azure_openai\" or \"gemini\", got {kind:?}"
+        ))
     })
+}
+
+/// A kind with a fallback price of its own: `azure_openai` shares `openai`'s.
+fn fallback_kind(kind: &str) -> Result<ProviderKind, ApiError> {
+    let kind = provider_kind(kind)?;
+    if kind.priced_like() != kind {
+        return Err(ApiError::BadRequest(format!(
+            "kind: {} is priced as {}: set the fallback price of {}",
+            kind.as_str(),
+            kind.priced_like().as_str(),
+            kind.priced_like().as_str()
+        )));
+    }
+    Ok(kind)
 }
 
 /// A price's wire form with where it came from.

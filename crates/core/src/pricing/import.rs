@@ -11,8 +11,14 @@ use super::{EntryWire, PriceTableError, TableFile};
 use crate::money::Nanos;
 
 /// LiteLLM's providers whose models the gateway serves, and the kind that serves them.
-const PROVIDERS: [(&str, &str); 3] =
-    [("openai", "openai"), ("text-completion-openai", "openai"), ("anthropic", "anthropic")];
+const PROVIDERS: [(&str, &str); 4] = [
+    ("openai", "openai"),
+    ("text-completion-openai", "openai"),
+    ("anthropic", "anthropic"),
+    ("gemini", "gemini"),
+];
+/// LiteLLM names Gemini's models `gemini/<model>`; Gemini's own API names them `<model>`.
+const NAME_PREFIXES: [(&str, &str); 1] = [("gemini", "gemini/")];
 /// LiteLLM's modes priced per token; the others (images, audio...) are billed otherwise.
 const MODES: [&str; 4] = ["chat", "completion", "responses", "embedding"];
 
@@ -26,8 +32,8 @@ pub struct Import {
 
 /// Reads an import file in either format. The built-in table's format is recognized by its
 /// `models` object beside nothing but `source` and `license`; anything else is read as LiteLLM's,
-/// of which only entries of the `openai`, `text-completion-openai` and `anthropic` providers in a
-/// per-token mode are taken. Every price is checked; the error names the model and field.
+/// of which only entries of the `openai`, `text-completion-openai`, `anthropic` and `gemini` providers
+/// in a per-token mode are taken (a `gemini/` name without its prefix). Every price is checked; the error names the model and field.
 pub fn parse(text: &str) -> Result<Import, PriceTableError> {
     let top: BTreeMap<String, &RawValue> =
         serde_json::from_str(text).map_err(|e| PriceTableError(e.to_string()))?;
@@ -100,8 +106,9 @@ fn litellm(top: &BTreeMap<String, &RawValue>) -> Result<Import, PriceTableError>
                 .map_err(|e| PriceTableError(format!("{model}.{field}: {e}")))
         };
         let optional = |field: &str, raw: Option<&RawValue>| raw.map(|raw| usd(field, raw)).transpose();
+        let prefix = NAME_PREFIXES.iter().find(|(name, _)| Some(*name) == provider).map_or("", |(_, p)| *p);
         import.entries.push((
-            model.clone(),
+            model.strip_prefix(prefix).unwrap_or(model).to_owned(),
             EntryWire {
                 kind: Some(kind.to_owned()),
                 input_per_mtok_usd: usd("input_cost_per_token", input)?,
@@ -222,13 +229,17 @@ mod tests {
             "davinci-x": {"litellm_provider": "text-completion-openai", "mode": "completion",
                 "input_cost_per_token": 2e-06, "output_cost_per_token": 2e-06},
             "dall-e-x": {"litellm_provider": "openai", "mode": "image_generation", "input_cost_per_pixel": 1e-08},
+            "gemini/gemini-x": {"litellm_provider": "gemini", "mode": "chat", "input_cost_per_token": 3e-07,
+                "output_cost_per_token": 2.5e-06, "cache_read_input_token_cost": 3e-08},
             "groq/llama": {"litellm_provider": "groq", "mode": "chat", "input_cost_per_token": 1e-07, "output_cost_per_token": 1e-07},
             "gpt-free": {"litellm_provider": "openai", "mode": "chat", "input_cost_per_token": 0},
             "odd": [1, 2]
         }"#;
         let import = parse(text).expect("parses");
         let names: Vec<&str> = import.entries.iter().map(|(model, _)| model.as_str()).collect();
-        assert_eq!(names, ["claude-x", "davinci-x", "gpt-x"]);
+        assert_eq!(names, ["claude-x", "davinci-x", "gemini-x", "gpt-x"]);
+        assert_eq!(import.entries[2].1.kind.as_deref(), Some("gemini"));
+        assert_eq!(import.entries[2].1.cached_input_per_mtok_usd.as_deref(), Some("0.03"));
         assert_eq!(import.skipped, ["gpt-free"]);
         let (_, claude) = &import.entries[0];
         assert_eq!(claude.kind.as_deref(), Some("anthropic"));

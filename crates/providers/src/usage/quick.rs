@@ -83,6 +83,7 @@ fn function(walk: &mut Walk<'_>, depth: u32) -> Option<u64> {
 /// `OpenAiUsage`, as `to_usage` gives it.
 fn openai_usage(walk: &mut Walk<'_>, depth: u32) -> Option<Usage> {
     let mut usage = Usage::default();
+    let mut total = None;
     let mut seen = Seen::default();
     let detail = |walk: &mut Walk<'_>, name| {
         Some(walk.nullable(|walk| walk.one_field(depth + 1, name, Walk::count))?.flatten().flatten())
@@ -105,10 +106,15 @@ fn openai_usage(walk: &mut Walk<'_>, depth: u32) -> Option<Usage> {
                 seen.first(3)?;
                 usage.reasoning_tokens = detail(walk, b"reasoning_tokens")?.unwrap_or(0);
             }
+            b"total_tokens" => {
+                seen.first(4)?;
+                total = walk.count()?;
+            }
             _ => walk.skip(depth + 1)?,
         }
         Some(())
     })?;
+    usage.output_tokens = super::wire::output_within_total(usage.input_tokens, usage.output_tokens, total);
     Some(usage)
 }
 

@@ -62,6 +62,7 @@ struct OpenAiFunction {
 pub(super) struct OpenAiUsage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
+    total_tokens: Option<u64>,
     prompt_tokens_details: Option<CachedDetails>,
     completion_tokens_details: Option<ReasoningDetails>,
 }
@@ -187,6 +188,55 @@ pub(super) struct AnthropicUsage {
     output_tokens: Option<u64>,
 }
 
+/// A Gemini `GenerateContentResponse`: a whole answer, one element of a streamed JSON array, or
+/// one event of an `alt=sse` stream. The REST API writes its names in camelCase; the snake_case
+/// spellings its protobuf JSON also allows are read too.
+#[derive(Deserialize)]
+pub(super) struct GeminiResponse<'a> {
+    #[serde(rename = "modelVersion", alias = "model_version", borrow, default)]
+    pub model: StrOrNothing<'a>,
+    pub candidates: Option<SumOf<GeminiCandidate>>,
+    #[serde(rename = "usageMetadata", alias = "usage_metadata")]
+    pub usage: Option<GeminiUsage>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct GeminiCandidate {
+    content: Option<GeminiContent>,
+}
+
+#[derive(Deserialize)]
+struct GeminiContent {
+    parts: Option<SumOf<GeminiPart>>,
+}
+
+/// A part of a candidate: `text` (answer or thought), or a function call (its name and arguments'
+/// strings counted).
+#[derive(Deserialize)]
+pub(super) struct GeminiPart {
+    text: Option<TextChars>,
+    #[serde(rename = "functionCall", alias = "function_call")]
+    function_call: Option<TextChars>,
+}
+
+/// Gemini's `usageMetadata`. `promptTokenCount` includes `cachedContentTokenCount`; the tokens of
+/// tool-use prompts (`toolUsePromptTokenCount`) and of thoughts (`thoughtsTokenCount`) are counted
+/// apart from the prompt and the candidates, and billed as input and output respectively.
+#[derive(Debug, Deserialize, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct GeminiUsage {
+    #[serde(alias = "prompt_token_count")]
+    prompt_token_count: Option<u64>,
+    #[serde(alias = "cached_content_token_count")]
+    cached_content_token_count: Option<u64>,
+    #[serde(alias = "candidates_token_count")]
+    candidates_token_count: Option<u64>,
+    #[serde(alias = "thoughts_token_count")]
+    thoughts_token_count: Option<u64>,
+    #[serde(alias = "tool_use_prompt_token_count")]
+    tool_use_prompt_token_count: Option<u64>,
+}
+
 /// Output characters a piece of an answer carries.
 pub(super) trait OutputChars {
     fn output_chars(&self) -> u64;
@@ -245,6 +295,18 @@ impl OutputChars for AnthropicDelta {
     }
 }
 
+impl OutputChars for GeminiCandidate {
+    fn output_chars(&self) -> u64 {
+        self.content.as_ref().and_then(|c| c.parts.as_ref()).map_or(0, |parts| parts.total)
+    }
+}
+
+impl OutputChars for GeminiPart {
+    fn output_chars(&self) -> u64 {
+        chars(self.text) + chars(self.function_call)
+    }
+}
+
 fn chars(text: Option<TextChars>) -> u64 {
     text.map_or(0, |t| t.0)
 }
@@ -259,7 +321,11 @@ impl OpenAiUsage {
                 .and_then(|d| d.cached_tokens)
                 .unwrap_or(0),
             cache_write_input_tokens: 0,
-            output_tokens: self.completion_tokens.unwrap_or(0),
+            output_tokens: output_within_total(
+                self.prompt_tokens.unwrap_or(0),
+                self.completion_tokens.unwrap_or(0),
+                self.total_tokens,
+            ),
             reasoning_tokens: self
                 .completion_tokens_details
                 .as_ref()
@@ -267,6 +333,14 @@ impl OpenAiUsage {
                 .unwrap_or(0),
         }
     }
+}
+
+/// The output of an OpenAI-shaped usage: `completion_tokens`, or what `total_tokens` leaves beyond
+/// the prompt when that is more. OpenAI's total is their sum; Gemini's OpenAI-compatible endpoint
+/// leaves its thinking tokens out of `completion_tokens` but counts them in `total_tokens` (and bills
+/// them as output), so a total that says more is believed.
+pub(super) fn output_within_total(prompt: u64, completion: u64, total: Option<u64>) -> u64 {
+    total.map_or(completion, |total| completion.max(total.saturating_sub(prompt)))
 }
 
 impl ResponsesUsage {
@@ -317,6 +391,24 @@ impl AnthropicUsage {
             cache_write_input_tokens: cache_write,
             output_tokens: self.output_tokens.unwrap_or(0),
             reasoning_tokens: 0,
+        }
+    }
+}
+
+impl GeminiUsage {
+    /// In the receipt's terms: input is the prompt (cached content included) and the tool-use
+    /// prompts; output is the candidates and the thoughts, the thoughts being its reasoning part.
+    pub fn to_usage(self) -> Usage {
+        let thoughts = self.thoughts_token_count.unwrap_or(0);
+        Usage {
+            input_tokens: self
+                .prompt_token_count
+                .unwrap_or(0)
+                .saturating_add(self.tool_use_prompt_token_count.unwrap_or(0)),
+            cached_input_tokens: self.cached_content_token_count.unwrap_or(0),
+            cache_write_input_tokens: 0,
+            output_tokens: self.candidates_token_count.unwrap_or(0).saturating_add(thoughts),
+            reasoning_tokens: thoughts,
         }
     }
 }

@@ -1,0 +1,318 @@
+//! Azure OpenAI and Google Gemini credentials on the request path, in-process over real sockets, in
+//! front of the mock provider: what reached the provider (path, query, auth) and the receipts,
+//! their usage and cost exact.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use recovea_core::Timestamp;
+use recovea_core::ids::{KeyId, OrgId};
+use recovea_core::keys::hash_secret;
+use recovea_core::models::ModelAllowlist;
+use recovea_core::money::Nanos;
+use recovea_core::receipt::Receipt;
+use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
+use recovea_counters::{Counters, InProcess};
+use recovea_gateway::spool::Spool;
+use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
+use recovea_testkit::{Behaviour, MockProvider, RecordedRequest};
+use serde_json::json;
+
+#[path = "support/common.rs"]
+mod common;
+
+use common::{MemorySink, TempDir};
+
+const KEY: &str = "rk_providers000000000000000000000000000000000001";
+/// Lists only `gpt-4o-mini`.
+const LISTED_KEY: &str = "rk_providers000000000000000000000000000000000002";
+const MANAGED_AZURE: &str = "azure-managed-0123456789";
+const MANAGED_GEMINI: &str = "AIza-managed-0123456789";
+
+/// One word of input: the mock counts 1 + 1 input tokens, and answers 5 output tokens.
+const CHAT_MINI: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi"}]}"#;
+const GEMINI_BODY: &str = r#"{"contents":[{"role":"user","parts":[{"text":"Hi"}]}]}"#;
+
+struct Harness {
+    mock: MockProvider,
+    url: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    receipts: Arc<MemorySink>,
+    _gateway: Gateway,
+    _spool_dir: TempDir,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Harness {
+    async fn start() -> Self {
+        Self::start_with(true).await
+    }
+
+    /// `installed`: whether the node has its state; without it every request fails open.
+    async fn start_with(installed: bool) -> Self {
+        let mock = MockProvider::start().await;
+        let config = GatewayConfig::new(GatewaySettings {
+            openai_base_url: "http://127.0.0.1:9".into(),
+            anthropic_base_url: "http://127.0.0.1:9".into(),
+            max_body_bytes: 1 << 20,
+            upstream_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_millis(500),
+            body_read_timeout: Duration::from_secs(2),
+            counter_max_age: Duration::from_secs(60),
+        })
+        .expect("valid config")
+        .with_gemini_base_url(&mock.url())
+        .expect("valid URL");
+        let spool_dir = TempDir::new();
+        let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
+        let counters = Counters::new("node_test");
+        let gateway = Gateway::new(config, &spool, "node_test", Arc::clone(&counters));
+        let receipts = common::ship_to_memory(spool);
+        if installed {
+            gateway.install_snapshot(Arc::new(snapshot(&mock.url())));
+        }
+        let (url, stop) = common::serve(&gateway).await;
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        counters
+            .sync_with(&InProcess::default(), Timestamp::from_system_time(std::time::SystemTime::now()))
+            .await
+            .expect("sync");
+        Self { mock, url, client, receipts, _gateway: gateway, _spool_dir: spool_dir, _stop: stop }
+    }
+
+    async fn post(&self, path: &str, auth: (&str, &str), body: &str) -> Response<hyper::body::Incoming> {
+        let request = Request::post(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .header(auth.0, auth.1)
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .expect("request");
+        self.client.request(request).await.expect("gateway answers")
+    }
+
+    /// Waits (with a deadline) until `count` receipts have arrived; fails on more.
+    async fn receipts(&self, count: usize) -> Vec<Receipt> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let receipts = self.receipts.0.lock().expect("lock").clone();
+            if receipts.len() >= count {
+                assert_eq!(receipts.len(), count, "more receipts than admitted requests: {receipts:#?}");
+                return receipts;
+            }
+            assert!(std::time::Instant::now() < deadline, "only {} of {count} receipts", receipts.len());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn last_request(&self) -> RecordedRequest {
+        self.mock.requests().pop().expect("the provider was called")
+    }
+}
+
+fn snapshot(mock_url: &str) -> recovea_core::Snapshot {
+    let org = OrgId::parse("org_acme").expect("id");
+    let mut b = SnapshotBuilder::new(1);
+    b.org(org.clone());
+    let credential = |name: &str, kind, api_key: &str| ProviderCredential {
+        name: name.into(),
+        kind,
+        base_url: Some(mock_url.to_owned()),
+        api_key: api_key.into(),
+    };
+    b.provider(&org, credential("azure", ProviderKind::AzureOpenAi, MANAGED_AZURE));
+    b.provider(&org, credential("gemini", ProviderKind::Gemini, MANAGED_GEMINI));
+    b.key(hash_secret(KEY), KeyId::parse("key_one").expect("id"), org.clone(), None);
+    b.key(hash_secret(LISTED_KEY), KeyId::parse("key_listed").expect("id"), org, None);
+    let listed = ModelAllowlist::parse(vec!["gpt-4o-mini".to_owned()]).expect("list");
+    b.key_allowed_models(hash_secret(LISTED_KEY), listed);
+    b.build()
+}
+
+async fn body_text(response: Response<hyper::body::Incoming>) -> String {
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    String::from_utf8(body.to_vec()).expect("utf-8")
+}
+
+/// No Recovea key anywhere in what the provider received.
+fn carries_no_recovea_key(request: &RecordedRequest) {
+    assert!(!request.path.contains("rk_"), "{}", request.path);
+    for (name, value) in &request.headers {
+        assert!(!value.contains("rk_"), "{name}: {value}");
+    }
+}
+
+#[tokio::test]
+async fn an_azure_deployment_gets_the_managed_key_in_api_key_and_its_api_version() {
+    let h = Harness::start().await;
+    let path = "/openai/deployments/prod-chat/chat/completions?api-version=2024-10-21";
+    let text = body_text(h.post(path, ("api-key", KEY), CHAT_MINI).await).await;
+    assert!(text.contains("This is a mock response."), "{text}");
+
+    let sent = h.last_request();
+    assert_eq!(sent.path, path, "the path and its api-version reach the provider as sent");
+    assert_eq!(sent.header("api-key"), Some(MANAGED_AZURE));
+    assert_eq!(sent.header("authorization"), None);
+    carries_no_recovea_key(&sent);
+
+    let receipt = &h.receipts(1).await[0];
+    assert_eq!(receipt.provider, "azure");
+    assert_eq!(receipt.endpoint, "/openai/deployments/prod-chat/chat/completions");
+    assert_eq!(receipt.model.as_deref(), Some("gpt-4o-mini"));
+    assert_eq!((receipt.input_tokens, receipt.output_tokens), (2, 5));
+    // gpt-4o-mini: $0.15 and $0.60 per million: 2 x 0.15 + 5 x 0.60 = $0.0000033.
+    assert_eq!(receipt.cost_usd, Nanos(3_300));
+    assert_eq!((receipt.priced, receipt.priced_as.as_deref()), (true, Some("gpt-4o-mini")));
+}
+
+#[tokio::test]
+async fn an_azure_deployment_is_priced_by_the_model_its_answer_names() {
+    let h = Harness::start().await;
+    // The body names no model: the deployment's name means nothing to the price table, and the
+    // answer names the model the deployment serves (the mock answers with the deployment's name,
+    // here a model's).
+    let body = r#"{"messages":[{"role":"user","content":"Hi"}]}"#;
+    let path = "/azure/openai/deployments/gpt-4o-mini/chat/completions?api-version=2024-10-21";
+    body_text(h.post(path, ("api-key", KEY), body).await).await;
+    assert_eq!(
+        h.last_request().path,
+        "/openai/deployments/gpt-4o-mini/chat/completions?api-version=2024-10-21"
+    );
+    let receipt = &h.receipts(1).await[0];
+    assert_eq!((receipt.model.as_deref(), receipt.cost_usd), (Some("gpt-4o-mini"), Nanos(3_300)));
+}
+
+#[tokio::test]
+async fn an_azure_stream_is_metered_and_its_usage_chunk_kept_from_a_client_that_did_not_ask() {
+    let h = Harness::start().await;
+    let body = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let path = "/openai/deployments/prod-chat/chat/completions?api-version=2024-10-21";
+    let text = body_text(h.post(path, ("api-key", KEY), body).await).await;
+    assert!(!text.contains("\"usage\":{"), "the usage chunk the gateway asked for is removed: {text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let sent = h.last_request().body_json().expect("json");
+    assert_eq!(sent["stream_options"], json!({"include_usage": true}));
+    let receipt = &h.receipts(1).await[0];
+    assert!(receipt.stream);
+    assert_eq!((receipt.input_tokens, receipt.output_tokens, receipt.cost_usd), (2, 5, Nanos(3_300)));
+}
+
+#[tokio::test]
+async fn azure_v1_paths_are_reached_by_the_credentials_name() {
+    let h = Harness::start().await;
+    body_text(
+        h.post("/azure/openai/v1/chat/completions", ("authorization", &format!("Bearer {KEY}")), CHAT_MINI)
+            .await,
+    )
+    .await;
+    let sent = h.last_request();
+    assert_eq!(sent.path, "/openai/v1/chat/completions");
+    assert_eq!((sent.header("api-key"), sent.header("authorization")), (Some(MANAGED_AZURE), None));
+    let receipt = &h.receipts(1).await[0];
+    assert_eq!((receipt.endpoint.as_str(), receipt.cost_usd), ("/openai/v1/chat/completions", Nanos(3_300)));
+}
+
+#[tokio::test]
+async fn gemini_generate_content_gets_the_managed_key_never_the_clients_url_key() {
+    let h = Harness::start().await;
+    let path = "/v1beta/models/gemini-2.5-flash:generateContent?key=AIza-client-key";
+    let text = body_text(h.post(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
+    assert!(text.contains("\"modelVersion\":\"gemini-2.5-flash\""), "{text}");
+    let sent = h.last_request();
+    assert_eq!(sent.path, "/v1beta/models/gemini-2.5-flash:generateContent");
+    assert_eq!(sent.header("x-goog-api-key"), Some(MANAGED_GEMINI));
+    carries_no_recovea_key(&sent);
+
+    let receipt = &h.receipts(1).await[0];
+    assert_eq!(receipt.provider, "gemini");
+    assert_eq!(receipt.endpoint, "/v1beta/models/gemini-2.5-flash:generateContent");
+    assert_eq!(receipt.model.as_deref(), Some("gemini-2.5-flash"));
+    assert!(!receipt.stream);
+    assert_eq!((receipt.input_tokens, receipt.output_tokens), (2, 5));
+    // gemini-2.5-flash: $0.30 and $2.50 per million: 2 x 0.30 + 5 x 2.50 = $0.0000131.
+    assert_eq!(receipt.cost_usd, Nanos(13_100));
+}
+
+#[tokio::test]
+async fn a_gemini_sse_stream_reads_the_last_usage_thoughts_cache_and_tool_prompts_included() {
+    let h = Harness::start().await;
+    h.mock.script(Behaviour::default().usage(json!({
+        "promptTokenCount": 1000,
+        "cachedContentTokenCount": 600,
+        "candidatesTokenCount": 10,
+        "thoughtsTokenCount": 90,
+        "toolUsePromptTokenCount": 20,
+        "totalTokenCount": 1120
+    })));
+    let path = "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse";
+    let text = body_text(h.post(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
+    assert_eq!(text.matches("data: ").count(), 5, "{text}");
+    assert!(h.last_request().path.ends_with("?alt=sse"));
+    let receipt = &h.receipts(1).await[0];
+    assert!(receipt.stream, "the method asks for the stream, not the body");
+    assert_eq!(
+        (receipt.input_tokens, receipt.cached_input_tokens, receipt.output_tokens, receipt.reasoning_tokens),
+        (1020, 600, 100, 90)
+    );
+    // 420 plain x $0.30 + 600 cached x $0.03 + 100 out x $2.50, per million = $0.000394.
+    assert_eq!(receipt.cost_usd, Nanos(394_000));
+    assert_eq!(receipt.usage_source.as_str(), "provider");
+}
+
+#[tokio::test]
+async fn a_gemini_stream_as_a_json_array_is_metered_too() {
+    let h = Harness::start().await;
+    let path = "/v1beta/models/gemini-2.5-flash:streamGenerateContent";
+    let text = body_text(h.post(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
+    assert!(text.starts_with('['), "{text}");
+    let receipt = &h.receipts(1).await[0];
+    assert_eq!((receipt.input_tokens, receipt.output_tokens, receipt.cost_usd), (2, 5, Nanos(13_100)));
+}
+
+#[tokio::test]
+async fn geminis_openai_compatible_endpoint_takes_an_openai_sdks_bearer_key() {
+    let h = Harness::start().await;
+    let body = r#"{"model":"gemini-2.5-flash","messages":[{"role":"user","content":"Hi"}]}"#;
+    let bearer = format!("Bearer {KEY}");
+    body_text(h.post("/v1beta/openai/chat/completions", ("authorization", &bearer), body).await).await;
+    let sent = h.last_request();
+    assert_eq!(sent.path, "/v1beta/openai/chat/completions");
+    assert_eq!((sent.header("x-goog-api-key"), sent.header("authorization")), (Some(MANAGED_GEMINI), None));
+    let receipt = &h.receipts(1).await[0];
+    assert_eq!((receipt.model.as_deref(), receipt.cost_usd), (Some("gemini-2.5-flash"), Nanos(13_100)));
+}
+
+#[tokio::test]
+async fn a_gemini_model_named_only_in_the_path_is_held_to_the_allowlist() {
+    let h = Harness::start().await;
+    let path = "/v1beta/models/gemini-2.5-pro:generateContent";
+    let response = h.post(path, ("x-goog-api-key", LISTED_KEY), GEMINI_BODY).await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("model_not_allowed"));
+    assert!(h.mock.requests().is_empty());
+    assert!(h.receipts.0.lock().expect("lock").is_empty());
+}
+
+#[tokio::test]
+async fn failing_open_gemini_goes_to_the_nodes_gemini_base_url_and_azure_has_none() {
+    let h = Harness::start_with(false).await;
+    let path = "/v1beta/models/gemini-2.5-flash:generateContent?key=AIza-client-key";
+    body_text(h.post(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
+    let sent = h.last_request();
+    assert_eq!(sent.path, "/v1beta/models/gemini-2.5-flash:generateContent");
+    assert_eq!(sent.header("x-goog-api-key"), None, "no managed key, and the Recovea key removed");
+
+    let azure = "/openai/deployments/prod-chat/chat/completions?api-version=2024-10-21";
+    let response = h.post(azure, ("api-key", KEY), CHAT_MINI).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("provider_not_configured"));
+    assert_eq!(h.mock.requests().len(), 1, "an Azure request has nowhere to go unadmitted");
+    assert!(h.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass is not metered");
+}

@@ -1,0 +1,188 @@
+"""Azure OpenAI and Google Gemini through `recovea serve`, with their official SDKs.
+
+Azure: the `openai` SDK's `AzureOpenAI` client, its endpoint the gateway's URL: it calls
+`/openai/deployments/{deployment}/...?api-version=...` with the Recovea key in `api-key`, which the gateway
+routes to the organization's credential named `azure` (kind `azure_openai`). Azure's v1 paths are reached by
+name (`/azure/openai/v1/...`) with the plain `OpenAI` client.
+
+Gemini: the `google-genai` SDK, its base URL the gateway's: it calls `/v1/models/{model}:generateContent`
+and `:streamGenerateContent?alt=sse` (`/v1beta/...` with `api_version="v1beta"`) with the key in
+`x-goog-api-key`, routed to the credential named `gemini`; and the `openai` SDK on Gemini's OpenAI-compatible endpoint (`/v1beta/openai/`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import openai
+import pytest
+from google import genai
+from google.genai import types
+
+from conftest import (
+    MOCK_OUTPUT_TOKENS,
+    PROPAGATION_DEADLINE_S,
+    OPENAI_MODEL,
+    assert_no_recovea_secret,
+    assert_receipt,
+    refusal_code,
+    request_id,
+)
+
+API_VERSION = "2024-10-21"
+GEMINI_MODEL = "gemini-2.5-flash"
+CHAT = [{"role": "user", "content": "Say hello"}]
+CHAT_INPUT_TOKENS = 3  # 1 + "Say hello"
+
+
+@pytest.fixture
+def cloud_tenant(make_tenant, admin, gateway):
+    """A tenant whose organization has an `azure` and a `gemini` credential, both at the mock."""
+    tenant = make_tenant(openai=False, anthropic=False)
+    tenant.azure_key = f"azure-managed-{uuid.uuid4().hex}"
+    tenant.gemini_key = f"AIza-managed-{uuid.uuid4().hex}"
+    admin.put_provider(tenant.org_id, "azure", "azure_openai", tenant.azure_key, base_url=gateway.mock_url)
+    admin.put_provider(tenant.org_id, "gemini", "gemini", tenant.gemini_key, base_url=gateway.mock_url)
+    probes = [
+        (f"/openai/deployments/{OPENAI_MODEL}/chat/completions?api-version={API_VERSION}", "api-key",
+         {"model": OPENAI_MODEL, "messages": CHAT}),
+        (f"/v1beta/models/{GEMINI_MODEL}:generateContent", "x-goog-api-key",
+         {"contents": [{"parts": [{"text": "ping"}]}]}),
+    ]
+    for path, header, body in probes:
+        deadline = time.monotonic() + PROPAGATION_DEADLINE_S
+        while True:
+            r = gateway.request("POST", path, headers={header: tenant.secret}, json=body)
+            if refusal_code(r) is None:
+                tenant.probe_request_ids.append(request_id(r.headers))
+                break
+            assert time.monotonic() < deadline, f"{path}: still {r.status_code} {r.text}"
+            time.sleep(0.05)
+    return tenant
+
+
+def _since(mock_provider, mark):
+    return mock_provider.since(mark)
+
+
+def test_azure_openai_sdk_chat_and_stream_through_the_gateway(gateway, mock_provider, cloud_tenant, ledger):
+    client = openai.AzureOpenAI(azure_endpoint=gateway.url, api_key=cloud_tenant.secret,
+                                api_version=API_VERSION, max_retries=0, timeout=30)
+    mark = mock_provider.mark()
+    raw = client.chat.completions.with_raw_response.create(model=OPENAI_MODEL, messages=CHAT)
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "This is a mock response."
+    assert completion.usage.prompt_tokens == CHAT_INPUT_TOKENS
+    plain = request_id(raw.headers)
+
+    stream = client.chat.completions.with_raw_response.create(model=OPENAI_MODEL, messages=CHAT, stream=True)
+    chunks = list(stream.parse())
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "This is a mock response."
+    assert all(c.usage is None for c in chunks), "the usage chunk the gateway asked for is not the client's"
+    streamed = request_id(stream.headers)
+
+    sent = _since(mock_provider, mark)
+    assert len(sent) == 2
+    for req in sent:
+        assert req.path == f"/openai/deployments/{OPENAI_MODEL}/chat/completions?api-version={API_VERSION}"
+        assert req.header("api-key") == cloud_tenant.azure_key
+        assert req.header("authorization") is None
+    assert sent[1].body_json["stream_options"] == {"include_usage": True}
+    assert_no_recovea_secret(sent, cloud_tenant.secret)
+
+    receipts = ledger.settle_tenant(cloud_tenant, [plain, streamed])
+    for rid, stream_ in ((plain, False), (streamed, True)):
+        assert_receipt(receipts[rid], tenant=cloud_tenant, request_id=rid, provider="azure", model=OPENAI_MODEL,
+                       endpoint=f"/openai/deployments/{OPENAI_MODEL}/chat/completions", stream=stream_,
+                       input_tokens=CHAT_INPUT_TOKENS, output_tokens=MOCK_OUTPUT_TOKENS)
+    client.close()
+
+
+def test_azure_v1_paths_by_the_credentials_name(gateway, mock_provider, cloud_tenant, ledger):
+    client = openai.OpenAI(base_url=f"{gateway.url}/azure/openai/v1", api_key=cloud_tenant.secret,
+                           max_retries=0, timeout=30)
+    mark = mock_provider.mark()
+    raw = client.chat.completions.with_raw_response.create(model=OPENAI_MODEL, messages=CHAT)
+    assert raw.parse().choices[0].message.content == "This is a mock response."
+    (sent,) = _since(mock_provider, mark)
+    assert sent.path == "/openai/v1/chat/completions"
+    assert (sent.header("api-key"), sent.header("authorization")) == (cloud_tenant.azure_key, None)
+    rid = request_id(raw.headers)
+    receipt = ledger.settle_tenant(cloud_tenant, [rid])[rid]
+    assert_receipt(receipt, tenant=cloud_tenant, request_id=rid, provider="azure", model=OPENAI_MODEL,
+                   endpoint="/openai/v1/chat/completions", stream=False,
+                   input_tokens=CHAT_INPUT_TOKENS, output_tokens=MOCK_OUTPUT_TOKENS)
+    client.close()
+
+
+def _genai(gateway, secret, api_version=None):
+    options = types.HttpOptions(base_url=gateway.url, timeout=30_000, api_version=api_version)
+    return genai.Client(api_key=secret, http_options=options)
+
+
+def _gateway_request_id(response) -> str:
+    return request_id(response.sdk_http_response.headers)
+
+
+def test_google_genai_sdk_generate_content_and_stream_through_the_gateway(gateway, mock_provider, cloud_tenant,
+                                                                          ledger):
+    client = _genai(gateway, cloud_tenant.secret)
+    mark = mock_provider.mark()
+    response = client.models.generate_content(model=GEMINI_MODEL, contents="Say hello")
+    assert response.text == "This is a mock response."
+    assert response.usage_metadata.prompt_token_count == CHAT_INPUT_TOKENS
+    plain = _gateway_request_id(response)
+
+    chunks = list(client.models.generate_content_stream(model=GEMINI_MODEL, contents="Say hello"))
+    assert "".join(c.text or "" for c in chunks) == "This is a mock response."
+    assert chunks[-1].usage_metadata.candidates_token_count == MOCK_OUTPUT_TOKENS
+    streamed = _gateway_request_id(chunks[0])
+
+    sent = _since(mock_provider, mark)
+    assert [req.path for req in sent] == [
+        f"/v1/models/{GEMINI_MODEL}:generateContent",
+        f"/v1/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse",
+    ]
+    for req in sent:
+        assert req.header("x-goog-api-key") == cloud_tenant.gemini_key
+    assert_no_recovea_secret(sent, cloud_tenant.secret)
+
+    receipts = ledger.settle_tenant(cloud_tenant, [plain, streamed])
+    for rid, method, stream_ in ((plain, "generateContent", False), (streamed, "streamGenerateContent", True)):
+        assert_receipt(receipts[rid], tenant=cloud_tenant, request_id=rid, provider="gemini", model=GEMINI_MODEL,
+                       endpoint=f"/v1/models/{GEMINI_MODEL}:{method}", stream=stream_,
+                       input_tokens=CHAT_INPUT_TOKENS, output_tokens=MOCK_OUTPUT_TOKENS)
+
+
+def test_gemini_thoughts_cache_and_tool_prompts_on_the_receipt(gateway, mock_provider, cloud_tenant, ledger):
+    mock_provider.script(usage={"promptTokenCount": 1000, "cachedContentTokenCount": 600,
+                                "candidatesTokenCount": 10, "thoughtsTokenCount": 90,
+                                "toolUsePromptTokenCount": 20, "totalTokenCount": 1120})
+    client = _genai(gateway, cloud_tenant.secret, api_version="v1beta")
+    response = client.models.generate_content(model=GEMINI_MODEL, contents="Say hello")
+    assert response.usage_metadata.thoughts_token_count == 90
+    rid = _gateway_request_id(response)
+    receipt = ledger.settle_tenant(cloud_tenant, [rid])[rid]
+    # input: the prompt (cached content included) and the tool-use prompt; output: candidates and thoughts.
+    assert_receipt(receipt, tenant=cloud_tenant, request_id=rid, provider="gemini", model=GEMINI_MODEL,
+                   endpoint=f"/v1beta/models/{GEMINI_MODEL}:generateContent", stream=False,
+                   input_tokens=1020, cached=600, output_tokens=100, reasoning=90)
+    assert receipt["cost_usd"] == "0.000394"
+
+
+def test_openai_sdk_on_geminis_compatible_endpoint(gateway, mock_provider, cloud_tenant, ledger):
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1beta/openai", api_key=cloud_tenant.secret,
+                           max_retries=0, timeout=30)
+    mark = mock_provider.mark()
+    raw = client.chat.completions.with_raw_response.create(model=GEMINI_MODEL, messages=CHAT)
+    assert raw.parse().choices[0].message.content == "This is a mock response."
+    (sent,) = _since(mock_provider, mark)
+    assert sent.path == "/v1beta/openai/chat/completions"
+    assert (sent.header("x-goog-api-key"), sent.header("authorization")) == (cloud_tenant.gemini_key, None)
+    rid = request_id(raw.headers)
+    receipt = ledger.settle_tenant(cloud_tenant, [rid])[rid]
+    assert_receipt(receipt, tenant=cloud_tenant, request_id=rid, provider="gemini", model=GEMINI_MODEL,
+                   endpoint="/v1beta/openai/chat/completions", stream=False,
+                   input_tokens=CHAT_INPUT_TOKENS, output_tokens=MOCK_OUTPUT_TOKENS)
+    client.close()
