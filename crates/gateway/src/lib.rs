@@ -4,10 +4,12 @@
 //! **Invariant:** nothing here waits on a database or the control plane. The only inputs of a
 //! decision are the snapshot installed in memory, the request and the clock.
 
+mod access_log;
 mod alarm;
 mod body;
 mod control_link;
 pub mod feed;
+pub mod log_writer;
 mod metering;
 mod metrics;
 mod proxy;
@@ -79,6 +81,7 @@ pub struct GatewayConfig {
     network: upstream::ProviderNetwork,
     max_connections: usize,
     release_freed_memory: fn(),
+    access_log: bool,
 }
 
 /// How long a fail-open reason stays quiet after its alarm, unless [`GatewayConfig::with_alarm`]
@@ -131,6 +134,7 @@ impl GatewayConfig {
             network: upstream::ProviderNetwork::default(),
             max_connections: default_max_connections(None),
             release_freed_memory: || {},
+            access_log: true,
         })
     }
 
@@ -175,6 +179,13 @@ impl GatewayConfig {
         }
         self.max_connections = max;
         Ok(self)
+    }
+
+    /// Whether each proxied request writes its access-log line (at `info`, target
+    /// `recovea::access`); on by default. Its metrics are counted either way.
+    pub fn with_access_log(mut self, on: bool) -> Self {
+        self.access_log = on;
+        self
     }
 
     /// Providers (and the alarm webhook) are reached as `network` says: its trusted certificates,
@@ -250,13 +261,14 @@ impl Gateway {
         );
         let alarm =
             alarm::Alarm::new(config.alarm_webhook.clone(), config.alarm_interval, node_id, &config.network);
+        let meter = metering::Meter::new(spool.sender.clone(), node_id.to_owned(), config.access_log);
         Self {
             shared: Arc::new(Shared {
                 snapshot: ArcSwapOption::empty(),
                 config,
                 upstream,
                 metrics,
-                meter: metering::Meter::new(spool.sender.clone(), node_id.to_owned()),
+                meter,
                 counters,
                 limiter: ratelimit::RateLimiter::default(),
                 alarm,
