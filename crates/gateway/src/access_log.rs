@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
+use tracing::field::display;
 
 use recovea_core::caps::CapRefusal;
 use recovea_core::money::Nanos;
@@ -163,7 +164,7 @@ impl Drop for FinishOnEnd {
     }
 }
 
-fn write(request: &Finished<'_>) {
+fn write<'a>(request: &Finished<'a>) {
     let usage = request.metered.as_ref().map(|m| m.usage);
     let (scope, window) = match &request.cap {
         Some(CapRefusal::Exceeded { scope, window } | CapRefusal::Unverifiable { scope, window }) => {
@@ -171,25 +172,28 @@ fn write(request: &Finished<'_>) {
         }
         None => (None, None),
     };
+    // Strings as `Display`, so that the text format writes them bare (JSON writes every value as a
+    // plain string either way).
+    let text = |s: Option<&'a str>| s.map(display);
     tracing::info!(
         target: TARGET,
-        request_id = request.request_id,
-        org_id = request.org_id,
-        key_id = request.key_id,
-        route = request.route,
-        provider = request.provider.map(ProviderKind::as_str),
-        model = request.model,
+        request_id = %request.request_id,
+        org_id = text(request.org_id),
+        key_id = text(request.key_id),
+        route = text(request.route),
+        provider = text(request.provider.map(ProviderKind::as_str)),
+        model = text(request.model),
         status = request.status,
-        outcome = request.outcome.label(),
-        fail_open_reason = request.fail_open,
-        cap_scope = scope,
-        cap_window = window,
+        outcome = %request.outcome.label(),
+        fail_open_reason = text(request.fail_open),
+        cap_scope = text(scope),
+        cap_window = text(window),
         input_tokens = usage.map(|u| u.input_tokens),
         output_tokens = usage.map(|u| u.output_tokens),
         cached_input_tokens = usage.map(|u| u.cached_input_tokens),
         cache_write_input_tokens = usage.map(|u| u.cache_write_input_tokens),
         usage_estimated = request.metered.as_ref().map(|m| m.usage_estimated),
-        cost_usd = request.metered.as_ref().map(|m| tracing::field::display(m.cost)),
+        cost_usd = request.metered.as_ref().map(|m| display(m.cost)),
         ttfb_ms = request.ttfb.map(millis),
         total_ms = millis(request.total),
         "request"
