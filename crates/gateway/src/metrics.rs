@@ -492,8 +492,8 @@ impl Metrics {
             ),
             ("recovea_spool_bytes", "The size of the spool's segment files.", self.spool.bytes.load(Relaxed)),
             (
-                "recovea_feed_version",
-                "The version of the state the node serves (0: none yet).",
+                "recovea_snapshot_version",
+                "The feed version of the state the node serves (0: none yet).",
                 self.feed_version.load(Relaxed),
             ),
             (
