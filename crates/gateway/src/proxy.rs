@@ -537,7 +537,7 @@ async fn forward(
             Ok(Response::from_parts(parts, body.boxed_unsync()))
         }
         Err(UpstreamError::Unreachable(e)) => {
-            tracing::warn!(request_id = ?ctx.request_id, error = %e, "provider unreachable");
+            tracing::warn!(request_id = %ctx.request_id.to_str().unwrap_or_default(), error = %e, "provider unreachable");
             Err(Refusal::UpstreamUnreachable)
         }
         Err(UpstreamError::Timeout) => Err(Refusal::UpstreamTimeout),
