@@ -139,10 +139,9 @@ impl Body for FinishOnEnd {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
-            if let Some(pass) = self.pass.take() {
-                pass.finish();
-            }
+        let ended = matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream();
+        if ended && let Some(pass) = self.pass.take() {
+            pass.finish();
         }
         polled
     }
