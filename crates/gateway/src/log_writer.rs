@@ -88,28 +88,38 @@ pub fn bounded(
     Ok((LogWriter { queue: queue.clone(), dropped }, LogFlusher { queue }))
 }
 
-/// Writes lines as they come, in one buffer, flushed whenever the queue runs empty.
+/// How long the writing thread gathers lines after the first of a batch: under load, a line costs
+/// its producer a push onto the queue, never the wake-up of this thread.
+const BATCH_WINDOW: Duration = Duration::from_millis(10);
+
+/// Writes lines in batches: waits for a first one, gathers for [`BATCH_WINDOW`], writes them all
+/// through one buffer and flushes.
 fn write_lines(out: impl Write, lines: &Receiver<Message>) {
     let mut out = io::BufWriter::with_capacity(64 << 10, out);
-    while let Ok(mut message) = lines.recv() {
-        loop {
-            match message {
-                Message::Line(line) => {
-                    let _ = out.write_all(&line);
-                }
-                Message::Flush(done) => {
-                    let _ = out.flush();
-                    let _ = done.send(());
-                }
-            }
-            match lines.try_recv() {
-                Ok(next) => message = next,
-                Err(_) => break,
-            }
+    while let Ok(first) = lines.recv() {
+        let flushing = matches!(first, Message::Flush(_));
+        write(first, &mut out);
+        if !flushing {
+            std::thread::sleep(BATCH_WINDOW);
+        }
+        while let Ok(next) = lines.try_recv() {
+            write(next, &mut out);
         }
         let _ = out.flush();
     }
     let _ = out.flush();
+}
+
+fn write(message: Message, out: &mut impl Write) {
+    match message {
+        Message::Line(line) => {
+            let _ = out.write_all(&line);
+        }
+        Message::Flush(done) => {
+            let _ = out.flush();
+            let _ = done.send(());
+        }
+    }
 }
 
 #[cfg(test)]
