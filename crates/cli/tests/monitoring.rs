@@ -444,26 +444,10 @@ fn promtool() -> Command {
 #[test]
 fn the_alerting_rules_load_in_promtool_and_pass_their_unit_tests() {
     let dir = repo_root().join("deploy/prometheus");
-    let check = promtool()
-        .args(["check", "rules", "recovea-rules.yml"])
-        .current_dir(&dir)
-        .output()
-        .expect("promtool");
-    assert!(
-        check.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
-    let test = promtool()
-        .args(["test", "rules", "recovea-rules.test.yml"])
-        .current_dir(&dir)
-        .output()
-        .expect("promtool");
-    assert!(
-        test.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&test.stdout),
-        String::from_utf8_lossy(&test.stderr)
-    );
+    for args in [["check", "rules", "recovea-rules.yml"], ["test", "rules", "recovea-rules.test.yml"]] {
+        let run = promtool().args(args).current_dir(&dir).output().expect("promtool");
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+        assert!(run.status.success(), "promtool {args:?}: {said}");
+    }
 }
