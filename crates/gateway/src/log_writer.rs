@@ -88,24 +88,26 @@ pub fn bounded(
     Ok((LogWriter { queue: queue.clone(), dropped }, LogFlusher { queue }))
 }
 
-/// How long the writing thread gathers lines after the first of a batch: under load, a line costs
-/// its producer a push onto the queue, never the wake-up of this thread.
-const BATCH_WINDOW: Duration = Duration::from_millis(10);
+/// How long the writing thread lets lines gather after a batch of more than one: under load, a
+/// line then costs its producer a push onto the queue, never the wake-up of this thread; alone, a
+/// line is written at once (a process killed right after it still has it in its log).
+const BATCH_WINDOW: Duration = Duration::from_millis(2);
 
-/// Writes lines in batches: waits for a first one, gathers for [`BATCH_WINDOW`], writes them all
-/// through one buffer and flushes.
+/// Writes what is queued through one buffer, flushes, and, when lines came faster than one at a
+/// time, waits [`BATCH_WINDOW`] before looking again.
 fn write_lines(out: impl Write, lines: &Receiver<Message>) {
     let mut out = io::BufWriter::with_capacity(64 << 10, out);
     while let Ok(first) = lines.recv() {
-        let flushing = matches!(first, Message::Flush(_));
         write(first, &mut out);
-        if !flushing {
-            std::thread::sleep(BATCH_WINDOW);
-        }
+        let mut more = false;
         while let Ok(next) = lines.try_recv() {
             write(next, &mut out);
+            more = true;
         }
         let _ = out.flush();
+        if more {
+            std::thread::sleep(BATCH_WINDOW);
+        }
     }
     let _ = out.flush();
 }
