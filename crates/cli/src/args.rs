@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use recovea_core::crypto::MasterKey;
+use recovea_gateway::log_writer::{DEFAULT_LOG_QUEUE_LINES, LogFlusher, bounded_stderr};
 use recovea_gateway::spool::{DEFAULT_MEMORY_BOUND, MemoryBound};
 use recovea_gateway::{
     DEFAULT_HTTP2_CONNECTIONS, Egress, GatewayConfig, GatewaySettings, ProviderNetwork,
@@ -112,6 +113,10 @@ pub(crate) struct GatewayArgs {
     /// KiB/MiB/GiB suffix).
     #[arg(long, env = "RECOVEA_SPOOL_MEMORY_BYTES", default_value = "64MiB", value_parser = size::parse_bytes)]
     spool_memory_bytes: u64,
+    /// One line per proxied request at `info` (target `recovea::access`): who, where, status,
+    /// outcome, tokens, cost, time to first byte and total time. `false` turns it off.
+    #[arg(long, env = "RECOVEA_ACCESS_LOG", default_value_t = true, action = clap::ArgAction::Set)]
+    access_log: bool,
 }
 
 impl GatewayArgs {
@@ -133,6 +138,7 @@ impl GatewayArgs {
             config.with_max_connections(max)
         })
         .map(|config| config.with_memory_release(crate::allocator::release_freed_memory))
+        .map(|config| config.with_access_log(self.access_log))
         .map_err(|e| e.to_string())
         .and_then(|config| Ok(config.with_network(self.network()?)))
     }
@@ -270,18 +276,23 @@ pub(crate) fn non_blank(flag: &str, value: &str) -> Result<String, String> {
     if value.is_empty() { Err(format!("{flag}: must not be empty")) } else { Ok(value.to_owned()) }
 }
 
-/// Installs the log subscriber: text or JSON lines on stderr.
-pub(crate) fn init_logging(common: &CommonArgs) -> Result<(), String> {
+/// Installs the log subscriber: text or JSON lines on stderr, through a bounded queue that drops
+/// (and counts) lines rather than make a request wait for a slow stderr. The log is written out
+/// when the returned flusher drops.
+pub(crate) fn init_logging(common: &CommonArgs) -> Result<LogFlusher, String> {
     let filter = tracing_subscriber::EnvFilter::try_new(&common.log)
         .map_err(|e| format!("--log {:?}: {e}", common.log))?;
     // Colour codes only for a person at a terminal: in a file or a pipeline they are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let (writer, flusher) = bounded_stderr(DEFAULT_LOG_QUEUE_LINES)
+        .map_err(|e| format!("could not start the log's writing thread: {e}"))?;
+    let logs =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(move || writer.clone()).with_ansi(ansi);
     match common.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
     }
-    Ok(())
+    Ok(flusher)
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -14,7 +14,7 @@ use crate::data_dir;
 use crate::wiring::{Stop, admin_token, alert_signing_secret, open_stores};
 
 pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
-    init_logging(&args.common)?;
+    let _log = init_logging(&args.common)?;
     let master_key = parse_master_key(&args.master_key)?;
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;

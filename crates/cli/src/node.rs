@@ -14,7 +14,7 @@ use crate::data_dir;
 use crate::wiring::{RATE_SHARE_INTERVAL, Stop, counters, open_spool, rate_share};
 
 pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
-    init_logging(&args.common)?;
+    let _log = init_logging(&args.common)?;
     let config = args.gateway.config()?;
     let master_key = parse_master_key(&args.master_key)?;
     let node_token = non_blank("--node-token", &args.node_token)?;

@@ -22,7 +22,7 @@ use crate::wiring::{
 };
 
 pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
-    init_logging(&args.common)?;
+    let _log = init_logging(&args.common)?;
     let config = args.gateway.config()?;
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;

@@ -222,6 +222,25 @@ async fn line_holds_across_two_nodes_race_after_race() {
         broken.len(),
         broken.join("\n")
     );
+    // The nodes' metrics saw the line: requests decided after asking Redis, and the cap's refusals.
+    let (mut decided_at_line, mut refused) = (0, 0);
+    for node in &nodes {
+        let text = harness::call(Method::GET, &format!("{}/metrics", node.url), &[], None).await.body;
+        let text = String::from_utf8_lossy(&text).into_owned();
+        let value = |prefix: &str| -> u64 {
+            let line = text.lines().find_map(|l| l.strip_prefix(prefix));
+            line.unwrap_or_else(|| panic!("no {prefix} in:\n{text}")).trim().parse().expect("a count")
+        };
+        decided_at_line += value("recovea_cap_line_decisions_total{decision=\"admitted\"}")
+            + value("recovea_cap_line_decisions_total{decision=\"refused\"}");
+        refused += value(
+            "recovea_cap_refusals_total{code=\"budget_exceeded\",scope=\"organization\",window=\"month\"}",
+        );
+    }
+    assert!(decided_at_line > 0, "no request was decided at the line");
+    // Each client of each race stops after as many 402s in a row.
+    let least = RACES * nodes.len() * CLIENTS_PER_NODE * REFUSALS_IN_A_ROW;
+    assert!(refused as usize >= least, "{refused} refusals counted, {least} at least were answered");
     drop((nodes, control));
     let _ = std::fs::remove_dir_all(&dir);
 }

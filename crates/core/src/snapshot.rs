@@ -36,6 +36,16 @@ impl ProviderKind {
     pub const ALL: [ProviderKind; 4] =
         [ProviderKind::OpenAi, ProviderKind::Anthropic, ProviderKind::AzureOpenAi, ProviderKind::Gemini];
 
+    /// The kind's place in [`Self::ALL`]: an index for tables kept per kind.
+    pub fn index(self) -> usize {
+        match self {
+            Self::OpenAi => 0,
+            Self::Anthropic => 1,
+            Self::AzureOpenAi => 2,
+            Self::Gemini => 3,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::OpenAi => "openai",

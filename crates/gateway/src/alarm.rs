@@ -121,7 +121,7 @@ impl Alarm {
             count,
             suppressed,
             node_id = %self.node_id,
-            request_id = request_id.to_str().unwrap_or_default(),
+            request_id = %request_id.to_str().unwrap_or_default(),
             "fail-open: request passed through unadmitted (Recovea key removed, no managed key, no \
              caps, no receipt); {suppressed} more such passes since this reason's last alarm"
         );

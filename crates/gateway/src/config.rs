@@ -38,6 +38,7 @@ pub struct GatewayConfig {
     pub(crate) network: ProviderNetwork,
     pub(crate) max_connections: usize,
     pub(crate) release_freed_memory: fn(),
+    pub(crate) access_log: bool,
 }
 
 /// Where credentials of kind `gemini` without a base URL go, unless
@@ -89,6 +90,7 @@ impl GatewayConfig {
             network: ProviderNetwork::default(),
             max_connections: default_max_connections(None),
             release_freed_memory: || {},
+            access_log: true,
         })
     }
 
@@ -131,6 +133,13 @@ impl GatewayConfig {
         }
         self.max_connections = max;
         Ok(self)
+    }
+
+    /// Whether each proxied request writes its access-log line (at `info`, target
+    /// `recovea::access`); on by default. Its metrics are counted either way.
+    pub fn with_access_log(mut self, on: bool) -> Self {
+        self.access_log = on;
+        self
     }
 
     /// Providers (and the alarm webhook) are reached as `network` says: its trusted certificates,

@@ -48,6 +48,7 @@ impl Gateway {
                     );
                 }
                 self.install_snapshot(Arc::new(opened.snapshot));
+                self.shared.metrics.feed_version(version);
                 true
             }
             Err(e) => {

@@ -7,11 +7,13 @@
 //! This file only declares the modules and what the crate exports: no module imports from it, and
 //! the modules import one another top-down (`tests/module_graph.rs` holds the line).
 
+mod access_log;
 mod alarm;
 mod body;
 mod config;
 mod control_link;
 pub mod feed;
+pub mod log_writer;
 mod metered_body;
 mod metering;
 mod metrics;
@@ -26,7 +28,8 @@ mod throttled;
 mod upstream;
 
 pub use config::{
-    ConfigError, DEFAULT_ALARM_INTERVAL, DEFAULT_GEMINI_BASE_URL, GatewayConfig, GatewaySettings, default_max_connections,
+    ConfigError, DEFAULT_ALARM_INTERVAL, DEFAULT_GEMINI_BASE_URL, GatewayConfig, GatewaySettings,
+    default_max_connections,
 };
 pub use control_link::ControlLink;
 pub use feed::follow_feed;

@@ -5,6 +5,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -23,7 +24,9 @@ pub(crate) struct PendingReceipt {
 }
 
 impl PendingReceipt {
-    pub(crate) fn new(shared: Arc<Shared>, metered: Metered) -> Self {
+    /// `metered`'s request is about to be sent to the provider.
+    pub(crate) fn new(shared: Arc<Shared>, mut metered: Metered) -> Self {
+        metered.timing.sent_at = Some(Instant::now());
         Self { shared, metered: Some(metered) }
     }
 
@@ -63,11 +66,14 @@ impl<B> MeteredBody<B> {
     pub(crate) fn new(
         inner: B,
         shared: Arc<Shared>,
-        request: Metered,
+        mut request: Metered,
         status: u16,
         event_stream: bool,
         strip_usage_chunk: bool,
     ) -> Self {
+        // Made as the provider's answer's head arrives.
+        let timing = &mut request.timing;
+        timing.first_byte = Some(timing.sent_at.unwrap_or(timing.received_at).elapsed());
         Self {
             inner,
             tap: Some(UsageTap::new(request.surface, event_stream)),

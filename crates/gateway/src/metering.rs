@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use recovea_core::Timestamp;
 use recovea_core::money::Nanos;
@@ -16,7 +16,8 @@ use recovea_core::tags::Tags;
 use recovea_core::usage::{Usage, UsageSource};
 use recovea_providers::usage::{self, Surface, Tapped};
 
-use crate::metrics::Metrics;
+use crate::access_log::{self, Finished, MeteredFacts};
+use crate::metrics::{Metrics, Outcome};
 use crate::spool::SpoolSender;
 
 /// What the receipt of an admitted request needs to know of it, gathered by the request phases.
@@ -42,6 +43,23 @@ pub(crate) struct Metered {
     /// Settles what admission took on account with the receipt's cost and tokens (input + output):
     /// the spend-cap reservation and the key's token lane.
     pub(crate) settle: Option<Settle>,
+    pub(crate) timing: Timing,
+}
+
+/// When a metered request was received, sent and first answered, for its access-log line and
+/// latency metrics.
+#[derive(Clone, Copy)]
+pub(crate) struct Timing {
+    pub(crate) received_at: Instant,
+    pub(crate) sent_at: Option<Instant>,
+    /// From sent to the answer's head; `None` while there is none.
+    pub(crate) first_byte: Option<Duration>,
+}
+
+impl Timing {
+    pub(crate) fn since(received_at: Instant) -> Self {
+        Self { received_at, sent_at: None, first_byte: None }
+    }
 }
 
 /// How many unpriced model names are remembered as already alarmed about.
@@ -57,11 +75,13 @@ pub(crate) struct Meter {
     pub(crate) node_id: String,
     /// Models already alarmed about, so that an unpriced model raises one alarm, not one per request.
     alarmed: Mutex<HashSet<String>>,
+    /// Whether each receipt also writes the request's access-log line (`--access-log`).
+    access_log: bool,
 }
 
 impl Meter {
-    pub(crate) fn new(spool: SpoolSender, node_id: String) -> Self {
-        Self { spool, node_id, alarmed: Mutex::new(HashSet::new()) }
+    pub(crate) fn new(spool: SpoolSender, node_id: String, access_log: bool) -> Self {
+        Self { spool, node_id, alarmed: Mutex::new(HashSet::new()), access_log }
     }
 
     /// Settles and spools the receipt of a request that ended with `status`.
@@ -96,7 +116,53 @@ impl Meter {
             settle(settled.cost, tokens, request.started_at);
         }
         let finished_at = Timestamp::from_system_time(SystemTime::now());
-        self.spool.send(self.receipt(request, model, status, settled, finished_at));
+        let (kind, timing) = (request.kind, request.timing);
+        let receipt = self.receipt(request, model, status, settled, finished_at);
+        self.finished(metrics, &receipt, kind, &timing);
+        self.spool.send(receipt);
+    }
+
+    /// The request's access-log line and metrics, from its receipt: the one place that knows
+    /// everything of a metered request, its outcome final.
+    fn finished(&self, metrics: &Metrics, receipt: &Receipt, kind: ProviderKind, timing: &Timing) {
+        let outcome = match (timing.first_byte, receipt.status) {
+            (Some(_), _) => Outcome::Forwarded,
+            (None, 504) => Outcome::UpstreamTimeout,
+            (None, CLIENT_CLOSED) => Outcome::ClientClosed,
+            (None, _) => Outcome::UpstreamUnreachable,
+        };
+        if outcome == Outcome::ClientClosed {
+            // No answer was made, so the proxy's last phase never counted it.
+            metrics.request(outcome);
+        }
+        let usage = Usage {
+            input_tokens: receipt.input_tokens,
+            cached_input_tokens: receipt.cached_input_tokens,
+            cache_write_input_tokens: receipt.cache_write_input_tokens,
+            output_tokens: receipt.output_tokens,
+            reasoning_tokens: receipt.reasoning_tokens,
+        };
+        let request = Finished {
+            request_id: &receipt.request_id,
+            org_id: Some(&receipt.org_id),
+            key_id: Some(&receipt.key_id),
+            route: Some(&receipt.provider),
+            provider: Some(kind),
+            model: receipt.model.as_deref(),
+            status: receipt.status,
+            outcome,
+            fail_open: None,
+            cap: None,
+            metered: Some(MeteredFacts {
+                usage: &usage,
+                cost: receipt.cost_usd,
+                priced_as: receipt.priced.then_some(receipt.priced_as.as_deref()).flatten(),
+                usage_estimated: receipt.usage_source == UsageSource::Estimated,
+            }),
+            ttfb: timing.first_byte,
+            total: timing.received_at.elapsed(),
+        };
+        access_log::finished(metrics, self.access_log, &request);
     }
 
     /// The receipt, taking the request's strings rather than copying them.

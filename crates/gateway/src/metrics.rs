@@ -1,5 +1,8 @@
 //! The node's counters, kept in atomics and printed in the Prometheus text format.
 
+mod histogram;
+mod models;
+
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -7,12 +10,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use std::sync::Arc;
 
 use recovea_core::FailOpenReason;
-use recovea_core::caps::LineAnswer;
+use recovea_core::caps::{CapRefusal, LineAnswer, Scope};
+use recovea_core::snapshot::ProviderKind;
+use recovea_core::window::Window;
 
 use recovea_counters::Counters;
 
+use crate::access_log::Finished;
 use crate::spool::SpoolStats;
 use crate::upstream::{Retry, UpstreamStats};
+use histogram::Histogram;
 
 /// How a request through the proxy ended; each is a label of `recovea_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,10 +45,13 @@ pub enum Outcome {
     ModelNotAllowed,
     /// `x-recovea-tags` breaks the tag rules.
     InvalidTags,
+    /// Admitted and sent, but its client went away before the provider's answer came (its
+    /// receipt says status 499).
+    ClientClosed,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 16] = [
+    const ALL: [Outcome; 17] = [
         Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,
@@ -58,9 +68,10 @@ impl Outcome {
         Self::UnsupportedTransferCoding,
         Self::ModelNotAllowed,
         Self::InvalidTags,
+        Self::ClientClosed,
     ];
 
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Forwarded => "forwarded",
             Self::FailOpen => "fail_open",
@@ -78,6 +89,7 @@ impl Outcome {
             Self::UnsupportedTransferCoding => "unsupported_transfer_coding",
             Self::ModelNotAllowed => "model_not_allowed",
             Self::InvalidTags => "invalid_tags",
+            Self::ClientClosed => "client_closed",
         }
     }
 }
@@ -159,6 +171,41 @@ pub(crate) fn reason_index(reason: FailOpenReason) -> usize {
 /// unseeded to the end, no answer in time.
 const LINE_ANSWERS: [&str; 5] = ["reserved", "at_line", "contended", "unseeded", "unanswered"];
 
+/// The `provider` label of the latency histograms: the kind of provider a request went to (or
+/// would have), `none` when it was refused before one was known.
+const PROVIDERS: [&str; ProviderKind::ALL.len() + 1] =
+    ["openai", "anthropic", "azure_openai", "gemini", "none"];
+
+fn provider_index(kind: Option<ProviderKind>) -> usize {
+    kind.map_or(ProviderKind::ALL.len(), ProviderKind::index)
+}
+
+/// The labels of `recovea_cap_refusals_total`, by [`cap_refusal_index`].
+const CAP_CODES: [&str; 2] = ["budget_exceeded", "budget_unverifiable"];
+const CAP_SCOPES: [Scope; 2] = [Scope::Organization, Scope::Key];
+const CAP_WINDOWS: [Window; 3] = [Window::Day, Window::Week, Window::Month];
+
+/// A refusal's slot: code, scope, window.
+fn cap_refusal_index(refusal: &CapRefusal) -> (usize, usize, usize) {
+    let (code, scope, window) = match refusal {
+        CapRefusal::Exceeded { scope, window } => (0, *scope, *window),
+        CapRefusal::Unverifiable { scope, window } => (1, *scope, *window),
+    };
+    let scope = match scope {
+        Scope::Organization => 0,
+        Scope::Key => 1,
+    };
+    let window = match window {
+        Window::Day => 0,
+        Window::Week => 1,
+        Window::Month => 2,
+    };
+    (code, scope, window)
+}
+
+/// A histogram per provider label and outcome.
+type ByProviderOutcome = [[Histogram; Outcome::ALL.len()]; PROVIDERS.len()];
+
 /// The node's client connections: open now, refused at the bound, closed while idle to make room.
 #[derive(Default)]
 pub(crate) struct ConnectionStats {
@@ -180,6 +227,17 @@ pub(crate) struct Metrics {
     /// (see [`LINE_ANSWERS`]).
     line_asks: [AtomicU64; LINE_ANSWERS.len()],
     handed_over: [AtomicU64; HandOver::ALL.len()],
+    /// Requests decided after asking the shared store at an armed cap's line: admitted, refused.
+    line_decisions: [AtomicU64; 2],
+    /// Armed caps' refusals by code, scope and window.
+    cap_refusals: [[[AtomicU64; CAP_WINDOWS.len()]; CAP_SCOPES.len()]; CAP_CODES.len()],
+    /// From a request's head received to its answer's end.
+    latency: Box<ByProviderOutcome>,
+    /// From a request sent to the provider to the provider's answer's head.
+    upstream_ttfb: Box<ByProviderOutcome>,
+    by_model: models::ByModel,
+    /// The version of the state served (0: none yet).
+    feed_version: AtomicU64,
     spool: Arc<SpoolStats>,
     counters: Arc<Counters>,
     upstream: Arc<UpstreamStats>,
@@ -202,6 +260,12 @@ impl Metrics {
             line_asks: Default::default(),
             connections: ConnectionStats::default(),
             handed_over: Default::default(),
+            line_decisions: Default::default(),
+            cap_refusals: Default::default(),
+            latency: Box::default(),
+            upstream_ttfb: Box::default(),
+            by_model: models::ByModel::default(),
+            feed_version: AtomicU64::new(0),
             spool,
             counters,
             upstream,
@@ -226,6 +290,34 @@ impl Metrics {
             None => 4,
         };
         self.line_asks[index].fetch_add(1, Relaxed);
+    }
+
+    /// A request that asked the shared store at an armed cap's line was decided.
+    pub(crate) fn line_decided(&self, admitted: bool) {
+        self.line_decisions[usize::from(!admitted)].fetch_add(1, Relaxed);
+    }
+
+    /// The node serves the state of this feed version.
+    pub(crate) fn feed_version(&self, version: u64) {
+        self.feed_version.store(version, Relaxed);
+    }
+
+    /// A request's outcome is final: its latency, time to first byte, tokens and cost, and the
+    /// cap that refused it, are counted.
+    pub(crate) fn finished(&self, request: &Finished<'_>) {
+        let (provider, outcome) = (provider_index(request.provider), request.outcome as usize);
+        self.latency[provider][outcome].observe(request.total);
+        if let Some(ttfb) = request.ttfb {
+            self.upstream_ttfb[provider][outcome].observe(ttfb);
+        }
+        if let (Some(metered), Some(kind)) = (&request.metered, request.provider) {
+            let cost = u64::try_from(metered.cost.0).unwrap_or(0);
+            self.by_model.add(kind, metered.priced_as, metered.usage, cost);
+        }
+        if let Some(refusal) = &request.cap {
+            let (code, scope, window) = cap_refusal_index(refusal);
+            self.cap_refusals[code][scope][window].fetch_add(1, Relaxed);
+        }
     }
 
     pub(crate) fn handed_over(&self, reason: HandOver) {
@@ -278,6 +370,48 @@ impl Metrics {
             ),
             LINE_ANSWERS.iter().zip(&self.line_asks).map(|(a, n)| (*a, load(n))),
         );
+        labelled(
+            &mut out,
+            (
+                "recovea_cap_line_decisions_total",
+                "Requests near an armed cap's line, decided after asking the shared counter store: admitted or refused.",
+                "decision",
+            ),
+            ["admitted", "refused"].into_iter().zip(&self.line_decisions).map(|(d, n)| (d, load(n))),
+        );
+        out.push_str("# HELP recovea_cap_refusals_total Requests refused by an armed cap: reached (budget_exceeded, 402) or unable to confirm its spend (budget_unverifiable, 503), by the cap's scope and window.\n# TYPE recovea_cap_refusals_total counter\n");
+        for (code, by_scope) in CAP_CODES.iter().zip(&self.cap_refusals) {
+            for (scope, by_window) in CAP_SCOPES.iter().zip(by_scope) {
+                for (window, n) in CAP_WINDOWS.iter().zip(by_window) {
+                    let _ = writeln!(
+                        out,
+                        "recovea_cap_refusals_total{{code=\"{code}\",scope=\"{}\",window=\"{}\"}} {}",
+                        scope.as_str(),
+                        window.as_str(),
+                        load(n)
+                    );
+                }
+            }
+        }
+        histogram::render_family(
+            &mut out,
+            (
+                "recovea_request_duration_seconds",
+                "From a proxied request's head received to its answer's end, by provider kind and outcome.",
+            ),
+            ("provider", "outcome"),
+            series(&self.latency),
+        );
+        histogram::render_family(
+            &mut out,
+            (
+                "recovea_upstream_ttfb_seconds",
+                "From a request sent to the provider to its answer's head, by provider kind and outcome.",
+            ),
+            ("provider", "outcome"),
+            series(&self.upstream_ttfb),
+        );
+        self.by_model.render(&mut out);
         labelled(
             &mut out,
             (
@@ -341,6 +475,11 @@ impl Metrics {
                 "Spool lines that could not be read back.",
                 self.spool.corrupt.load(Relaxed),
             ),
+            (
+                "recovea_log_lines_dropped_total",
+                "Log lines dropped because the log's queue was full (stderr slower than the lines came).",
+                crate::log_writer::log_lines_dropped(),
+            ),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
@@ -357,6 +496,11 @@ impl Metrics {
                 self.spool.held.load(Relaxed),
             ),
             ("recovea_spool_bytes", "The size of the spool's segment files.", self.spool.bytes.load(Relaxed)),
+            (
+                "recovea_snapshot_version",
+                "The feed version of the state the node serves (0: none yet).",
+                self.feed_version.load(Relaxed),
+            ),
             (
                 "recovea_client_connections",
                 "Client connections open.",
@@ -384,6 +528,13 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Every histogram of a family, with its provider and outcome labels.
+fn series(by: &ByProviderOutcome) -> impl Iterator<Item = (&'static str, &'static str, &Histogram)> + '_ {
+    PROVIDERS.iter().zip(by.iter()).flat_map(|(provider, by_outcome)| {
+        Outcome::ALL.iter().map(move |o| (*provider, o.label(), &by_outcome[*o as usize]))
+    })
 }
 
 /// A counter with one label: its help and type, then a line per label value.

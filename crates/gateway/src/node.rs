@@ -61,13 +61,14 @@ impl Gateway {
         );
         let alarm =
             alarm::Alarm::new(config.alarm_webhook.clone(), config.alarm_interval, node_id, &config.network);
+        let meter = metering::Meter::new(spool.sender.clone(), node_id.to_owned(), config.access_log);
         Self {
             shared: Arc::new(Shared {
                 snapshot: ArcSwapOption::empty(),
                 config,
                 upstream,
                 metrics,
-                meter: metering::Meter::new(spool.sender.clone(), node_id.to_owned()),
+                meter,
                 counters,
                 limiter: ratelimit::RateLimiter::default(),
                 alarm,

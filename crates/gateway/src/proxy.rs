@@ -30,9 +30,10 @@ use recovea_counters::{CapWindow, Covered, Reservation};
 use recovea_providers::rewrite::{self, InspectedRequest, RequestFacts};
 use recovea_providers::usage::{Surface, Tapped};
 
+use crate::access_log::{self, Finished};
 use crate::body::{BoxError, ResponseBody};
 use crate::metered_body::{MeteredBody, PendingReceipt};
-use crate::metering::{Metered, Settle};
+use crate::metering::{Metered, Settle, Timing};
 use crate::metrics::Outcome;
 use crate::node::{Shared, cap_window};
 use crate::refusal::Refusal;
@@ -56,6 +57,8 @@ pub(crate) struct RequestContext {
     /// Why the request was passed through unadmitted, if it was.
     fail_open: Option<FailOpenReason>,
     outcome: Outcome,
+    /// The armed cap that refused the request, if one did.
+    cap_refusal: Option<caps::CapRefusal>,
     /// Whether the request body was read to its end: a connection whose request body is left
     /// unread cannot carry another request.
     body_read: bool,
@@ -81,6 +84,7 @@ impl RequestContext {
             tags: Tags::new(),
             fail_open: None,
             outcome: Outcome::Forwarded,
+            cap_refusal: None,
             body_read: false,
         }
     }
@@ -124,7 +128,7 @@ where
     let response = match run(shared, ctx, request).await {
         Ok(response) => response,
         Err(refusal) => {
-            ctx.outcome = refusal.outcome();
+            ctx.refused(&refusal);
             let mut response = answer_response(refusal.answer().shaped(shape));
             if http1 && has_body && !ctx.body_read {
                 // Refused before its body was read: say that the connection ends here, so that
@@ -211,6 +215,7 @@ where
                 prices,
                 tags: std::mem::take(&mut ctx.tags),
                 settle: Some(settle(shared, admitted, reservation)),
+                timing: Timing::since(ctx.received_at),
             },
         )
     });
@@ -474,7 +479,9 @@ async fn check_caps(
             })
             .collect();
         // Refused: the reservation is dropped, and with it the request's pending estimate.
-        caps::decide_at_line(&asked, answer).map_err(Refusal::Budget)?;
+        let decided = caps::decide_at_line(&asked, answer);
+        shared.metrics.line_decided(decided.is_ok());
+        decided.map_err(Refusal::Budget)?;
         reservation.hold_at_line();
     }
     let reserved = covering.iter().map(|cap| cap.id.clone()).collect();
@@ -561,7 +568,7 @@ async fn forward(
             Ok(Response::from_parts(parts, body.boxed_unsync()))
         }
         Err(UpstreamError::Unreachable(e)) => {
-            tracing::warn!(request_id = ?ctx.request_id, error = %e, "provider unreachable");
+            tracing::warn!(request_id = %ctx.request_id.to_str().unwrap_or_default(), error = %e, "provider unreachable");
             Err(Refusal::UpstreamUnreachable)
         }
         Err(UpstreamError::Timeout) => Err(Refusal::UpstreamTimeout),
@@ -593,7 +600,7 @@ pub(crate) fn head_refusal(error: RequestError) -> Response<ResponseBody> {
 
 /// Answers a request refused for its head before any phase ran (no route, no admission, no
 /// receipt), counted and logged as every answer is.
-pub(crate) fn refuse_head(shared: &Shared, error: RequestError) -> Response<ResponseBody> {
+pub(crate) fn refuse_head(shared: &Arc<Shared>, error: RequestError) -> Response<ResponseBody> {
     let mut ctx = RequestContext::new();
     ctx.outcome = Refusal::Head(error).outcome();
     respond(shared, &ctx, head_refusal(error))
@@ -601,7 +608,7 @@ pub(crate) fn refuse_head(shared: &Shared, error: RequestError) -> Response<Resp
 
 /// Phase respond: every answer carries the gateway's request id; the outcome is counted and logged.
 fn respond(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     ctx: &RequestContext,
     mut response: Response<ResponseBody>,
 ) -> Response<ResponseBody> {
@@ -611,16 +618,57 @@ fn respond(
     }
     headers.insert(REQUEST_ID, ctx.request_id.clone());
     shared.metrics.request(ctx.outcome);
-    tracing::debug!(
-        request_id = ?ctx.request_id,
-        outcome = ?ctx.outcome,
-        status = response.status().as_u16(),
-        credential = ctx.credential.as_deref(),
-        org_id = ctx.admitted.as_ref().map(|a| a.org.id.as_str()),
-        key_id = ctx.admitted.as_ref().map(|a| a.key_id.as_str()),
-        fail_open = ctx.fail_open.map(FailOpenReason::label),
-        elapsed_ms = ctx.received_at.elapsed().as_millis() as u64,
-        "answered"
-    );
-    response
+    ctx.finish(shared, response)
+}
+
+impl RequestContext {
+    /// The request ends with one of the gateway's own answers.
+    fn refused(&mut self, refusal: &Refusal) {
+        self.outcome = refusal.outcome();
+        if let Refusal::Budget(cap) = refusal {
+            self.cap_refusal = Some(cap.clone());
+        }
+    }
+
+    /// The access-log line and metrics of a request the meter does not finish (the meter
+    /// finishes every request it writes a receipt for): now for an answer of the gateway's own,
+    /// at the end of its body for a fail-open pass.
+    fn finish(&self, shared: &Arc<Shared>, response: Response<ResponseBody>) -> Response<ResponseBody> {
+        let sent = matches!(
+            self.outcome,
+            Outcome::Forwarded | Outcome::UpstreamUnreachable | Outcome::UpstreamTimeout
+        );
+        if self.admitted.is_some() && sent {
+            return response;
+        }
+        let route = self.credential.as_deref();
+        let provider = match (&self.admitted, route) {
+            (Some(admitted), Some(name)) => {
+                admitted.org.provider(name).map(|c| c.kind).or_else(|| ProviderKind::parse(name))
+            }
+            (None, Some(name)) => ProviderKind::parse(name),
+            (_, None) => None,
+        };
+        let elapsed = self.received_at.elapsed();
+        let request = Finished {
+            request_id: self.request_id.to_str().unwrap_or_default(),
+            org_id: self.admitted.as_ref().map(|a| a.org.id.as_str()),
+            key_id: self.admitted.as_ref().map(|a| a.key_id.as_str()),
+            route,
+            provider,
+            model: None,
+            status: response.status().as_u16(),
+            outcome: self.outcome,
+            fail_open: self.fail_open.map(FailOpenReason::label),
+            cap: self.cap_refusal.clone(),
+            metered: None,
+            ttfb: (self.outcome == Outcome::FailOpen).then_some(elapsed),
+            total: elapsed,
+        };
+        if self.outcome == Outcome::FailOpen {
+            return access_log::when_body_ends(shared, &request, self.received_at, response);
+        }
+        access_log::finished(&shared.metrics, shared.config.access_log, &request);
+        response
+    }
 }

@@ -260,6 +260,19 @@ async fn every_fail_open_pass_strips_the_key_writes_no_receipt_and_alarms_once_p
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(webhook.requests().len(), 4, "once per interval per reason");
+
+    // Each pass was timed, its provider's first byte too; the one 503 is counted by its cap.
+    let metrics = node.metrics().await;
+    for line in [
+        "recovea_request_duration_seconds_count{provider=\"openai\",outcome=\"fail_open\"} 15\n",
+        "recovea_upstream_ttfb_seconds_count{provider=\"openai\",outcome=\"fail_open\"} 15\n",
+        "recovea_request_duration_seconds_count{provider=\"openai\",outcome=\"budget_unverifiable\"} 1\n",
+        "recovea_request_duration_seconds_count{provider=\"openai\",outcome=\"forwarded\"} 1\n",
+        "recovea_cap_refusals_total{code=\"budget_unverifiable\",scope=\"organization\",window=\"month\"} 1\n",
+        "recovea_cap_refusals_total{code=\"budget_exceeded\",scope=\"organization\",window=\"month\"} 0\n",
+    ] {
+        assert!(metrics.contains(line), "{line}{metrics}");
+    }
     scenario.teardown();
 }
 

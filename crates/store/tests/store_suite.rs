@@ -1225,7 +1225,9 @@ fn every_change_writes_its_audit_row(db: &impl Backend) {
                 "org_a",
                 Some("org_a"),
                 None,
-                Some(r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.001Z","id":"org_a","name":"org_a name"}"#)
+                Some(
+                    r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.001Z","id":"org_a","name":"org_a name"}"#
+                )
             ),
             row("create", "key", "key_a", Some("org_a"), None, Some(key_before)),
             row("update", "key", "key_a", Some("org_a"), Some(key_before), Some(key_limited)),

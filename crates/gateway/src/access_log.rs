@@ -1,0 +1,205 @@
+//! The last phase of a request: once its outcome is final, one access-log line at `info` and the
+//! request's latency, time to first byte, tokens and cost in the metrics. A metered request ends
+//! in the meter (after its body, when tokens and cost are known); every other one (refused,
+//! passed fail-open) ends in the proxy.
+//!
+//! The line names who, where and how it ended, never a secret nor a byte of prompt or completion.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Response;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tracing::field::display;
+
+use recovea_core::caps::CapRefusal;
+use recovea_core::money::Nanos;
+use recovea_core::snapshot::ProviderKind;
+use recovea_core::usage::Usage;
+
+use crate::body::{BoxError, ResponseBody};
+use crate::metrics::{Metrics, Outcome};
+use crate::node::Shared;
+
+/// The `tracing` target of the access log: `--log info,recovea::access=off` silences it too.
+pub(crate) const TARGET: &str = "recovea::access";
+
+/// What a finished request's line and metrics say of it.
+pub(crate) struct Finished<'a> {
+    pub(crate) request_id: &'a str,
+    pub(crate) org_id: Option<&'a str>,
+    pub(crate) key_id: Option<&'a str>,
+    /// The credential name the path routes to (`openai`, `anthropic`, or a named route's).
+    pub(crate) route: Option<&'a str>,
+    /// The kind of provider the request went to (or would have).
+    pub(crate) provider: Option<ProviderKind>,
+    pub(crate) model: Option<&'a str>,
+    pub(crate) status: u16,
+    pub(crate) outcome: Outcome,
+    /// Why a pass failed open (its reason's label).
+    pub(crate) fail_open: Option<&'static str>,
+    /// Which armed cap refused it.
+    pub(crate) cap: Option<CapRefusal>,
+    pub(crate) metered: Option<MeteredFacts<'a>>,
+    /// From the request sent to the provider's answer's head.
+    pub(crate) ttfb: Option<Duration>,
+    /// From the request's head received to its answer's end.
+    pub(crate) total: Duration,
+}
+
+/// What the receipt of a metered request settled.
+pub(crate) struct MeteredFacts<'a> {
+    pub(crate) usage: &'a Usage,
+    pub(crate) cost: Nanos,
+    /// The price table's entry the model was priced as; `None`: the fallback price.
+    pub(crate) priced_as: Option<&'a str>,
+    pub(crate) usage_estimated: bool,
+}
+
+/// Counts the request in the metrics and, unless `log` is off, writes its line.
+pub(crate) fn finished(metrics: &Metrics, log: bool, request: &Finished<'_>) {
+    metrics.finished(request);
+    if log {
+        write(request);
+    }
+}
+
+/// A request the gateway does not meter but whose answer streams from the provider (a fail-open
+/// pass): its line is written when the body ends, is cut, or is dropped.
+pub(crate) fn when_body_ends(
+    shared: &Arc<Shared>,
+    request: &Finished<'_>,
+    received_at: Instant,
+    response: Response<ResponseBody>,
+) -> Response<ResponseBody> {
+    let pass = Pass {
+        shared: Arc::clone(shared),
+        request_id: request.request_id.to_owned(),
+        route: request.route.map(str::to_owned),
+        provider: request.provider,
+        status: request.status,
+        outcome: request.outcome,
+        fail_open: request.fail_open,
+        ttfb: request.ttfb,
+        received_at,
+    };
+    response.map(|inner| FinishOnEnd { inner, pass: Some(pass) }.boxed_unsync())
+}
+
+/// What [`when_body_ends`] keeps of the request until then.
+struct Pass {
+    shared: Arc<Shared>,
+    request_id: String,
+    route: Option<String>,
+    provider: Option<ProviderKind>,
+    status: u16,
+    outcome: Outcome,
+    fail_open: Option<&'static str>,
+    ttfb: Option<Duration>,
+    received_at: Instant,
+}
+
+impl Pass {
+    fn finish(self) {
+        let request = Finished {
+            request_id: &self.request_id,
+            org_id: None,
+            key_id: None,
+            route: self.route.as_deref(),
+            provider: self.provider,
+            model: None,
+            status: self.status,
+            outcome: self.outcome,
+            fail_open: self.fail_open,
+            cap: None,
+            metered: None,
+            ttfb: self.ttfb,
+            total: self.received_at.elapsed(),
+        };
+        finished(&self.shared.metrics, self.shared.config.access_log, &request);
+    }
+}
+
+/// A body passed through unchanged that finishes its request's line once, at its end or drop.
+struct FinishOnEnd {
+    inner: ResponseBody,
+    pass: Option<Pass>,
+}
+
+impl Body for FinishOnEnd {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let ended = matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream();
+        if ended && let Some(pass) = self.pass.take() {
+            pass.finish();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for FinishOnEnd {
+    fn drop(&mut self) {
+        if let Some(pass) = self.pass.take() {
+            pass.finish();
+        }
+    }
+}
+
+fn write<'a>(request: &Finished<'a>) {
+    let usage = request.metered.as_ref().map(|m| m.usage);
+    let (scope, window) = match &request.cap {
+        Some(CapRefusal::Exceeded { scope, window } | CapRefusal::Unverifiable { scope, window }) => {
+            (Some(scope.as_str()), Some(window.as_str()))
+        }
+        None => (None, None),
+    };
+    // Strings as `Display`, so that the text format writes them bare (JSON writes every value as a
+    // plain string either way).
+    let text = |s: Option<&'a str>| s.map(display);
+    tracing::info!(
+        target: TARGET,
+        request_id = %request.request_id,
+        org_id = text(request.org_id),
+        key_id = text(request.key_id),
+        route = text(request.route),
+        provider = text(request.provider.map(ProviderKind::as_str)),
+        model = text(request.model),
+        status = request.status,
+        outcome = %request.outcome.label(),
+        fail_open_reason = text(request.fail_open),
+        cap_scope = text(scope),
+        cap_window = text(window),
+        input_tokens = usage.map(|u| u.input_tokens),
+        output_tokens = usage.map(|u| u.output_tokens),
+        cached_input_tokens = usage.map(|u| u.cached_input_tokens),
+        cache_write_input_tokens = usage.map(|u| u.cache_write_input_tokens),
+        usage_estimated = request.metered.as_ref().map(|m| m.usage_estimated),
+        cost_usd = request.metered.as_ref().map(|m| display(m.cost)),
+        ttfb_ms = request.ttfb.map(millis),
+        total_ms = millis(request.total),
+        "request"
+    );
+}
+
+/// Milliseconds to the microsecond.
+fn millis(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
