@@ -6,7 +6,6 @@
 //! The line names who, where and how it ended, never a secret nor a byte of prompt or completion.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -17,48 +16,13 @@ use http_body_util::BodyExt;
 use tracing::field::display;
 
 use recovea_core::caps::CapRefusal;
-use recovea_core::money::Nanos;
 use recovea_core::snapshot::ProviderKind;
-use recovea_core::usage::Usage;
 
 use crate::body::{BoxError, ResponseBody};
-use crate::metrics::{Metrics, Outcome};
-use crate::node::Shared;
+use crate::metrics::{Finished, Metrics, Outcome};
 
 /// The `tracing` target of the access log: `--log info,recovea::access=off` silences it too.
 pub(crate) const TARGET: &str = "recovea::access";
-
-/// What a finished request's line and metrics say of it.
-pub(crate) struct Finished<'a> {
-    pub(crate) request_id: &'a str,
-    pub(crate) org_id: Option<&'a str>,
-    pub(crate) key_id: Option<&'a str>,
-    /// The credential name the path routes to (`openai`, `anthropic`, or a named route's).
-    pub(crate) route: Option<&'a str>,
-    /// The kind of provider the request went to (or would have).
-    pub(crate) provider: Option<ProviderKind>,
-    pub(crate) model: Option<&'a str>,
-    pub(crate) status: u16,
-    pub(crate) outcome: Outcome,
-    /// Why a pass failed open (its reason's label).
-    pub(crate) fail_open: Option<&'static str>,
-    /// Which armed cap refused it.
-    pub(crate) cap: Option<CapRefusal>,
-    pub(crate) metered: Option<MeteredFacts<'a>>,
-    /// From the request sent to the provider's answer's head.
-    pub(crate) ttfb: Option<Duration>,
-    /// From the request's head received to its answer's end.
-    pub(crate) total: Duration,
-}
-
-/// What the receipt of a metered request settled.
-pub(crate) struct MeteredFacts<'a> {
-    pub(crate) usage: &'a Usage,
-    pub(crate) cost: Nanos,
-    /// The price table's entry the model was priced as; `None`: the fallback price.
-    pub(crate) priced_as: Option<&'a str>,
-    pub(crate) usage_estimated: bool,
-}
 
 /// Counts the request in the metrics and, unless `log` is off, writes its line.
 pub(crate) fn finished(metrics: &Metrics, log: bool, request: &Finished<'_>) {
@@ -69,15 +33,19 @@ pub(crate) fn finished(metrics: &Metrics, log: bool, request: &Finished<'_>) {
 }
 
 /// A request the gateway does not meter but whose answer streams from the provider (a fail-open
-/// pass): its line is written when the body ends, is cut, or is dropped.
-pub(crate) fn when_body_ends(
-    shared: &Arc<Shared>,
+/// pass): `report` (which calls [`finished`]) is given its line when the body ends, is cut, or is
+/// dropped.
+pub(crate) fn when_body_ends<F>(
     request: &Finished<'_>,
     received_at: Instant,
     response: Response<ResponseBody>,
-) -> Response<ResponseBody> {
+    report: F,
+) -> Response<ResponseBody>
+where
+    F: FnOnce(&Finished<'_>) + Send + Unpin + 'static,
+{
     let pass = Pass {
-        shared: Arc::clone(shared),
+        report,
         request_id: request.request_id.to_owned(),
         route: request.route.map(str::to_owned),
         provider: request.provider,
@@ -91,8 +59,8 @@ pub(crate) fn when_body_ends(
 }
 
 /// What [`when_body_ends`] keeps of the request until then.
-struct Pass {
-    shared: Arc<Shared>,
+struct Pass<F: FnOnce(&Finished<'_>)> {
+    report: F,
     request_id: String,
     route: Option<String>,
     provider: Option<ProviderKind>,
@@ -103,7 +71,7 @@ struct Pass {
     received_at: Instant,
 }
 
-impl Pass {
+impl<F: FnOnce(&Finished<'_>)> Pass<F> {
     fn finish(self) {
         let request = Finished {
             request_id: &self.request_id,
@@ -120,17 +88,17 @@ impl Pass {
             ttfb: self.ttfb,
             total: self.received_at.elapsed(),
         };
-        finished(&self.shared.metrics, self.shared.config.access_log, &request);
+        (self.report)(&request);
     }
 }
 
 /// A body passed through unchanged that finishes its request's line once, at its end or drop.
-struct FinishOnEnd {
+struct FinishOnEnd<F: FnOnce(&Finished<'_>)> {
     inner: ResponseBody,
-    pass: Option<Pass>,
+    pass: Option<Pass<F>>,
 }
 
-impl Body for FinishOnEnd {
+impl<F: FnOnce(&Finished<'_>) + Unpin> Body for FinishOnEnd<F> {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -155,7 +123,7 @@ impl Body for FinishOnEnd {
     }
 }
 
-impl Drop for FinishOnEnd {
+impl<F: FnOnce(&Finished<'_>)> Drop for FinishOnEnd<F> {
     fn drop(&mut self) {
         if let Some(pass) = self.pass.take() {
             pass.finish();

@@ -16,8 +16,8 @@ use recovea_core::tags::Tags;
 use recovea_core::usage::{Usage, UsageSource};
 use recovea_providers::usage::{self, Surface, Tapped};
 
-use crate::access_log::{self, Finished, MeteredFacts};
-use crate::metrics::{Metrics, Outcome};
+use crate::access_log;
+use crate::metrics::{Finished, MeteredFacts, Metrics, Outcome};
 use crate::spool::SpoolSender;
 
 /// What the receipt of an admitted request needs to know of it, gathered by the request phases.

@@ -5,21 +5,54 @@ mod models;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use std::sync::Arc;
 
 use recovea_core::FailOpenReason;
 use recovea_core::caps::{CapRefusal, LineAnswer, Scope};
+use recovea_core::money::Nanos;
 use recovea_core::snapshot::ProviderKind;
+use recovea_core::usage::Usage;
 use recovea_core::window::Window;
 
 use recovea_counters::Counters;
 
-use crate::access_log::Finished;
 use crate::spool::SpoolStats;
 use crate::upstream::{Retry, UpstreamStats};
 use histogram::Histogram;
+
+/// What a finished request's line and metrics say of it.
+pub(crate) struct Finished<'a> {
+    pub(crate) request_id: &'a str,
+    pub(crate) org_id: Option<&'a str>,
+    pub(crate) key_id: Option<&'a str>,
+    /// The credential name the path routes to (`openai`, `anthropic`, or a named route's).
+    pub(crate) route: Option<&'a str>,
+    /// The kind of provider the request went to (or would have).
+    pub(crate) provider: Option<ProviderKind>,
+    pub(crate) model: Option<&'a str>,
+    pub(crate) status: u16,
+    pub(crate) outcome: Outcome,
+    /// Why a pass failed open (its reason's label).
+    pub(crate) fail_open: Option<&'static str>,
+    /// Which armed cap refused it.
+    pub(crate) cap: Option<CapRefusal>,
+    pub(crate) metered: Option<MeteredFacts<'a>>,
+    /// From the request sent to the provider's answer's head.
+    pub(crate) ttfb: Option<Duration>,
+    /// From the request's head received to its answer's end.
+    pub(crate) total: Duration,
+}
+
+/// What the receipt of a metered request settled.
+pub(crate) struct MeteredFacts<'a> {
+    pub(crate) usage: &'a Usage,
+    pub(crate) cost: Nanos,
+    /// The price table's entry the model was priced as; `None`: the fallback price.
+    pub(crate) priced_as: Option<&'a str>,
+    pub(crate) usage_estimated: bool,
+}
 
 /// How a request through the proxy ended; each is a label of `recovea_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

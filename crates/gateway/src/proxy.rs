@@ -30,11 +30,11 @@ use recovea_counters::{CapWindow, Covered, Reservation};
 use recovea_providers::rewrite::{self, InspectedRequest, RequestFacts};
 use recovea_providers::usage::{Surface, Tapped};
 
-use crate::access_log::{self, Finished};
+use crate::access_log;
 use crate::body::{BoxError, ResponseBody};
 use crate::metered_body::{MeteredBody, PendingReceipt};
 use crate::metering::{Metered, Settle, Timing};
-use crate::metrics::Outcome;
+use crate::metrics::{Finished, Outcome};
 use crate::node::{Shared, cap_window};
 use crate::refusal::Refusal;
 use crate::upstream::UpstreamError;
@@ -666,7 +666,10 @@ impl RequestContext {
             total: elapsed,
         };
         if self.outcome == Outcome::FailOpen {
-            return access_log::when_body_ends(shared, &request, self.received_at, response);
+            let shared = Arc::clone(shared);
+            return access_log::when_body_ends(&request, self.received_at, response, move |request| {
+                access_log::finished(&shared.metrics, shared.config.access_log, request);
+            });
         }
         access_log::finished(&shared.metrics, shared.config.access_log, &request);
         response
