@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use recovea_core::answer::WireShape;
 use recovea_core::caps::{Cap, Scope};
@@ -21,16 +20,14 @@ use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::usage::UsageSource;
 use recovea_core::window::Window;
 use recovea_core::{Answer, Timestamp};
-use recovea_counters::{Counters, InProcess};
-use recovea_gateway::spool::Spool;
-use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
+use recovea_counters::InProcess;
+use recovea_gateway::{GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider};
 use tokio::net::TcpListener;
 
-#[path = "support/common.rs"]
-mod common;
+mod support;
 
-use common::{MemorySink, TempDir};
+use support::Harness;
 
 const KEY: &str = "rk_live0000000000000000000000000000000000000001";
 const BYO_KEY: &str = "rk_byo00000000000000000000000000000000000000002";
@@ -42,26 +39,13 @@ const MANAGED_OPENAI: &str = "sk-managed-openai-0123456789";
 const MANAGED_ANTHROPIC: &str = "sk-ant-managed-0123456789";
 const MANAGED_GROQ: &str = "gsk-managed-0123456789";
 
-struct Harness {
-    mock: MockProvider,
-    gateway: Gateway,
-    url: String,
-    client: Client<HttpConnector, Full<Bytes>>,
-    receipts: Arc<MemorySink>,
-    counters: Arc<Counters>,
-    _spool_dir: TempDir,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
 fn config(openai: &str, anthropic: &str, max_body: u64, timeout: Duration) -> GatewayConfig {
     GatewayConfig::new(GatewaySettings {
         openai_base_url: openai.into(),
         anthropic_base_url: anthropic.into(),
         max_body_bytes: max_body,
         upstream_timeout: timeout,
-        connect_timeout: Duration::from_millis(500),
-        body_read_timeout: Duration::from_secs(2),
-        counter_max_age: Duration::from_secs(60),
+        ..support::settings(openai)
     })
     .expect("valid config")
 }
@@ -77,63 +61,10 @@ impl Harness {
         Self::with_caps(mock, config, install, Vec::new()).await
     }
 
-    /// A gateway whose snapshot gives org_acme `caps`; its counters are confirmed once at start.
+    /// A gateway whose snapshot (if `install`) gives org_acme `caps`; its counters unconfirmed.
     async fn with_caps(mock: MockProvider, config: GatewayConfig, install: bool, caps: Vec<Cap>) -> Self {
-        let spool_dir = TempDir::new();
-        let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
-        let counters = Counters::new("node_test");
-        let gateway = Gateway::new(config, &spool, "node_test", Arc::clone(&counters));
-        let receipts = common::ship_to_memory(spool);
-        if install {
-            gateway.install_snapshot(Arc::new(snapshot(&mock.url(), caps)));
-        }
-        let (url, stop) = common::serve(&gateway).await;
-        let client = Client::builder(TokioExecutor::new()).build_http();
-        Self { mock, gateway, url, client, receipts, counters, _spool_dir: spool_dir, _stop: stop }
-    }
-
-    /// Confirms the counters against an in-process store, as `serve`'s sync loop does.
-    async fn confirm(&self, store: &InProcess) {
-        self.counters
-            .sync_with(store, Timestamp::from_system_time(std::time::SystemTime::now()))
-            .await
-            .expect("sync");
-    }
-
-    /// Waits (with a deadline) until the provider has received `count` requests.
-    async fn forwarded(&self, count: usize) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while self.mock.requests().len() < count {
-            assert!(std::time::Instant::now() < deadline, "the provider never received the request");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
-    /// Waits (with a deadline) until `count` receipts have been delivered, and returns them.
-    async fn receipts(&self, count: usize) -> Vec<Receipt> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let receipts = self.receipts.0.lock().expect("lock").clone();
-            if receipts.len() >= count {
-                assert_eq!(receipts.len(), count, "more receipts than requests: {receipts:#?}");
-                return receipts;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "only {} of {count} receipts arrived",
-                receipts.len()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn send(&self, request: http::request::Builder, body: &str) -> Response<hyper::body::Incoming> {
-        let request = request.body(Full::new(Bytes::from(body.to_owned()))).expect("request");
-        self.client.request(request).await.expect("gateway answers")
-    }
-
-    fn post(&self, path: &str) -> http::request::Builder {
-        Request::post(format!("{}{path}", self.url)).header("content-type", "application/json")
+        let snapshot = install.then(|| snapshot(&mock.url(), caps));
+        Self::serve(mock, config, snapshot).await
     }
 }
 
