@@ -1267,4 +1267,14 @@ mod tests {
         let refused = Refused::new("provider", &form, refusal);
         assert!(refused.sent.iter().all(|(_, v)| v != "sk-secret" && v != "x"));
     }
+
+    #[test]
+    fn a_form_field_left_empty_is_left_out_of_the_body() {
+        let form = Form(crate::admin::query::Params::parse("key_id=key_1&base_url=+&kind=").expect("parses"));
+        let mut body = Map::new();
+        for field in ["key_id", "base_url", "kind", "absent"] {
+            insert_if_given(&mut body, &form, field);
+        }
+        assert_eq!(Value::Object(body), json!({ "key_id": "key_1" }));
+    }
 }
