@@ -12,9 +12,6 @@ use bytes::Bytes;
 use fail::FailScenario;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use recovea_core::Timestamp;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
@@ -22,16 +19,13 @@ use recovea_core::keys::hash_secret;
 use recovea_core::money::Nanos;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
-use recovea_counters::Counters;
-use recovea_gateway::spool::Spool;
-use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
+use recovea_gateway::{GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider};
 use serde_json::{Value, json};
 
-#[path = "support/common.rs"]
-mod common;
+mod support;
 
-use common::{MemorySink, TempDir};
+use support::Harness;
 
 /// A key of org_capped, whose armed cap can never be confirmed here: admitted, it is refused 503.
 const KEY: &str = "rk_live0000000000000000000000000000000000000001";
@@ -40,38 +34,16 @@ const SENTINEL_KEY: &str = "rk_sentinel000000000000000000000000000000000002";
 const MANAGED: &str = "sk-managed-openai-0123456789";
 const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello"}]}"#;
 
-/// A node with no snapshot yet, in front of the mock, alarming to `webhook`.
-struct Node {
-    mock: MockProvider,
-    gateway: Gateway,
-    url: String,
-    client: Client<HttpConnector, Full<Bytes>>,
-    receipts: Arc<MemorySink>,
-    _spool_dir: TempDir,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-impl Node {
+impl Harness {
+    /// A node with no snapshot yet, in front of the mock, alarming to `webhook`.
     async fn start(webhook: &str, alarm_interval: Duration) -> Self {
         let mock = MockProvider::start().await;
-        let config = GatewayConfig::new(GatewaySettings {
-            openai_base_url: mock.url(),
-            anthropic_base_url: mock.url(),
-            max_body_bytes: 1 << 20,
-            upstream_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_millis(500),
-            body_read_timeout: Duration::from_secs(2),
-            counter_max_age: Duration::from_secs(60),
-        })
-        .and_then(|config| config.with_alarm(Some(webhook), alarm_interval))
-        .expect("valid config");
-        let spool_dir = TempDir::new();
-        let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
-        let gateway = Gateway::new(config, &spool, "node_test", Counters::new("node_test"));
-        let receipts = common::ship_to_memory(spool);
-        let (url, stop) = common::serve(&gateway).await;
-        let client = Client::builder(TokioExecutor::new()).build_http();
-        Self { mock, gateway, url, client, receipts, _spool_dir: spool_dir, _stop: stop }
+        let settings =
+            GatewaySettings { upstream_timeout: Duration::from_secs(5), ..support::settings(&mock.url()) };
+        let config = GatewayConfig::new(settings)
+            .and_then(|config| config.with_alarm(Some(webhook), alarm_interval))
+            .expect("valid config");
+        Self::serve(mock, config, None).await
     }
 
     fn install_snapshot(&self) {
@@ -105,13 +77,11 @@ impl Node {
     }
 
     async fn chat(&self, headers: &[(&str, &str)]) -> Response<hyper::body::Incoming> {
-        let mut request = Request::post(format!("{}/v1/chat/completions", self.url))
-            .header("content-type", "application/json");
+        let mut request = self.post("/v1/chat/completions");
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let request = request.body(Full::new(Bytes::from_static(CHAT.as_bytes()))).expect("request");
-        self.client.request(request).await.expect("gateway answers")
+        self.send(request, CHAT).await
     }
 
     async fn metrics(&self) -> String {
@@ -159,7 +129,7 @@ async fn alarms(webhook: &MockProvider, count: usize) -> Vec<Value> {
 }
 
 /// Three passes, with every property of a fail-open pass checked on what the mock received.
-async fn passes_through(node: &Node, reason: &str) {
+async fn passes_through(node: &Harness, reason: &str) {
     node.mock.reset();
     // What a real provider says to a request that carries no key of its own.
     let refusal = json!({ "error": { "message": "Missing API key.", "type": "invalid_request_error" } });
@@ -200,7 +170,7 @@ async fn passes_through(node: &Node, reason: &str) {
 async fn every_fail_open_pass_strips_the_key_writes_no_receipt_and_alarms_once_per_reason() {
     let scenario = FailScenario::setup();
     let webhook = webhook().await;
-    let node = Node::start(&format!("{}/alarm", webhook.url()), Duration::from_secs(3600)).await;
+    let node = Harness::start(&format!("{}/alarm", webhook.url()), Duration::from_secs(3600)).await;
     let metrics = node.metrics().await;
     for reason in ["no_snapshot", "snapshot_error", "rate_limiter_error", "admission_panic"] {
         assert_eq!(fail_open_count(&metrics, reason), 0, "every label from the start");
@@ -279,7 +249,7 @@ async fn every_fail_open_pass_strips_the_key_writes_no_receipt_and_alarms_once_p
 #[tokio::test]
 async fn a_stream_passed_through_fail_open_goes_and_comes_back_as_sent() {
     let webhook = webhook().await;
-    let node = Node::start(&format!("{}/alarm", webhook.url()), Duration::from_secs(3600)).await;
+    let node = Harness::start(&format!("{}/alarm", webhook.url()), Duration::from_secs(3600)).await;
     // No state yet: a pass. The client asked for no usage: the gateway, which meters nothing on a
     // pass, must neither ask the provider for it nor leave a usage chunk the client never asked for.
     let stream =
@@ -302,7 +272,7 @@ async fn the_next_alarm_after_the_interval_counts_the_passes_kept_quiet() {
     let scenario = FailScenario::setup();
     let webhook = webhook().await;
     let interval = Duration::from_secs(1);
-    let node = Node::start(&format!("{}/alarm", webhook.url()), interval).await;
+    let node = Harness::start(&format!("{}/alarm", webhook.url()), interval).await;
     let started = Instant::now();
     for _ in 0..3 {
         let response = node.chat(&[("x-recovea-key", KEY), ("authorization", "Bearer sk-own")]).await;
@@ -336,7 +306,7 @@ async fn the_next_alarm_after_the_interval_counts_the_passes_kept_quiet() {
 async fn a_dead_webhook_never_reaches_traffic() {
     let scenario = FailScenario::setup();
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
-    let node = Node::start(&format!("http://{closed}/alarm"), Duration::from_millis(1)).await;
+    let node = Harness::start(&format!("http://{closed}/alarm"), Duration::from_millis(1)).await;
     for _ in 0..5 {
         let response = node.chat(&[("x-recovea-key", KEY), ("authorization", "Bearer sk-own")]).await;
         assert_eq!(response.status(), StatusCode::OK);

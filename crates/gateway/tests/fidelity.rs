@@ -2,15 +2,9 @@
 //! in-process over real sockets, in front of the mock provider: the gateway's own answers byte for
 //! byte, what reached the provider, and which receipts were written.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::BodyExt;
+use recovea_core::Answer;
 use recovea_core::answer::WireShape;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
@@ -18,19 +12,15 @@ use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::ratelimit::KeyLimits;
-use recovea_core::receipt::Receipt;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
-use recovea_core::{Answer, Timestamp};
-use recovea_counters::{Counters, InProcess};
-use recovea_gateway::spool::Spool;
-use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
+use recovea_counters::InProcess;
+use recovea_gateway::{GatewayConfig, GatewaySettings};
 use recovea_testkit::MockProvider;
 
-#[path = "support/common.rs"]
-mod common;
+mod support;
 
-use common::{MemorySink, TempDir};
+use support::Harness;
 
 /// org_acme lists no models; this key lists none either.
 const OPEN_KEY: &str = "rk_open0000000000000000000000000000000000000001";
@@ -53,16 +43,6 @@ const CHAT_4O: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":
 const MESSAGES: &str =
     r#"{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"Hi"}]}"#;
 
-struct Harness {
-    mock: MockProvider,
-    url: String,
-    client: Client<HttpConnector, Full<Bytes>>,
-    receipts: Arc<MemorySink>,
-    _gateway: Gateway,
-    _spool_dir: TempDir,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
 impl Harness {
     /// A node whose counters are confirmed once, as `serve`'s sync loop does at start.
     async fn start(max_body_bytes: u64) -> Self {
@@ -71,42 +51,13 @@ impl Harness {
 
     async fn start_confirmed(max_body_bytes: u64, confirmed: bool) -> Self {
         let mock = MockProvider::start().await;
-        let config = GatewayConfig::new(GatewaySettings {
-            openai_base_url: mock.url(),
-            anthropic_base_url: mock.url(),
-            max_body_bytes,
-            upstream_timeout: Duration::from_secs(30),
-            connect_timeout: Duration::from_millis(500),
-            body_read_timeout: Duration::from_secs(2),
-            counter_max_age: Duration::from_secs(60),
-        })
-        .expect("valid config");
-        let spool_dir = TempDir::new();
-        let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
-        let counters = Counters::new("node_test");
-        let gateway = Gateway::new(config, &spool, "node_test", Arc::clone(&counters));
-        let receipts = common::ship_to_memory(spool);
-        gateway.install_snapshot(Arc::new(snapshot()));
-        let (url, stop) = common::serve(&gateway).await;
-        let client = Client::builder(TokioExecutor::new()).build_http();
+        let config = GatewayConfig::new(GatewaySettings { max_body_bytes, ..support::settings(&mock.url()) })
+            .expect("valid config");
+        let h = Self::serve(mock, config, Some(snapshot())).await;
         if confirmed {
-            counters
-                .sync_with(&InProcess::default(), Timestamp::from_system_time(std::time::SystemTime::now()))
-                .await
-                .expect("sync");
+            h.confirm(&InProcess::default()).await;
         }
-        Self { mock, url, client, receipts, _gateway: gateway, _spool_dir: spool_dir, _stop: stop }
-    }
-
-    async fn send(&self, request: http::request::Builder, body: &str) -> Response<hyper::body::Incoming> {
-        let request = request.body(Full::new(Bytes::from(body.to_owned()))).expect("request");
-        self.client.request(request).await.expect("gateway answers")
-    }
-
-    fn post(&self, path: &str, secret: &str) -> http::request::Builder {
-        Request::post(format!("{}{path}", self.url))
-            .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {secret}"))
+        h
     }
 
     /// As the Anthropic SDKs send it: the key in `x-api-key`, and `anthropic-version`.
@@ -117,20 +68,6 @@ impl Harness {
             .header("content-type", "application/json")
             .header("x-api-key", secret)
             .header("anthropic-version", "2023-06-01")
-    }
-
-    /// Waits (with a deadline) until `count` receipts have arrived; fails on more.
-    async fn receipts(&self, count: usize) -> Vec<Receipt> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let receipts = self.receipts.0.lock().expect("lock").clone();
-            if receipts.len() >= count {
-                assert_eq!(receipts.len(), count, "more receipts than admitted requests: {receipts:#?}");
-                return receipts;
-            }
-            assert!(std::time::Instant::now() < deadline, "only {} of {count} receipts", receipts.len());
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
     }
 }
 
@@ -207,12 +144,12 @@ async fn a_model_no_list_allows_is_refused_403_before_the_provider_and_without_a
     let h = Harness::start(1 << 20).await;
     let refused = Answer::model_not_allowed("gpt-4o");
     // The key's list refuses.
-    assert_answer(h.send(h.post("/v1/chat/completions", LISTED_KEY), CHAT_4O).await, &refused).await;
+    assert_answer(h.send(h.post_as("/v1/chat/completions", LISTED_KEY), CHAT_4O).await, &refused).await;
     // The organization's list refuses, the key having none.
-    assert_answer(h.send(h.post("/v1/chat/completions", STRICT_KEY), CHAT_4O).await, &refused).await;
+    assert_answer(h.send(h.post_as("/v1/chat/completions", STRICT_KEY), CHAT_4O).await, &refused).await;
     // Each list allows a model the other does not: both must allow it.
     assert_answer(
-        h.send(h.post("/v1/chat/completions", DISJOINT_KEY), CHAT_MINI).await,
+        h.send(h.post_as("/v1/chat/completions", DISJOINT_KEY), CHAT_MINI).await,
         &Answer::model_not_allowed("gpt-4o-mini"),
     )
     .await;
@@ -226,10 +163,10 @@ async fn a_model_no_list_allows_is_refused_403_before_the_provider_and_without_a
     assert!(h.mock.requests().is_empty(), "a refused model never reaches the provider");
 
     // What the lists allow goes through: an exact name, a prefix, and no list at all.
-    ok(h.send(h.post("/v1/chat/completions", LISTED_KEY), CHAT_MINI).await).await;
+    ok(h.send(h.post_as("/v1/chat/completions", LISTED_KEY), CHAT_MINI).await).await;
     ok(h.send(h.anthropic(http::Method::POST, "/v1/messages", LISTED_KEY), MESSAGES).await).await;
-    ok(h.send(h.post("/v1/chat/completions", STRICT_KEY), CHAT_MINI).await).await;
-    ok(h.send(h.post("/v1/chat/completions", OPEN_KEY), CHAT_4O).await).await;
+    ok(h.send(h.post_as("/v1/chat/completions", STRICT_KEY), CHAT_MINI).await).await;
+    ok(h.send(h.post_as("/v1/chat/completions", OPEN_KEY), CHAT_4O).await).await;
     // A request that names no model has nothing to refuse.
     let list =
         Request::get(format!("{}/v1/models", h.url)).header("authorization", format!("Bearer {LISTED_KEY}"));
@@ -255,7 +192,7 @@ async fn every_answer_of_the_gateway_on_an_anthropic_route_carries_anthropics_en
     let bare = Request::post(format!("{}/v1/messages", h.url)).header("x-api-key", UNKNOWN_KEY);
     assert_answer(h.send(bare, MESSAGES).await, &anthropic(Answer::invalid_api_key())).await;
     assert_answer(
-        h.send(h.post("/v1/chat/completions", UNKNOWN_KEY), CHAT_MINI).await,
+        h.send(h.post_as("/v1/chat/completions", UNKNOWN_KEY), CHAT_MINI).await,
         &Answer::invalid_api_key(),
     )
     .await;
@@ -288,7 +225,7 @@ async fn a_body_over_the_limit_on_an_anthropic_route_is_413_in_anthropics_envelo
     let h = Harness::start(64).await;
     let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", OPEN_KEY), &"x".repeat(65)).await;
     assert_answer(response, &Answer::request_too_large(64).shaped(WireShape::Anthropic)).await;
-    let response = h.send(h.post("/v1/chat/completions", OPEN_KEY), &"x".repeat(65)).await;
+    let response = h.send(h.post_as("/v1/chat/completions", OPEN_KEY), &"x".repeat(65)).await;
     assert_answer(response, &Answer::request_too_large(64)).await;
 }
 
@@ -316,7 +253,7 @@ async fn a_request_carrying_anthropic_version_goes_to_the_anthropic_credential_o
 async fn tags_reach_the_receipt_and_never_the_provider() {
     let h = Harness::start(1 << 20).await;
     let tagged = h
-        .post("/v1/chat/completions", OPEN_KEY)
+        .post_as("/v1/chat/completions", OPEN_KEY)
         .header("x-recovea-tags", "team=search, feature=autocomplete");
     ok(h.send(tagged, CHAT_MINI).await).await;
     let two_lines = h
@@ -324,7 +261,7 @@ async fn tags_reach_the_receipt_and_never_the_provider() {
         .header("x-recovea-tags", "team=ads")
         .header("x-recovea-tags", "env=prod/eu-1");
     ok(h.send(two_lines, MESSAGES).await).await;
-    ok(h.send(h.post("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await).await;
+    ok(h.send(h.post_as("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await).await;
     for request in h.mock.requests() {
         assert_eq!(request.header("x-recovea-tags"), None, "{}: tags forwarded", request.path);
         assert!(!request.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("x-recovea-tags")));
@@ -342,7 +279,7 @@ async fn tags_reach_the_receipt_and_never_the_provider() {
 #[tokio::test]
 async fn invalid_tags_are_a_400_that_says_why_before_the_provider_and_without_a_receipt() {
     let h = Harness::start(1 << 20).await;
-    let bad = h.post("/v1/chat/completions", OPEN_KEY).header("x-recovea-tags", "Team=search");
+    let bad = h.post_as("/v1/chat/completions", OPEN_KEY).header("x-recovea-tags", "Team=search");
     let expected =
         Answer::invalid_tags("the key 'Team' must be 1 to 32 characters of a-z, 0-9, '_', '-' and '.'");
     assert_answer(h.send(bad, CHAT_MINI).await, &expected).await;
@@ -350,13 +287,13 @@ async fn invalid_tags_are_a_400_that_says_why_before_the_provider_and_without_a_
     let expected = Answer::invalid_tags("the key 'a' is given twice").shaped(WireShape::Anthropic);
     assert_answer(h.send(twice, MESSAGES).await, &expected).await;
     let many = (0..11).map(|n| format!("k{n}=v")).collect::<Vec<_>>().join(",");
-    let too_many = h.post("/v1/chat/completions", OPEN_KEY).header("x-recovea-tags", many);
+    let too_many = h.post_as("/v1/chat/completions", OPEN_KEY).header("x-recovea-tags", many);
     assert_answer(h.send(too_many, CHAT_MINI).await, &Answer::invalid_tags("at most 10 tags")).await;
     // An unknown key is refused for its key first: tags are read only for an admitted caller.
-    let unknown = h.post("/v1/chat/completions", UNKNOWN_KEY).header("x-recovea-tags", "Team=x");
+    let unknown = h.post_as("/v1/chat/completions", UNKNOWN_KEY).header("x-recovea-tags", "Team=x");
     assert_answer(h.send(unknown, CHAT_MINI).await, &Answer::invalid_api_key()).await;
     assert!(h.mock.requests().is_empty(), "a refused request reached the provider");
-    ok(h.send(h.post("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await).await;
+    ok(h.send(h.post_as("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await).await;
     assert!(h.receipts(1).await[0].tags.is_empty(), "only the admitted request has a receipt");
 }
 
@@ -367,7 +304,7 @@ async fn an_armed_cap_that_cannot_confirm_its_spend_is_503_in_anthropics_envelop
     let expected =
         Answer::budget_unverifiable("organization", "month", "Monthly").shaped(WireShape::Anthropic);
     assert_answer(response, &expected).await;
-    let response = h.send(h.post("/v1/chat/completions", CAPPED_KEY), CHAT_MINI).await;
+    let response = h.send(h.post_as("/v1/chat/completions", CAPPED_KEY), CHAT_MINI).await;
     assert_answer(response, &Answer::budget_unverifiable("organization", "month", "Monthly")).await;
     assert!(h.mock.requests().is_empty());
 }

@@ -2,32 +2,21 @@
 //! front of the mock provider: what reached the provider (path, query, auth) and the receipts,
 //! their usage and cost exact.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use recovea_core::Timestamp;
+use http::{Response, StatusCode};
+use http_body_util::BodyExt;
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
-use recovea_core::receipt::Receipt;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
-use recovea_counters::{Counters, InProcess};
-use recovea_gateway::spool::Spool;
-use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
+use recovea_counters::InProcess;
+use recovea_gateway::GatewayConfig;
 use recovea_testkit::{Behaviour, MockProvider, RecordedRequest};
 use serde_json::json;
 
-#[path = "support/common.rs"]
-mod common;
+mod support;
 
-use common::{MemorySink, TempDir};
+use support::Harness;
 
 const KEY: &str = "rk_providers000000000000000000000000000000000001";
 /// Lists only `gpt-4o-mini`.
@@ -39,74 +28,28 @@ const MANAGED_GEMINI: &str = "AIza-managed-0123456789";
 const CHAT_MINI: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi"}]}"#;
 const GEMINI_BODY: &str = r#"{"contents":[{"role":"user","parts":[{"text":"Hi"}]}]}"#;
 
-struct Harness {
-    mock: MockProvider,
-    url: String,
-    client: Client<HttpConnector, Full<Bytes>>,
-    receipts: Arc<MemorySink>,
-    _gateway: Gateway,
-    _spool_dir: TempDir,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
 impl Harness {
     async fn start() -> Self {
         Self::start_with(true).await
     }
 
-    /// `installed`: whether the node has its state; without it every request fails open.
+    /// `installed`: whether the node has its state; without it every request fails open. Only
+    /// Gemini's default base URL is the mock's: the default OpenAI and Anthropic ones lead nowhere.
     async fn start_with(installed: bool) -> Self {
         let mock = MockProvider::start().await;
-        let config = GatewayConfig::new(GatewaySettings {
-            openai_base_url: "http://127.0.0.1:9".into(),
-            anthropic_base_url: "http://127.0.0.1:9".into(),
-            max_body_bytes: 1 << 20,
-            upstream_timeout: Duration::from_secs(30),
-            connect_timeout: Duration::from_millis(500),
-            body_read_timeout: Duration::from_secs(2),
-            counter_max_age: Duration::from_secs(60),
-        })
-        .expect("valid config")
-        .with_gemini_base_url(&mock.url())
-        .expect("valid URL");
-        let spool_dir = TempDir::new();
-        let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
-        let counters = Counters::new("node_test");
-        let gateway = Gateway::new(config, &spool, "node_test", Arc::clone(&counters));
-        let receipts = common::ship_to_memory(spool);
-        if installed {
-            gateway.install_snapshot(Arc::new(snapshot(&mock.url())));
-        }
-        let (url, stop) = common::serve(&gateway).await;
-        let client = Client::builder(TokioExecutor::new()).build_http();
-        counters
-            .sync_with(&InProcess::default(), Timestamp::from_system_time(std::time::SystemTime::now()))
-            .await
-            .expect("sync");
-        Self { mock, url, client, receipts, _gateway: gateway, _spool_dir: spool_dir, _stop: stop }
+        let config = GatewayConfig::new(support::settings("http://127.0.0.1:9"))
+            .expect("valid config")
+            .with_gemini_base_url(&mock.url())
+            .expect("valid URL");
+        let snapshot = installed.then(|| snapshot(&mock.url()));
+        let h = Self::serve(mock, config, snapshot).await;
+        h.confirm(&InProcess::default()).await;
+        h
     }
 
-    async fn post(&self, path: &str, auth: (&str, &str), body: &str) -> Response<hyper::body::Incoming> {
-        let request = Request::post(format!("{}{path}", self.url))
-            .header("content-type", "application/json")
-            .header(auth.0, auth.1)
-            .body(Full::new(Bytes::from(body.to_owned())))
-            .expect("request");
-        self.client.request(request).await.expect("gateway answers")
-    }
-
-    /// Waits (with a deadline) until `count` receipts have arrived; fails on more.
-    async fn receipts(&self, count: usize) -> Vec<Receipt> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let receipts = self.receipts.0.lock().expect("lock").clone();
-            if receipts.len() >= count {
-                assert_eq!(receipts.len(), count, "more receipts than admitted requests: {receipts:#?}");
-                return receipts;
-            }
-            assert!(std::time::Instant::now() < deadline, "only {} of {count} receipts", receipts.len());
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    /// POSTs `body` to `path` with the key in the header `auth` names.
+    async fn post_with(&self, path: &str, auth: (&str, &str), body: &str) -> Response<hyper::body::Incoming> {
+        self.send(self.post(path).header(auth.0, auth.1), body).await
     }
 
     fn last_request(&self) -> RecordedRequest {
@@ -151,7 +94,7 @@ fn carries_no_recovea_key(request: &RecordedRequest) {
 async fn an_azure_deployment_gets_the_managed_key_in_api_key_and_its_api_version() {
     let h = Harness::start().await;
     let path = "/openai/deployments/prod-chat/chat/completions?api-version=2024-10-21";
-    let text = body_text(h.post(path, ("api-key", KEY), CHAT_MINI).await).await;
+    let text = body_text(h.post_with(path, ("api-key", KEY), CHAT_MINI).await).await;
     assert!(text.contains("This is a mock response."), "{text}");
 
     let sent = h.last_request();
@@ -178,7 +121,7 @@ async fn an_azure_deployment_is_priced_by_the_model_its_answer_names() {
     // here a model's).
     let body = r#"{"messages":[{"role":"user","content":"Hi"}]}"#;
     let path = "/azure/openai/deployments/gpt-4o-mini/chat/completions?api-version=2024-10-21";
-    body_text(h.post(path, ("api-key", KEY), body).await).await;
+    body_text(h.post_with(path, ("api-key", KEY), body).await).await;
     assert_eq!(
         h.last_request().path,
         "/openai/deployments/gpt-4o-mini/chat/completions?api-version=2024-10-21"
@@ -192,7 +135,7 @@ async fn an_azure_stream_is_metered_and_its_usage_chunk_kept_from_a_client_that_
     let h = Harness::start().await;
     let body = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
     let path = "/openai/deployments/prod-chat/chat/completions?api-version=2024-10-21";
-    let text = body_text(h.post(path, ("api-key", KEY), body).await).await;
+    let text = body_text(h.post_with(path, ("api-key", KEY), body).await).await;
     assert!(!text.contains("\"usage\":{"), "the usage chunk the gateway asked for is removed: {text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
     let sent = h.last_request().body_json().expect("json");
@@ -206,8 +149,12 @@ async fn an_azure_stream_is_metered_and_its_usage_chunk_kept_from_a_client_that_
 async fn azure_v1_paths_are_reached_by_the_credentials_name() {
     let h = Harness::start().await;
     body_text(
-        h.post("/azure/openai/v1/chat/completions", ("authorization", &format!("Bearer {KEY}")), CHAT_MINI)
-            .await,
+        h.post_with(
+            "/azure/openai/v1/chat/completions",
+            ("authorization", &format!("Bearer {KEY}")),
+            CHAT_MINI,
+        )
+        .await,
     )
     .await;
     let sent = h.last_request();
@@ -221,7 +168,7 @@ async fn azure_v1_paths_are_reached_by_the_credentials_name() {
 async fn gemini_generate_content_gets_the_managed_key_never_the_clients_url_key() {
     let h = Harness::start().await;
     let path = "/v1beta/models/gemini-2.5-flash:generateContent?key=AIza-client-key";
-    let text = body_text(h.post(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
+    let text = body_text(h.post_with(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
     assert!(text.contains("\"modelVersion\":\"gemini-2.5-flash\""), "{text}");
     let sent = h.last_request();
     assert_eq!(sent.path, "/v1beta/models/gemini-2.5-flash:generateContent");
@@ -250,7 +197,7 @@ async fn a_gemini_sse_stream_reads_the_last_usage_thoughts_cache_and_tool_prompt
         "totalTokenCount": 1120
     })));
     let path = "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse";
-    let text = body_text(h.post(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
+    let text = body_text(h.post_with(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
     assert_eq!(text.matches("data: ").count(), 5, "{text}");
     assert!(h.last_request().path.ends_with("?alt=sse"));
     let receipt = &h.receipts(1).await[0];
@@ -268,7 +215,7 @@ async fn a_gemini_sse_stream_reads_the_last_usage_thoughts_cache_and_tool_prompt
 async fn a_gemini_stream_as_a_json_array_is_metered_too() {
     let h = Harness::start().await;
     let path = "/v1beta/models/gemini-2.5-flash:streamGenerateContent";
-    let text = body_text(h.post(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
+    let text = body_text(h.post_with(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
     assert!(text.starts_with('['), "{text}");
     let receipt = &h.receipts(1).await[0];
     assert_eq!((receipt.input_tokens, receipt.output_tokens, receipt.cost_usd), (2, 5, Nanos(13_100)));
@@ -279,7 +226,7 @@ async fn geminis_openai_compatible_endpoint_takes_an_openai_sdks_bearer_key() {
     let h = Harness::start().await;
     let body = r#"{"model":"gemini-2.5-flash","messages":[{"role":"user","content":"Hi"}]}"#;
     let bearer = format!("Bearer {KEY}");
-    body_text(h.post("/v1beta/openai/chat/completions", ("authorization", &bearer), body).await).await;
+    body_text(h.post_with("/v1beta/openai/chat/completions", ("authorization", &bearer), body).await).await;
     let sent = h.last_request();
     assert_eq!(sent.path, "/v1beta/openai/chat/completions");
     assert_eq!((sent.header("x-goog-api-key"), sent.header("authorization")), (Some(MANAGED_GEMINI), None));
@@ -291,7 +238,7 @@ async fn geminis_openai_compatible_endpoint_takes_an_openai_sdks_bearer_key() {
 async fn a_gemini_model_named_only_in_the_path_is_held_to_the_allowlist() {
     let h = Harness::start().await;
     let path = "/v1beta/models/gemini-2.5-pro:generateContent";
-    let response = h.post(path, ("x-goog-api-key", LISTED_KEY), GEMINI_BODY).await;
+    let response = h.post_with(path, ("x-goog-api-key", LISTED_KEY), GEMINI_BODY).await;
     assert_eq!(response.status(), StatusCode::FORBIDDEN);
     let body = response.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("model_not_allowed"));
@@ -303,13 +250,13 @@ async fn a_gemini_model_named_only_in_the_path_is_held_to_the_allowlist() {
 async fn failing_open_gemini_goes_to_the_nodes_gemini_base_url_and_azure_has_none() {
     let h = Harness::start_with(false).await;
     let path = "/v1beta/models/gemini-2.5-flash:generateContent?key=AIza-client-key";
-    body_text(h.post(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
+    body_text(h.post_with(path, ("x-goog-api-key", KEY), GEMINI_BODY).await).await;
     let sent = h.last_request();
     assert_eq!(sent.path, "/v1beta/models/gemini-2.5-flash:generateContent");
     assert_eq!(sent.header("x-goog-api-key"), None, "no managed key, and the Recovea key removed");
 
     let azure = "/openai/deployments/prod-chat/chat/completions?api-version=2024-10-21";
-    let response = h.post(azure, ("api-key", KEY), CHAT_MINI).await;
+    let response = h.post_with(azure, ("api-key", KEY), CHAT_MINI).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let body = response.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("provider_not_configured"));

@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use recovea_core::answer::WireShape;
 use recovea_core::caps::{Cap, Scope};
@@ -21,16 +20,14 @@ use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::usage::UsageSource;
 use recovea_core::window::Window;
 use recovea_core::{Answer, Timestamp};
-use recovea_counters::{Counters, InProcess};
-use recovea_gateway::spool::Spool;
-use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
+use recovea_counters::InProcess;
+use recovea_gateway::{GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider};
 use tokio::net::TcpListener;
 
-#[path = "support/common.rs"]
-mod common;
+mod support;
 
-use common::{MemorySink, TempDir};
+use support::Harness;
 
 const KEY: &str = "rk_live0000000000000000000000000000000000000001";
 const BYO_KEY: &str = "rk_byo00000000000000000000000000000000000000002";
@@ -42,26 +39,13 @@ const MANAGED_OPENAI: &str = "sk-managed-openai-0123456789";
 const MANAGED_ANTHROPIC: &str = "sk-ant-managed-0123456789";
 const MANAGED_GROQ: &str = "gsk-managed-0123456789";
 
-struct Harness {
-    mock: MockProvider,
-    gateway: Gateway,
-    url: String,
-    client: Client<HttpConnector, Full<Bytes>>,
-    receipts: Arc<MemorySink>,
-    counters: Arc<Counters>,
-    _spool_dir: TempDir,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
 fn config(openai: &str, anthropic: &str, max_body: u64, timeout: Duration) -> GatewayConfig {
     GatewayConfig::new(GatewaySettings {
         openai_base_url: openai.into(),
         anthropic_base_url: anthropic.into(),
         max_body_bytes: max_body,
         upstream_timeout: timeout,
-        connect_timeout: Duration::from_millis(500),
-        body_read_timeout: Duration::from_secs(2),
-        counter_max_age: Duration::from_secs(60),
+        ..support::settings(openai)
     })
     .expect("valid config")
 }
@@ -77,63 +61,10 @@ impl Harness {
         Self::with_caps(mock, config, install, Vec::new()).await
     }
 
-    /// A gateway whose snapshot gives org_acme `caps`; its counters are confirmed once at start.
+    /// A gateway whose snapshot (if `install`) gives org_acme `caps`; its counters unconfirmed.
     async fn with_caps(mock: MockProvider, config: GatewayConfig, install: bool, caps: Vec<Cap>) -> Self {
-        let spool_dir = TempDir::new();
-        let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
-        let counters = Counters::new("node_test");
-        let gateway = Gateway::new(config, &spool, "node_test", Arc::clone(&counters));
-        let receipts = common::ship_to_memory(spool);
-        if install {
-            gateway.install_snapshot(Arc::new(snapshot(&mock.url(), caps)));
-        }
-        let (url, stop) = common::serve(&gateway).await;
-        let client = Client::builder(TokioExecutor::new()).build_http();
-        Self { mock, gateway, url, client, receipts, counters, _spool_dir: spool_dir, _stop: stop }
-    }
-
-    /// Confirms the counters against an in-process store, as `serve`'s sync loop does.
-    async fn confirm(&self, store: &InProcess) {
-        self.counters
-            .sync_with(store, Timestamp::from_system_time(std::time::SystemTime::now()))
-            .await
-            .expect("sync");
-    }
-
-    /// Waits (with a deadline) until the provider has received `count` requests.
-    async fn forwarded(&self, count: usize) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while self.mock.requests().len() < count {
-            assert!(std::time::Instant::now() < deadline, "the provider never received the request");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
-    /// Waits (with a deadline) until `count` receipts have been delivered, and returns them.
-    async fn receipts(&self, count: usize) -> Vec<Receipt> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let receipts = self.receipts.0.lock().expect("lock").clone();
-            if receipts.len() >= count {
-                assert_eq!(receipts.len(), count, "more receipts than requests: {receipts:#?}");
-                return receipts;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "only {} of {count} receipts arrived",
-                receipts.len()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn send(&self, request: http::request::Builder, body: &str) -> Response<hyper::body::Incoming> {
-        let request = request.body(Full::new(Bytes::from(body.to_owned()))).expect("request");
-        self.client.request(request).await.expect("gateway answers")
-    }
-
-    fn post(&self, path: &str) -> http::request::Builder {
-        Request::post(format!("{}{path}", self.url)).header("content-type", "application/json")
+        let snapshot = install.then(|| snapshot(&mock.url(), caps));
+        Self::serve(mock, config, snapshot).await
     }
 }
 
@@ -200,8 +131,7 @@ fn assert_no_recovea_key(mock: &MockProvider) {
 #[tokio::test]
 async fn openai_route_swaps_in_the_managed_bearer_key() {
     let h = Harness::start().await;
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     assert_eq!(response.status(), StatusCode::OK);
     let request_id =
         response.headers().get("x-request-id").expect("request id").to_str().expect("text").to_owned();
@@ -241,9 +171,7 @@ async fn anthropic_route_uses_x_api_key() {
 #[tokio::test]
 async fn named_route_goes_to_that_credentials_base_url() {
     let h = Harness::start().await;
-    let response = h
-        .send(h.post("/groq/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT)
-        .await;
+    let response = h.send(h.post_as("/groq/v1/chat/completions", KEY), CHAT).await;
     // The mock has no `/groq/v1/...` endpoint: its 404 proves where the request went.
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     let seen = h.mock.requests();
@@ -310,7 +238,7 @@ async fn x_recovea_key_without_a_provider_key_uses_the_managed_one_or_is_refused
 async fn paths_that_climb_out_of_the_base_url_are_not_forwarded() {
     let h = Harness::start().await;
     for path in ["/groq/v1/../../secret", "/v1/%2e%2e/admin", "/groq/v1/a%2Fb"] {
-        let response = h.send(h.post(path).header("authorization", format!("Bearer {KEY}")), CHAT).await;
+        let response = h.send(h.post_as(path, KEY), CHAT).await;
         let status = response.status();
         assert_answer(status, &body_of(response).await, &Answer::unknown_route());
     }
@@ -355,12 +283,7 @@ async fn every_bad_key_gets_the_identical_401_and_nothing_is_forwarded() {
 #[tokio::test]
 async fn a_route_without_a_credential_is_refused_with_400() {
     let h = Harness::start().await;
-    let response = h
-        .send(
-            h.post("/v1/chat/completions").header("authorization", format!("Bearer {NO_CREDENTIALS_KEY}")),
-            CHAT,
-        )
-        .await;
+    let response = h.send(h.post_as("/v1/chat/completions", NO_CREDENTIALS_KEY), CHAT).await;
     let status = response.status();
     assert_answer(status, &body_of(response).await, &Answer::provider_not_configured("openai"));
     let response =
@@ -376,8 +299,7 @@ async fn bodies_over_the_limit_get_413_declared_or_streamed() {
     let cfg = config(&mock.url(), &mock.url(), 64, Duration::from_secs(5));
     let h = Harness::with_config(mock, cfg, true).await;
     let big = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#, "x".repeat(100));
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), &big).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), &big).await;
     let status = response.status();
     assert_answer(status, &body_of(response).await, &Answer::request_too_large(64));
 
@@ -443,8 +365,7 @@ async fn unreachable_provider_is_502_and_tls_failure_too() {
     );
     let h = Harness::with_config(mock, cfg, true).await;
     // The snapshot's credentials use the node defaults for openai and anthropic.
-    let refused =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let refused = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     let status = refused.status();
     assert_answer(status, &body_of(refused).await, &Answer::upstream_unreachable());
     // TLS spoken to a plain-HTTP port fails the handshake.
@@ -473,8 +394,7 @@ async fn a_stalled_tls_handshake_or_a_dns_failure_is_502() {
     );
     let h = Harness::with_config(mock, cfg, true).await;
     let started = std::time::Instant::now();
-    let stalled =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let stalled = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     let status = stalled.status();
     assert_answer(status, &body_of(stalled).await, &Answer::upstream_unreachable());
     assert!(
@@ -527,8 +447,7 @@ async fn no_response_headers_within_the_timeout_is_504() {
     let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_millis(200));
     let h = Harness::with_config(mock, cfg, true).await;
     h.mock.script(Behaviour::default().delay_ms(5_000));
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     let status = response.status();
     assert_answer(status, &body_of(response).await, &Answer::upstream_timeout());
 }
@@ -540,8 +459,7 @@ async fn provider_errors_come_back_unchanged() {
     h.mock.script(
         Behaviour::error(429).body(error.clone()).header("retry-after", "7").header("x-custom", "kept"),
     );
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(response.headers().get("retry-after").expect("kept"), "7");
     assert_eq!(response.headers().get("x-custom").expect("kept"), "kept");
@@ -560,8 +478,7 @@ async fn hop_by_hop_headers_do_not_cross() {
     );
     let response = h
         .send(
-            h.post("/v1/chat/completions")
-                .header("authorization", format!("Bearer {KEY}"))
+            h.post_as("/v1/chat/completions", KEY)
                 .header("connection", "keep-alive, x-connection-private")
                 .header("x-connection-private", "1")
                 .header("proxy-authorization", "Basic abc")
@@ -588,8 +505,7 @@ async fn streams_pass_through_event_by_event() {
     // Ten seconds between events: a buffering proxy could not deliver the first one in time.
     h.mock.script(Behaviour::default().chunk_delay_ms(10_000));
     let stream = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), stream).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(
         response
@@ -655,8 +571,7 @@ async fn without_a_snapshot_requests_fail_open_with_the_key_stripped() {
 #[tokio::test]
 async fn unknown_paths_are_404_and_health_endpoints_answer() {
     let h = Harness::start().await;
-    let response =
-        h.send(h.post("/v2/whatever").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let response = h.send(h.post_as("/v2/whatever", KEY), CHAT).await;
     let status = response.status();
     assert_answer(status, &body_of(response).await, &Answer::unknown_route());
     for path in ["/healthz", "/readyz"] {
@@ -951,9 +866,7 @@ async fn a_chat_completion_gets_an_exact_receipt() {
         "completion_tokens_details": {"reasoning_tokens": 50}
     })));
     let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"Say hello"}]}"#;
-    let response = h
-        .send(h.post("/v1/chat/completions?x=1").header("authorization", format!("Bearer {KEY}")), body)
-        .await;
+    let response = h.send(h.post_as("/v1/chat/completions?x=1", KEY), body).await;
     let id = request_id(&response);
     body_of(response).await;
     let receipts = h.receipts(1).await;
@@ -982,8 +895,7 @@ async fn a_stream_that_did_not_ask_for_usage_is_metered_without_showing_it() {
     let h = Harness::start().await;
     let stream =
         r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Say hello"}]}"#;
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), stream).await;
     let id = request_id(&response);
     let text = String::from_utf8(body_of(response).await.to_vec()).expect("utf-8");
     assert!(!text.contains("\"prompt_tokens\""), "the client did not ask for usage: {text}");
@@ -1006,8 +918,7 @@ async fn a_stream_that_did_not_ask_for_usage_is_metered_without_showing_it() {
 async fn a_stream_that_asked_for_usage_gets_it() {
     let h = Harness::start().await;
     let stream = r#"{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Hi"}]}"#;
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), stream).await;
     let text = String::from_utf8(body_of(response).await.to_vec()).expect("utf-8");
     assert!(text.contains("\"prompt_tokens\":2"), "{text}");
     assert_eq!(h.receipts(1).await[0].input_tokens, 2);
@@ -1036,8 +947,7 @@ async fn a_cut_stream_still_gets_an_estimated_receipt() {
     let h = Harness::start().await;
     h.mock.script(Behaviour::default().cut_after_events(3));
     let stream = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Say hello to everyone"}]}"#;
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), stream).await;
     assert!(response.into_body().collect().await.is_err());
     let r = h.receipts(1).await.remove(0);
     assert_eq!(r.usage_source, UsageSource::Estimated);
@@ -1053,8 +963,7 @@ async fn a_client_that_hangs_up_mid_stream_still_gets_its_receipt() {
     let h = Harness::start().await;
     h.mock.script(Behaviour::default().chunk_delay_ms(2_000));
     let stream = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), stream).await;
     let mut body = response.into_body();
     body.frame().await.expect("a first frame").expect("data");
     drop(body);
@@ -1066,14 +975,11 @@ async fn a_client_that_hangs_up_mid_stream_still_gets_its_receipt() {
 async fn provider_errors_cost_nothing_and_unpriced_models_cost_the_fallback() {
     let h = Harness::start().await;
     h.mock.script(Behaviour::error(500));
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     body_of(response).await;
     let unpriced = r#"{"model":"mystery-model-9","messages":[{"role":"user","content":"Hi"}]}"#;
-    let response = h
-        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), unpriced)
-        .await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), unpriced).await;
     body_of(response).await;
     let receipts = h.receipts(2).await;
     let error = receipts.iter().find(|r| r.status == 500).expect("the error's receipt");
@@ -1094,19 +1000,11 @@ async fn refusals_and_fail_open_passes_write_no_receipt_but_admitted_failures_do
     let mock = MockProvider::start().await;
     let cfg = config(&format!("http://{closed}"), &mock.url(), 1 << 20, Duration::from_secs(5));
     let h = Harness::with_config(mock, cfg, true).await;
-    let response = h
-        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {UNKNOWN_KEY}")), CHAT)
-        .await;
+    let response = h.send(h.post_as("/v1/chat/completions", UNKNOWN_KEY), CHAT).await;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
-    let response = h
-        .send(
-            h.post("/v1/chat/completions").header("authorization", format!("Bearer {NO_CREDENTIALS_KEY}")),
-            CHAT,
-        )
-        .await;
+    let response = h.send(h.post_as("/v1/chat/completions", NO_CREDENTIALS_KEY), CHAT).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
     let receipts = h.receipts(1).await;
     assert_eq!((receipts[0].status, receipts[0].cost_usd.0), (502, 0));
@@ -1165,15 +1063,12 @@ async fn sequential_requests_are_refused_exactly_at_the_line() {
     h.mock.script(Behaviour::default().usage(serde_json::from_str(COSTLY).expect("json")).times(10));
     let chat = r#"{"model":"gpt-4o-mini","max_tokens":10,"messages":[{"role":"user","content":"Hi"}]}"#;
     for n in 1..=3 {
-        let response = h
-            .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), chat)
-            .await;
+        let response = h.send(h.post_as("/v1/chat/completions", KEY), chat).await;
         assert_eq!(response.status(), StatusCode::OK, "request {n} is under the line");
         body_of(response).await;
     }
     // Three requests spent exactly the limit: the fourth is refused without reaching the provider.
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), chat).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), chat).await;
     let (status, headers) = (response.status(), response.headers().clone());
     assert_refusal(
         status,
@@ -1193,8 +1088,7 @@ async fn an_armed_cap_that_cannot_confirm_its_spend_answers_503_and_a_soft_cap_n
     // Never confirmed: the node has not synced its counters once.
     let caps = vec![cap("cap_day", Scope::Key, Window::Day, "100", true)];
     let h = Harness::with_caps(mock, cfg, true, caps).await;
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     let (status, headers) = (response.status(), response.headers().clone());
     assert_refusal(
         status,
@@ -1205,16 +1099,14 @@ async fn an_armed_cap_that_cannot_confirm_its_spend_answers_503_and_a_soft_cap_n
     assert!(h.mock.requests().is_empty(), "the provider is never called for a refused request");
     // It clears by itself once the counters are confirmed.
     h.confirm(&InProcess::default()).await;
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     assert_eq!(response.status(), StatusCode::OK);
 
     let mock = MockProvider::start().await;
     let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_secs(5));
     let soft = vec![cap("cap_soft", Scope::Organization, Window::Week, "0", false)];
     let h = Harness::with_caps(mock, cfg, true, soft).await;
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     assert_eq!(
         response.status(),
         StatusCode::OK,
@@ -1225,16 +1117,12 @@ async fn an_armed_cap_that_cannot_confirm_its_spend_answers_503_and_a_soft_cap_n
 #[tokio::test]
 async fn a_refused_request_keeps_its_connection_unless_its_body_is_too_big_to_read() {
     let h = Harness::start().await;
-    let response = h
-        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {UNKNOWN_KEY}")), CHAT)
-        .await;
+    let response = h.send(h.post_as("/v1/chat/completions", UNKNOWN_KEY), CHAT).await;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(response.headers().get("connection"), None, "a small body is read, the connection stays");
     let big =
         format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#, "x".repeat(200_000));
-    let response = h
-        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {UNKNOWN_KEY}")), &big)
-        .await;
+    let response = h.send(h.post_as("/v1/chat/completions", UNKNOWN_KEY), &big).await;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(response.headers().get("connection").expect("connection header"), "close");
 }
@@ -1243,18 +1131,11 @@ async fn a_refused_request_keeps_its_connection_unless_its_body_is_too_big_to_re
 async fn a_key_over_its_rate_limit_gets_429_saying_when_to_retry() {
     let h = Harness::start().await;
     for _ in 0..2 {
-        let response = h
-            .send(
-                h.post("/v1/chat/completions").header("authorization", format!("Bearer {LIMITED_KEY}")),
-                CHAT,
-            )
-            .await;
+        let response = h.send(h.post_as("/v1/chat/completions", LIMITED_KEY), CHAT).await;
         assert_eq!(response.status(), StatusCode::OK);
         body_of(response).await;
     }
-    let response = h
-        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {LIMITED_KEY}")), CHAT)
-        .await;
+    let response = h.send(h.post_as("/v1/chat/completions", LIMITED_KEY), CHAT).await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     let wait_ms: u64 = response
         .headers()
@@ -1270,8 +1151,7 @@ async fn a_key_over_its_rate_limit_gets_429_saying_when_to_retry() {
     assert_answer(status, &body_of(response).await, &Answer::rate_limited(wait_ms));
     assert_eq!(h.mock.requests().len(), 2, "a rate-limited request is not forwarded");
     // Other keys are not held back by this one's limit.
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), CHAT).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), CHAT).await;
     assert_eq!(response.status(), StatusCode::OK);
 }
 
@@ -1279,7 +1159,7 @@ async fn a_key_over_its_rate_limit_gets_429_saying_when_to_retry() {
 async fn a_client_gone_before_the_answer_still_gets_a_receipt() {
     let h = Harness::start().await;
     h.mock.script(Behaviour::default().delay_ms(30_000));
-    let request = h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}"));
+    let request = h.post_as("/v1/chat/completions", KEY);
     // The client gives up once the provider has its request, long before the answer.
     let gone = tokio::select! {
         _ = h.send(request, CHAT) => false,
@@ -1296,7 +1176,7 @@ async fn spend_already_in_flight_counts_against_a_cap_created_meanwhile() {
     let h = Harness::start().await;
     h.mock.script(Behaviour::default().delay_ms(1_000).usage(serde_json::from_str(COSTLY).expect("json")));
     let chat = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi"}]}"#;
-    let request = h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}"));
+    let request = h.post_as("/v1/chat/completions", KEY);
     let in_flight = h.send(request, chat);
     let add_cap = async {
         // The request is admitted with no cap; one arrives while the provider works.
@@ -1356,8 +1236,7 @@ async fn a_stream_whose_provider_stalls_is_cut_and_gets_an_estimated_receipt() {
     let h = stalling(Vec::new()).await;
     h.mock.script(Behaviour::default().stall_after_events(2));
     let stream = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
-    let response =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stream).await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), stream).await;
     assert_eq!(response.status(), StatusCode::OK);
     let (data, clean) = read_until_cut(response.into_body()).await;
     assert!(!clean, "the client sees the stream cut, not ended");
@@ -1379,15 +1258,12 @@ async fn a_stalled_stream_releases_its_reservation() {
     h.mock.script(Behaviour::default().stall_after_events(1));
     let stalled = r#"{"model":"gpt-4o-mini","stream":true,"max_tokens":100000,"messages":[{"role":"user","content":"Hi"}]}"#;
     let chat = r#"{"model":"gpt-4o-mini","max_tokens":10,"messages":[{"role":"user","content":"Hi"}]}"#;
-    let response = h
-        .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), stalled)
-        .await;
+    let response = h.send(h.post_as("/v1/chat/completions", KEY), stalled).await;
     assert_eq!(response.status(), StatusCode::OK);
     let mut stalled_body = response.into_body();
     stalled_body.frame().await.expect("a first event").expect("data");
     // While the stream holds its reservation, the cap refuses.
-    let refused =
-        h.send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), chat).await;
+    let refused = h.send(h.post_as("/v1/chat/completions", KEY), chat).await;
     let (status, headers) = (refused.status(), refused.headers().clone());
     assert_refusal(
         status,
@@ -1400,9 +1276,7 @@ async fn a_stalled_stream_releases_its_reservation() {
     assert!(!clean);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let response = h
-            .send(h.post("/v1/chat/completions").header("authorization", format!("Bearer {KEY}")), chat)
-            .await;
+        let response = h.send(h.post_as("/v1/chat/completions", KEY), chat).await;
         let status = response.status();
         body_of(response).await;
         if status == StatusCode::OK {

@@ -20,14 +20,13 @@ use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_counters::{Counters, RateShare, RedisRateShare};
 use recovea_gateway::spool::Spool;
-use recovea_gateway::{Gateway, GatewayConfig, GatewaySettings};
+use recovea_gateway::{Gateway, GatewayConfig};
 use recovea_testkit::MockProvider;
 use tokio::net::TcpListener;
 
-#[path = "support/common.rs"]
-mod common;
+mod support;
 
-use common::TempDir;
+use support::TempDir;
 
 const LIMITED_KEY: &str = "rk_limited00000000000000000000000000000000000006";
 const PER_MINUTE: u32 = 10;
@@ -49,16 +48,7 @@ struct Node {
 
 impl Node {
     async fn start(name: &str, mock: &MockProvider, share: Arc<dyn RateShare>) -> Self {
-        let config = GatewayConfig::new(GatewaySettings {
-            openai_base_url: mock.url(),
-            anthropic_base_url: mock.url(),
-            max_body_bytes: 1024 * 1024,
-            upstream_timeout: Duration::from_secs(30),
-            connect_timeout: Duration::from_millis(500),
-            body_read_timeout: Duration::from_secs(2),
-            counter_max_age: Duration::from_secs(60),
-        })
-        .expect("valid config");
+        let config = GatewayConfig::new(support::settings(&mock.url())).expect("valid config");
         let spool_dir = TempDir::new();
         let spool = Arc::new(Spool::open(&spool_dir.0).expect("spool"));
         let gateway = Gateway::new(config, &spool, name, Counters::new(name));

@@ -704,6 +704,32 @@ fn alerts_section(data: &OrgData) -> Markup {
     }
 }
 
+/// Puts the form's `field` into `body` if the form gave it: an empty field is left for the API's
+/// default.
+fn insert_if_given(body: &mut Map<String, Value>, form: &Form, field: &str) {
+    if !form.text(field).is_empty() {
+        body.insert(field.into(), json!(form.text(field)));
+    }
+}
+
+/// Answers a form of `org`'s page: back to its `section` once the API took it, or the page again
+/// with the refusal shown on the form called `form_name`.
+async fn back_to_org(
+    control: &ConsoleApi<'_>,
+    visit: &Visit,
+    org: &str,
+    section: &str,
+    (form_name, form): (&str, &Form),
+    result: Result<Value, Refusal>,
+) -> Response<Full<Bytes>> {
+    match result {
+        Ok(_) => redirect(&format!("/orgs/{}#{section}", encode(org))),
+        Err(refusal) => {
+            org_page(control, visit, org, Some(&Refused::new(form_name, form, refusal)), None).await
+        }
+    }
+}
+
 async fn create_cap(
     control: &ConsoleApi<'_>,
     visit: &Visit,
@@ -712,9 +738,7 @@ async fn create_cap(
 ) -> Response<Full<Bytes>> {
     let mut body = Map::new();
     body.insert("scope".into(), json!(form.text("scope")));
-    if !form.text("key_id").is_empty() {
-        body.insert("key_id".into(), json!(form.text("key_id")));
-    }
+    insert_if_given(&mut body, form, "key_id");
     body.insert("window".into(), json!(form.text("window")));
     body.insert("limit_usd".into(), json!(form.text("limit_usd")));
     body.insert("hard_stop".into(), json!(form.text("hard_stop") == "true"));
@@ -725,15 +749,9 @@ async fn create_cap(
             serde_json::from_str::<Value>(&format!("[{alert_at}]")).unwrap_or_else(|_| json!(alert_at));
         body.insert("alert_at".into(), parsed);
     }
-    if !form.text("alert_webhook").is_empty() {
-        body.insert("alert_webhook".into(), json!(form.text("alert_webhook")));
-    }
-    match control.api_json(Method::POST, &["orgs", org, "caps"], "", Some(Value::Object(body))).await {
-        Ok(_) => redirect(&format!("/orgs/{}#caps", encode(org))),
-        Err(refusal) => {
-            org_page(control, visit, org, Some(&Refused::new("new-cap", form, refusal)), None).await
-        }
-    }
+    insert_if_given(&mut body, form, "alert_webhook");
+    let result = control.api_json(Method::POST, &["orgs", org, "caps"], "", Some(Value::Object(body))).await;
+    back_to_org(control, visit, org, "caps", ("new-cap", form), result).await
 }
 
 async fn cap_action(
@@ -767,10 +785,7 @@ async fn cap_action(
         Some("delete") => control.api_json(Method::DELETE, &["caps", cap], "", None).await,
         Some(_) => return page(StatusCode::NOT_FOUND, message("No such page.", Some(&visit.csrf))),
     };
-    match result {
-        Ok(_) => redirect(&format!("/orgs/{}#caps", encode(&org))),
-        Err(refusal) => org_page(control, visit, &org, Some(&Refused::new(cap, form, refusal)), None).await,
-    }
+    back_to_org(control, visit, &org, "caps", (cap, form), result).await
 }
 
 async fn create_key(
@@ -846,20 +861,12 @@ async fn put_provider(
 ) -> Response<Full<Bytes>> {
     let mut body = Map::new();
     body.insert("kind".into(), json!(form.text("kind")));
-    if !form.text("base_url").is_empty() {
-        body.insert("base_url".into(), json!(form.text("base_url")));
-    }
+    insert_if_given(&mut body, form, "base_url");
     body.insert("api_key".into(), json!(form.get("api_key").unwrap_or("")));
     let name = form.text("name");
-    match control
-        .api_json(Method::PUT, &["orgs", org, "providers", name], "", Some(Value::Object(body)))
-        .await
-    {
-        Ok(_) => redirect(&format!("/orgs/{}#providers", encode(org))),
-        Err(refusal) => {
-            org_page(control, visit, org, Some(&Refused::new("provider", form, refusal)), None).await
-        }
-    }
+    let result =
+        control.api_json(Method::PUT, &["orgs", org, "providers", name], "", Some(Value::Object(body))).await;
+    back_to_org(control, visit, org, "providers", ("provider", form), result).await
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1174,9 +1181,7 @@ async fn prices_page(
 
 async fn put_price(control: &ConsoleApi<'_>, visit: &Visit, form: &Form) -> Response<Full<Bytes>> {
     let mut body = Map::new();
-    if !form.text("kind").is_empty() {
-        body.insert("kind".into(), json!(form.text("kind")));
-    }
+    insert_if_given(&mut body, form, "kind");
     for (field, _) in PRICE_FIELDS {
         if !form.text(field).is_empty() || field.starts_with("input") || field.starts_with("output") {
             body.insert(field.into(), json!(form.text(field)));
@@ -1261,5 +1266,15 @@ mod tests {
         };
         let refused = Refused::new("provider", &form, refusal);
         assert!(refused.sent.iter().all(|(_, v)| v != "sk-secret" && v != "x"));
+    }
+
+    #[test]
+    fn a_form_field_left_empty_is_left_out_of_the_body() {
+        let form = Form(crate::admin::query::Params::parse("key_id=key_1&base_url=+&kind=").expect("parses"));
+        let mut body = Map::new();
+        for field in ["key_id", "base_url", "kind", "absent"] {
+            insert_if_given(&mut body, &form, field);
+        }
+        assert_eq!(Value::Object(body), json!({ "key_id": "key_1" }));
     }
 }
