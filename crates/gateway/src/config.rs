@@ -37,6 +37,8 @@ pub struct GatewayConfig {
     pub(crate) network: ProviderNetwork,
     pub(crate) max_connections: usize,
     pub(crate) release_freed_memory: fn(),
+    /// Where traces go; `None`: traces are off.
+    pub(crate) traces: Option<crate::trace::TraceSettings>,
 }
 
 /// How long a fail-open reason stays quiet after its alarm, unless [`GatewayConfig::with_alarm`]
@@ -83,7 +85,16 @@ impl GatewayConfig {
             network: ProviderNetwork::default(),
             max_connections: default_max_connections(None),
             release_freed_memory: || {},
+            traces: None,
         })
+    }
+
+    /// Exports a span per request, with a child per phase, to the OTLP/HTTP collector at
+    /// `endpoint` (`http://collector:4318`, or the full URL of its traces endpoint), under
+    /// `service_name` ([`crate::DEFAULT_SERVICE_NAME`] by default).
+    pub fn with_traces(mut self, endpoint: &str, service_name: Option<&str>) -> Result<Self, ConfigError> {
+        self.traces = Some(crate::trace::TraceSettings::new(endpoint, service_name).map_err(ConfigError)?);
+        Ok(self)
     }
 
     /// How the process's allocator gives back at once what the thread calling it freed: called on

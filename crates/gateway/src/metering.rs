@@ -42,6 +42,8 @@ pub(crate) struct Metered {
     /// Settles what admission took on account with the receipt's cost and tokens (input + output):
     /// the spend-cap reservation and the key's token lane.
     pub(crate) settle: Option<Settle>,
+    /// Where a traced request's span learns the receipt's tokens and cost.
+    pub(crate) trace: crate::trace::UsageSlot,
 }
 
 /// How many unpriced model names are remembered as already alarmed about.
@@ -95,6 +97,12 @@ impl Meter {
             let tokens = settled.usage.input_tokens.saturating_add(settled.usage.output_tokens);
             settle(settled.cost, tokens, request.started_at);
         }
+        crate::trace::usage_known(&request.trace, || crate::trace::KnownUsage {
+            model: model.clone(),
+            input_tokens: settled.usage.input_tokens,
+            output_tokens: settled.usage.output_tokens,
+            cost: settled.cost,
+        });
         let finished_at = Timestamp::from_system_time(SystemTime::now());
         self.spool.send(self.receipt(request, model, status, settled, finished_at));
     }

@@ -60,7 +60,7 @@ impl Outcome {
         Self::InvalidTags,
     ];
 
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Forwarded => "forwarded",
             Self::FailOpen => "fail_open",
