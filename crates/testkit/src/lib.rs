@@ -82,6 +82,7 @@
 mod anthropic;
 mod body;
 mod openai;
+pub mod otlp;
 pub mod proxy;
 mod request;
 mod script;
