@@ -595,6 +595,44 @@ mod tests {
     }
 
     #[test]
+    fn off_is_an_empty_option_and_nothing_more() {
+        // A niche-optimised `Option<Box<_>>`: one word, and the request path branches on it alone.
+        assert_eq!(std::mem::size_of::<Trace>(), std::mem::size_of::<usize>());
+        let mut trace = Trace::begin(None, &HeaderMap::new());
+        trace.start(Phase::Admit);
+        trace.request("/v1/chat/completions", Some("gpt-4o-mini"));
+        assert!(trace.0.is_none());
+        assert!(trace.usage_slot().is_none());
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_instead_of_waiting() {
+        let settings = TraceSettings::new("http://127.0.0.1:4318", None).expect("valid");
+        let tracer = Arc::new(Tracer::new(settings));
+        // Nothing exports: the queue holds QUEUE_REQUESTS requests, then drops their spans.
+        for _ in 0..QUEUE_REQUESTS + 3 {
+            let trace = Box::new(RequestTrace::new(&tracer, &HeaderMap::new()));
+            trace.send(SystemTime::now(), 200);
+        }
+        let mut metrics = String::new();
+        tracer.render_metrics(&mut metrics);
+        assert!(metrics.contains("\nrecovea_trace_spans_dropped_total 3\n"), "{metrics}");
+    }
+
+    #[test]
+    fn a_request_without_traceparent_is_a_root_and_with_one_a_child() {
+        let settings = TraceSettings::new("http://127.0.0.1:4318", None).expect("valid");
+        let tracer = Arc::new(Tracer::new(settings));
+        let mut headers = HeaderMap::new();
+        let trace = RequestTrace::new(&tracer, &headers);
+        assert!(trace.parent.is_none());
+        assert_ne!(trace.trace_id, TraceId::INVALID);
+        headers.insert("traceparent", http::HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"));
+        let trace = RequestTrace::new(&tracer, &headers);
+        assert_eq!(trace.trace_id, TraceId::from(0x4bf92f3577b34da6a3ce929d0e0e4736));
+    }
+
+    #[test]
     fn an_endpoint_without_a_path_gets_the_traces_path() {
         let settings = TraceSettings::new("http://collector:4318", None).expect("valid");
         assert_eq!(settings.endpoint().to_string(), "http://collector:4318/v1/traces");
