@@ -627,7 +627,10 @@ mod tests {
         let trace = RequestTrace::new(&tracer, &headers);
         assert!(trace.parent.is_none());
         assert_ne!(trace.trace_id, TraceId::INVALID);
-        headers.insert("traceparent", http::HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"));
+        headers.insert(
+            "traceparent",
+            http::HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"),
+        );
         let trace = RequestTrace::new(&tracer, &headers);
         assert_eq!(trace.trace_id, TraceId::from(0x4bf92f3577b34da6a3ce929d0e0e4736));
     }
