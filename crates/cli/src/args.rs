@@ -117,6 +117,13 @@ pub(crate) struct GatewayArgs {
     /// outcome, tokens, cost, time to first byte and total time. `false` turns it off.
     #[arg(long, env = "RECOVEA_ACCESS_LOG", default_value_t = true, action = clap::ArgAction::Set)]
     access_log: bool,
+    /// Sends a trace of each request (a span with a child per phase) to this OTLP/HTTP collector
+    /// (`http://collector:4318`, or the full URL of its traces endpoint). Off without it.
+    #[arg(long, env = "RECOVEA_OTLP_ENDPOINT", hide_env_values = true)]
+    otlp_endpoint: Option<String>,
+    /// The `service.name` of the traces.
+    #[arg(long, env = "RECOVEA_OTLP_SERVICE_NAME", default_value = recovea_gateway::DEFAULT_SERVICE_NAME)]
+    otlp_service_name: String,
 }
 
 impl GatewayArgs {
@@ -139,6 +146,10 @@ impl GatewayArgs {
         })
         .map(|config| config.with_memory_release(crate::allocator::release_freed_memory))
         .map(|config| config.with_access_log(self.access_log))
+        .and_then(|config| match self.otlp_endpoint.as_deref() {
+            Some(endpoint) => config.with_traces(endpoint, Some(&self.otlp_service_name)),
+            None => Ok(config),
+        })
         .map_err(|e| e.to_string())
         .and_then(|config| Ok(config.with_network(self.network()?)))
     }

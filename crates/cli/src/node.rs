@@ -61,6 +61,8 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let server = recovea_gateway::Server::start(&gateway, listener)
         .map_err(|e| format!("starting the gateway's connection threads: {e}"))?;
     let server = tokio::spawn(server.serve(stop.stopped()));
+    // Stops with the shipper, after the drained requests queued their spans.
+    let tracer = gateway.export_traces(stop_shipping.stopped()).map(tokio::spawn);
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     stop.stop();
@@ -71,5 +73,8 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     spool.sync().await;
     stop_shipping.stop();
     let _ = shipper.await;
+    if let Some(tracer) = tracer {
+        let _ = tracer.await;
+    }
     Ok(())
 }

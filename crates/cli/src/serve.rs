@@ -117,6 +117,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let node = recovea_gateway::Server::start(&gateway, gateway_listener)
         .map_err(|e| format!("starting the gateway's connection threads: {e}"))?;
     let node = tokio::spawn(node.serve(stop.stopped()));
+    // Stops with the shipper, after the drained requests queued their spans.
+    let tracer = gateway.export_traces(stop_shipping.stopped()).map(tokio::spawn);
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     stop.stop();
@@ -128,6 +130,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     spool.sync().await;
     stop_shipping.stop();
     let _ = shipper.await;
+    if let Some(tracer) = tracer {
+        let _ = tracer.await;
+    }
     Ok(())
 }
 

@@ -39,6 +39,8 @@ pub struct GatewayConfig {
     pub(crate) max_connections: usize,
     pub(crate) release_freed_memory: fn(),
     pub(crate) access_log: bool,
+    /// Where traces go; `None`: traces are off.
+    pub(crate) traces: Option<crate::trace::TraceSettings>,
 }
 
 /// Where credentials of kind `gemini` without a base URL go, unless
@@ -91,7 +93,16 @@ impl GatewayConfig {
             max_connections: default_max_connections(None),
             release_freed_memory: || {},
             access_log: true,
+            traces: None,
         })
+    }
+
+    /// Exports a span per request, with a child per phase, to the OTLP/HTTP collector at
+    /// `endpoint` (`http://collector:4318`, or the full URL of its traces endpoint), under
+    /// `service_name` ([`crate::DEFAULT_SERVICE_NAME`] by default).
+    pub fn with_traces(mut self, endpoint: &str, service_name: Option<&str>) -> Result<Self, ConfigError> {
+        self.traces = Some(crate::trace::TraceSettings::new(endpoint, service_name).map_err(ConfigError)?);
+        Ok(self)
     }
 
     /// How the process's allocator gives back at once what the thread calling it freed: called on

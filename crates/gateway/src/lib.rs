@@ -25,6 +25,7 @@ mod server;
 pub mod spool;
 mod stall;
 mod throttled;
+mod trace;
 mod upstream;
 
 pub use config::{
@@ -36,6 +37,7 @@ pub use feed::follow_feed;
 pub use metrics::Outcome;
 pub use node::{Gateway, Readiness};
 pub use server::{Server, serve};
+pub use trace::DEFAULT_SERVICE_NAME;
 pub use upstream::egress::Egress;
 pub use upstream::{DEFAULT_HTTP2_CONNECTIONS, DEFAULT_STREAM_IDLE_TIMEOUT, ProviderNetwork};
 

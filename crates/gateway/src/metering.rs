@@ -44,6 +44,8 @@ pub(crate) struct Metered {
     /// the spend-cap reservation and the key's token lane.
     pub(crate) settle: Option<Settle>,
     pub(crate) timing: Timing,
+    /// Where a traced request's span learns the receipt's tokens and cost.
+    pub(crate) trace: crate::trace::UsageSlot,
 }
 
 /// When a metered request was received, sent and first answered, for its access-log line and
@@ -115,6 +117,12 @@ impl Meter {
             let tokens = settled.usage.input_tokens.saturating_add(settled.usage.output_tokens);
             settle(settled.cost, tokens, request.started_at);
         }
+        crate::trace::usage_known(&request.trace, || crate::trace::KnownUsage {
+            model: model.clone(),
+            input_tokens: settled.usage.input_tokens,
+            output_tokens: settled.usage.output_tokens,
+            cost: settled.cost,
+        });
         let finished_at = Timestamp::from_system_time(SystemTime::now());
         let (kind, timing) = (request.kind, request.timing);
         let receipt = self.receipt(request, model, status, settled, finished_at);

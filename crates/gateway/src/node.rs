@@ -14,7 +14,7 @@ use recovea_core::caps::Cap;
 use recovea_counters::{CapWindow, Counters, RateShare};
 
 use crate::config::GatewayConfig;
-use crate::{alarm, metering, metrics, ratelimit, spool, upstream};
+use crate::{alarm, metering, metrics, ratelimit, spool, trace, upstream};
 
 /// Whether a node can decide requests, and if not, what it waits for (its `/readyz`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     /// Wakes the connections waiting for a next request when the bound on connections nears:
     /// they close, to make room (see [`crate::server`]).
     pub(crate) shed_idle: tokio::sync::Notify,
+    /// Where requests' spans go; `None` when traces are off.
+    pub(crate) tracer: Option<Arc<trace::Tracer>>,
 }
 
 impl Gateway {
@@ -62,6 +64,7 @@ impl Gateway {
         let alarm =
             alarm::Alarm::new(config.alarm_webhook.clone(), config.alarm_interval, node_id, &config.network);
         let meter = metering::Meter::new(spool.sender.clone(), node_id.to_owned(), config.access_log);
+        let tracer = config.traces.clone().map(|settings| Arc::new(trace::Tracer::new(settings)));
         Self {
             shared: Arc::new(Shared {
                 snapshot: ArcSwapOption::empty(),
@@ -74,6 +77,7 @@ impl Gateway {
                 alarm,
                 ready: std::sync::atomic::AtomicBool::new(false),
                 shed_idle: tokio::sync::Notify::new(),
+                tracer,
             }),
         }
     }
@@ -140,6 +144,16 @@ impl Gateway {
     {
         let shared = Arc::clone(&self.shared);
         async move { shared.limiter.share(share.as_ref(), interval, shutdown).await }
+    }
+
+    /// Exports the requests' spans to the OTLP endpoint until `shutdown`, then what is queued.
+    /// `None` when traces are off (or already exported). Requests never wait on it.
+    pub fn export_traces<S>(&self, shutdown: S) -> Option<impl Future<Output = ()> + Send + use<S>>
+    where
+        S: Future<Output = ()> + Send + 'static,
+    {
+        let tracer = Arc::clone(self.shared.tracer.as_ref()?);
+        tracer.export(self.shared.config.network.clone(), shutdown)
     }
 
     /// How many syncs of the shared rate limits the store answered since start (for health checks

@@ -37,6 +37,7 @@ use crate::metering::{Metered, Settle, Timing};
 use crate::metrics::{Finished, Outcome};
 use crate::node::{Shared, cap_window};
 use crate::refusal::Refusal;
+use crate::trace::{Phase, Trace};
 use crate::upstream::UpstreamError;
 
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -62,6 +63,8 @@ pub(crate) struct RequestContext {
     /// Whether the request body was read to its end: a connection whose request body is left
     /// unread cannot carry another request.
     body_read: bool,
+    /// The request's spans, when traces are on.
+    trace: Trace,
 }
 
 impl RequestContext {
@@ -86,6 +89,7 @@ impl RequestContext {
             outcome: Outcome::Forwarded,
             cap_refusal: None,
             body_read: false,
+            trace: Trace::default(),
         }
     }
 }
@@ -125,6 +129,7 @@ where
     );
     let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
         || request.headers().get(header::CONTENT_LENGTH).is_some_and(|v| v != "0");
+    ctx.trace = Trace::begin(shared.tracer.as_ref(), request.headers());
     let response = match run(shared, ctx, request).await {
         Ok(response) => response,
         Err(refusal) => {
@@ -138,7 +143,23 @@ where
             response
         }
     };
-    respond(shared, ctx, response)
+    let response = respond(shared, ctx, response);
+    let mut trace = std::mem::take(&mut ctx.trace);
+    trace.finish(|| ctx.trace_facts(), response)
+}
+
+impl RequestContext {
+    /// What the request's span says of it.
+    fn trace_facts(&self) -> crate::trace::Facts<'_> {
+        crate::trace::Facts {
+            request_id: self.request_id.to_str().unwrap_or_default(),
+            org_id: self.admitted.as_ref().map(|a| a.org.id.as_str()),
+            key_id: self.admitted.as_ref().map(|a| a.key_id.as_str()),
+            provider: self.credential.as_deref(),
+            outcome: self.outcome,
+            fail_open: self.fail_open,
+        }
+    }
 }
 
 async fn run<B>(
@@ -152,6 +173,7 @@ where
 {
     let (mut parts, body) = request.into_parts();
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
+    ctx.trace.start(Phase::Admit);
     let (route, target) = match plan(shared, ctx, &parts.headers, &path_and_query) {
         Ok(planned) => planned,
         Err(refusal) => {
@@ -161,6 +183,7 @@ where
         }
     };
 
+    ctx.trace.end(Phase::Admit);
     let mut body = read_body(shared, &parts.headers, body).await?;
     ctx.body_read = true;
     let endpoint = route.upstream_path.split_once('?').map_or(route.upstream_path, |(path, _)| path);
@@ -171,6 +194,7 @@ where
         // Gemini names the model in the path (`models/{model}:generateContent`).
         facts.model = recovea_providers::usage::model_in_path(endpoint).map(str::to_owned);
     }
+    ctx.trace.request(endpoint, facts.model.as_deref());
     if let Some(admitted) = &ctx.admitted
         && !admitted.allows_model(facts.model.as_deref())
     {
@@ -180,7 +204,12 @@ where
     let prices = shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default();
     let reservation = match &ctx.admitted {
         Some(admitted) => {
-            check_caps(shared, admitted, &facts, input_tokens, &prices, target.kind, ctx.started_at).await?
+            ctx.trace.start(Phase::Caps);
+            let reservation =
+                check_caps(shared, admitted, &facts, input_tokens, &prices, target.kind, ctx.started_at)
+                    .await?;
+            ctx.trace.end(Phase::Caps);
+            reservation
         }
         None => None,
     };
@@ -216,10 +245,15 @@ where
                 tags: std::mem::take(&mut ctx.tags),
                 settle: Some(settle(shared, admitted, reservation)),
                 timing: Timing::since(ctx.received_at),
+                trace: ctx.trace.usage_slot(),
             },
         )
     });
+    ctx.trace.start(Phase::Upstream);
     let result = forward(shared, ctx, upstream_request).await;
+    if result.is_ok() {
+        ctx.trace.end(Phase::Upstream);
+    }
     let Some(metered) = metered else { return result };
     match result {
         Ok(response) => {

@@ -391,9 +391,13 @@ impl Gateway {
                     "the counters of armed caps are not confirmed yet\n".into(),
                 ),
             }),
-            (&Method::GET, "/metrics") => {
-                Some(text(StatusCode::OK, "text/plain; version=0.0.4", self.shared.metrics.render()))
-            }
+            (&Method::GET, "/metrics") => Some(text(StatusCode::OK, "text/plain; version=0.0.4", {
+                let mut metrics = self.shared.metrics.render();
+                if let Some(tracer) = &self.shared.tracer {
+                    tracer.render_metrics(&mut metrics);
+                }
+                metrics
+            })),
             _ => None,
         };
         match own {

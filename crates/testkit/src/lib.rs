@@ -91,6 +91,7 @@ mod anthropic;
 mod body;
 mod gemini;
 mod openai;
+pub mod otlp;
 pub mod proxy;
 mod request;
 mod script;
