@@ -20,14 +20,31 @@ impl ReceiptLedger for PostgresStore {
         let bodies: Vec<&str> = written.iter().map(SerializedReceipt::json).collect();
         let column = |f: fn(&Receipt) -> &str| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
         let number = |f: fn(&Receipt) -> i64| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
-        // One statement for the batch; a receipt already present (or twice in the batch) is skipped.
+        // One statement for the batch; a receipt already present (or twice in the batch) is skipped,
+        // and only the receipts inserted feed the daily spend (in key order: two batches adding to
+        // the same rows lock them in one order).
         let inserted = self.client()?
-            .execute(
-                "INSERT INTO receipts
-                 (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body, tags)
-                 SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[],
-                                      $7::BIGINT[], $8::BIGINT[], $9::TEXT[], $10::TEXT[])
-                 ON CONFLICT DO NOTHING",
+            .query_one(
+                "WITH inserted AS (
+                    INSERT INTO receipts
+                    (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body, tags)
+                    SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[],
+                                         $7::BIGINT[], $8::BIGINT[], $9::TEXT[], $10::TEXT[])
+                    ON CONFLICT DO NOTHING
+                    RETURNING org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos
+                 ), daily AS (
+                    INSERT INTO spend_daily AS d
+                    (org_id, day, key_id, model_key, requests, input_tokens, output_tokens, cost_nanos)
+                    SELECT org_id, floor(started_at / 86400000.0)::BIGINT, key_id, COALESCE('+' || model, ''),
+                           COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cost_nanos)
+                    FROM inserted GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
+                    ON CONFLICT (org_id, day, key_id, model_key) DO UPDATE SET
+                       requests = d.requests + EXCLUDED.requests,
+                       input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+                       output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+                       cost_nanos = d.cost_nanos + EXCLUDED.cost_nanos
+                 )
+                 SELECT COUNT(*) FROM inserted",
                 &[
                     &column(|r| &r.id),
                     &column(|r| &r.org_id),
@@ -41,23 +58,29 @@ impl ReceiptLedger for PostgresStore {
                     &receipts.iter().map(|r| rows::tags_text(&r.tags)).collect::<Vec<_>>(),
                 ],
             )
-            .map_err(backend)?;
+            .map_err(backend)?
+            .integer(0)?;
         Ok(usize::try_from(inserted).unwrap_or(usize::MAX))
     }
 
     fn receipts(&self, q: &ReceiptQuery) -> Result<Vec<Receipt>> {
         let (after_time, after_id) = q.after.as_ref().map_or((i64::MIN, ""), |(t, id)| (t.0, id.as_str()));
+        // Two statements, not `($4 IS NULL OR key_id = $4)`: a generic plan of that form does not
+        // read one key's receipts by the (org, key, time) index.
+        let key_condition = if q.key_id.is_some() { "key_id = $4" } else { "$4::TEXT IS NULL" };
         select(
             &mut *self.client()?,
-            "SELECT body FROM receipts WHERE org_id = $1
-             AND started_at >= $2 AND started_at < $3
-             AND ($4::TEXT IS NULL OR key_id = $4)
-             AND (started_at, id) > ($5, $6)
-             AND ($8::TEXT IS NULL OR strpos(',' || tags || ',', $8) > 0)
-             AND ($9::TEXT IS NULL OR model = $9)
-             AND ($10::INT IS NULL OR (body::jsonb ->> 'status')::INT = $10)
-             AND ($11::TEXT IS NULL OR body::jsonb ->> 'usage_source' = $11)
-             ORDER BY started_at, id LIMIT $7",
+            &format!(
+                "SELECT body FROM receipts WHERE org_id = $1
+                 AND started_at >= $2 AND started_at < $3
+                 AND {key_condition}
+                 AND (started_at, id) > ($5, $6)
+                 AND ($8::TEXT IS NULL OR strpos(',' || tags || ',', $8) > 0)
+                 AND ($9::TEXT IS NULL OR model = $9)
+                 AND ($10::INT IS NULL OR (body::jsonb ->> 'status')::INT = $10)
+                 AND ($11::TEXT IS NULL OR body::jsonb ->> 'usage_source' = $11)
+                 ORDER BY started_at, id LIMIT $7"
+            ),
             &[
                 &q.org_id.as_str(),
                 &q.from.map_or(i64::MIN, |t| t.0),
@@ -81,12 +104,28 @@ impl ReceiptLedger for PostgresStore {
     }
 
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
+        // Whole days from the daily spend, the partial days at either end from the receipts.
+        let split = rows::spend_split(from.0, to.0);
         let row = self
             .client()?
             .query_one(
-                "SELECT COALESCE(SUM(cost_nanos), 0)::BIGINT FROM receipts WHERE org_id = $1
-                 AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $3 AND started_at < $4",
-                &[&org.as_str(), &key.map(KeyId::as_str), &from.0, &to.0],
+                "SELECT ((SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = $1
+                          AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $3 AND started_at < $4)
+                       + (SELECT COALESCE(SUM(cost_nanos), 0) FROM spend_daily WHERE org_id = $1
+                          AND ($2::TEXT IS NULL OR key_id = $2) AND day >= $5 AND day < $6)
+                       + (SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = $1
+                          AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $7 AND started_at < $8)
+                       )::BIGINT",
+                &[
+                    &org.as_str(),
+                    &key.map(KeyId::as_str),
+                    &from.0,
+                    &split.head_end,
+                    &split.first_day,
+                    &split.last_day,
+                    &split.tail_start,
+                    &to.0,
+                ],
             )
             .map_err(backend)?;
         Ok(Nanos(row.integer(0)?))
@@ -99,6 +138,19 @@ impl ReceiptLedger for PostgresStore {
         from: Option<Timestamp>,
         to: Option<Timestamp>,
     ) -> Result<Vec<SpendRow>> {
+        if let Some((first_day, last_day)) = rows::summary_days(from.map(|t| t.0), to.map(|t| t.0)) {
+            return select(
+                &mut *self.client()?,
+                "SELECT to_char(to_timestamp(day * 86400) AT TIME ZONE 'UTC', 'YYYY-MM-DD'), key_id,
+                        CASE WHEN model_key = '' THEN NULL ELSE substr(model_key, 2) END,
+                        requests, input_tokens, output_tokens, cost_nanos
+                 FROM spend_daily WHERE org_id = $1 AND day >= $2 AND day < $3
+                 AND ($4::TEXT IS NULL OR key_id = $4)
+                 ORDER BY day, key_id, model_key",
+                &[&org.as_str(), &first_day, &last_day, &key.map(KeyId::as_str)],
+                rows::spend_row,
+            );
+        }
         // The day of `started_at / 1000` whole seconds (truncated toward zero), in UTC: as SQLite's
         // `date(started_at / 1000, 'unixepoch')`; a missing model sorts first, as NULLs do in SQLite.
         select(
