@@ -7,7 +7,7 @@ use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::UsageSource;
 
-use super::{PostgresStore, backend, select};
+use super::{PostgresStore, backend, select, select_optional};
 use crate::rows::{self, Columns, saturating_i64};
 use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, StoreError, TagSpendRow};
 
@@ -20,31 +20,15 @@ impl ReceiptLedger for PostgresStore {
         let bodies: Vec<&str> = written.iter().map(SerializedReceipt::json).collect();
         let column = |f: fn(&Receipt) -> &str| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
         let number = |f: fn(&Receipt) -> i64| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
-        // One statement for the batch; a receipt already present (or twice in the batch) is skipped,
-        // and only the receipts inserted feed the daily spend (in key order: two batches adding to
-        // the same rows lock them in one order).
+        // One statement for the batch; a receipt already present (or twice in the batch) is skipped.
+        // The table's trigger adds the receipts it inserted to the daily spend (migration 7).
         let inserted = self.client()?
-            .query_one(
-                "WITH inserted AS (
-                    INSERT INTO receipts
-                    (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body, tags)
-                    SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[],
-                                         $7::BIGINT[], $8::BIGINT[], $9::TEXT[], $10::TEXT[])
-                    ON CONFLICT DO NOTHING
-                    RETURNING org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos
-                 ), daily AS (
-                    INSERT INTO spend_daily AS d
-                    (org_id, day, key_id, model_key, requests, input_tokens, output_tokens, cost_nanos)
-                    SELECT org_id, floor(started_at / 86400000.0)::BIGINT, key_id, COALESCE('+' || model, ''),
-                           COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cost_nanos)
-                    FROM inserted GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
-                    ON CONFLICT (org_id, day, key_id, model_key) DO UPDATE SET
-                       requests = d.requests + EXCLUDED.requests,
-                       input_tokens = d.input_tokens + EXCLUDED.input_tokens,
-                       output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-                       cost_nanos = d.cost_nanos + EXCLUDED.cost_nanos
-                 )
-                 SELECT COUNT(*) FROM inserted",
+            .execute(
+                "INSERT INTO receipts
+                 (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body, tags)
+                 SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[],
+                                      $7::BIGINT[], $8::BIGINT[], $9::TEXT[], $10::TEXT[])
+                 ON CONFLICT DO NOTHING",
                 &[
                     &column(|r| &r.id),
                     &column(|r| &r.org_id),
@@ -58,8 +42,7 @@ impl ReceiptLedger for PostgresStore {
                     &receipts.iter().map(|r| rows::tags_text(&r.tags)).collect::<Vec<_>>(),
                 ],
             )
-            .map_err(backend)?
-            .integer(0)?;
+            .map_err(backend)?;
         Ok(usize::try_from(inserted).unwrap_or(usize::MAX))
     }
 
@@ -96,6 +79,18 @@ impl ReceiptLedger for PostgresStore {
                 &q.status.map(i32::from),
                 &q.usage_source.map(UsageSource::as_str),
             ],
+            |row| {
+                serde_json::from_str(row.text(0)?)
+                    .map_err(|e| StoreError::Backend(format!("a stored receipt does not parse: {e}")))
+            },
+        )
+    }
+
+    fn receipt(&self, org: &OrgId, id: &str) -> Result<Option<Receipt>> {
+        select_optional(
+            &mut *self.client()?,
+            "SELECT body FROM receipts WHERE id = $1 AND org_id = $2",
+            &[&id, &org.as_str()],
             |row| {
                 serde_json::from_str(row.text(0)?)
                     .map_err(|e| StoreError::Backend(format!("a stored receipt does not parse: {e}")))
