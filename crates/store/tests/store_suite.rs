@@ -498,6 +498,9 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
     assert_eq!(ids(&store.receipts(&window).expect("window")), ["rcpt_a", "rcpt_b"], "[from, to)");
     let other_org = ReceiptQuery { org_id: org_id("org_b"), ..query(None, None) };
     assert_eq!(store.receipts(&other_org).expect("other org"), vec![]);
+    assert_eq!(store.receipt(&org_id("org_a"), "rcpt_c").expect("one"), Some(batch[2].clone()));
+    assert_eq!(store.receipt(&org_id("org_b"), "rcpt_c").expect("one"), None, "another org's");
+    assert_eq!(store.receipt(&org_id("org_a"), "rcpt_zz").expect("one"), None);
 
     // Ids order by bytes (upper case first), and a batch may carry the same receipt twice.
     let mixed = [

@@ -172,6 +172,15 @@ impl ReceiptLedger for SqliteStore {
         records(found, receipt_row)
     }
 
+    fn receipt(&self, org: &OrgId, id: &str) -> Result<Option<Receipt>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(&format!("SELECT {RECEIPT_COLUMNS} FROM receipts WHERE id = ?1 AND org_id = ?2"))
+            .map_err(backend)?;
+        let found = stmt.query(params![id, org.as_str()]).map_err(backend)?;
+        Ok(records(found, receipt_row)?.pop())
+    }
+
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
         // Whole days from the daily spend, the partial days at either end from the receipts.
         let split = rows::spend_split(from.0, to.0);
