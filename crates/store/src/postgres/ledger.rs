@@ -51,13 +51,21 @@ impl ReceiptLedger for PostgresStore {
         // Two statements, not `($4 IS NULL OR key_id = $4)`: a generic plan of that form does not
         // read one key's receipts by the (org, key, time) index.
         let key_condition = if q.key_id.is_some() { "key_id = $4" } else { "$4::TEXT IS NULL" };
+        // Nor a cursor condition on a first page: `(started_at, id) > (i64::MIN, '')` became the
+        // index scan's start, before `from`, and one key's last day read all its receipts (208 ms
+        // against 0.25 ms at 1M receipts).
+        let cursor_condition = if q.after.is_some() {
+            "(started_at, id) > ($5, $6)"
+        } else {
+            "$5::BIGINT IS NOT NULL AND $6::TEXT IS NOT NULL"
+        };
         select(
             &mut *self.client()?,
             &format!(
                 "SELECT body FROM receipts WHERE org_id = $1
                  AND started_at >= $2 AND started_at < $3
                  AND {key_condition}
-                 AND (started_at, id) > ($5, $6)
+                 AND {cursor_condition}
                  AND ($8::TEXT IS NULL OR strpos(',' || tags || ',', $8) > 0)
                  AND ($9::TEXT IS NULL OR model = $9)
                  AND ($10::INT IS NULL OR (body::jsonb ->> 'status')::INT = $10)
