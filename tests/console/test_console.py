@@ -246,3 +246,19 @@ def test_the_console_runs_an_organization_from_creation_to_a_refused_cap(browser
     browser.find("#keys form[action$='/revoke'] button").click()
     assert "revoked" in browser.text("#keys .key-row .badge")
     sdk.wait_refused(gateway, secret)
+
+
+def test_wrong_tokens_are_limited_per_address(gateway) -> None:
+    # Last in the file: it spends this address's allowance, and no sign-in follows it for a while.
+    # Ten at once, one more every six seconds: the tests before used a few, and time gave some back.
+    for _ in range(20):
+        r = httpx.post(f"{gateway.admin_url}/sign-in", data={"token": "not-the-admin-token"})
+        if r.status_code == 429:
+            break
+        assert r.status_code == 401 and "Wrong token." in r.text
+    else:
+        pytest.fail("twenty more wrong tokens were all let through")
+    assert 1 <= int(r.headers["retry-after"]) <= 6, r.headers
+    assert "Too many wrong tokens from this address" in r.text and "set-cookie" not in r.headers
+    r = httpx.post(f"{gateway.admin_url}/sign-in", data={"token": ADMIN_TOKEN})
+    assert r.status_code == 429 and "set-cookie" not in r.headers, "the right token waits too"

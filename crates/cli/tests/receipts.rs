@@ -350,7 +350,23 @@ async fn tagged_receipts_are_filtered_exported_and_summed_by_tag() {
         .map(|r| (r["tag_value"].clone(), r["requests"].as_u64().expect("count")))
         .collect();
     assert_eq!(rows, [(Value::Null, 1), (json!("ads"), 1), (json!("search"), 2)]);
+    // One receipt by id, as the listing has it; not through another organization.
+    let first = &all_receipts(&serve, &org_id).await[0];
+    let id = first["id"].as_str().expect("id");
+    assert_eq!(&admin(&serve, Method::GET, &format!("/orgs/{org_id}/receipts/{id}"), None).await, first);
+    let other = admin(&serve, Method::POST, "/orgs", Some(json!({"name": "other"}))).await;
     let auth = format!("Bearer {TOKEN}");
+    for path in [
+        format!("/orgs/{}/receipts/{id}", other["id"].as_str().expect("id")),
+        format!("/orgs/{org_id}/receipts/rcpt_none"),
+    ] {
+        let url = format!("{}/admin/v1{path}", serve.admin);
+        assert_eq!(
+            call(Method::GET, &url, &[("authorization", &auth)], None).await.0,
+            StatusCode::NOT_FOUND,
+            "{path}"
+        );
+    }
     let bad = format!("{}/admin/v1/orgs/{org_id}/receipts?tag=team", serve.admin);
     assert_eq!(call(Method::GET, &bad, &[("authorization", &auth)], None).await.0, StatusCode::BAD_REQUEST);
     std::fs::remove_dir_all(&dir).expect("cleanup");

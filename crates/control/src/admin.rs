@@ -97,6 +97,9 @@ impl Control {
             (["orgs", org, "receipts", "summary"], &Method::GET) => {
                 self.spend_summary(org_id(org)?, query).await
             }
+            (["orgs", org, "receipts", receipt], &Method::GET) => {
+                self.get_receipt(org_id(org)?, receipt).await
+            }
             (["prices"], &Method::GET) => self.list_prices(),
             (["nodes"], &Method::GET) => self.list_nodes().await,
             (["orgs", org, "caps"], &Method::POST) => {
@@ -546,6 +549,7 @@ mod openapi_tests {
         ("/audit", "get"),
         ("/orgs/{org}/receipts", "get"),
         ("/orgs/{org}/receipts/summary", "get"),
+        ("/orgs/{org}/receipts/{receipt}", "get"),
         ("/prices", "get"),
         ("/nodes", "get"),
         ("/orgs/{org}/caps", "post"),

@@ -77,6 +77,7 @@ struct Inner {
     published: tokio::sync::Mutex<Option<u64>>,
     /// The signed-in sessions of the web console.
     console_sessions: console::Sessions,
+    console_sign_ins: console::SignInAttempts,
 }
 
 /// What `/metrics` counts besides the feed's version.
@@ -119,6 +120,7 @@ impl Control {
                 nodes: std::sync::OnceLock::new(),
                 published: tokio::sync::Mutex::new(None),
                 console_sessions: console::Sessions::default(),
+                console_sign_ins: console::SignInAttempts::default(),
             }),
         }
     }

@@ -332,6 +332,8 @@ pub trait ReceiptLedger: Send + Sync + 'static {
     /// many were new.
     fn insert_receipts(&self, receipts: &[SerializedReceipt]) -> Result<usize>;
     fn receipts(&self, query: &ReceiptQuery) -> Result<Vec<Receipt>>;
+    /// The organization's receipt with this id, if any (another organization's is `None`).
+    fn receipt(&self, org: &OrgId, id: &str) -> Result<Option<Receipt>>;
     /// Spend by day, key and model; only `key`'s rows when given.
     fn spend_summary(
         &self,

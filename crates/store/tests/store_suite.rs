@@ -137,6 +137,7 @@ suite!(
     spend_summary_groups_by_day_key_and_model,
     receipts_filter_by_model_status_and_usage_source,
     spend_sums_costs_in_a_window,
+    daily_spend_answers_as_the_receipts_do_and_counts_a_replay_once,
     each_price_change_is_a_new_revision,
     prices_are_removed_imported_and_set_per_kind_in_one_revision_each,
     caps_are_created_read_updated_and_deleted,
@@ -497,6 +498,9 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
     assert_eq!(ids(&store.receipts(&window).expect("window")), ["rcpt_a", "rcpt_b"], "[from, to)");
     let other_org = ReceiptQuery { org_id: org_id("org_b"), ..query(None, None) };
     assert_eq!(store.receipts(&other_org).expect("other org"), vec![]);
+    assert_eq!(store.receipt(&org_id("org_a"), "rcpt_c").expect("one"), Some(batch[2].clone()));
+    assert_eq!(store.receipt(&org_id("org_b"), "rcpt_c").expect("one"), None, "another org's");
+    assert_eq!(store.receipt(&org_id("org_a"), "rcpt_zz").expect("one"), None);
 
     // Ids order by bytes (upper case first), and a batch may carry the same receipt twice.
     let mixed = [
@@ -673,6 +677,77 @@ fn spend_summary_groups_by_day_key_and_model(db: &impl Backend) {
     let key_b = store.spend_summary(&org, Some(&key_id("key_b")), None, None).expect("summary");
     assert_eq!(key_b, [second_day[0].clone()], "only the key's rows");
     assert_eq!(store.spend_summary(&org_id("org_b"), None, None, None).expect("summary"), vec![]);
+}
+
+/// The whole-day summaries and spends read the daily rollup; ranges with a bound inside a day
+/// read the receipts. Both must give the same answers, and a replayed receipt must count once.
+fn daily_spend_answers_as_the_receipts_do_and_counts_a_replay_once(db: &impl Backend) {
+    let store = db.open();
+    let day = 86_400_000;
+    // Days -1 to 3, two keys, a model and no model, two organizations; none in a day's first or
+    // last millisecond, so that a range moved by one millisecond holds the same receipts.
+    let mut all = Vec::new();
+    for (n, d) in (-1..4_i64).enumerate() {
+        for (k, key) in ["key_a", "key_b"].into_iter().enumerate() {
+            let at = d * day + 1_000 + i64::try_from(n * 7 + k).expect("small");
+            all.push(receipt(&format!("rcpt_{n}_{k}_x"), key, at, 100 + at.rem_euclid(97)));
+            all.push(Receipt {
+                model: None,
+                input_tokens: 3,
+                ..receipt(&format!("rcpt_{n}_{k}_y"), key, at + 3_600_000, 1 + at.rem_euclid(13))
+            });
+        }
+        all.push(Receipt {
+            org_id: "org_b".into(),
+            ..receipt(&format!("rcpt_{n}_z"), "key_a", d * day + 5, 1_000)
+        });
+    }
+    let (first, rest) = all.split_at(all.len() / 2);
+    assert_eq!(store.insert_receipts(&serialized(first)).expect("insert"), first.len());
+    // A replay of the first batch with the rest: only the rest is new.
+    assert_eq!(store.insert_receipts(&serialized(&all)).expect("insert"), rest.len());
+    assert_eq!(store.insert_receipts(&serialized(&all)).expect("insert"), 0, "a replay inserts none");
+
+    let org = org_id("org_a");
+    let summary = |key: Option<&str>, from: Option<i64>, to: Option<i64>| {
+        store
+            .spend_summary(&org, key.map(key_id).as_ref(), from.map(Timestamp), to.map(Timestamp))
+            .expect("summary")
+    };
+    for key in [None, Some("key_a"), Some("key_b")] {
+        let by_day = summary(key, None, None);
+        assert_eq!(by_day, summary(key, Some(-2 * day + 1), Some(5 * day - 1)), "all, {key:?}");
+        assert_eq!(by_day.iter().map(|r| r.requests).sum::<u64>(), if key.is_some() { 10 } else { 20 });
+        assert_eq!(summary(key, Some(0), Some(2 * day)), summary(key, Some(1), Some(2 * day - 1)), "{key:?}");
+        assert_eq!(summary(key, Some(-day), None), summary(key, Some(-day - 1), None), "{key:?}");
+    }
+    let whole = summary(None, Some(day), Some(2 * day));
+    assert_eq!(whole.len(), 4, "two keys, with and without a model: {whole:?}");
+    assert_eq!(whole[0].day, "1970-01-02");
+    assert_eq!((whole[0].key_id.as_str(), whole[0].model.as_deref()), ("key_a", None));
+    assert_eq!(whole[1].model.as_deref(), Some("gpt-4o"));
+
+    // Spend in windows cut anywhere: the receipts' costs, counted once.
+    let truth = |key: Option<&str>, from: i64, to: i64| {
+        Nanos(
+            all.iter()
+                .filter(|r| r.org_id == "org_a" && key.is_none_or(|k| r.key_id == k))
+                .filter(|r| (from..to).contains(&r.started_at.0))
+                .map(|r| r.cost_usd.0)
+                .sum(),
+        )
+    };
+    let cuts = [i64::MIN, -day - 5, -day, 0, 1_500, day, day + 3_601_000, 3 * day, 4 * day, i64::MAX];
+    for key in [None, Some("key_b")] {
+        for &from in &cuts {
+            for &to in cuts.iter().filter(|&&to| to > from) {
+                let spent = store
+                    .spend(&org, key.map(key_id).as_ref(), Timestamp(from), Timestamp(to))
+                    .expect("spend");
+                assert_eq!(spent, truth(key, from, to), "{key:?} [{from}, {to})");
+            }
+        }
+    }
 }
 
 fn spend_sums_costs_in_a_window(db: &impl Backend) {

@@ -98,6 +98,15 @@ impl Control {
         ok(json!({ "receipts": receipts, "next_cursor": next_cursor }))
     }
 
+    /// One receipt of the organization, by id: what the console's receipt page shows.
+    pub(crate) async fn get_receipt(&self, org_id: OrgId, id: &str) -> Result<Reply, ApiError> {
+        self.require_org(&org_id).await?;
+        let missing = format!("No receipt {id} in organization {org_id}.");
+        let id = id.to_owned();
+        let receipt = self.ledger(move |l| l.receipt(&org_id, &id)).await?;
+        ok(json!(receipt.ok_or(ApiError::NotFound(missing))?))
+    }
+
     pub(crate) async fn spend_summary(&self, org_id: OrgId, query: &str) -> Result<Reply, ApiError> {
         self.require_org(&org_id).await?;
         let params = Params::parse(query)?;

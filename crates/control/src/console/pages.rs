@@ -954,7 +954,7 @@ async fn receipts_page(control: &ConsoleApi<'_>, visit: &Visit, org: &str) -> Re
                 tbody {
                     @for r in list(&receipts, "receipts") {
                         tr {
-                            td { a href={ (base) "/" (encode(str_of(r, "id"))) "?at=" (encode(str_of(r, "started_at"))) } { (utc(str_of(r, "started_at"))) } }
+                            td { a href={ (base) "/" (encode(str_of(r, "id"))) } { (utc(str_of(r, "started_at"))) } }
                             td { code { (str_of(r, "key_id")) } }
                             td { (r["model"].as_str().unwrap_or("—")) }
                             td { (str_of(r, "endpoint")) }
@@ -1021,25 +1021,16 @@ const RECEIPT_ORDER: [&str; 22] = [
     "node_id",
 ];
 
-/// One receipt, found among those that started in its millisecond (the link carries `at`).
+/// One receipt, by `GET /orgs/{org}/receipts/{id}`.
 async fn receipt_page(
     control: &ConsoleApi<'_>,
     visit: &Visit,
     org: &str,
     receipt: &str,
 ) -> Response<Full<Bytes>> {
-    let params = crate::admin::query::Params::parse(&visit.query).unwrap_or_default();
-    let Some(at) = params.get("at").and_then(Timestamp::parse_rfc3339) else {
-        return page(StatusCode::NOT_FOUND, message("No such receipt.", Some(&visit.csrf)));
-    };
-    let (from, to) = (at.to_rfc3339(), Timestamp(at.0.saturating_add(1)).to_rfc3339());
-    let q = query(&[("from", &from), ("to", &to), ("limit", "1000")]);
-    let found = match control.api_json(Method::GET, &["orgs", org, "receipts"], &q, None).await {
-        Ok(answer) => list(&answer, "receipts").iter().find(|r| str_of(r, "id") == receipt).cloned(),
+    let r = match control.api_json(Method::GET, &["orgs", org, "receipts", receipt], "", None).await {
+        Ok(answer) => answer,
         Err(refusal) => return refused_page(&refusal, visit),
-    };
-    let Some(r) = found else {
-        return page(StatusCode::NOT_FOUND, message(&format!("No receipt {receipt}."), Some(&visit.csrf)));
     };
     let body = html! {
         h1 { "Receipt " code { (receipt) } }

@@ -7,7 +7,7 @@ use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::UsageSource;
 
-use super::{PostgresStore, backend, select};
+use super::{PostgresStore, backend, select, select_optional};
 use crate::rows::{self, Columns, saturating_i64};
 use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, StoreError, TagSpendRow};
 
@@ -21,6 +21,7 @@ impl ReceiptLedger for PostgresStore {
         let column = |f: fn(&Receipt) -> &str| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
         let number = |f: fn(&Receipt) -> i64| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
         // One statement for the batch; a receipt already present (or twice in the batch) is skipped.
+        // The table's trigger adds the receipts it inserted to the daily spend (migration 7).
         let inserted = self.client()?
             .execute(
                 "INSERT INTO receipts
@@ -47,17 +48,30 @@ impl ReceiptLedger for PostgresStore {
 
     fn receipts(&self, q: &ReceiptQuery) -> Result<Vec<Receipt>> {
         let (after_time, after_id) = q.after.as_ref().map_or((i64::MIN, ""), |(t, id)| (t.0, id.as_str()));
+        // Two statements, not `($4 IS NULL OR key_id = $4)`: a generic plan of that form does not
+        // read one key's receipts by the (org, key, time) index.
+        let key_condition = if q.key_id.is_some() { "key_id = $4" } else { "$4::TEXT IS NULL" };
+        // Nor a cursor condition on a first page: `(started_at, id) > (i64::MIN, '')` became the
+        // index scan's start, before `from`, and one key's last day read all its receipts (208 ms
+        // against 0.25 ms at 1M receipts).
+        let cursor_condition = if q.after.is_some() {
+            "(started_at, id) > ($5, $6)"
+        } else {
+            "$5::BIGINT IS NOT NULL AND $6::TEXT IS NOT NULL"
+        };
         select(
             &mut *self.client()?,
-            "SELECT body FROM receipts WHERE org_id = $1
-             AND started_at >= $2 AND started_at < $3
-             AND ($4::TEXT IS NULL OR key_id = $4)
-             AND (started_at, id) > ($5, $6)
-             AND ($8::TEXT IS NULL OR strpos(',' || tags || ',', $8) > 0)
-             AND ($9::TEXT IS NULL OR model = $9)
-             AND ($10::INT IS NULL OR (body::jsonb ->> 'status')::INT = $10)
-             AND ($11::TEXT IS NULL OR body::jsonb ->> 'usage_source' = $11)
-             ORDER BY started_at, id LIMIT $7",
+            &format!(
+                "SELECT body FROM receipts WHERE org_id = $1
+                 AND started_at >= $2 AND started_at < $3
+                 AND {key_condition}
+                 AND {cursor_condition}
+                 AND ($8::TEXT IS NULL OR strpos(',' || tags || ',', $8) > 0)
+                 AND ($9::TEXT IS NULL OR model = $9)
+                 AND ($10::INT IS NULL OR (body::jsonb ->> 'status')::INT = $10)
+                 AND ($11::TEXT IS NULL OR body::jsonb ->> 'usage_source' = $11)
+                 ORDER BY started_at, id LIMIT $7"
+            ),
             &[
                 &q.org_id.as_str(),
                 &q.from.map_or(i64::MIN, |t| t.0),
@@ -80,13 +94,41 @@ impl ReceiptLedger for PostgresStore {
         )
     }
 
+    fn receipt(&self, org: &OrgId, id: &str) -> Result<Option<Receipt>> {
+        select_optional(
+            &mut *self.client()?,
+            "SELECT body FROM receipts WHERE id = $1 AND org_id = $2",
+            &[&id, &org.as_str()],
+            |row| {
+                serde_json::from_str(row.text(0)?)
+                    .map_err(|e| StoreError::Backend(format!("a stored receipt does not parse: {e}")))
+            },
+        )
+    }
+
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
+        // Whole days from the daily spend, the partial days at either end from the receipts.
+        let split = rows::spend_split(from.0, to.0);
         let row = self
             .client()?
             .query_one(
-                "SELECT COALESCE(SUM(cost_nanos), 0)::BIGINT FROM receipts WHERE org_id = $1
-                 AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $3 AND started_at < $4",
-                &[&org.as_str(), &key.map(KeyId::as_str), &from.0, &to.0],
+                "SELECT ((SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = $1
+                          AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $3 AND started_at < $4)
+                       + (SELECT COALESCE(SUM(cost_nanos), 0) FROM spend_daily WHERE org_id = $1
+                          AND ($2::TEXT IS NULL OR key_id = $2) AND day >= $5 AND day < $6)
+                       + (SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = $1
+                          AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $7 AND started_at < $8)
+                       )::BIGINT",
+                &[
+                    &org.as_str(),
+                    &key.map(KeyId::as_str),
+                    &from.0,
+                    &split.head_end,
+                    &split.first_day,
+                    &split.last_day,
+                    &split.tail_start,
+                    &to.0,
+                ],
             )
             .map_err(backend)?;
         Ok(Nanos(row.integer(0)?))
@@ -99,6 +141,19 @@ impl ReceiptLedger for PostgresStore {
         from: Option<Timestamp>,
         to: Option<Timestamp>,
     ) -> Result<Vec<SpendRow>> {
+        if let Some((first_day, last_day)) = rows::summary_days(from.map(|t| t.0), to.map(|t| t.0)) {
+            return select(
+                &mut *self.client()?,
+                "SELECT to_char(to_timestamp(day * 86400) AT TIME ZONE 'UTC', 'YYYY-MM-DD'), key_id,
+                        CASE WHEN model_key = '' THEN NULL ELSE substr(model_key, 2) END,
+                        requests, input_tokens, output_tokens, cost_nanos
+                 FROM spend_daily WHERE org_id = $1 AND day >= $2 AND day < $3
+                 AND ($4::TEXT IS NULL OR key_id = $4)
+                 ORDER BY day, key_id, model_key",
+                &[&org.as_str(), &first_day, &last_day, &key.map(KeyId::as_str)],
+                rows::spend_row,
+            );
+        }
         // The day of `started_at / 1000` whole seconds (truncated toward zero), in UTC: as SQLite's
         // `date(started_at / 1000, 'unixepoch')`; a missing model sorts first, as NULLs do in SQLite.
         select(

@@ -150,6 +150,53 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE keys ADD COLUMN allowed_models TEXT;
     ALTER TABLE receipts ADD COLUMN tags TEXT;
 "#,
+    // Spend by UTC day (days since 1970-01-01, floored), key and model: the console's charts and
+    // month to date, and cap windows' whole days, read a few hundred rows instead of grouping a
+    // million receipts. `model_key` is '' for a receipt without a model and '+' then the model
+    // otherwise: NULL would not be one key. A trigger keeps it, once per insert statement and from
+    // the rows it actually inserted (a replayed receipt counts once), so that a control plane of
+    // the previous version, still ingesting during a rolling upgrade, keeps it too. Inserts wait
+    // on the table's lock until the trigger is in place and the table built.
+    // One key's receipts are read by (org, key, time), not by the organization's time index.
+    r#"
+    LOCK TABLE receipts IN SHARE ROW EXCLUSIVE MODE;
+    CREATE TABLE spend_daily (
+        org_id TEXT COLLATE "C" NOT NULL,
+        day BIGINT NOT NULL,
+        key_id TEXT COLLATE "C" NOT NULL,
+        model_key TEXT COLLATE "C" NOT NULL,
+        requests BIGINT NOT NULL,
+        input_tokens BIGINT NOT NULL,
+        output_tokens BIGINT NOT NULL,
+        cost_nanos BIGINT NOT NULL,
+        PRIMARY KEY (org_id, day, key_id, model_key)
+    );
+    CREATE FUNCTION spend_daily_add() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        -- In key order: two inserts adding to the same rows lock them in one order.
+        INSERT INTO spend_daily AS d
+            (org_id, day, key_id, model_key, requests, input_tokens, output_tokens, cost_nanos)
+        SELECT org_id, floor(started_at / 86400000.0)::BIGINT, key_id, COALESCE('+' || model, ''),
+               COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cost_nanos)
+        FROM inserted GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
+        ON CONFLICT (org_id, day, key_id, model_key) DO UPDATE SET
+            requests = d.requests + EXCLUDED.requests,
+            input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+            output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+            cost_nanos = d.cost_nanos + EXCLUDED.cost_nanos;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER receipts_add_to_spend_daily AFTER INSERT ON receipts
+        REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION spend_daily_add();
+    INSERT INTO spend_daily
+        SELECT org_id, floor(started_at / 86400000.0)::BIGINT AS day, key_id,
+            COALESCE('+' || model, '') AS model_key, COUNT(*), SUM(input_tokens), SUM(output_tokens),
+            SUM(cost_nanos)
+        FROM receipts GROUP BY 1, 2, 3, 4;
+    DROP INDEX receipts_by_key_time;
+    CREATE INDEX receipts_by_org_key_time ON receipts(org_id, key_id, started_at, id) INCLUDE (cost_nanos);
+"#,
 ];
 
 /// The advisory lock that serializes migrations across every process on the database ("recovea!").

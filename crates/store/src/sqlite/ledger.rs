@@ -1,5 +1,7 @@
 //! The receipt ledger on SQLite: a receipt is a row of columns.
 
+use std::collections::BTreeMap;
+
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
@@ -8,7 +10,7 @@ use recovea_core::usage::UsageSource;
 use rusqlite::params;
 
 use super::{SqliteStore, backend, records};
-use crate::rows::{self, Columns, corrupt, saturating_i64};
+use crate::rows::{self, Columns, DailyKey, DailySums, corrupt, saturating_i64};
 use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, TagSpendRow};
 
 /// A receipt's columns, in the order [`receipt_row`] reads them.
@@ -52,6 +54,8 @@ impl ReceiptLedger for SqliteStore {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(backend)?;
         let mut inserted = 0;
+        // Only the receipts actually inserted feed the daily spend: a replayed one counts once.
+        let mut daily: BTreeMap<DailyKey<'_>, DailySums> = BTreeMap::new();
         {
             let mut stmt = tx
                 .prepare_cached(&format!(
@@ -62,7 +66,7 @@ impl ReceiptLedger for SqliteStore {
                 .map_err(backend)?;
             for written in receipts {
                 let r = written.receipt();
-                inserted += stmt
+                let added = stmt
                     .execute(params![
                         r.id,
                         r.request_id,
@@ -89,6 +93,42 @@ impl ReceiptLedger for SqliteStore {
                         rows::tags_text(&r.tags),
                     ])
                     .map_err(backend)?;
+                if added > 0 {
+                    let key = (
+                        r.org_id.as_str(),
+                        rows::day_of(r.started_at.0),
+                        r.key_id.as_str(),
+                        r.model.as_deref(),
+                    );
+                    daily.entry(key).or_default().add(r);
+                }
+                inserted += added;
+            }
+            let mut add_daily = tx
+                .prepare_cached(
+                    "INSERT INTO spend_daily
+                     (org_id, day, key_id, model_key, requests, input_tokens, output_tokens, cost_nanos)
+                     VALUES (?1, ?2, ?3, COALESCE('+' || ?4, ''), ?5, ?6, ?7, ?8)
+                     ON CONFLICT (org_id, day, key_id, model_key) DO UPDATE SET
+                        requests = requests + excluded.requests,
+                        input_tokens = input_tokens + excluded.input_tokens,
+                        output_tokens = output_tokens + excluded.output_tokens,
+                        cost_nanos = cost_nanos + excluded.cost_nanos",
+                )
+                .map_err(backend)?;
+            for ((org, day, key, model), sums) in &daily {
+                add_daily
+                    .execute(params![
+                        org,
+                        day,
+                        key,
+                        model,
+                        sums.requests,
+                        sums.input_tokens,
+                        sums.output_tokens,
+                        sums.cost_nanos
+                    ])
+                    .map_err(backend)?;
             }
         }
         tx.commit().map_err(backend)?;
@@ -98,11 +138,14 @@ impl ReceiptLedger for SqliteStore {
     fn receipts(&self, q: &ReceiptQuery) -> Result<Vec<Receipt>> {
         let conn = self.conn();
         let (after_time, after_id) = q.after.as_ref().map_or((i64::MIN, ""), |(t, id)| (t.0, id.as_str()));
+        // Two statements, not `(?4 IS NULL OR key_id = ?4)`: with that form the planner cannot
+        // read one key's receipts by the (org, key, time) index.
+        let key_condition = if q.key_id.is_some() { "key_id = ?4" } else { "?4 IS NULL" };
         let mut stmt = conn
             .prepare_cached(&format!(
                 "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE org_id = ?1
                  AND started_at >= ?2 AND started_at < ?3
-                 AND (?4 IS NULL OR key_id = ?4)
+                 AND {key_condition}
                  AND (started_at > ?5 OR (started_at = ?5 AND id > ?6))
                  AND (?8 IS NULL OR instr(',' || tags || ',', ?8) > 0)
                  AND (?9 IS NULL OR model = ?9)
@@ -129,16 +172,44 @@ impl ReceiptLedger for SqliteStore {
         records(found, receipt_row)
     }
 
+    fn receipt(&self, org: &OrgId, id: &str) -> Result<Option<Receipt>> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(&format!("SELECT {RECEIPT_COLUMNS} FROM receipts WHERE id = ?1 AND org_id = ?2"))
+            .map_err(backend)?;
+        let found = stmt.query(params![id, org.as_str()]).map_err(backend)?;
+        Ok(records(found, receipt_row)?.pop())
+    }
+
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
+        // Whole days from the daily spend, the partial days at either end from the receipts.
+        let split = rows::spend_split(from.0, to.0);
         let conn = self.conn();
         let mut stmt = conn
             .prepare_cached(
-                "SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = ?1
-                 AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?3 AND started_at < ?4",
+                "SELECT
+                   (SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = ?1
+                    AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?3 AND started_at < ?4)
+                 + (SELECT COALESCE(SUM(cost_nanos), 0) FROM spend_daily WHERE org_id = ?1
+                    AND (?2 IS NULL OR key_id = ?2) AND day >= ?5 AND day < ?6)
+                 + (SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = ?1
+                    AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?7 AND started_at < ?8)",
             )
             .map_err(backend)?;
         let total: i64 = stmt
-            .query_row(params![org.as_str(), key.map(KeyId::as_str), from.0, to.0], |r| r.get(0))
+            .query_row(
+                params![
+                    org.as_str(),
+                    key.map(KeyId::as_str),
+                    from.0,
+                    split.head_end,
+                    split.first_day,
+                    split.last_day,
+                    split.tail_start,
+                    to.0
+                ],
+                |r| r.get(0),
+            )
             .map_err(backend)?;
         Ok(Nanos(total))
     }
@@ -151,6 +222,22 @@ impl ReceiptLedger for SqliteStore {
         to: Option<Timestamp>,
     ) -> Result<Vec<SpendRow>> {
         let conn = self.conn();
+        if let Some((first_day, last_day)) = rows::summary_days(from.map(|t| t.0), to.map(|t| t.0)) {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT date(day * 86400, 'unixepoch'), key_id,
+                            CASE WHEN model_key = '' THEN NULL ELSE substr(model_key, 2) END,
+                            requests, input_tokens, output_tokens, cost_nanos
+                     FROM spend_daily WHERE org_id = ?1 AND day >= ?2 AND day < ?3
+                     AND (?4 IS NULL OR key_id = ?4)
+                     ORDER BY day, key_id, model_key",
+                )
+                .map_err(backend)?;
+            let found = stmt
+                .query(params![org.as_str(), first_day, last_day, key.map(KeyId::as_str)])
+                .map_err(backend)?;
+            return records(found, rows::spend_row);
+        }
         let mut stmt = conn
             .prepare_cached(
                 "SELECT date(started_at / 1000, 'unixepoch') AS day, key_id, model, COUNT(*),

@@ -141,3 +141,59 @@ fn a_receipt_reads_back_field_for_field() {
     store.insert_receipts(&[SerializedReceipt::new(receipt.clone())]).expect("insert");
     assert_eq!(all_of_org_a(&store), [receipt]);
 }
+
+#[test]
+fn the_daily_spend_is_built_from_the_receipts_already_stored() {
+    // The schema before migration 11 (at index 10) kept the daily spend.
+    let conn = Connection::open_in_memory().expect("open");
+    for sql in &MIGRATIONS[..10] {
+        conn.execute_batch(sql).expect("an earlier migration");
+    }
+    conn.pragma_update(None, "user_version", 10).expect("version");
+    let day = 86_400_000;
+    let old = [
+        unusual("rcpt_old1", 2 * day + 5),
+        Receipt { started_at: Timestamp(2 * day + 9), ..unusual("rcpt_old2", 0) },
+        Receipt { started_at: Timestamp(-5_000), ..Receipt::example("rcpt_old3") },
+        Receipt { started_at: Timestamp(day + 1), ..Receipt::example("rcpt_old4") },
+    ];
+    for r in &old {
+        conn.execute(
+            "INSERT INTO receipts
+             (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, request_id,
+              provider, endpoint, status, stream, cached_input_tokens, cache_write_input_tokens,
+              reasoning_tokens, usage_source, priced, price_revision, finished_at, node_id)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 0, 0, 0, ?14, 1, 0, ?4, 'node')",
+            params![
+                r.id,
+                r.org_id,
+                r.key_id,
+                r.started_at.0,
+                r.model,
+                saturating_i64(r.input_tokens),
+                saturating_i64(r.output_tokens),
+                r.cost_usd.0,
+                r.request_id,
+                r.provider,
+                r.endpoint,
+                r.status,
+                r.stream,
+                r.usage_source.as_str(),
+            ],
+        )
+        .expect("a receipt as stored before");
+    }
+    let store = SqliteStore::with_connection(conn).expect("migrated");
+    let org = OrgId::parse("org_a").expect("org id");
+    let from_rollup = store.spend_summary(&org, None, None, None).expect("summary");
+    let from_receipts = store.spend_summary(&org, None, Some(Timestamp(-day + 1)), None).expect("summary");
+    assert_eq!(from_rollup, from_receipts);
+    assert_eq!(from_rollup.len(), 3, "{from_rollup:?}");
+    assert_eq!((from_rollup[2].requests, from_rollup[2].cost), (2, Nanos(2 * 123_456_789)));
+    assert_eq!(from_rollup[0].day, "1969-12-31", "a day before 1970 is floored");
+    // Receipts inserted after the migration add to the rows it built.
+    store.insert_receipts(&[SerializedReceipt::new(unusual("rcpt_new", 2 * day + 7))]).expect("insert");
+    let after =
+        store.spend_summary(&org, None, Some(Timestamp(2 * day)), Some(Timestamp(3 * day))).expect("summary");
+    assert_eq!((after.len(), after[0].requests, after[0].cost), (1, 3, Nanos(3 * 123_456_789)));
+}
