@@ -5,20 +5,15 @@
 //!
 //! The line names who, where and how it ended, never a secret nor a byte of prompt or completion.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::Response;
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 use tracing::field::display;
 
 use recovea_core::caps::CapRefusal;
 use recovea_core::snapshot::ProviderKind;
 
-use crate::body::{BoxError, ResponseBody};
+use crate::body::{self, ResponseBody};
 use crate::metrics::{Finished, Metrics, Outcome};
 
 /// The `tracing` target of the access log: `--log info,recovea::access=off` silences it too.
@@ -55,7 +50,7 @@ where
         ttfb: request.ttfb,
         received_at,
     };
-    response.map(|inner| FinishOnEnd { inner, pass: Some(pass) }.boxed_unsync())
+    response.map(|body| body::on_end(body, move |_| pass.finish()))
 }
 
 /// What [`when_body_ends`] keeps of the request until then.
@@ -89,45 +84,6 @@ impl<F: FnOnce(&Finished<'_>)> Pass<F> {
             total: self.received_at.elapsed(),
         };
         (self.report)(&request);
-    }
-}
-
-/// A body passed through unchanged that finishes its request's line once, at its end or drop.
-struct FinishOnEnd<F: FnOnce(&Finished<'_>)> {
-    inner: ResponseBody,
-    pass: Option<Pass<F>>,
-}
-
-impl<F: FnOnce(&Finished<'_>) + Unpin> Body for FinishOnEnd<F> {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        let ended = matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream();
-        if ended && let Some(pass) = self.pass.take() {
-            pass.finish();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl<F: FnOnce(&Finished<'_>)> Drop for FinishOnEnd<F> {
-    fn drop(&mut self) {
-        if let Some(pass) = self.pass.take() {
-            pass.finish();
-        }
     }
 }
 

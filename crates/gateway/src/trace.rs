@@ -13,15 +13,12 @@
 //! the request's span; the gateway's own trace context is not sent on to the provider.
 
 use std::borrow::Cow;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, Uri};
-use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
 use opentelemetry::{InstrumentationScope, KeyValue};
@@ -32,7 +29,7 @@ use recovea_core::FailOpenReason;
 use recovea_core::money::Nanos;
 use tokio::sync::mpsc;
 
-use crate::body::{BoxError, ResponseBody};
+use crate::body::{self, ResponseBody};
 use crate::metrics::Outcome;
 use crate::upstream::{ProviderNetwork, Upstream};
 
@@ -347,65 +344,6 @@ impl Trace {
     }
 }
 
-/// The answer's body, which ends the request's trace when it ends, fails or is dropped.
-struct TracedBody {
-    /// Taken on drop, so that the receipt (which the meter settles when the body goes) is known
-    /// before the spans are built.
-    body: Option<ResponseBody>,
-    trace: Option<Box<RequestTrace>>,
-    status: u16,
-}
-
-impl TracedBody {
-    fn end(&mut self, completed: bool) {
-        if let Some(mut trace) = self.trace.take() {
-            let now = SystemTime::now();
-            if completed {
-                trace.phases[Phase::Stream as usize].1 = Some(now);
-            }
-            trace.send(now, self.status);
-        }
-    }
-}
-
-impl Body for TracedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let Some(body) = this.body.as_mut() else { return Poll::Ready(None) };
-        let polled = Pin::new(body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => this.end(true),
-            Poll::Ready(Some(Err(_))) => this.end(false),
-            // The server may not poll again once the body says it has ended.
-            Poll::Ready(Some(Ok(_))) if this.body.as_ref().is_some_and(Body::is_end_stream) => this.end(true),
-            Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.as_ref().is_none_or(Body::is_end_stream)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
-    }
-}
-
-impl Drop for TracedBody {
-    fn drop(&mut self) {
-        let completed = self.body.as_ref().is_some_and(Body::is_end_stream);
-        drop(self.body.take());
-        self.end(completed);
-    }
-}
-
 /// Notes the receipt's usage into a traced request's slot.
 #[inline]
 pub(crate) fn usage_known(slot: &UsageSlot, usage: impl FnOnce() -> KnownUsage) {
@@ -466,7 +404,16 @@ impl RequestTrace {
             return response;
         }
         self.phases[Phase::Stream as usize].0 = Some(now);
-        response.map(|body| TracedBody { body: Some(body), trace: Some(self), status }.boxed_unsync())
+        // The body's end ends the trace, after the receipt it settles when dropped.
+        response.map(|body| {
+            body::on_end(body, move |completed| {
+                let now = SystemTime::now();
+                if completed {
+                    self.phases[Phase::Stream as usize].1 = Some(now);
+                }
+                self.send(now, status);
+            })
+        })
     }
 
     /// Builds the request's spans and queues them for the exporter.
