@@ -35,7 +35,18 @@ def sign_in(browser: Browser, admin_url: str, token: str = ADMIN_TOKEN) -> None:
 
 
 def submit(browser: Browser, form_css: str) -> None:
+    """Submits the form and waits for the page it leads to: WebDriver's click can return before the
+    browser has left the page, and a check made then would read the old page."""
+    browser.script("window.recoveaLeaving = true;")
     browser.find(f"{form_css} button[type=submit]").click()
+
+    def arrived() -> bool:
+        try:
+            return bool(browser.script(
+                "return window.recoveaLeaving === undefined && document.readyState === 'complete';"))
+        except Exception:  # the old page went away while the script ran: not there yet
+            return False
+    poll("the page the form leads to", arrived, deadline_s=10)
 
 
 def poll(what: str, check, deadline_s: float = LEDGER_DEADLINE_S):
