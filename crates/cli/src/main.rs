@@ -39,6 +39,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    allocator::without_huge_pages();
     let matches = Cli::command().try_get_matches().unwrap_or_else(|error| {
         if let Some(variable) = variable_of_bad_value(&error) {
             eprintln!("error: the environment variable {variable} holds a value that cannot be used");

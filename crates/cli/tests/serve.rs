@@ -568,6 +568,20 @@ async fn key_rate_limits_are_set_changed_and_enforced() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Huge pages zeroed at first touch stalled the connection threads with thousands of streams open
+/// (see `allocator.rs`): the kernel must report them off for the running gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_runs_without_transparent_huge_pages() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("no-huge-pages");
+    let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", serve.process.pid())).expect("/proc status");
+    let thp = status.lines().find_map(|l| l.strip_prefix("THP_enabled:")).map(str::trim);
+    assert_eq!(thp, Some("0"), "THP_enabled of the running gateway, in:\n{status}");
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_snapshot_age_of_serve_stays_near_zero_without_changes() {
     let mock = MockProvider::start().await;

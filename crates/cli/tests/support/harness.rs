@@ -101,6 +101,11 @@ impl Process {
             .unwrap_or_else(|| panic!("no {label:?} in the banner: {:?}", self.stdout))
     }
 
+    /// The process's id, to read what the kernel says of it under `/proc`.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: no drain, no flush, no goodbye.
     pub fn kill(mut self) {
         let _ = self.child.kill();
