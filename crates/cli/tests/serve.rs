@@ -575,7 +575,8 @@ async fn the_gateway_runs_without_transparent_huge_pages() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("no-huge-pages");
     let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
-    let status = std::fs::read_to_string(format!("/proc/{}/status", serve.process.pid())).expect("/proc status");
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", serve.process.pid())).expect("/proc status");
     let thp = status.lines().find_map(|l| l.strip_prefix("THP_enabled:")).map(str::trim);
     assert_eq!(thp, Some("0"), "THP_enabled of the running gateway, in:\n{status}");
     drop(serve);

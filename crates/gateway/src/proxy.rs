@@ -559,32 +559,19 @@ fn upstream_request(
     target: &Target,
     body: Bytes,
 ) -> Result<Request<Bytes>, Refusal> {
-    let request_headers = &mut parts.headers;
-    let had_length = request_headers.contains_key(header::CONTENT_LENGTH)
-        || request_headers.contains_key(header::TRANSFER_ENCODING);
-    headers::remove_hop_by_hop(request_headers);
-    headers::remove_recovea_key(request_headers);
-    // Attribution is the gateway's: the provider never sees the tags.
-    request_headers.remove(tags::HEADER);
-    request_headers.remove(header::HOST);
-    request_headers.remove(header::CONTENT_LENGTH);
-    if let Some((kind, key)) = &target.managed_key {
-        // The admin API accepts only keys that are valid header values, so this holds.
-        headers::set_managed_key(request_headers, *kind, key)
-            .map_err(|_| Refusal::ProviderNotConfigured(route.credential.to_owned()))?;
-    }
-    if had_length || !body.is_empty() {
-        request_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    }
-    // The usage tap reads the answer as it passes: it must not arrive compressed.
-    request_headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    let managed = target.managed_key.as_ref().map(|(kind, key)| (*kind, key.as_str()));
+    // The admin API accepts only keys that are valid header values, so this holds.
+    let provider_headers = headers::for_provider(std::mem::take(&mut parts.headers), managed, body.len())
+        .map_err(|_| Refusal::ProviderNotConfigured(route.credential.to_owned()))?;
     // A key in the URL is Gemini's other way to take one: it never reaches the provider.
     let upstream_path = recovea_providers::without_key_param(route.upstream_path);
-    let uri =
-        format!("{}{}", target.base_url, upstream_path).parse::<Uri>().map_err(|_| Refusal::UnknownRoute)?;
+    let mut uri = String::with_capacity(target.base_url.len() + upstream_path.len());
+    uri.push_str(&target.base_url);
+    uri.push_str(&upstream_path);
+    let uri = Uri::try_from(uri).map_err(|_| Refusal::UnknownRoute)?;
     let mut builder = Request::builder().method(parts.method.clone()).uri(uri).version(Version::HTTP_11);
     if let Some(headers) = builder.headers_mut() {
-        *headers = std::mem::take(request_headers);
+        *headers = provider_headers;
     }
     builder.body(body).map_err(|_| Refusal::UnknownRoute)
 }
