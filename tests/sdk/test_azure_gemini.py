@@ -28,6 +28,7 @@ from conftest import (
     assert_receipt,
     refusal_code,
     request_id,
+    run_node,
 )
 
 API_VERSION = "2024-10-21"
@@ -62,8 +63,23 @@ def cloud_tenant(make_tenant, admin, gateway):
     return tenant
 
 
-def _since(mock_provider, mark):
-    return mock_provider.since(mark)
+def assert_deployment_calls(mock_provider, mark, tenant, ledger, plain: str, streamed: str) -> None:
+    """A chat completion and a stream went to the deployment's path with the managed `api-key`, the stream
+    asking the provider for usage; each has a receipt with the mock's exact usage."""
+    sent = mock_provider.since(mark)
+    assert len(sent) == 2
+    for req in sent:
+        assert req.path == f"/openai/deployments/{OPENAI_MODEL}/chat/completions?api-version={API_VERSION}"
+        assert req.header("api-key") == tenant.azure_key
+        assert req.header("authorization") is None
+    assert sent[1].body_json["stream_options"] == {"include_usage": True}
+    assert_no_recovea_secret(sent, tenant.secret)
+
+    receipts = ledger.settle_tenant(tenant, [plain, streamed])
+    for rid, stream_ in ((plain, False), (streamed, True)):
+        assert_receipt(receipts[rid], tenant=tenant, request_id=rid, provider="azure", model=OPENAI_MODEL,
+                       endpoint=f"/openai/deployments/{OPENAI_MODEL}/chat/completions", stream=stream_,
+                       input_tokens=CHAT_INPUT_TOKENS, output_tokens=MOCK_OUTPUT_TOKENS)
 
 
 def test_azure_openai_sdk_chat_and_stream_through_the_gateway(gateway, mock_provider, cloud_tenant, ledger):
@@ -80,39 +96,46 @@ def test_azure_openai_sdk_chat_and_stream_through_the_gateway(gateway, mock_prov
     chunks = list(stream.parse())
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "This is a mock response."
     assert all(c.usage is None for c in chunks), "the usage chunk the gateway asked for is not the client's"
-    streamed = request_id(stream.headers)
-
-    sent = _since(mock_provider, mark)
-    assert len(sent) == 2
-    for req in sent:
-        assert req.path == f"/openai/deployments/{OPENAI_MODEL}/chat/completions?api-version={API_VERSION}"
-        assert req.header("api-key") == cloud_tenant.azure_key
-        assert req.header("authorization") is None
-    assert sent[1].body_json["stream_options"] == {"include_usage": True}
-    assert_no_recovea_secret(sent, cloud_tenant.secret)
-
-    receipts = ledger.settle_tenant(cloud_tenant, [plain, streamed])
-    for rid, stream_ in ((plain, False), (streamed, True)):
-        assert_receipt(receipts[rid], tenant=cloud_tenant, request_id=rid, provider="azure", model=OPENAI_MODEL,
-                       endpoint=f"/openai/deployments/{OPENAI_MODEL}/chat/completions", stream=stream_,
-                       input_tokens=CHAT_INPUT_TOKENS, output_tokens=MOCK_OUTPUT_TOKENS)
+    assert_deployment_calls(mock_provider, mark, cloud_tenant, ledger, plain, request_id(stream.headers))
     client.close()
 
 
-def test_azure_v1_paths_by_the_credentials_name(gateway, mock_provider, cloud_tenant, ledger):
-    client = openai.OpenAI(base_url=f"{gateway.url}/azure/openai/v1", api_key=cloud_tenant.secret,
-                           max_retries=0, timeout=30)
+def test_the_typescript_azure_client_chat_and_stream_through_the_gateway(gateway, mock_provider, cloud_tenant,
+                                                                         ledger):
+    """The `openai` npm package's `AzureOpenAI` (tests/sdk/js/openai_clients.mjs), its deployment the model."""
     mark = mock_provider.mark()
-    raw = client.chat.completions.with_raw_response.create(model=OPENAI_MODEL, messages=CHAT)
+    lines = run_node("openai_clients.mjs", gateway.url, cloud_tenant.secret, OPENAI_MODEL, "azure-chat",
+                     "azure-stream")
+    chat, stream = lines
+    assert chat["ok"] and stream["ok"], lines
+    assert chat["text"] == stream["text"] == "This is a mock response.", lines
+    # the stream asked for usage (`include_usage`): one usage chunk, the provider's, as the plain answer's
+    assert stream["usage"] == [chat["usage"]], lines
+    tokens = (chat["usage"]["prompt_tokens"], chat["usage"]["completion_tokens"])
+    assert tokens == (CHAT_INPUT_TOKENS, MOCK_OUTPUT_TOKENS), chat
+    assert_deployment_calls(mock_provider, mark, cloud_tenant, ledger, chat["request_id"], stream["request_id"])
+
+
+@pytest.mark.parametrize(("base", "model", "upstream", "header", "provider"), [
+    pytest.param("/azure/openai/v1", OPENAI_MODEL, "/openai/v1/chat/completions", "api-key", "azure",
+                 id="azure-v1-by-the-credentials-name"),
+    pytest.param("/v1beta/openai", GEMINI_MODEL, "/v1beta/openai/chat/completions", "x-goog-api-key", "gemini",
+                 id="geminis-openai-compatible-endpoint"),
+])
+def test_openai_sdk_on_an_openai_compatible_path(gateway, mock_provider, cloud_tenant, ledger, base, model,
+                                                 upstream, header, provider):
+    client = openai.OpenAI(base_url=f"{gateway.url}{base}", api_key=cloud_tenant.secret, max_retries=0, timeout=30)
+    mark = mock_provider.mark()
+    raw = client.chat.completions.with_raw_response.create(model=model, messages=CHAT)
     assert raw.parse().choices[0].message.content == "This is a mock response."
-    (sent,) = _since(mock_provider, mark)
-    assert sent.path == "/openai/v1/chat/completions"
-    assert (sent.header("api-key"), sent.header("authorization")) == (cloud_tenant.azure_key, None)
+    (sent,) = mock_provider.since(mark)
+    assert sent.path == upstream
+    managed = cloud_tenant.azure_key if provider == "azure" else cloud_tenant.gemini_key
+    assert (sent.header(header), sent.header("authorization")) == (managed, None)
     rid = request_id(raw.headers)
     receipt = ledger.settle_tenant(cloud_tenant, [rid])[rid]
-    assert_receipt(receipt, tenant=cloud_tenant, request_id=rid, provider="azure", model=OPENAI_MODEL,
-                   endpoint="/openai/v1/chat/completions", stream=False,
-                   input_tokens=CHAT_INPUT_TOKENS, output_tokens=MOCK_OUTPUT_TOKENS)
+    assert_receipt(receipt, tenant=cloud_tenant, request_id=rid, provider=provider, model=model,
+                   endpoint=upstream, stream=False, input_tokens=CHAT_INPUT_TOKENS, output_tokens=MOCK_OUTPUT_TOKENS)
     client.close()
 
 
@@ -139,7 +162,7 @@ def test_google_genai_sdk_generate_content_and_stream_through_the_gateway(gatewa
     assert chunks[-1].usage_metadata.candidates_token_count == MOCK_OUTPUT_TOKENS
     streamed = _gateway_request_id(chunks[0])
 
-    sent = _since(mock_provider, mark)
+    sent = mock_provider.since(mark)
     assert [req.path for req in sent] == [
         f"/v1/models/{GEMINI_MODEL}:generateContent",
         f"/v1/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse",
@@ -169,20 +192,3 @@ def test_gemini_thoughts_cache_and_tool_prompts_on_the_receipt(gateway, mock_pro
                    endpoint=f"/v1beta/models/{GEMINI_MODEL}:generateContent", stream=False,
                    input_tokens=1020, cached=600, output_tokens=100, reasoning=90)
     assert receipt["cost_usd"] == "0.000394"
-
-
-def test_openai_sdk_on_geminis_compatible_endpoint(gateway, mock_provider, cloud_tenant, ledger):
-    client = openai.OpenAI(base_url=f"{gateway.url}/v1beta/openai", api_key=cloud_tenant.secret,
-                           max_retries=0, timeout=30)
-    mark = mock_provider.mark()
-    raw = client.chat.completions.with_raw_response.create(model=GEMINI_MODEL, messages=CHAT)
-    assert raw.parse().choices[0].message.content == "This is a mock response."
-    (sent,) = _since(mock_provider, mark)
-    assert sent.path == "/v1beta/openai/chat/completions"
-    assert (sent.header("x-goog-api-key"), sent.header("authorization")) == (cloud_tenant.gemini_key, None)
-    rid = request_id(raw.headers)
-    receipt = ledger.settle_tenant(cloud_tenant, [rid])[rid]
-    assert_receipt(receipt, tenant=cloud_tenant, request_id=rid, provider="gemini", model=GEMINI_MODEL,
-                   endpoint="/v1beta/openai/chat/completions", stream=False,
-                   input_tokens=CHAT_INPUT_TOKENS, output_tokens=MOCK_OUTPUT_TOKENS)
-    client.close()
