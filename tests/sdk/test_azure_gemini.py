@@ -18,7 +18,7 @@ import uuid
 import openai
 import pytest
 from google import genai
-from google.genai import types
+from google.genai import errors, types
 
 from conftest import (
     MOCK_OUTPUT_TOKENS,
@@ -45,22 +45,32 @@ def cloud_tenant(make_tenant, admin, gateway):
     tenant.gemini_key = f"AIza-managed-{uuid.uuid4().hex}"
     admin.put_provider(tenant.org_id, "azure", "azure_openai", tenant.azure_key, base_url=gateway.mock_url)
     admin.put_provider(tenant.org_id, "gemini", "gemini", tenant.gemini_key, base_url=gateway.mock_url)
-    probes = [
-        (f"/openai/deployments/{OPENAI_MODEL}/chat/completions?api-version={API_VERSION}", "api-key",
-         {"model": OPENAI_MODEL, "messages": CHAT}),
-        (f"/v1beta/models/{GEMINI_MODEL}:generateContent", "x-goog-api-key",
-         {"contents": [{"parts": [{"text": "ping"}]}]}),
-    ]
-    for path, header, body in probes:
-        deadline = time.monotonic() + PROPAGATION_DEADLINE_S
-        while True:
-            r = gateway.request("POST", path, headers={header: tenant.secret}, json=body)
-            if refusal_code(r) is None:
-                tenant.probe_request_ids.append(request_id(r.headers))
-                break
-            assert time.monotonic() < deadline, f"{path}: still {r.status_code} {r.text}"
-            time.sleep(0.05)
+    azure_probe = (f"/openai/deployments/{OPENAI_MODEL}/chat/completions?api-version={API_VERSION}", "api-key",
+                   {"model": OPENAI_MODEL, "messages": CHAT})
+    for probe in (azure_probe, GEMINI_PROBE):
+        tenant.probe_request_ids += probed_until(gateway, tenant.secret, probe, lambda r: refusal_code(r) is None)
     return tenant
+
+
+# Gemini's native call, as google-genai makes it: (path, key header, body).
+GEMINI_PROBE = (f"/v1beta/models/{GEMINI_MODEL}:generateContent", "x-goog-api-key",
+                {"contents": [{"parts": [{"text": "ping"}]}]})
+
+
+def probed_until(gateway, secret: str, probe: tuple[str, str, dict], done) -> list[str]:
+    """Sends `probe` with `secret` until `done(response)` (an admin change reaches the gateway within the
+    propagation deadline); the request ids of the probes it forwarded (each has a receipt)."""
+    path, header, body = probe
+    forwarded: list[str] = []
+    deadline = time.monotonic() + PROPAGATION_DEADLINE_S
+    while True:
+        r = gateway.request("POST", path, headers={header: secret}, json=body)
+        if r.status_code == 200:
+            forwarded.append(request_id(r.headers))
+        if done(r):
+            return forwarded
+        assert time.monotonic() < deadline, f"{path}: still {r.status_code} {r.text}"
+        time.sleep(0.05)
 
 
 def assert_deployment_calls(mock_provider, mark, tenant, ledger, plain: str, streamed: str) -> None:
@@ -192,3 +202,71 @@ def test_gemini_thoughts_cache_and_tool_prompts_on_the_receipt(gateway, mock_pro
                    endpoint=f"/v1beta/models/{GEMINI_MODEL}:generateContent", stream=False,
                    input_tokens=1020, cached=600, output_tokens=100, reasoning=90)
     assert receipt["cost_usd"] == "0.000394"
+
+
+def google_error(status: int, google_status: str, message: str, kind: str, code: str) -> dict:
+    """The gateway's own answer on a Gemini route (docs/behaviour.md): Google's error envelope, the contract's
+    `type` and `code` in its `ErrorInfo` detail."""
+    return {"error": {"code": status, "message": message, "status": google_status, "details": [{
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": code.upper(), "domain": "recovea",
+        "metadata": {"type": kind, "code": code}}]}}
+
+
+def gemini_refusals(client) -> list[errors.APIError]:
+    """What google-genai raises for generate_content and for generate_content_stream."""
+    raised = []
+    for call in (lambda: client.models.generate_content(model=GEMINI_MODEL, contents="Say hello"),
+                 lambda: list(client.models.generate_content_stream(model=GEMINI_MODEL, contents="Say hello"))):
+        with pytest.raises(errors.APIError) as error:
+            call()
+        raised.append(error.value)
+    return raised
+
+
+def assert_gemini_refusal(error: errors.APIError, expected: dict) -> None:
+    """google-genai's exception shows the gateway's status, Google status and message; the contract's code
+    and type are in its details."""
+    status, google_status = expected["error"]["code"], expected["error"]["status"]
+    assert isinstance(error, errors.ClientError), type(error)
+    assert (error.code, error.status, error.message) == (status, google_status, expected["error"]["message"])
+    assert error.details == expected, error.details
+    assert str(error).startswith(f"{status} {google_status}. "), str(error)
+    assert request_id(error.response.headers)
+
+
+def test_google_genai_sdk_shows_the_gateways_401(gateway, mock_provider):
+    mark = mock_provider.mark()
+    expected = google_error(401, "UNAUTHENTICATED", "Invalid API key.", "invalid_request_error", "invalid_api_key")
+    for api_version in (None, "v1beta"):
+        for error in gemini_refusals(_genai(gateway, "rk_" + "0" * 44, api_version)):
+            assert_gemini_refusal(error, expected)
+    assert mock_provider.since(mark) == [], "a refused request reached the provider"
+
+
+def test_google_genai_sdk_shows_the_gateways_402(gateway, admin, mock_provider, cloud_tenant, ledger):
+    r = admin.http.post(f"/orgs/{cloud_tenant.org_id}/caps",
+                        json={"scope": "organization", "window": "month", "limit_usd": "0", "hard_stop": True})
+    assert r.status_code == 201, r.text
+    forwarded = probed_until(gateway, cloud_tenant.secret, GEMINI_PROBE, lambda r: r.status_code == 402)
+    mark = mock_provider.mark()
+    expected = google_error(402, "RESOURCE_EXHAUSTED", "Monthly spend cap reached.", "insufficient_quota",
+                            "budget_exceeded")
+    for error in gemini_refusals(_genai(gateway, cloud_tenant.secret)):
+        assert_gemini_refusal(error, expected)
+        headers = error.response.headers
+        assert (headers["x-recovea-budget-scope"], headers["x-recovea-budget-window"]) == ("organization", "month")
+    assert mock_provider.since(mark) == [], "a refused request reached the provider"
+    ledger.settle_tenant(cloud_tenant, forwarded)
+
+
+def test_google_genai_sdk_shows_the_gateways_403(gateway, admin, mock_provider, cloud_tenant, ledger):
+    r = admin.http.patch(f"/keys/{cloud_tenant.key_id}", json={"allowed_models": ["gemini-2.5-pro"]})
+    assert r.status_code == 200, r.text
+    forwarded = probed_until(gateway, cloud_tenant.secret, GEMINI_PROBE, lambda r: r.status_code == 403)
+    mark = mock_provider.mark()
+    expected = google_error(403, "PERMISSION_DENIED", f"Model '{GEMINI_MODEL}' is not allowed for this key.",
+                            "permission_error", "model_not_allowed")
+    for error in gemini_refusals(_genai(gateway, cloud_tenant.secret, api_version="v1beta")):
+        assert_gemini_refusal(error, expected)
+    assert mock_provider.since(mark) == [], "a refused model reached the provider"
+    ledger.settle_tenant(cloud_tenant, forwarded)

@@ -803,10 +803,10 @@ async fn a_request_in_a_transfer_coding_but_chunked_is_refused_and_never_forward
 }
 
 /// A refused head whose path and headers were read is answered in the request's dialect, as every
-/// answer of the gateway's: on an Anthropic route in Anthropic's envelope, whichever of the
-/// gateway's HTTP/1.1 paths read it.
+/// answer of the gateway's: on an Anthropic route in Anthropic's envelope, on a Gemini route in
+/// Google's, whichever of the gateway's HTTP/1.1 paths read it.
 #[tokio::test]
-async fn a_head_refused_on_an_anthropic_route_is_in_anthropics_envelope() {
+async fn a_head_refused_on_an_anthropic_or_gemini_route_is_in_its_envelope() {
     let h = Harness::start().await;
     let address = h.url.trim_start_matches("http://");
     let messages = |lines: &str| {
@@ -823,8 +823,22 @@ async fn a_head_refused_on_an_anthropic_route_is_in_anthropics_envelope() {
     let models_twice = format!(
         "POST /v1/models HTTP/1.1\r\nhost: gw\r\nanthropic-version: 2023-06-01\r\n{length}{length}\r\n{CHAT}"
     );
+    let generate = |lines: &str| {
+        format!(
+            "POST /v1beta/models/gemini-2.5-flash:generateContent HTTP/1.1\r\nx-goog-api-key: {KEY}\r\n\
+             {lines}\r\n{CHAT}"
+        )
+    };
+    let gemini_no_host = refused(&Answer::invalid_host().shaped(WireShape::Gemini), "Bad Request");
+    let gemini_coded =
+        refused(&Answer::unsupported_transfer_coding().shaped(WireShape::Gemini), "Not Implemented");
     let cases = [
         (messages(&length), &no_host),
+        (generate(&length), &gemini_no_host),
+        (
+            format!("{TO_HYPER}{}", generate("host: gw\r\ntransfer-encoding: gzip, chunked\r\n")),
+            &gemini_coded,
+        ),
         (format!("{TO_HYPER}{}", messages(&format!("host: gw\r\nhost: gw\r\n{length}"))), &no_host),
         (format!("{TO_HYPER}{}", messages("host: gw\r\ntransfer-encoding: gzip, chunked\r\n")), &coded),
         (models_twice, &twice),
