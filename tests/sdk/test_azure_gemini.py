@@ -1,13 +1,15 @@
 """Azure OpenAI and Google Gemini through `recovea serve`, with their official SDKs.
 
-Azure: the `openai` SDK's `AzureOpenAI` client, its endpoint the gateway's URL: it calls
-`/openai/deployments/{deployment}/...?api-version=...` with the Recovea key in `api-key`, which the gateway
-routes to the organization's credential named `azure` (kind `azure_openai`). Azure's v1 paths are reached by
+Azure: the `openai` SDK's `AzureOpenAI` client (Python, and TypeScript through tests/sdk/js), its endpoint the
+gateway's URL: it calls `/openai/deployments/{deployment}/...?api-version=...` with the Recovea key in `api-key`,
+which the gateway routes to the organization's credential named `azure` (kind `azure_openai`). Azure's v1 paths are reached by
 name (`/azure/openai/v1/...`) with the plain `OpenAI` client.
 
 Gemini: the `google-genai` SDK, its base URL the gateway's: it calls `/v1/models/{model}:generateContent`
 and `:streamGenerateContent?alt=sse` (`/v1beta/...` with `api_version="v1beta"`) with the key in
-`x-goog-api-key`, routed to the credential named `gemini`; and the `openai` SDK on Gemini's OpenAI-compatible endpoint (`/v1beta/openai/`).
+`x-goog-api-key`, routed to the credential named `gemini`; and the `openai` SDK on Gemini's OpenAI-compatible
+endpoint (`/v1beta/openai/`). The gateway's own refusals on Gemini's routes are in Google's error envelope, so
+that google-genai's exception shows their status, Google status and message (docs/behaviour.md).
 """
 
 from __future__ import annotations
