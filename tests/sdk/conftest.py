@@ -7,8 +7,9 @@ are independent; the mock's request log is never reset mid-run: a test takes a m
 before its calls and reads what came after. Receipts are read per key (`key_id=`), and `Ledger.settle`
 checks that a key has exactly one receipt per admitted request, the suite's own probes included.
 
-Binaries: `RECOVEA_BIN` and `MOCK_PROVIDER_BIN`, defaulting to `target/debug/recovea` and
-`target/debug/recovea-mock-provider` under the repository root. A missing binary fails the session.
+Binaries: `RECOVEA_BIN` and `MOCK_PROVIDER_BIN`, defaulting to `debug/recovea` and `debug/recovea-mock-provider`
+in cargo's target directory (`CARGO_TARGET_DIR`, else `target` under the repository root). A missing binary
+fails the session.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import queue
 import re
 import secrets
+import shutil
 import signal
 import string
 import subprocess
@@ -55,8 +57,10 @@ def random_base62(n: int) -> str:
     return "".join(secrets.choice(BASE62) for _ in range(n))
 
 
-def _binary(env_var: str, default: str) -> Path:
-    raw = os.environ.get(env_var, default)
+def _binary(env_var: str, name: str) -> Path:
+    """`env_var`'s path, else the debug build of `name` in cargo's target directory."""
+    target = os.environ.get("CARGO_TARGET_DIR", "target")
+    raw = os.environ.get(env_var, f"{target}/debug/{name}")
     path = Path(raw)
     if not path.is_absolute():
         path = REPO_ROOT / path
@@ -162,7 +166,7 @@ class MockProvider:
 
 @pytest.fixture(scope="session")
 def mock_provider(tmp_path_factory) -> Iterable[MockProvider]:
-    binary = _binary("MOCK_PROVIDER_BIN", "target/debug/recovea-mock-provider")
+    binary = _binary("MOCK_PROVIDER_BIN", "recovea-mock-provider")
     workdir = tmp_path_factory.mktemp("mock")
     out_log, err_log = workdir / "stdout.log", workdir / "stderr.log"
     with open(err_log, "wb") as err:
@@ -230,7 +234,7 @@ def gateway(mock_provider: MockProvider, tmp_path_factory) -> Iterable[Gateway]:
 
 def launch_serve(mock_provider: MockProvider, workdir: Path, log_name: str, *extra: str) -> Iterable[Gateway]:
     """Starts `recovea serve` with `extra` arguments in `workdir`, yields it once ready, stops it after."""
-    binary = _binary("RECOVEA_BIN", "target/debug/recovea")
+    binary = _binary("RECOVEA_BIN", "recovea")
     data_dir = workdir / "data"
     data_dir.mkdir()
     out_log, err_log = workdir / "stdout.log", workdir / "stderr.log"
@@ -486,6 +490,23 @@ def anthropic_client(gateway: Gateway) -> Callable[..., Any]:
         c.close()
 
 
+JS_DIR = REPO_ROOT / "tests" / "sdk" / "js"
+
+
+def run_node(script: str, *args: str) -> list[dict]:
+    """Runs `tests/sdk/js/<script>` (a TypeScript SDK's calls through the gateway) with `args`; the JSON lines
+    it printed, one per call, in order. The SDKs' environment variables are not passed on."""
+    if not (JS_DIR / "node_modules").is_dir() or shutil.which("node") is None:
+        pytest.fail("the TypeScript SDKs are not installed: run scripts/test-sdk (npm ci in tests/sdk/js)",
+                    pytrace=False)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OPENAI_", "ANTHROPIC_", "AZURE_OPENAI_"))}
+    done = subprocess.run(["node", str(JS_DIR / script), *args], capture_output=True, text=True, timeout=60,
+                          cwd=JS_DIR, env=env)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
 @pytest.fixture(autouse=True)
 def _no_sdk_environment(monkeypatch):
     """The SDKs read keys and URLs from the environment; the suite passes everything explicitly."""
@@ -572,6 +593,15 @@ BUILTIN_PRICES = {
     "claude-haiku-4-5": Price("1", "5", "0.1", "1.25"),
     "gemini-2.5-flash": Price("0.3", "2.5", "0.03"),
 }
+
+OPENAI_CHAT_USAGE = {  # 1000 input of which 400 cached; 200 output of which 50 reasoning
+    "prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200,
+    "prompt_tokens_details": {"cached_tokens": 400, "audio_tokens": 0},
+    "completion_tokens_details": {"reasoning_tokens": 50, "audio_tokens": 0,
+                                  "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
+}
+# gpt-4o-mini: 600 x 0.15 + 400 x 0.075 + 200 x 0.6 per M = (90 + 30 + 120) / 1e6
+OPENAI_CHAT_COST = "0.00024"
 
 MOCK_TEXT_KEYS = frozenset({"content", "text", "input", "prompt", "system", "instructions"})
 MOCK_OUTPUT_TOKENS = 5  # one per streamed piece of "This is a mock response."

@@ -5,21 +5,16 @@ reaches the SDK with its message, before the provider is called and without a re
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 import time
 
 import anthropic
 import pytest
 
-from conftest import ANTHROPIC_MODEL, REPO_ROOT, request_id
+from conftest import ANTHROPIC_MODEL, request_id, run_node
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 CAP_REACHED = {"message": "Monthly spend cap reached.", "type": "insufficient_quota", "param": None,
                "code": "budget_exceeded"}
-JS_DIR = REPO_ROOT / "tests" / "sdk" / "js"
 
 
 def capped_anthropic_tenant(admin, make_tenant) -> str:
@@ -115,15 +110,7 @@ def test_a_model_outside_the_allowlist_is_403_with_its_message(gateway, admin, t
 
 def node_clients(gateway_url: str, secret: str, model: str) -> dict[str, dict]:
     """Runs tests/sdk/js/anthropic_clients.mjs: what the TypeScript SDK and the Vercel AI SDK surfaced."""
-    if not (JS_DIR / "node_modules").is_dir() or shutil.which("node") is None:
-        pytest.fail("the TypeScript SDKs are not installed: run scripts/test-sdk (npm ci in tests/sdk/js)",
-                    pytrace=False)
-    done = subprocess.run(["node", str(JS_DIR / "anthropic_clients.mjs"), gateway_url, secret, model],
-                          capture_output=True, text=True, timeout=60, cwd=JS_DIR,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")})
-    assert done.returncode == 0, done.stderr
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    return {line["client"]: line for line in lines}
+    return {line["client"]: line for line in run_node("anthropic_clients.mjs", gateway_url, secret, model)}
 
 
 def test_the_typescript_sdk_and_the_vercel_ai_sdk_show_the_message_of_a_402(gateway, admin, make_tenant):

@@ -26,6 +26,8 @@ from conftest import (
     ANTHROPIC_VERSION,
     BUILTIN_PRICES,
     MOCK_OUTPUT_TOKENS,
+    OPENAI_CHAT_COST,
+    OPENAI_CHAT_USAGE,
     OPENAI_MODEL,
     PROPAGATION_DEADLINE_S,
     RECEIPT_FIELDS,
@@ -45,15 +47,6 @@ from conftest import (
 
 CHAT = [{"role": "user", "content": "Say hello"}]
 CHAT_INPUT_TOKENS = 3  # 1 + "Say hello"
-
-OPENAI_CHAT_USAGE = {  # 1000 input of which 400 cached; 200 output of which 50 reasoning
-    "prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200,
-    "prompt_tokens_details": {"cached_tokens": 400, "audio_tokens": 0},
-    "completion_tokens_details": {"reasoning_tokens": 50, "audio_tokens": 0,
-                                  "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
-}
-# gpt-4o-mini: 600 x 0.15 + 400 x 0.075 + 200 x 0.6 per M = (90 + 30 + 120) / 1e6
-OPENAI_CHAT_COST = "0.00024"
 
 RESPONSES_USAGE = {  # 2000 input of which 1500 cached; 300 output of which 120 reasoning
     "input_tokens": 2000, "input_tokens_details": {"cached_tokens": 1500},

@@ -4,7 +4,10 @@
 //! with two-space indentation exactly as the product page shows them. On Anthropic routes the body
 //! also carries Anthropic's top-level `"type": "error"` (first, as Anthropic writes it), the
 //! `error` object unchanged: Anthropic's SDKs and the Vercel AI SDK read that envelope, OpenAI's
-//! SDKs read `error` alone, so every one of them shows the message.
+//! SDKs read `error` alone, so every one of them shows the message. On Gemini's native routes the
+//! body is Google's error envelope instead (`error.code` the HTTP status, `error.status` Google's
+//! name for it), the contract's `type` and `code` in its `ErrorInfo` detail: Google's SDKs read
+//! `code`, `status` and `message` from it, and a number where the contract has a word.
 
 use serde::Serialize;
 
@@ -32,22 +35,55 @@ pub enum WireShape {
     #[default]
     OpenAi,
     Anthropic,
+    /// Gemini's own API (`generateContent` and the rest), not its OpenAI-compatible endpoint.
+    Gemini,
+}
+
+/// Gemini's methods on a model (`models/{model}:{method}`), which no OpenAI or Anthropic path has.
+pub const GEMINI_MODEL_METHODS: [&str; 6] = [
+    "generateContent",
+    "streamGenerateContent",
+    "countTokens",
+    "embedContent",
+    "batchEmbedContents",
+    "batchGenerateContent",
+];
+
+/// `models/{model}:{method}` (what follows an API version) with one of Gemini's methods. (An OpenAI
+/// fine-tuned model's id has colons too, never one of these methods after its last.)
+pub fn is_gemini_model_call(after_version: &str) -> bool {
+    after_version
+        .strip_prefix("models/")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .is_some_and(|(model, method)| !model.is_empty() && GEMINI_MODEL_METHODS.contains(&method))
 }
 
 impl WireShape {
     /// The shape of a request: Anthropic's when it carries `anthropic-version` (every Anthropic
     /// SDK sends it, on every path) or when its path, below an optional `/{credential}` segment,
-    /// is `/v1/messages...`; OpenAI's otherwise.
+    /// is `/v1/messages...`; Gemini's when that path is Gemini's own API, `/v1beta/...` (but
+    /// `/v1beta/openai/...`, its OpenAI-compatible endpoint) or `/v1/models/{model}:{method}`
+    /// with one of Gemini's methods; OpenAI's otherwise.
     pub fn of_request(path: &str, carries_anthropic_version: bool) -> Self {
         if carries_anthropic_version {
             return Self::Anthropic;
         }
         let path = path.split_once('?').map_or(path, |(path, _)| path);
-        // `/v1/...`, or `/{credential}/v1/...`.
-        let versioned = path.strip_prefix("/v1/").or_else(|| {
-            let (_, rest) = path.strip_prefix('/')?.split_once('/')?;
-            rest.strip_prefix("v1/")
-        });
+        // `/{version}/...`, or `/{credential}/{version}/...`.
+        let below = |version: &str| {
+            path.strip_prefix(version).or_else(|| {
+                let (_, rest) = path.strip_prefix('/')?.split_once('/')?;
+                rest.strip_prefix(&version[1..])
+            })
+        };
+        let beta = below("/v1beta/").filter(|rest| !rest.is_empty());
+        if beta.is_some_and(|rest| rest != "openai" && !rest.starts_with("openai/")) {
+            return Self::Gemini;
+        }
+        let versioned = below("/v1/");
+        if versioned.is_some_and(is_gemini_model_call) {
+            return Self::Gemini;
+        }
         let messages = versioned
             .and_then(|rest| rest.strip_prefix("messages"))
             .is_some_and(|tail| tail.is_empty() || tail.starts_with('/'));
@@ -80,13 +116,13 @@ impl Answer {
             code: code.to_owned(),
             message: message.to_owned(),
         });
-        Self { status, headers: Vec::new(), body: render(&error, WireShape::OpenAi), error }
+        Self { status, headers: Vec::new(), body: render(&error, status, WireShape::OpenAi), error }
     }
 
     /// The same answer in the envelope of `shape`: status, headers and the `error` object are kept.
     pub fn shaped(mut self, shape: WireShape) -> Self {
         if shape != WireShape::OpenAi {
-            self.body = render(&self.error, shape);
+            self.body = render(&self.error, self.status, shape);
         }
         self
     }
@@ -242,15 +278,82 @@ impl Answer {
 /// How much of a refused model's name its message shows.
 const MODEL_SHOWN_CHARS: usize = 200;
 
-fn render(error: &ErrorFields, shape: WireShape) -> Vec<u8> {
-    let envelope = Envelope {
-        kind: match shape {
-            WireShape::OpenAi => None,
-            WireShape::Anthropic => Some("error"),
-        },
-        error: ErrorBody { message: &error.message, kind: &error.kind, param: None, code: &error.code },
+fn render(error: &ErrorFields, status: u16, shape: WireShape) -> Vec<u8> {
+    let body = ErrorBody { message: &error.message, kind: &error.kind, param: None, code: &error.code };
+    let rendered = match shape {
+        WireShape::OpenAi => serde_json::to_vec_pretty(&Envelope { kind: None, error: body }),
+        WireShape::Anthropic => serde_json::to_vec_pretty(&Envelope { kind: Some("error"), error: body }),
+        WireShape::Gemini => serde_json::to_vec_pretty(&GoogleEnvelope {
+            error: GoogleError {
+                code: status,
+                message: &error.message,
+                status: google_status(status),
+                details: [ErrorInfo {
+                    kind: "type.googleapis.com/google.rpc.ErrorInfo",
+                    reason: error.code.to_ascii_uppercase(),
+                    domain: ERROR_DOMAIN,
+                    metadata: ErrorMetadata { kind: &error.kind, code: &error.code },
+                }],
+            },
+        }),
     };
-    serde_json::to_vec_pretty(&envelope).expect("a struct of strings always serialises")
+    rendered.expect("a struct of strings and numbers always serialises")
+}
+
+/// Google's `ErrorInfo.domain` of the gateway's own answers: who gave the `reason`.
+const ERROR_DOMAIN: &str = "recovea";
+
+/// Google's error envelope (`google.rpc.Status` as its JSON APIs write it).
+#[derive(Serialize)]
+struct GoogleEnvelope<'a> {
+    error: GoogleError<'a>,
+}
+
+#[derive(Serialize)]
+struct GoogleError<'a> {
+    /// The HTTP status.
+    code: u16,
+    message: &'a str,
+    /// Google's canonical name for the status.
+    status: &'static str,
+    details: [ErrorInfo<'a>; 1],
+}
+
+/// `google.rpc.ErrorInfo`: the contract's `code` as its `reason` (upper case, as Google writes
+/// reasons), and the contract's `type` and `code` as they are in its `metadata`.
+#[derive(Serialize)]
+struct ErrorInfo<'a> {
+    #[serde(rename = "@type")]
+    kind: &'static str,
+    reason: String,
+    domain: &'static str,
+    metadata: ErrorMetadata<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorMetadata<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    code: &'a str,
+}
+
+/// Google's canonical status (`google.rpc.Code`) for an HTTP status the gateway answers with, as
+/// Google's APIs pair them; the nearest one for those Google's APIs never give (`402`: a budget
+/// is a quota; `413`: an argument too large).
+pub fn google_status(status: u16) -> &'static str {
+    match status {
+        400 | 413 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        402 | 429 => "RESOURCE_EXHAUSTED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        408 | 504 => "DEADLINE_EXCEEDED",
+        409 => "ABORTED",
+        501 => "UNIMPLEMENTED",
+        502 | 503 => "UNAVAILABLE",
+        500..=599 => "INTERNAL",
+        _ => "UNKNOWN",
+    }
 }
 
 #[cfg(test)]
@@ -471,6 +574,23 @@ mod tests {
             ("/a/b/v1/messages", false, OpenAi),
             ("/v2/messages", false, OpenAi),
             ("/", false, OpenAi),
+            ("/v1beta/models/gemini-2.5-flash:generateContent", false, Gemini),
+            ("/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", false, Gemini),
+            ("/v1beta/models", false, Gemini),
+            ("/v1beta/files/abc", false, Gemini),
+            ("/gemini/v1beta/models/m:countTokens", false, Gemini),
+            ("/v1/models/gemini-2.5-flash:generateContent", false, Gemini),
+            ("/v1/models/m:streamGenerateContent?alt=sse", false, Gemini),
+            ("/vertex/v1/models/m:embedContent", false, Gemini),
+            ("/v1beta/models/m:generateContent", true, Anthropic),
+            ("/v1beta/openai/chat/completions", false, OpenAi),
+            ("/v1beta/openai", false, OpenAi),
+            ("/gemini/v1beta/openai/models", false, OpenAi),
+            ("/v1beta/", false, OpenAi),
+            ("/v1/models/ft:gpt-4o:acme:abc", false, OpenAi),
+            ("/v1/models/:generateContent", false, OpenAi),
+            ("/v1/models/m:generateContentx", false, OpenAi),
+            ("/a/b/v1beta/models/m:generateContent", false, OpenAi),
         ] {
             assert_eq!(WireShape::of_request(path, version), shape, "{path} {version}");
         }
@@ -544,5 +664,101 @@ mod tests {
   }
 }"#;
         assert_eq!(text(&answer), expected);
+    }
+
+    /// The budget refusal on a Gemini route, byte for byte (docs/behaviour.md shows it).
+    #[test]
+    fn gemini_shape_bytes_are_exact() {
+        let answer = Answer::budget_exceeded("organization", "month", "Monthly").shaped(WireShape::Gemini);
+        assert_eq!(answer.status, 402);
+        let expected = r#"{
+  "error": {
+    "code": 402,
+    "message": "Monthly spend cap reached.",
+    "status": "RESOURCE_EXHAUSTED",
+    "details": [
+      {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": "BUDGET_EXCEEDED",
+        "domain": "recovea",
+        "metadata": {
+          "type": "insufficient_quota",
+          "code": "budget_exceeded"
+        }
+      }
+    ]
+  }
+}"#;
+        assert_eq!(text(&answer), expected);
+    }
+
+    /// Every answer on a Gemini route: Google's envelope, its `code` the HTTP status, the
+    /// contract's message, type and code all there; status and headers unchanged.
+    #[test]
+    fn gemini_shape_for_every_answer() {
+        let every = [
+            (Answer::invalid_api_key(), "UNAUTHENTICATED"),
+            (Answer::provider_not_configured("gemini"), "INVALID_ARGUMENT"),
+            (Answer::upstream_unreachable(), "UNAVAILABLE"),
+            (Answer::upstream_timeout(), "DEADLINE_EXCEEDED"),
+            (Answer::request_too_large(64), "INVALID_ARGUMENT"),
+            (Answer::request_body_unreadable(), "INVALID_ARGUMENT"),
+            (Answer::request_body_timeout(), "DEADLINE_EXCEEDED"),
+            (Answer::unknown_route(), "NOT_FOUND"),
+            (Answer::invalid_host(), "INVALID_ARGUMENT"),
+            (Answer::invalid_content_length(), "INVALID_ARGUMENT"),
+            (Answer::invalid_transfer_encoding(), "INVALID_ARGUMENT"),
+            (Answer::unsupported_transfer_coding(), "UNIMPLEMENTED"),
+            (Answer::budget_exceeded("organization", "month", "Monthly"), "RESOURCE_EXHAUSTED"),
+            (Answer::budget_unverifiable("key", "day", "Daily"), "UNAVAILABLE"),
+            (Answer::rate_limited(1500), "RESOURCE_EXHAUSTED"),
+            (Answer::model_not_allowed("gemini-2.5-pro"), "PERMISSION_DENIED"),
+            (Answer::invalid_tags("at most 10 tags"), "INVALID_ARGUMENT"),
+        ];
+        for (openai, google) in every {
+            let gemini = openai.clone().shaped(WireShape::Gemini);
+            assert_eq!((gemini.status, &gemini.headers), (openai.status, &openai.headers));
+            let contract: serde_json::Value = serde_json::from_slice(&openai.body).expect("json");
+            let (message, kind, code) =
+                (&contract["error"]["message"], &contract["error"]["type"], &contract["error"]["code"]);
+            let code_text = code.as_str().expect("a code");
+            let expected = serde_json::json!({"error": {
+                "code": openai.status,
+                "message": message,
+                "status": google,
+                "details": [{
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": code_text.to_ascii_uppercase(),
+                    "domain": "recovea",
+                    "metadata": {"type": kind, "code": code},
+                }],
+            }});
+            let body: serde_json::Value = serde_json::from_slice(&gemini.body).expect("json");
+            assert_eq!(body, expected, "{code_text}");
+        }
+    }
+
+    #[test]
+    fn google_statuses() {
+        for (status, google) in [
+            (400, "INVALID_ARGUMENT"),
+            (401, "UNAUTHENTICATED"),
+            (402, "RESOURCE_EXHAUSTED"),
+            (403, "PERMISSION_DENIED"),
+            (404, "NOT_FOUND"),
+            (408, "DEADLINE_EXCEEDED"),
+            (409, "ABORTED"),
+            (413, "INVALID_ARGUMENT"),
+            (429, "RESOURCE_EXHAUSTED"),
+            (500, "INTERNAL"),
+            (501, "UNIMPLEMENTED"),
+            (502, "UNAVAILABLE"),
+            (503, "UNAVAILABLE"),
+            (504, "DEADLINE_EXCEEDED"),
+            (599, "INTERNAL"),
+            (418, "UNKNOWN"),
+        ] {
+            assert_eq!(google_status(status), google, "{status}");
+        }
     }
 }

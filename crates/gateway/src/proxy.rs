@@ -111,6 +111,12 @@ struct Target {
     managed_key: Option<(ProviderKind, String)>,
 }
 
+/// The envelope of the gateway's own answers to `request`: its dialect's, so that its SDK shows
+/// their message.
+pub(crate) fn shape_of<B>(request: &Request<B>) -> WireShape {
+    WireShape::of_request(request.uri().path(), request.headers().contains_key(headers::ANTHROPIC_VERSION))
+}
+
 /// Runs the phases for one proxied request and always produces a response.
 pub(crate) async fn handle<B>(
     shared: &Arc<Shared>,
@@ -122,11 +128,7 @@ where
     B::Error: Into<BoxError>,
 {
     let http1 = request.version() <= Version::HTTP_11;
-    // The gateway's own answers speak the request's dialect, so that its SDK shows their message.
-    let shape = WireShape::of_request(
-        request.uri().path(),
-        request.headers().contains_key(headers::ANTHROPIC_VERSION),
-    );
+    let shape = shape_of(&request);
     let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
         || request.headers().get(header::CONTENT_LENGTH).is_some_and(|v| v != "0");
     ctx.trace = Trace::begin(shared.tracer.as_ref(), request.headers());
@@ -611,20 +613,24 @@ pub(crate) fn answer_response(answer: Answer) -> Response<ResponseBody> {
     response
 }
 
-/// The answer to a request whose HTTP/1 head breaks the rules, with `connection: close`: what
-/// follows such a head cannot be trusted to be the next request.
-pub(crate) fn head_refusal(error: RequestError) -> Response<ResponseBody> {
-    let mut response = answer_response(Refusal::Head(error).answer());
+/// The answer to a request whose HTTP/1 head breaks the rules, in `shape`, with `connection:
+/// close`: what follows such a head cannot be trusted to be the next request.
+pub(crate) fn head_refusal(error: RequestError, shape: WireShape) -> Response<ResponseBody> {
+    let mut response = answer_response(Refusal::Head(error).answer().shaped(shape));
     response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 
 /// Answers a request refused for its head before any phase ran (no route, no admission, no
 /// receipt), counted and logged as every answer is.
-pub(crate) fn refuse_head(shared: &Arc<Shared>, error: RequestError) -> Response<ResponseBody> {
+pub(crate) fn refuse_head(
+    shared: &Arc<Shared>,
+    error: RequestError,
+    shape: WireShape,
+) -> Response<ResponseBody> {
     let mut ctx = RequestContext::new();
     ctx.outcome = Refusal::Head(error).outcome();
-    respond(shared, &ctx, head_refusal(error))
+    respond(shared, &ctx, head_refusal(error, shape))
 }
 
 /// Phase respond: every answer carries the gateway's request id; the outcome is counted and logged.

@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use recovea_core::answer::WireShape;
 use recovea_http1::RequestError;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -262,8 +263,9 @@ pub(crate) trait Answerer: Clone + Send + Sync + 'static {
         B::Error: Into<BoxError>;
 
     /// Answers an HTTP/1 request whose head breaks the rules of [`recovea_http1::request_facts`]
-    /// (its `Host`, its framing): it is never forwarded, and its connection ends with the answer.
-    fn refuse(&self, error: RequestError) -> Response<ResponseBody>;
+    /// (its `Host`, its framing): it is never forwarded, and its connection ends with the answer,
+    /// in `shape`, the envelope of the request's dialect (its path and `anthropic-version` were read).
+    fn refuse(&self, error: RequestError, shape: WireShape) -> Response<ResponseBody>;
 
     /// A connection went to hyper's server, for `reason`.
     fn handed_over(&self, reason: HandOver);
@@ -286,8 +288,8 @@ impl Answerer for Gateway {
         self.handle(request)
     }
 
-    fn refuse(&self, error: RequestError) -> Response<ResponseBody> {
-        proxy::refuse_head(&self.shared, error)
+    fn refuse(&self, error: RequestError, shape: WireShape) -> Response<ResponseBody> {
+        proxy::refuse_head(&self.shared, error, shape)
     }
 
     fn handed_over(&self, reason: HandOver) {
@@ -331,7 +333,7 @@ async fn serve_connection<A: Answerer, Io: AsyncRead + AsyncWrite + Unpin + Send
             if request.version() <= Version::HTTP_11
                 && let Err(error) = head_rules(&request)
             {
-                return Ok::<_, Infallible>(answerer.refuse(error));
+                return Ok::<_, Infallible>(answerer.refuse(error, proxy::shape_of(&request)));
             }
             let http2 = request.version() == Version::HTTP_2;
             let response = answerer.answer(request).await;

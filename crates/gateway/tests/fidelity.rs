@@ -37,6 +37,7 @@ const SLOW_KEY: &str = "rk_slow0000000000000000000000000000000000000006";
 const UNKNOWN_KEY: &str = "rk_unknown00000000000000000000000000000000000007";
 const MANAGED_OPENAI: &str = "sk-managed-openai-0123456789";
 const MANAGED_ANTHROPIC: &str = "sk-ant-managed-0123456789";
+const MANAGED_GEMINI: &str = "AIza-managed-0123456789";
 
 const CHAT_MINI: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi"}]}"#;
 const CHAT_4O: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"Hi"}]}"#;
@@ -52,6 +53,7 @@ impl Harness {
     async fn start_confirmed(max_body_bytes: u64, confirmed: bool) -> Self {
         let mock = MockProvider::start().await;
         let config = GatewayConfig::new(GatewaySettings { max_body_bytes, ..support::settings(&mock.url()) })
+            .and_then(|config| config.with_gemini_base_url(&mock.url()))
             .expect("valid config");
         let h = Self::serve(mock, config, Some(snapshot())).await;
         if confirmed {
@@ -83,6 +85,7 @@ fn snapshot() -> recovea_core::Snapshot {
     for org in [&acme, &strict, &capped] {
         b.provider(org, credential("openai", ProviderKind::OpenAi, MANAGED_OPENAI));
         b.provider(org, credential("anthropic", ProviderKind::Anthropic, MANAGED_ANTHROPIC));
+        b.provider(org, credential("gemini", ProviderKind::Gemini, MANAGED_GEMINI));
     }
     b.cap(Cap {
         id: CapId::parse("cap_zero").expect("id"),
@@ -132,6 +135,12 @@ async fn assert_answer(response: Response<hyper::body::Incoming>, expected: &Ans
         std::str::from_utf8(&body).expect("utf-8"),
         std::str::from_utf8(&expected.body).expect("utf-8")
     );
+}
+
+/// A 429's `retry-after-ms`.
+fn retry_after_ms(response: &Response<hyper::body::Incoming>) -> u64 {
+    let value = response.headers().get("retry-after-ms").expect("retry-after-ms");
+    value.to_str().expect("text").parse().expect("ms")
 }
 
 async fn ok(response: Response<hyper::body::Incoming>) {
@@ -205,19 +214,57 @@ async fn every_answer_of_the_gateway_on_an_anthropic_route_carries_anthropics_en
     // 429: the key's rate limit, with its retry headers.
     ok(h.send(h.anthropic(http::Method::POST, "/v1/messages", SLOW_KEY), MESSAGES).await).await;
     let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", SLOW_KEY), MESSAGES).await;
-    let wait_ms: u64 = response
-        .headers()
-        .get("retry-after-ms")
-        .expect("retry-after-ms")
-        .to_str()
-        .expect("text")
-        .parse()
-        .expect("ms");
+    let wait_ms = retry_after_ms(&response);
     assert_answer(response, &anthropic(Answer::rate_limited(wait_ms))).await;
     // 403: a model outside the lists.
     let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", DISJOINT_KEY), CHAT_MINI).await;
     assert_answer(response, &anthropic(Answer::model_not_allowed("gpt-4o-mini"))).await;
     assert_eq!(h.mock.requests().len(), 1, "only the first request of the slow key was forwarded");
+}
+
+/// Gemini's own API (`generateContent` and the rest, on `/v1beta/` or `/v1/`, by default or by name):
+/// every answer of the gateway's in Google's envelope, so that google-genai shows its status and
+/// message. Gemini's OpenAI-compatible endpoint keeps OpenAI's shape.
+#[tokio::test]
+async fn every_answer_of_the_gateway_on_a_gemini_route_is_in_googles_envelope() {
+    const CONTENTS: &str = r#"{"contents":[{"parts":[{"text":"Hi"}]}]}"#;
+    const GENERATE: &str = "/v1beta/models/gemini-2.5-flash:generateContent";
+    let h = Harness::start(64).await;
+    let gemini = |answer: Answer| answer.shaped(WireShape::Gemini);
+    let google = |path: &str, secret: &str| {
+        Request::post(format!("{}{path}", h.url))
+            .header("content-type", "application/json")
+            .header("x-goog-api-key", secret)
+    };
+    // 401, on each of Gemini's paths.
+    for path in [
+        GENERATE,
+        "/v1/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+        "/gemini/v1beta/models/gemini-2.5-flash:countTokens",
+    ] {
+        assert_answer(h.send(google(path, UNKNOWN_KEY), CONTENTS).await, &gemini(Answer::invalid_api_key()))
+            .await;
+    }
+    // Its OpenAI-compatible endpoint is spoken to by OpenAI's SDKs.
+    let compatible = h.post_as("/v1beta/openai/chat/completions", UNKNOWN_KEY);
+    assert_answer(h.send(compatible, CHAT_MINI).await, &Answer::invalid_api_key()).await;
+    // 402: an armed cap at its line, its headers kept.
+    let response = h.send(google(GENERATE, CAPPED_KEY), CONTENTS).await;
+    assert_answer(response, &gemini(Answer::budget_exceeded("organization", "month", "Monthly"))).await;
+    // 403: the model in the path, outside the lists.
+    let response = h.send(google(GENERATE, DISJOINT_KEY), CONTENTS).await;
+    assert_answer(response, &gemini(Answer::model_not_allowed("gemini-2.5-flash"))).await;
+    // 413: a body over the limit.
+    let response = h.send(google(GENERATE, OPEN_KEY), &"x".repeat(65)).await;
+    assert_answer(response, &gemini(Answer::request_too_large(64))).await;
+    // 429: the key's rate limit, with its retry headers.
+    ok(h.send(google(GENERATE, SLOW_KEY), CONTENTS).await).await;
+    let response = h.send(google(GENERATE, SLOW_KEY), CONTENTS).await;
+    let wait_ms = retry_after_ms(&response);
+    assert_answer(response, &gemini(Answer::rate_limited(wait_ms))).await;
+    let seen = h.mock.requests();
+    assert_eq!(seen.len(), 1, "only the first request of the slow key was forwarded");
+    assert_eq!(seen[0].header("x-goog-api-key"), Some(MANAGED_GEMINI));
 }
 
 #[tokio::test]

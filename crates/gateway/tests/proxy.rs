@@ -802,6 +802,55 @@ async fn a_request_in_a_transfer_coding_but_chunked_is_refused_and_never_forward
     assert_eq!(h.mock.requests().len(), 1);
 }
 
+/// A refused head whose path and headers were read is answered in the request's dialect, as every
+/// answer of the gateway's: on an Anthropic route in Anthropic's envelope, on a Gemini route in
+/// Google's, whichever of the gateway's HTTP/1.1 paths read it.
+#[tokio::test]
+async fn a_head_refused_on_an_anthropic_or_gemini_route_is_in_its_envelope() {
+    let h = Harness::start().await;
+    let address = h.url.trim_start_matches("http://");
+    let messages = |lines: &str| {
+        format!(
+            "POST /v1/messages HTTP/1.1\r\nx-api-key: {KEY}\r\ncontent-type: application/json\r\n\
+             {lines}\r\n{CHAT}"
+        )
+    };
+    let length = length();
+    let no_host = refused(&Answer::invalid_host().shaped(WireShape::Anthropic), "Bad Request");
+    let coded =
+        refused(&Answer::unsupported_transfer_coding().shaped(WireShape::Anthropic), "Not Implemented");
+    let twice = refused(&Answer::invalid_content_length().shaped(WireShape::Anthropic), "Bad Request");
+    let models_twice = format!(
+        "POST /v1/models HTTP/1.1\r\nhost: gw\r\nanthropic-version: 2023-06-01\r\n{length}{length}\r\n{CHAT}"
+    );
+    let generate = |lines: &str| {
+        format!(
+            "POST /v1beta/models/gemini-2.5-flash:generateContent HTTP/1.1\r\nx-goog-api-key: {KEY}\r\n\
+             {lines}\r\n{CHAT}"
+        )
+    };
+    let gemini_no_host = refused(&Answer::invalid_host().shaped(WireShape::Gemini), "Bad Request");
+    let gemini_coded =
+        refused(&Answer::unsupported_transfer_coding().shaped(WireShape::Gemini), "Not Implemented");
+    let cases = [
+        (messages(&length), &no_host),
+        (generate(&length), &gemini_no_host),
+        (
+            format!("{TO_HYPER}{}", generate("host: gw\r\ntransfer-encoding: gzip, chunked\r\n")),
+            &gemini_coded,
+        ),
+        (format!("{TO_HYPER}{}", messages(&format!("host: gw\r\nhost: gw\r\n{length}"))), &no_host),
+        (format!("{TO_HYPER}{}", messages("host: gw\r\ntransfer-encoding: gzip, chunked\r\n")), &coded),
+        (models_twice, &twice),
+    ];
+    for (case, expected) in &cases {
+        let answers = answers_until_closed(address, case.as_bytes()).await;
+        assert_eq!(answers.last(), Some(*expected), "{case}");
+        assert_eq!(answers.len(), if case.starts_with(TO_HYPER) { 2 } else { 1 }, "{case}");
+    }
+    assert!(h.mock.requests().is_empty(), "nothing reached the provider");
+}
+
 /// One Content-Length rule: one line, one number. The gateway's own HTTP/1.1 refuses a list
 /// (`74, 74`) and a repeated line with its answer. On a connection hyper already serves, hyper
 /// refuses the list itself and keeps one of two identical lines (it passes the head on with one):

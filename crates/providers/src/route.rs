@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 
+use recovea_core::answer;
 use recovea_core::snapshot::ProviderKind;
 
 /// Where a request goes: a credential of the organization, chosen by name.
@@ -118,24 +119,11 @@ pub fn without_key_param(path_and_query: &str) -> Cow<'_, str> {
     Cow::Owned(format!("{path}?{}", kept.join("&")))
 }
 
-/// Gemini's methods on a model (`models/{model}:{method}`), which no OpenAI or Anthropic path has.
-pub(crate) const GEMINI_MODEL_METHODS: [&str; 6] = [
-    "generateContent",
-    "streamGenerateContent",
-    "countTokens",
-    "embedContent",
-    "batchEmbedContents",
-    "batchGenerateContent",
-];
-
 /// `/v1/models/{model}:{method}` with one of Gemini's methods: Gemini's stable API version, which
-/// its newer SDKs call by default. (An OpenAI fine-tuned model's id has colons too, never one of
-/// these methods after its last.)
+/// its newer SDKs call by default.
 fn is_gemini_model_call(path_and_query: &str) -> bool {
     let path = path_and_query.split_once('?').map_or(path_and_query, |(path, _)| path);
-    path.strip_prefix("/v1/models/")
-        .and_then(|rest| rest.rsplit_once(':'))
-        .is_some_and(|(model, method)| !model.is_empty() && GEMINI_MODEL_METHODS.contains(&method))
+    path.strip_prefix("/v1/").is_some_and(answer::is_gemini_model_call)
 }
 
 /// `/v1beta/` followed by something: Gemini's API version.

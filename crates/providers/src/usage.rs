@@ -173,7 +173,7 @@ fn gemini_call(path: &str) -> Option<(&str, &str)> {
     let rest = path.strip_prefix("/v1beta/").or_else(|| path.strip_prefix("/v1/"))?;
     let rest = rest.strip_prefix("models/").or_else(|| rest.strip_prefix("tunedModels/"))?;
     let (model, method) = rest.rsplit_once(':')?;
-    let known = crate::route::GEMINI_MODEL_METHODS.contains(&method);
+    let known = recovea_core::answer::GEMINI_MODEL_METHODS.contains(&method);
     (known && !model.is_empty() && !model.contains(['/', ':'])).then_some((model, method))
 }
 

@@ -15,6 +15,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use recovea_core::Answer;
+use recovea_core::answer::WireShape;
 use recovea_http1::{Decoder, RequestError, parse_response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::watch;
@@ -85,8 +86,8 @@ impl Answerer for Echo {
         }
     }
 
-    fn refuse(&self, error: RequestError) -> Response<ResponseBody> {
-        head_refusal(error)
+    fn refuse(&self, error: RequestError, shape: WireShape) -> Response<ResponseBody> {
+        head_refusal(error, shape)
     }
 
     fn handed_over(&self, reason: HandOver) {
@@ -242,6 +243,10 @@ fn refused(before: usize, answer: Answer, hyper: &'static str) -> Expected {
     Expected::Refused { before, answer, version: "HTTP/1.1", hyper }
 }
 
+fn anthropic(answer: Answer) -> Answer {
+    answer.shaped(WireShape::Anthropic)
+}
+
 /// The refusal as both of the gateway's paths write it.
 fn refusal_text(answer: &Answer, version: &str) -> String {
     let status = StatusCode::from_u16(answer.status).expect("status");
@@ -377,11 +382,31 @@ fn corpus() -> Vec<Case> {
             2,
             refused(1, Answer::invalid_host(), "HTTP/1.1 200 OK"),
         ),
+        // Refused in the dialect the path and `anthropic-version` name, as every answer is.
+        case("no host on messages", &[b"GET /v1/messages HTTP/1.1\r\n\r\n"], 1, refused(0, anthropic(Answer::invalid_host()), "HTTP/1.1 200 OK")),
+        case(
+            "no host on messages, the target in absolute form",
+            &[b"GET http://x/v1/messages?beta=true HTTP/1.1\r\n\r\n"],
+            1,
+            refused(0, anthropic(Answer::invalid_host()), "HTTP/1.1 200 OK"),
+        ),
+        case(
+            "two hosts with anthropic-version",
+            &[b"GET /v1/models HTTP/1.1\r\nhost: a\r\nanthropic-version: 2023-06-01\r\nhost: b\r\n\r\n"],
+            1,
+            refused(0, anthropic(Answer::invalid_host()), "HTTP/1.1 200 OK"),
+        ),
     ];
     // The same rules on a connection hyper already serves for the gateway.
     for (name, then, answer) in [
         ("a chunked body, then two hosts", &b"GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n"[..], Answer::invalid_host()),
         ("a chunked body, then no host", b"GET / HTTP/1.1\r\n\r\n", Answer::invalid_host()),
+        ("a chunked body, then no host on messages", b"GET /v1/messages HTTP/1.1\r\n\r\n", anthropic(Answer::invalid_host())),
+        (
+            "a chunked body, then gzip, chunked with anthropic-version",
+            b"POST /v1/models HTTP/1.1\r\nhost: x\r\nAnthropic-Version: 2023-06-01\r\ntransfer-encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            anthropic(Answer::unsupported_transfer_coding()),
+        ),
         (
             "a chunked body, then gzip, chunked",
             b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",

@@ -27,7 +27,11 @@ use http::header;
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::Full;
-use recovea_http1::{Error, Framing, RequestError, chunk_size_line, has_token, parse_request, response_head};
+use recovea_core::answer::WireShape;
+use recovea_http1::{
+    Error, Framing, RequestError, RequestHead, chunk_size_line, has_token, parse_request, response_head,
+};
+use recovea_providers::headers::ANTHROPIC_VERSION;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
@@ -86,10 +90,10 @@ pub(super) async fn serve<A: Answerer, Io: AsyncRead + AsyncWrite + Unpin>(
         let waiting = Waiting { timer: timer.as_mut(), drain, shed: answerer.idle_shed() };
         let (request, close) = match read_request(&mut io, &mut buf, waiting, max_body).await {
             Read::Request(request, close) => (request, close),
-            Read::Refuse(error) => {
+            Read::Refuse(error, shape) => {
                 // Whatever follows a head that breaks the rules cannot be trusted to be the next
                 // request: the connection ends with the answer.
-                let response = answerer.refuse(error);
+                let response = answerer.refuse(error, shape);
                 let _ = write_response(&mut io, &mut buf, &mut out, response, true, stall.as_mut()).await;
                 let _ = io.shutdown().await;
                 linger(&mut io, &mut buf).await;
@@ -151,8 +155,9 @@ async fn shed_wait(shed: Option<&tokio::sync::Notify>) {
 enum Read {
     /// A request, and whether the connection ends after its answer.
     Request(Request<Full<Bytes>>, bool),
-    /// A head that breaks the rules, answered without reading further.
-    Refuse(RequestError),
+    /// A head that breaks the rules, answered without reading further, in the shape its path and
+    /// headers ask for.
+    Refuse(RequestError, WireShape),
     Closed,
     /// Closed while idle, to make room for other clients.
     Shed,
@@ -190,7 +195,7 @@ async fn read_request(
                 }
                 return Read::Request(request, close);
             }
-            Parsed::Refuse(error) => return Read::Refuse(error),
+            Parsed::Refuse(error, shape) => return Read::Refuse(error, shape),
             Parsed::HandOver(reason) => return Read::HandOver(reason),
             Parsed::AwaitingBody if !awaiting_body => {
                 awaiting_body = true;
@@ -230,7 +235,7 @@ enum Parsed {
     Partial,
     /// The head is whole, its body not yet.
     AwaitingBody,
-    Refuse(RequestError),
+    Refuse(RequestError, WireShape),
     HandOver(HandOver),
 }
 
@@ -261,7 +266,7 @@ fn parse(buf: &mut BytesMut, max_body: u64) -> Parsed {
     }
     let facts = match head.facts() {
         Ok(facts) => facts,
-        Err(error) => return Parsed::Refuse(error),
+        Err(error) => return Parsed::Refuse(error, shape_of(&head)),
     };
     let declared = match facts.framing {
         Framing::Length(length) => length,
@@ -301,6 +306,15 @@ fn parse(buf: &mut BytesMut, max_body: u64) -> Parsed {
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
     Parsed::Request(request, facts.close)
+}
+
+/// The envelope of the answer to a head refused after it was parsed: the one its path and
+/// `anthropic-version` ask for, as every other answer of the gateway's (`proxy::shape_of`).
+fn shape_of(head: &RequestHead<'_>) -> WireShape {
+    let anthropic = head.lines.iter().any(|line| line.name.eq_ignore_ascii_case(ANTHROPIC_VERSION.as_str()));
+    // An absolute-form target (`http://host/v1/messages`) names its path as hyper reads it.
+    let uri = http::Uri::try_from(head.target).ok();
+    WireShape::of_request(uri.as_ref().map_or("", http::Uri::path), anthropic)
 }
 
 /// Writes `response`; whether the connection can carry another request after it. The head goes
@@ -628,8 +642,8 @@ mod tests {
             answer(request, Arc::clone(&self.dropped))
         }
 
-        fn refuse(&self, error: RequestError) -> Response<ResponseBody> {
-            crate::proxy::head_refusal(error)
+        fn refuse(&self, error: RequestError, shape: WireShape) -> Response<ResponseBody> {
+            crate::proxy::head_refusal(error, shape)
         }
 
         fn handed_over(&self, _: HandOver) {}
