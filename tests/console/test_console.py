@@ -31,14 +31,19 @@ def sign_in(browser: Browser, admin_url: str, token: str = ADMIN_TOKEN) -> None:
     browser.go(f"{admin_url}/")
     assert browser.url == f"{admin_url}/sign-in", "a visitor without a session is sent to the sign-in page"
     browser.find("#token").type(token)
-    browser.find("form[action='/sign-in'] button[type=submit]").click()
+    submit(browser, "form[action='/sign-in']")
 
 
 def submit(browser: Browser, form_css: str) -> None:
-    """Submits the form and waits for the page it leads to: WebDriver's click can return before the
-    browser has left the page, and a check made then would read the old page."""
+    """Submits the form and waits for the page it leads to."""
+    click_through(browser, f"{form_css} button[type=submit]")
+
+
+def click_through(browser: Browser, css: str) -> None:
+    """Clicks what `css` finds and waits for the page it leads to: WebDriver's click can return
+    before the browser has left the page, and a check made then would read the old page."""
     browser.script("window.recoveaLeaving = true;")
-    browser.find(f"{form_css} button[type=submit]").click()
+    browser.find(css).click()
 
     def arrived() -> bool:
         try:
@@ -238,7 +243,7 @@ def test_the_console_runs_an_organization_from_creation_to_a_refused_cap(browser
     assert "usage_source=provider" in browser.url and "model=" in browser.url
     csv_href = browser.find("#csv").attribute("href")
     browser.go(f"{admin_url}/orgs/{org_id}/receipts")
-    browser.find("table.receipts tbody tr:last-child a").click()
+    click_through(browser, "table.receipts tbody tr:last-child a")
     assert "/v1/chat/completions" in browser.text("dl.detail")
     # 3 input and 5 output tokens at a cent each.
     assert browser.text("dl.detail strong.exact") == "$0.08"
@@ -254,7 +259,7 @@ def test_the_console_runs_an_organization_from_creation_to_a_refused_cap(browser
 
     # Revoking the key in the console: the gateway answers 401 for it.
     browser.go(f"{admin_url}/orgs/{org_id}")
-    browser.find("#keys form[action$='/revoke'] button").click()
+    click_through(browser, "#keys form[action$='/revoke'] button")
     assert "revoked" in browser.text("#keys .key-row .badge")
     sdk.wait_refused(gateway, secret)
 
