@@ -26,14 +26,14 @@ def capped_anthropic_tenant(admin, make_tenant) -> str:
     return tenant.secret
 
 
-def raised_when_refused(call, status: int, deadline_s: float = 3.0) -> anthropic.APIStatusError:
-    """Calls until the gateway answers `status` (a change reaches it within a second); the error raised."""
+def raised_when_refused(call, status: int, deadline_s: float = 3.0, error=anthropic.APIStatusError):
+    """Calls until the gateway answers `status` (a change reaches it within a second); the `error` raised."""
     deadline = time.monotonic() + deadline_s
     while True:
         try:
             call()
             seen = 200
-        except anthropic.APIStatusError as e:
+        except error as e:
             if e.status_code == status:
                 return e
             seen = e.status_code
@@ -51,6 +51,23 @@ def test_the_python_sdk_shows_the_message_of_a_402_on_messages(admin, make_tenan
     headers = error.response.headers
     assert (headers["x-recovea-budget-scope"], headers["x-recovea-budget-window"]) == ("organization", "month")
     assert "retry-after" not in headers
+
+
+def test_the_openai_sdk_also_shows_the_message_of_an_anthropic_shaped_refusal(admin, make_tenant, openai_client):
+    """Anthropic's envelope wraps the contract's error object: a client that reads OpenAI's shape (here the
+    OpenAI SDK's generic POST to the Anthropic route) finds the same message, type and code."""
+    import openai
+
+    secret = capped_anthropic_tenant(admin, make_tenant)
+    client = openai_client(secret)
+    body = {"model": ANTHROPIC_MODEL, "max_tokens": 8, "messages": MESSAGES}
+    error = raised_when_refused(
+        lambda: client.post("/messages", cast_to=object, body=body,
+                            options={"headers": {"anthropic-version": "2023-06-01"}}),
+        402, error=openai.APIStatusError)
+    assert (error.message, error.type, error.code) == (
+        "Error code: 402 - Monthly spend cap reached.", "insufficient_quota", "budget_exceeded")
+    assert error.body == CAP_REACHED, "the SDK reads the error object inside Anthropic's envelope"
 
 
 def test_the_python_sdk_shows_the_message_of_a_401_on_messages(anthropic_client):
