@@ -306,24 +306,29 @@ pub(crate) fn init_logging(common: &CommonArgs) -> Result<LogFlusher, String> {
     Ok(flusher)
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Listens for SIGTERM and Ctrl-C from the call on, and resolves on the first. Called before the
+/// banner: a signal that comes while the process starts (a deployment stopping a pod it just
+/// started) must drain and log as later ones do, not kill the process by the default action.
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (term, interrupt) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+        async move {
+            match (term, interrupt) {
+                (Ok(mut term), Ok(mut interrupt)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = interrupt.recv() => {}
+                    }
+                }
+                // Registering fails only without a runtime's signal driver: the default actions stay.
+                _ => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

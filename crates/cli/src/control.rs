@@ -15,6 +15,7 @@ use crate::wiring::{Stop, admin_token, alert_signing_secret, open_stores};
 
 pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
     let _log = init_logging(&args.common)?;
+    let shutdown = shutdown_signal();
     let master_key = parse_master_key(&args.master_key)?;
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;
@@ -54,7 +55,7 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
     let stop = Stop::new();
     let publisher = tokio::spawn(control.clone().keep_published(Duration::from_millis(250), stop.stopped()));
     let server = tokio::spawn(recovea_control::serve(control, listener, stop.stopped()));
-    shutdown_signal().await;
+    shutdown.await;
     tracing::info!("shutting down");
     stop.stop();
     let _ = tokio::join!(server, publisher);

@@ -15,6 +15,7 @@ use crate::wiring::{RATE_SHARE_INTERVAL, Stop, counters, open_spool, rate_share}
 
 pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let _log = init_logging(&args.common)?;
+    let shutdown = shutdown_signal();
     let config = args.gateway.config()?;
     let master_key = parse_master_key(&args.master_key)?;
     let node_token = non_blank("--node-token", &args.node_token)?;
@@ -63,7 +64,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let server = tokio::spawn(server.serve(stop.stopped()));
     // Stops with the shipper, after the drained requests queued their spans.
     let tracer = gateway.export_traces(stop_shipping.stopped()).map(tokio::spawn);
-    shutdown_signal().await;
+    shutdown.await;
     tracing::info!("shutting down: draining in-flight requests");
     stop.stop();
     if let Some(rate_sharer) = rate_sharer {

@@ -23,6 +23,7 @@ use crate::wiring::{
 
 pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let _log = init_logging(&args.common)?;
+    let shutdown = shutdown_signal();
     let config = args.gateway.config()?;
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;
@@ -119,7 +120,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let node = tokio::spawn(node.serve(stop.stopped()));
     // Stops with the shipper, after the drained requests queued their spans.
     let tracer = gateway.export_traces(stop_shipping.stopped()).map(tokio::spawn);
-    shutdown_signal().await;
+    shutdown.await;
     tracing::info!("shutting down: draining in-flight requests");
     stop.stop();
     if let Some(rate_sharer) = rate_sharer {

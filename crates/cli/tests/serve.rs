@@ -568,6 +568,20 @@ async fn key_rate_limits_are_set_changed_and_enforced() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A deployment may stop a process it just started: a SIGTERM right after the banner drains and exits
+/// as a later one does, rather than kill the process by the signal's default action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_right_after_start_up_is_a_graceful_shutdown() {
+    let mock = MockProvider::start().await;
+    for round in 0..5 {
+        let dir = temp_dir(&format!("early-sigterm-{round}"));
+        let mut serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
+        let status = serve.process.terminate(Duration::from_secs(30));
+        assert!(status.is_some_and(|s| s.success()), "round {round}: {status:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// Huge pages zeroed at first touch stalled the connection threads with thousands of streams open
 /// (see `allocator.rs`): the kernel must report them off for the running gateway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
