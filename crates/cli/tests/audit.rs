@@ -4,7 +4,6 @@
 //! hard stop's two spellings).
 
 use std::path::Path;
-use std::process::Command;
 
 use http::{Method, StatusCode};
 use recovea_testkit::MockProvider;
@@ -13,7 +12,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{BIN, Serve, temp_dir};
+use harness::{Serve, temp_dir};
 
 const TOKEN: &str = "audit-test-token";
 const PROVIDER_KEY: &str = "sk-managed-audit-0123456789abcdef";
@@ -58,13 +57,7 @@ fn without_secret(mut key: Value) -> Value {
 }
 
 fn admin_cli(serve: &Serve, args: &[&str]) -> String {
-    let output = Command::new(BIN)
-        .args(["admin", "--admin-url", &serve.admin, "--admin-token", TOKEN])
-        .args(args)
-        .output()
-        .expect("admin runs");
-    assert!(output.status.success(), "admin {args:?}: {}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8(output.stdout).expect("utf-8")
+    serve.admin_cli(TOKEN, args)
 }
 
 fn admin_cli_json(serve: &Serve, args: &[&str]) -> Value {

@@ -2,7 +2,6 @@
 //! and the admin CLI reads them and sets prices.
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -18,7 +17,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{BIN, Serve, temp_dir};
+use harness::{Serve, temp_dir};
 
 const TOKEN: &str = "receipts-test-token";
 
@@ -149,13 +148,7 @@ async fn after_sigkill_every_completed_response_has_exactly_one_receipt() {
 }
 
 fn admin_cli(serve: &Serve, args: &[&str]) -> String {
-    let output = Command::new(BIN)
-        .args(["admin", "--admin-url", &serve.admin, "--admin-token", TOKEN])
-        .args(args)
-        .output()
-        .expect("admin runs");
-    assert!(output.status.success(), "admin {args:?}: {}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8(output.stdout).expect("utf-8")
+    serve.admin_cli(TOKEN, args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

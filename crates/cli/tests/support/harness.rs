@@ -171,6 +171,17 @@ impl Serve {
         self.process.kill();
     }
 
+    /// Runs `recovea admin ARGS` against this serve with `token`; what it printed, once it succeeded.
+    pub fn admin_cli(&self, token: &str, args: &[&str]) -> String {
+        let output = Command::new(BIN)
+            .args(["admin", "--admin-url", &self.admin, "--admin-token", token])
+            .args(args)
+            .output()
+            .expect("admin runs");
+        assert!(output.status.success(), "admin {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).expect("utf-8")
+    }
+
     /// One admin API call with `token`: its status and JSON answer (`Null` when not JSON).
     pub async fn admin_call(
         &self,
