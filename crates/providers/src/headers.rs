@@ -57,39 +57,6 @@ pub fn has_provider_auth(headers: &HeaderMap) -> bool {
         || PROVIDER_KEY_HEADERS.iter().any(|name| headers.get_all(name).iter().any(|v| !is_recovea_key(v)))
 }
 
-/// Replaces whatever provider auth the client sent with the managed key, in the kind's own header.
-pub fn set_managed_key(headers: &mut HeaderMap, kind: ProviderKind, api_key: &str) -> Result<(), InvalidKey> {
-    headers.remove(header::AUTHORIZATION);
-    for name in PROVIDER_KEY_HEADERS {
-        headers.remove(name);
-    }
-    let value = |key: &str| {
-        let mut value = HeaderValue::try_from(key).map_err(|_| InvalidKey)?;
-        value.set_sensitive(true);
-        Ok::<_, InvalidKey>(value)
-    };
-    match kind {
-        ProviderKind::OpenAi => {
-            let mut bearer = String::with_capacity("Bearer ".len() + api_key.len());
-            bearer.push_str("Bearer ");
-            bearer.push_str(api_key);
-            let mut value = HeaderValue::try_from(bearer).map_err(|_| InvalidKey)?;
-            value.set_sensitive(true);
-            headers.insert(header::AUTHORIZATION, value);
-        }
-        ProviderKind::Anthropic => {
-            headers.insert(API_KEY, value(api_key)?);
-        }
-        ProviderKind::AzureOpenAi => {
-            headers.insert(AZURE_API_KEY, value(api_key)?);
-        }
-        ProviderKind::Gemini => {
-            headers.insert(GOOG_API_KEY, value(api_key)?);
-        }
-    }
-    Ok(())
-}
-
 /// The headers a request carries to its provider, made in one pass over the client's (a chat
 /// request spent some 3,000 instructions in a dozen lookups and removals by hash before): the
 /// hop-by-hop headers and those `Connection` names go, and so do every Recovea key wherever it
