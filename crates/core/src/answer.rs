@@ -340,7 +340,7 @@ struct ErrorMetadata<'a> {
 /// Google's canonical status (`google.rpc.Code`) for an HTTP status the gateway answers with, as
 /// Google's APIs pair them; the nearest one for those Google's APIs never give (`402`: a budget
 /// is a quota; `413`: an argument too large).
-pub fn google_status(status: u16) -> &'static str {
+fn google_status(status: u16) -> &'static str {
     match status {
         400 | 413 => "INVALID_ARGUMENT",
         401 => "UNAUTHENTICATED",
