@@ -207,30 +207,43 @@ if perfstat:
     if with_ins:
         head += " instructions / request |"
         line += " ---: |"
-    p(head)
-    p(line)
     cpu_pr = {}
     per_call = {}
-    for s_, w in zip(perfstat, perfruns):
-        n = w["wrk"]["requests"] or 1
-        pr = s_["proxy"]
-        pc = pr.get("task-clock", 0) * 1000 / n
-        mc = s_["mock"].get("task-clock", 0) * 1000 / n
-        cpu_pr[(s_["mode"], s_["label"])] = pc
-        extra = ""
-        if with_sys:
-            extra += f" {pr.get('sys_enter', 0) / n:.1f} |"
-        if with_ins:
-            extra += f" {pr.get('instructions', 0) / n:,.0f} |"
-        p(f"| {s_['mode']} | {s_['label']} | {n:,} | {pc:.1f} µs | {mc:.1f} µs | {pr.get('context-switches', 0) / n:.2f} |{extra}")
-        per_call[(s_["mode"], s_["label"])] = {k[len("sys_enter_"):]: v / n for k, v in pr.items() if k.startswith("sys_enter_")}
-    p("")
-    for (mode, label), pc in cpu_pr.items():
-        n = cpu_pr.get((mode, "nginx"))
-        if label != "nginx" and n:
-            p(f"- {mode}, {label}: **{pc / n:.2f}x** nginx's CPU time per request.")
-            summary.setdefault("cpu", {})[(mode, label)] = pc / n
-    p("")
+    runs = list(zip(perfstat, perfruns))
+    for pinned in (False, True):
+        group = [(s_, w) for s_, w in runs if s_.get("pinned", False) == pinned]
+        if not group:
+            continue
+        if pinned:
+            p("With the proxy on a core of its own (`taskset`: its threads on core 0; wrk, the mock, the "
+              "control plane, PostgreSQL and Redis on the others), as a gateway is deployed: the same "
+              "runs without the preemptions by wrk and the mock that two shared cores add to the "
+              "proxy's CPU.")
+            p("")
+        p(head)
+        p(line)
+        for s_, w in group:
+            n = w["wrk"]["requests"] or 1
+            pr = s_["proxy"]
+            pc = pr.get("task-clock", 0) * 1000 / n
+            mc = s_["mock"].get("task-clock", 0) * 1000 / n
+            cpu_pr[(s_["mode"], s_["label"], pinned)] = pc
+            extra = ""
+            if with_sys:
+                extra += f" {pr.get('sys_enter', 0) / n:.1f} |"
+            if with_ins:
+                extra += f" {pr.get('instructions', 0) / n:,.0f} |"
+            p(f"| {s_['mode']} | {s_['label']} | {n:,} | {pc:.1f} µs | {mc:.1f} µs | {pr.get('context-switches', 0) / n:.2f} |{extra}")
+            if not pinned:
+                per_call[(s_["mode"], s_["label"])] = {k[len("sys_enter_"):]: v / n for k, v in pr.items() if k.startswith("sys_enter_")}
+        p("")
+        for (mode, label, pin), pc in cpu_pr.items():
+            n = cpu_pr.get((mode, "nginx", pin))
+            if pin == pinned and label != "nginx" and n:
+                where = ", on a core of its own" if pinned else ""
+                p(f"- {mode}, {label}{where}: **{pc / n:.2f}x** nginx's CPU time per request.")
+                summary.setdefault("cpu_pinned" if pinned else "cpu", {})[(mode, label)] = pc / n
+        p("")
     if any(per_call.values()):
         cols = [k for k in per_call if per_call[k]]
         calls = sorted({c for k in cols for c in per_call[k]}, key=lambda c: -max(per_call[k].get(c, 0) for k in cols))
@@ -481,6 +494,9 @@ for mode in modes:
         if label == "node":
             row(f"CPU a request in `recovea node` ≤ 1.6x an nginx hop's ({mode}, metering on, concurrency 32)",
                 f"{v:.2f}x", v <= 1.6)
+            pinned = summary.get("cpu_pinned", {}).get((mode, label))
+            if pinned is not None:
+                reported(f"the same, each proxy on a core of its own ({mode})", f"{pinned:.2f}x")
         else:
             reported(f"CPU a request in `recovea serve` / an nginx hop's ({mode}, concurrency 32)", f"{v:.2f}x")
 for mode in modes:

@@ -6,7 +6,8 @@
 //!   build, swap and drop one.
 //! - `load --url U --body B ...`: a closed-loop HTTP/1.1 keep-alive load generator that records, per
 //!   request, the time to the first response byte (the head), to the first body chunk and to the
-//!   end, for SSE streams (wrk reports only the whole response).
+//!   end, for SSE streams (wrk reports only the whole response); with `--rate R`, an open loop at
+//!   R requests a second in all, for comparing proxies' CPU a request at the same load.
 //! - `keys --admin U --token T --org O --count N`: creates N keys through the admin API.
 //! - `cpu-watch --root PID`: every 500 ms, prints the CPU time used so far by processes that are
 //!   not descendants of PID, so that `bench/run` can say whether the machine was busy.
@@ -332,18 +333,32 @@ async fn load(flags: &Flags) -> Result<(), Error> {
     let concurrency: usize = flags.num("concurrency", 32)?;
     let duration = Duration::from_secs_f64(flags.num("duration", 5.0)?);
     let warmup = Duration::from_secs_f64(flags.num("warmup", 1.0)?);
+    // An open loop at `--rate` requests a second in all (each connection paced at its share), so
+    // that two proxies can be compared at the same load; without it, a closed loop.
+    let rate: f64 = flags.num("rate", 0.0)?;
+    let every = (rate > 0.0).then(|| Duration::from_secs_f64(concurrency as f64 / rate));
 
     let start = Instant::now();
     let measure_from = start + warmup;
     let end = measure_from + duration;
     let mut tasks = Vec::with_capacity(concurrency);
-    for _ in 0..concurrency {
+    for i in 0..concurrency {
         let (authority, path, body, key) = (authority.clone(), path.clone(), body.clone(), key.clone());
+        // The connections' first requests spread over one interval, so that they do not beat together.
+        let pace = every.map(|every| Pacing { every, phase: every.mul_f64(i as f64 / concurrency as f64) });
         tasks.push(tokio::spawn(async move {
             let mut result = WorkerResult::default();
             while Instant::now() < end {
-                if let Err(_e) =
-                    connection(&authority, &path, &body, key.as_deref(), measure_from, end, &mut result).await
+                if let Err(_e) = connection(
+                    &authority,
+                    &path,
+                    &body,
+                    key.as_deref(),
+                    pace,
+                    Measured { measure_from, end },
+                    &mut result,
+                )
+                .await
                 {
                     result.errors += 1;
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -387,16 +402,31 @@ async fn load(flags: &Flags) -> Result<(), Error> {
     Ok(())
 }
 
-/// One keep-alive connection, reused until `end` or until it fails.
+/// When a paced connection sends: every `every`, from `phase` after it opens.
+#[derive(Clone, Copy)]
+struct Pacing {
+    every: Duration,
+    phase: Duration,
+}
+
+/// The part of a run that is measured, and its end.
+#[derive(Clone, Copy)]
+struct Measured {
+    measure_from: Instant,
+    end: Instant,
+}
+
+/// One keep-alive connection, reused until the window's end or until it fails.
 async fn connection(
     authority: &http::uri::Authority,
     path: &str,
     body: &Bytes,
     key: Option<&str>,
-    measure_from: Instant,
-    end: Instant,
+    pace: Option<Pacing>,
+    Measured { measure_from, end }: Measured,
     result: &mut WorkerResult,
 ) -> Result<(), Error> {
+    let mut next_at = Instant::now() + pace.map_or(Duration::ZERO, |p| p.phase);
     let stream = tokio::net::TcpStream::connect(authority.as_str()).await?;
     stream.set_nodelay(true)?;
     let (mut sender, conn) =
@@ -411,6 +441,10 @@ async fn connection(
                 req = req.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
             }
             let req = req.body(Full::new(body.clone()))?;
+            if let Some(pace) = pace {
+                tokio::time::sleep_until(next_at.into()).await;
+                next_at += pace.every;
+            }
             sender.ready().await?;
             let t0 = Instant::now();
             let response = sender.send_request(req).await?;
