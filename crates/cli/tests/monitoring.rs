@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
-use recovea_testkit::MockProvider;
+use recovea_testkit::{Behaviour, MockProvider};
 use serde_json::{Value, json};
 
 #[path = "support/harness.rs"]
@@ -362,6 +362,9 @@ async fn metrics_parse_and_every_metric_the_rules_and_dashboard_query_is_exporte
         assert_eq!(ask(&serve, &secret, body).await.0, StatusCode::OK);
     }
     assert_eq!(ask(&serve, "rk_unknown", chat("gpt-4o-mini", false)).await.0, StatusCode::UNAUTHORIZED);
+    // The provider's own error, forwarded as it came.
+    mock.script(Behaviour::error(503));
+    assert_eq!(ask(&serve, &secret, chat("gpt-4o-mini", false)).await.0, StatusCode::SERVICE_UNAVAILABLE);
     let cap = json!({"scope": "organization", "window": "month", "limit_usd": "0.000001", "hard_stop": true});
     let (status, _) = serve.admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
     assert_eq!(status, StatusCode::CREATED);
@@ -393,6 +396,9 @@ async fn metrics_parse_and_every_metric_the_rules_and_dashboard_query_is_exporte
         "recovea_request_duration_seconds_count{provider=\"openai\",outcome=\"invalid_key\"} 1\n",
         "recovea_request_duration_seconds_count{provider=\"openai\",outcome=\"budget_exceeded\"} 1\n",
         "recovea_upstream_ttfb_seconds_count{provider=\"openai\",outcome=\"forwarded\"} ",
+        "recovea_upstream_responses_total{provider=\"openai\",class=\"5xx\"} 1\n",
+        "recovea_upstream_responses_total{provider=\"openai\",class=\"2xx\"} ",
+        "recovea_upstream_responses_total{provider=\"anthropic\",class=\"5xx\"} 0\n",
         "recovea_tokens_total{provider=\"openai\",model=\"gpt-4o-mini\",kind=\"input\"} ",
         "recovea_cost_nanodollars_total{provider=\"openai\",model=\"other\"} ",
     ] {

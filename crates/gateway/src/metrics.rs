@@ -209,6 +209,9 @@ const LINE_ANSWERS: [&str; 5] = ["reserved", "at_line", "contended", "unseeded",
 const PROVIDERS: [&str; ProviderKind::ALL.len() + 1] =
     ["openai", "anthropic", "azure_openai", "gemini", "none"];
 
+/// The labels of `recovea_upstream_responses_total`'s `class`: a status's hundreds.
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
 fn provider_index(kind: Option<ProviderKind>) -> usize {
     kind.map_or(ProviderKind::ALL.len(), ProviderKind::index)
 }
@@ -268,6 +271,8 @@ pub(crate) struct Metrics {
     latency: Box<ByProviderOutcome>,
     /// From a request sent to the provider to the provider's answer's head.
     upstream_ttfb: Box<ByProviderOutcome>,
+    /// Providers' answers by provider kind and status class: the outcome `forwarded` is any answer.
+    upstream_status: [[AtomicU64; STATUS_CLASSES.len()]; ProviderKind::ALL.len()],
     by_model: models::ByModel,
     /// The version of the state served (0: none yet).
     feed_version: AtomicU64,
@@ -297,6 +302,7 @@ impl Metrics {
             cap_refusals: Default::default(),
             latency: Box::default(),
             upstream_ttfb: Box::default(),
+            upstream_status: Default::default(),
             by_model: models::ByModel::default(),
             feed_version: AtomicU64::new(0),
             spool,
@@ -350,6 +356,13 @@ impl Metrics {
         if let Some(refusal) = &request.cap {
             let (code, scope, window) = cap_refusal_index(refusal);
             self.cap_refusals[code][scope][window].fetch_add(1, Relaxed);
+        }
+    }
+
+    /// A provider of `kind` answered with `status` (its head; the body may still fail).
+    pub(crate) fn upstream_answered(&self, kind: ProviderKind, status: u16) {
+        if let Some(class) = usize::from(status / 100).checked_sub(1).filter(|c| *c < STATUS_CLASSES.len()) {
+            self.upstream_status[kind.index()][class].fetch_add(1, Relaxed);
         }
     }
 
@@ -444,6 +457,16 @@ impl Metrics {
             ("provider", "outcome"),
             series(&self.upstream_ttfb),
         );
+        out.push_str("# HELP recovea_upstream_responses_total Answers from providers, by provider kind and status class.\n# TYPE recovea_upstream_responses_total counter\n");
+        for (provider, by_class) in PROVIDERS.iter().zip(&self.upstream_status) {
+            for (class, n) in STATUS_CLASSES.iter().zip(by_class) {
+                let _ = writeln!(
+                    out,
+                    "recovea_upstream_responses_total{{provider=\"{provider}\",class=\"{class}\"}} {}",
+                    load(n)
+                );
+            }
+        }
         self.by_model.render(&mut out);
         labelled(
             &mut out,
@@ -608,6 +631,32 @@ mod tests {
         }
         m.snapshot_confirmed(recovea_core::Timestamp::from_system_time(SystemTime::now()));
         assert!(m.render().contains("recovea_snapshot_age_seconds "));
+    }
+
+    #[test]
+    fn providers_answers_are_counted_by_kind_and_status_class() {
+        let m = Metrics::new(Arc::default(), Counters::new("node_test"), Arc::default());
+        m.upstream_answered(ProviderKind::Anthropic, 529);
+        m.upstream_answered(ProviderKind::Anthropic, 503);
+        m.upstream_answered(ProviderKind::OpenAi, 429);
+        m.upstream_answered(ProviderKind::OpenAi, 200);
+        // Not a status: counted nowhere.
+        m.upstream_answered(ProviderKind::OpenAi, 999);
+        let text = m.render();
+        let lines: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("recovea_upstream_responses_total{")).collect();
+        assert_eq!(lines.len(), ProviderKind::ALL.len() * STATUS_CLASSES.len(), "{text}");
+        for line in [
+            "recovea_upstream_responses_total{provider=\"anthropic\",class=\"5xx\"} 2",
+            "recovea_upstream_responses_total{provider=\"openai\",class=\"4xx\"} 1",
+            "recovea_upstream_responses_total{provider=\"openai\",class=\"2xx\"} 1",
+            "recovea_upstream_responses_total{provider=\"gemini\",class=\"5xx\"} 0",
+        ] {
+            assert!(lines.contains(&line), "{line} in {text}");
+        }
+        let counted: u64 =
+            lines.iter().map(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)).sum();
+        assert_eq!(counted, 4);
     }
 
     #[test]

@@ -253,8 +253,9 @@ where
     });
     ctx.trace.start(Phase::Upstream);
     let result = forward(shared, ctx, upstream_request).await;
-    if result.is_ok() {
+    if let Ok(response) = &result {
         ctx.trace.end(Phase::Upstream);
+        shared.metrics.upstream_answered(target.kind, response.status().as_u16());
     }
     let Some(metered) = metered else { return result };
     match result {
