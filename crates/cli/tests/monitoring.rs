@@ -158,6 +158,32 @@ async fn each_request_writes_one_json_access_line_with_plain_strings_and_no_secr
     assert!(line.get("org_id").is_none() && line.get("cost_usd").is_none(), "{line}");
     assert!(line["total_ms"].is_f64(), "{line}");
 
+    // Refused by an armed cap once the body was read: the line names the model it asked for.
+    let cap = json!({"scope": "organization", "window": "month", "limit_usd": "0.000001", "hard_stop": true});
+    let (status, _) = serve.admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let capped = loop {
+        let (status, request_id) = ask(&serve, &secret, chat("gpt-4o-mini", false)).await;
+        if status == StatusCode::PAYMENT_REQUIRED {
+            break request_id;
+        }
+        assert!(Instant::now() < deadline, "the armed cap never refused");
+    };
+    let lines = lines_naming(&log, &capped, 1).await;
+    let line: Value = serde_json::from_str(&lines[0]).expect("a JSON line");
+    assert_eq!(
+        (line["status"].as_u64(), line["outcome"].as_str()),
+        (Some(402), Some("budget_exceeded")),
+        "{line}"
+    );
+    assert_eq!(
+        (line["model"].as_str(), line["org_id"].as_str()),
+        (Some("gpt-4o-mini"), Some(org_id.as_str())),
+        "{line}"
+    );
+    assert!(line.get("cost_usd").is_none(), "no receipt, no cost: {line}");
+
     let text = std::fs::read_to_string(&log).expect("log");
     for secret_text in [secret.as_str(), PROVIDER_KEY, PROMPT, TOKEN, "rk_not_a_key_at_all"] {
         assert!(!text.contains(secret_text), "the log shows {secret_text:?}:\n{text}");

@@ -60,6 +60,9 @@ pub(crate) struct RequestContext {
     outcome: Outcome,
     /// The armed cap that refused the request, if one did.
     cap_refusal: Option<caps::CapRefusal>,
+    /// The model a request refused after its body was read asked for, for its access-log line
+    /// (an admitted request's receipt names its own).
+    refused_model: Option<String>,
     /// Whether the request body was read to its end: a connection whose request body is left
     /// unread cannot carry another request.
     body_read: bool,
@@ -88,6 +91,7 @@ impl RequestContext {
             fail_open: None,
             outcome: Outcome::Forwarded,
             cap_refusal: None,
+            refused_model: None,
             body_read: false,
             trace: Trace::default(),
         }
@@ -201,15 +205,23 @@ where
         && !admitted.allows_model(facts.model.as_deref())
     {
         // Before the caps and the provider: nothing is reserved, called or metered.
-        return Err(Refusal::ModelNotAllowed(facts.model.clone().unwrap_or_default()));
+        ctx.refused_model = facts.model.take();
+        return Err(Refusal::ModelNotAllowed(ctx.refused_model.clone().unwrap_or_default()));
     }
     let prices = shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default();
     let reservation = match &ctx.admitted {
         Some(admitted) => {
             ctx.trace.start(Phase::Caps);
-            let reservation =
+            let checked =
                 check_caps(shared, admitted, &facts, input_tokens, &prices, target.kind, ctx.started_at)
-                    .await?;
+                    .await;
+            let reservation = match checked {
+                Ok(reservation) => reservation,
+                Err(refusal) => {
+                    ctx.refused_model = facts.model.take();
+                    return Err(refusal);
+                }
+            };
             ctx.trace.end(Phase::Caps);
             reservation
         }
@@ -684,7 +696,7 @@ impl RequestContext {
             key_id: self.admitted.as_ref().map(|a| a.key_id.as_str()),
             route,
             provider,
-            model: None,
+            model: self.refused_model.as_deref(),
             status: response.status().as_u16(),
             outcome: self.outcome,
             fail_open: self.fail_open.map(FailOpenReason::label),
