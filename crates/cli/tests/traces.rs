@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use recovea_testkit::MockProvider;
 use recovea_testkit::otlp::{OtlpReceiver, ReceivedSpan};
+use recovea_testkit::{Behaviour, MockProvider};
 use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
 
 #[path = "support/harness.rs"]
 mod harness;
@@ -152,6 +153,43 @@ async fn each_request_is_a_span_with_a_child_per_phase() {
     assert!(text.contains("recovea_trace_spans_dropped_total 0\n"), "{text}");
     // Every span came from the service named on the command line.
     assert!(receiver.spans().iter().all(|s| s.service_name.as_deref() == Some("recovea-test")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_the_answer_still_ends_its_trace_as_client_closed() {
+    let receiver = OtlpReceiver::start().await;
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("traces-abandoned");
+    let endpoint = receiver.url();
+    let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN, "--otlp-endpoint", &endpoint]);
+    let (org_id, _, secret) = tenant(&serve).await;
+    // The provider takes its time; the client does not wait for it.
+    mock.script(Behaviour::default().delay_ms(5_000));
+    let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": PROMPT}]}).to_string();
+    let address = serve.gateway.trim_start_matches("http://").to_owned();
+    let mut client = tokio::net::TcpStream::connect(&address).await.expect("connect");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {secret}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    client.write_all(format!("{head}{body}").as_bytes()).await.expect("send");
+    let deadline = std::time::Instant::now() + WITHIN;
+    while mock.requests().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the request never reached the provider");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(client);
+
+    let (root, children) =
+        receiver.trace_where("request", ("recovea.outcome", "client_closed"), 3, WITHIN).await;
+    assert_eq!(names(&children), ["admit", "caps", "upstream"]);
+    assert_eq!(root.attribute("http.response.status_code").as_deref(), Some("499"));
+    assert_eq!(root.attribute("recovea.org_id").as_deref(), Some(org_id.as_str()));
+    let upstream = children.iter().find(|s| s.name() == "upstream").expect("upstream");
+    assert_eq!(upstream.span.status.as_ref().map(|s| s.code), Some(2), "the provider never answered");
+    // The receipt of a client gone before the head (input estimated) is the span's too.
+    assert!(root.attribute("gen_ai.usage.input_tokens").is_some_and(|n| n != "0"), "{root:?}");
+    nothing_secret(&[&root], &secret);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -154,6 +154,18 @@ where
     trace.finish(|| ctx.trace_facts(), response)
 }
 
+impl Drop for RequestContext {
+    /// A request dropped before `handle` took its trace (its client left before the answer's
+    /// head) still ends its trace, as `client_closed`.
+    fn drop(&mut self) {
+        let mut trace = std::mem::take(&mut self.trace);
+        trace.abandoned(crate::metering::CLIENT_CLOSED, || crate::trace::Facts {
+            outcome: Outcome::ClientClosed,
+            ..self.trace_facts()
+        });
+    }
+}
+
 impl RequestContext {
     /// What the request's span says of it.
     fn trace_facts(&self) -> crate::trace::Facts<'_> {

@@ -329,6 +329,15 @@ impl Trace {
         self.0.as_ref().map(|trace| Arc::clone(&trace.usage))
     }
 
+    /// Ends the trace of a request abandoned before its answer went out (its client left first)
+    /// with the `status` its receipt has. `facts` is called only when the request is traced.
+    pub(crate) fn abandoned<'a>(&mut self, status: u16, facts: impl FnOnce() -> Facts<'a>) {
+        if let Some(mut trace) = self.0.take() {
+            trace.note(&facts(), status);
+            trace.send(SystemTime::now(), status);
+        }
+    }
+
     /// Ends the trace with the answer: at once for the gateway's own answers, when its body ends
     /// for the provider's. `facts` is called only when the request is traced.
     #[inline]
