@@ -129,7 +129,11 @@ pub fn inspect_and_estimate(body: &[u8]) -> InspectedRequest {
 impl RequestHead {
     fn facts(self) -> RequestFacts {
         RequestFacts {
-            model: self.model.as_str().map(str::to_owned),
+            // The parsed string itself, not a copy of it.
+            model: match self.model {
+                Value::String(model) => Some(model),
+                _ => None,
+            },
             stream: self.stream == Value::Bool(true),
             client_asked_usage: self.stream_options.get("include_usage") == Some(&Value::Bool(true)),
             max_output_tokens: [self.max_completion_tokens, self.max_output_tokens, self.max_tokens]
