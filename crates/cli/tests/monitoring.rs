@@ -80,6 +80,22 @@ async fn receipt_of(serve: &Serve, org_id: &str, request_id: &str) -> Value {
 }
 
 /// `serve` with its log going to a file in `dir`.
+/// Arms a monthly cap of a millionth of a dollar on the organization and asks until it refuses:
+/// the request id of its first 402.
+async fn arm_a_spent_cap(serve: &Serve, org_id: &str, secret: &str) -> String {
+    let cap = json!({"scope": "organization", "window": "month", "limit_usd": "0.000001", "hard_stop": true});
+    let (status, _) = serve.admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, request_id) = ask(serve, secret, chat("gpt-4o-mini", false)).await;
+        if status == StatusCode::PAYMENT_REQUIRED {
+            return request_id;
+        }
+        assert!(Instant::now() < deadline, "the armed cap never refused");
+    }
+}
+
 fn serve_logging(dir: &Path, mock: &str, extra: &[&str]) -> (Serve, PathBuf) {
     let log_path = dir.join("serve.log");
     let log = std::fs::File::create(&log_path).expect("log file");
@@ -159,17 +175,7 @@ async fn each_request_writes_one_json_access_line_with_plain_strings_and_no_secr
     assert!(line["total_ms"].is_f64(), "{line}");
 
     // Refused by an armed cap once the body was read: the line names the model it asked for.
-    let cap = json!({"scope": "organization", "window": "month", "limit_usd": "0.000001", "hard_stop": true});
-    let (status, _) = serve.admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
-    assert_eq!(status, StatusCode::CREATED);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let capped = loop {
-        let (status, request_id) = ask(&serve, &secret, chat("gpt-4o-mini", false)).await;
-        if status == StatusCode::PAYMENT_REQUIRED {
-            break request_id;
-        }
-        assert!(Instant::now() < deadline, "the armed cap never refused");
-    };
+    let capped = arm_a_spent_cap(&serve, &org_id, &secret).await;
     let lines = lines_naming(&log, &capped, 1).await;
     let line: Value = serde_json::from_str(&lines[0]).expect("a JSON line");
     assert_eq!(
@@ -391,13 +397,7 @@ async fn metrics_parse_and_every_metric_the_rules_and_dashboard_query_is_exporte
     // The provider's own error, forwarded as it came.
     mock.script(Behaviour::error(503));
     assert_eq!(ask(&serve, &secret, chat("gpt-4o-mini", false)).await.0, StatusCode::SERVICE_UNAVAILABLE);
-    let cap = json!({"scope": "organization", "window": "month", "limit_usd": "0.000001", "hard_stop": true});
-    let (status, _) = serve.admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
-    assert_eq!(status, StatusCode::CREATED);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while ask(&serve, &secret, chat("gpt-4o-mini", false)).await.0 != StatusCode::PAYMENT_REQUIRED {
-        assert!(Instant::now() < deadline, "the armed cap never refused");
-    }
+    arm_a_spent_cap(&serve, &org_id, &secret).await;
 
     let text = scrape(&serve).await;
     let exported = parse_exposition(&text);
