@@ -85,7 +85,7 @@ def binary(name: str) -> str:
         path = ROOT / "target" / profile / name
         if path.exists():
             return str(path)
-    sys.exit(f"build first: cargo build --release --bins ({name} not found)")
+    sys.exit(f"build first: cargo build --release -p recovea -p recovea-testkit --bins ({name} not found)")
 
 
 def read_banner(proc: subprocess.Popen, pattern: str, last: str | None = None) -> dict[str, str]:
