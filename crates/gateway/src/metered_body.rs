@@ -15,6 +15,7 @@ use recovea_providers::usage::{Tapped, UsageTap};
 use crate::body::BoxError;
 use crate::metering::{CLIENT_CLOSED, Metered};
 use crate::node::Shared;
+use crate::spool::Written;
 
 /// The receipt of a request from the moment it is sent to the provider until its answer's body
 /// takes over: dropped unanswered (the client went away mid-flight), it writes the receipt itself.
@@ -59,6 +60,9 @@ pub(crate) struct MeteredBody<B> {
     tap: Option<UsageTap>,
     filter: Option<UsageChunkFilter>,
     pending: Option<Pending>,
+    /// The receipt's line on its way to the spool, and the last bytes that wait for it.
+    written: Option<Written>,
+    last: Option<Bytes>,
     done: bool,
 }
 
@@ -79,6 +83,8 @@ impl<B> MeteredBody<B> {
             tap: Some(UsageTap::new(request.surface, event_stream)),
             filter: (strip_usage_chunk && event_stream).then(UsageChunkFilter::new),
             pending: Some(Pending { shared, request, status }),
+            written: None,
+            last: None,
             done: false,
         }
     }
@@ -88,6 +94,33 @@ impl<B> MeteredBody<B> {
             let shared = &pending.shared;
             shared.meter.record(&shared.metrics, pending.request, pending.status, tap.finish());
         }
+    }
+
+    /// The body's end: the receipt is spooled before the last bytes go, so that no crash can leave
+    /// a completed response without one. Its line is written with those of the responses that end
+    /// alongside it (`spool::Written`).
+    fn end(&mut self, last: Bytes, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.done = true;
+        if let (Some(pending), Some(tap)) = (self.pending.take(), self.tap.take()) {
+            let shared = &pending.shared;
+            self.written = Some(shared.meter.record_grouped(
+                &shared.metrics,
+                pending.request,
+                pending.status,
+                tap.finish(),
+            ));
+        }
+        self.last = (!last.is_empty()).then_some(last);
+        self.poll_last(cx)
+    }
+
+    /// The last bytes, once the receipt's line is written.
+    fn poll_last(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(written) = self.written.as_mut() {
+            std::task::ready!(Pin::new(written).poll(cx));
+            self.written = None;
+        }
+        Poll::Ready(self.last.take().map(|data| Ok(Frame::data(data))))
     }
 }
 
@@ -105,7 +138,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if this.done {
-            return Poll::Ready(None);
+            return this.poll_last(cx);
         }
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
@@ -123,8 +156,6 @@ where
                         None => data,
                     };
                     if this.inner.is_end_stream() {
-                        // The last bytes: the receipt is spooled before they go, so that no crash can
-                        // leave a completed response without one.
                         if let Some(rest) =
                             this.filter.as_mut().map(UsageChunkFilter::finish).filter(|r| !r.is_empty())
                         {
@@ -132,13 +163,9 @@ where
                             joined.extend_from_slice(&rest);
                             out = joined.freeze();
                         }
-                        this.done = true;
-                        this.finish();
+                        return this.end(out, cx);
                     }
                     if out.is_empty() {
-                        if this.done {
-                            return Poll::Ready(None);
-                        }
                         continue;
                     }
                     return Poll::Ready(Some(Ok(Frame::data(out))));
@@ -149,17 +176,15 @@ where
                     return Poll::Ready(Some(Err(e.into())));
                 }
                 Poll::Ready(None) => {
-                    this.done = true;
                     let rest = this.filter.as_mut().map(UsageChunkFilter::finish).unwrap_or_default();
-                    this.finish();
-                    return Poll::Ready((!rest.is_empty()).then(|| Ok(Frame::data(rest))));
+                    return this.end(rest, cx);
                 }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.done && self.written.is_none() && self.last.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -18,7 +18,7 @@ use recovea_providers::usage::{self, Surface, Tapped};
 
 use crate::access_log;
 use crate::metrics::{Finished, MeteredFacts, Metrics, Outcome};
-use crate::spool::SpoolSender;
+use crate::spool::{SpoolSender, Written};
 
 /// What the receipt of an admitted request needs to know of it, gathered by the request phases.
 pub(crate) struct Metered {
@@ -87,7 +87,25 @@ impl Meter {
     }
 
     /// Settles and spools the receipt of a request that ended with `status`.
-    pub(crate) fn record(&self, metrics: &Metrics, mut request: Metered, status: u16, tapped: Tapped) {
+    pub(crate) fn record(&self, metrics: &Metrics, request: Metered, status: u16, tapped: Tapped) {
+        self.spool.send(self.settle(metrics, request, status, tapped));
+    }
+
+    /// As [`Self::record`], the receipt's line written with those of the other responses this
+    /// thread finishes meanwhile: on disk once the returned future is ready.
+    pub(crate) fn record_grouped(
+        &self,
+        metrics: &Metrics,
+        request: Metered,
+        status: u16,
+        tapped: Tapped,
+    ) -> Written {
+        self.spool.send_grouped(self.settle(metrics, request, status, tapped))
+    }
+
+    /// Settles the request into its receipt: the cap reservation and token lane settled, its
+    /// access-log line and metrics written.
+    fn settle(&self, metrics: &Metrics, mut request: Metered, status: u16, tapped: Tapped) -> Receipt {
         let model = tapped.model.or_else(|| request.request_model.take());
         // The provider answered, or may have been working when the answer was cut short: the
         // input was sent, so it is estimated. An error without usage, or no connection, costs nothing.
@@ -127,7 +145,7 @@ impl Meter {
         let (kind, timing) = (request.kind, request.timing);
         let receipt = self.receipt(request, model, status, settled, finished_at);
         self.finished(metrics, &receipt, kind, &timing);
-        self.spool.send(receipt);
+        receipt
     }
 
     /// The request's access-log line and metrics, from its receipt: the one place that knows

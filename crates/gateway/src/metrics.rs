@@ -527,6 +527,11 @@ impl Metrics {
                 self.spool.dropped.load(Relaxed),
             ),
             (
+                "recovea_spool_writes_total",
+                "Writes that appended receipts to the spool: receipts that end together share one.",
+                self.spool.writes.load(Relaxed),
+            ),
+            (
                 "recovea_spool_corrupt_lines_total",
                 "Spool lines that could not be read back.",
                 self.spool.corrupt.load(Relaxed),

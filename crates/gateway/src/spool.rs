@@ -1,11 +1,12 @@
 //! The receipt spool: receipts appended to local segment files as each response ends, then shipped
 //! in batches to a [`ReceiptSink`] and forgotten only once delivered.
 //!
-//! A receipt is appended (one `write` to the page cache, no `fsync`) before the last frame of its
+//! A receipt is appended (a `write` to the page cache, no `fsync`) before the last frame of its
 //! response is released, so a process killed at any moment (SIGKILL included) has on disk the receipt
-//! of every response that completed. That append is the only metering work a response waits for: a
-//! few microseconds of local I/O, never the ledger, the network or an `fsync`, which a background
-//! thread does every 200 ms for the sake of power loss. How far delivery has got is recorded in a
+//! of every response that completed. The receipts a connection thread finishes in one turn of its
+//! runtime share one `write` ([`group`]). That append is the only metering work a response waits
+//! for: a few microseconds of local I/O, never the ledger, the network or an `fsync`, which a
+//! background thread does every 200 ms for the sake of power loss. How far delivery has got is recorded in a
 //! file of the spool about once a second (and at shutdown), so a restart replays whatever was not
 //! recorded as delivered; the sink's inserts are idempotent by receipt id, so a batch delivered
 //! twice is counted once. The last few batches'
@@ -35,6 +36,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::throttled::Throttled;
+
+mod group;
+pub use group::Written;
 
 /// A new segment starts past this size, so that delivered ones can be deleted whole.
 const SEGMENT_BYTES: u64 = 8 << 20;
@@ -80,6 +84,8 @@ pub struct SpoolStats {
     pub held: AtomicU64,
     /// The size of the spool's segment files.
     pub bytes: AtomicU64,
+    /// Writes that appended receipts: the receipts that end together on a thread share one.
+    pub writes: AtomicU64,
 }
 
 /// The request side of the spool: appends receipts.
@@ -94,8 +100,21 @@ impl SpoolSender {
     /// Appends a finished request's receipt, or holds it in memory when the disk refuses it. Never
     /// costs the response; past the memory bound it costs the receipt, counted and logged.
     pub fn send(&self, receipt: Receipt) {
-        if self.appender.append(SerializedReceipt::new(receipt)) {
-            self.stats.pending.fetch_add(1, Relaxed);
+        self.append(vec![SerializedReceipt::new(receipt)]);
+    }
+
+    /// As [`Self::send`], but the line is written together with those of the other receipts this
+    /// thread finishes in the same turn of its runtime: one `write` for all of them rather than one
+    /// each. The receipt is on disk once the returned [`Written`] is ready.
+    pub fn send_grouped(&self, receipt: Receipt) -> Written {
+        group::queue(self, SerializedReceipt::new(receipt))
+    }
+
+    /// Appends the receipts' lines (or holds them in memory) and tells the shipper.
+    fn append(&self, receipts: Vec<SerializedReceipt>) {
+        let kept = self.appender.append(receipts);
+        if kept > 0 {
+            self.stats.pending.fetch_add(kept as i64, Relaxed);
             self.written.notify_one();
         }
     }
@@ -340,9 +359,6 @@ impl Segment {
     }
 }
 
-/// A receipt the disk refused, and why: boxed, as it is rare and large.
-struct Refused(io::Error, SerializedReceipt);
-
 impl Appender {
     fn open(
         dir: &Path,
@@ -367,30 +383,27 @@ impl Appender {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Appends the receipt's line, or holds the receipt in memory when the disk refuses it.
-    /// `false`: memory holds as many as its bound allows, and the receipt is lost.
-    fn append(&self, receipt: SerializedReceipt) -> bool {
+    /// Appends the receipts' lines in one write, or holds the receipts in memory when the disk
+    /// refuses them. Returns how many were kept: those lost are past memory's bound.
+    fn append(&self, mut receipts: Vec<SerializedReceipt>) -> usize {
         let mut state = self.lock();
-        match self.write(&mut state, receipt) {
-            Ok(()) => true,
-            Err(refused) => {
-                let Refused(e, receipt) = *refused;
-                if !state.refusing {
-                    state.refusing = true;
-                    tracing::warn!(
-                        error = %e,
-                        "the disk refused a receipt: receipts are held in memory and delivered from there \
-                         until it takes them again"
-                    );
-                }
-                self.hold(&mut state, receipt)
-            }
+        let count = receipts.len();
+        let Err(e) = self.write(&mut state, &mut receipts) else { return count };
+        if !state.refusing {
+            state.refusing = true;
+            tracing::warn!(
+                error = %e,
+                "the disk refused a receipt: receipts are held in memory and delivered from there \
+                 until it takes them again"
+            );
         }
+        receipts.into_iter().map(|receipt| self.hold(&mut state, receipt)).filter(|&kept| kept).count()
     }
 
-    /// Writes the receipt's line, in one `writev` as a rule: lines never interleave, and a crash
-    /// tears at most the last one. On failure the segment is cut back to its last whole line.
-    fn write(&self, state: &mut Appending, receipt: SerializedReceipt) -> Result<(), Box<Refused>> {
+    /// Writes the receipts' lines, in one `writev` as a rule: lines never interleave, and a crash
+    /// tears at most the last one. On failure the segment is cut back to its last whole line and
+    /// the receipts stay in `receipts`; on success they are taken (into the mirror).
+    fn write(&self, state: &mut Appending, receipts: &mut Vec<SerializedReceipt>) -> io::Result<()> {
         let Appending { segment, mirror, held, refusing, .. } = state;
         if segment.size >= SEGMENT_BYTES || segment.torn {
             match Segment::create(&self.dir, segment.number + 1) {
@@ -404,28 +417,31 @@ impl Appender {
                     });
                 }
                 // A full segment takes more lines meanwhile; a torn one none.
-                Err(e) if segment.torn => return Err(Box::new(Refused(e, receipt))),
+                Err(e) if segment.torn => return Err(e),
                 Err(_) => {}
             }
         }
-        let text = receipt.json().as_bytes();
-        if let Err(e) = write_line(&mut segment.file, text) {
+        if let Err(e) = write_lines(&mut segment.file, receipts) {
             // No part of a line stays: the next one would be read as its continuation.
             if segment.file.set_len(segment.size).is_err() {
                 segment.torn = true;
             }
-            return Err(Box::new(Refused(e, receipt)));
+            return Err(e);
         }
-        let start = segment.size;
-        segment.size += text.len() as u64 + 1;
+        let appended_from = segment.size;
+        for receipt in receipts.drain(..) {
+            let start = segment.size;
+            segment.size += receipt.json().len() as u64 + 1;
+            if mirror.len() < self.mirror_capacity {
+                mirror.push_back(Mirrored { segment: segment.number, start, end: segment.size, receipt });
+            }
+        }
         segment.dirty = true;
-        self.stats.bytes.fetch_add(text.len() as u64 + 1, Relaxed);
+        self.stats.bytes.fetch_add(segment.size - appended_from, Relaxed);
+        self.stats.writes.fetch_add(1, Relaxed);
         if *refusing && held.is_empty() {
             *refusing = false;
             tracing::info!("the disk takes receipts again; none is held in memory");
-        }
-        if mirror.len() < self.mirror_capacity {
-            mirror.push_back(Mirrored { segment: segment.number, start, end: segment.size, receipt });
         }
         Ok(())
     }
@@ -452,27 +468,24 @@ impl Appender {
         true
     }
 
-    /// Appends the receipts held in memory, oldest first, until the disk refuses one; a batch at a
-    /// time, so that appends of requests wait at most one batch's writes.
+    /// Appends the receipts held in memory, oldest first, until the disk refuses them; a batch at a
+    /// time, so that appends of requests wait at most one batch's write.
     fn append_held(&self) {
         loop {
             let mut state = self.lock();
             if state.held.is_empty() {
                 return;
             }
-            for _ in 0..BATCH {
-                let Some(receipt) = state.held.pop_front() else { break };
-                let length = receipt.json().len();
-                self.stats.held.fetch_sub(1, Relaxed);
-                state.held_bytes -= length;
-                if let Err(refused) = self.write(&mut state, receipt) {
-                    let Refused(_, receipt) = *refused;
-                    state.held_bytes += length;
+            let mut batch: Vec<_> = (0..BATCH).map_while(|_| state.held.pop_front()).collect();
+            let (count, bytes) = (batch.len(), batch.iter().map(|r| r.json().len()).sum::<usize>());
+            if self.write(&mut state, &mut batch).is_err() {
+                for receipt in batch.into_iter().rev() {
                     state.held.push_front(receipt);
-                    self.stats.held.fetch_add(1, Relaxed);
-                    return;
                 }
+                return;
             }
+            state.held_bytes -= bytes;
+            self.stats.held.fetch_sub(count as u64, Relaxed);
         }
     }
 
@@ -559,12 +572,25 @@ impl Appender {
     }
 }
 
-/// Writes `text` and a newline: one `writev` unless the kernel takes less (then the rest follows).
-fn write_line(file: &mut File, text: &[u8]) -> io::Result<()> {
-    let written = file.write_vectored(&[IoSlice::new(text), IoSlice::new(b"\n")])?;
-    if written <= text.len() {
-        file.write_all(&text[written..])?;
-        file.write_all(b"\n")?;
+/// The most lines one `writev` carries (two slices each, within Linux's `IOV_MAX` of 1024).
+const LINES_PER_WRITE: usize = 64;
+
+/// Writes each receipt's text and a newline, in one `writev` per [`LINES_PER_WRITE`] lines unless
+/// the kernel takes less (then the rest follows).
+fn write_lines(file: &mut File, receipts: &[SerializedReceipt]) -> io::Result<()> {
+    for chunk in receipts.chunks(LINES_PER_WRITE) {
+        let mut slices = [IoSlice::new(&[]); 2 * LINES_PER_WRITE];
+        for (pair, receipt) in slices.chunks_exact_mut(2).zip(chunk) {
+            pair[0] = IoSlice::new(receipt.json().as_bytes());
+            pair[1] = IoSlice::new(b"\n");
+        }
+        let mut rest = &mut slices[..2 * chunk.len()];
+        while !rest.is_empty() {
+            match file.write_vectored(rest)? {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                written => IoSlice::advance_slices(&mut rest, written),
+            }
+        }
     }
     Ok(())
 }
@@ -964,7 +990,7 @@ mod tests {
         let dir = TempDir::new("mirror");
         fs::create_dir_all(&dir.0).expect("dir");
         let appender = Appender::open(&dir.0, 1, 3, DEFAULT_MEMORY_BOUND, Arc::default()).expect("open");
-        let append = |n| assert!(appender.append(SerializedReceipt::new(receipt(n))), "appended");
+        let append = |n| assert_eq!(appender.append(vec![SerializedReceipt::new(receipt(n))]), 1, "appended");
         // Where each line ends.
         let mut ends = vec![0];
         for n in 0..8 {

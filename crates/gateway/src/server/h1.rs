@@ -348,11 +348,13 @@ async fn write_response(
     if framing == Framing::None {
         return write_all(io, &mut [IoSlice::new(out)], stall).await.is_ok() && !close;
     }
-    let mut head_sent = false;
+    let (mut head_sent, mut looked_again) = (false, false);
     let mut sent = 0u64;
     let mut size = [0u8; 18];
     loop {
-        // The first look does not wait, so that bytes already there join the head.
+        // The first look does not wait, so that bytes already there join the head; nor does a
+        // second one turn of the runtime later, which finds a last frame that waited only for its
+        // receipt's line (written with the others of that turn: `spool::Written`).
         let frame = if head_sent {
             match unless_hangup(io, buf, |cx| Pin::new(&mut body).poll_frame(cx)).await {
                 Ok(frame) => frame,
@@ -361,6 +363,11 @@ async fn write_response(
         } else {
             match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
                 Poll::Ready(frame) => frame,
+                Poll::Pending if !looked_again => {
+                    looked_again = true;
+                    tokio::task::yield_now().await;
+                    continue;
+                }
                 Poll::Pending => {
                     if write_all(io, &mut [IoSlice::new(out)], stall.as_mut()).await.is_err() {
                         return false;
