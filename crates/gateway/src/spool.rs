@@ -765,10 +765,11 @@ mod tests {
 
     use super::*;
 
-    struct TempDir(PathBuf);
+    /// A directory of the test's own, removed after it (also for `group`'s tests).
+    pub(super) struct TempDir(pub(super) PathBuf);
 
     impl TempDir {
-        fn new(name: &str) -> Self {
+        pub(super) fn new(name: &str) -> Self {
             let dir = std::env::temp_dir().join(format!("recovea-spool-{name}-{}", std::process::id()));
             let _ = fs::remove_dir_all(&dir);
             Self(dir)

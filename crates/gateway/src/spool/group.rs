@@ -127,28 +127,13 @@ impl Future for Written {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
     use std::sync::atomic::Ordering::Relaxed;
 
     use recovea_core::receipt::Receipt;
 
+    use super::super::tests::TempDir;
     use super::super::{Spool, segments};
-
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("recovea-spool-group-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            Self(dir)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 
     /// The ids of the receipts whose lines are in the spool's files.
     fn spooled(dir: &Path) -> Vec<String> {
@@ -167,7 +152,7 @@ mod tests {
 
     #[tokio::test]
     async fn receipts_that_end_in_one_turn_share_one_write_and_each_is_on_disk_when_its_wait_ends() {
-        let dir = TempDir::new("turn");
+        let dir = TempDir::new("group-turn");
         let spool = Spool::open(&dir.0).expect("spool");
         let tasks: Vec<_> = (0..10)
             .map(|n| {
@@ -189,7 +174,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_receipt_ending_in_a_later_turn_gets_a_write_of_its_own() {
-        let dir = TempDir::new("later");
+        let dir = TempDir::new("group-later");
         let spool = Spool::open(&dir.0).expect("spool");
         spool.sender.send_grouped(receipt(1)).await;
         spool.sender.send_grouped(receipt(2)).await;
@@ -199,7 +184,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_receipt_whose_wait_is_dropped_is_still_written() {
-        let dir = TempDir::new("dropped");
+        let dir = TempDir::new("group-dropped");
         let spool = Spool::open(&dir.0).expect("spool");
         drop(spool.sender.send_grouped(receipt(1)));
         tokio::task::yield_now().await;
@@ -208,7 +193,7 @@ mod tests {
 
     #[test]
     fn a_runtime_shut_down_before_the_write_ran_loses_no_receipt() {
-        let dir = TempDir::new("shutdown");
+        let dir = TempDir::new("group-shutdown");
         let spool = Spool::open(&dir.0).expect("spool");
         let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
         // The write's task is spawned but never runs: the runtime stops first.
@@ -220,7 +205,7 @@ mod tests {
 
     #[test]
     fn outside_a_runtime_a_receipt_is_written_at_once() {
-        let dir = TempDir::new("outside");
+        let dir = TempDir::new("group-outside");
         let spool = Spool::open(&dir.0).expect("spool");
         drop(spool.sender.send_grouped(receipt(1)));
         assert_eq!(spooled(&dir.0), [receipt(1).id]);
