@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use recovea_counters::{rebuild_missing, sync_loop};
+use recovea_gateway::spool::Keeps;
 use recovea_gateway::{ControlLink, Gateway, follow_feed};
 use tokio::net::TcpListener;
 
@@ -23,7 +24,8 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;
     let node_id = data_dir::node_id(data_dir)?;
-    let spool = open_spool(data_dir, args.gateway.spool_memory())?;
+    // The control plane's ingest is sent the receipts' text alone.
+    let spool = open_spool(data_dir, args.gateway.spool_memory(), Keeps::Text)?;
     let (counters, shared_counters) = counters(&node_id, args.gateway.redis_url.as_deref())?;
     let rate_share = rate_share(args.gateway.redis_url.as_deref())?;
     let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));

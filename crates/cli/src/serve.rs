@@ -10,6 +10,7 @@ use recovea_control::{Control, Publication};
 use recovea_core::crypto::MasterKey;
 use recovea_counters::{CapWindow, Counters, rebuild_missing, sync_loop};
 use recovea_gateway::Gateway;
+use recovea_gateway::spool::Keeps;
 use recovea_store::{ControlStore, ReceiptLedger};
 use tokio::net::TcpListener;
 
@@ -40,7 +41,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let (admin_token, token_generated) = admin_token(&args.admin, data_dir)?;
     let node_id = data_dir::node_id(data_dir)?;
     let alert_secret = alert_signing_secret(&args.admin, data_dir)?;
-    let spool = open_spool(data_dir, args.gateway.spool_memory())?;
+    let spool = open_spool(data_dir, args.gateway.spool_memory(), Keeps::Receipts)?;
 
     let (counters, shared_counters) = counters(&node_id, args.gateway.redis_url.as_deref())?;
     let rate_share = rate_share(args.gateway.redis_url.as_deref())?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use recovea_counters::{Counters, InProcess, RateShare, Redis, RedisRateShare, SharedCounters, StoreOptions};
-use recovea_gateway::spool::{MemoryBound, Spool};
+use recovea_gateway::spool::{Keeps, MemoryBound, Spool};
 use recovea_store::{ControlStore, PostgresStore, ReceiptLedger, SqliteStore};
 use tokio::sync::watch;
 
@@ -96,9 +96,9 @@ pub(crate) fn rate_share(redis_url: Option<&str>) -> Result<Option<Arc<dyn RateS
 /// How often a node exchanges its keys' usage with the others: the lag of a shared rate limit.
 pub(crate) const RATE_SHARE_INTERVAL: Duration = Duration::from_millis(250);
 
-pub(crate) fn open_spool(data_dir: &Path, bound: MemoryBound) -> Result<Arc<Spool>, String> {
+pub(crate) fn open_spool(data_dir: &Path, bound: MemoryBound, keeps: Keeps) -> Result<Arc<Spool>, String> {
     let dir = data_dir.join("spool");
-    Spool::open_bounded(&dir, bound).map(Arc::new).map_err(|e| format!("{}: {e}", dir.display()))
+    Spool::open_bounded(&dir, bound, keeps).map(Arc::new).map_err(|e| format!("{}: {e}", dir.display()))
 }
 
 /// One signal that every background task watches; sent once, at shutdown.

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -237,35 +238,56 @@ pub fn settle(reported: Option<Usage>, estimate: Usage, price: &Resolution<'_>) 
 /// A receipt with its JSON text, carried together from the spool (which had to write the text) to
 /// the ledger (which stores it), so that no step in between serializes the receipt again. The text
 /// always parses back to the receipt.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct SerializedReceipt {
-    receipt: Receipt,
     json: Box<str>,
+    /// The receipt, kept beside its text or read from it when first asked for.
+    receipt: OnceLock<Receipt>,
 }
 
 impl SerializedReceipt {
     pub fn new(receipt: Receipt) -> Self {
         let json = receipt.to_json().into_boxed_str();
-        Self { receipt, json }
+        Self { json, receipt: OnceLock::from(receipt) }
+    }
+
+    /// The text alone, for where only the text travels on (a node's spool, whose batches go to
+    /// the control plane as text): the receipt's fields are freed by the thread that made them,
+    /// not by the one that ships the text.
+    pub fn text_of(receipt: &Receipt) -> Self {
+        Self { json: receipt.to_json().into_boxed_str(), receipt: OnceLock::new() }
     }
 
     /// A receipt's JSON text, as a spool line or a node's batch carries it.
     pub fn parse(json: &str) -> serde_json::Result<Self> {
-        Ok(Self { receipt: serde_json::from_str(json)?, json: json.into() })
+        Ok(Self { receipt: OnceLock::from(serde_json::from_str::<Receipt>(json)?), json: json.into() })
     }
 
     pub fn receipt(&self) -> &Receipt {
-        &self.receipt
+        self.receipt.get_or_init(|| self.read_back())
     }
 
     pub fn json(&self) -> &str {
         &self.json
     }
 
-    pub fn into_receipt(self) -> Receipt {
-        self.receipt
+    pub fn into_receipt(mut self) -> Receipt {
+        self.receipt.take().unwrap_or_else(|| self.read_back())
+    }
+
+    fn read_back(&self) -> Receipt {
+        serde_json::from_str(&self.json).expect("a receipt's own JSON text reads back (see to_json)")
     }
 }
+
+/// The same text is the same receipt, whether or not it was read yet.
+impl PartialEq for SerializedReceipt {
+    fn eq(&self, other: &Self) -> bool {
+        self.json == other.json
+    }
+}
+
+impl Eq for SerializedReceipt {}
 
 /// Where receipts go once they leave a node's spool: the ledger in `serve`, the control plane's
 /// ingest from a node. Delivery is idempotent by receipt id, so a batch may be sent again.
@@ -484,6 +506,14 @@ mod tests {
         assert_eq!(read, written);
         assert_eq!(read.into_receipt(), sample());
         assert!(SerializedReceipt::parse(r#"{"id":"rcpt_a"}"#).is_err(), "a partial receipt is refused");
+    }
+
+    #[test]
+    fn a_receipt_kept_as_text_alone_reads_back_as_itself() {
+        let text = SerializedReceipt::text_of(&sample());
+        assert_eq!(text, SerializedReceipt::new(sample()));
+        assert_eq!(text.receipt(), &sample());
+        assert_eq!(SerializedReceipt::text_of(&sample()).into_receipt(), sample());
     }
 
     /// A receipt spooled before tags existed still reads, without tags; one with tags keeps them.

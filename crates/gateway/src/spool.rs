@@ -88,26 +88,44 @@ pub struct SpoolStats {
     pub writes: AtomicU64,
 }
 
+/// What the spool keeps of a receipt in memory for its shipper, as its sink reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keeps {
+    /// The receipt and its text: the ledger in `serve` stores the receipt's fields.
+    Receipts,
+    /// The text alone: a node ships text to the control plane, so the receipt's fields are freed
+    /// on the connection thread that made them rather than on the shipper's.
+    Text,
+}
+
 /// The request side of the spool: appends receipts.
 #[derive(Clone)]
 pub struct SpoolSender {
     appender: Arc<Appender>,
     stats: Arc<SpoolStats>,
     written: Arc<Notify>,
+    keeps: Keeps,
 }
 
 impl SpoolSender {
     /// Appends a finished request's receipt, or holds it in memory when the disk refuses it. Never
     /// costs the response; past the memory bound it costs the receipt, counted and logged.
     pub fn send(&self, receipt: Receipt) {
-        self.append(vec![SerializedReceipt::new(receipt)]);
+        self.append(vec![self.serialized(receipt)]);
     }
 
     /// As [`Self::send`], but the line is written together with those of the other receipts this
     /// thread finishes in the same turn of its runtime: one `write` for all of them rather than one
     /// each. The receipt is on disk once the returned [`Written`] is ready.
     pub fn send_grouped(&self, receipt: Receipt) -> Written {
-        group::queue(self, SerializedReceipt::new(receipt))
+        group::queue(self, self.serialized(receipt))
+    }
+
+    fn serialized(&self, receipt: Receipt) -> SerializedReceipt {
+        match self.keeps {
+            Keeps::Receipts => SerializedReceipt::new(receipt),
+            Keeps::Text => SerializedReceipt::text_of(&receipt),
+        }
     }
 
     /// Appends the receipts' lines (or holds them in memory) and tells the shipper.
@@ -140,11 +158,12 @@ impl Spool {
     /// Opens (or creates) the spool in `dir` and appends to a new segment, so that a segment torn
     /// by a crash is never appended to. Holds at most [`DEFAULT_MEMORY_BOUND`] in memory.
     pub fn open(dir: &Path) -> io::Result<Self> {
-        Self::open_bounded(dir, DEFAULT_MEMORY_BOUND)
+        Self::open_bounded(dir, DEFAULT_MEMORY_BOUND, Keeps::Receipts)
     }
 
-    /// As [`Self::open`], holding at most `bound` in memory while the disk refuses receipts.
-    pub fn open_bounded(dir: &Path, bound: MemoryBound) -> io::Result<Self> {
+    /// As [`Self::open`], holding at most `bound` in memory while the disk refuses receipts, and
+    /// keeping of each receipt what its sink reads.
+    pub fn open_bounded(dir: &Path, bound: MemoryBound, keeps: Keeps) -> io::Result<Self> {
         fs::create_dir_all(dir)?;
         let next = segments(dir)?.last().map_or(1, |(n, _)| n + 1);
         let stats = Arc::new(SpoolStats::default());
@@ -168,7 +187,7 @@ impl Spool {
         })?;
         let written = Arc::new(Notify::new());
         Ok(Self {
-            sender: SpoolSender { appender, stats: Arc::clone(&stats), written: Arc::clone(&written) },
+            sender: SpoolSender { appender, stats: Arc::clone(&stats), written: Arc::clone(&written), keeps },
             stats,
             dir: dir.to_owned(),
             written,
@@ -982,6 +1001,17 @@ mod tests {
         assert_eq!(segments(&dir.0).expect("list").len(), 1);
     }
 
+    #[tokio::test]
+    async fn a_spool_that_keeps_text_alone_delivers_the_same_receipts() {
+        let dir = TempDir::new("text");
+        let spool = Spool::open_bounded(&dir.0, DEFAULT_MEMORY_BOUND, Keeps::Text).expect("open");
+        spool.sender.send(receipt(1));
+        spool.sender.send_grouped(receipt(2)).await;
+        let sink = Arc::new(Sink::default());
+        ship_all(&spool, &sink).await.expect("delivered");
+        assert_eq!(*sink.accepted.lock().expect("lock"), [receipt(1), receipt(2)]);
+    }
+
     fn ids(receipts: &[Receipt]) -> Vec<String> {
         receipts.iter().map(|r| r.id.clone()).collect()
     }
@@ -1087,7 +1117,8 @@ mod tests {
     {
         let disk = Tmpfs::mount("full", 256);
         let dir = disk.0.0.join("spool");
-        let spool = Spool::open_bounded(&dir, MemoryBound { receipts: 50, bytes: 1 << 20 }).expect("open");
+        let spool = Spool::open_bounded(&dir, MemoryBound { receipts: 50, bytes: 1 << 20 }, Keeps::Receipts)
+            .expect("open");
         disk.fill();
         let files = files_in(&dir);
         for n in 1..=60 {
