@@ -79,7 +79,6 @@ async fn receipt_of(serve: &Serve, org_id: &str, request_id: &str) -> Value {
     }
 }
 
-/// `serve` with its log going to a file in `dir`.
 /// Arms a monthly cap of a millionth of a dollar on the organization and asks until it refuses:
 /// the request id of its first 402.
 async fn arm_a_spent_cap(serve: &Serve, org_id: &str, secret: &str) -> String {
@@ -96,6 +95,7 @@ async fn arm_a_spent_cap(serve: &Serve, org_id: &str, secret: &str) -> String {
     }
 }
 
+/// `serve` with its log going to a file in `dir`.
 fn serve_logging(dir: &Path, mock: &str, extra: &[&str]) -> (Serve, PathBuf) {
     let log_path = dir.join("serve.log");
     let log = std::fs::File::create(&log_path).expect("log file");

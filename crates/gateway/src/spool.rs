@@ -6,13 +6,13 @@
 //! of every response that completed. The receipts a connection thread finishes in one turn of its
 //! runtime share one `write` ([`group`]). That append is the only metering work a response waits
 //! for: a few microseconds of local I/O, never the ledger, the network or an `fsync`, which a
-//! background thread does every 200 ms for the sake of power loss. How far delivery has got is recorded in a
-//! file of the spool about once a second (and at shutdown), so a restart replays whatever was not
-//! recorded as delivered; the sink's inserts are idempotent by receipt id, so a batch delivered
-//! twice is counted once. The last few batches'
-//! worth of appended receipts are also kept in memory, each with the place of its line, so that
-//! the shipper need not read back and parse what it was just handed: it takes them from memory
-//! when delivery stands exactly at their lines, and reads the files otherwise.
+//! background thread does every 200 ms for the sake of power loss. How far delivery has got is
+//! recorded in a file of the spool about once a second (and at shutdown), so a restart replays
+//! whatever was not recorded as delivered; the sink's inserts are idempotent by receipt id, so a
+//! batch delivered twice is counted once. The last few batches' worth of appended receipts are
+//! also kept in memory, each with the place of its line, so that the shipper need not read back and
+//! parse what it was just handed: it takes them from memory when delivery stands exactly at their
+//! lines, and reads the files otherwise.
 //!
 //! A disk that refuses an append (full, or failing) costs no receipt that memory can hold: the
 //! receipt is held in memory, within a bound in receipts and bytes ([`MemoryBound`]), delivered
