@@ -532,6 +532,11 @@ impl Metrics {
                 self.spool.writes.load(Relaxed),
             ),
             (
+                "recovea_spool_receipts_read_back_total",
+                "Receipts read back from the spool's files for delivery: memory no longer held them.",
+                self.spool.read_back.load(Relaxed),
+            ),
+            (
                 "recovea_spool_corrupt_lines_total",
                 "Spool lines that could not be read back.",
                 self.spool.corrupt.load(Relaxed),
