@@ -174,13 +174,18 @@ impl Spool {
         let next = segments(dir)?.last().map_or(1, |(n, _)| n + 1);
         let stats = Arc::new(SpoolStats::default());
         let recorded = Progress::load(dir)?;
-        stats.pending.store(count_unshipped(dir, recorded)?, Relaxed);
+        let unshipped = count_unshipped(dir, recorded)?;
+        stats.pending.store(unshipped, Relaxed);
         let mut bytes = 0;
         for (_, path) in segments(dir)? {
             bytes += fs::metadata(path)?.len();
         }
         stats.bytes.store(bytes, Relaxed);
-        let appender = Arc::new(Appender::open(dir, next, MIRRORED_BYTES, bound, Arc::clone(&stats))?);
+        let appender = Appender::open(dir, next, MIRRORED_BYTES, bound, Arc::clone(&stats))?;
+        if unshipped == 0 {
+            appender.lock().end_of_earlier = Some(recorded);
+        }
+        let appender = Arc::new(appender);
         let syncing = Arc::downgrade(&appender);
         std::thread::Builder::new().name("receipt-spool-sync".into()).spawn(move || {
             // Ends with the appender, when the last sender is gone.
@@ -353,6 +358,11 @@ struct Appending {
     /// their text (`mirror_bytes`).
     mirror: VecDeque<Mirrored>,
     mirror_bytes: usize,
+    /// Where delivery stands once it has passed every line of the segments before the one being
+    /// appended to: the end of the segment last closed whole or, at start-up, the recorded progress
+    /// when the files held nothing undelivered. From there, the next line is the first of the
+    /// segment being appended to.
+    end_of_earlier: Option<Progress>,
     /// Receipts the disk refused, oldest first: appended once it takes them, or delivered from here.
     held: VecDeque<SerializedReceipt>,
     held_bytes: usize,
@@ -401,6 +411,7 @@ impl Appender {
             segment,
             mirror: VecDeque::new(),
             mirror_bytes: 0,
+            end_of_earlier: None,
             held: VecDeque::new(),
             held_bytes: 0,
             refusing: false,
@@ -434,10 +445,13 @@ impl Appender {
     /// tears at most the last one. On failure the segment is cut back to its last whole line and
     /// the receipts stay in `receipts`; on success they are taken (into the mirror).
     fn write(&self, state: &mut Appending, receipts: &mut Vec<SerializedReceipt>) -> io::Result<()> {
-        let Appending { segment, mirror, mirror_bytes, held, refusing, .. } = state;
+        let Appending { segment, mirror, mirror_bytes, end_of_earlier, held, refusing, .. } = state;
         if segment.size >= SEGMENT_BYTES || segment.torn {
             match Segment::create(&self.dir, segment.number + 1) {
                 Ok(next) => {
+                    // A torn segment may hold part of a line past its size: reading it tells.
+                    *end_of_earlier =
+                        (!segment.torn).then_some(Progress { segment: segment.number, offset: segment.size });
                     let full = std::mem::replace(segment, next);
                     // Forced to disk off the request path: appends never wait on an fsync.
                     std::thread::spawn(move || {
@@ -556,7 +570,9 @@ impl Appender {
         }
         let next = Segment::create(&self.dir, segment.number + 1).ok()?;
         *segment = next;
-        Some(Progress { segment: segment.number, offset: 0 })
+        let rolled = Progress { segment: segment.number, offset: 0 };
+        state.end_of_earlier = Some(at);
+        Some(rolled)
     }
 
     /// The batch that reading the files from `from` would give, when memory holds it: the lines
@@ -565,17 +581,20 @@ impl Appender {
     /// Receipts that delivery has already passed (read from the files meanwhile) are forgotten.
     fn take_mirrored(&self, from: Progress) -> Option<Batch> {
         let mut state = self.lock();
-        let Appending { segment, mirror, mirror_bytes, .. } = &mut *state;
+        let Appending { segment, mirror, mirror_bytes, end_of_earlier, .. } = &mut *state;
         while let Some(passed) = mirror.pop_front_if(|m| (m.segment, m.end) <= (from.segment, from.offset)) {
             *mirror_bytes -= passed.receipt.json().len();
         }
         let mut progress = from;
         let mut run = 0;
         for next in mirror.iter().take(BATCH) {
-            if (next.segment, next.start) != (progress.segment, progress.offset) {
+            let start = Progress { segment: next.segment, offset: next.start };
+            let crosses =
+                (next.segment, next.start) == (segment.number, 0) && *end_of_earlier == Some(progress);
+            if start != progress && !crosses {
                 break;
             }
-            progress.offset = next.end;
+            progress = Progress { segment: next.segment, offset: next.end };
             run += 1;
         }
         let all_appended = (progress.segment, progress.offset) == (segment.number, segment.size);
@@ -1016,15 +1035,25 @@ mod tests {
     async fn segments_roll_over_and_are_deleted_once_delivered() {
         let dir = TempDir::new("roll");
         let spool = Spool::open(&dir.0).expect("open");
+        // Lines of one length, so that memory (as much text as a segment) holds them all.
+        let receipt = |n| Receipt::example(&format!("rcpt_{n:06}"));
         let line_len = serde_json::to_vec(&receipt(0)).expect("json").len() as u64 + 1;
         let count = (SEGMENT_BYTES / line_len + 10) as usize;
-        for n in 0..count {
+        let sink = Arc::new(Sink::default());
+        // The first line delivered from memory too: nothing was waiting in the files.
+        spool.sender.send(receipt(0));
+        ship_all(&spool, &sink).await.expect("delivered");
+        for n in 1..count {
             spool.sender.send(receipt(n));
         }
         assert_eq!(segments(&dir.0).expect("list").len(), 2);
-        let sink = Arc::new(Sink::default());
         ship_all(&spool, &sink).await.expect("delivered");
         assert_eq!(sink.accepted.lock().expect("lock").len(), count);
+        assert_eq!(
+            spool.stats.read_back.load(Relaxed),
+            0,
+            "delivery crossed into the new segment from memory"
+        );
         assert_eq!(segments(&dir.0).expect("list").len(), 1);
     }
 
