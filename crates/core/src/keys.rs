@@ -87,8 +87,15 @@ mod tests {
 
     #[test]
     fn hash_is_sha256() {
-        let h = hash_secret("abc");
-        assert_eq!(h.0[..4], [0xba, 0x78, 0x16, 0xbf]);
+        // FIPS 180-2's vectors: one block, and two (a key's length can reach either).
+        assert_eq!(
+            crate::hex::encode(&hash_secret("abc").0),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            crate::hex::encode(&hash_secret("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq").0),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+        );
     }
 
     proptest! {
