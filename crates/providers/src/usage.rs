@@ -6,6 +6,7 @@ mod wire;
 
 use std::sync::LazyLock;
 
+use bytes::Bytes;
 use memchr::memmem;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::usage::Usage;
@@ -95,11 +96,39 @@ pub struct UsageTap {
 #[derive(Debug)]
 enum TappedBody {
     /// A JSON answer, kept until it is whole.
-    Json { copy: Vec<u8>, overflowed: bool },
+    Json { kept: Kept, overflowed: bool },
     /// An event stream, read event by event (the reader boxed, so a JSON tap stays small).
     Events { reader: Box<SseReader>, tally: Tally },
     /// Nothing to read here.
     Ignored,
+}
+
+/// The bytes of a JSON answer so far. Most answers come in one chunk: that one is kept as it came,
+/// shared with the body it passes on in, not copied.
+#[derive(Debug, Default)]
+enum Kept {
+    #[default]
+    Nothing,
+    One(Bytes),
+    Joined(Vec<u8>),
+}
+
+impl Kept {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Kept::Nothing => &[],
+            Kept::One(chunk) => chunk,
+            Kept::Joined(joined) => joined,
+        }
+    }
+
+    fn push(&mut self, chunk: &Bytes) {
+        match self {
+            Kept::Nothing => *self = Kept::One(chunk.clone()),
+            Kept::One(first) => *self = Kept::Joined([&first[..], chunk].concat()),
+            Kept::Joined(joined) => joined.extend_from_slice(chunk),
+        }
+    }
 }
 
 /// What the events of a stream have told so far.
@@ -198,20 +227,20 @@ impl UsageTap {
                 reader: Box::new(SseReader::with_max_event_bytes(MAX_TAPPED_BYTES)),
                 tally: Tally::default(),
             },
-            (_, false) => TappedBody::Json { copy: Vec::new(), overflowed: false },
+            (_, false) => TappedBody::Json { kept: Kept::Nothing, overflowed: false },
         };
         Self { surface, body }
     }
 
     /// Sees the next bytes of the body.
-    pub fn observe(&mut self, chunk: &[u8]) {
+    pub fn observe(&mut self, chunk: &Bytes) {
         match &mut self.body {
-            TappedBody::Json { copy, overflowed: overflowed @ false } => {
-                if copy.len() + chunk.len() > MAX_TAPPED_BYTES {
-                    *copy = Vec::new();
+            TappedBody::Json { kept, overflowed: overflowed @ false } => {
+                if kept.as_slice().len() + chunk.len() > MAX_TAPPED_BYTES {
+                    *kept = Kept::Nothing;
                     *overflowed = true;
                 } else {
-                    copy.extend_from_slice(chunk);
+                    kept.push(chunk);
                 }
             }
             TappedBody::Events { reader, tally } => {
@@ -226,7 +255,7 @@ impl UsageTap {
     pub fn finish(self) -> Tapped {
         match self.body {
             TappedBody::Json { overflowed: true, .. } | TappedBody::Ignored => Tapped::default(),
-            TappedBody::Json { copy, overflowed: false } => read_json(self.surface, &copy),
+            TappedBody::Json { kept, overflowed: false } => read_json(self.surface, kept.as_slice()),
             TappedBody::Events { mut reader, mut tally } => {
                 let surface = self.surface;
                 reader.finish(|event| tally.read(surface, event));
@@ -532,7 +561,7 @@ mod tests {
 
     fn tap(surface: Surface, event_stream: bool, body: &str) -> Tapped {
         let mut tap = UsageTap::new(surface, event_stream);
-        tap.observe(body.as_bytes());
+        tap.observe(&Bytes::copy_from_slice(body.as_bytes()));
         tap.finish()
     }
 
@@ -660,8 +689,8 @@ mod tests {
     fn json_over_the_cap_gives_no_usage() {
         let mut tap = UsageTap::new(Surface::ChatCompletions, false);
         let filler = vec![b' '; MAX_TAPPED_BYTES];
-        tap.observe(b"{\"usage\":{\"prompt_tokens\":1}}");
-        tap.observe(&filler);
+        tap.observe(&Bytes::from_static(b"{\"usage\":{\"prompt_tokens\":1}}"));
+        tap.observe(&Bytes::from(filler));
         assert_eq!(tap.finish(), Tapped::default());
     }
 

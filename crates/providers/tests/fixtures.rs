@@ -103,7 +103,7 @@ fn chunkings(body: &[u8]) -> Vec<(String, Vec<&[u8]>)> {
 fn tap(surface: Surface, event_stream: bool, pieces: &[&[u8]]) -> Tapped {
     let mut tap = UsageTap::new(surface, event_stream);
     for piece in pieces {
-        tap.observe(piece);
+        tap.observe(&bytes::Bytes::copy_from_slice(piece));
     }
     tap.finish()
 }

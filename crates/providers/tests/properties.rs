@@ -178,7 +178,7 @@ fn gemini_responses(chunks: &[GeminiChunk]) -> Vec<String> {
 fn tap_pieces(surface: Surface, event_stream: bool, pieces: &[&[u8]]) -> Tapped {
     let mut tap = UsageTap::new(surface, event_stream);
     for piece in pieces {
-        tap.observe(piece);
+        tap.observe(&bytes::Bytes::copy_from_slice(piece));
     }
     tap.finish()
 }
