@@ -212,11 +212,9 @@ impl Counters {
     /// not decide on a view a whole tick old, and until this node pushes they count the
     /// reservation of a request that has ended rather than its cost.
     pub fn reserve(self: &Arc<Self>, covered: &[Covered], estimate: Nanos) -> Reservation {
-        let windows: Vec<CapWindow> = covered.iter().map(|c| c.window.clone()).collect();
         let shared = self.line.is_some();
         let mut lines = covered.iter().map(|c| c.line);
-        let mut slots = Vec::with_capacity(covered.len());
-        let entries = self.touch(&windows, |s| {
+        let entries = self.touch(covered.iter().map(|c| &c.window), |s| {
             let line = lines.next().flatten();
             s.line = line;
             s.admitted = s.admitted.saturating_add(estimate);
@@ -227,7 +225,7 @@ impl Counters {
                 }
                 s.own_reserved = s.own_reserved.saturating_add(estimate);
                 s.live = s.live.saturating_add(1);
-                slots.push(Slot::Held { from_spare: line.is_some() && shared });
+                Slot::Held { from_spare: line.is_some() && shared }
             } else {
                 // Spare too small for this request is given up: the next push hands it back.
                 // Until then the store counts it, and answers `Contended` to a request that only
@@ -235,7 +233,7 @@ impl Counters {
                 // in-memory admissions racing that ask would go uncounted.)
                 s.spare = Nanos::ZERO;
                 s.pending = s.pending.saturating_add(estimate);
-                slots.push(Slot::Pending);
+                Slot::Pending
             }
         });
         let armed = covered.iter().any(|c| c.line.is_some());
@@ -243,13 +241,7 @@ impl Counters {
             self.sync_within(ARMED_SYNC_GAP);
             Arc::clone(self)
         });
-        Reservation {
-            entries: entries.into_iter().zip(slots).collect(),
-            estimate,
-            open: true,
-            record: None,
-            push_on_close,
-        }
+        Reservation { entries, estimate, open: true, record: None, push_on_close }
     }
 
     /// Asks the store at the line for the reservation's pending windows (see
@@ -314,9 +306,8 @@ impl Counters {
     /// other nodes already reached. An armed window also starts holding spare room, so that the
     /// first request after a quiet spell is decided in memory.
     pub fn track(&self, covered: &[Covered]) {
-        let windows: Vec<CapWindow> = covered.iter().map(|c| c.window.clone()).collect();
         let mut lines = covered.iter().map(|c| c.line);
-        self.touch(&windows, |s| s.line = lines.next().flatten());
+        self.touch(covered.iter().map(|c| &c.window), |s| s.line = lines.next().flatten());
         if covered.iter().any(|c| c.line.is_some()) {
             self.tracked_sync.fetch_max(self.syncs.load(Ordering::Acquire) + 1, Ordering::AcqRel);
             self.sync_soon();
@@ -331,7 +322,7 @@ impl Counters {
 
     /// Adds a cost directly (no reservation), e.g. a receipt of a request that had none.
     pub fn add(&self, windows: &[CapWindow], cost: Nanos) {
-        self.touch(windows, |s| s.cumulative = s.cumulative.saturating_add(cost));
+        self.touch(windows.iter(), |s| s.cumulative = s.cumulative.saturating_add(cost));
     }
 
     /// When the counters were last confirmed against the shared store (`None`: never).
@@ -348,7 +339,7 @@ impl Counters {
     /// total unless the store already holds a seeded one (the first seed wins, so nodes
     /// rebuilding concurrently agree) or more.
     pub fn seed(&self, window: &CapWindow, total: Nanos) {
-        self.touch(std::slice::from_ref(window), |s| {
+        self.touch(std::iter::once(window), |s| {
             s.confirmed = s.confirmed.max(total);
             s.floor = s.floor.max(total);
             s.seed = Some(total);
@@ -491,43 +482,47 @@ impl Counters {
         self.sync_within(SOON);
     }
 
-    /// Runs `f` on the state of each window's entry, creating the missing entries.
-    fn touch(&self, windows: &[CapWindow], mut f: impl FnMut(&mut State)) -> Vec<Arc<Entry>> {
+    /// Runs `f` on the state of each window's entry, in order, creating the missing entries; each
+    /// entry with what `f` answered for it.
+    fn touch<'w, T>(
+        &self,
+        windows: impl ExactSizeIterator<Item = &'w CapWindow> + Clone,
+        mut f: impl FnMut(&mut State) -> T,
+    ) -> Vec<(Arc<Entry>, T)> {
         let syncs = self.syncs.load(Ordering::Relaxed);
+        let mut touched = Vec::with_capacity(windows.len());
         let mut apply = |entry: &Arc<Entry>, window: &CapWindow| {
             entry.last_used.store(syncs, Ordering::Relaxed);
             let mut s = entry.state();
             s.end.get_or_insert(window.end);
-            f(&mut s);
-            Arc::clone(entry)
+            touched.push((Arc::clone(entry), f(&mut s)));
         };
         {
             // The map lock is held while the states change, so that `forget` (which takes the
-            // write lock) cannot drop an entry between its lookup and its update.
+            // write lock) cannot drop an entry between its lookup and its update. Looking each
+            // window up twice costs less than a list of what the first look found.
             let map = self.read_map();
-            let found: Vec<&Arc<Entry>> =
-                windows.iter().filter_map(|w| map.get(&(w.cap.clone(), w.start))).collect();
-            if found.len() == windows.len() {
-                return found.into_iter().zip(windows).map(|(e, w)| apply(e, w)).collect();
+            if windows.clone().all(|w| map.contains_key(&(w.cap.clone(), w.start))) {
+                for w in windows {
+                    apply(&map[&(w.cap.clone(), w.start)], w);
+                }
+                return touched;
             }
         }
         let mut map = self.write_map();
         let mut created = false;
-        let entries = windows
-            .iter()
-            .map(|w| {
-                let entry = map.entry((w.cap.clone(), w.start)).or_insert_with(|| {
-                    created = true;
-                    self.new_entry(&w.cap, w.start)
-                });
-                apply(entry, w)
-            })
-            .collect();
+        for w in windows {
+            let entry = map.entry((w.cap.clone(), w.start)).or_insert_with(|| {
+                created = true;
+                self.new_entry(&w.cap, w.start)
+            });
+            apply(entry, w);
+        }
         drop(map);
         if created {
             self.sync_soon();
         }
-        entries
+        touched
     }
 
     fn new_entry(&self, cap: &CapId, start: Timestamp) -> Arc<Entry> {
