@@ -144,6 +144,8 @@ fn kind_index(kind: ProviderKind) -> usize {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PriceTable {
     entries: BTreeMap<String, TableEntry>,
+    /// The same entries by hash: every request looks its model up, and most find it as named.
+    by_name: foldhash::HashMap<String, TableEntry>,
     /// The operators' fallback price per kind, by [`kind_index`].
     fallback_overrides: [Option<Price>; 3],
     /// Computed when the table is built, so that pricing an unknown model reads one value.
@@ -169,7 +171,8 @@ impl PriceTable {
         let fallback = KINDS.map(|kind| {
             fallback_overrides[kind_index(kind)].unwrap_or_else(|| most_expensive(&entries, kind))
         });
-        PriceTable { entries, fallback_overrides, fallback }
+        let by_name = entries.iter().map(|(name, entry)| (name.clone(), *entry)).collect();
+        PriceTable { entries, by_name, fallback_overrides, fallback }
     }
 
     /// A table of these prices, of no known kind; of two entries for one model, the later wins.
@@ -210,7 +213,7 @@ impl PriceTable {
     /// own price. A date is a whole suffix after the stem, so no step crosses families:
     /// `claude-sonnet-4-…` never reaches `claude-sonnet-4-5`. `None` when nothing resolves.
     pub fn resolve(&self, model: &str) -> Option<Resolution<'_>> {
-        if let Some((name, entry)) = self.entries.get_key_value(model) {
+        if let Some((name, entry)) = self.by_name.get_key_value(model) {
             return Some(Resolution {
                 price: entry.price,
                 source: entry.source,
@@ -221,7 +224,7 @@ impl PriceTable {
         let stem = strip_version_suffix(unprefixed).unwrap_or(unprefixed);
         let (name, entry) = [unprefixed, stem]
             .into_iter()
-            .find_map(|name| self.entries.get_key_value(name))
+            .find_map(|name| self.by_name.get_key_value(name))
             .or_else(|| self.newest_dated(stem))?;
         Some(Resolution { price: entry.price, source: PriceSource::Alias, priced_as: PricedAs::Entry(name) })
     }

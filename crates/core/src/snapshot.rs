@@ -397,7 +397,7 @@ pub struct Snapshot {
     keys: KeyTable,
     /// Organizations by the index keys hold; `None`: a removed one, whose index is free again.
     orgs: Vec<Option<Arc<Org>>>,
-    org_index: HashMap<OrgId, u32>,
+    org_index: foldhash::HashMap<OrgId, u32>,
     free_orgs: Vec<u32>,
     prices: Prices,
 }

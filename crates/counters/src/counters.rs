@@ -14,11 +14,11 @@
 //! ([`Counters::ask_at_line`]). Every request admitted anywhere is therefore in the store's
 //! reservations before it reaches the provider, and the store refuses at the line.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
+use foldhash::HashMap;
 use recovea_core::caps::{
     CapSpend, Counting, LineAnswer, LineCheck, SpendView, line_check, spare_ceiling, spare_wanted,
 };
@@ -177,7 +177,7 @@ impl Counters {
         let token: String = std::iter::repeat_with(fastrand::alphanumeric).take(12).collect();
         Arc::new(Self {
             instance: format!("{node_id}.{token}"),
-            windows: RwLock::new(HashMap::new()),
+            windows: RwLock::new(HashMap::default()),
             next_entry: AtomicU64::new(0),
             seq: AtomicU64::new(0),
             syncs: AtomicU64::new(0),

@@ -1,11 +1,11 @@
 //! Tokens and cost by provider kind and model. Model labels are bounded: only a name of the price
 //! table (the entry a receipt was priced as) becomes one; any other model counts as `other`.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use foldhash::HashMap;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::usage::Usage;
 
