@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use recovea_core::admission::{Admitted, Decision, FailOpenReason};
 use recovea_core::answer::WireShape;
@@ -561,22 +562,31 @@ where
     if declared.is_some_and(|len| len > limit) || body.size_hint().lower() > limit {
         return Err(Refusal::BodyTooLarge(limit));
     }
-    let collect = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect();
-    let mut collect = std::pin::pin!(collect);
-    // Most bodies come whole with the request's head: those need no timer. A timer costs more than
-    // the read, and one due before the thread's next wake-up costs a system call to set.
-    let read = match std::future::poll_fn(|cx| Poll::Ready(collect.as_mut().poll(cx))).await {
-        Poll::Ready(read) => read,
-        Poll::Pending => match tokio::time::timeout(shared.config.body_read_timeout, collect).await {
-            Ok(read) => read,
-            Err(_) => return Err(Refusal::BodyTimeout),
+    let mut body = std::pin::pin!(Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)));
+    // Most bodies come whole with the request's head (the gateway's own HTTP/1 server hands them
+    // over so): one frame, nothing to collect and no timer. A timer costs more than the read, and
+    // one due before the thread's next wake-up costs a system call to set.
+    let first = match std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await {
+        Poll::Ready(None) => return Ok(Bytes::new()),
+        Poll::Ready(Some(Err(e))) => return Err(body_refusal(&e, limit)),
+        Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+            Ok(data) if body.is_end_stream() => return Ok(data),
+            Ok(data) => data,
+            Err(_) => Bytes::new(),
         },
+        Poll::Pending => Bytes::new(),
     };
-    match read {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(Refusal::BodyTooLarge(limit)),
-        Err(_) => Err(Refusal::BodyUnreadable),
-    }
+    let rest = match tokio::time::timeout(shared.config.body_read_timeout, body.collect()).await {
+        Ok(Ok(rest)) => rest.to_bytes(),
+        Ok(Err(e)) => return Err(body_refusal(&e, limit)),
+        Err(_) => return Err(Refusal::BodyTimeout),
+    };
+    Ok(if first.is_empty() { rest } else { [first, rest].concat().into() })
+}
+
+/// The refusal of a body that failed to read: too long, or cut.
+fn body_refusal(error: &BoxError, limit: u64) -> Refusal {
+    if error.is::<LengthLimitError>() { Refusal::BodyTooLarge(limit) } else { Refusal::BodyUnreadable }
 }
 
 /// The request as the provider sees it: no hop-by-hop headers, no Recovea key, the provider's auth.
