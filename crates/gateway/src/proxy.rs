@@ -320,7 +320,7 @@ fn plan<'p>(
     let route =
         recovea_providers::route_for(path_and_query, anthropic_version).ok_or(Refusal::UnknownRoute)?;
     ctx.credential = Some(route.credential.to_owned());
-    let target = match admission(shared, request_headers) {
+    let target = match admission(shared, request_headers, ctx.started_at) {
         Admission::Admit(admitted) => {
             let target = target_for(shared, &route, &admitted, request_headers)?;
             // Only an admitted request has a receipt to carry them; a fail-open pass drops them unread.
@@ -377,9 +377,9 @@ enum Admission {
 
 /// Phases read credential, admit and rate limit. A fault anywhere in them (an error of the
 /// snapshot lookup or of the limiter, a panic) is ours, not the caller's: the request passes
-/// through unadmitted rather than fail, even when the key was already found.
-fn admission(shared: &Shared, request_headers: &HeaderMap) -> Admission {
-    let now = Timestamp::from_system_time(SystemTime::now());
+/// through unadmitted rather than fail, even when the key was already found. `now`: when the
+/// request came.
+fn admission(shared: &Shared, request_headers: &HeaderMap, now: Timestamp) -> Admission {
     std::panic::catch_unwind(AssertUnwindSafe(|| {
         failpoint!("admission.panic");
         let snapshot = match load_snapshot(shared) {

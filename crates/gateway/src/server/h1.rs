@@ -184,7 +184,7 @@ async fn read_request(
 ) -> Read {
     let Waiting { mut timer, drain, shed } = waiting;
     let idle_since = Instant::now();
-    timer.as_mut().reset(Instant::now() + HEADER_READ_TIMEOUT);
+    timer.as_mut().reset(idle_since + HEADER_READ_TIMEOUT);
     let mut awaiting_body = false;
     loop {
         match parse(buf, max_body) {
