@@ -323,7 +323,9 @@ impl Upstream {
         request: Request<Bytes>,
         timeout: Duration,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        match tokio::time::timeout(timeout, self.dispatch(request)).await {
+        // Boxed: a dispatch future is some 1.3 KB, moved twice into the timeout and again with
+        // every future that awaits this one; a box moves a pointer.
+        match tokio::time::timeout(timeout, Box::pin(self.dispatch(request))).await {
             Ok(Ok(response)) => Ok(response.map(|body| UpstreamBody::new(body, self.idle_limit))),
             Ok(Err(e)) => Err(UpstreamError::Unreachable(e)),
             Err(_) => Err(UpstreamError::Timeout),
