@@ -47,32 +47,33 @@ impl Timestamp {
         }
         let ms_of_day = self.0.rem_euclid(MS_PER_DAY);
         let (seconds, ms) = (ms_of_day / 1000, ms_of_day % 1000);
+        // Written into a buffer and pushed once: a push a character costs a capacity check each.
+        let mut text = *b"0000-00-00T00:00:00.000Z";
         // Every field is non-negative and below 10^width.
-        let put = |out: &mut String, value: i64, width: u32| {
-            for place in (0..width).rev() {
-                out.push(char::from(b'0' + (value / 10_i64.pow(place) % 10) as u8));
+        let mut put = |at: usize, value: i64, width: usize| {
+            let mut value = value;
+            for digit in text[at..at + width].iter_mut().rev() {
+                *digit = b'0' + (value % 10) as u8;
+                value /= 10;
             }
         };
-        put(out, year, 4);
-        out.push('-');
-        put(out, month, 2);
-        out.push('-');
-        put(out, day_of_month, 2);
-        out.push('T');
-        put(out, seconds / 3600, 2);
-        out.push(':');
-        put(out, seconds / 60 % 60, 2);
-        out.push(':');
-        put(out, seconds % 60, 2);
-        if ms != 0 {
-            out.push('.');
-            match ms {
-                _ if ms % 100 == 0 => put(out, ms / 100, 1),
-                _ if ms % 10 == 0 => put(out, ms / 10, 2),
-                _ => put(out, ms, 3),
-            }
-        }
-        out.push('Z');
+        put(0, year, 4);
+        put(5, month, 2);
+        put(8, day_of_month, 2);
+        put(11, seconds / 3600, 2);
+        put(14, seconds / 60 % 60, 2);
+        put(17, seconds % 60, 2);
+        // The fraction without its trailing zeros, and none at all for a whole second.
+        let (fraction, digits) = match ms {
+            0 => (0, 0),
+            _ if ms % 100 == 0 => (ms / 100, 1),
+            _ if ms % 10 == 0 => (ms / 10, 2),
+            _ => (ms, 3),
+        };
+        put(20, fraction, digits);
+        let length = if digits == 0 { 19 } else { 20 + digits };
+        text[length] = b'Z';
+        out.push_str(std::str::from_utf8(&text[..=length]).unwrap_or_default());
     }
 
     fn to_rfc3339_by_time(self) -> String {
