@@ -465,13 +465,16 @@ impl Appender {
                 Err(_) => {}
             }
         }
-        if let Err(e) = write_lines(&mut segment.file, receipts) {
-            // No part of a line stays: the next one would be read as its continuation.
-            if segment.file.set_len(segment.size).is_err() {
-                segment.torn = true;
+        let writes = match write_lines(&mut segment.file, receipts) {
+            Ok(writes) => writes,
+            Err(e) => {
+                // No part of a line stays: the next one would be read as its continuation.
+                if segment.file.set_len(segment.size).is_err() {
+                    segment.torn = true;
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         let appended_from = segment.size;
         for receipt in receipts.drain(..) {
             let start = segment.size;
@@ -483,7 +486,7 @@ impl Appender {
         }
         segment.dirty = true;
         self.stats.bytes.fetch_add(segment.size - appended_from, Relaxed);
-        self.stats.writes.fetch_add(1, Relaxed);
+        self.stats.writes.fetch_add(writes, Relaxed);
         if *refusing && held.is_empty() {
             *refusing = false;
             tracing::info!("the disk takes receipts again; none is held in memory");
@@ -627,8 +630,9 @@ impl Appender {
 const LINES_PER_WRITE: usize = 64;
 
 /// Writes each receipt's text and a newline, in one `writev` per [`LINES_PER_WRITE`] lines unless
-/// the kernel takes less (then the rest follows).
-fn write_lines(file: &mut File, receipts: &[SerializedReceipt]) -> io::Result<()> {
+/// the kernel takes less (then the rest follows); how many `writev`s it made.
+fn write_lines(file: &mut File, receipts: &[SerializedReceipt]) -> io::Result<u64> {
+    let mut writes = 0;
     for chunk in receipts.chunks(LINES_PER_WRITE) {
         let mut slices = [IoSlice::new(&[]); 2 * LINES_PER_WRITE];
         for (pair, receipt) in slices.chunks_exact_mut(2).zip(chunk) {
@@ -637,13 +641,14 @@ fn write_lines(file: &mut File, receipts: &[SerializedReceipt]) -> io::Result<()
         }
         let mut rest = &mut slices[..2 * chunk.len()];
         while !rest.is_empty() {
+            writes += 1;
             match file.write_vectored(rest)? {
                 0 => return Err(io::ErrorKind::WriteZero.into()),
                 written => IoSlice::advance_slices(&mut rest, written),
             }
         }
     }
-    Ok(())
+    Ok(writes)
 }
 
 fn segment_path(dir: &Path, n: u64) -> PathBuf {

@@ -199,6 +199,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_group_longer_than_one_writev_counts_each_write() {
+        let dir = TempDir::new("group-long");
+        let spool = Spool::open(&dir.0).expect("spool");
+        let tasks: Vec<_> = (0..100)
+            .map(|n| {
+                let sender = spool.sender.clone();
+                tokio::spawn(async move { sender.send_grouped(receipt(n)).await })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("task");
+        }
+        assert_eq!(spooled(&dir.0).len(), 100);
+        assert_eq!(spool.stats.writes.load(Relaxed), 2, "64 lines a writev: 100 take two");
+    }
+
+    #[tokio::test]
     async fn a_receipt_ending_in_a_later_turn_gets_a_write_of_its_own() {
         let dir = TempDir::new("group-later");
         let spool = Spool::open(&dir.0).expect("spool");
