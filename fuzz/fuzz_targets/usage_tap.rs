@@ -18,12 +18,13 @@ const SURFACES: [Surface; 7] = [
 ];
 
 fuzz_target!(|body: &[u8]| {
-    let pieces = pieces(body);
+    let pieces: Vec<Bytes> = pieces(body).into_iter().map(Bytes::copy_from_slice).collect();
+    let whole_body = Bytes::copy_from_slice(body);
 
     for surface in SURFACES {
         for event_stream in [false, true] {
             let mut whole = UsageTap::new(surface, event_stream);
-            whole.observe(body);
+            whole.observe(&whole_body);
             let mut split = UsageTap::new(surface, event_stream);
             for piece in &pieces {
                 split.observe(piece);
@@ -38,7 +39,7 @@ fuzz_target!(|body: &[u8]| {
     let mut filter = UsageChunkFilter::new();
     let mut out = Vec::new();
     for piece in &pieces {
-        out.extend_from_slice(&filter.push(Bytes::copy_from_slice(piece)));
+        out.extend_from_slice(&filter.push(piece.clone()));
     }
     out.extend_from_slice(&filter.finish());
     assert!(out.len() <= body.len());
