@@ -50,8 +50,7 @@ impl Timestamp {
         // Written into a buffer and pushed once: a push a character costs a capacity check each.
         let mut text = *b"0000-00-00T00:00:00.000Z";
         // Every field is non-negative and below 10^width.
-        let mut put = |at: usize, value: i64, width: usize| {
-            let mut value = value;
+        let mut put = |at: usize, mut value: i64, width: usize| {
             for digit in text[at..at + width].iter_mut().rev() {
                 *digit = b'0' + (value % 10) as u8;
                 value /= 10;
