@@ -184,7 +184,7 @@ struct ReceiptFilter {
     #[arg(long, env = "RECOVEA_RECEIPT_STATUS")]
     status: Option<u16>,
     /// Only receipts whose usage the provider reported (`provider`) or was estimated (`estimated`).
-    #[arg(long, env = "RECOVEA_RECEIPT_USAGE_SOURCE", value_parser = ["provider", "estimated"])]
+    #[arg(long, env = "RECOVEA_RECEIPT_USAGE_SOURCE", value_parser = ["provider", "estimated", "unmetered"])]
     usage_source: Option<String>,
 }
 

@@ -136,7 +136,7 @@ impl Answer {
     /// 403: the key's or its organization's `allowed_models` does not list the model. Names the
     /// model (cut to a readable length: it is the client's own text).
     pub fn model_not_allowed(model: &str) -> Self {
-        let shown: String = model.chars().take(MODEL_SHOWN_CHARS).collect();
+        let shown = shown(model, MODEL_SHOWN_CHARS);
         let message = format!("Model '{shown}' is not allowed for this key.");
         Self::error(403, "permission_error", "model_not_allowed", &message)
     }
@@ -265,6 +265,42 @@ impl Answer {
             .with_header("x-recovea-budget-window", window)
     }
 
+    /// 402: a request billed where the gateway cannot see it (or a deferred job it cannot estimate
+    /// or poll) while an armed cap covers the key. A sure answer like `budget_exceeded`, so no
+    /// retry hint. `request` is the method and endpoint, `POST /v1/fine_tuning/jobs`.
+    pub fn budget_unmeterable(scope: &str, window: &str, window_adjective: &str, request: &str) -> Self {
+        let request = shown(request, REQUEST_SHOWN_CHARS);
+        let window_adjective = window_adjective.to_ascii_lowercase();
+        let message = format!(
+            "{request} is billed where this gateway cannot see it; refused while a {window_adjective} spend cap with a hard stop covers this key."
+        );
+        Self::error(402, "insufficient_quota", "budget_unmeterable", &message)
+            .with_header("x-recovea-budget-scope", scope)
+            .with_header("x-recovea-budget-window", window)
+            .with_header("x-should-retry", "false")
+    }
+
+    /// 402: a batch whose estimated cost does not fit in what an armed cap has left. Answered as
+    /// `budget_exceeded` is, with the two figures in its message.
+    pub fn batch_exceeds(
+        scope: &str,
+        window: &str,
+        window_adjective: &str,
+        estimate: crate::money::Nanos,
+        room: crate::money::Nanos,
+    ) -> Self {
+        let window_adjective = window_adjective.to_ascii_lowercase();
+        let message = format!(
+            "This batch's estimated cost (${}) exceeds what the {window_adjective} spend cap has left (${}).",
+            estimate.to_usd_string(),
+            room.max(crate::money::Nanos::ZERO).to_usd_string(),
+        );
+        Self::error(402, "insufficient_quota", "budget_exceeded", &message)
+            .with_header("x-recovea-budget-scope", scope)
+            .with_header("x-recovea-budget-window", window)
+            .with_header("x-should-retry", "false")
+    }
+
     /// 429: the key's rate limit. `retry-after` in whole seconds (rounded up) and `retry-after-ms`.
     pub fn rate_limited(retry_after_ms: u64) -> Self {
         let seconds = retry_after_ms.div_ceil(1000).max(1);
@@ -277,6 +313,13 @@ impl Answer {
 
 /// How much of a refused model's name its message shows.
 const MODEL_SHOWN_CHARS: usize = 200;
+/// How much of a refused request's method and path its message shows.
+const REQUEST_SHOWN_CHARS: usize = 200;
+
+/// The client's own text, cut to a readable length.
+fn shown(text: &str, chars: usize) -> String {
+    text.chars().take(chars).collect()
+}
 
 fn render(error: &ErrorFields, status: u16, shape: WireShape) -> Vec<u8> {
     let body = ErrorBody { message: &error.message, kind: &error.kind, param: None, code: &error.code };
@@ -524,6 +567,64 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn budget_unmeterable_bytes_for_every_window() {
+        for (window, adjective) in [("day", "daily"), ("week", "weekly"), ("month", "monthly")] {
+            let capitalised = format!("{}{}", adjective[..1].to_ascii_uppercase(), &adjective[1..]);
+            let answer = Answer::budget_unmeterable("key", window, &capitalised, "POST /v1/fine_tuning/jobs");
+            assert_eq!(answer.status, 402);
+            assert_eq!(
+                headers(&answer),
+                [
+                    ("x-recovea-budget-scope", "key"),
+                    ("x-recovea-budget-window", window),
+                    ("x-should-retry", "false")
+                ]
+            );
+            assert_eq!(
+                text(&answer),
+                format!(
+                    "{{\n  \"error\": {{\n    \"message\": \"POST /v1/fine_tuning/jobs is billed where this gateway cannot see it; refused while a {adjective} spend cap with a hard stop covers this key.\",\n    \"type\": \"insufficient_quota\",\n    \"param\": null,\n    \"code\": \"budget_unmeterable\"\n  }}\n}}"
+                )
+            );
+        }
+        // The path is the client's: a long one is cut, and quotes in it are escaped.
+        let long = format!("POST /v1/\"{}", "a".repeat(1000));
+        let answer = Answer::budget_unmeterable("organization", "month", "Monthly", &long);
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("json");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.starts_with("POST /v1/\"aaa"), "{message}");
+        assert!(message.len() < 400, "{message}");
+    }
+
+    #[test]
+    fn batch_exceeds_bytes_are_exact() {
+        use crate::money::Nanos;
+        let answer = Answer::batch_exceeds(
+            "organization",
+            "month",
+            "Monthly",
+            Nanos(6_250_000_000),
+            Nanos(1_000_450_000),
+        );
+        assert_eq!(answer.status, 402);
+        assert_eq!(
+            headers(&answer),
+            [
+                ("x-recovea-budget-scope", "organization"),
+                ("x-recovea-budget-window", "month"),
+                ("x-should-retry", "false")
+            ]
+        );
+        assert_eq!(
+            text(&answer),
+            "{\n  \"error\": {\n    \"message\": \"This batch's estimated cost ($6.25) exceeds what the monthly spend cap has left ($1.00045).\",\n    \"type\": \"insufficient_quota\",\n    \"param\": null,\n    \"code\": \"budget_exceeded\"\n  }\n}"
+        );
+        // Room is never shown below zero, however far past its line the cap already is.
+        let over = Answer::batch_exceeds("key", "day", "Daily", Nanos(10), Nanos(-5));
+        assert!(text(&over).contains("the daily spend cap has left ($0.00)"), "{}", text(&over));
     }
 
     #[test]

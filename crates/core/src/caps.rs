@@ -86,6 +86,12 @@ pub enum CapRefusal {
     Exceeded { scope: Scope, window: Window },
     /// The counters were not confirmed recently enough to trust: 503, retry in a moment.
     Unverifiable { scope: Scope, window: Window },
+    /// The request is billed where the gateway cannot see it (`request`: its method and endpoint,
+    /// `POST /v1/fine_tuning/jobs`), and an armed cap covers its key: 402.
+    Unmeterable { scope: Scope, window: Window, request: Box<str> },
+    /// A batch whose estimated cost does not fit in the room the cap has left: 402, as
+    /// `Exceeded`, with both figures.
+    BatchExceeds { scope: Scope, window: Window, estimate: Nanos, room: Nanos },
 }
 
 impl CapRefusal {
@@ -98,19 +104,49 @@ impl CapRefusal {
             Self::Unverifiable { scope, window } => {
                 Answer::budget_unverifiable(scope.as_str(), window.as_str(), window.adjective())
             }
+            Self::Unmeterable { scope, window, ref request } => {
+                Answer::budget_unmeterable(scope.as_str(), window.as_str(), window.adjective(), request)
+            }
+            Self::BatchExceeds { scope, window, estimate, room } => {
+                Answer::batch_exceeds(scope.as_str(), window.as_str(), window.adjective(), estimate, room)
+            }
         }
     }
 
     pub fn cap_scope(&self) -> Scope {
         match *self {
-            Self::Exceeded { scope, .. } | Self::Unverifiable { scope, .. } => scope,
+            Self::Exceeded { scope, .. }
+            | Self::Unverifiable { scope, .. }
+            | Self::Unmeterable { scope, .. }
+            | Self::BatchExceeds { scope, .. } => scope,
         }
     }
 
     pub fn cap_window(&self) -> Window {
         match *self {
-            Self::Exceeded { window, .. } | Self::Unverifiable { window, .. } => window,
+            Self::Exceeded { window, .. }
+            | Self::Unverifiable { window, .. }
+            | Self::Unmeterable { window, .. }
+            | Self::BatchExceeds { window, .. } => window,
         }
+    }
+}
+
+/// Refuses a request billed where the gateway cannot see it (`request`: its method and endpoint)
+/// when an armed cap covers the key, naming the first such cap; whatever its spend, since no
+/// figure the gateway could count would hold that spend to the line. Without an armed cap it
+/// passes, unmetered.
+pub fn check_unmeterable<'c>(
+    caps: impl IntoIterator<Item = &'c Cap>,
+    org: &OrgId,
+    key: &KeyId,
+    request: &str,
+) -> Result<(), CapRefusal> {
+    match caps.into_iter().find(|cap| cap.hard_stop && cap.covers(org, key)) {
+        Some(cap) => {
+            Err(CapRefusal::Unmeterable { scope: cap.scope, window: cap.window, request: request.into() })
+        }
+        None => Ok(()),
     }
 }
 
@@ -414,6 +450,24 @@ mod tests {
         let week = armed("cap_w", Scope::Organization, Window::Week, 1_000);
         let skewed = View::default().with(&week, confirmed(0, 0, -5_000));
         assert_eq!(check(std::slice::from_ref(&week), &skewed), Ok(()));
+    }
+
+    #[test]
+    fn an_unmeterable_request_is_refused_by_any_armed_cap_whatever_its_spend() {
+        let soft_month = soft("cap_s", Scope::Organization, Window::Month, 1_000);
+        let armed_day = armed("cap_d", Scope::Key, Window::Day, 1_000);
+        let request = "POST /v1/fine_tuning/jobs";
+        assert_eq!(check_unmeterable(std::slice::from_ref(&soft_month), &org(), &key(), request), Ok(()));
+        let both = [soft_month.clone(), armed_day.clone()];
+        assert_eq!(
+            check_unmeterable(&both, &org(), &key(), request),
+            Err(CapRefusal::Unmeterable { scope: Scope::Key, window: Window::Day, request: request.into() })
+        );
+        // A key cap covers its own key only.
+        assert_eq!(check_unmeterable(&both, &org(), &other_key(), request), Ok(()));
+        let refusal = check_unmeterable(&both, &org(), &key(), request).expect_err("refused");
+        assert_eq!(refusal.answer().status, 402);
+        assert_eq!((refusal.cap_scope(), refusal.cap_window()), (Scope::Key, Window::Day));
     }
 
     #[test]

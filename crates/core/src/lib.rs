@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod answer;
 pub mod caps;
+pub mod channel;
 pub mod credential;
 pub mod crypto;
 pub mod feed;

@@ -212,6 +212,14 @@ pub struct Settlement {
     pub priced_as: Option<String>,
 }
 
+impl Settlement {
+    /// A receipt that costs nothing and counts no tokens: a request that cannot spend, or one
+    /// billed where the gateway cannot see it (`source` says which).
+    pub fn nothing(source: UsageSource) -> Self {
+        Self { usage: Usage::default(), source, cost: Nanos::ZERO, priced: true, priced_as: None }
+    }
+}
+
 /// Settles a request: the provider's usage when it reported one, else the estimate, at the price
 /// `price` resolved to (`PriceTable::price_for`). A fallback price costs the usage all the same,
 /// with `priced: false`: an unknown model is never free.

@@ -32,6 +32,9 @@ pub enum UsageSource {
     /// The provider reported none (a cut stream, an omitted block): estimated from the request and
     /// the content seen.
     Estimated,
+    /// Billed where the gateway cannot see it (a request of the outside-sight channel forwarded
+    /// while no armed cap covered its key): the receipt says that it happened, not what it cost.
+    Unmetered,
 }
 
 impl UsageSource {
@@ -39,6 +42,7 @@ impl UsageSource {
         match self {
             Self::Provider => "provider",
             Self::Estimated => "estimated",
+            Self::Unmetered => "unmetered",
         }
     }
 
@@ -46,6 +50,7 @@ impl UsageSource {
         match text {
             "provider" => Some(Self::Provider),
             "estimated" => Some(Self::Estimated),
+            "unmetered" => Some(Self::Unmetered),
             _ => None,
         }
     }
@@ -70,7 +75,7 @@ mod tests {
 
     #[test]
     fn a_usage_source_parses_from_its_name_only() {
-        for source in [UsageSource::Provider, UsageSource::Estimated] {
+        for source in [UsageSource::Provider, UsageSource::Estimated, UsageSource::Unmetered] {
             assert_eq!(UsageSource::parse(source.as_str()), Some(source));
         }
         assert_eq!(UsageSource::parse("Provider"), None);

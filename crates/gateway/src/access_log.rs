@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use http::Response;
 use tracing::field::display;
 
-use recovea_core::caps::CapRefusal;
 use recovea_core::snapshot::ProviderKind;
 
 use crate::body::{self, ResponseBody};
@@ -90,9 +89,7 @@ impl<F: FnOnce(&Finished<'_>)> Pass<F> {
 fn write<'a>(request: &Finished<'a>) {
     let usage = request.metered.as_ref().map(|m| m.usage);
     let (scope, window) = match &request.cap {
-        Some(CapRefusal::Exceeded { scope, window } | CapRefusal::Unverifiable { scope, window }) => {
-            (Some(scope.as_str()), Some(window.as_str()))
-        }
+        Some(refusal) => (Some(refusal.cap_scope().as_str()), Some(refusal.cap_window().as_str())),
         None => (None, None),
     };
     // Strings as `Display`, so that the text format writes them bare (JSON writes every value as a

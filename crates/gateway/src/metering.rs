@@ -40,6 +40,9 @@ pub(crate) struct Metered {
     pub(crate) prices: Prices,
     /// The request's attribution tags, for its receipt.
     pub(crate) tags: Tags,
+    /// How the receipt's cost is made: from usage, or nothing for a request that cannot spend or
+    /// whose spend the gateway cannot see.
+    pub(crate) charge: Charge,
     /// Settles what admission took on account with the receipt's cost and tokens (input + output):
     /// the spend-cap reservation and the key's token lane.
     pub(crate) settle: Option<Settle>,
@@ -62,6 +65,17 @@ impl Timing {
     pub(crate) fn since(received_at: Instant) -> Self {
         Self { received_at, sent_at: None, first_byte: None }
     }
+}
+
+/// How a receipt's cost is made, by the request's channel of spend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Charge {
+    /// From the answer's usage, or an estimate of it.
+    Metered,
+    /// Nothing: the request cannot spend (a read, a cancellation, an upload, a token count).
+    Free,
+    /// Nothing the gateway can see: the provider bills it where the gateway cannot read it.
+    Unmetered,
 }
 
 /// How many unpriced model names are remembered as already alarmed about.
@@ -119,11 +133,18 @@ impl Meter {
             // An error the provider reported no usage for costs nothing.
             Usage::default()
         };
-        let price = request.prices.table.price_for(model.as_deref(), request.kind);
-        let mut settled = receipt::settle(tapped.usage, estimate, &price);
-        if tapped.partial {
-            settled.source = UsageSource::Estimated;
-        }
+        let settled = match request.charge {
+            Charge::Metered => {
+                let price = request.prices.table.price_for(model.as_deref(), request.kind);
+                let mut settled = receipt::settle(tapped.usage, estimate, &price);
+                if tapped.partial {
+                    settled.source = UsageSource::Estimated;
+                }
+                settled
+            }
+            Charge::Free => Settlement::nothing(UsageSource::Provider),
+            Charge::Unmetered => Settlement::nothing(UsageSource::Unmetered),
+        };
         if settled.source == UsageSource::Estimated {
             metrics.receipt_estimated();
         }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use recovea_core::FailOpenReason;
 use recovea_core::caps::{CapRefusal, LineAnswer, Scope};
+use recovea_core::channel::Unseen;
 use recovea_core::money::Nanos;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::usage::Usage;
@@ -69,6 +70,8 @@ pub enum Outcome {
     UpstreamTimeout,
     BudgetExceeded,
     BudgetUnverifiable,
+    /// Billed where the gateway cannot see it, while an armed cap covers the key.
+    BudgetUnmeterable,
     RateLimited,
     /// An HTTP/1 head without exactly one valid `Host`, or whose body's length cannot be told.
     InvalidRequest,
@@ -84,10 +87,11 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 17] = [
+    const ALL: [Outcome; 18] = [
         Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,
+        Self::BudgetUnmeterable,
         Self::Forwarded,
         Self::FailOpen,
         Self::InvalidKey,
@@ -117,6 +121,7 @@ impl Outcome {
             Self::UpstreamTimeout => "upstream_timeout",
             Self::BudgetExceeded => "budget_exceeded",
             Self::BudgetUnverifiable => "budget_unverifiable",
+            Self::BudgetUnmeterable => "budget_unmeterable",
             Self::RateLimited => "rate_limited",
             Self::InvalidRequest => "invalid_request",
             Self::UnsupportedTransferCoding => "unsupported_transfer_coding",
@@ -217,15 +222,18 @@ fn provider_index(kind: Option<ProviderKind>) -> usize {
 }
 
 /// The labels of `recovea_cap_refusals_total`, by [`cap_refusal_index`].
-const CAP_CODES: [&str; 2] = ["budget_exceeded", "budget_unverifiable"];
+const CAP_CODES: [&str; 3] = ["budget_exceeded", "budget_unverifiable", "budget_unmeterable"];
 const CAP_SCOPES: [Scope; 2] = [Scope::Organization, Scope::Key];
 const CAP_WINDOWS: [Window; 3] = [Window::Day, Window::Week, Window::Month];
 
 /// A refusal's slot: code, scope, window.
 fn cap_refusal_index(refusal: &CapRefusal) -> (usize, usize, usize) {
     let (code, scope, window) = match refusal {
-        CapRefusal::Exceeded { scope, window } => (0, *scope, *window),
+        CapRefusal::Exceeded { scope, window } | CapRefusal::BatchExceeds { scope, window, .. } => {
+            (0, *scope, *window)
+        }
         CapRefusal::Unverifiable { scope, window } => (1, *scope, *window),
+        CapRefusal::Unmeterable { scope, window, .. } => (2, *scope, *window),
     };
     let scope = match scope {
         Scope::Organization => 0,
@@ -259,6 +267,9 @@ pub(crate) struct Metrics {
     snapshot_confirmed_ms: AtomicU64,
     receipts_estimated: AtomicU64,
     receipts_unpriced: AtomicU64,
+    /// Requests forwarded while billed where the gateway cannot see them, by endpoint
+    /// (`Unseen::LABELS`).
+    unmetered: [AtomicU64; Unseen::LABELS.len()],
     /// Requests that asked the shared counter store at an armed cap's line, by its answer
     /// (see [`LINE_ANSWERS`]).
     line_asks: [AtomicU64; LINE_ANSWERS.len()],
@@ -295,6 +306,7 @@ impl Metrics {
             snapshot_confirmed_ms: AtomicU64::new(0),
             receipts_estimated: AtomicU64::new(0),
             receipts_unpriced: AtomicU64::new(0),
+            unmetered: Default::default(),
             line_asks: Default::default(),
             connections: ConnectionStats::default(),
             handed_over: Default::default(),
@@ -317,6 +329,11 @@ impl Metrics {
 
     pub(crate) fn receipt_unpriced(&self) {
         self.receipts_unpriced.fetch_add(1, Relaxed);
+    }
+
+    /// A request billed where the gateway cannot see it was forwarded (no armed cap covered it).
+    pub(crate) fn unmetered(&self, endpoint: Unseen) {
+        self.unmetered[endpoint.index()].fetch_add(1, Relaxed);
     }
 
     /// A request asked the shared store at an armed cap's line; `None`: no answer in time.
@@ -410,6 +427,15 @@ impl Metrics {
         labelled(
             &mut out,
             (
+                "recovea_unmetered_requests_total",
+                "Requests forwarded that are billed where the gateway cannot see them (no armed cap covered their key), by endpoint.",
+                "endpoint",
+            ),
+            Unseen::LABELS.iter().zip(&self.unmetered).map(|(e, n)| (*e, load(n))),
+        );
+        labelled(
+            &mut out,
+            (
                 "recovea_cap_line_asks_total",
                 "Requests near an armed cap's line that asked the shared counter store, by its answer.",
                 "answer",
@@ -425,7 +451,7 @@ impl Metrics {
             ),
             ["admitted", "refused"].into_iter().zip(&self.line_decisions).map(|(d, n)| (d, load(n))),
         );
-        out.push_str("# HELP recovea_cap_refusals_total Requests refused by an armed cap: reached (budget_exceeded, 402) or unable to confirm its spend (budget_unverifiable, 503), by the cap's scope and window.\n# TYPE recovea_cap_refusals_total counter\n");
+        out.push_str("# HELP recovea_cap_refusals_total Requests refused by an armed cap: reached (budget_exceeded, 402), unable to confirm its spend (budget_unverifiable, 503), or covering a request billed where the gateway cannot see it (budget_unmeterable, 402), by the cap's scope and window.\n# TYPE recovea_cap_refusals_total counter\n");
         for (code, by_scope) in CAP_CODES.iter().zip(&self.cap_refusals) {
             for (scope, by_window) in CAP_SCOPES.iter().zip(by_scope) {
                 for (window, n) in CAP_WINDOWS.iter().zip(by_window) {

@@ -22,6 +22,7 @@ use recovea_providers::{Route, headers};
 use std::sync::Arc;
 
 use recovea_core::caps::{self, Cap};
+use recovea_core::channel::{self, Channel, RequestLine, Unseen};
 use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::pricing;
@@ -34,7 +35,7 @@ use recovea_providers::usage::{Surface, Tapped};
 use crate::access_log;
 use crate::body::{BoxError, ResponseBody};
 use crate::metered_body::{MeteredBody, PendingReceipt};
-use crate::metering::{Metered, Settle, Timing};
+use crate::metering::{Charge, Metered, Settle, Timing};
 use crate::metrics::{Finished, Outcome};
 use crate::node::{Shared, cap_window};
 use crate::refusal::Refusal;
@@ -221,9 +222,15 @@ where
         ctx.refused_model = facts.model.take();
         return Err(Refusal::ModelNotAllowed(ctx.refused_model.clone().unwrap_or_default()));
     }
+    let channel = channel::classify(RequestLine {
+        method: &parts.method,
+        upstream_path: endpoint,
+        websocket: headers::is_websocket_upgrade(&parts.headers),
+        background: facts.background,
+    });
     let prices = shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default();
-    let reservation = match &ctx.admitted {
-        Some(admitted) => {
+    let (charge, reservation) = match (&ctx.admitted, channel) {
+        (Some(admitted), Channel::Immediate) => {
             ctx.trace.start(Phase::Caps);
             let checked =
                 check_caps(shared, admitted, &facts, input_tokens, &prices, target.kind, ctx.started_at)
@@ -236,9 +243,32 @@ where
                 }
             };
             ctx.trace.end(Phase::Caps);
-            reservation
+            (Charge::Metered, reservation)
         }
-        None => None,
+        (Some(admitted), Channel::Deferred(_) | Channel::Session | Channel::OutsideSight(_)) => {
+            let unseen = match channel {
+                Channel::Deferred(kind) => Unseen::UnmeterableJob(kind),
+                Channel::OutsideSight(unseen) => unseen,
+                Channel::Immediate | Channel::Free | Channel::Session => Unseen::WebSocket,
+            };
+            let request_line = format!("{} {endpoint}", parts.method);
+            let checked = caps::check_unmeterable(
+                admitted.org.caps.iter(),
+                &admitted.org.id,
+                &admitted.key_id,
+                &request_line,
+            );
+            if let Err(refusal) = checked {
+                ctx.refused_model = facts.model.take();
+                return Err(Refusal::Budget(refusal));
+            }
+            shared.metrics.unmetered(unseen);
+            (Charge::Unmetered, None)
+        }
+        // A free request is admitted at an armed cap's line and while spend cannot be confirmed:
+        // it reserves nothing, and its receipt costs nothing.
+        (Some(_), Channel::Free) => (Charge::Free, None),
+        (None, _) => (Charge::Metered, None),
     };
     // Usage is read from the stream; OpenAI streams carry it only when asked. A fail-open pass is
     // not metered: its body goes as the client sent it.
@@ -270,6 +300,7 @@ where
                 started_at: ctx.started_at,
                 prices,
                 tags: std::mem::take(&mut ctx.tags),
+                charge,
                 settle: Some(settle(shared, admitted, reservation)),
                 timing: Timing::since(ctx.received_at),
                 trace: ctx.trace.usage_slot(),

@@ -19,7 +19,8 @@ pub(crate) enum Refusal {
     BodyUnreadable,
     UpstreamUnreachable,
     UpstreamTimeout,
-    /// An armed cap at its line (402) or unable to confirm its spend (503).
+    /// An armed cap at its line (402), unable to confirm its spend (503), covering a request the
+    /// gateway cannot meter (402), or without room for a batch's estimate (402).
     Budget(CapRefusal),
     /// The key's rate limit: retry after this many milliseconds.
     RateLimited(u64),
@@ -42,8 +43,11 @@ impl Refusal {
             Self::BodyTimeout | Self::BodyUnreadable => Outcome::BodyUnreadable,
             Self::UpstreamUnreachable => Outcome::UpstreamUnreachable,
             Self::UpstreamTimeout => Outcome::UpstreamTimeout,
-            Self::Budget(CapRefusal::Exceeded { .. }) => Outcome::BudgetExceeded,
+            Self::Budget(CapRefusal::Exceeded { .. } | CapRefusal::BatchExceeds { .. }) => {
+                Outcome::BudgetExceeded
+            }
             Self::Budget(CapRefusal::Unverifiable { .. }) => Outcome::BudgetUnverifiable,
+            Self::Budget(CapRefusal::Unmeterable { .. }) => Outcome::BudgetUnmeterable,
             Self::RateLimited(_) => Outcome::RateLimited,
             Self::ModelNotAllowed(_) => Outcome::ModelNotAllowed,
             Self::InvalidTags(_) => Outcome::InvalidTags,

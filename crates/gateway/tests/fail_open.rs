@@ -83,12 +83,6 @@ impl Harness {
         }
         self.send(request, CHAT).await
     }
-
-    async fn metrics(&self) -> String {
-        let request = Request::get(format!("{}/metrics", self.url)).body(Full::default()).expect("request");
-        let response = self.client.request(request).await.expect("gateway answers");
-        String::from_utf8(body_of(response).await.to_vec()).expect("utf-8")
-    }
 }
 
 async fn body_of(response: Response<hyper::body::Incoming>) -> Bytes {

@@ -57,6 +57,14 @@ pub fn has_provider_auth(headers: &HeaderMap) -> bool {
         || PROVIDER_KEY_HEADERS.iter().any(|name| headers.get_all(name).iter().any(|v| !is_recovea_key(v)))
 }
 
+/// Whether the request asks to become a WebSocket (`Upgrade: websocket`, any case, among the
+/// protocols it lists).
+pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
+    headers.get_all(header::UPGRADE).iter().any(|value| {
+        value.to_str().is_ok_and(|v| v.split(',').any(|p| p.trim().eq_ignore_ascii_case("websocket")))
+    })
+}
+
 /// The headers a request carries to its provider, made in one pass over the client's (a chat
 /// request spent some 3,000 instructions in a dozen lookups and removals by hash before): the
 /// hop-by-hop headers and those `Connection` names go, and so do every Recovea key wherever it

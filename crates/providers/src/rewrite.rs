@@ -32,6 +32,8 @@ pub struct RequestFacts {
     /// `max_output_tokens`, or Gemini's `generationConfig.maxOutputTokens`), for the reservation a
     /// spend cap makes before the answer is known.
     pub max_output_tokens: Option<u64>,
+    /// `"background": true`: the Responses API runs the request as a job and answers at once.
+    pub background: bool,
 }
 
 /// A request body read once: what [`inspect`] tells, and what
@@ -61,6 +63,8 @@ struct RequestHead {
     /// Gemini's: `generationConfig.maxOutputTokens` is its output limit.
     #[serde(default, rename = "generationConfig")]
     generation_config: Value,
+    #[serde(default)]
+    background: Value,
 }
 
 /// The chunk OpenAI sends last when asked for usage: no choices, a usage block.
@@ -140,6 +144,7 @@ impl RequestHead {
                 .iter()
                 .find_map(Value::as_u64)
                 .or_else(|| self.generation_config.get("maxOutputTokens").and_then(Value::as_u64)),
+            background: self.background == Value::Bool(true),
         }
     }
 }
@@ -152,7 +157,7 @@ struct RequestPass<'de> {
     repeated_head: bool,
     /// Which of `head`'s members were read, in the order `visit_map` names them: an explicit
     /// `null` reads the same as an absent member, so the value cannot tell.
-    seen_head: [bool; 7],
+    seen_head: [bool; 8],
     input: InputFields<'de>,
 }
 
@@ -192,6 +197,7 @@ impl<'de> Visitor<'de> for RequestPass<'de> {
                 "max_completion_tokens" => (4, &mut self.head.max_completion_tokens),
                 "max_output_tokens" => (5, &mut self.head.max_output_tokens),
                 "generationConfig" => (6, &mut self.head.generation_config),
+                "background" => (7, &mut self.head.background),
                 other => {
                     if !self.input.count_if_input(other, &mut map)? {
                         map.next_value_seed(Checked)?;
@@ -441,7 +447,8 @@ mod tests {
                 model: Some("gpt-4o".into()),
                 stream: true,
                 client_asked_usage: true,
-                max_output_tokens: None
+                max_output_tokens: None,
+                background: false,
             }
         );
         let facts = inspect(br#"{"model":"gpt-4o","stream":"true","stream_options":{"include_usage":1}}"#);
@@ -451,10 +458,15 @@ mod tests {
                 model: Some("gpt-4o".into()),
                 stream: false,
                 client_asked_usage: false,
-                max_output_tokens: None
+                max_output_tokens: None,
+                background: false,
             }
         );
         assert_eq!(inspect(br#"{"max_tokens":64}"#).max_output_tokens, Some(64));
+        let background = br#"{"model":"o3-pro","input":"hi","background":true}"#;
+        assert!(inspect(background).background);
+        assert!(inspect_and_estimate(background).facts.background);
+        assert!(!inspect(br#"{"model":"o3-pro","background":"true"}"#).background);
         assert_eq!(inspect(br#"{"max_output_tokens":9,"max_tokens":64}"#).max_output_tokens, Some(9));
         assert_eq!(inspect(br#"{"max_completion_tokens":7}"#).max_output_tokens, Some(7));
         let gemini = br#"{"contents":[],"generationConfig":{"temperature":0.2,"maxOutputTokens":300}}"#;

@@ -54,14 +54,17 @@ pub fn route_for(path_and_query: &str, carries_anthropic_version: bool) -> Optio
             upstream_path: path_and_query,
         });
     }
-    if is_gemini_versioned(path_and_query) || is_gemini_model_call(path_and_query) {
+    if is_gemini_versioned(path_and_query)
+        || is_gemini_model_call(path_and_query)
+        || is_gemini_transfer(path_and_query)
+    {
         return Some(Route {
             credential: ProviderKind::Gemini.as_str(),
             fallback_kind: Some(ProviderKind::Gemini),
             upstream_path: path_and_query,
         });
     }
-    if path_and_query.strip_prefix("/openai/deployments/").is_some_and(|rest| !rest.is_empty()) {
+    if is_azure(path_and_query) && !path_and_query.starts_with("/openai/v1/") {
         return Some(Route {
             credential: AZURE_CREDENTIAL,
             fallback_kind: Some(ProviderKind::AzureOpenAi),
@@ -70,7 +73,8 @@ pub fn route_for(path_and_query: &str, carries_anthropic_version: bool) -> Optio
     }
     let named = path_and_query.strip_prefix('/')?;
     let (name, rest) = named.split_at(named.find('/')?);
-    if !is_credential_name(name) || !(is_versioned(rest) || is_gemini_versioned(rest) || is_azure(rest)) {
+    let routed = is_versioned(rest) || is_gemini_versioned(rest) || is_gemini_transfer(rest) || is_azure(rest);
+    if !is_credential_name(name) || !routed {
         return None;
     }
     let fallback_kind = match name {
@@ -131,11 +135,27 @@ fn is_gemini_versioned(path: &str) -> bool {
     path.strip_prefix("/v1beta/").is_some_and(|rest| !rest.is_empty())
 }
 
-/// Azure OpenAI's paths: `/openai/deployments/{deployment}/...` and `/openai/v1/...`.
+/// Azure OpenAI's paths: `/openai/deployments/{deployment}/...`, `/openai/v1/...`, and the
+/// resource's own APIs beside its deployments (Realtime, batches and their files).
 fn is_azure(path: &str) -> bool {
-    path.strip_prefix("/openai/")
-        .and_then(|rest| rest.strip_prefix("deployments/").or_else(|| rest.strip_prefix("v1/")))
-        .is_some_and(|rest| !rest.is_empty())
+    let Some(rest) = path.strip_prefix("/openai/") else { return false };
+    let below = |root: &str| rest.strip_prefix(root).is_some_and(|rest| !rest.is_empty());
+    below("deployments/")
+        || below("v1/")
+        || AZURE_RESOURCE_APIS.iter().any(|api| {
+            rest.strip_prefix(api).is_some_and(|tail| tail.is_empty() || tail.starts_with(['/', '?']))
+        })
+}
+
+/// The APIs an Azure OpenAI resource serves at its root rather than under a deployment.
+const AZURE_RESOURCE_APIS: [&str; 3] = ["realtime", "batches", "files"];
+
+/// Gemini's file transfers: `/upload/v1beta/...` (uploads) and `/download/v1beta/...` (a batch's
+/// results file).
+fn is_gemini_transfer(path: &str) -> bool {
+    ["/upload", "/download"]
+        .iter()
+        .any(|root| path.strip_prefix(root).is_some_and(is_gemini_versioned))
 }
 
 /// Credential names are short slugs, so they can sit in a path without escaping.
@@ -210,7 +230,13 @@ mod tests {
             route("/openai/v1/chat/completions"),
             r("openai", Some(ProviderKind::OpenAi), "/v1/chat/completions")
         );
-        for path in ["/openai/deployments/", "/azure/openai/", "/azure/openai/models", "/openai/models"] {
+        for api in ["/openai/realtime?api-version=2025-04-01-preview&deployment=rt", "/openai/batches", "/openai/files/f1"] {
+            assert_eq!(route(api), r("azure", Some(AzureOpenAi), api));
+            assert_eq!(route(&format!("/azure{api}")), r("azure", Some(AzureOpenAi), api));
+        }
+        for path in
+            ["/openai/deployments/", "/azure/openai/", "/azure/openai/models", "/openai/models", "/openai/filesx"]
+        {
             assert_eq!(route(path), None, "{path}");
         }
     }
@@ -231,6 +257,10 @@ mod tests {
         assert_eq!(route_for(stable, true), r("gemini", Some(Gemini), stable));
         let fine_tuned = "/v1/models/ft:gpt-4o-mini:acme::abc123";
         assert_eq!(route(fine_tuned), r("openai", Some(ProviderKind::OpenAi), fine_tuned));
+        for transfer in ["/upload/v1beta/files?uploadType=multipart", "/download/v1beta/files/f:download?alt=media"] {
+            assert_eq!(route(transfer), r("gemini", Some(Gemini), transfer));
+            assert_eq!(route(&format!("/gemini{transfer}")), r("gemini", Some(Gemini), transfer));
+        }
         assert_eq!(route("/v1beta/"), None);
         assert_eq!(route("/gemini/v1beta/../v1/x"), None);
     }
@@ -279,7 +309,7 @@ mod tests {
         ) {
             if let Some(route) = route(&path) {
                 prop_assert!(
-                    ["/v1/", "/v1beta/", "/openai/deployments/", "/openai/v1/"]
+                    ["/v1/", "/v1beta/", "/openai/", "/upload/v1beta/", "/download/v1beta/"]
                         .iter()
                         .any(|root| route.upstream_path.starts_with(root))
                 );

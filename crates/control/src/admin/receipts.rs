@@ -76,7 +76,7 @@ impl Control {
                 .get("usage_source")
                 .map(|s| {
                     UsageSource::parse(s).ok_or_else(|| {
-                        ApiError::BadRequest("usage_source: expected provider or estimated".into())
+                        ApiError::BadRequest("usage_source: expected provider, estimated or unmetered".into())
                     })
                 })
                 .transpose()?,

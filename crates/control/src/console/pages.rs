@@ -938,7 +938,7 @@ async fn receipts_page(control: &ConsoleApi<'_>, visit: &Visit, org: &str) -> Re
             (view.select("key_id", "Key", &key_options, value("key_id")))
             (view.input("model", "Model", "text", value("model"), false))
             (view.input("status", "HTTP status", "text", value("status"), false))
-            (view.select("usage_source", "Usage", &[("", "Reported or estimated"), ("provider", "Reported by the provider"), ("estimated", "Estimated")], value("usage_source")))
+            (view.select("usage_source", "Usage", &[("", "Any"), ("provider", "Reported by the provider"), ("estimated", "Estimated"), ("unmetered", "Unmetered")], value("usage_source")))
             (view.general(&["from", "to", "key_id", "model", "status", "usage_source"]))
             button type="submit" { "Filter" }
         }
@@ -961,7 +961,7 @@ async fn receipts_page(control: &ConsoleApi<'_>, visit: &Visit, org: &str) -> Re
                             td.num { (r["status"]) }
                             td.num { (r["input_tokens"]) " / " (r["output_tokens"]) }
                             td.num { (cents(nanos(str_of(r, "cost_usd")))) }
-                            td { @if str_of(r, "usage_source") == "estimated" { span.badge.soft { "estimated" } } @else { "reported" } }
+                            td { @match str_of(r, "usage_source") { "estimated" => { span.badge.soft { "estimated" } } "unmetered" => { span.badge.soft { "unmetered" } } _ => { "reported" } } }
                         }
                     }
                 }

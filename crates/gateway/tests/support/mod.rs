@@ -169,6 +169,22 @@ impl Harness {
         self.client.request(request).await.expect("gateway answers")
     }
 
+    /// What `/metrics` renders now.
+    pub async fn metrics(&self) -> String {
+        let request = Request::get(format!("{}/metrics", self.url)).body(Full::default()).expect("request");
+        let response = self.client.request(request).await.expect("gateway answers");
+        let body = http_body_util::BodyExt::collect(response.into_body()).await.expect("complete body");
+        String::from_utf8(body.to_bytes().to_vec()).expect("utf-8")
+    }
+
+    /// The value of one metric's series, `name{labels}` as `/metrics` writes it; fails when absent.
+    pub async fn metric(&self, series: &str) -> u64 {
+        let metrics = self.metrics().await;
+        let prefix = format!("{series} ");
+        let line = metrics.lines().find_map(|line| line.strip_prefix(&prefix));
+        line.unwrap_or_else(|| panic!("no {series} in:\n{metrics}")).parse().expect("a count")
+    }
+
     /// A JSON POST to `path` on this node, no key yet.
     pub fn post(&self, path: &str) -> http::request::Builder {
         Request::post(format!("{}{path}", self.url)).header("content-type", "application/json")
