@@ -22,7 +22,7 @@ const TOKENS_PER_MTOK: i128 = 1_000_000;
 const BUILTIN_JSON: &str = include_str!("../prices/builtin.json");
 
 /// Prices in nano-dollars per million tokens (so "$2.50 per Mtok" = 2_500_000_000).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Price {
     pub input_per_mtok: Nanos,
     pub output_per_mtok: Nanos,
@@ -30,6 +30,43 @@ pub struct Price {
     pub cached_input_per_mtok: Option<Nanos>,
     /// Input written to the provider's cache; `None` bills it at the input price.
     pub cache_write_per_mtok: Option<Nanos>,
+    /// Input and output of a request run in a provider's batch; `None` bills them at half the
+    /// price, as OpenAI, Anthropic and Gemini bill batches.
+    pub batch_input_per_mtok: Option<Nanos>,
+    pub batch_output_per_mtok: Option<Nanos>,
+    /// Audio tokens in and out (Realtime, audio chat), and audio input read from the cache;
+    /// `None` bills them at the text price (the cached one for cached audio).
+    pub audio_input_per_mtok: Option<Nanos>,
+    pub audio_output_per_mtok: Option<Nanos>,
+    pub cached_audio_input_per_mtok: Option<Nanos>,
+    /// The most output tokens one request to the model can produce, when known: what a request
+    /// that sets no output limit can cost at worst.
+    pub max_output_tokens: Option<u64>,
+}
+
+impl Price {
+    /// A price of input and output alone, every other component at its default.
+    pub fn per_mtok(input_per_mtok: Nanos, output_per_mtok: Nanos) -> Price {
+        Price { input_per_mtok, output_per_mtok, ..Price::default() }
+    }
+
+    /// The price of a request run in a provider's batch: the batch prices, else half of each
+    /// token price (rounded up, so that a batch is never estimated under its bill).
+    pub fn batch(&self) -> Price {
+        let half = |n: Nanos| Nanos(n.0 / 2 + n.0 % 2);
+        Price {
+            input_per_mtok: self.batch_input_per_mtok.unwrap_or(half(self.input_per_mtok)),
+            output_per_mtok: self.batch_output_per_mtok.unwrap_or(half(self.output_per_mtok)),
+            cached_input_per_mtok: self.cached_input_per_mtok.map(half),
+            cache_write_per_mtok: self.cache_write_per_mtok.map(half),
+            batch_input_per_mtok: None,
+            batch_output_per_mtok: None,
+            audio_input_per_mtok: self.audio_input_per_mtok.map(half),
+            audio_output_per_mtok: self.audio_output_per_mtok.map(half),
+            cached_audio_input_per_mtok: self.cached_audio_input_per_mtok.map(half),
+            max_output_tokens: self.max_output_tokens,
+        }
+    }
 }
 
 /// The cost of `usage` at `price`, per the contract: plain input x input price + cached input x
@@ -325,11 +362,14 @@ fn most_expensive(entries: &BTreeMap<String, TableEntry>, kind: ProviderKind) ->
             .filter(|entry| entry.kind.map(ProviderKind::priced_like) == Some(kind))
             .map(|entry| entry.price)
     };
+    let most = |component: fn(&Price) -> Option<Nanos>| of_kind().filter_map(|p| component(&p)).max();
     Price {
         input_per_mtok: of_kind().map(|p| p.input_per_mtok).max().unwrap_or(Nanos::ZERO),
         output_per_mtok: of_kind().map(|p| p.output_per_mtok).max().unwrap_or(Nanos::ZERO),
-        cached_input_per_mtok: None,
-        cache_write_per_mtok: None,
+        audio_input_per_mtok: most(|p| p.audio_input_per_mtok),
+        audio_output_per_mtok: most(|p| p.audio_output_per_mtok),
+        max_output_tokens: of_kind().filter_map(|p| p.max_output_tokens).max(),
+        ..Price::default()
     }
 }
 
@@ -371,6 +411,19 @@ pub struct PriceWire {
     pub cached_input_per_mtok_usd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_input_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_output_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_input_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_output_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_audio_input_per_mtok_usd: Option<String>,
+    /// The most output tokens one request to the model can produce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
 }
 
 impl TryFrom<&PriceWire> for Price {
@@ -380,30 +433,41 @@ impl TryFrom<&PriceWire> for Price {
         let parse = |field: &'static str, usd: &str| {
             Nanos::parse_usd(usd).map_err(|error| PriceError { field, error: Some(error) })
         };
+        let optional = |field: &'static str, usd: &Option<String>| {
+            usd.as_deref().map(|usd| parse(field, usd)).transpose()
+        };
         Ok(Price {
             input_per_mtok: parse("input_per_mtok_usd", &wire.input_per_mtok_usd)?,
             output_per_mtok: parse("output_per_mtok_usd", &wire.output_per_mtok_usd)?,
-            cached_input_per_mtok: wire
-                .cached_input_per_mtok_usd
-                .as_deref()
-                .map(|usd| parse("cached_input_per_mtok_usd", usd))
-                .transpose()?,
-            cache_write_per_mtok: wire
-                .cache_write_per_mtok_usd
-                .as_deref()
-                .map(|usd| parse("cache_write_per_mtok_usd", usd))
-                .transpose()?,
+            cached_input_per_mtok: optional("cached_input_per_mtok_usd", &wire.cached_input_per_mtok_usd)?,
+            cache_write_per_mtok: optional("cache_write_per_mtok_usd", &wire.cache_write_per_mtok_usd)?,
+            batch_input_per_mtok: optional("batch_input_per_mtok_usd", &wire.batch_input_per_mtok_usd)?,
+            batch_output_per_mtok: optional("batch_output_per_mtok_usd", &wire.batch_output_per_mtok_usd)?,
+            audio_input_per_mtok: optional("audio_input_per_mtok_usd", &wire.audio_input_per_mtok_usd)?,
+            audio_output_per_mtok: optional("audio_output_per_mtok_usd", &wire.audio_output_per_mtok_usd)?,
+            cached_audio_input_per_mtok: optional(
+                "cached_audio_input_per_mtok_usd",
+                &wire.cached_audio_input_per_mtok_usd,
+            )?,
+            max_output_tokens: wire.max_output_tokens,
         })
     }
 }
 
 impl From<&Price> for PriceWire {
     fn from(price: &Price) -> PriceWire {
+        let usd = |n: Option<Nanos>| n.map(Nanos::to_usd_string);
         PriceWire {
             input_per_mtok_usd: price.input_per_mtok.to_usd_string(),
             output_per_mtok_usd: price.output_per_mtok.to_usd_string(),
-            cached_input_per_mtok_usd: price.cached_input_per_mtok.map(Nanos::to_usd_string),
-            cache_write_per_mtok_usd: price.cache_write_per_mtok.map(Nanos::to_usd_string),
+            cached_input_per_mtok_usd: usd(price.cached_input_per_mtok),
+            cache_write_per_mtok_usd: usd(price.cache_write_per_mtok),
+            batch_input_per_mtok_usd: usd(price.batch_input_per_mtok),
+            batch_output_per_mtok_usd: usd(price.batch_output_per_mtok),
+            audio_input_per_mtok_usd: usd(price.audio_input_per_mtok),
+            audio_output_per_mtok_usd: usd(price.audio_output_per_mtok),
+            cached_audio_input_per_mtok_usd: usd(price.cached_audio_input_per_mtok),
+            max_output_tokens: price.max_output_tokens,
         }
     }
 }
@@ -480,6 +544,19 @@ pub struct EntryWire {
     pub cached_input_per_mtok_usd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_input_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_output_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_input_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_output_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_audio_input_per_mtok_usd: Option<String>,
+    /// The most output tokens one request to the model can produce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
 }
 
 impl EntryWire {
@@ -490,6 +567,12 @@ impl EntryWire {
             output_per_mtok_usd: self.output_per_mtok_usd.clone(),
             cached_input_per_mtok_usd: self.cached_input_per_mtok_usd.clone(),
             cache_write_per_mtok_usd: self.cache_write_per_mtok_usd.clone(),
+            batch_input_per_mtok_usd: self.batch_input_per_mtok_usd.clone(),
+            batch_output_per_mtok_usd: self.batch_output_per_mtok_usd.clone(),
+            audio_input_per_mtok_usd: self.audio_input_per_mtok_usd.clone(),
+            audio_output_per_mtok_usd: self.audio_output_per_mtok_usd.clone(),
+            cached_audio_input_per_mtok_usd: self.cached_audio_input_per_mtok_usd.clone(),
+            max_output_tokens: self.max_output_tokens,
         }
     }
 
@@ -510,6 +593,12 @@ impl EntryWire {
             output_per_mtok_usd: price.output_per_mtok_usd.clone(),
             cached_input_per_mtok_usd: price.cached_input_per_mtok_usd.clone(),
             cache_write_per_mtok_usd: price.cache_write_per_mtok_usd.clone(),
+            batch_input_per_mtok_usd: price.batch_input_per_mtok_usd.clone(),
+            batch_output_per_mtok_usd: price.batch_output_per_mtok_usd.clone(),
+            audio_input_per_mtok_usd: price.audio_input_per_mtok_usd.clone(),
+            audio_output_per_mtok_usd: price.audio_output_per_mtok_usd.clone(),
+            cached_audio_input_per_mtok_usd: price.cached_audio_input_per_mtok_usd.clone(),
+            max_output_tokens: price.max_output_tokens,
         }
     }
 }
@@ -529,6 +618,7 @@ mod tests {
             output_per_mtok: usd(output),
             cached_input_per_mtok: cached.map(usd),
             cache_write_per_mtok: write.map(usd),
+            ..Price::default()
         }
     }
 
@@ -576,14 +666,25 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_priced_at_the_batch_price_or_half_rounded_up() {
+        let listed = Price {
+            batch_input_per_mtok: Some(usd("1.25")),
+            batch_output_per_mtok: Some(usd("5")),
+            ..price("2.5", "10", Some("1.25"), None)
+        };
+        let batch = listed.batch();
+        assert_eq!((batch.input_per_mtok, batch.output_per_mtok), (usd("1.25"), usd("5")));
+        assert_eq!(batch.cached_input_per_mtok, Some(usd("0.625")));
+        let unlisted = price("0.000000003", "3", None, Some("1"));
+        let batch = unlisted.batch();
+        assert_eq!(batch.input_per_mtok, Nanos(2), "half of 3 nanos is rounded up: never under the bill");
+        assert_eq!((batch.output_per_mtok, batch.cache_write_per_mtok), (usd("1.5"), Some(usd("0.5"))));
+    }
+
+    #[test]
     fn cost_saturates_instead_of_overflowing() {
         let max = Nanos(i64::MAX);
-        let absurd = Price {
-            input_per_mtok: max,
-            output_per_mtok: max,
-            cached_input_per_mtok: None,
-            cache_write_per_mtok: None,
-        };
+        let absurd = Price::per_mtok(max, max);
         let all = usage(u64::MAX, u64::MAX / 3, u64::MAX / 3, u64::MAX);
         assert_eq!(cost(&all, &absurd), max);
     }
@@ -593,13 +694,38 @@ mod tests {
         let table = PriceTable::builtin();
         assert!(table.len() > 50, "only {} models", table.len());
         let get = |model: &str| table.entries.get(model).unwrap_or_else(|| panic!("{model} missing")).price;
-        assert_eq!(get("gpt-4o"), price("2.5", "10", Some("1.25"), None));
-        assert_eq!(get("gpt-4o-mini"), price("0.15", "0.6", Some("0.075"), None));
+        let gpt_4o = Price {
+            batch_input_per_mtok: Some(usd("1.25")),
+            batch_output_per_mtok: Some(usd("5")),
+            max_output_tokens: Some(16384),
+            ..price("2.5", "10", Some("1.25"), None)
+        };
+        assert_eq!(get("gpt-4o"), gpt_4o);
+        assert_eq!(
+            (get("gpt-4o-mini").input_per_mtok, get("gpt-4o-mini").cached_input_per_mtok),
+            (usd("0.15"), Some(usd("0.075")))
+        );
         assert_eq!(get("o3").input_per_mtok, usd("2"));
         assert!(table.entries.contains_key("o4-mini"));
-        assert_eq!(get("claude-sonnet-4-5"), price("3", "15", Some("0.3"), Some("3.75")));
-        assert_eq!(get("claude-haiku-4-5"), price("1", "5", Some("0.1"), Some("1.25")));
-        assert_eq!(get("text-embedding-3-small"), price("0.02", "0", None, None));
+        let sonnet = Price {
+            batch_input_per_mtok: Some(usd("1.5")),
+            batch_output_per_mtok: Some(usd("7.5")),
+            max_output_tokens: Some(64000),
+            ..price("3", "15", Some("0.3"), Some("3.75"))
+        };
+        assert_eq!(get("claude-sonnet-4-5"), sonnet);
+        assert_eq!(get("claude-haiku-4-5").cache_write_per_mtok, Some(usd("1.25")));
+        assert_eq!(get("text-embedding-3-small").input_per_mtok, usd("0.02"));
+        // Realtime models price audio apart, and cached audio from LiteLLM's misnamed field.
+        let realtime = get("gpt-realtime");
+        assert_eq!(
+            (
+                realtime.audio_input_per_mtok,
+                realtime.audio_output_per_mtok,
+                realtime.cached_audio_input_per_mtok
+            ),
+            (Some(usd("32")), Some(usd("64")), Some(usd("0.4")))
+        );
         // Dated Anthropic snapshots resolve to their alias's price when not listed themselves.
         assert_eq!(table.lookup("claude-sonnet-4-5-20990101"), Some(get("claude-sonnet-4-5")));
         assert!(table.iter().all(|(_, entry)| entry.kind.is_some() && entry.source == PriceSource::Builtin));
@@ -822,6 +948,7 @@ mod tests {
                 output_per_mtok: output,
                 cached_input_per_mtok: cached,
                 cache_write_per_mtok: write,
+                ..Price::default()
             },
         )
     }

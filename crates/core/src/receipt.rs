@@ -359,7 +359,7 @@ mod tests {
                 input_per_mtok: Nanos(2_500_000_000),
                 output_per_mtok: Nanos(10_000_000_000),
                 cached_input_per_mtok: Some(Nanos(1_250_000_000)),
-                cache_write_per_mtok: None,
+                ..Price::default()
             },
         )])
     }

@@ -19,8 +19,8 @@ const PROVIDERS: [(&str, &str); 4] = [
 ];
 /// LiteLLM names Gemini's models `gemini/<model>`; Gemini's own API names them `<model>`.
 const NAME_PREFIXES: [(&str, &str); 1] = [("gemini", "gemini/")];
-/// LiteLLM's modes priced per token; the others (images, audio...) are billed otherwise.
-const MODES: [&str; 4] = ["chat", "completion", "responses", "embedding"];
+/// LiteLLM's modes priced per token; the others (images, speech...) are billed otherwise.
+const MODES: [&str; 5] = ["chat", "completion", "responses", "embedding", "realtime"];
 
 /// What an import file holds: every entry it prices, validated, and the names of the entries of a
 /// served provider that were passed over for lacking an input or output price.
@@ -66,6 +66,21 @@ struct LiteEntry<'a> {
     cache_read_input_token_cost: Option<&'a RawValue>,
     #[serde(default, borrow)]
     cache_creation_input_token_cost: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    input_cost_per_token_batches: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    output_cost_per_token_batches: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    input_cost_per_audio_token: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    output_cost_per_audio_token: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    cache_read_input_audio_token_cost: Option<&'a RawValue>,
+    /// On LiteLLM's Realtime entries this misnamed field holds the price of cached audio input.
+    #[serde(default, borrow)]
+    cache_creation_input_audio_token_cost: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    max_output_tokens: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -121,10 +136,46 @@ fn litellm(top: &BTreeMap<String, &RawValue>) -> Result<Import, PriceTableError>
                     "cache_creation_input_token_cost",
                     entry.cache_creation_input_token_cost,
                 )?,
+                batch_input_per_mtok_usd: optional(
+                    "input_cost_per_token_batches",
+                    entry.input_cost_per_token_batches,
+                )?,
+                batch_output_per_mtok_usd: optional(
+                    "output_cost_per_token_batches",
+                    entry.output_cost_per_token_batches,
+                )?,
+                audio_input_per_mtok_usd: optional(
+                    "input_cost_per_audio_token",
+                    entry.input_cost_per_audio_token,
+                )?,
+                audio_output_per_mtok_usd: optional(
+                    "output_cost_per_audio_token",
+                    entry.output_cost_per_audio_token,
+                )?,
+                cached_audio_input_per_mtok_usd: match entry.cache_read_input_audio_token_cost {
+                    Some(raw) => Some(usd("cache_read_input_audio_token_cost", raw)?),
+                    None => optional(
+                        "cache_creation_input_audio_token_cost",
+                        entry.cache_creation_input_audio_token_cost,
+                    )?,
+                },
+                // A count, not money: a float in the file (`16384.0`) is read as the integer it is.
+                max_output_tokens: entry.max_output_tokens.and_then(|raw| token_count(raw.get())),
             },
         ));
     }
     Ok(import)
+}
+
+/// A whole, positive number of tokens as JSON writes it (`16384`, or `16384.0`); anything else
+/// (a fraction, an exponent, a string) is unknown.
+fn token_count(text: &str) -> Option<u64> {
+    let whole = match text.split_once('.') {
+        Some((whole, fraction)) if fraction.bytes().all(|b| b == b'0') => whole,
+        Some(_) => return None,
+        None => text,
+    };
+    whole.parse::<u64>().ok().filter(|&n| n > 0)
 }
 
 /// A JSON number of US dollars per token (`3e-06`, `0.000003`, `1.5E-7`, `0`) as nano-dollars per
@@ -233,11 +284,30 @@ mod tests {
                 "output_cost_per_token": 2.5e-06, "cache_read_input_token_cost": 3e-08},
             "groq/llama": {"litellm_provider": "groq", "mode": "chat", "input_cost_per_token": 1e-07, "output_cost_per_token": 1e-07},
             "gpt-free": {"litellm_provider": "openai", "mode": "chat", "input_cost_per_token": 0},
+            "gpt-rt": {"litellm_provider": "openai", "mode": "realtime", "input_cost_per_token": 4e-06,
+                "output_cost_per_token": 1.6e-05, "input_cost_per_audio_token": 3.2e-05,
+                "output_cost_per_audio_token": 6.4e-05, "cache_creation_input_audio_token_cost": 4e-07,
+                "input_cost_per_token_batches": 2e-06, "max_output_tokens": 4096.0},
             "odd": [1, 2]
         }"#;
         let import = parse(text).expect("parses");
         let names: Vec<&str> = import.entries.iter().map(|(model, _)| model.as_str()).collect();
-        assert_eq!(names, ["claude-x", "davinci-x", "gemini-x", "gpt-x"]);
+        assert_eq!(names, ["claude-x", "davinci-x", "gemini-x", "gpt-rt", "gpt-x"]);
+        let realtime = &import.entries[3].1;
+        assert_eq!(
+            (
+                realtime.audio_input_per_mtok_usd.as_deref(),
+                realtime.audio_output_per_mtok_usd.as_deref(),
+                realtime.cached_audio_input_per_mtok_usd.as_deref(),
+                realtime.batch_input_per_mtok_usd.as_deref(),
+                realtime.max_output_tokens,
+            ),
+            (Some("32.00"), Some("64.00"), Some("0.40"), Some("2.00"), Some(4096))
+        );
+        assert_eq!(
+            import.entries[4].1.max_output_tokens, None,
+            "LiteLLM's max_tokens is not an output limit"
+        );
         assert_eq!(import.entries[2].1.kind.as_deref(), Some("gemini"));
         assert_eq!(import.entries[2].1.cached_input_per_mtok_usd.as_deref(), Some("0.03"));
         assert_eq!(import.skipped, ["gpt-free"]);
@@ -254,6 +324,16 @@ mod tests {
         let bad = r#"{"gpt-x": {"litellm_provider": "openai", "mode": "chat", "input_cost_per_token": "3e-06", "output_cost_per_token": 1}}"#;
         let error = parse(bad).expect_err("a string is not a price").to_string();
         assert!(error.contains("gpt-x.input_cost_per_token"), "{error}");
+    }
+
+    #[test]
+    fn token_counts_are_whole_and_positive() {
+        for (text, count) in [("16384", Some(16384)), ("16384.0", Some(16384)), ("4096.00", Some(4096))] {
+            assert_eq!(token_count(text), count, "{text}");
+        }
+        for refused in ["0", "-1", "1.5", "1e4", "\"4096\"", "", "."] {
+            assert_eq!(token_count(refused), None, "{refused}");
+        }
     }
 
     #[test]
