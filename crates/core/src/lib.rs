@@ -13,6 +13,7 @@ pub mod crypto;
 pub mod feed;
 pub mod hex;
 pub mod ids;
+pub mod jobs;
 pub mod keys;
 pub mod models;
 pub mod money;

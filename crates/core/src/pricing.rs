@@ -402,7 +402,7 @@ fn strip_date_suffix(name: &str) -> Option<&str> {
 }
 
 /// The admin API's wire form of a price, in US dollars per million tokens as decimal strings.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PriceWire {
     pub input_per_mtok_usd: String,

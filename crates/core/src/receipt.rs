@@ -51,6 +51,16 @@ pub struct Receipt {
     #[serde(deserialize_with = "rfc3339")]
     pub finished_at: Timestamp,
     pub node_id: String,
+    /// The provider's id of the deferred job this receipt is about: the job its request created
+    /// (with `held_usd`), or the job it settles (without). Left out otherwise, as are the next two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    /// What the job this request created holds on every cap covering it until it settles.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "optional_usd")]
+    pub held_usd: Option<Nanos>,
+    /// The batch input file this request uploaded, and the estimate of its lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_input: Option<BatchFile>,
     /// The request's attribution tags (`x-recovea-tags`). Left out when there are none, so that a
     /// receipt without tags reads as it did before them, and defaulted, so that older ones read.
     #[serde(default, skip_serializing_if = "Tags::is_empty")]
@@ -113,6 +123,20 @@ impl Receipt {
         out.push('"');
         out.push_str(r#","node_id":"#);
         push_json_str(&mut out, &self.node_id);
+        if let Some(job_id) = &self.job_id {
+            out.push_str(r#","job_id":"#);
+            push_json_str(&mut out, job_id);
+        }
+        if let Some(held) = self.held_usd {
+            out.push_str(r#","held_usd":""#);
+            held.push_usd(&mut out);
+            out.push('"');
+        }
+        if let Some(batch) = &self.batch_input {
+            // Rare (a batch file's upload), and its model names are the client's: serde writes it.
+            out.push_str(r#","batch_input":"#);
+            out.push_str(&serde_json::to_string(batch).unwrap_or_else(|_| "null".to_owned()));
+        }
         if !self.tags.is_empty() {
             out.push_str(r#","tags":{"#);
             for (n, (key, value)) in self.tags.iter().enumerate() {
@@ -159,9 +183,20 @@ impl Receipt {
             started_at: Timestamp(1),
             finished_at: Timestamp(2),
             node_id: "node".into(),
+            job_id: None,
+            held_usd: None,
+            batch_input: None,
             tags: Tags::new(),
         }
     }
+}
+
+/// A batch input file uploaded through the gateway: the provider's id and its lines' estimate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchFile {
+    pub file_id: String,
+    pub input: crate::jobs::BatchInput,
 }
 
 /// A JSON string: as is between quotes when nothing in it needs escaping (ids, names, amounts,
@@ -323,6 +358,10 @@ fn usd<'de, D: Deserializer<'de>>(d: D) -> Result<Nanos, D::Error> {
     Nanos::parse_usd(&text).map_err(serde::de::Error::custom)
 }
 
+fn optional_usd<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Nanos>, D::Error> {
+    usd(d).map(Some)
+}
+
 fn rfc3339<'de, D: Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
     let text = String::deserialize(d)?;
     Timestamp::parse_rfc3339(&text).ok_or_else(|| serde::de::Error::custom("expected an RFC 3339 time"))
@@ -468,6 +507,8 @@ mod tests {
             cost in prop_oneof![any::<i64>(), -10_000_000_000i64..10_000_000_000],
             times in prop_oneof![any::<[i64; 2]>(), proptest::array::uniform2(0i64..300_000_000_000_000)],
             tags in proptest::collection::btree_map(any_text(), any_text(), 0..3),
+            job in proptest::option::of((any_text(), proptest::option::of(any::<i64>()))),
+            batch in proptest::option::of((any_text(), any_text(), any::<[u64; 4]>())),
         ) -> Receipt {
             let mut text = texts.into_iter();
             let mut next = || text.next().unwrap_or_default();
@@ -487,13 +528,23 @@ mod tests {
                 cache_write_input_tokens: counts[3],
                 reasoning_tokens: counts[4],
                 cost_usd: Nanos(cost),
-                usage_source: if flags.1 { UsageSource::Provider } else { UsageSource::Estimated },
+                usage_source: match (flags.1, counts[5] % 3) {
+                    (true, _) => UsageSource::Provider,
+                    (false, 0) => UsageSource::Unmetered,
+                    (false, _) => UsageSource::Estimated,
+                },
                 priced: flags.2,
                 price_revision: counts[5],
                 priced_as,
                 started_at: Timestamp(times[0]),
                 finished_at: Timestamp(times[1]),
                 node_id: next(),
+                job_id: job.as_ref().map(|(id, _)| id.clone()),
+                held_usd: job.and_then(|(_, held)| held).map(Nanos),
+                batch_input: batch.map(|(file_id, model, [requests, input_tokens, output_tokens, uncapped])| {
+                    let lines = crate::jobs::ModelLines { requests, input_tokens, output_tokens, uncapped };
+                    BatchFile { file_id, input: crate::jobs::BatchInput { models: [(model, lines)].into() } }
+                }),
                 tags,
             }
         }
@@ -537,6 +588,25 @@ mod tests {
         let text = tagged.to_json();
         assert!(text.ends_with(r#","tags":{"feature":"ac","team":"search"}}"#), "{text}");
         assert_eq!(SerializedReceipt::parse(&text).expect("reads").into_receipt(), tagged);
+    }
+
+    /// A job's receipts say which job, and what its creation held; older receipts read without.
+    #[test]
+    fn job_fields_are_left_out_unless_set_and_round_trip() {
+        let plain = sample().to_json();
+        assert!(!plain.contains("job_id") && !plain.contains("held_usd") && !plain.contains("batch_input"));
+        let created =
+            Receipt { job_id: Some("batch_abc".into()), held_usd: Some(Nanos(6_250_000_000)), ..sample() };
+        let text = created.to_json();
+        assert!(text.contains(r#","job_id":"batch_abc","held_usd":"6.25""#), "{text}");
+        assert_eq!(SerializedReceipt::parse(&text).expect("reads").into_receipt(), created);
+        let mut input = crate::jobs::BatchInput::default();
+        input.add(Some("gpt-4o"), 100, None);
+        let uploaded =
+            Receipt { batch_input: Some(BatchFile { file_id: "file-1".into(), input }), ..sample() };
+        let text = uploaded.to_json();
+        assert!(text.contains(r#""batch_input":{"file_id":"file-1","input":{"models":{"gpt-4o":"#), "{text}");
+        assert_eq!(SerializedReceipt::parse(&text).expect("reads").into_receipt(), uploaded);
     }
 
     #[test]

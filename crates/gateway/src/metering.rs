@@ -245,6 +245,9 @@ impl Meter {
             started_at: request.started_at,
             finished_at,
             node_id: self.node_id.clone(),
+            job_id: None,
+            held_usd: None,
+            batch_input: None,
             tags: request.tags,
         }
     }

@@ -249,8 +249,10 @@ fn wire(input: &str) -> PriceWire {
     PriceWire {
         input_per_mtok_usd: input.into(),
         output_per_mtok_usd: "1".into(),
-        cached_input_per_mtok_usd: None,
         cache_write_per_mtok_usd: Some("0.5".into()),
+        batch_input_per_mtok_usd: Some("0.25".into()),
+        max_output_tokens: Some(4096),
+        ..PriceWire::default()
     }
 }
 
@@ -1286,9 +1288,9 @@ fn every_change_writes_its_audit_row(db: &impl Backend) {
     let provider_second = r#"{"base_url":null,"key_hint":"sk-...wxyz","kind":"openai","name":"openai"}"#;
     let cap_first = r#"{"alert_at":[0.5,0.8,1.0],"alert_webhook":"https://hooks.example/recovea","created_at":"1970-01-01T00:00:00.004Z","hard_stop":true,"id":"cap_a","key_id":null,"limit_usd":"1.00","org_id":"org_a","scope":"organization","window":"month"}"#;
     let cap_changed = r#"{"alert_at":[0.5,0.8,1.0],"alert_webhook":null,"created_at":"1970-01-01T00:00:00.004Z","hard_stop":true,"id":"cap_a","key_id":null,"limit_usd":"2.50","org_id":"org_a","scope":"organization","window":"month"}"#;
-    let price_1 = r#"{"cache_write_per_mtok_usd":"0.5","input_per_mtok_usd":"2","kind":null,"output_per_mtok_usd":"1","revision":1}"#;
-    let price_2 = r#"{"cache_write_per_mtok_usd":"0.5","input_per_mtok_usd":"3","kind":"openai","output_per_mtok_usd":"1","revision":2}"#;
-    let fallback_2 = r#"{"cache_write_per_mtok_usd":"0.5","input_per_mtok_usd":"4","kind":null,"output_per_mtok_usd":"1","revision":2}"#;
+    let price_1 = r#"{"batch_input_per_mtok_usd":"0.25","cache_write_per_mtok_usd":"0.5","input_per_mtok_usd":"2","kind":null,"max_output_tokens":4096,"output_per_mtok_usd":"1","revision":1}"#;
+    let price_2 = r#"{"batch_input_per_mtok_usd":"0.25","cache_write_per_mtok_usd":"0.5","input_per_mtok_usd":"3","kind":"openai","max_output_tokens":4096,"output_per_mtok_usd":"1","revision":2}"#;
+    let fallback_2 = r#"{"batch_input_per_mtok_usd":"0.25","cache_write_per_mtok_usd":"0.5","input_per_mtok_usd":"4","kind":null,"max_output_tokens":4096,"output_per_mtok_usd":"1","revision":2}"#;
     let import_before = format!(r#"{{"fallback:anthropic":null,"model:m":{price_1}}}"#);
     let import_after = format!(r#"{{"fallback:anthropic":{fallback_2},"model:m":{price_2}}}"#);
     assert_eq!(

@@ -197,6 +197,44 @@ pub(super) const MIGRATIONS: &[&str] = &[
     DROP INDEX receipts_by_key_time;
     CREATE INDEX receipts_by_org_key_time ON receipts(org_id, key_id, started_at, id) INCLUDE (cost_nanos);
 "#,
+    // Deferred jobs (issue 31): the control plane's book of jobs, pending until settled once, and
+    // the estimates of batch input files; each change to either bumps `jobs_version`, which
+    // replicas poll. Keyed by organization, credential and the provider's id (unique within one
+    // provider account only). Receipts keep their job fields in their JSON body.
+    r#"
+    CREATE TABLE jobs (
+        org_id TEXT COLLATE "C" NOT NULL,
+        provider TEXT COLLATE "C" NOT NULL,
+        job_id TEXT COLLATE "C" NOT NULL,
+        key_id TEXT COLLATE "C" NOT NULL,
+        kind TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        model TEXT,
+        request_id TEXT NOT NULL,
+        started_at BIGINT NOT NULL,
+        held_nanos BIGINT NOT NULL,
+        settled_at BIGINT,
+        cost_nanos BIGINT,
+        polls BIGINT NOT NULL DEFAULT 0,
+        next_poll_at BIGINT NOT NULL,
+        last_error TEXT,
+        PRIMARY KEY (org_id, provider, job_id)
+    );
+    CREATE INDEX jobs_due ON jobs(next_poll_at) WHERE settled_at IS NULL;
+    CREATE INDEX jobs_by_settled ON jobs(settled_at) WHERE settled_at IS NOT NULL;
+    CREATE INDEX jobs_by_org_time ON jobs(org_id, started_at);
+    CREATE TABLE batch_files (
+        org_id TEXT COLLATE "C" NOT NULL,
+        provider TEXT COLLATE "C" NOT NULL,
+        file_id TEXT COLLATE "C" NOT NULL,
+        created_at BIGINT NOT NULL,
+        input TEXT NOT NULL,
+        PRIMARY KEY (org_id, provider, file_id)
+    );
+    CREATE INDEX batch_files_by_time ON batch_files(created_at);
+    CREATE TABLE jobs_version (id INTEGER PRIMARY KEY CHECK (id = 1), version BIGINT NOT NULL);
+    INSERT INTO jobs_version VALUES (1, 0);
+"#,
 ];
 
 /// The advisory lock that serializes migrations across every process on the database ("recovea!").

@@ -16,7 +16,8 @@ use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, TagSpendRow};
 /// A receipt's columns, in the order [`receipt_row`] reads them.
 const RECEIPT_COLUMNS: &str = "id, request_id, org_id, key_id, provider, model, endpoint, status, stream,
     input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens, reasoning_tokens,
-    cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id, priced_as, tags";
+    cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id, priced_as, tags,
+    job_id, held_nanos, batch_input";
 
 fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
     let status = row.integer(7)?;
@@ -46,6 +47,12 @@ fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
         node_id: row.string(20)?,
         priced_as: row.optional_string(21)?,
         tags: rows::tags(row, 22)?,
+        job_id: row.optional_string(23)?,
+        held_usd: row.optional_integer(24)?.map(Nanos),
+        batch_input: row
+            .optional_string(25)?
+            .map(|text| serde_json::from_str(&text).map_err(|e| corrupt(format!("bad batch input: {e}"))))
+            .transpose()?,
     })
 }
 
@@ -61,7 +68,7 @@ impl ReceiptLedger for SqliteStore {
                 .prepare_cached(&format!(
                     "INSERT OR IGNORE INTO receipts ({RECEIPT_COLUMNS})
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                             ?18, ?19, ?20, ?21, ?22, ?23)"
+                             ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)"
                 ))
                 .map_err(backend)?;
             for written in receipts {
@@ -91,6 +98,9 @@ impl ReceiptLedger for SqliteStore {
                         r.node_id,
                         r.priced_as,
                         rows::tags_text(&r.tags),
+                        r.job_id,
+                        r.held_usd.map(|held| held.0),
+                        r.batch_input.as_ref().and_then(|batch| serde_json::to_string(batch).ok()),
                     ])
                     .map_err(backend)?;
                 if added > 0 {

@@ -218,6 +218,48 @@ pub(super) const MIGRATIONS: &[&str] = &[
     DROP INDEX receipts_by_key_time;
     CREATE INDEX receipts_by_org_key_time ON receipts(org_id, key_id, started_at, id, cost_nanos);
 ",
+    // Deferred jobs (issue 31): a receipt names the job its request created (and what the job
+    // holds) or settled, or the batch input file it uploaded. `jobs` is the control plane's book:
+    // pending until settled once; `batch_files` the estimates of batch input files; each change
+    // to either bumps `jobs_version`, which replicas poll. Job rows are keyed by organization,
+    // credential and the provider's id, as providers' ids are unique within one account only.
+    r"
+    ALTER TABLE receipts ADD COLUMN job_id TEXT;
+    ALTER TABLE receipts ADD COLUMN held_nanos INTEGER;
+    ALTER TABLE receipts ADD COLUMN batch_input TEXT;
+    CREATE TABLE jobs (
+        org_id TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        job_id TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        model TEXT,
+        request_id TEXT NOT NULL,
+        started_at INTEGER NOT NULL,
+        held_nanos INTEGER NOT NULL,
+        settled_at INTEGER,
+        cost_nanos INTEGER,
+        polls INTEGER NOT NULL DEFAULT 0,
+        next_poll_at INTEGER NOT NULL,
+        last_error TEXT,
+        PRIMARY KEY (org_id, provider, job_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX jobs_due ON jobs(next_poll_at) WHERE settled_at IS NULL;
+    CREATE INDEX jobs_by_settled ON jobs(settled_at) WHERE settled_at IS NOT NULL;
+    CREATE INDEX jobs_by_org_time ON jobs(org_id, started_at);
+    CREATE TABLE batch_files (
+        org_id TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        file_id TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        input TEXT NOT NULL,
+        PRIMARY KEY (org_id, provider, file_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX batch_files_by_time ON batch_files(created_at);
+    CREATE TABLE jobs_version (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
+    INSERT INTO jobs_version VALUES (1, 0);
+",
 ];
 
 /// Applies each missing migration in a write transaction that reads the version itself, so that

@@ -35,6 +35,16 @@ fn unusual(id: &str, started_at: i64) -> Receipt {
         started_at: Timestamp(started_at),
         finished_at: Timestamp(started_at + 1_234),
         node_id: "node_x".into(),
+        job_id: Some("batch_x".into()),
+        held_usd: Some(Nanos(42)),
+        batch_input: Some(recovea_core::receipt::BatchFile {
+            file_id: "file-x".into(),
+            input: {
+                let mut input = recovea_core::jobs::BatchInput::default();
+                input.add(Some("gpt-4o"), 7, None);
+                input
+            },
+        }),
         tags: [("team".to_owned(), "search".to_owned())].into(),
         ..Receipt::example(id)
     }
@@ -64,9 +74,16 @@ fn receipts_stored_as_json_text_become_columns() {
         conn.execute_batch(sql).expect("an earlier migration");
     }
     conn.pragma_update(None, "user_version", 6).expect("version");
-    // Receipts of that time had no `priced_as`, nor tags.
+    // Receipts of that time had no `priced_as`, nor tags, nor jobs.
     let old = [
-        Receipt { priced_as: None, tags: Default::default(), ..unusual("rcpt_old1", 1_764_591_691_722) },
+        Receipt {
+            priced_as: None,
+            tags: Default::default(),
+            job_id: None,
+            held_usd: None,
+            batch_input: None,
+            ..unusual("rcpt_old1", 1_764_591_691_722)
+        },
         Receipt {
             started_at: Timestamp(5),
             finished_at: Timestamp(9),
