@@ -151,6 +151,10 @@ pub struct FileWire {
 /// The control plane's book of deferred jobs, as nodes follow it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobBook {
+    /// Which control plane's book this is (each process numbers its changes its own way): a node
+    /// asking another one for changes gets its whole book.
+    #[serde(default)]
+    pub epoch: u64,
     /// Grows with every change; a node asks for the changes after the one it holds.
     pub seq: u64,
     /// By [`book_key`]: the jobs pending, and those settled a short while ago.
@@ -166,6 +170,8 @@ pub struct JobBook {
 /// for removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BookChanges {
+    #[serde(default)]
+    pub epoch: u64,
     pub from: u64,
     pub seq: u64,
     #[serde(default)]
@@ -194,7 +200,7 @@ pub struct SeqMismatch {
 impl JobBook {
     /// Applies changes made for exactly this sequence.
     pub fn apply(&mut self, changes: BookChanges) -> Result<(), SeqMismatch> {
-        if changes.from != self.seq {
+        if changes.from != self.seq || changes.epoch != self.epoch {
             return Err(SeqMismatch { held: self.seq, from: changes.from });
         }
         replace(&mut self.jobs, changes.jobs);
@@ -288,6 +294,114 @@ impl JobBook {
             self.spend.remove(key);
         }
         Pruned { files, spend }
+    }
+}
+
+/// The control plane's copy of the book, which answers each node with the changes since the
+/// sequence it holds: every entry remembers the sequence that last changed it, and removals are
+/// remembered for a while (a node further behind gets the whole book).
+#[derive(Debug, Default)]
+pub struct BookLog {
+    book: JobBook,
+    changed: BTreeMap<(Section, String), u64>,
+    /// Removed entries, by the sequence that removed them.
+    removed: BTreeMap<u64, Vec<(Section, String)>>,
+    removed_count: usize,
+    /// Changes since a sequence before this cannot be told.
+    horizon: u64,
+}
+
+/// The book's three maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Section {
+    Jobs,
+    Files,
+    Spend,
+}
+
+/// How many removals a [`BookLog`] remembers; a node behind by more gets the whole book.
+const REMEMBERED_REMOVALS: usize = 50_000;
+
+impl BookLog {
+    /// An empty book of its own `epoch` (a random number, new with each control plane process).
+    pub fn new(epoch: u64) -> Self {
+        Self { book: JobBook { epoch, ..JobBook::default() }, ..Self::default() }
+    }
+
+    /// The book as it is now.
+    pub fn book(&self) -> &JobBook {
+        &self.book
+    }
+
+    /// Makes `next` (its sequence ignored) the book, under a new sequence when anything in it
+    /// differs from the book held; whether anything did.
+    pub fn replace(&mut self, next: JobBook) -> bool {
+        let seq = self.book.seq + 1;
+        let mut changed = false;
+        changed |= self.diff(Section::Jobs, seq, |b| &b.jobs, &next.jobs);
+        changed |= self.diff(Section::Files, seq, |b| &b.files, &next.files);
+        changed |= self.diff(Section::Spend, seq, |b| &b.spend, &next.spend);
+        if changed {
+            self.book = JobBook { epoch: self.book.epoch, seq, ..next };
+            while self.removed_count > REMEMBERED_REMOVALS {
+                let Some((oldest, keys)) = self.removed.pop_first() else { break };
+                self.removed_count -= keys.len();
+                self.horizon = oldest;
+            }
+        }
+        changed
+    }
+
+    fn diff<V: PartialEq>(
+        &mut self,
+        section: Section,
+        seq: u64,
+        of: impl Fn(&JobBook) -> &BTreeMap<String, V>,
+        next: &BTreeMap<String, V>,
+    ) -> bool {
+        let held = of(&self.book);
+        let mut changed = false;
+        for (key, value) in next {
+            if held.get(key) != Some(value) {
+                self.changed.insert((section, key.clone()), seq);
+                changed = true;
+            }
+        }
+        let gone: Vec<String> = held.keys().filter(|key| !next.contains_key(*key)).cloned().collect();
+        for key in gone {
+            self.changed.remove(&(section, key.clone()));
+            self.removed.entry(seq).or_default().push((section, key));
+            self.removed_count += 1;
+            changed = true;
+        }
+        changed
+    }
+
+    /// What turns the book at sequence `held` into the book now; `None` when `held` is too old
+    /// (or from another control plane's book, newer than this one) to tell.
+    pub fn changes_since(&self, epoch: u64, held: u64) -> Option<BookChanges> {
+        if epoch != self.book.epoch || held < self.horizon || held > self.book.seq {
+            return None;
+        }
+        let mut changes = BookChanges { epoch, from: held, seq: self.book.seq, ..BookChanges::default() };
+        for ((section, key), _) in self.changed.iter().filter(|(_, seq)| **seq > held) {
+            match section {
+                Section::Jobs => drop(changes.jobs.insert(key.clone(), self.book.jobs.get(key).cloned())),
+                Section::Files => drop(changes.files.insert(key.clone(), self.book.files.get(key).cloned())),
+                Section::Spend => drop(changes.spend.insert(key.clone(), self.book.spend.get(key).copied())),
+            }
+        }
+        for (section, key) in self.removed.range(held + 1..).flat_map(|(_, keys)| keys) {
+            // Removed, unless set again since (then it is among the changed, with its value).
+            if self.changed.get(&(*section, key.clone())).is_none_or(|seq| *seq <= held) {
+                match section {
+                    Section::Jobs => drop(changes.jobs.insert(key.clone(), None)),
+                    Section::Files => drop(changes.files.insert(key.clone(), None)),
+                    Section::Spend => drop(changes.spend.insert(key.clone(), None)),
+                }
+            }
+        }
+        Some(changes)
     }
 }
 
@@ -476,6 +590,10 @@ mod tests {
     fn changes_apply_to_the_sequence_they_were_made_for() {
         let mut book = JobBook { seq: 3, ..JobBook::default() };
         let mut changes = BookChanges { from: 3, seq: 5, ..BookChanges::default() };
+        assert!(
+            book.clone().apply(BookChanges { epoch: 1, ..changes.clone() }).is_err(),
+            "another book's changes"
+        );
         changes.jobs.insert("org_a/openai/batch_1".into(), Some(job("key_a", NOW, 9)));
         changes.spend.insert("org_a/key_a/20000".into(), Some(12));
         assert_eq!(book.apply(changes.clone()), Ok(()));
@@ -491,6 +609,44 @@ mod tests {
         assert!(book.jobs.is_empty());
         let wire = serde_json::to_string(&BookMessage::Book(book.clone())).expect("json");
         assert_eq!(serde_json::from_str::<BookMessage>(&wire).expect("parses"), BookMessage::Book(book));
+    }
+
+    #[test]
+    fn the_log_answers_each_node_with_what_changed_since_it_last_asked() {
+        let mut log = BookLog::new(7);
+        let mut next = JobBook::default();
+        next.hold("org_a/openai/batch_1".into(), job("key_a", NOW, 10));
+        next.hold("org_a/openai/batch_2".into(), job("key_a", NOW, 20));
+        assert!(log.replace(next.clone()));
+        assert!(!log.replace(next.clone()), "the same book is no change");
+        assert_eq!((log.book().epoch, log.book().seq), (7, 1));
+        let mut node = JobBook { epoch: 7, ..JobBook::default() };
+        node.apply(log.changes_since(7, 0).expect("changes")).expect("applies");
+        assert_eq!(node, *log.book());
+
+        // Settle one, forget the other, add a file: the node catches up by changes alone.
+        assert!(next.settle("org_a/openai/batch_1", Nanos(4)));
+        next.jobs.remove("org_a/openai/batch_2");
+        next.files.insert(
+            "org_a/openai/file-1".into(),
+            FileWire { org_id: org(), created_at_ms: NOW.0, input: BatchInput::default() },
+        );
+        assert!(log.replace(next.clone()));
+        let changes = log.changes_since(7, 1).expect("changes");
+        assert_eq!(changes.jobs.len(), 2);
+        assert_eq!(changes.jobs["org_a/openai/batch_2"], None);
+        assert_eq!((changes.files.len(), changes.spend.len()), (1, 1));
+        node.apply(changes).expect("applies");
+        assert_eq!(node, *log.book());
+        // Taken back, then set again: the latest value, not a removal.
+        next.jobs.insert("org_a/openai/batch_2".into(), job("key_a", NOW, 30));
+        assert!(log.replace(next));
+        let mut from_zero = JobBook { epoch: 7, ..JobBook::default() };
+        from_zero.apply(log.changes_since(7, 0).expect("changes")).expect("applies");
+        assert_eq!(from_zero, *log.book());
+        // Another control plane's sequence, or one from the future, cannot be told apart: None.
+        assert_eq!(log.changes_since(8, 1), None);
+        assert_eq!(log.changes_since(7, 99), None);
     }
 
     #[test]

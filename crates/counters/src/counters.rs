@@ -151,6 +151,9 @@ struct State {
     /// Requests reserved at the line whose records the next push removes (their estimates are in
     /// `own_reserved` by then, or they ended).
     fold: Vec<u64>,
+    /// Spend the line counts that the store does not hold: deferred jobs' holds and settled
+    /// costs, from the control plane's book ([`Counters::set_external`]).
+    external: Nanos,
 }
 
 /// A window a request counts against, and its cap's limit while the cap is armed.
@@ -212,6 +215,17 @@ impl Counters {
     /// not decide on a view a whole tick old, and until this node pushes they count the
     /// reservation of a request that has ended rather than its cost.
     pub fn reserve(self: &Arc<Self>, covered: &[Covered], estimate: Nanos) -> Reservation {
+        self.reserve_as(covered, estimate, false)
+    }
+
+    /// [`reserve`](Self::reserve) for a batch, whose estimate must fit below each armed line
+    /// rather than only find the line not yet reached: asked at the line, the store refuses it
+    /// unless spend, reservations and the estimate all stay at or below the limit.
+    pub fn reserve_to_fit(self: &Arc<Self>, covered: &[Covered], estimate: Nanos) -> Reservation {
+        self.reserve_as(covered, estimate, true)
+    }
+
+    fn reserve_as(self: &Arc<Self>, covered: &[Covered], estimate: Nanos, fit: bool) -> Reservation {
         let shared = self.line.is_some();
         let mut lines = covered.iter().map(|c| c.line);
         let entries = self.touch(covered.iter().map(|c| &c.window), |s| {
@@ -241,7 +255,7 @@ impl Counters {
             self.sync_within(ARMED_SYNC_GAP);
             Arc::clone(self)
         });
-        Reservation { entries, estimate, open: true, record: None, push_on_close }
+        Reservation { entries, estimate, fit, open: true, record: None, push_on_close }
     }
 
     /// Asks the store at the line for the reservation's pending windows (see
@@ -263,7 +277,7 @@ impl Counters {
                     cap: entry.cap.clone(),
                     start: entry.start,
                     end: s.end.unwrap_or(entry.start),
-                    limit: s.line.unwrap_or(Nanos::ZERO),
+                    limit: Nanos(s.line.unwrap_or(Nanos::ZERO).0.saturating_sub(s.external.0)),
                 }
             })
             .collect();
@@ -271,7 +285,7 @@ impl Counters {
             return Some(LineAnswer::Reserved);
         }
         let record = self.next_record.fetch_add(1, Ordering::Relaxed);
-        let ask = LineAsk { record, estimate: reservation.estimate, windows };
+        let ask = LineAsk { record, estimate: reservation.estimate, fit: reservation.fit, windows };
         let started = tokio::time::Instant::now();
         loop {
             // Until an answer says nothing was written, the record may be in the store.
@@ -323,6 +337,24 @@ impl Counters {
     /// Adds a cost directly (no reservation), e.g. a receipt of a request that had none.
     pub fn add(&self, windows: &[CapWindow], cost: Nanos) {
         self.touch(windows.iter(), |s| s.cumulative = s.cumulative.saturating_add(cost));
+    }
+
+    /// Sets the spend the store does not hold but every line counts, per window: what the
+    /// control plane's book of deferred jobs holds and settled there. Windows left out hold none.
+    pub fn set_external(&self, totals: &[(CapWindow, Nanos)]) {
+        let listed: std::collections::HashSet<(&CapId, Timestamp)> =
+            totals.iter().map(|(w, _)| (&w.cap, w.start)).collect();
+        let stale: Vec<Arc<Entry>> = self
+            .read_map()
+            .values()
+            .filter(|e| !listed.contains(&(&e.cap, e.start)) && e.state().external != Nanos::ZERO)
+            .cloned()
+            .collect();
+        for entry in stale {
+            entry.state().external = Nanos::ZERO;
+        }
+        let mut amounts = totals.iter().map(|(_, amount)| *amount);
+        self.touch(totals.iter().map(|(w, _)| w), |s| s.external = amounts.next().unwrap_or(Nanos::ZERO));
     }
 
     /// When the counters were last confirmed against the shared store (`None`: never).
@@ -582,7 +614,8 @@ impl Entry {
                 let room = s.room(limit);
                 let wanted = spare_wanted(limit, room, std::mem::take(&mut s.admitted));
                 s.spare = s.spare.min(wanted);
-                (Nanos(wanted.0 - s.spare.0), Some(spare_ceiling(limit)))
+                let ceiling = Nanos(spare_ceiling(limit).0.saturating_sub(s.external.0).max(0));
+                (Nanos(wanted.0 - s.spare.0), Some(ceiling))
             }
             _ => {
                 s.admitted = Nanos::ZERO;
@@ -634,7 +667,8 @@ impl State {
             + i128::from(self.cumulative.0.saturating_sub(self.acked.0))
             + i128::from(self.others_reserved.0)
             + i128::from(self.own_reserved.0)
-            + i128::from(self.pending.0);
+            + i128::from(self.pending.0)
+            + i128::from(self.external.0);
         let room = i128::from(limit.0) - committed;
         Nanos(i64::try_from(room).unwrap_or(if room < 0 { i64::MIN } else { i64::MAX }))
     }
@@ -677,7 +711,10 @@ impl SpendView for Counters {
         entry.last_used.store(self.syncs.load(Ordering::Relaxed), Ordering::Relaxed);
         let s = entry.state();
         CapSpend {
-            spent: s.confirmed.saturating_add(Nanos(s.cumulative.0.saturating_sub(s.acked.0))),
+            spent: s
+                .confirmed
+                .saturating_add(Nanos(s.cumulative.0.saturating_sub(s.acked.0)))
+                .saturating_add(s.external),
             reserved: s.own_reserved.saturating_add(s.others_reserved).saturating_add(s.pending),
             confirmed_at,
         }
@@ -708,6 +745,8 @@ enum Slot {
 pub struct Reservation {
     entries: Vec<(Arc<Entry>, Slot)>,
     estimate: Nanos,
+    /// The estimate must fit below the line (see [`Counters::reserve_to_fit`]).
+    fit: bool,
     open: bool,
     /// The request's record at the line, while it may be in the store.
     record: Option<u64>,

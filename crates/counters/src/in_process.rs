@@ -87,9 +87,17 @@ impl InProcess {
             let live =
                 stored.reservations.values().fold(0_i128, |sum, (amount, _)| sum + i128::from(amount.0));
             let used = i128::from(stored.total.0) + live;
-            if used >= i128::from(w.limit.0) {
+            // A request may pass the line by itself; a batch must fit below it.
+            let over = |used: i128| {
+                if ask.fit {
+                    used + i128::from(ask.estimate.0) > i128::from(w.limit.0)
+                } else {
+                    used >= i128::from(w.limit.0)
+                }
+            };
+            if over(used) {
                 let spare = stored.spare.values().fold(0_i128, |sum, spare| sum + i128::from(spare.0));
-                if used - spare >= i128::from(w.limit.0) {
+                if over(used - spare) {
                     return LineAnswer::AtLine(i);
                 }
                 contended = true;

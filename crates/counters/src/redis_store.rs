@@ -137,7 +137,8 @@ impl Redis {
             .arg(line_member(node_id, ask.record))
             .arg(ask.estimate.0)
             .arg(now.0)
-            .arg(reserved_until(now, &self.options).0);
+            .arg(reserved_until(now, &self.options).0)
+            .arg(if ask.fit { "1" } else { "0" });
         for w in &ask.windows {
             invocation.arg(w.limit.0).arg(expire_at(w.end, &self.options).0);
         }

@@ -94,6 +94,9 @@ pub struct LineAsk {
     /// ([`WindowPush::fold`]) or its deadline passes.
     pub record: u64,
     pub estimate: Nanos,
+    /// The estimate itself must fit below each limit (a batch), rather than only the spend and
+    /// reservations already there (a request, which may pass the line by itself).
+    pub fit: bool,
     pub windows: Vec<LineWindow>,
 }
 
@@ -103,6 +106,8 @@ pub struct LineWindow {
     pub cap: CapId,
     pub start: Timestamp,
     pub end: Timestamp,
+    /// The cap's limit, less what the line counts that the store does not hold (deferred jobs'
+    /// holds and settled spend, from the control plane's book).
     pub limit: Nanos,
 }
 

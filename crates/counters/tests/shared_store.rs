@@ -485,6 +485,66 @@ async fn spare_stops_at_the_ceiling_and_contends_until_given_back(backend: Backe
     assert_eq!(b.ask_at_line(&mut admitted, now).await, Some(LineAnswer::Reserved));
 }
 
+async fn a_batch_must_fit_and_the_books_spend_counts_at_the_line(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let (a, b) = (
+        Counters::shared("node-a", Arc::clone(&store.shared)),
+        Counters::shared("node-b", Arc::clone(&store.shared)),
+    );
+    let now = wall();
+    let w = seeded(&store, 900).await;
+    let covered = armed_at(std::slice::from_ref(&w), Nanos(1_000));
+    // A request may pass the line by itself: 900 + 150 is admitted, the line not yet reached.
+    let mut request = a.reserve(&covered, Nanos(150));
+    assert_eq!(a.ask_at_line(&mut request, now).await, Some(LineAnswer::Reserved));
+    drop(request);
+    // Its record leaves the store with a's next push.
+    sync(&a, store.shared.as_ref(), now).await;
+    // A batch must fit: 900 + 101 is refused, 900 + 100 is not.
+    let mut batch = a.reserve_to_fit(&covered, Nanos(101));
+    assert_eq!(a.ask_at_line(&mut batch, now).await, Some(LineAnswer::AtLine(0)));
+    drop(batch);
+    let mut fits = a.reserve_to_fit(&covered, Nanos(100));
+    assert_eq!(a.ask_at_line(&mut fits, now).await, Some(LineAnswer::Reserved));
+    drop(fits);
+    sync(&a, store.shared.as_ref(), now).await;
+
+    // The book holds 60 on the window (a job pending elsewhere): each node counts it in its view
+    // and at the line, though the store does not hold it.
+    for node in [&a, &b] {
+        node.set_external(&[(w.clone(), Nanos(60))]);
+        sync(node, store.shared.as_ref(), now).await;
+        assert_eq!(spend(node, &w).spent, Nanos(960));
+    }
+    let mut batch = b.reserve_to_fit(&covered, Nanos(41));
+    assert_eq!(b.ask_at_line(&mut batch, now).await, Some(LineAnswer::AtLine(0)), "900 + 60 + 41 > 1000");
+    drop(batch);
+    let mut request = b.reserve(&covered, Nanos(500));
+    assert_eq!(b.ask_at_line(&mut request, now).await, Some(LineAnswer::Reserved), "960 < 1000");
+    drop(request);
+    sync(&b, store.shared.as_ref(), now).await;
+    // The job settled under its hold: the book's figure drops, and so does the view.
+    b.set_external(&[]);
+    assert_eq!(spend(&b, &w).spent, Nanos(900));
+    let mut batch = b.reserve_to_fit(&covered, Nanos(100));
+    assert_eq!(b.ask_at_line(&mut batch, now).await, Some(LineAnswer::Reserved));
+}
+
+async fn spare_leaves_room_for_the_books_spend(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let a = Counters::shared("node-a", Arc::clone(&store.shared));
+    let now = wall();
+    // 700 spent and 90 held by the book: the ceiling (800) leaves room for 10 of spare at most.
+    let w = seeded(&store, 700).await;
+    let covered = armed_at(std::slice::from_ref(&w), Nanos(1_000));
+    a.set_external(&[(w.clone(), Nanos(90))]);
+    a.track(&covered);
+    sync(&a, store.shared.as_ref(), now).await;
+    let from_spare = a.reserve(&covered, Nanos(10));
+    assert!(!from_spare.is_pending(), "granted up to the ceiling, the book's spend counted");
+    assert!(a.reserve(&covered, Nanos(1)).is_pending(), "and no further");
+}
+
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod in_process {
@@ -508,4 +568,6 @@ suite!(
     at_the_line_a_request_is_checked_and_reserved_in_one_step,
     at_an_unseeded_window_a_request_waits_for_the_ledgers_total,
     spare_stops_at_the_ceiling_and_contends_until_given_back,
+    a_batch_must_fit_and_the_books_spend_counts_at_the_line,
+    spare_leaves_room_for_the_books_spend,
 );

@@ -11,6 +11,7 @@ const DEFAULT_MODEL: &str = "mock-model";
 pub(crate) struct Fields {
     model: Option<String>,
     stream: Option<bool>,
+    background: Option<bool>,
     stream_options: Option<StreamOptions>,
     pub(crate) encoding_format: Option<String>,
     pub(crate) dimensions: Option<usize>,
@@ -34,6 +35,11 @@ impl Fields {
 
     pub(crate) fn stream(&self) -> bool {
         self.stream.unwrap_or(false)
+    }
+
+    /// A Responses API request to run in the background (see [`crate::jobs`]).
+    pub(crate) fn background(&self) -> bool {
+        self.background.unwrap_or(false)
     }
 
     pub(crate) fn include_usage(&self) -> bool {
@@ -66,6 +72,8 @@ pub(crate) fn json_string(s: &str) -> String {
 pub(crate) enum Answer {
     Json(http::StatusCode, bytes::Bytes),
     Events(Vec<bytes::Bytes>),
+    /// A 200 body that is not JSON (a file's bytes, JSONL results), with its content type.
+    Raw(&'static str, bytes::Bytes),
 }
 
 impl Answer {

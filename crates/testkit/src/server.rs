@@ -20,6 +20,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::body::MockBody;
+use crate::jobs::{JobEnd, JobError, JobInfo, JobRequest, JobSettings, JobUsage, Jobs, SettingsPatch};
+use crate::realtime::{self, Realtime};
 use crate::request::{Answer, Ctx, Fields, json_string};
 use crate::script::{Behaviour, InvalidBehaviour, Log, Plan, RecordedRequest, Script};
 use crate::usage::{REPLY_PIECES, input_tokens};
@@ -36,12 +38,20 @@ pub struct MockProvider {
 }
 
 /// State shared by all connections.
-struct Shared {
-    log: Log,
+pub(crate) struct Shared {
+    pub(crate) log: Log,
     script: Script,
     /// The number of the last provider request, for ids and `x-request-id`.
     counter: AtomicU64,
     models: Bytes,
+    jobs: Jobs,
+    pub(crate) realtime: Realtime,
+    transport: Transport,
+    /// `http://127.0.0.1:PORT` (`https://` over TLS) for the URLs the mock hands out; `None` when
+    /// it listens on an unspecified address, where the request's `Host` tells the way back.
+    own_url: Option<String>,
+    /// Changes when the mock stops: what ends sessions that outlive their HTTP connection.
+    pub(crate) stopped: watch::Receiver<()>,
 }
 
 /// Makes hyper drop the connection without answering (the script's `close_without_response`,
@@ -94,23 +104,25 @@ impl MockProvider {
     /// Serves on an already bound listener, over `transport`. Must be called within a tokio runtime.
     pub fn serve_over(listener: TcpListener, transport: Transport) -> io::Result<Self> {
         let addr = listener.local_addr()?;
+        let (stop, stopped) = watch::channel(());
         let shared = Arc::new(Shared {
             log: Log::default(),
             script: Script::default(),
             counter: AtomicU64::new(0),
             models: openai::models(),
+            jobs: Jobs::default(),
+            realtime: Realtime::default(),
+            transport,
+            own_url: (!addr.ip().is_unspecified()).then(|| base_url(transport, &addr.to_string())),
+            stopped: stopped.clone(),
         });
-        let (stop, stopped) = watch::channel(());
         let accept = tokio::spawn(accept_loop(listener, transport, Arc::clone(&shared), stopped));
         Ok(Self { addr, transport, shared, stop, accept: Some(accept) })
     }
 
     /// `http://127.0.0.1:PORT` (`https://` over TLS), without a trailing slash.
     pub fn url(&self) -> String {
-        match self.transport {
-            Transport::Plain => format!("http://{}", self.addr),
-            Transport::Tls { .. } => format!("https://{}", self.addr),
-        }
+        base_url(self.transport, &self.addr.to_string())
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -140,7 +152,8 @@ impl MockProvider {
         Ok(())
     }
 
-    /// Clears the request log and the script, and restarts request numbering at 1.
+    /// Clears the request log, the script, the jobs (with their settings and files) and the queued
+    /// Realtime usages, and restarts request and job numbering at 1. Open Realtime sessions stay.
     pub fn reset(&self) {
         self.shared.reset();
     }
@@ -161,6 +174,81 @@ impl MockProvider {
     }
 }
 
+/// Deferred jobs (see [`crate::jobs`] and the crate docs).
+impl MockProvider {
+    /// Every job, oldest first, with its current status and how often it was retrieved.
+    pub fn jobs(&self) -> Vec<JobInfo> {
+        self.shared.jobs.list()
+    }
+
+    /// Ends job `id` now (`POST /__mock/jobs/{id}`); returns it as listed afterwards.
+    pub fn end_job(&self, id: &str, end: JobEnd) -> Result<JobInfo, JobError> {
+        self.shared.jobs.end(id, end)
+    }
+
+    /// The job settings in force.
+    pub fn job_settings(&self) -> JobSettings {
+        self.shared.jobs.settings()
+    }
+
+    /// Replaces every job setting.
+    pub fn set_job_settings(&self, settings: JobSettings) {
+        self.shared.jobs.set_settings(settings);
+    }
+
+    /// The retrieval on which jobs created from now on end (default 2; 0: never by retrieval).
+    pub fn set_retrievals_to_finish(&self, retrievals: u32) {
+        self.shared.jobs.update_settings(|s| s.retrievals_to_finish = retrievals);
+    }
+
+    /// The usage every batch line and background response reports from now on (`None`: the rules).
+    pub fn set_job_usage(&self, usage: Option<JobUsage>) {
+        self.shared.jobs.update_settings(|s| s.usage = usage);
+    }
+
+    /// How many lines ran in a batch cut short without a given count (`None`: half, rounded down).
+    pub fn set_cancel_ran(&self, ran: Option<usize>) {
+        self.shared.jobs.update_settings(|s| s.cancel_ran = ran);
+    }
+
+    /// The usage of a background response cut short (`None`: its input tokens, no output).
+    pub fn set_partial_usage(&self, usage: Option<JobUsage>) {
+        self.shared.jobs.update_settings(|s| s.partial_usage = usage);
+    }
+}
+
+/// Realtime sessions (see [`crate::realtime`] and the crate docs).
+impl MockProvider {
+    /// Appends usage objects that the next `response.done` events report, one each, in order
+    /// (a [`RealtimeUsage`](crate::RealtimeUsage) or any JSON, sent verbatim).
+    pub fn queue_realtime_usage<I>(&self, usages: I)
+    where
+        I: IntoIterator,
+        I::Item: Into<serde_json::Value>,
+    {
+        self.shared.realtime.queue_usages(usages.into_iter().map(Into::into));
+    }
+
+    /// How many Realtime sessions are open.
+    pub fn realtime_sessions(&self) -> usize {
+        self.shared.realtime.open_sessions()
+    }
+
+    /// Closes every open Realtime session from the provider's side with a close frame of `code`
+    /// and `reason`; returns how many were open.
+    ///
+    /// # Panics
+    ///
+    /// If the frame cannot be sent (a code outside 1000-4999, or 1004-1006, 1015; a reason over
+    /// 123 bytes): a test's mistake to fix at once.
+    pub fn close_realtime_sessions(&self, code: u16, reason: &str) -> usize {
+        if let Some(why) = realtime::close_problem(code, reason) {
+            panic!("{why}");
+        }
+        self.shared.realtime.close_all(code, reason)
+    }
+}
+
 impl Drop for MockProvider {
     fn drop(&mut self) {
         self.stop.send_replace(());
@@ -175,6 +263,15 @@ impl Shared {
         self.log.clear();
         self.script.clear();
         self.counter.store(0, Ordering::Relaxed);
+        self.jobs.reset();
+        self.realtime.reset();
+    }
+}
+
+fn base_url(transport: Transport, authority: &str) -> String {
+    match transport {
+        Transport::Plain => format!("http://{authority}"),
+        Transport::Tls { .. } => format!("https://{authority}"),
     }
 }
 
@@ -227,11 +324,11 @@ async fn accept_loop(
             let served = async {
                 match tls {
                     None => {
-                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                        let _ = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await;
                     }
                     Some(tls) => {
                         let Ok(stream) = tls.accept(stream).await else { return };
-                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                        let _ = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await;
                     }
                 }
             };
@@ -244,14 +341,14 @@ async fn accept_loop(
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<MockBody>, Dropped> {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let body = body.collect().await.map_err(|_| Dropped)?.to_bytes();
-    let path = parts.uri.path();
-    if let Some(action) = path.strip_prefix("/__mock/") {
+    if let Some(action) = parts.uri.path().strip_prefix("/__mock/") {
         return Ok(control(&shared, &parts.method, action, &body));
     }
     let n = shared.counter.fetch_add(1, Ordering::Relaxed) + 1;
     let plan = shared.script.next();
+    let path = parts.uri.path();
     let path_and_query = parts.uri.path_and_query().map_or(path, |pq| pq.as_str());
     shared.log.record(&parts.method, path_and_query, &parts.headers, &body);
 
@@ -273,14 +370,25 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             });
             Answer::Json(status, body)
         }
-        _ => route(&shared, &parts.method, path, parts.uri.query().unwrap_or(""), &body, n, plan),
+        _ if realtime::is_realtime_path(path) => {
+            // The upgrade is taken out of the request, which the path must not borrow then.
+            let path_and_query = path_and_query.to_owned();
+            let response = realtime::accept(&shared, &mut parts, &path_and_query);
+            return Ok(finish(response, anthropic, n, plan));
+        }
+        _ => route(&shared, &parts, &body, n, plan),
     };
 
-    let mut response = match answer {
+    let response = match answer {
         Answer::Json(status, json) => {
             let mut r = Response::new(MockBody::json(json));
             *r.status_mut() = status;
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        Answer::Raw(content_type, bytes) => {
+            let mut r = Response::new(MockBody::json(bytes));
+            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
             r
         }
         Answer::Events(events) => {
@@ -293,6 +401,16 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             r
         }
     };
+    Ok(finish(response, anthropic, n, plan))
+}
+
+/// Adds the request id header and the script's headers.
+fn finish(
+    mut response: Response<MockBody>,
+    anthropic: bool,
+    n: u64,
+    plan: Option<&Plan>,
+) -> Response<MockBody> {
     let id_header = if anthropic { "request-id" } else { "x-request-id" };
     let id = HeaderValue::try_from(format!("mock-req-{n}")).expect("ASCII letters and digits");
     response.headers_mut().insert(HeaderName::from_static(id_header), id);
@@ -301,24 +419,39 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             response.headers_mut().insert(name.clone(), value.clone());
         }
     }
-    Ok(response)
+    response
 }
 
-/// A path of Azure OpenAI (`/openai/deployments/{deployment}/...`, `/openai/v1/...`) or of Gemini's
-/// OpenAI-compatible endpoint (`/v1beta/openai/...`) as the `/v1/...` path it is answered as, with
-/// the deployment's name; any other path as it is.
-fn as_openai_path(path: &str) -> (String, Option<&str>) {
+/// A path of OpenAI's API as answered.
+struct OpenAiPath<'a> {
+    /// The `/v1/...` path it is answered as.
+    path: String,
+    /// An Azure deployment's name.
+    deployment: Option<&'a str>,
+    /// Azure's legacy paths answer 404 without an `api-version` query parameter.
+    needs_version: bool,
+}
+
+/// A path of Azure OpenAI (`/openai/deployments/{deployment}/...`, `/openai/v1/...`, the legacy
+/// `/openai/files...` and `/openai/batches...`) or of Gemini's OpenAI-compatible endpoint
+/// (`/v1beta/openai/...`) as the `/v1/...` path it is answered as; any other path as it is.
+fn as_openai_path(path: &str) -> OpenAiPath<'_> {
     if let Some(rest) = path.strip_prefix("/openai/deployments/")
         && let Some((deployment, api)) = rest.split_once('/')
     {
-        return (format!("/v1/{api}"), Some(deployment));
+        return OpenAiPath { path: format!("/v1/{api}"), deployment: Some(deployment), needs_version: true };
     }
     for root in ["/openai/v1/", "/v1beta/openai/"] {
         if let Some(api) = path.strip_prefix(root) {
-            return (format!("/v1/{api}"), None);
+            return OpenAiPath { path: format!("/v1/{api}"), deployment: None, needs_version: false };
         }
     }
-    (path.to_owned(), None)
+    if let Some(api) = path.strip_prefix("/openai/")
+        && ["files", "batches"].iter().any(|root| api == *root || api.starts_with(&format!("{root}/")))
+    {
+        return OpenAiPath { path: format!("/v1/{api}"), deployment: None, needs_version: true };
+    }
+    OpenAiPath { path: path.to_owned(), deployment: None, needs_version: false }
 }
 
 /// Gemini's `/v1beta/models/{model}:{method}`, or its `/v1/` twin with a Gemini method: the model and
@@ -328,25 +461,20 @@ fn gemini_call(path: &str) -> Option<(&str, &str)> {
         return rest.split_once(':').filter(|(model, _)| !model.is_empty());
     }
     let (model, method) = path.strip_prefix("/v1/models/")?.split_once(':')?;
-    let gemini = ["generateContent", "streamGenerateContent"].contains(&method);
+    let gemini = ["generateContent", "streamGenerateContent", "batchGenerateContent"].contains(&method);
     (gemini && !model.is_empty()).then_some((model, method))
 }
 
 /// The generated answer for a provider request.
-fn route(
-    shared: &Shared,
-    method: &Method,
-    path: &str,
-    query: &str,
-    body: &[u8],
-    n: u64,
-    plan: Option<&Plan>,
-) -> Answer {
+fn route(shared: &Shared, parts: &http::request::Parts, body: &[u8], n: u64, plan: Option<&Plan>) -> Answer {
+    let (method, path) = (&parts.method, parts.uri.path());
+    let query = parts.uri.query().unwrap_or("");
     let error = |status: StatusCode, message: &str| Answer::Json(status, error_body(path, status, message));
     if let Some((model, call)) = gemini_call(path) {
         let stream = match (method.as_str(), call) {
             ("POST", "generateContent") => false,
             ("POST", "streamGenerateContent") => true,
+            ("POST", "batchGenerateContent") => return shared.jobs.create_gemini_batch(model, body),
             _ => return error(StatusCode::NOT_FOUND, &format!("Invalid URL ({method} {path})")),
         };
         let Some(input_tokens) = input_tokens(body) else {
@@ -365,14 +493,27 @@ fn route(
         let sse = query.split('&').any(|pair| pair == "alt=sse");
         return gemini::generate_content(&ctx, stream, sse);
     }
-    let (openai_path, deployment) = as_openai_path(path);
-    if deployment.is_some() && !query.split('&').any(|pair| pair.starts_with("api-version=")) {
+    let openai_path = as_openai_path(path);
+    if openai_path.needs_version && !query.split('&').any(|pair| pair.starts_with("api-version=")) {
         return error(
             StatusCode::NOT_FOUND,
             "Resource not found: the api-version query parameter is required",
         );
     }
-    let path = openai_path.as_str();
+    let (path, deployment) = (openai_path.path.as_str(), openai_path.deployment);
+    let header = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let host_url;
+    let base_url = match &shared.own_url {
+        Some(url) => url.as_str(),
+        None => {
+            host_url = base_url(shared.transport, header("host").unwrap_or("localhost"));
+            host_url.as_str()
+        }
+    };
+    let job = JobRequest { method, path, content_type: header("content-type"), body, base_url };
+    if let Some(answer) = shared.jobs.route(&job) {
+        return answer;
+    }
     if *method == Method::GET {
         if path == "/v1/models" {
             return Answer::Json(StatusCode::OK, shared.models.clone());
@@ -414,7 +555,11 @@ fn route(
     match path {
         "/v1/chat/completions" => openai::chat(&ctx),
         "/v1/completions" => openai::completions(&ctx),
-        "/v1/responses" => openai::responses(&ctx),
+        "/v1/responses" if fields.background() => shared.jobs.create_response(&ctx),
+        "/v1/responses" => {
+            shared.jobs.remember_response(&ctx);
+            openai::responses(&ctx)
+        }
         "/v1/embeddings" => openai::embeddings(&ctx, body),
         "/v1/messages/count_tokens" => anthropic::count_tokens(&ctx),
         _ => anthropic::messages(&ctx),
@@ -448,6 +593,10 @@ fn control(shared: &Shared, method: &Method, action: &str, body: &[u8]) -> Respo
         let json = format!(r#"{{"error":{}}}"#, json_string(message));
         reply(status, MockBody::json(json.into()))
     };
+    let json = |value: Result<Vec<u8>, serde_json::Error>| match value {
+        Ok(json) => reply(StatusCode::OK, MockBody::json(json.into())),
+        Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
     match (method.as_str(), action) {
         ("GET", "requests") => {
             let requests = shared.log.snapshot();
@@ -473,6 +622,59 @@ fn control(shared: &Shared, method: &Method, action: &str, body: &[u8]) -> Respo
             shared.reset();
             reply(StatusCode::NO_CONTENT, MockBody::empty())
         }
+        ("GET", "jobs") => json(serde_json::to_vec(&shared.jobs.list())),
+        ("GET", "jobs/settings") => json(serde_json::to_vec(&shared.jobs.settings())),
+        ("POST", "jobs/settings") => match serde_json::from_slice::<SettingsPatch>(body) {
+            Ok(patch) => json(serde_json::to_vec(&shared.jobs.patch_settings(patch))),
+            Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
+        },
+        ("POST", "jobs/usage") => match serde_json::from_slice::<Option<JobUsage>>(body) {
+            Ok(usage) => {
+                shared.jobs.update_settings(|s| s.usage = usage);
+                reply(StatusCode::NO_CONTENT, MockBody::empty())
+            }
+            Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
+        },
+        ("POST", action) if action.starts_with("jobs/") => {
+            let id = action.strip_prefix("jobs/").unwrap_or_default();
+            match serde_json::from_slice::<JobEnd>(body) {
+                Ok(end) => match shared.jobs.end(id, end) {
+                    Ok(info) => json(serde_json::to_vec(&info)),
+                    Err(e) => problem(e.status(), &e.to_string()),
+                },
+                Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
+            }
+        }
+        ("GET", "realtime") => json(serde_json::to_vec(&serde_json::json!({
+            "open_sessions": shared.realtime.open_sessions(),
+            "queued_usages": shared.realtime.queued_usages(),
+        }))),
+        ("POST", "realtime/usage") => match serde_json::from_slice::<Vec<serde_json::Value>>(body) {
+            Ok(usages) => {
+                shared.realtime.queue_usages(usages);
+                reply(StatusCode::NO_CONTENT, MockBody::empty())
+            }
+            Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
+        },
+        ("POST", "realtime/close") => match serde_json::from_slice::<CloseRequest>(body) {
+            Ok(close) => {
+                if let Some(why) = realtime::close_problem(close.code, &close.reason) {
+                    return problem(StatusCode::BAD_REQUEST, &why);
+                }
+                let closed = shared.realtime.close_all(close.code, &close.reason);
+                json(serde_json::to_vec(&serde_json::json!({"closed": closed})))
+            }
+            Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
+        },
         _ => problem(StatusCode::NOT_FOUND, "unknown control endpoint"),
     }
+}
+
+/// The body of `POST /__mock/realtime/close`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CloseRequest {
+    code: u16,
+    #[serde(default)]
+    reason: String,
 }

@@ -11,6 +11,13 @@ use hyper_util::rt::TokioExecutor;
 use recovea_testkit::{Behaviour, MockProvider, OUTPUT_TOKENS, REPLY_PIECES, REPLY_TEXT, reply_text};
 use serde_json::{Value, json};
 
+// Deferred jobs and Realtime sessions, in files of their own (under `mock/`, where cargo does not
+// take them for test targets of their own).
+#[path = "mock/jobs.rs"]
+mod jobs;
+#[path = "mock/realtime.rs"]
+mod realtime;
+
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 fn client() -> HttpClient {

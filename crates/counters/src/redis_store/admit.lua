@@ -8,30 +8,38 @@
 --
 -- KEYS[3i-2], KEYS[3i-1], KEYS[3i]: window i's total hash, reservations hash, deadlines zset
 -- ARGV[1] the request's member   ARGV[2] its estimate   ARGV[3] now (unix ms)
--- ARGV[4] the reservation's deadline (unix ms)
--- then for window i, from ARGV[4 + 2(i-1) + 1]: limit, the keys' expiry (unix ms)
+-- ARGV[4] the reservation's deadline (unix ms)   ARGV[5] '1' when the estimate itself must fit
+-- below each limit (a batch), '0' when the spend and reservations already there must be below it
+-- then for window i, from ARGV[5 + 2(i-1) + 1]: limit, the keys' expiry (unix ms)
 -- Returns { verdict, window }: 'reserved'; 'line' and the first window at its line (1-based);
 -- 'contended' (at the line only if writers' spare is counted); 'unseeded' and a window
 -- whose total the ledger has not vouched for (the node decides from its own view).
-local member, estimate, now, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local member, estimate, now, deadline, fit = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
 local windows = #KEYS / 3
 local contended = false
 
+-- Whether `used` is over the line: at or past it for a request, past it once the estimate is added
+-- for a batch.
+local function over(w, limit, used)
+  if fit then return greater(exact_sum(w, { used, estimate }), limit) end
+  return not greater(limit, used)
+end
+
 for i = 1, windows do
   local w, r, x = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local limit = ARGV[4 + 2 * (i - 1) + 1]
+  local limit = ARGV[5 + 2 * (i - 1) + 1]
   if redis.call('HEXISTS', w, 'seeded') == 0 then return { 'unseeded', i } end
   drop_dead(r, x, now)
   local used = live_reservations(r, x, now, '')
   used[#used + 1] = redis.call('HGET', w, 'total') or '0'
   used = exact_sum(w, used)
-  if not greater(limit, used) then
+  if over(w, limit, used) then
     local spares = {}
     for _, holder in ipairs(redis.call('ZRANGEBYSCORE', x, '(' .. now, '+inf')) do
       local spare = redis.call('HGET', r, 's:' .. holder)
       if spare then spares[#spares + 1] = spare end
     end
-    if not greater(limit, exact_sum(w, { used, negate(exact_sum(w, spares)) })) then
+    if over(w, limit, exact_sum(w, { used, negate(exact_sum(w, spares)) })) then
       return { 'line', i }
     end
     contended = true
@@ -41,7 +49,7 @@ if contended then return { 'contended', 0 } end
 
 for i = 1, windows do
   local w, r, x = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local expire_at = ARGV[4 + 2 * (i - 1) + 2]
+  local expire_at = ARGV[5 + 2 * (i - 1) + 2]
   redis.call('HSET', r, member, estimate)
   redis.call('ZADD', x, deadline, member)
   redis.call('PEXPIREAT', w, expire_at)
