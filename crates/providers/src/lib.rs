@@ -2,8 +2,10 @@
 //! which headers must not cross the proxy.
 
 pub mod headers;
+pub mod jobs;
 #[cfg(test)]
 mod json_strategy;
+pub mod multipart;
 pub mod rewrite;
 pub mod route;
 pub mod sse;

@@ -73,7 +73,8 @@ pub fn route_for(path_and_query: &str, carries_anthropic_version: bool) -> Optio
     }
     let named = path_and_query.strip_prefix('/')?;
     let (name, rest) = named.split_at(named.find('/')?);
-    let routed = is_versioned(rest) || is_gemini_versioned(rest) || is_gemini_transfer(rest) || is_azure(rest);
+    let routed =
+        is_versioned(rest) || is_gemini_versioned(rest) || is_gemini_transfer(rest) || is_azure(rest);
     if !is_credential_name(name) || !routed {
         return None;
     }
@@ -153,9 +154,7 @@ const AZURE_RESOURCE_APIS: [&str; 3] = ["realtime", "batches", "files"];
 /// Gemini's file transfers: `/upload/v1beta/...` (uploads) and `/download/v1beta/...` (a batch's
 /// results file).
 fn is_gemini_transfer(path: &str) -> bool {
-    ["/upload", "/download"]
-        .iter()
-        .any(|root| path.strip_prefix(root).is_some_and(is_gemini_versioned))
+    ["/upload", "/download"].iter().any(|root| path.strip_prefix(root).is_some_and(is_gemini_versioned))
 }
 
 /// Credential names are short slugs, so they can sit in a path without escaping.
@@ -230,13 +229,21 @@ mod tests {
             route("/openai/v1/chat/completions"),
             r("openai", Some(ProviderKind::OpenAi), "/v1/chat/completions")
         );
-        for api in ["/openai/realtime?api-version=2025-04-01-preview&deployment=rt", "/openai/batches", "/openai/files/f1"] {
+        for api in [
+            "/openai/realtime?api-version=2025-04-01-preview&deployment=rt",
+            "/openai/batches",
+            "/openai/files/f1",
+        ] {
             assert_eq!(route(api), r("azure", Some(AzureOpenAi), api));
             assert_eq!(route(&format!("/azure{api}")), r("azure", Some(AzureOpenAi), api));
         }
-        for path in
-            ["/openai/deployments/", "/azure/openai/", "/azure/openai/models", "/openai/models", "/openai/filesx"]
-        {
+        for path in [
+            "/openai/deployments/",
+            "/azure/openai/",
+            "/azure/openai/models",
+            "/openai/models",
+            "/openai/filesx",
+        ] {
             assert_eq!(route(path), None, "{path}");
         }
     }
@@ -257,7 +264,9 @@ mod tests {
         assert_eq!(route_for(stable, true), r("gemini", Some(Gemini), stable));
         let fine_tuned = "/v1/models/ft:gpt-4o-mini:acme::abc123";
         assert_eq!(route(fine_tuned), r("openai", Some(ProviderKind::OpenAi), fine_tuned));
-        for transfer in ["/upload/v1beta/files?uploadType=multipart", "/download/v1beta/files/f:download?alt=media"] {
+        for transfer in
+            ["/upload/v1beta/files?uploadType=multipart", "/download/v1beta/files/f:download?alt=media"]
+        {
             assert_eq!(route(transfer), r("gemini", Some(Gemini), transfer));
             assert_eq!(route(&format!("/gemini{transfer}")), r("gemini", Some(Gemini), transfer));
         }

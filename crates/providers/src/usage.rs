@@ -265,8 +265,9 @@ impl UsageTap {
     }
 }
 
-/// Reads a whole JSON answer; an error body or a body that does not parse has no usage.
-fn read_json(surface: Surface, body: &[u8]) -> Tapped {
+/// Reads a whole JSON answer of `surface`; an error body or a body that does not parse has no
+/// usage. (Also how a job's results are read: each is an answer of its API.)
+pub fn read_json(surface: Surface, body: &[u8]) -> Tapped {
     let parsed = match surface {
         Surface::ChatCompletions | Surface::Completions => {
             let read = match std::str::from_utf8(body) {
