@@ -11,8 +11,8 @@ use http::Response;
 use tracing::field::display;
 
 use recovea_core::snapshot::ProviderKind;
+use recovea_upstream::{ResponseBody, on_end};
 
-use crate::body::{self, ResponseBody};
 use crate::metrics::{Finished, Metrics, Outcome};
 
 /// The `tracing` target of the access log: `--log info,recovea::access=off` silences it too.
@@ -49,7 +49,7 @@ where
         ttfb: request.ttfb,
         received_at,
     };
-    response.map(|body| body::on_end(body, move |_| pass.finish()))
+    response.map(|body| on_end(body, move |_| pass.finish()))
 }
 
 /// What [`when_body_ends`] keeps of the request until then.

@@ -14,10 +14,10 @@ use http::header::{self, HeaderValue};
 use http::{Request, Uri};
 use http_body_util::{BodyExt, Limited};
 use recovea_core::{FailOpenReason, Timestamp};
+use recovea_upstream::{ProviderNetwork, Upstream};
 use tokio::sync::mpsc;
 
 use crate::metrics::{FAIL_OPEN_REASONS, reason_index};
-use crate::upstream::{ProviderNetwork, Upstream};
 
 /// With at most one alarm per reason per interval, the queue fills only when the webhook has hung
 /// for many intervals; later alarms are then dropped, and the log and the metric still have them.

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use recovea_core::snapshot::ProviderKind;
+use recovea_upstream::{DEFAULT_STREAM_IDLE_TIMEOUT, ProviderNetwork};
 
 use crate::alarm::parse_webhook;
-use crate::upstream::{DEFAULT_STREAM_IDLE_TIMEOUT, ProviderNetwork};
 
 /// The node's settings as given (flags, environment); [`GatewayConfig::new`] validates them.
 #[derive(Debug, Clone)]

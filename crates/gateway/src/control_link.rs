@@ -12,10 +12,10 @@ use recovea_core::feed::WindowSpend;
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{DeliveryError, ReceiptSink, SerializedReceipt};
 use recovea_counters::{CapWindow, SpendSource, WindowSpendFuture};
+use recovea_upstream::{ProviderNetwork, Upstream, UpstreamError};
 use serde::Serialize;
 
 use crate::config::ConfigError;
-use crate::upstream::{ProviderNetwork, Upstream, UpstreamError};
 
 /// The largest answer accepted from the control plane: a whole state of millions of keys.
 const MAX_ANSWER_BYTES: usize = 2 << 30;

@@ -9,7 +9,6 @@
 
 mod access_log;
 mod alarm;
-mod body;
 mod config;
 mod control_link;
 pub mod feed;
@@ -23,10 +22,8 @@ mod ratelimit;
 mod refusal;
 mod server;
 pub mod spool;
-mod stall;
 mod throttled;
 mod trace;
-mod upstream;
 
 pub use config::{
     ConfigError, DEFAULT_ALARM_INTERVAL, DEFAULT_GEMINI_BASE_URL, GatewayConfig, GatewaySettings,
@@ -36,10 +33,9 @@ pub use control_link::ControlLink;
 pub use feed::follow_feed;
 pub use metrics::Outcome;
 pub use node::{Gateway, Readiness};
+pub use recovea_upstream::{DEFAULT_HTTP2_CONNECTIONS, DEFAULT_STREAM_IDLE_TIMEOUT, Egress, ProviderNetwork};
 pub use server::{Server, serve};
 pub use trace::DEFAULT_SERVICE_NAME;
-pub use upstream::egress::Egress;
-pub use upstream::{DEFAULT_HTTP2_CONNECTIONS, DEFAULT_STREAM_IDLE_TIMEOUT, ProviderNetwork};
 
 /// Arms the failpoints named in the `FAILPOINTS` environment variable, for as long as the guard
 /// lives (the whole process). Only builds with the `failpoints` feature (tests) have failpoints;

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use recovea_providers::rewrite::UsageChunkFilter;
 use recovea_providers::usage::{Tapped, UsageTap};
+use recovea_upstream::BoxError;
 
-use crate::body::BoxError;
 use crate::metering::{CLIENT_CLOSED, Metered};
 use crate::node::Shared;
 use crate::spool::Written;

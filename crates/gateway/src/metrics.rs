@@ -18,9 +18,9 @@ use recovea_core::usage::Usage;
 use recovea_core::window::Window;
 
 use recovea_counters::Counters;
+use recovea_upstream::UpstreamStats;
 
 use crate::spool::SpoolStats;
-use crate::upstream::{Retry, UpstreamStats};
 use histogram::Histogram;
 
 /// What a finished request's line and metrics say of it.
@@ -501,7 +501,7 @@ impl Metrics {
                 "Connections opened to providers, by protocol.",
                 "protocol",
             ),
-            ["http1", "http2"].into_iter().zip(&self.upstream.opened).map(|(p, n)| (p, load(n))),
+            self.upstream.opened_by_protocol().into_iter(),
         );
         labelled(
             &mut out,
@@ -510,7 +510,7 @@ impl Metrics {
                 "Requests sent again on a new connection, by why it was safe.",
                 "reason",
             ),
-            Retry::ALL.iter().map(|r| (r.label(), load(&self.upstream.retries[*r as usize]))),
+            self.upstream.retries_by_reason().into_iter(),
         );
         labelled(
             &mut out,

@@ -12,9 +12,10 @@ use recovea_core::Snapshot;
 use recovea_core::Timestamp;
 use recovea_core::caps::Cap;
 use recovea_counters::{CapWindow, Counters, RateShare};
+use recovea_upstream::Upstream;
 
 use crate::config::GatewayConfig;
-use crate::{alarm, metering, metrics, ratelimit, spool, trace, upstream};
+use crate::{alarm, metering, metrics, ratelimit, spool, trace};
 
 /// Whether a node can decide requests, and if not, what it waits for (its `/readyz`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +36,7 @@ pub struct Gateway {
 pub(crate) struct Shared {
     pub(crate) snapshot: ArcSwapOption<Snapshot>,
     pub(crate) config: GatewayConfig,
-    pub(crate) upstream: upstream::Upstream,
+    pub(crate) upstream: Upstream,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) meter: metering::Meter,
     pub(crate) counters: Arc<Counters>,
@@ -54,12 +55,12 @@ impl Gateway {
     /// A node that meters into `spool`, its receipts signed with `node_id`, and decides caps from
     /// `counters`.
     pub fn new(config: GatewayConfig, spool: &spool::Spool, node_id: &str, counters: Arc<Counters>) -> Self {
-        let upstream = upstream::Upstream::new(config.connect_timeout, connection_workers(), &config.network)
+        let upstream = Upstream::new(config.connect_timeout, connection_workers(), &config.network)
             .with_idle_limit(config.stream_idle_timeout);
         let metrics = metrics::Metrics::new(
             Arc::clone(&spool.stats),
             Arc::clone(&counters),
-            Arc::clone(&upstream.stats),
+            Arc::clone(upstream.stats()),
         );
         let alarm =
             alarm::Alarm::new(config.alarm_webhook.clone(), config.alarm_interval, node_id, &config.network);

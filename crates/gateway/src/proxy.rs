@@ -31,16 +31,15 @@ use recovea_core::usage::Usage;
 use recovea_counters::{CapWindow, Covered, Reservation};
 use recovea_providers::rewrite::{self, InspectedRequest, RequestFacts};
 use recovea_providers::usage::{Surface, Tapped};
+use recovea_upstream::{BoxError, ResponseBody, UpstreamError};
 
 use crate::access_log;
-use crate::body::{BoxError, ResponseBody};
 use crate::metered_body::{MeteredBody, PendingReceipt};
 use crate::metering::{Charge, Metered, Settle, Timing};
 use crate::metrics::{Finished, Outcome};
 use crate::node::{Shared, cap_window};
 use crate::refusal::Refusal;
 use crate::trace::{Phase, Trace};
-use crate::upstream::UpstreamError;
 
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Where a provider's own request id goes, since `x-request-id` carries the gateway's.

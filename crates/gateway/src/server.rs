@@ -21,15 +21,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use recovea_core::answer::WireShape;
 use recovea_http1::RequestError;
+use recovea_upstream::{BoxError, ResponseBody};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use crate::body::{BoxError, ResponseBody};
 use crate::metrics::HandOver;
 use crate::node::{Gateway, Readiness};
 use crate::proxy::{self, REQUEST_ID, RequestContext};
-use crate::stall;
 use crate::throttled::Throttled;
 
 /// From this share of `--max-connections` on, idle client connections are closed to make room.
@@ -72,7 +71,7 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 ///
 /// The caller's runtime only accepts. Each connection is handed to one of
 /// [`crate::node::connection_workers`] threads, each with its own single-threaded runtime and its
-/// own pool of provider connections (see [`crate::upstream`]): a request, its client connection
+/// own pool of provider connections (see [`recovea_upstream`]): a request, its client connection
 /// and its provider connection then live on one thread, and none of its wake-ups crosses threads
 /// or goes through a work-stealing queue, which under load cost more than the proxying itself.
 pub struct Server {
@@ -182,7 +181,7 @@ impl Workers {
             let gateway = gateway.clone();
             let thread =
                 std::thread::Builder::new().name(format!("recovea-conn-{lane}")).spawn(move || {
-                    crate::upstream::use_lane(lane);
+                    recovea_upstream::use_lane(lane);
                     runtime.block_on(serve_handed_over(gateway, receiver));
                 })?;
             workers.senders.push(sender);
@@ -338,7 +337,7 @@ async fn serve_connection<A: Answerer, Io: AsyncRead + AsyncWrite + Unpin + Send
             let http2 = request.version() == Version::HTTP_2;
             let response = answerer.answer(request).await;
             // A stream its client gives no room is not polled: only a watchdog sees it.
-            Ok(if http2 { stall::watch_unread(response, idle) } else { response })
+            Ok(if http2 { recovea_upstream::watch_unread(response, idle) } else { response })
         }
     });
     let io = TokioIo::new(h1::Rewind::new(handed.io, handed.read, idle));

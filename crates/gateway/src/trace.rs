@@ -27,11 +27,10 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter, SpanLinks};
 use recovea_core::FailOpenReason;
 use recovea_core::money::Nanos;
+use recovea_upstream::{ProviderNetwork, ResponseBody, Upstream, on_end};
 use tokio::sync::mpsc;
 
-use crate::body::{self, ResponseBody};
 use crate::metrics::Outcome;
-use crate::upstream::{ProviderNetwork, Upstream};
 
 /// Requests whose spans may wait for the exporter; past that they are dropped and counted.
 const QUEUE_REQUESTS: usize = 2048;
@@ -415,7 +414,7 @@ impl RequestTrace {
         self.phases[Phase::Stream as usize].0 = Some(now);
         // The body's end ends the trace, after the receipt it settles when dropped.
         response.map(|body| {
-            body::on_end(body, move |completed| {
+            on_end(body, move |completed| {
                 let now = SystemTime::now();
                 if completed {
                     self.phases[Phase::Stream as usize].1 = Some(now);

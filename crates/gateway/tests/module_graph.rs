@@ -3,15 +3,15 @@
 //!
 //! The graph is read from the sources: every `crate::…`, `super::…` and `child::…` path of a
 //! module's non-test code is an edge to the deepest module it names. A child module naming its
-//! own parent (`super::Home` in `upstream/h1.rs`) is no edge: the parent is the face its private
+//! own parent (`super::Answerer` in `server/h1.rs`) is no edge: the parent is the face its private
 //! children implement, as in any Rust crate. Siblings, and modules of other folders, form no
-//! cycle; what two modules both need lives in a leaf they both import (`body.rs`). Test code
+//! cycle; what two modules both need lives in a leaf they both import (`throttled.rs`). Test code
 //! (`#[cfg(test)]` items and files) is left out, since tests may reach anywhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// A module, as its path inside the crate (`""` is the root, `upstream::h1` a child).
+/// A module, as its path inside the crate (`""` is the root, `server::h1` a child).
 type Module = String;
 
 struct Source {

@@ -17,11 +17,11 @@ use hyper_util::rt::TokioIo;
 use recovea_core::Answer;
 use recovea_core::answer::WireShape;
 use recovea_http1::{Decoder, RequestError, parse_response};
+use recovea_upstream::{BoxError, ResponseBody};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::watch;
 
 use super::{Answerer, Limits, hyper_builder, serve_connection};
-use crate::body::{BoxError, ResponseBody};
 use crate::metrics::HandOver;
 use crate::proxy::head_refusal;
 

@@ -32,15 +32,14 @@ use recovea_http1::{
     Error, Framing, RequestError, RequestHead, chunk_size_line, has_token, parse_request, response_head,
 };
 use recovea_providers::headers::ANTHROPIC_VERSION;
+use recovea_upstream::{ResponseBody, Stall};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tokio_util::io::poll_read_buf;
 
 use super::{Answerer, HEADER_READ_TIMEOUT};
-use crate::body::ResponseBody;
 use crate::metrics::HandOver;
-use crate::stall::Stall;
 
 /// A request head longer than this goes to hyper, which takes up to its own limit.
 const MAX_HEAD_BYTES: usize = 16 << 10;
@@ -587,7 +586,7 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use super::*;
-    use crate::body::BoxError;
+    use recovea_upstream::BoxError;
 
     const MAX_BODY: u64 = 1024;
     /// How long a client may take none of its answer.

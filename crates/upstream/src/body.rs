@@ -1,6 +1,5 @@
-//! What every phase of the request path shares: its boxed error, the body of an answer, and a
-//! body that says when it is over. A leaf: it imports nothing of the crate, so that the phases
-//! import it rather than one another.
+//! What the client and every phase of the gateway's request path share: the boxed error, the body
+//! of an answer, and a body that says when it is over. A leaf: it imports nothing of the crate.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -10,16 +9,17 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Any error, boxed: what a body or an exchange fails with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// An answer's body as the client's connection takes it: a provider's (metered or not), or one
 /// the gateway wrote.
-pub(crate) type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
+pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// An answer's body passed through unchanged that calls `on_end` once, when the body ends (`true`),
 /// fails (`false`) or is dropped (`true` only if it had ended): a request's last phase, for
 /// answers nothing else meters. On drop the inner body goes first, so that whatever it settles
 /// when dropped (a receipt) is settled before `on_end` runs.
-pub(crate) fn on_end<F>(body: ResponseBody, on_end: F) -> ResponseBody
+pub fn on_end<F>(body: ResponseBody, on_end: F) -> ResponseBody
 where
     F: FnOnce(bool) + Send + Unpin + 'static,
 {

@@ -1,4 +1,4 @@
-//! Which way a connection to a provider leaves the node: straight to the provider, or through an
+//! Which way a connection to a provider leaves the process: straight to the provider, or through an
 //! egress proxy, chosen as curl chooses it.
 //!
 //! `--upstream-proxy` (or, without it, `https_proxy`/`HTTPS_PROXY` for `https` providers,

@@ -4,8 +4,8 @@
 //!
 //! While bytes move, a limit costs no timer operation: its timer is made at the first wait, and a
 //! wait that follows movement moves the deadline later, which tokio does in place (one atomic
-//! compare-and-swap) while the timer is pending. With the connection thread's heartbeat a second
-//! away, a deadline minutes away never costs a system call to set.
+//! compare-and-swap) while the timer is pending. With the heartbeat of the gateway's connection
+//! threads a second away, a deadline minutes away never costs a system call to set.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,7 +25,7 @@ use crate::body::{BoxError, ResponseBody};
 
 pin_project! {
     /// Ready once nothing has moved for its limit while something was awaited.
-    pub(crate) struct Stall {
+    pub struct Stall {
         #[pin]
         sleep: Option<Sleep>,
         limit: Duration,
@@ -35,7 +35,7 @@ pin_project! {
 }
 
 impl Stall {
-    pub(crate) fn new(limit: Duration) -> Self {
+    pub fn new(limit: Duration) -> Self {
         Self { sleep: None, limit, moved: true }
     }
 
@@ -44,12 +44,12 @@ impl Stall {
     }
 
     /// Bytes moved: the silence, if one follows, is timed from the next wait.
-    pub(crate) fn moved(self: Pin<&mut Self>) {
+    pub fn moved(self: Pin<&mut Self>) {
         *self.project().moved = true;
     }
 
     /// Called on each wait: ready once the waits since the last movement have lasted the limit.
-    pub(crate) fn poll_stalled(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    pub fn poll_stalled(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let mut this = self.project();
         if std::mem::take(this.moved) {
             let deadline = Instant::now() + *this.limit;
@@ -90,8 +90,8 @@ impl std::error::Error for Stalled {}
 /// closes the provider's connection. The stream itself ends when the client next reads it (it
 /// is reset) or closes the connection. Only answers that hyper serves over HTTP/2 pay for this (a
 /// task and a lock per answer); HTTP/1.1 is bounded by its connection's writes (see
-/// `server::h1`).
-pub(crate) fn watch_unread(response: Response<ResponseBody>, limit: Duration) -> Response<ResponseBody> {
+/// the gateway's `server::h1`).
+pub fn watch_unread(response: Response<ResponseBody>, limit: Duration) -> Response<ResponseBody> {
     if response.body().is_end_stream() {
         return response;
     }

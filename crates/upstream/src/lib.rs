@@ -1,11 +1,29 @@
 //! The client that carries requests to providers: HTTP/1.1 (our own, run on the request's task)
 //! and HTTP/2 (the `h2` crate, when TLS negotiates it), with a pool of connections for each
 //! connection worker.
+//!
+//! A crate of its own so that whatever reaches providers reaches them alike: the gateway's nodes
+//! (and their calls to the control plane, the OTLP collector and the alarm webhook), and the
+//! control plane's job poller, trust the same roots (the public web's, or a private CA's beside or
+//! instead of them), leave through the same egress proxy and speak HTTP/2 the same way. A
+//! [`ProviderNetwork`] says how providers are reached (certificates, [`Egress`], the HTTP/2
+//! connection bound); an [`Upstream`] built from it and a connect timeout sends requests
+//! ([`Upstream::send`]), whose answers' bodies ([`UpstreamBody`]) fail once they stall.
+//!
+//! The boxed error and the answer body the gateway's request path passes around ([`BoxError`],
+//! [`ResponseBody`], [`on_end`]) and its silence limits ([`Stall`], [`watch_unread`]) are here too,
+//! since the client's answers are made of them.
 
+mod body;
 mod connect;
-pub(crate) mod egress;
+mod egress;
 mod h1;
 mod h2;
+mod stall;
+
+pub use body::{BoxError, ResponseBody, on_end};
+pub use egress::Egress;
+pub use stall::{Stall, watch_unread};
 
 use std::cell::Cell;
 use std::fmt;
@@ -22,13 +40,11 @@ use http_body::{Frame, SizeHint};
 use tokio::sync::watch;
 
 use self::connect::{Connected, Connector};
-use self::egress::Egress;
-use crate::body::BoxError;
-use crate::stall::{Stall, Stalled};
+use crate::stall::Stalled;
 
 /// Why a provider gave no answer.
 #[derive(Debug)]
-pub(crate) enum UpstreamError {
+pub enum UpstreamError {
     /// Connection refused, DNS or TLS failure, connect timeout, or a connection lost before the
     /// response head: the provider could not be reached.
     Unreachable(BoxError),
@@ -45,20 +61,20 @@ const EXTRA_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most idle connections one worker keeps to one provider; beyond, a connection whose answer
 /// was read closes.
 const MAX_PER_ORIGIN: usize = 256;
-/// The most HTTP/2 connections a node opens to one provider, unless
+/// The most HTTP/2 connections an [`Upstream`] opens to one provider, unless
 /// [`ProviderNetwork::new`] is told otherwise: at the 100 concurrent streams most providers allow
 /// on each, room for 25,600 answers in flight.
 pub const DEFAULT_HTTP2_CONNECTIONS: usize = 256;
 
 /// How long an answer may go without a byte from its provider, or without its client taking a
-/// byte, before it is cut, unless [`crate::GatewayConfig::with_stream_idle_timeout`] says
-/// otherwise. As long as the wait for an answer's head (`--upstream-timeout`'s default): a
-/// reasoning model may think for minutes between two events of a stream, as it may before a whole
-/// answer.
+/// byte, before it is cut, unless [`Upstream::with_idle_limit`] (the gateway's
+/// `--stream-idle-timeout`) says otherwise. As long as the wait for an answer's head
+/// (`--upstream-timeout`'s default): a reasoning model may think for minutes between two events of
+/// a stream, as it may before a whole answer.
 pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// How the node reaches providers: the certificates it trusts, the egress proxy, and how many
-/// HTTP/2 connections it may open to one provider.
+/// How providers are reached: the certificates trusted, the egress proxy, and how many HTTP/2
+/// connections may be opened to one provider.
 #[derive(Clone)]
 pub struct ProviderNetwork {
     roots: rustls::RootCertStore,
@@ -134,7 +150,7 @@ thread_local! {
 }
 
 /// Makes the calling thread use pool `lane` (a connection worker's own).
-pub(crate) fn use_lane(lane: usize) {
+pub fn use_lane(lane: usize) {
     LANE.set(lane);
 }
 
@@ -147,25 +163,39 @@ pub(crate) fn use_lane(lane: usize) {
 /// task, channel or hash per request, as a general-purpose pool needs. An HTTP/2 request takes a
 /// place on the first of the origin's connections with a stream free; when none has, one request
 /// opens another connection (up to the lane's share of the bound) while the others wait for it.
-pub(crate) struct Upstream {
+pub struct Upstream {
     connector: Connector,
     lanes: Lanes,
     /// The most HTTP/2 connections one lane opens to one origin.
     http2_per_lane: usize,
     /// An answer's body that brings nothing for this long fails (see [`UpstreamBody`]).
     idle_limit: Duration,
-    pub(crate) stats: Arc<UpstreamStats>,
+    stats: Arc<UpstreamStats>,
 }
 
 type Lanes = Arc<[Mutex<Vec<Origin>>]>;
 
 /// What the pool counts, for `/metrics`.
 #[derive(Default)]
-pub(crate) struct UpstreamStats {
+pub struct UpstreamStats {
     /// Connections opened, by protocol: HTTP/1.1, HTTP/2.
     pub(crate) opened: [AtomicU64; 2],
     /// Requests sent again on another connection, by [`Retry`].
     pub(crate) retries: [AtomicU64; 3],
+}
+
+impl UpstreamStats {
+    /// Connections opened so far, by protocol: `http1`, `http2`.
+    pub fn opened_by_protocol(&self) -> [(&'static str, u64); 2] {
+        let [http1, http2] = &self.opened;
+        [("http1", http1.load(Relaxed)), ("http2", http2.load(Relaxed))]
+    }
+
+    /// Requests sent again on a new connection so far, by why it was safe: `unwritten`, `refused`,
+    /// `silent`.
+    pub fn retries_by_reason(&self) -> [(&'static str, u64); 3] {
+        Retry::ALL.map(|why| (why.label(), self.retries[why as usize].load(Relaxed)))
+    }
 }
 
 /// What a provider's origin was last spoken to in over TLS; plain `http` is always HTTP/1.1.
@@ -284,7 +314,10 @@ fn retry_for(failed: Failed, method: &Method, reused: bool, protocol_refused: bo
 }
 
 impl Upstream {
-    pub(crate) fn new(connect_timeout: Duration, workers: usize, network: &ProviderNetwork) -> Self {
+    /// A client with a pool for each of `workers` connection workers (see [`use_lane`]) and one for
+    /// every other thread, reaching providers as `network` says, each connection set up within
+    /// `connect_timeout`.
+    pub fn new(connect_timeout: Duration, workers: usize, network: &ProviderNetwork) -> Self {
         let lanes = workers + 1;
         Self {
             connector: Connector::new(connect_timeout, network.roots.clone(), network.egress.clone()),
@@ -296,14 +329,14 @@ impl Upstream {
     }
 
     /// Answers whose provider sends no byte of the body for `limit` fail.
-    pub(crate) fn with_idle_limit(mut self, limit: Duration) -> Self {
+    pub fn with_idle_limit(mut self, limit: Duration) -> Self {
         self.idle_limit = limit;
         self
     }
 
-    /// Prunes the calling thread's pool (see [`Origin::prune`]); its connection thread calls it
-    /// every second.
-    pub(crate) fn prune(&self) {
+    /// Prunes the calling thread's pool: the connections the provider closed or that were idle too
+    /// long close (see `Origin::prune`). A connection worker calls it every second.
+    pub fn prune(&self) {
         let now = Instant::now();
         let lane = &self.lanes[LANE.get() % self.lanes.len()];
         for origin in lock(lane).iter_mut() {
@@ -312,13 +345,18 @@ impl Upstream {
     }
 
     /// How many connection workers have a pool of their own.
-    pub(crate) fn worker_lanes(&self) -> usize {
+    pub fn worker_lanes(&self) -> usize {
         self.lanes.len() - 1
+    }
+
+    /// What the pool counts, shared with whoever renders it.
+    pub fn stats(&self) -> &Arc<UpstreamStats> {
+        &self.stats
     }
 
     /// Sends `request` (whose URI is absolute) and waits at most `timeout` for the response head.
     /// The body then streams, each wait for its next bytes limited by the idle limit.
-    pub(crate) async fn send(
+    pub async fn send(
         &self,
         request: Request<Bytes>,
         timeout: Duration,
@@ -555,7 +593,7 @@ pin_project_lite::pin_project! {
     /// (a provider stalled mid-answer, streamed or not) fails: its connection is closed, and the
     /// client's connection cuts the answer there, as for any provider's cut. The timer is that of
     /// [`Stall`]: nothing per piece that flows but moving a deadline.
-    pub(crate) struct UpstreamBody {
+    pub struct UpstreamBody {
         carried: Carried,
         #[pin]
         stall: Stall,

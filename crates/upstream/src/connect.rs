@@ -12,10 +12,10 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::egress::{Egress, Proxy};
-use super::h1::Io;
-use super::{h1, h2};
 use crate::body::BoxError;
+use crate::egress::{Egress, Proxy};
+use crate::h1::Io;
+use crate::{h1, h2};
 
 /// TCP keep-alive probes start after this long without traffic, so that a provider (or a middlebox)
 /// that vanished without a word is noticed on an idle pooled connection.
@@ -124,7 +124,7 @@ async fn tunnel(mut stream: TcpStream, host: &str, port: u16, proxy: &Proxy) -> 
     }
     ask.extend_from_slice(b"\r\n");
     stream.write_all(&ask).await?;
-    // Nothing follows the proxy's answer until the TLS handshake starts, which the gateway begins:
+    // Nothing follows the proxy's answer until the TLS handshake starts, which this side begins:
     // a read cannot take bytes of the tunnel.
     let mut head = Vec::with_capacity(512);
     loop {

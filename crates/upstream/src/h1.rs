@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use super::Home;
+use crate::Home;
 use crate::body::BoxError;
 
 /// A response head longer than this is refused.
@@ -326,8 +326,8 @@ mod tests {
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
 
-    use super::super::{ProviderNetwork, Upstream, UpstreamError};
     use super::*;
+    use crate::{ProviderNetwork, Upstream, UpstreamError};
 
     const LIMIT: Duration = Duration::from_secs(5);
 
