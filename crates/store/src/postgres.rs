@@ -1,7 +1,8 @@
-//! The control store and receipt ledger on PostgreSQL: one database shared by several control replicas.
+//! The control store, receipt ledger and book of jobs on PostgreSQL: one database shared by
+//! several control replicas.
 //!
-//! The pool and its bounds are here; the schema is in `migrate`, the two traits in `control` and
-//! `ledger`, as on the SQLite side.
+//! The pool and its bounds are here; the schema is in `migrate`, the three traits in `control`,
+//! `ledger` and `jobs`, as on the SQLite side.
 //!
 //! Same tables, same meanings as [`SqliteStore`](crate::SqliteStore): money and counts are `BIGINT`,
 //! times `BIGINT` unix milliseconds. Every change bumps the state version in its own transaction, so a
@@ -15,6 +16,7 @@
 //! (`spawn_blocking`), never from inside an async task.
 
 mod control;
+mod jobs;
 mod ledger;
 mod migrate;
 

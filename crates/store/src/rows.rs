@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 
 use recovea_core::caps::{Cap, Scope};
+use recovea_core::channel::JobKind;
 use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::jobs::BatchInput;
 use recovea_core::keys::KeyHash;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
@@ -16,8 +18,8 @@ use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
 
 use crate::{
-    ActiveKey, AlertRecord, CapRecord, KeyRecord, NodeRecord, OrgRecord, PriceChange, PriceOverride,
-    PriceTarget, ProviderRecord, Result, SpendRow, StoreError, TagSpendRow,
+    ActiveKey, AlertRecord, CapRecord, FileRecord, JobRecord, KeyRecord, NodeRecord, OrgRecord, PriceChange,
+    PriceOverride, PriceTarget, ProviderRecord, Result, SpendRow, StoreError, TagSpendRow,
 };
 
 /// A row as its driver reads it, one column at a time. Text and bytes are borrowed from the row:
@@ -256,9 +258,82 @@ pub(crate) fn node(row: &dyn Columns) -> Result<NodeRecord> {
     })
 }
 
-/// A row of the spend summary, from its day, key_id, model, request count and the sums of
-/// input_tokens, output_tokens and cost_nanos, in that order: each backend computes the day its
-/// own way.
+pub(crate) const JOB_COLUMNS: &str = "org_id, provider, job_id, key_id, kind, endpoint, model, request_id, \
+     started_at, held_nanos, settled_at, cost_nanos, polls, next_poll_at, last_error";
+
+/// A job, from its [`JOB_COLUMNS`].
+pub(crate) fn job(row: &dyn Columns) -> Result<JobRecord> {
+    let kind = row.text(4)?;
+    let polls = row.count(12)?;
+    Ok(JobRecord {
+        org_id: org_id(row.text(0)?)?,
+        provider: row.string(1)?,
+        job_id: row.string(2)?,
+        key_id: key_id(row.text(3)?)?,
+        kind: JobKind::parse(kind).ok_or_else(|| corrupt(format!("bad job kind {kind:?}")))?,
+        endpoint: row.string(5)?,
+        model: row.optional_string(6)?,
+        request_id: row.string(7)?,
+        started_at: row.timestamp(8)?,
+        held: Nanos(row.integer(9)?),
+        settled_at: row.optional_timestamp(10)?,
+        cost: row.optional_integer(11)?.map(Nanos),
+        // Only counted up by one per poll: a count past `u32` is years of polls of one job, and
+        // stays the largest rather than making the whole book unreadable.
+        polls: u32::try_from(polls).unwrap_or(u32::MAX),
+        next_poll_at: row.timestamp(13)?,
+        last_error: row.optional_string(14)?,
+    })
+}
+
+/// A job's key (organization, credential, id), ordered by bytes as both databases order those
+/// columns.
+pub(crate) fn job_key(job: &JobRecord) -> (&str, &str, &str) {
+    (job.org_id.as_str(), &job.provider, &job.job_id)
+}
+
+pub(crate) fn sort_jobs(jobs: &mut [JobRecord]) {
+    jobs.sort_unstable_by(|a, b| job_key(a).cmp(&job_key(b)));
+}
+
+pub(crate) const FILE_COLUMNS: &str = "org_id, provider, file_id, created_at, input";
+
+/// A file's key, as [`job_key`].
+pub(crate) fn file_key(file: &FileRecord) -> (&str, &str, &str) {
+    (file.org_id.as_str(), &file.provider, &file.file_id)
+}
+
+pub(crate) fn sort_files(files: &mut [FileRecord]) {
+    files.sort_unstable_by(|a, b| file_key(a).cmp(&file_key(b)));
+}
+
+/// A batch input file, from its [`FILE_COLUMNS`] (its estimate as JSON).
+pub(crate) fn file(row: &dyn Columns) -> Result<FileRecord> {
+    Ok(FileRecord {
+        org_id: org_id(row.text(0)?)?,
+        provider: row.string(1)?,
+        file_id: row.string(2)?,
+        created_at: row.timestamp(3)?,
+        input: serde_json::from_str(row.text(4)?).map_err(|e| corrupt(format!("bad batch input: {e}")))?,
+    })
+}
+
+/// The stored text of a batch input file's estimate.
+pub(crate) fn batch_input_text(input: &BatchInput) -> Result<String> {
+    serde_json::to_string(input).map_err(|e| StoreError::Backend(format!("batch input: {e}")))
+}
+
+/// A day of settled job spend: org_id, key_id, day and the sum of cost_nanos, in that order.
+pub(crate) fn job_spend(row: &dyn Columns) -> Result<(OrgId, KeyId, i64, Nanos)> {
+    Ok((org_id(row.text(0)?)?, key_id(row.text(1)?)?, row.integer(2)?, Nanos(row.integer(3)?)))
+}
+
+/// The first millisecond of a UTC day, for a `started_at >=` bound an index can seek: a day past
+/// either end of `i64` milliseconds saturates (the day itself is then compared as well).
+pub(crate) fn day_start(day: i64) -> i64 {
+    day.saturating_mul(MS_PER_DAY)
+}
+
 /// A receipt's tags from their stored text; `NULL` or empty: none.
 pub(crate) fn tags(row: &dyn Columns, index: usize) -> Result<Tags> {
     match row.optional_text(index)? {
@@ -316,6 +391,9 @@ pub(crate) fn tag_sum_row(row: &dyn Columns) -> Result<(String, Option<String>, 
     ))
 }
 
+/// A row of the spend summary, from its day, key_id, model, request count and the sums of
+/// input_tokens, output_tokens and cost_nanos, in that order: each backend computes the day its
+/// own way.
 pub(crate) fn spend_row(row: &dyn Columns) -> Result<SpendRow> {
     Ok(SpendRow {
         day: row.string(0)?,

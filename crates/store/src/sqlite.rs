@@ -1,9 +1,11 @@
-//! The control store and receipt ledger on SQLite: the zero-setup default of `recovea serve`.
+//! The control store, receipt ledger and book of jobs on SQLite: the zero-setup default of
+//! `recovea serve`.
 //!
-//! One connection behind a lock, opened here; the schema is in `migrate`, the two traits in
-//! `control` and `ledger`, as on the PostgreSQL side.
+//! One connection behind a lock, opened here; the schema is in `migrate`, the three traits in
+//! `control`, `ledger` and `jobs`, as on the PostgreSQL side.
 
 mod control;
+mod jobs;
 mod ledger;
 mod migrate;
 #[cfg(test)]

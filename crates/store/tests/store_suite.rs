@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::sync::Barrier;
 
 use recovea_core::caps::{Cap, Scope};
+use recovea_core::channel::JobKind;
 use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::jobs::BatchInput;
 use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
@@ -22,15 +24,19 @@ use recovea_core::window::Window;
 use std::time::Duration;
 
 use recovea_store::{
-    ActiveKey, AlertRecord, AuditAuth, AuditContext, AuditEntry, AuditQuery, CapRecord, ControlStore,
-    KeyRecord, NodeRecord, OrgRecord, PostgresStore, PriceChange, PriceOverride, PriceTarget, ProviderRecord,
-    ReceiptLedger, ReceiptQuery, SqliteStore, StoreError,
+    ActiveKey, AlertRecord, AuditAuth, AuditContext, AuditEntry, AuditQuery, BookRows, CapRecord,
+    ControlStore, FileRecord, JobRecord, JobStore, KeyRecord, NodeRecord, OrgRecord, PostgresStore,
+    PriceChange, PriceOverride, PriceTarget, ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore,
+    StoreError,
 };
 
 /// A fresh, empty database; `open` gives a new store instance on it each time it is called.
 trait Backend {
-    type Store: ControlStore + ReceiptLedger;
+    type Store: ControlStore + ReceiptLedger + JobStore;
     fn open(&self) -> Self::Store;
+    /// Makes the database refuse to insert the receipt `id` (the schema must exist: open a store
+    /// first), so that a transaction inserting it fails part way.
+    fn refuse_receipt(&self, id: &str);
 }
 
 struct Sqlite {
@@ -54,6 +60,15 @@ impl Backend for Sqlite {
 
     fn open(&self) -> SqliteStore {
         SqliteStore::open(&self.dir.join("control.db")).expect("open SQLite")
+    }
+
+    fn refuse_receipt(&self, id: &str) {
+        let conn = rusqlite::Connection::open(self.dir.join("control.db")).expect("open SQLite");
+        conn.execute_batch(&format!(
+            "CREATE TRIGGER refuse_{id} BEFORE INSERT ON receipts WHEN NEW.id = '{id}'
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+        ))
+        .expect("trigger");
     }
 }
 
@@ -100,6 +115,17 @@ impl Backend for Postgres {
 
     fn open(&self) -> PostgresStore {
         PostgresStore::connect(&self.url()).expect("connect PostgresStore")
+    }
+
+    fn refuse_receipt(&self, id: &str) {
+        self.client()
+            .batch_execute(&format!(
+                "CREATE FUNCTION refuse_{id}() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
+                 CREATE TRIGGER refuse_{id} BEFORE INSERT ON receipts FOR EACH ROW
+                 WHEN (NEW.id = '{id}') EXECUTE FUNCTION refuse_{id}();"
+            ))
+            .expect("trigger");
     }
 }
 
@@ -150,6 +176,16 @@ suite!(
     every_change_writes_its_audit_row,
     refused_changes_write_no_audit_row,
     the_audit_log_is_filtered_and_paged,
+    jobs_and_files_are_recorded_once,
+    the_book_holds_pending_and_recent_jobs_recent_files_and_spend_by_day,
+    due_jobs_come_most_overdue_first_within_the_limit,
+    polls_are_counted_without_a_version_bump,
+    a_job_settles_once_with_its_receipts,
+    a_settlement_that_fails_writes_nothing,
+    concurrent_settlements_settle_once,
+    counted_spend_is_every_receipt_but_settlements,
+    an_organizations_jobs_list_newest_first,
+    jobs_survive_reopening_and_are_shared_between_stores,
 );
 
 fn nodes_are_recorded_replaced_and_listed_since_a_time(db: &impl Backend) {
@@ -1390,4 +1426,504 @@ fn the_audit_log_is_filtered_and_paged(db: &impl Backend) {
     assert!(versions.windows(2).all(|w| w[0] < w[1]), "one version per change, in order: {versions:?}");
     assert_eq!(ids(AuditQuery { after_version: Some(versions[1]), ..page.clone() }), ["aud_3", "aud_4"]);
     assert_eq!(ids(AuditQuery { after_version: Some(versions[3]), ..page }), ["aud_5"]);
+}
+
+const DAY: i64 = 86_400_000;
+
+/// A pending job of `org`'s credential `provider`, created through `key` at `started_at`.
+fn job(org: &str, provider: &str, id: &str, key: &str, started_at: i64) -> JobRecord {
+    JobRecord {
+        org_id: org_id(org),
+        provider: provider.into(),
+        job_id: id.into(),
+        key_id: key_id(key),
+        kind: JobKind::OpenAiBatch,
+        endpoint: "/v1/batches".into(),
+        model: Some("gpt-4o".into()),
+        request_id: format!("req_{}", id.replace('/', "_")),
+        started_at: Timestamp(started_at),
+        held: Nanos(1_000),
+        settled_at: None,
+        cost: None,
+        polls: 0,
+        next_poll_at: Timestamp(started_at + 60_000),
+        last_error: None,
+    }
+}
+
+fn file(org: &str, id: &str, created_at: i64) -> FileRecord {
+    let mut input = BatchInput::default();
+    input.add(Some("gpt-4o"), 120, Some(64));
+    input.add(None, 7, None);
+    FileRecord {
+        org_id: org_id(org),
+        provider: "openai".into(),
+        file_id: id.into(),
+        created_at: Timestamp(created_at),
+        input,
+    }
+}
+
+/// The receipt of the request that created `job`: it costs nothing, and names what the job holds.
+fn creating_receipt(id: &str, job: &JobRecord) -> Receipt {
+    Receipt {
+        org_id: job.org_id.to_string(),
+        job_id: Some(job.job_id.clone()),
+        held_usd: Some(job.held),
+        endpoint: job.endpoint.clone(),
+        ..receipt(id, job.key_id.as_str(), job.started_at.0, 0)
+    }
+}
+
+/// A receipt settling (part of) `job`: in its windows, at its start.
+fn settling_receipt(id: &str, job: &JobRecord, cost: i64) -> Receipt {
+    Receipt {
+        org_id: job.org_id.to_string(),
+        job_id: Some(job.job_id.clone()),
+        endpoint: job.endpoint.clone(),
+        ..receipt(id, job.key_id.as_str(), job.started_at.0, cost)
+    }
+}
+
+fn settle(
+    store: &impl JobStore,
+    job: &JobRecord,
+    cost: i64,
+    at: i64,
+    receipts: &[Receipt],
+) -> Result<bool, StoreError> {
+    store.settle_job(
+        &job.org_id,
+        &job.provider,
+        &job.job_id,
+        Nanos(cost),
+        Timestamp(at),
+        &serialized(receipts),
+    )
+}
+
+fn stored(store: &impl JobStore, job: &JobRecord) -> Option<JobRecord> {
+    store.job(&job.org_id, &job.provider, &job.job_id).expect("job")
+}
+
+fn job_ids(jobs: &[JobRecord]) -> Vec<String> {
+    jobs.iter().map(|job| format!("{}/{}/{}", job.org_id, job.provider, job.job_id)).collect()
+}
+
+fn jobs_and_files_are_recorded_once(db: &impl Backend) {
+    let store = db.open();
+    assert_eq!(store.jobs_version().expect("version"), 0);
+    assert!(!store.record_jobs(&[], &[]).expect("nothing"), "nothing is new");
+    assert_eq!(store.jobs_version().expect("version"), 0, "nothing recorded, no change");
+
+    let a = job("org_a", "openai", "batch_a", "key_a", 10);
+    let b = job("org_a", "openai", "batch_b", "key_a", 20);
+    assert!(store.record_jobs(&[a.clone(), b.clone()], &[file("org_a", "file-a", 5)]).expect("record"));
+    assert_eq!(store.jobs_version().expect("version"), 1, "one change for the batch");
+    assert_eq!(stored(&store, &a), Some(a.clone()));
+
+    // Recorded again, as a replayed receipt would: the first record stays, and nothing changed.
+    let again = JobRecord { held: Nanos(9_999), endpoint: "/v1/other".into(), polls: 4, ..a.clone() };
+    let file_again = FileRecord { created_at: Timestamp(6), ..file("org_a", "file-a", 5) };
+    assert!(!store.record_jobs(std::slice::from_ref(&again), &[file_again]).expect("replay"), "nothing new");
+    assert_eq!(store.jobs_version().expect("version"), 1);
+    assert_eq!(stored(&store, &a), Some(a.clone()), "the first record is kept");
+
+    // One new among known ones is a change; a key twice in one batch keeps its first.
+    let c = job("org_a", "openai", "batch_c", "key_b", 30);
+    let c_later = JobRecord { held: Nanos(5), ..c.clone() };
+    assert!(store.record_jobs(&[again, c.clone(), c_later], &[]).expect("record"));
+    assert_eq!(store.jobs_version().expect("version"), 2);
+    assert_eq!(stored(&store, &c), Some(c.clone()));
+    assert!(store.record_jobs(&[], &[file("org_a", "file-b", 7)]).expect("a new file alone"));
+    assert_eq!(store.jobs_version().expect("version"), 3);
+
+    // The same provider id under another credential or organization is another job.
+    let other_provider = job("org_a", "azure", "batch_a", "key_a", 40);
+    let other_org = job("org_b", "openai", "batch_a", "key_x", 50);
+    assert!(store.record_jobs(&[other_provider.clone(), other_org.clone()], &[]).expect("record"));
+    assert_eq!(stored(&store, &other_provider), Some(other_provider));
+    assert_eq!(stored(&store, &other_org), Some(other_org));
+    assert_eq!(stored(&store, &a), Some(a));
+    assert_eq!(store.job(&org_id("org_a"), "openai", "batch_zz").expect("job"), None);
+
+    // Every field reads back as written.
+    let unusual = JobRecord {
+        kind: JobKind::BackgroundResponse,
+        endpoint: "/v1/responses".into(),
+        model: None,
+        held: Nanos(i64::MAX / 3),
+        settled_at: Some(Timestamp(-7)),
+        cost: Some(Nanos(123_456_789)),
+        polls: u32::MAX,
+        next_poll_at: Timestamp(-3),
+        last_error: Some("upstream 502".into()),
+        ..job("org_c", "openai-eu", "resp_x:y/z", "key_c", -DAY - 1)
+    };
+    assert!(store.record_jobs(std::slice::from_ref(&unusual), &[]).expect("record"));
+    assert_eq!(stored(&store, &unusual), Some(unusual));
+    let book = store.job_book(Timestamp(i64::MIN), Timestamp(0), i64::MIN).expect("book");
+    assert_eq!(book.files, vec![file("org_a", "file-a", 5), file("org_a", "file-b", 7)]);
+}
+
+fn the_book_holds_pending_and_recent_jobs_recent_files_and_spend_by_day(db: &impl Backend) {
+    let store = db.open();
+    assert_eq!(store.job_book(Timestamp(0), Timestamp(0), 0).expect("book"), BookRows::default());
+    // Jobs over days -1 to 3 of two keys and two organizations, settled at various times.
+    let jobs = [
+        (job("org_a", "openai", "batch_1", "key_a", 5), Some((12, 100))),
+        (job("org_a", "openai", "batch_2", "key_a", DAY - 1), Some((7, 5_000))),
+        (job("org_a", "anthropic", "msgbatch_3", "key_a", 2 * DAY + 3), Some((3, 6_000))),
+        (job("org_a", "openai", "batch_4", "key_b", DAY + 4), Some((4, 200))),
+        (job("org_a", "openai", "batch_5", "key_a", -5), Some((9, 300))),
+        (job("org_a", "openai", "batch_6", "key_a", 3 * DAY), Some((0, 7_000))),
+        (job("org_a", "openai", "batch_7", "key_a", DAY + 1), None),
+        (job("org_b", "openai", "batch_1", "key_x", DAY + 9), Some((6, 400))),
+        (job("org_b", "openai", "batch_8", "key_x", 2 * DAY), None),
+    ];
+    let records: Vec<JobRecord> = jobs.iter().map(|(job, _)| job.clone()).collect();
+    let files = [file("org_b", "file-1", 10), file("org_a", "file-2", 2_000), file("org_a", "file-1", 3_000)];
+    assert!(store.record_jobs(&records, &files).expect("record"));
+    for (job, settlement) in &jobs {
+        if let Some((cost, at)) = settlement {
+            assert!(settle(&store, job, *cost, *at, &[]).expect("settle"));
+        }
+    }
+
+    let book = store.job_book(Timestamp(5_000), Timestamp(2_000), 0).expect("book");
+    assert_eq!(
+        job_ids(&book.jobs),
+        [
+            "org_a/anthropic/msgbatch_3",
+            "org_a/openai/batch_2",
+            "org_a/openai/batch_6",
+            "org_a/openai/batch_7",
+            "org_b/openai/batch_8",
+        ],
+        "pending, and settled at or after settled_since, by key"
+    );
+    let settled = &book.jobs[1];
+    assert_eq!((settled.settled_at, settled.cost), (Some(Timestamp(5_000)), Some(Nanos(7))));
+    assert_eq!((book.jobs[3].settled_at, book.jobs[3].cost), (None, None));
+    assert_eq!(book.files, vec![file("org_a", "file-1", 3_000), file("org_a", "file-2", 2_000)]);
+    let spend = |org: &str, key: &str, day: i64, cost: i64| (org_id(org), key_id(key), day, Nanos(cost));
+    assert_eq!(
+        book.spend,
+        vec![
+            spend("org_a", "key_a", 0, 12 + 7),
+            spend("org_a", "key_a", 2, 3),
+            spend("org_a", "key_b", 1, 4),
+            spend("org_b", "key_x", 1, 6),
+        ],
+        "every settled job from day 0 on, whenever settled; pending jobs and zero days left out"
+    );
+    let from_day_1 = store.job_book(Timestamp(5_000), Timestamp(2_000), 1).expect("book").spend;
+    assert_eq!(
+        from_day_1,
+        vec![spend("org_a", "key_a", 2, 3), spend("org_a", "key_b", 1, 4), spend("org_b", "key_x", 1, 6)]
+    );
+    let all = store.job_book(Timestamp(i64::MIN), Timestamp(i64::MIN), i64::MIN).expect("book");
+    assert_eq!(all.jobs.len(), jobs.len());
+    assert_eq!(all.files.len(), files.len());
+    assert_eq!(all.spend[0], spend("org_a", "key_a", -1, 9), "days before 1970 floor");
+    assert_eq!(store.job_book(Timestamp(0), Timestamp(0), i64::MAX).expect("book").spend, vec![]);
+}
+
+fn due_jobs_come_most_overdue_first_within_the_limit(db: &impl Backend) {
+    let store = db.open();
+    let due = |id: &str, provider: &str, next_poll_at: i64| JobRecord {
+        next_poll_at: Timestamp(next_poll_at),
+        ..job("org_a", provider, id, "key_a", 1)
+    };
+    let settled =
+        JobRecord { settled_at: Some(Timestamp(2)), cost: Some(Nanos(1)), ..due("batch_s", "openai", 50) };
+    let jobs = [
+        due("batch_c", "openai", 300),
+        due("batch_a", "openai", 100),
+        due("batch_b", "openai", 200),
+        due("batch_b", "anthropic", 200),
+        due("batch_d", "openai", 401),
+        settled,
+    ];
+    store.record_jobs(&jobs, &[]).expect("record");
+    let ids = |now: i64, limit: u32| job_ids(&store.due_jobs(Timestamp(now), limit).expect("due"));
+    assert_eq!(
+        ids(400, 10),
+        ["org_a/openai/batch_a", "org_a/anthropic/batch_b", "org_a/openai/batch_b", "org_a/openai/batch_c"]
+    );
+    assert_eq!(ids(400, 2), ["org_a/openai/batch_a", "org_a/anthropic/batch_b"]);
+    assert_eq!(ids(300, 10).len(), 4, "due at its time");
+    assert!(ids(99, 10).is_empty());
+    assert!(ids(i64::MAX, 0).is_empty());
+}
+
+fn polls_are_counted_without_a_version_bump(db: &impl Backend) {
+    let store = db.open();
+    let a = job("org_a", "openai", "batch_a", "key_a", 1);
+    store.record_jobs(std::slice::from_ref(&a), &[]).expect("record");
+    let version = store.jobs_version().expect("version");
+
+    store
+        .job_polled(&a.org_id, &a.provider, &a.job_id, Timestamp(5_000), Some("provider said 502"))
+        .expect("polled");
+    let polled = stored(&store, &a).expect("job");
+    assert_eq!((polled.polls, polled.next_poll_at), (1, Timestamp(5_000)));
+    assert_eq!(polled.last_error.as_deref(), Some("provider said 502"));
+    store.job_polled(&a.org_id, &a.provider, &a.job_id, Timestamp(9_000), None).expect("polled");
+    let polled = stored(&store, &a).expect("job");
+    assert_eq!(polled, JobRecord { polls: 2, next_poll_at: Timestamp(9_000), last_error: None, ..a.clone() });
+    assert!(store.due_jobs(Timestamp(8_999), 10).expect("due").is_empty(), "not due before its next poll");
+    assert_eq!(store.due_jobs(Timestamp(9_000), 10).expect("due"), vec![polled]);
+
+    let unknown = store.job_polled(&a.org_id, "azure", &a.job_id, Timestamp(1), None);
+    assert!(matches!(unknown, Err(StoreError::NotFound)), "{unknown:?}");
+    assert_eq!(store.jobs_version().expect("version"), version, "polls are not in the book");
+}
+
+fn a_job_settles_once_with_its_receipts(db: &impl Backend) {
+    let store = db.open();
+    let org = org_id("org_a");
+    let a = job("org_a", "openai", "batch_a", "key_a", DAY + 500);
+    store.record_jobs(std::slice::from_ref(&a), &[]).expect("record");
+    store.insert_receipts(&serialized(&[creating_receipt("rcpt_create", &a)])).expect("insert");
+    let version = store.jobs_version().expect("version");
+    let (whole, partial) =
+        ((Timestamp(0), Timestamp(10 * DAY)), (Timestamp(DAY + 500), Timestamp(DAY + 501)));
+    let spend = |(from, to): (Timestamp, Timestamp)| store.spend(&org, None, from, to).expect("spend");
+
+    let first = [settling_receipt("rcpt_s1", &a, 10), settling_receipt("rcpt_s2", &a, 20)];
+    assert!(settle(&store, &a, 30, 7_000, &first).expect("settle"));
+    assert_eq!(store.jobs_version().expect("version"), version + 1);
+    let settled = JobRecord { settled_at: Some(Timestamp(7_000)), cost: Some(Nanos(30)), ..a.clone() };
+    assert_eq!(stored(&store, &a), Some(settled.clone()));
+    assert_eq!(store.receipt(&org, "rcpt_s2").expect("receipt"), Some(first[1].clone()));
+    assert_eq!((spend(whole), spend(partial)), (Nanos(30), Nanos(30)), "the daily spend and the receipts");
+
+    // Settled again (another replica, a retried poll): nothing at all is written.
+    let replay = [settling_receipt("rcpt_s1", &a, 10), settling_receipt("rcpt_s3", &a, 99)];
+    assert!(!settle(&store, &a, 45, 8_000, &replay).expect("settle again"));
+    assert!(!settle(&store, &a, 30, 7_000, &first).expect("settle again"));
+    assert_eq!(stored(&store, &a), Some(settled), "the first settlement stays");
+    assert_eq!(store.receipt(&org, "rcpt_s3").expect("receipt"), None, "no receipt of a second settlement");
+    assert_eq!((spend(whole), spend(partial)), (Nanos(30), Nanos(30)), "counted once");
+    let summary = store.spend_summary(&org, None, Some(whole.0), Some(whole.1)).expect("summary");
+    assert_eq!(summary.iter().map(|row| row.requests).sum::<u64>(), 3, "the creating receipt and two");
+    assert_eq!(store.jobs_version().expect("version"), version + 1);
+
+    let unknown = job("org_a", "openai", "batch_zz", "key_a", DAY);
+    let refused = settle(&store, &unknown, 5, 9_000, &[settling_receipt("rcpt_zz", &unknown, 5)]);
+    assert!(matches!(refused, Err(StoreError::NotFound)), "{refused:?}");
+    assert_eq!(store.receipt(&org, "rcpt_zz").expect("receipt"), None);
+    assert_eq!(store.jobs_version().expect("version"), version + 1);
+    let book = store.job_book(Timestamp(0), Timestamp(0), 0).expect("book");
+    assert_eq!(book.spend, vec![(org.clone(), key_id("key_a"), 1, Nanos(30))]);
+}
+
+fn a_settlement_that_fails_writes_nothing(db: &impl Backend) {
+    let store = db.open();
+    db.refuse_receipt("rcpt_refused");
+    let org = org_id("org_a");
+    let a = job("org_a", "openai", "batch_a", "key_a", 3 * DAY);
+    store.record_jobs(std::slice::from_ref(&a), &[]).expect("record");
+    let version = store.jobs_version().expect("version");
+
+    let failing = [settling_receipt("rcpt_ok", &a, 10), settling_receipt("rcpt_refused", &a, 20)];
+    let failed = settle(&store, &a, 30, 7_000, &failing);
+    assert!(matches!(failed, Err(StoreError::Backend(_))), "{failed:?}");
+    assert_eq!(stored(&store, &a), Some(a.clone()), "still pending");
+    assert_eq!(store.receipt(&org, "rcpt_ok").expect("receipt"), None, "no receipt of the failed batch");
+    assert_eq!(store.spend(&org, None, Timestamp(0), Timestamp(10 * DAY)).expect("spend"), Nanos(0));
+    assert_eq!(store.spend_summary(&org, None, None, None).expect("summary"), vec![]);
+    assert_eq!(store.jobs_version().expect("version"), version);
+    assert_eq!(store.due_jobs(a.next_poll_at, 10).expect("due"), vec![a.clone()], "polled again");
+
+    let retried = [settling_receipt("rcpt_ok", &a, 10), settling_receipt("rcpt_other", &a, 20)];
+    assert!(settle(&store, &a, 30, 8_000, &retried).expect("settle"));
+    assert_eq!(store.spend(&org, None, Timestamp(0), Timestamp(10 * DAY)).expect("spend"), Nanos(30));
+    assert_eq!(stored(&store, &a).and_then(|job| job.settled_at), Some(Timestamp(8_000)));
+}
+
+fn concurrent_settlements_settle_once(db: &impl Backend) {
+    let stores = [db.open(), db.open()];
+    let jobs: Vec<JobRecord> =
+        (0..20).map(|i| job("org_a", "openai", &format!("batch_{i:02}"), "key_a", DAY + i)).collect();
+    stores[0].record_jobs(&jobs, &[]).expect("record");
+    let version = stores[0].jobs_version().expect("version");
+    let barrier = Barrier::new(4);
+    let settled: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let (store, barrier, jobs) = (&stores[t % 2], &barrier, &jobs);
+                s.spawn(move || {
+                    barrier.wait();
+                    jobs.iter()
+                        .filter(|job| {
+                            // Each thread its own receipt ids: only the winner's may land.
+                            let receipt = settling_receipt(&format!("rcpt_{}_{t}", job.job_id), job, 5);
+                            settle(store, job, 5, 1_000, &[receipt]).expect("settle")
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("thread")).sum()
+    });
+    assert_eq!(settled, jobs.len(), "each job settled once");
+    assert_eq!(stores[1].jobs_version().expect("version"), version + 20);
+    let org = org_id("org_a");
+    assert_eq!(stores[1].spend(&org, None, Timestamp(0), Timestamp(2 * DAY)).expect("spend"), Nanos(100));
+    assert_eq!(stores[1].spend(&org, None, Timestamp(DAY), Timestamp(DAY + 20)).expect("spend"), Nanos(100));
+}
+
+fn counted_spend_is_every_receipt_but_settlements(db: &impl Backend) {
+    let store = db.open();
+    let (a, b) = ("key_a", "key_b");
+    let j1 = job("org_a", "openai", "batch_1", a, DAY + 1_000);
+    let j2 = job("org_a", "anthropic", "msgbatch_2", b, 2 * DAY + 20);
+    let pending = job("org_a", "openai", "batch_3", a, DAY + 2_000);
+    let elsewhere = job("org_b", "openai", "batch_1", a, DAY + 1_000);
+    store.record_jobs(&[j1.clone(), j2.clone(), pending.clone(), elsewhere.clone()], &[]).expect("record");
+    // Everything the counters hold: the creating requests' receipts (free) and ordinary ones.
+    let counted = [
+        creating_receipt("rcpt_c1", &j1),
+        creating_receipt("rcpt_c2", &j2),
+        creating_receipt("rcpt_c3", &pending),
+        receipt("rcpt_o1", a, DAY + 500, 7),
+        receipt("rcpt_o2", b, 2 * DAY + 10, 11),
+        receipt("rcpt_o3", a, 3 * DAY + 5, 13),
+        receipt("rcpt_o4", a, -DAY + 3, 17),
+        Receipt { cost_usd: Nanos(19), ..creating_receipt("rcpt_c4", &j1) },
+    ];
+    store.insert_receipts(&serialized(&counted)).expect("insert");
+    store
+        .insert_receipts(&serialized(&[Receipt {
+            org_id: "org_b".into(),
+            ..receipt("rcpt_b1", a, DAY + 1_000, 1_000)
+        }]))
+        .expect("insert");
+    assert!(
+        settle(
+            &store,
+            &j1,
+            100,
+            9_000,
+            &[settling_receipt("rcpt_s1", &j1, 40), settling_receipt("rcpt_s2", &j1, 60)]
+        )
+        .expect("settle")
+    );
+    assert!(settle(&store, &j2, 25, 9_000, &[settling_receipt("rcpt_s3", &j2, 25)]).expect("settle"));
+    assert!(
+        settle(&store, &elsewhere, 500, 9_000, &[settling_receipt("rcpt_s4", &elsewhere, 500)])
+            .expect("settle")
+    );
+
+    let org = org_id("org_a");
+    let truth = |key: Option<&str>, from: i64, to: i64, receipts: &[Receipt]| {
+        Nanos(
+            receipts
+                .iter()
+                .filter(|r| key.is_none_or(|k| r.key_id == k) && (from..to).contains(&r.started_at.0))
+                .map(|r| r.cost_usd.0)
+                .sum(),
+        )
+    };
+    let settlements = [
+        settling_receipt("rcpt_s1", &j1, 40),
+        settling_receipt("rcpt_s2", &j1, 60),
+        settling_receipt("rcpt_s3", &j2, 25),
+    ];
+    let cuts = [
+        i64::MIN,
+        -DAY,
+        0,
+        DAY,
+        DAY + 700,
+        DAY + 1_000,
+        DAY + 1_001,
+        2 * DAY,
+        2 * DAY + 15,
+        3 * DAY,
+        3 * DAY + 6,
+        4 * DAY,
+        i64::MAX,
+    ];
+    for key in [None, Some(a), Some(b)] {
+        for &from in &cuts {
+            for &to in cuts.iter().filter(|&&to| to > from) {
+                let (from_t, to_t, key_id) = (Timestamp(from), Timestamp(to), key.map(key_id));
+                let got = store.counted_spend(&org, key_id.as_ref(), from_t, to_t).expect("counted spend");
+                assert_eq!(got, truth(key, from, to, &counted), "{key:?} [{from}, {to})");
+                let all = store.spend(&org, key_id.as_ref(), from_t, to_t).expect("spend");
+                assert_eq!(
+                    Nanos(all.0 - got.0),
+                    truth(key, from, to, &settlements),
+                    "{key:?} [{from}, {to})"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        store
+            .counted_spend(&org_id("org_b"), None, Timestamp(i64::MIN), Timestamp(i64::MAX))
+            .expect("counted"),
+        Nanos(1_000)
+    );
+}
+
+fn an_organizations_jobs_list_newest_first(db: &impl Backend) {
+    let store = db.open();
+    let jobs = [
+        job("org_a", "openai", "batch_b", "key_a", 100),
+        job("org_a", "openai", "batch_a", "key_a", 100),
+        job("org_a", "anthropic", "batch_c", "key_a", 300),
+        job("org_a", "openai", "batch_d", "key_b", 200),
+        job("org_a", "openai", "batch_c", "key_a", 300),
+        job("org_b", "openai", "batch_e", "key_x", 400),
+    ];
+    store.record_jobs(&jobs, &[]).expect("record");
+    let list = |org: &str, limit: u32| job_ids(&store.jobs(&org_id(org), limit).expect("jobs"));
+    assert_eq!(
+        list("org_a", 10),
+        [
+            "org_a/openai/batch_c",
+            "org_a/anthropic/batch_c",
+            "org_a/openai/batch_d",
+            "org_a/openai/batch_b",
+            "org_a/openai/batch_a",
+        ]
+    );
+    assert_eq!(list("org_a", 2), ["org_a/openai/batch_c", "org_a/anthropic/batch_c"]);
+    assert_eq!(list("org_b", 10), ["org_b/openai/batch_e"]);
+    assert!(list("org_c", 10).is_empty());
+    assert_eq!(store.jobs(&org_id("org_a"), 1).expect("jobs"), vec![jobs[4].clone()]);
+}
+
+fn jobs_survive_reopening_and_are_shared_between_stores(db: &impl Backend) {
+    let a = job("org_a", "openai", "batch_a", "key_a", DAY);
+    let b = job("org_a", "openai", "batch_b", "key_a", DAY + 1);
+    {
+        let first = db.open();
+        first.record_jobs(&[a.clone(), b.clone()], &[file("org_a", "file-a", 5)]).expect("record");
+        let second = db.open();
+        assert_eq!(second.jobs_version().expect("version"), 1, "the other store sees the change");
+        assert_eq!(stored(&second, &a), Some(a.clone()));
+        assert!(settle(&second, &a, 8, 2_000, &[settling_receipt("rcpt_s", &a, 8)]).expect("settle"));
+        assert_eq!(first.jobs_version().expect("version"), 2);
+        assert!(!settle(&first, &a, 8, 3_000, &[]).expect("settled on the other store"));
+        first.job_polled(&b.org_id, &b.provider, &b.job_id, Timestamp(4_000), None).expect("polled");
+    }
+    let reopened = db.open();
+    assert_eq!(reopened.jobs_version().expect("version"), 2);
+    let book = reopened.job_book(Timestamp(0), Timestamp(0), 0).expect("book");
+    let settled = JobRecord { settled_at: Some(Timestamp(2_000)), cost: Some(Nanos(8)), ..a };
+    let polled = JobRecord { polls: 1, next_poll_at: Timestamp(4_000), ..b };
+    assert_eq!(
+        book,
+        BookRows {
+            jobs: vec![settled, polled],
+            files: vec![file("org_a", "file-a", 5)],
+            spend: vec![(org_id("org_a"), key_id("key_a"), 1, Nanos(8))],
+        }
+    );
+    assert!(!reopened.record_jobs(&[job("org_a", "openai", "batch_a", "key_a", 0)], &[]).expect("replay"));
 }

@@ -1,6 +1,7 @@
 //! The receipt ledger on PostgreSQL: a receipt is a few columns to select and sum by, beside its
 //! JSON text as it came.
 
+use postgres::GenericClient;
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
@@ -11,39 +12,51 @@ use super::{PostgresStore, backend, select, select_optional};
 use crate::rows::{self, Columns, saturating_i64};
 use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, StoreError, TagSpendRow};
 
+/// Inserts the receipts not already present, on `client` (a settlement's transaction, for its
+/// receipts to go in with the job they settle); how many were new.
+pub(super) fn insert_receipts(
+    client: &mut impl GenericClient,
+    written: &[SerializedReceipt],
+) -> Result<usize> {
+    if written.is_empty() {
+        return Ok(0);
+    }
+    let receipts: Vec<&Receipt> = written.iter().map(SerializedReceipt::receipt).collect();
+    let bodies: Vec<&str> = written.iter().map(SerializedReceipt::json).collect();
+    let column = |f: fn(&Receipt) -> &str| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
+    let number = |f: fn(&Receipt) -> i64| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
+    // One statement for the batch; a receipt already present (or twice in the batch) is skipped.
+    // The table's trigger adds the receipts it inserted to the daily spend (migration 7).
+    let inserted = client
+        .execute(
+            "INSERT INTO receipts
+             (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body, tags)
+             SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[],
+                                  $7::BIGINT[], $8::BIGINT[], $9::TEXT[], $10::TEXT[])
+             ON CONFLICT DO NOTHING",
+            &[
+                &column(|r| &r.id),
+                &column(|r| &r.org_id),
+                &column(|r| &r.key_id),
+                &number(|r| r.started_at.0),
+                &receipts.iter().map(|r| r.model.as_deref()).collect::<Vec<_>>(),
+                &number(|r| saturating_i64(r.input_tokens)),
+                &number(|r| saturating_i64(r.output_tokens)),
+                &number(|r| r.cost_usd.0),
+                &bodies,
+                &receipts.iter().map(|r| rows::tags_text(&r.tags)).collect::<Vec<_>>(),
+            ],
+        )
+        .map_err(backend)?;
+    Ok(usize::try_from(inserted).unwrap_or(usize::MAX))
+}
+
 impl ReceiptLedger for PostgresStore {
     fn insert_receipts(&self, written: &[SerializedReceipt]) -> Result<usize> {
         if written.is_empty() {
             return Ok(0);
         }
-        let receipts: Vec<&Receipt> = written.iter().map(SerializedReceipt::receipt).collect();
-        let bodies: Vec<&str> = written.iter().map(SerializedReceipt::json).collect();
-        let column = |f: fn(&Receipt) -> &str| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
-        let number = |f: fn(&Receipt) -> i64| receipts.iter().map(|r| f(r)).collect::<Vec<_>>();
-        // One statement for the batch; a receipt already present (or twice in the batch) is skipped.
-        // The table's trigger adds the receipts it inserted to the daily spend (migration 7).
-        let inserted = self.client()?
-            .execute(
-                "INSERT INTO receipts
-                 (id, org_id, key_id, started_at, model, input_tokens, output_tokens, cost_nanos, body, tags)
-                 SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[],
-                                      $7::BIGINT[], $8::BIGINT[], $9::TEXT[], $10::TEXT[])
-                 ON CONFLICT DO NOTHING",
-                &[
-                    &column(|r| &r.id),
-                    &column(|r| &r.org_id),
-                    &column(|r| &r.key_id),
-                    &number(|r| r.started_at.0),
-                    &receipts.iter().map(|r| r.model.as_deref()).collect::<Vec<_>>(),
-                    &number(|r| saturating_i64(r.input_tokens)),
-                    &number(|r| saturating_i64(r.output_tokens)),
-                    &number(|r| r.cost_usd.0),
-                    &bodies,
-                    &receipts.iter().map(|r| rows::tags_text(&r.tags)).collect::<Vec<_>>(),
-                ],
-            )
-            .map_err(backend)?;
-        Ok(usize::try_from(inserted).unwrap_or(usize::MAX))
+        insert_receipts(&mut *self.client()?, written)
     }
 
     fn receipts(&self, q: &ReceiptQuery) -> Result<Vec<Receipt>> {
@@ -107,31 +120,7 @@ impl ReceiptLedger for PostgresStore {
     }
 
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
-        // Whole days from the daily spend, the partial days at either end from the receipts.
-        let split = rows::spend_split(from.0, to.0);
-        let row = self
-            .client()?
-            .query_one(
-                "SELECT ((SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = $1
-                          AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $3 AND started_at < $4)
-                       + (SELECT COALESCE(SUM(cost_nanos), 0) FROM spend_daily WHERE org_id = $1
-                          AND ($2::TEXT IS NULL OR key_id = $2) AND day >= $5 AND day < $6)
-                       + (SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = $1
-                          AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $7 AND started_at < $8)
-                       )::BIGINT",
-                &[
-                    &org.as_str(),
-                    &key.map(KeyId::as_str),
-                    &from.0,
-                    &split.head_end,
-                    &split.first_day,
-                    &split.last_day,
-                    &split.tail_start,
-                    &to.0,
-                ],
-            )
-            .map_err(backend)?;
-        Ok(Nanos(row.integer(0)?))
+        spend(&mut *self.client()?, org, key, from, to)
     }
 
     fn spend_summary(
@@ -198,4 +187,39 @@ impl ReceiptLedger for PostgresStore {
         )?;
         Ok(rows::by_tag(sums, key))
     }
+}
+
+/// The sum of the receipts' costs in `[from, to)`, read on `client` (a transaction of the
+/// caller's, for a sum that must agree with other reads).
+pub(super) fn spend(
+    client: &mut impl GenericClient,
+    org: &OrgId,
+    key: Option<&KeyId>,
+    from: Timestamp,
+    to: Timestamp,
+) -> Result<Nanos> {
+    // Whole days from the daily spend, the partial days at either end from the receipts.
+    let split = rows::spend_split(from.0, to.0);
+    let row = client
+        .query_one(
+            "SELECT ((SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = $1
+                      AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $3 AND started_at < $4)
+                   + (SELECT COALESCE(SUM(cost_nanos), 0) FROM spend_daily WHERE org_id = $1
+                      AND ($2::TEXT IS NULL OR key_id = $2) AND day >= $5 AND day < $6)
+                   + (SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = $1
+                      AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $7 AND started_at < $8)
+                   )::BIGINT",
+            &[
+                &org.as_str(),
+                &key.map(KeyId::as_str),
+                &from.0,
+                &split.head_end,
+                &split.first_day,
+                &split.last_day,
+                &split.tail_start,
+                &to.0,
+            ],
+        )
+        .map_err(backend)?;
+    Ok(Nanos(row.integer(0)?))
 }

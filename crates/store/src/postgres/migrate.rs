@@ -200,7 +200,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // Deferred jobs (issue 31): the control plane's book of jobs, pending until settled once, and
     // the estimates of batch input files; each change to either bumps `jobs_version`, which
     // replicas poll. Keyed by organization, credential and the provider's id (unique within one
-    // provider account only). Receipts keep their job fields in their JSON body.
+    // provider account only). Receipts keep their job fields in their JSON body. The book's
+    // settled spend by day reads its own index alone; an organization's jobs are listed newest
+    // first in the order of theirs.
     r#"
     CREATE TABLE jobs (
         org_id TEXT COLLATE "C" NOT NULL,
@@ -222,7 +224,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX jobs_due ON jobs(next_poll_at) WHERE settled_at IS NULL;
     CREATE INDEX jobs_by_settled ON jobs(settled_at) WHERE settled_at IS NOT NULL;
-    CREATE INDEX jobs_by_org_time ON jobs(org_id, started_at);
+    CREATE INDEX jobs_settled_by_time ON jobs(started_at) INCLUDE (org_id, key_id, cost_nanos)
+        WHERE settled_at IS NOT NULL;
+    CREATE INDEX jobs_by_org_time ON jobs(org_id, started_at, job_id, provider);
     CREATE TABLE batch_files (
         org_id TEXT COLLATE "C" NOT NULL,
         provider TEXT COLLATE "C" NOT NULL,

@@ -7,7 +7,7 @@ use recovea_core::money::Nanos;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::UsageSource;
-use rusqlite::params;
+use rusqlite::{Connection, Transaction, params};
 
 use super::{SqliteStore, backend, records};
 use crate::rows::{self, Columns, DailyKey, DailySums, corrupt, saturating_i64};
@@ -56,91 +56,93 @@ fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
     })
 }
 
+/// Inserts the receipts not already present, and adds those it inserted to the daily spend, in
+/// the caller's transaction (a settlement's receipts go in with the job they settle); how many
+/// were new.
+pub(super) fn insert_receipts(tx: &Transaction<'_>, receipts: &[SerializedReceipt]) -> Result<usize> {
+    let mut inserted = 0;
+    // Only the receipts actually inserted feed the daily spend: a replayed one counts once.
+    let mut daily: BTreeMap<DailyKey<'_>, DailySums> = BTreeMap::new();
+    let mut stmt = tx
+        .prepare_cached(&format!(
+            "INSERT OR IGNORE INTO receipts ({RECEIPT_COLUMNS})
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                     ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)"
+        ))
+        .map_err(backend)?;
+    for written in receipts {
+        let r = written.receipt();
+        let added = stmt
+            .execute(params![
+                r.id,
+                r.request_id,
+                r.org_id,
+                r.key_id,
+                r.provider,
+                r.model,
+                r.endpoint,
+                r.status,
+                r.stream,
+                saturating_i64(r.input_tokens),
+                saturating_i64(r.output_tokens),
+                saturating_i64(r.cached_input_tokens),
+                saturating_i64(r.cache_write_input_tokens),
+                saturating_i64(r.reasoning_tokens),
+                r.cost_usd.0,
+                r.usage_source.as_str(),
+                r.priced,
+                saturating_i64(r.price_revision),
+                r.started_at.0,
+                r.finished_at.0,
+                r.node_id,
+                r.priced_as,
+                rows::tags_text(&r.tags),
+                r.job_id,
+                r.held_usd.map(|held| held.0),
+                r.batch_input.as_ref().and_then(|batch| serde_json::to_string(batch).ok()),
+            ])
+            .map_err(backend)?;
+        if added > 0 {
+            let key =
+                (r.org_id.as_str(), rows::day_of(r.started_at.0), r.key_id.as_str(), r.model.as_deref());
+            daily.entry(key).or_default().add(r);
+        }
+        inserted += added;
+    }
+    let mut add_daily = tx
+        .prepare_cached(
+            "INSERT INTO spend_daily
+             (org_id, day, key_id, model_key, requests, input_tokens, output_tokens, cost_nanos)
+             VALUES (?1, ?2, ?3, COALESCE('+' || ?4, ''), ?5, ?6, ?7, ?8)
+             ON CONFLICT (org_id, day, key_id, model_key) DO UPDATE SET
+                requests = requests + excluded.requests,
+                input_tokens = input_tokens + excluded.input_tokens,
+                output_tokens = output_tokens + excluded.output_tokens,
+                cost_nanos = cost_nanos + excluded.cost_nanos",
+        )
+        .map_err(backend)?;
+    for ((org, day, key, model), sums) in &daily {
+        add_daily
+            .execute(params![
+                org,
+                day,
+                key,
+                model,
+                sums.requests,
+                sums.input_tokens,
+                sums.output_tokens,
+                sums.cost_nanos
+            ])
+            .map_err(backend)?;
+    }
+    Ok(inserted)
+}
+
 impl ReceiptLedger for SqliteStore {
     fn insert_receipts(&self, receipts: &[SerializedReceipt]) -> Result<usize> {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(backend)?;
-        let mut inserted = 0;
-        // Only the receipts actually inserted feed the daily spend: a replayed one counts once.
-        let mut daily: BTreeMap<DailyKey<'_>, DailySums> = BTreeMap::new();
-        {
-            let mut stmt = tx
-                .prepare_cached(&format!(
-                    "INSERT OR IGNORE INTO receipts ({RECEIPT_COLUMNS})
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                             ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)"
-                ))
-                .map_err(backend)?;
-            for written in receipts {
-                let r = written.receipt();
-                let added = stmt
-                    .execute(params![
-                        r.id,
-                        r.request_id,
-                        r.org_id,
-                        r.key_id,
-                        r.provider,
-                        r.model,
-                        r.endpoint,
-                        r.status,
-                        r.stream,
-                        saturating_i64(r.input_tokens),
-                        saturating_i64(r.output_tokens),
-                        saturating_i64(r.cached_input_tokens),
-                        saturating_i64(r.cache_write_input_tokens),
-                        saturating_i64(r.reasoning_tokens),
-                        r.cost_usd.0,
-                        r.usage_source.as_str(),
-                        r.priced,
-                        saturating_i64(r.price_revision),
-                        r.started_at.0,
-                        r.finished_at.0,
-                        r.node_id,
-                        r.priced_as,
-                        rows::tags_text(&r.tags),
-                        r.job_id,
-                        r.held_usd.map(|held| held.0),
-                        r.batch_input.as_ref().and_then(|batch| serde_json::to_string(batch).ok()),
-                    ])
-                    .map_err(backend)?;
-                if added > 0 {
-                    let key = (
-                        r.org_id.as_str(),
-                        rows::day_of(r.started_at.0),
-                        r.key_id.as_str(),
-                        r.model.as_deref(),
-                    );
-                    daily.entry(key).or_default().add(r);
-                }
-                inserted += added;
-            }
-            let mut add_daily = tx
-                .prepare_cached(
-                    "INSERT INTO spend_daily
-                     (org_id, day, key_id, model_key, requests, input_tokens, output_tokens, cost_nanos)
-                     VALUES (?1, ?2, ?3, COALESCE('+' || ?4, ''), ?5, ?6, ?7, ?8)
-                     ON CONFLICT (org_id, day, key_id, model_key) DO UPDATE SET
-                        requests = requests + excluded.requests,
-                        input_tokens = input_tokens + excluded.input_tokens,
-                        output_tokens = output_tokens + excluded.output_tokens,
-                        cost_nanos = cost_nanos + excluded.cost_nanos",
-                )
-                .map_err(backend)?;
-            for ((org, day, key, model), sums) in &daily {
-                add_daily
-                    .execute(params![
-                        org,
-                        day,
-                        key,
-                        model,
-                        sums.requests,
-                        sums.input_tokens,
-                        sums.output_tokens,
-                        sums.cost_nanos
-                    ])
-                    .map_err(backend)?;
-            }
-        }
+        let inserted = insert_receipts(&tx, receipts)?;
         tx.commit().map_err(backend)?;
         Ok(inserted)
     }
@@ -192,36 +194,7 @@ impl ReceiptLedger for SqliteStore {
     }
 
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos> {
-        // Whole days from the daily spend, the partial days at either end from the receipts.
-        let split = rows::spend_split(from.0, to.0);
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT
-                   (SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = ?1
-                    AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?3 AND started_at < ?4)
-                 + (SELECT COALESCE(SUM(cost_nanos), 0) FROM spend_daily WHERE org_id = ?1
-                    AND (?2 IS NULL OR key_id = ?2) AND day >= ?5 AND day < ?6)
-                 + (SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = ?1
-                    AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?7 AND started_at < ?8)",
-            )
-            .map_err(backend)?;
-        let total: i64 = stmt
-            .query_row(
-                params![
-                    org.as_str(),
-                    key.map(KeyId::as_str),
-                    from.0,
-                    split.head_end,
-                    split.first_day,
-                    split.last_day,
-                    split.tail_start,
-                    to.0
-                ],
-                |r| r.get(0),
-            )
-            .map_err(backend)?;
-        Ok(Nanos(total))
+        spend(&self.conn(), org, key, from, to)
     }
 
     fn spend_summary(
@@ -296,4 +269,44 @@ impl ReceiptLedger for SqliteStore {
             .map_err(backend)?;
         Ok(rows::by_tag(records(found, rows::tag_sum_row)?, key))
     }
+}
+
+/// The sum of the receipts' costs in `[from, to)`, read on `conn` (a transaction of the caller's,
+/// for a sum that must agree with other reads).
+pub(super) fn spend(
+    conn: &Connection,
+    org: &OrgId,
+    key: Option<&KeyId>,
+    from: Timestamp,
+    to: Timestamp,
+) -> Result<Nanos> {
+    // Whole days from the daily spend, the partial days at either end from the receipts.
+    let split = rows::spend_split(from.0, to.0);
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT
+               (SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = ?1
+                AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?3 AND started_at < ?4)
+             + (SELECT COALESCE(SUM(cost_nanos), 0) FROM spend_daily WHERE org_id = ?1
+                AND (?2 IS NULL OR key_id = ?2) AND day >= ?5 AND day < ?6)
+             + (SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = ?1
+                AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?7 AND started_at < ?8)",
+        )
+        .map_err(backend)?;
+    let total: i64 = stmt
+        .query_row(
+            params![
+                org.as_str(),
+                key.map(KeyId::as_str),
+                from.0,
+                split.head_end,
+                split.first_day,
+                split.last_day,
+                split.tail_start,
+                to.0
+            ],
+            |r| r.get(0),
+        )
+        .map_err(backend)?;
+    Ok(Nanos(total))
 }

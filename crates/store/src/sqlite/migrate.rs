@@ -223,6 +223,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // pending until settled once; `batch_files` the estimates of batch input files; each change
     // to either bumps `jobs_version`, which replicas poll. Job rows are keyed by organization,
     // credential and the provider's id, as providers' ids are unique within one account only.
+    // The book's settled spend by day reads its own index alone; an organization's jobs are
+    // listed newest first in the order of theirs.
     r"
     ALTER TABLE receipts ADD COLUMN job_id TEXT;
     ALTER TABLE receipts ADD COLUMN held_nanos INTEGER;
@@ -247,7 +249,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     CREATE INDEX jobs_due ON jobs(next_poll_at) WHERE settled_at IS NULL;
     CREATE INDEX jobs_by_settled ON jobs(settled_at) WHERE settled_at IS NOT NULL;
-    CREATE INDEX jobs_by_org_time ON jobs(org_id, started_at);
+    CREATE INDEX jobs_settled_by_time ON jobs(started_at, org_id, key_id, cost_nanos, settled_at)
+        WHERE settled_at IS NOT NULL;
+    CREATE INDEX jobs_by_org_time ON jobs(org_id, started_at, job_id, provider);
     CREATE TABLE batch_files (
         org_id TEXT NOT NULL,
         provider TEXT NOT NULL,
