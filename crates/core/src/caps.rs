@@ -277,6 +277,73 @@ pub fn decide_at_line(asked: &[(&Cap, CapSpend)], answer: Option<LineAnswer>) ->
     }
 }
 
+/// Whether a batch of `estimate` fits under every armed cap covering it, read from `view` (whose
+/// `spent` holds the book's spend: pending jobs' holds and settled ones). With
+/// [`Counting::Exact`] spend and reservations count; with [`Counting::Shared`] only spend, since
+/// the reservations a node knows of others may have settled (the store decides the rest at the
+/// line, [`decide_fit_at_line`]). Refused with the room the first cap that it does not fit has left.
+pub fn check_fit<'c>(
+    caps: impl IntoIterator<Item = &'c Cap>,
+    org: &OrgId,
+    key: &KeyId,
+    view: &dyn SpendView,
+    now: Timestamp,
+    estimate: Nanos,
+    counting: Counting,
+) -> Result<(), CapRefusal> {
+    for cap in caps.into_iter().filter(|cap| cap.hard_stop && cap.covers(org, key)) {
+        let spend = view.spend(&cap.id, cap.window.start(now));
+        let committed = match counting {
+            Counting::Exact => spend.spent.saturating_add(spend.reserved),
+            Counting::Shared => spend.spent,
+        };
+        batch_fits(cap, committed, estimate)?;
+    }
+    Ok(())
+}
+
+/// A batch's refusal by `cap` unless `committed` plus `estimate` stays at or below its limit.
+fn batch_fits(cap: &Cap, committed: Nanos, estimate: Nanos) -> Result<(), CapRefusal> {
+    crate::jobs::fits(cap.limit, committed, estimate).map_err(|room| CapRefusal::BatchExceeds {
+        scope: cap.scope,
+        window: cap.window,
+        estimate,
+        room,
+    })
+}
+
+/// [`decide_at_line`] for a batch of `estimate`, which must fit: the store's `AtLine` names the
+/// cap it does not fit (the room told from the node's view); without a sure answer the node's own
+/// view decides, spend and every known reservation counted.
+pub fn decide_fit_at_line(
+    asked: &[(&Cap, CapSpend)],
+    answer: Option<LineAnswer>,
+    estimate: Nanos,
+) -> Result<(), CapRefusal> {
+    let committed = |spend: &CapSpend| spend.spent.saturating_add(spend.reserved);
+    match answer {
+        Some(LineAnswer::Reserved) => Ok(()),
+        Some(LineAnswer::AtLine(i)) => match asked.get(i) {
+            Some((cap, spend)) => {
+                // The store saw it past the line; the node's view may be older: never say it fits.
+                batch_fits(cap, committed(spend), estimate)?;
+                Err(CapRefusal::BatchExceeds {
+                    scope: cap.scope,
+                    window: cap.window,
+                    estimate,
+                    room: crate::jobs::fits(cap.limit, committed(spend), Nanos(i64::MAX))
+                        .err()
+                        .unwrap_or(Nanos::ZERO),
+                })
+            }
+            None => decide_fit_at_line(asked, None, estimate),
+        },
+        Some(LineAnswer::Contended | LineAnswer::Unseeded) | None => {
+            asked.iter().try_for_each(|(cap, spend)| batch_fits(cap, committed(spend), estimate))
+        }
+    }
+}
+
 /// The most of an armed cap's limit that spare room may bring its spend and reservations to:
 /// the last fifth of the line is decided request by request in the store, with no spare held.
 pub fn spare_ceiling(limit: Nanos) -> Nanos {
@@ -468,6 +535,46 @@ mod tests {
         let refusal = check_unmeterable(&both, &org(), &key(), request).expect_err("refused");
         assert_eq!(refusal.answer().status, 402);
         assert_eq!((refusal.cap_scope(), refusal.cap_window()), (Scope::Key, Window::Day));
+    }
+
+    #[test]
+    fn a_batch_must_fit_in_the_room_each_armed_cap_has_left() {
+        let month = armed("cap_m", Scope::Organization, Window::Month, 1_000);
+        let soft_day = soft("cap_s", Scope::Key, Window::Day, 10);
+        let caps = [soft_day, month.clone()];
+        let view = View::default().with(&month, confirmed(600, 100, 0));
+        let fit =
+            |estimate, counting| check_fit(&caps, &org(), &key(), &view, NOW, Nanos(estimate), counting);
+        assert_eq!(fit(300, Counting::Exact), Ok(()), "600 + 100 + 300 ends at the line");
+        assert_eq!(
+            fit(301, Counting::Exact),
+            Err(CapRefusal::BatchExceeds {
+                scope: Scope::Organization,
+                window: Window::Month,
+                estimate: Nanos(301),
+                room: Nanos(300)
+            }),
+            "a soft cap never refuses; the armed one names its room"
+        );
+        // Shared counters: reservations may have settled, the store decides them at the line.
+        assert_eq!(fit(400, Counting::Shared), Ok(()));
+        assert!(fit(401, Counting::Shared).is_err());
+
+        let asked = [(&month, confirmed(600, 100, 0))];
+        let refused = |room| {
+            Err(CapRefusal::BatchExceeds {
+                scope: Scope::Organization,
+                window: Window::Month,
+                estimate: Nanos(200),
+                room: Nanos(room),
+            })
+        };
+        assert_eq!(decide_fit_at_line(&asked, Some(LineAnswer::Reserved), Nanos(200)), Ok(()));
+        assert_eq!(decide_fit_at_line(&asked, Some(LineAnswer::AtLine(0)), Nanos(200)), refused(300));
+        assert_eq!(decide_fit_at_line(&asked, None, Nanos(200)), Ok(()), "the node's view has room");
+        let full = [(&month, confirmed(900, 50, 0))];
+        assert_eq!(decide_fit_at_line(&full, Some(LineAnswer::Contended), Nanos(200)), refused(50));
+        assert_eq!(decide_fit_at_line(&full, Some(LineAnswer::AtLine(7)), Nanos(200)), refused(50));
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub fn valid_id(id: &str) -> bool {
 
 /// The book's key of a job or file: its organization, the credential it went through, and the
 /// provider's id. Organization ids and credential names hold no `/`.
-pub fn book_key(org: &OrgId, provider: &str, id: &str) -> String {
+pub fn book_key(org: &str, provider: &str, id: &str) -> String {
     format!("{org}/{provider}/{id}")
 }
 
@@ -555,19 +555,19 @@ mod tests {
         let month = cap("cap_m", Scope::Organization, Window::Month);
         let day = cap("cap_d", Scope::Key, Window::Day);
         let mut book = JobBook::default();
-        book.hold(book_key(&org(), "openai", "batch_1"), job("key_a", NOW, 600));
-        book.hold(book_key(&org(), "openai", "batch_2"), job("key_b", NOW, 50));
+        book.hold(book_key(org().as_str(), "openai", "batch_1"), job("key_a", NOW, 600));
+        book.hold(book_key(org().as_str(), "openai", "batch_2"), job("key_b", NOW, 50));
         // Yesterday's job counts on the month, not on today's day window.
         let yesterday = Timestamp(NOW.0 - MS_PER_DAY);
-        book.hold(book_key(&org(), "openai", "resp_3"), job("key_a", yesterday, 7));
+        book.hold(book_key(org().as_str(), "openai", "resp_3"), job("key_a", yesterday, 7));
         // Another organization's job never counts.
         let other = JobWire { org_id: OrgId::parse("org_b").expect("id"), ..job("key_a", NOW, 1_000) };
-        book.hold(book_key(&other.org_id, "openai", "batch_9"), other);
+        book.hold(book_key(other.org_id.as_str(), "openai", "batch_9"), other);
         assert_eq!(book.held(&month, NOW), Nanos(657));
         assert_eq!(book.held(&day, NOW), Nanos(600), "a key cap holds its key's jobs only");
 
-        assert!(book.settle(&book_key(&org(), "openai", "batch_1"), Nanos(400)));
-        assert!(!book.settle(&book_key(&org(), "openai", "batch_1"), Nanos(400)), "settled once");
+        assert!(book.settle(&book_key(org().as_str(), "openai", "batch_1"), Nanos(400)));
+        assert!(!book.settle(&book_key(org().as_str(), "openai", "batch_1"), Nanos(400)), "settled once");
         assert!(!book.settle("org_a/openai/unknown", Nanos(1)));
         assert_eq!(book.held(&month, NOW), Nanos(57));
         let totals = book.window_totals([&month, &day]);
@@ -686,7 +686,7 @@ mod tests {
             let mut book = JobBook::default();
             let mut expected = Nanos::ZERO;
             for (n, (held, cost, settle, key_n)) in jobs.iter().enumerate() {
-                let k = book_key(&org(), "openai", &format!("batch_{n}"));
+                let k = book_key(org().as_str(), "openai", &format!("batch_{n}"));
                 book.hold(k.clone(), job(&format!("key_{key_n}"), NOW, *held));
                 if *settle {
                     prop_assert!(book.settle(&k, Nanos(*cost)));

@@ -12,6 +12,7 @@ mod alarm;
 mod config;
 mod control_link;
 pub mod feed;
+mod jobs;
 pub mod log_writer;
 mod metered_body;
 mod metering;

@@ -80,7 +80,12 @@ impl<B> MeteredBody<B> {
         timing.first_byte = Some(timing.sent_at.unwrap_or(timing.received_at).elapsed());
         Self {
             inner,
-            tap: Some(UsageTap::new(request.surface, event_stream)),
+            tap: Some(match &request.creating {
+                Some(creating) => {
+                    UsageTap::new(request.surface, event_stream).naming(creating.creation(), event_stream)
+                }
+                None => UsageTap::new(request.surface, event_stream),
+            }),
             filter: (strip_usage_chunk && event_stream).then(UsageChunkFilter::new),
             pending: Some(Pending { shared, request, status }),
             written: None,

@@ -5,18 +5,21 @@
 //! Nothing here delays a byte: the receipt goes to the spool's queue without waiting.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use recovea_core::Timestamp;
+use recovea_core::channel::JobKind;
+use recovea_core::jobs::{BatchInput, book_key};
 use recovea_core::money::Nanos;
-use recovea_core::receipt::{self, Receipt, Settlement};
+use recovea_core::receipt::{self, BatchFile, Receipt, Settlement};
 use recovea_core::snapshot::{Prices, ProviderKind};
 use recovea_core::tags::Tags;
 use recovea_core::usage::{Usage, UsageSource};
-use recovea_providers::usage::{self, Surface, Tapped};
+use recovea_providers::usage::{self, Creation, Surface, Tapped};
 
 use crate::access_log;
+use crate::jobs::NodeJobs;
 use crate::metrics::{Finished, MeteredFacts, Metrics, Outcome};
 use crate::spool::{SpoolSender, Written};
 
@@ -43,6 +46,8 @@ pub(crate) struct Metered {
     /// How the receipt's cost is made: from usage, or nothing for a request that cannot spend or
     /// whose spend the gateway cannot see.
     pub(crate) charge: Charge,
+    /// What the request creates whose id its answer names: a batch input file, or a deferred job.
+    pub(crate) creating: Option<Creating>,
     /// Settles what admission took on account with the receipt's cost and tokens (input + output):
     /// the spend-cap reservation and the key's token lane.
     pub(crate) settle: Option<Settle>,
@@ -68,9 +73,10 @@ impl Timing {
 }
 
 /// How a receipt's cost is made, by the request's channel of spend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) enum Charge {
     /// From the answer's usage, or an estimate of it.
+    #[default]
     Metered,
     /// Nothing: the request cannot spend (a read, a cancellation, an upload, a token count).
     Free,
@@ -78,16 +84,54 @@ pub(crate) enum Charge {
     Unmetered,
 }
 
+/// What a request creates whose id its answer names.
+pub(crate) enum Creating {
+    /// A batch input file: the estimate of its lines, kept under the id the answer gives.
+    BatchFile(BatchInput),
+    /// A deferred job of `kind`, whose estimate `held` the request reserved: once the answer names
+    /// the job, the reservation holds it until the book of jobs does.
+    Job { kind: JobKind, held: Nanos },
+}
+
+impl Creating {
+    /// What the usage tap is asked to read the id of.
+    pub(crate) fn creation(&self) -> Creation {
+        match self {
+            Self::BatchFile(_) => Creation::File,
+            Self::Job { kind, .. } => Creation::Job(*kind),
+        }
+    }
+}
+
+/// What a finished request's receipt settles: its cost, tokens and start (which decides the cap
+/// windows it falls in), or the book key of the job it created, whose hold its reservation keeps.
+pub(crate) struct Settled {
+    pub(crate) cost: Nanos,
+    pub(crate) tokens: u64,
+    pub(crate) started_at: Timestamp,
+    pub(crate) job: Option<String>,
+}
+
+/// What a request's answer made: a job (its id and hold, and the book key its reservation waits
+/// under), or a batch file.
+#[derive(Default)]
+struct Made {
+    job: Option<(String, Nanos)>,
+    hold: Option<String>,
+    file: Option<BatchFile>,
+}
+
 /// How many unpriced model names are remembered as already alarmed about.
 const MAX_ALARMED_MODELS: usize = 1024;
 
-/// Settles what admission took on account, given the receipt's cost, its tokens and the request's
-/// start (which decides the cap windows it falls in).
-pub(crate) type Settle = Box<dyn FnOnce(Nanos, u64, Timestamp) + Send + Sync>;
+/// Settles what admission took on account (see [`Settled`]).
+pub(crate) type Settle = Box<dyn FnOnce(Settled) + Send + Sync>;
 
 /// Turns what was learned into receipts and hands them to the spool.
 pub(crate) struct Meter {
     pub(crate) spool: SpoolSender,
+    /// Where the batch files a request uploaded are remembered until the book has them.
+    jobs: Arc<NodeJobs>,
     pub(crate) node_id: String,
     /// Models already alarmed about, so that an unpriced model raises one alarm, not one per request.
     alarmed: Mutex<HashSet<String>>,
@@ -96,8 +140,8 @@ pub(crate) struct Meter {
 }
 
 impl Meter {
-    pub(crate) fn new(spool: SpoolSender, node_id: String, access_log: bool) -> Self {
-        Self { spool, node_id, alarmed: Mutex::new(HashSet::new()), access_log }
+    pub(crate) fn new(spool: SpoolSender, node_id: String, access_log: bool, jobs: Arc<NodeJobs>) -> Self {
+        Self { spool, jobs, node_id, alarmed: Mutex::new(HashSet::new()), access_log }
     }
 
     /// Settles and spools the receipt of a request that ended with `status`.
@@ -119,7 +163,7 @@ impl Meter {
 
     /// Settles the request into its receipt: the cap reservation and token lane settled, its
     /// access-log line and metrics written.
-    fn settle(&self, metrics: &Metrics, mut request: Metered, status: u16, tapped: Tapped) -> Receipt {
+    fn settle(&self, metrics: &Metrics, mut request: Metered, status: u16, mut tapped: Tapped) -> Receipt {
         let model = tapped.model.or_else(|| request.request_model.take());
         // The provider answered, or may have been working when the answer was cut short: the
         // input was sent, so it is estimated. An error without usage, or no connection, costs nothing.
@@ -133,7 +177,9 @@ impl Meter {
             // An error the provider reported no usage for costs nothing.
             Usage::default()
         };
-        let settled = match request.charge {
+        let success = (200..300).contains(&status);
+        let created = tapped.created.take().filter(|_| success);
+        let mut settled = match request.charge {
             Charge::Metered => {
                 let price = request.prices.table.price_for(model.as_deref(), request.kind);
                 let mut settled = receipt::settle(tapped.usage, estimate, &price);
@@ -145,6 +191,25 @@ impl Meter {
             Charge::Free => Settlement::nothing(UsageSource::Provider),
             Charge::Unmetered => Settlement::nothing(UsageSource::Unmetered),
         };
+        let mut made = Made::default();
+        match (request.creating.take(), created) {
+            (Some(Creating::Job { held, .. }), Some(job_id)) => {
+                // Its cost is the job's, settled when it ends: this request's receipt holds it.
+                settled = Settlement::nothing(UsageSource::Provider);
+                made.hold = Some(book_key(&request.org_id, &request.provider, &job_id));
+                made.job = Some((job_id, held));
+            }
+            (Some(Creating::BatchFile(input)), Some(file_id)) => {
+                self.jobs
+                    .remember_file(book_key(&request.org_id, &request.provider, &file_id), input.clone());
+                made.file = Some(BatchFile { file_id, input });
+            }
+            (Some(Creating::Job { kind, .. }), None) if success && kind.is_batch() => {
+                tracing::warn!(request_id = %request.request_id, "a batch was created but its answer names no job the gateway can poll; it is not metered");
+                settled.source = UsageSource::Unmetered;
+            }
+            _ => {}
+        }
         if settled.source == UsageSource::Estimated {
             metrics.receipt_estimated();
         }
@@ -154,7 +219,7 @@ impl Meter {
         }
         if let Some(settle) = request.settle.take() {
             let tokens = settled.usage.input_tokens.saturating_add(settled.usage.output_tokens);
-            settle(settled.cost, tokens, request.started_at);
+            settle(Settled { cost: settled.cost, tokens, started_at: request.started_at, job: made.hold });
         }
         crate::trace::usage_known(&request.trace, || crate::trace::KnownUsage {
             model: model.clone(),
@@ -164,7 +229,12 @@ impl Meter {
         });
         let finished_at = Timestamp::from_system_time(SystemTime::now());
         let (kind, timing) = (request.kind, request.timing);
-        let receipt = self.receipt(request, model, status, settled, finished_at);
+        let mut receipt = self.receipt(request, model, status, settled, finished_at);
+        if let Some((job_id, held)) = made.job {
+            receipt.job_id = Some(job_id);
+            receipt.held_usd = Some(held);
+        }
+        receipt.batch_input = made.file;
         self.finished(metrics, &receipt, kind, &timing);
         receipt
     }

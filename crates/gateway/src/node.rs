@@ -15,7 +15,7 @@ use recovea_counters::{CapWindow, Counters, RateShare};
 use recovea_upstream::Upstream;
 
 use crate::config::GatewayConfig;
-use crate::{alarm, metering, metrics, ratelimit, spool, trace};
+use crate::{alarm, jobs, metering, metrics, ratelimit, spool, trace};
 
 /// Whether a node can decide requests, and if not, what it waits for (its `/readyz`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pub(crate) shed_idle: tokio::sync::Notify,
     /// Where requests' spans go; `None` when traces are off.
     pub(crate) tracer: Option<Arc<trace::Tracer>>,
+    /// The book of deferred jobs, and the jobs and batch files the book does not have yet.
+    pub(crate) jobs: Arc<jobs::NodeJobs>,
 }
 
 impl Gateway {
@@ -64,7 +66,13 @@ impl Gateway {
         );
         let alarm =
             alarm::Alarm::new(config.alarm_webhook.clone(), config.alarm_interval, node_id, &config.network);
-        let meter = metering::Meter::new(spool.sender.clone(), node_id.to_owned(), config.access_log);
+        let jobs = Arc::new(jobs::NodeJobs::default());
+        let meter = metering::Meter::new(
+            spool.sender.clone(),
+            node_id.to_owned(),
+            config.access_log,
+            Arc::clone(&jobs),
+        );
         let tracer = config.traces.clone().map(|settings| Arc::new(trace::Tracer::new(settings)));
         Self {
             shared: Arc::new(Shared {
@@ -79,6 +87,7 @@ impl Gateway {
                 ready: std::sync::atomic::AtomicBool::new(false),
                 shed_idle: tokio::sync::Notify::new(),
                 tracer,
+                jobs,
             }),
         }
     }
@@ -94,8 +103,21 @@ impl Gateway {
             .map(|cap| recovea_counters::Covered { window: cap_window(cap, now), line: Some(cap.limit) })
             .collect();
         self.shared.counters.track(&armed);
+        self.shared.jobs.count(Some(snapshot.as_ref()), &self.shared.counters);
         self.shared.snapshot.store(Some(snapshot));
         self.snapshot_current();
+    }
+
+    /// Makes `book` the control plane's book of deferred jobs this node counts: its holds and
+    /// settled spend on every armed line, and the batch files it names.
+    pub fn install_book(&self, book: recovea_core::jobs::JobBook) {
+        let snapshot = self.shared.snapshot.load();
+        self.shared.jobs.install(book, snapshot.as_deref(), &self.shared.counters);
+    }
+
+    /// The book of deferred jobs installed last.
+    pub fn book(&self) -> Arc<recovea_core::jobs::JobBook> {
+        self.shared.jobs.book()
     }
 
     /// The state served was just confirmed as the latest (its age starts again from zero).

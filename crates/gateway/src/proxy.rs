@@ -21,25 +21,23 @@ use recovea_providers::{Route, headers};
 
 use std::sync::Arc;
 
-use recovea_core::caps::{self, Cap};
-use recovea_core::channel::{self, Channel, RequestLine, Unseen};
+use recovea_core::caps;
+use recovea_core::channel::{self, RequestLine};
 use recovea_core::ids::CapId;
-use recovea_core::money::Nanos;
-use recovea_core::pricing;
-use recovea_core::snapshot::Prices;
-use recovea_core::usage::Usage;
-use recovea_counters::{CapWindow, Covered, Reservation};
-use recovea_providers::rewrite::{self, InspectedRequest, RequestFacts};
+use recovea_counters::{CapWindow, Reservation};
+use recovea_providers::rewrite::{self, InspectedRequest};
 use recovea_providers::usage::{Surface, Tapped};
 use recovea_upstream::{BoxError, ResponseBody, UpstreamError};
 
 use crate::access_log;
 use crate::metered_body::{MeteredBody, PendingReceipt};
-use crate::metering::{Charge, Metered, Settle, Timing};
+use crate::metering::{Metered, Settle, Settled, Timing};
 use crate::metrics::{Finished, Outcome};
 use crate::node::{Shared, cap_window};
 use crate::refusal::Refusal;
 use crate::trace::{Phase, Trace};
+
+mod spend;
 
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Where a provider's own request id goes, since `x-request-id` carries the gateway's.
@@ -228,46 +226,35 @@ where
         background: facts.background,
     });
     let prices = shared.snapshot.load().as_deref().map(|s| s.prices().clone()).unwrap_or_default();
-    let (charge, reservation) = match (&ctx.admitted, channel) {
-        (Some(admitted), Channel::Immediate) => {
+    let spend = match &ctx.admitted {
+        Some(admitted) => {
             ctx.trace.start(Phase::Caps);
-            let checked =
-                check_caps(shared, admitted, &facts, input_tokens, &prices, target.kind, ctx.started_at)
-                    .await;
-            let reservation = match checked {
-                Ok(reservation) => reservation,
+            let request = spend::Request {
+                channel,
+                line: format!("{} {endpoint}", parts.method),
+                headers: &parts.headers,
+                body: &body,
+                facts: &facts,
+                input_tokens,
+                prices: &prices,
+                kind: target.kind,
+                org_id: admitted.org.id.as_str(),
+                credential: route.credential,
+                managed: target.managed_key.is_some(),
+                now: ctx.started_at,
+            };
+            match spend::decide(shared, admitted, request).await {
+                Ok(spend) => {
+                    ctx.trace.end(Phase::Caps);
+                    spend
+                }
                 Err(refusal) => {
                     ctx.refused_model = facts.model.take();
                     return Err(refusal);
                 }
-            };
-            ctx.trace.end(Phase::Caps);
-            (Charge::Metered, reservation)
-        }
-        (Some(admitted), Channel::Deferred(_) | Channel::Session | Channel::OutsideSight(_)) => {
-            let unseen = match channel {
-                Channel::Deferred(kind) => Unseen::UnmeterableJob(kind),
-                Channel::OutsideSight(unseen) => unseen,
-                Channel::Immediate | Channel::Free | Channel::Session => Unseen::WebSocket,
-            };
-            let request_line = format!("{} {endpoint}", parts.method);
-            let checked = caps::check_unmeterable(
-                admitted.org.caps.iter(),
-                &admitted.org.id,
-                &admitted.key_id,
-                &request_line,
-            );
-            if let Err(refusal) = checked {
-                ctx.refused_model = facts.model.take();
-                return Err(Refusal::Budget(refusal));
             }
-            shared.metrics.unmetered(unseen);
-            (Charge::Unmetered, None)
         }
-        // A free request is admitted at an armed cap's line and while spend cannot be confirmed:
-        // it reserves nothing, and its receipt costs nothing.
-        (Some(_), Channel::Free) => (Charge::Free, None),
-        (None, _) => (Charge::Metered, None),
+        None => spend::Spend::default(),
     };
     // Usage is read from the stream; OpenAI streams carry it only when asked. A fail-open pass is
     // not metered: its body goes as the client sent it.
@@ -299,8 +286,9 @@ where
                 started_at: ctx.started_at,
                 prices,
                 tags: std::mem::take(&mut ctx.tags),
-                charge,
-                settle: Some(settle(shared, admitted, reservation)),
+                charge: spend.charge,
+                creating: spend.creating,
+                settle: Some(settle(shared, admitted, spend.reservation)),
                 timing: Timing::since(ctx.received_at),
                 trace: ctx.trace.usage_slot(),
             },
@@ -484,13 +472,19 @@ fn settle(
 ) -> Settle {
     let (org, key, limits) = (admitted.org.id.clone(), admitted.key_id.clone(), admitted.limits);
     let shared = Arc::clone(shared);
-    Box::new(move |cost, tokens, started_at| {
-        let reserved = match reservation {
-            Some((reservation, caps)) => {
+    Box::new(move |settled: Settled| {
+        let Settled { cost, tokens, started_at, job } = settled;
+        let reserved = match (reservation, job) {
+            // The job it created holds the reservation until the book of jobs does.
+            (Some((reservation, caps)), Some(job)) => {
+                shared.jobs.hold(job, reservation);
+                caps
+            }
+            (Some((reservation, caps)), None) => {
                 reservation.settle(cost);
                 caps
             }
-            None => Vec::new(),
+            (None, _) => Vec::new(),
         };
         if let Some(snapshot) = shared.snapshot.load().as_deref()
             && let Some(current) = snapshot.org(&org)
@@ -507,77 +501,6 @@ fn settle(
         }
         shared.limiter.charge_tokens(&key, limits, tokens);
     })
-}
-
-/// A request that sets no output limit is reserved as if it produced this much.
-const DEFAULT_OUTPUT_ESTIMATE: u64 = 1024;
-
-/// Phase check caps: every cap covering the caller, read against the node's counters (armed caps
-/// refuse, soft caps never do); an admitted request then reserves its estimated cost on each
-/// covering cap's window. On counters no other node shares, the check and the reservation are one
-/// step in memory (no await between them). On shared counters, an armed cap the node's spare
-/// room does not cover is within reach of its line: there the request waits for the shared
-/// store, which checks and reserves in one atomic step (`Counters::ask_at_line`), and decides
-/// from the node's own view if the store does not answer in time.
-async fn check_caps(
-    shared: &Shared,
-    admitted: &Admitted,
-    facts: &RequestFacts,
-    input_tokens: u64,
-    prices: &Prices,
-    kind: ProviderKind,
-    now: Timestamp,
-) -> Result<Option<(Reservation, Vec<CapId>)>, Refusal> {
-    let (org, key) = (&admitted.org.id, &admitted.key_id);
-    let covering: Vec<&Cap> = admitted.org.caps.iter().filter(|cap| cap.covers(org, key)).collect();
-    if covering.is_empty() {
-        return Ok(None);
-    }
-    let counters = &shared.counters;
-    let max_age_ms = i64::try_from(shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
-    caps::check_caps_counting(
-        covering.iter().copied(),
-        org,
-        key,
-        counters.as_ref(),
-        now,
-        max_age_ms,
-        counters.counting(),
-    )
-    .map_err(Refusal::Budget)?;
-    let estimate = Usage {
-        input_tokens,
-        output_tokens: facts.max_output_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE),
-        ..Usage::default()
-    };
-    let cost = pricing::cost(&estimate, &prices.table.price_for(facts.model.as_deref(), kind).price);
-    let covered: Vec<Covered> = covering
-        .iter()
-        .map(|cap| Covered { window: cap_window(cap, now), line: cap.hard_stop.then_some(cap.limit) })
-        .collect();
-    let mut reservation = counters.reserve(&covered, cost);
-    if reservation.is_pending() {
-        let answer = counters.ask_at_line(&mut reservation, now).await;
-        shared.metrics.line_ask(answer);
-        let asked: Vec<(&Cap, caps::CapSpend)> = reservation
-            .pending()
-            .into_iter()
-            .filter_map(|(id, start)| {
-                let cap = covering.iter().find(|cap| cap.id == id)?;
-                let mut spend = caps::SpendView::spend(counters.as_ref(), &id, start);
-                // The view counts this request's own pending estimate: the rule reads the others'.
-                spend.reserved = Nanos(spend.reserved.0.saturating_sub(cost.0));
-                Some((*cap, spend))
-            })
-            .collect();
-        // Refused: the reservation is dropped, and with it the request's pending estimate.
-        let decided = caps::decide_at_line(&asked, answer);
-        shared.metrics.line_decided(decided.is_ok());
-        decided.map_err(Refusal::Budget)?;
-        reservation.hold_at_line();
-    }
-    let reserved = covering.iter().map(|cap| cap.id.clone()).collect();
-    Ok(Some((reservation, reserved)))
 }
 
 /// Phase read body: buffered, within the size limit and the time limit.

@@ -84,6 +84,18 @@ pub struct Tapped {
     /// `usage` is partly estimated: the stream ended before the provider's final count (an Anthropic
     /// stream cut before `message_delta`), so the receipt must not call it the provider's.
     pub partial: bool,
+    /// What the answer created, when the tap was asked ([`UsageTap::naming`]): the provider's id
+    /// of an uploaded file or of a job still to run.
+    pub created: Option<String>,
+}
+
+/// What a request creates, whose id its answer names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Creation {
+    /// A file (`POST /v1/files`).
+    File,
+    /// A deferred job of this kind; a background response counts only while it is still to run.
+    Job(recovea_core::channel::JobKind),
 }
 
 /// Watches a response body go by and reads its usage, without changing or holding back a byte.
@@ -91,6 +103,7 @@ pub struct Tapped {
 pub struct UsageTap {
     surface: Surface,
     body: TappedBody,
+    creation: Option<Creation>,
 }
 
 #[derive(Debug)]
@@ -229,7 +242,17 @@ impl UsageTap {
             },
             (_, false) => TappedBody::Json { kept: Kept::Nothing, overflowed: false },
         };
-        Self { surface, body }
+        Self { surface, body, creation: None }
+    }
+
+    /// Also reads the id of what the request created from a JSON answer (an answer the tap
+    /// would otherwise ignore is kept for it, within the same bound).
+    pub fn naming(mut self, creation: Creation, event_stream: bool) -> Self {
+        if !event_stream && matches!(self.body, TappedBody::Ignored) {
+            self.body = TappedBody::Json { kept: Kept::Nothing, overflowed: false };
+        }
+        self.creation = Some(creation);
+        self
     }
 
     /// Sees the next bytes of the body.
@@ -255,7 +278,20 @@ impl UsageTap {
     pub fn finish(self) -> Tapped {
         match self.body {
             TappedBody::Json { overflowed: true, .. } | TappedBody::Ignored => Tapped::default(),
-            TappedBody::Json { kept, overflowed: false } => read_json(self.surface, kept.as_slice()),
+            TappedBody::Json { kept, overflowed: false } => {
+                let body = kept.as_slice();
+                let created = match self.creation {
+                    Some(Creation::File) => crate::jobs::created_id(None, body),
+                    Some(Creation::Job(kind @ recovea_core::channel::JobKind::BackgroundResponse)) => {
+                        crate::jobs::background_pending(body)
+                            .then(|| crate::jobs::created_id(Some(kind), body))
+                            .flatten()
+                    }
+                    Some(Creation::Job(kind)) => crate::jobs::created_id(Some(kind), body),
+                    None => None,
+                };
+                Tapped { created, ..read_json(self.surface, body) }
+            }
             TappedBody::Events { mut reader, mut tally } => {
                 let surface = self.surface;
                 reader.finish(|event| tally.read(surface, event));
@@ -294,6 +330,7 @@ pub fn read_json(surface: Surface, body: &[u8]) -> Tapped {
         usage,
         model: owned_model(&model),
         partial: false,
+        created: None,
     })
 }
 
@@ -511,6 +548,7 @@ impl Tally {
             output_chars: if usage.is_some() { 0 } else { self.output_chars },
             model: self.model,
             partial,
+            created: None,
         }
     }
 }
@@ -710,7 +748,13 @@ mod tests {
         let tapped = tap(Surface::Completions, false, r#"{"model":"gpt\u002d3","choices":[{"text":"é"}]}"#);
         assert_eq!(
             tapped,
-            Tapped { usage: None, output_chars: 1, model: Some("gpt-3".into()), partial: false }
+            Tapped {
+                usage: None,
+                output_chars: 1,
+                model: Some("gpt-3".into()),
+                partial: false,
+                created: None
+            }
         );
     }
 

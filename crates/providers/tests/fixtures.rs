@@ -65,6 +65,7 @@ fn load(name: &str, expected_path: &Path) -> Fixture {
         output_chars: expected["output_chars"].as_u64().expect("output_chars"),
         model: expected["model"].as_str().map(str::to_owned),
         partial: expected["partial"].as_bool().unwrap_or(false),
+        created: None,
     };
     Fixture { name: name.to_owned(), body, surface, event_stream, expected }
 }

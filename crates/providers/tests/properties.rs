@@ -265,6 +265,7 @@ proptest! {
             output_chars: if last.is_some() { 0 } else { chars },
             model: Some("gemini-x".to_owned()),
             partial: false,
+            created: None,
         };
         let sse: String = responses.iter().map(|r| format!("data: {r}{end}{end}")).collect();
         prop_assert_eq!(&tap_pieces(Surface::GenerateContent, true, &split(sse.as_bytes(), &cuts)), &expected);

@@ -1,0 +1,236 @@
+//! Phase check spend: what an admitted request may spend, by its channel. A request whose answer
+//! carries its usage is checked against every cap covering it and reserves its estimate; a free
+//! one reserves nothing; a deferred job reserves its whole estimate (a batch must fit below the
+//! line) and holds it until it settles; one billed where the gateway cannot see it is refused
+//! while an armed cap covers the key.
+
+use std::time::Duration;
+
+use http::HeaderMap;
+use recovea_core::admission::Admitted;
+use recovea_core::caps::{self, Cap};
+use recovea_core::channel::{Channel, JobKind, Unseen};
+use recovea_core::ids::CapId;
+use recovea_core::jobs::book_key;
+use recovea_core::money::Nanos;
+use recovea_core::pricing;
+use recovea_core::snapshot::{Prices, ProviderKind};
+use recovea_core::timestamp::Timestamp;
+use recovea_core::usage::Usage;
+use recovea_counters::{Covered, Reservation};
+use recovea_providers::jobs as provider_jobs;
+use recovea_providers::rewrite::RequestFacts;
+
+use crate::metering::{Charge, Creating};
+use crate::node::{Shared, cap_window};
+use crate::refusal::Refusal;
+
+/// A request that sets no output limit is reserved as if it produced this much.
+const DEFAULT_OUTPUT_ESTIMATE: u64 = 1024;
+/// How long a batch naming an input file the node has not seen waits for the book to bring it
+/// (uploaded through another node a moment ago) before it is taken for a file never seen.
+const FILE_WAIT: Duration = Duration::from_secs(2);
+
+/// What the phase needs to know of an admitted request.
+pub(crate) struct Request<'r> {
+    pub(crate) channel: Channel,
+    /// The method and endpoint, `POST /v1/fine_tuning/jobs`, for a refusal's message.
+    pub(crate) line: String,
+    pub(crate) headers: &'r HeaderMap,
+    pub(crate) body: &'r [u8],
+    pub(crate) facts: &'r RequestFacts,
+    pub(crate) input_tokens: u64,
+    pub(crate) prices: &'r Prices,
+    pub(crate) kind: ProviderKind,
+    /// The organization, and the credential the request goes through, whose account runs what
+    /// it creates: where the book keeps its jobs and files.
+    pub(crate) org_id: &'r str,
+    pub(crate) credential: &'r str,
+    /// The organization's managed key is used: the gateway can poll what the request creates.
+    pub(crate) managed: bool,
+    pub(crate) now: Timestamp,
+}
+
+/// What the phase decided: how the receipt is charged, the reservation on the caps covering the
+/// request (with the caps it was made on), and what the request creates.
+#[derive(Default)]
+pub(crate) struct Spend {
+    pub(crate) charge: Charge,
+    pub(crate) reservation: Option<(Reservation, Vec<CapId>)>,
+    pub(crate) creating: Option<Creating>,
+}
+
+/// What a request asks of the caps: its estimate, and whether that estimate must fit below each
+/// armed line (a batch) rather than find the line not yet reached (a request).
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    estimate: Nanos,
+    fit: bool,
+}
+
+/// The phase for an admitted request.
+pub(crate) async fn decide(
+    shared: &Shared,
+    admitted: &Admitted,
+    request: Request<'_>,
+) -> Result<Spend, Refusal> {
+    match request.channel {
+        Channel::Immediate => {
+            let ask = Ask { estimate: request_estimate(&request), fit: false };
+            Ok(Spend {
+                reservation: check_caps(shared, admitted, ask, request.now).await?,
+                ..Spend::default()
+            })
+        }
+        // Admitted at an armed cap's line and while spend cannot be confirmed: it reserves
+        // nothing, and its receipt costs nothing. A batch's input file is estimated as it goes.
+        Channel::Free => Ok(Spend {
+            charge: Charge::Free,
+            creating: uploaded_batch(&request).map(Creating::BatchFile),
+            ..Spend::default()
+        }),
+        Channel::Deferred(kind) => match job_estimate(shared, kind, &request).await {
+            Some(held) => {
+                let ask = Ask { estimate: held, fit: kind.is_batch() };
+                let reservation = check_caps(shared, admitted, ask, request.now).await?;
+                // A background response is metered as any answer when it comes back done; a
+                // batch's creation itself costs nothing.
+                let charge = if kind.is_batch() { Charge::Free } else { Charge::Metered };
+                Ok(Spend { charge, reservation, creating: Some(Creating::Job { kind, held }) })
+            }
+            None => unmeterable(shared, admitted, &request, Unseen::UnmeterableJob(kind)),
+        },
+        Channel::Session => unmeterable(shared, admitted, &request, Unseen::WebSocket),
+        Channel::OutsideSight(unseen) => unmeterable(shared, admitted, &request, unseen),
+    }
+}
+
+/// A request billed where the gateway cannot see it: refused while an armed cap covers the key,
+/// otherwise let through, unmetered and counted.
+fn unmeterable(
+    shared: &Shared,
+    admitted: &Admitted,
+    request: &Request<'_>,
+    unseen: Unseen,
+) -> Result<Spend, Refusal> {
+    caps::check_unmeterable(admitted.org.caps.iter(), &admitted.org.id, &admitted.key_id, &request.line)
+        .map_err(Refusal::Budget)?;
+    shared.metrics.unmetered(unseen);
+    Ok(Spend { charge: Charge::Unmetered, ..Spend::default() })
+}
+
+/// A request's worst case as its reservation: its estimated input, and its output limit or else
+/// [`DEFAULT_OUTPUT_ESTIMATE`], at its model's price.
+fn request_estimate(request: &Request<'_>) -> Nanos {
+    let estimate = Usage {
+        input_tokens: request.input_tokens,
+        output_tokens: request.facts.max_output_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE),
+        ..Usage::default()
+    };
+    let price = request.prices.table.price_for(request.facts.model.as_deref(), request.kind);
+    pricing::cost(&estimate, &price.price)
+}
+
+/// What a deferred job is held at; `None` when the gateway can neither estimate it nor poll it
+/// (an input file it never saw, a Gemini batch from a file, the client's own provider key).
+async fn job_estimate(shared: &Shared, kind: JobKind, request: &Request<'_>) -> Option<Nanos> {
+    if !request.managed {
+        return None;
+    }
+    let table = &request.prices.table;
+    let input = match kind {
+        JobKind::BackgroundResponse => return Some(request_estimate(request)),
+        JobKind::OpenAiBatch => {
+            let file = provider_jobs::batch_input_file(request.body)?;
+            let key = book_key(request.org_id, request.credential, &file);
+            shared.jobs.batch_file(&key, FILE_WAIT).await?
+        }
+        JobKind::AnthropicBatch | JobKind::GeminiBatch => {
+            provider_jobs::inline_batch(kind, request.body, request.facts.model.as_deref())?
+        }
+    };
+    Some(input.estimate(table, request.kind))
+}
+
+/// The estimate of a batch input file this request uploads (`POST /v1/files`, purpose `batch`).
+fn uploaded_batch(request: &Request<'_>) -> Option<recovea_core::jobs::BatchInput> {
+    let path = recovea_core::channel::api_path(request.line.split_once(' ').map_or("", |(_, path)| path));
+    if !request.line.starts_with("POST ") || path != "files" {
+        return None;
+    }
+    let content_type = request.headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
+    provider_jobs::uploaded_batch(content_type, request.body)
+}
+
+/// Phase check caps: every cap covering the caller, read against the node's counters (armed caps
+/// refuse, soft caps never do); an admitted request then reserves its estimated cost on each
+/// covering cap's window. On counters no other node shares, the check and the reservation are one
+/// step in memory (no await between them). On shared counters, an armed cap the node's spare
+/// room does not cover is within reach of its line: there the request waits for the shared
+/// store, which checks and reserves in one atomic step (`Counters::ask_at_line`), and decides
+/// from the node's own view if the store does not answer in time. A batch must fit: its whole
+/// estimate below each armed line.
+async fn check_caps(
+    shared: &Shared,
+    admitted: &Admitted,
+    ask: Ask,
+    now: Timestamp,
+) -> Result<Option<(Reservation, Vec<CapId>)>, Refusal> {
+    let (org, key) = (&admitted.org.id, &admitted.key_id);
+    let covering: Vec<&Cap> = admitted.org.caps.iter().filter(|cap| cap.covers(org, key)).collect();
+    if covering.is_empty() {
+        return Ok(None);
+    }
+    let counters = &shared.counters;
+    let max_age_ms = i64::try_from(shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
+    let counting = counters.counting();
+    caps::check_caps_counting(
+        covering.iter().copied(),
+        org,
+        key,
+        counters.as_ref(),
+        now,
+        max_age_ms,
+        counting,
+    )
+    .map_err(Refusal::Budget)?;
+    if ask.fit {
+        caps::check_fit(covering.iter().copied(), org, key, counters.as_ref(), now, ask.estimate, counting)
+            .map_err(Refusal::Budget)?;
+    }
+    let covered: Vec<Covered> = covering
+        .iter()
+        .map(|cap| Covered { window: cap_window(cap, now), line: cap.hard_stop.then_some(cap.limit) })
+        .collect();
+    let mut reservation = if ask.fit {
+        counters.reserve_to_fit(&covered, ask.estimate)
+    } else {
+        counters.reserve(&covered, ask.estimate)
+    };
+    if reservation.is_pending() {
+        let answer = counters.ask_at_line(&mut reservation, now).await;
+        shared.metrics.line_ask(answer);
+        let asked: Vec<(&Cap, caps::CapSpend)> = reservation
+            .pending()
+            .into_iter()
+            .filter_map(|(id, start)| {
+                let cap = covering.iter().find(|cap| cap.id == id)?;
+                let mut spend = caps::SpendView::spend(counters.as_ref(), &id, start);
+                // The view counts this request's own pending estimate: the rule reads the others'.
+                spend.reserved = Nanos(spend.reserved.0.saturating_sub(ask.estimate.0));
+                Some((*cap, spend))
+            })
+            .collect();
+        // Refused: the reservation is dropped, and with it the request's pending estimate.
+        let decided = if ask.fit {
+            caps::decide_fit_at_line(&asked, answer, ask.estimate)
+        } else {
+            caps::decide_at_line(&asked, answer)
+        };
+        shared.metrics.line_decided(decided.is_ok());
+        decided.map_err(Refusal::Budget)?;
+        reservation.hold_at_line();
+    }
+    let reserved = covering.iter().map(|cap| cap.id.clone()).collect();
+    Ok(Some((reservation, reserved)))
+}
