@@ -42,24 +42,14 @@ pub(crate) struct GatewayArgs {
     /// Gateway address.
     #[arg(long, env = "RECOVEA_LISTEN", default_value = "127.0.0.1:8080")]
     pub(crate) listen: SocketAddr,
-    /// Default base URL of openai-kind credentials, and where a fail-open pass goes.
-    #[arg(long, env = "RECOVEA_OPENAI_BASE_URL", default_value = "https://api.openai.com")]
-    openai_base_url: String,
-    /// Default base URL of anthropic-kind credentials, and where a fail-open pass goes.
-    #[arg(long, env = "RECOVEA_ANTHROPIC_BASE_URL", default_value = "https://api.anthropic.com")]
-    anthropic_base_url: String,
-    /// Default base URL of gemini-kind credentials, and where a fail-open pass goes.
-    #[arg(long, env = "RECOVEA_GEMINI_BASE_URL", default_value = recovea_gateway::DEFAULT_GEMINI_BASE_URL)]
-    gemini_base_url: String,
+    #[command(flatten)]
+    pub(crate) providers: ProviderArgs,
     /// Largest request body accepted (bytes, or with a KiB/MiB/GiB suffix); larger ones get 413.
     #[arg(long, env = "RECOVEA_MAX_BODY_SIZE", default_value = "32MiB", value_parser = size::parse_bytes)]
     max_body_size: u64,
     /// How long to wait for a provider's response headers before answering 504.
     #[arg(long, env = "RECOVEA_UPSTREAM_TIMEOUT", default_value = "600s", value_parser = humantime::parse_duration)]
     upstream_timeout: Duration,
-    /// How long to wait for a connection to a provider before answering 502.
-    #[arg(long, env = "RECOVEA_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    connect_timeout: Duration,
     /// How long an answer may go without a byte from its provider, or without its client reading a
     /// byte, before it is cut (its receipt estimated, its cap reservation released). Generous:
     /// a reasoning model can be silent for minutes mid-stream.
@@ -80,26 +70,6 @@ pub(crate) struct GatewayArgs {
     /// The least time between two alarms for one reason; passes in between are counted in the next.
     #[arg(long, env = "RECOVEA_ALARM_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     alarm_interval: Duration,
-    /// PEM file of certificate authorities trusted for providers beside the public web's roots: a
-    /// corporate CA, or a self-hosted model's.
-    #[arg(long, env = "RECOVEA_UPSTREAM_CA_FILE")]
-    upstream_ca_file: Option<PathBuf>,
-    /// Trust only --upstream-ca-file's authorities for providers, not the public web's roots.
-    #[arg(long, env = "RECOVEA_UPSTREAM_CA_ONLY")]
-    upstream_ca_only: bool,
-    /// Egress proxy to providers, `http://[user:password@]host[:port]` (`CONNECT` for https, absolute
-    /// URIs for http). Without it, https_proxy/HTTPS_PROXY, http_proxy/HTTP_PROXY and
-    /// all_proxy/ALL_PROXY apply, as for curl.
-    #[arg(long, env = "RECOVEA_UPSTREAM_PROXY", hide_env_values = true)]
-    upstream_proxy: Option<String>,
-    /// Providers reached without the proxy: comma-separated names (with their subdomains), IP
-    /// addresses, CIDR blocks, or `*`. Without it, no_proxy/NO_PROXY applies.
-    #[arg(long, env = "RECOVEA_UPSTREAM_NO_PROXY")]
-    upstream_no_proxy: Option<String>,
-    /// The most HTTP/2 connections opened to one provider: another opens when every one has as
-    /// many streams as the provider allows, and an extra one closes after 10 s unused.
-    #[arg(long, env = "RECOVEA_UPSTREAM_HTTP2_CONNECTIONS", default_value_t = DEFAULT_HTTP2_CONNECTIONS)]
-    upstream_http2_connections: usize,
     /// The most client connections open at once: past it new ones are closed at once, and near it
     /// (90%) idle ones are closed first. By default, half of what the process's descriptor limit
     /// leaves after 64 for the node itself (a connection may hold a provider connection too).
@@ -126,18 +96,74 @@ pub(crate) struct GatewayArgs {
     otlp_service_name: String,
 }
 
+/// How providers are reached, by nodes and by the control plane's job poller alike.
+#[derive(Args)]
+pub(crate) struct ProviderArgs {
+    /// Default base URL of openai-kind credentials, and where a fail-open pass goes.
+    #[arg(long, env = "RECOVEA_OPENAI_BASE_URL", default_value = "https://api.openai.com")]
+    pub(crate) openai_base_url: String,
+    /// Default base URL of anthropic-kind credentials, and where a fail-open pass goes.
+    #[arg(long, env = "RECOVEA_ANTHROPIC_BASE_URL", default_value = "https://api.anthropic.com")]
+    pub(crate) anthropic_base_url: String,
+    /// Default base URL of gemini-kind credentials, and where a fail-open pass goes.
+    #[arg(long, env = "RECOVEA_GEMINI_BASE_URL", default_value = recovea_gateway::DEFAULT_GEMINI_BASE_URL)]
+    pub(crate) gemini_base_url: String,
+    /// How long to wait for a connection to a provider before answering 502.
+    #[arg(long, env = "RECOVEA_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub(crate) connect_timeout: Duration,
+    /// PEM file of certificate authorities trusted for providers beside the public web's roots: a
+    /// corporate CA, or a self-hosted model's.
+    #[arg(long, env = "RECOVEA_UPSTREAM_CA_FILE")]
+    pub(crate) upstream_ca_file: Option<PathBuf>,
+    /// Trust only --upstream-ca-file's authorities for providers, not the public web's roots.
+    #[arg(long, env = "RECOVEA_UPSTREAM_CA_ONLY")]
+    pub(crate) upstream_ca_only: bool,
+    /// Egress proxy to providers, `http://[user:password@]host[:port]` (`CONNECT` for https, absolute
+    /// URIs for http). Without it, https_proxy/HTTPS_PROXY, http_proxy/HTTP_PROXY and
+    /// all_proxy/ALL_PROXY apply, as for curl.
+    #[arg(long, env = "RECOVEA_UPSTREAM_PROXY", hide_env_values = true)]
+    pub(crate) upstream_proxy: Option<String>,
+    /// Providers reached without the proxy: comma-separated names (with their subdomains), IP
+    /// addresses, CIDR blocks, or `*`. Without it, no_proxy/NO_PROXY applies.
+    #[arg(long, env = "RECOVEA_UPSTREAM_NO_PROXY")]
+    pub(crate) upstream_no_proxy: Option<String>,
+    /// The most HTTP/2 connections opened to one provider: another opens when every one has as
+    /// many streams as the provider allows, and an extra one closes after 10 s unused.
+    #[arg(long, env = "RECOVEA_UPSTREAM_HTTP2_CONNECTIONS", default_value_t = DEFAULT_HTTP2_CONNECTIONS)]
+    pub(crate) upstream_http2_connections: usize,
+}
+
+impl ProviderArgs {
+    /// How providers are reached: the flags, then the proxy variables of the environment.
+    pub(crate) fn network(&self) -> Result<ProviderNetwork, String> {
+        let ca = match &self.upstream_ca_file {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| format!("--upstream-ca-file: cannot read {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        let egress =
+            Egress::new(self.upstream_proxy.as_deref(), self.upstream_no_proxy.as_deref(), |name| {
+                std::env::var(name).ok()
+            })?;
+        ProviderNetwork::new(ca.as_deref(), self.upstream_ca_only, egress, self.upstream_http2_connections)
+    }
+}
+
 impl GatewayArgs {
     pub(crate) fn config(&self) -> Result<GatewayConfig, String> {
+        let providers = &self.providers;
         GatewayConfig::new(GatewaySettings {
-            openai_base_url: self.openai_base_url.clone(),
-            anthropic_base_url: self.anthropic_base_url.clone(),
+            openai_base_url: providers.openai_base_url.clone(),
+            anthropic_base_url: providers.anthropic_base_url.clone(),
             max_body_bytes: self.max_body_size,
             upstream_timeout: self.upstream_timeout,
-            connect_timeout: self.connect_timeout,
+            connect_timeout: providers.connect_timeout,
             body_read_timeout: self.request_body_timeout,
             counter_max_age: self.counter_max_age,
         })
-        .and_then(|config| config.with_gemini_base_url(&self.gemini_base_url))
+        .and_then(|config| config.with_gemini_base_url(&providers.gemini_base_url))
         .and_then(|config| config.with_alarm(self.alarm_webhook.as_deref(), self.alarm_interval))
         .and_then(|config| config.with_stream_idle_timeout(self.stream_idle_timeout))
         .and_then(|config| {
@@ -151,29 +177,13 @@ impl GatewayArgs {
             None => Ok(config),
         })
         .map_err(|e| e.to_string())
-        .and_then(|config| Ok(config.with_network(self.network()?)))
+        .and_then(|config| Ok(config.with_network(providers.network()?)))
     }
 
     /// How many receipts the spool may hold in memory while the disk refuses them.
     pub(crate) fn spool_memory(&self) -> MemoryBound {
         let bytes = usize::try_from(self.spool_memory_bytes).unwrap_or(usize::MAX);
         MemoryBound { receipts: self.spool_memory_receipts, bytes }
-    }
-
-    /// How providers are reached: the flags, then the proxy variables of the environment.
-    fn network(&self) -> Result<ProviderNetwork, String> {
-        let ca = match &self.upstream_ca_file {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .map_err(|e| format!("--upstream-ca-file: cannot read {}: {e}", path.display()))?,
-            ),
-            None => None,
-        };
-        let egress =
-            Egress::new(self.upstream_proxy.as_deref(), self.upstream_no_proxy.as_deref(), |name| {
-                std::env::var(name).ok()
-            })?;
-        ProviderNetwork::new(ca.as_deref(), self.upstream_ca_only, egress, self.upstream_http2_connections)
     }
 }
 
@@ -233,6 +243,15 @@ impl AdminArgs {
     }
 }
 
+/// The deferred jobs' poller (`serve`, `control`).
+#[derive(Args)]
+pub(crate) struct JobArgs {
+    /// How long after a poll a running job (a batch, a background response) is polled again at
+    /// its provider, until it ends and is settled from the provider's usage.
+    #[arg(long, env = "RECOVEA_JOB_POLL_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub(crate) job_poll_interval: Duration,
+}
+
 #[derive(Args)]
 pub(crate) struct ServeArgs {
     #[command(flatten)]
@@ -241,6 +260,8 @@ pub(crate) struct ServeArgs {
     pub(crate) gateway: GatewayArgs,
     #[command(flatten)]
     pub(crate) admin: AdminArgs,
+    #[command(flatten)]
+    pub(crate) jobs: JobArgs,
     /// 64 hex characters that seal provider keys at rest; generated into the data dir when not given.
     #[arg(long, env = "RECOVEA_MASTER_KEY", hide_env_values = true)]
     pub(crate) master_key: Option<String>,
@@ -252,6 +273,11 @@ pub(crate) struct ControlArgs {
     pub(crate) common: CommonArgs,
     #[command(flatten)]
     pub(crate) admin: AdminArgs,
+    #[command(flatten)]
+    pub(crate) jobs: JobArgs,
+    /// How the job poller reaches providers (as nodes do).
+    #[command(flatten)]
+    pub(crate) providers: ProviderArgs,
     /// 64 hex characters that seal provider keys at rest and in the feed; the same on every node.
     #[arg(long, env = "RECOVEA_MASTER_KEY", hide_env_values = true)]
     pub(crate) master_key: String,

@@ -7,11 +7,12 @@ use std::time::Duration;
 use recovea_control::Control;
 use recovea_control::alerts::Alerts;
 use recovea_control::ingest::LedgerSink;
+use recovea_control::jobs::Jobs;
 use tokio::net::TcpListener;
 
 use crate::args::{ControlArgs, init_logging, non_blank, parse_master_key, shutdown_signal};
 use crate::data_dir;
-use crate::wiring::{Stop, admin_token, alert_signing_secret, open_stores};
+use crate::wiring::{Stop, admin_token, alert_signing_secret, open_stores, poller_settings};
 
 pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
     let _log = init_logging(&args.common)?;
@@ -28,18 +29,27 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())??;
     let limit = args.admin.store_limit();
+    let jobs = Jobs::new(Arc::clone(&stores.jobs), limit);
     let control =
         Control::new(stores.store.clone(), stores.ledger.clone(), master_key, &admin_token, Arc::new(|_| {}))
-            .with_store_limit(limit);
+            .with_store_limit(limit)
+            .with_jobs(Arc::clone(&jobs));
+    let alerts = Alerts::start(stores.store.clone(), stores.ledger.clone(), &alert_secret);
+    let poll_interval = args.jobs.job_poll_interval;
     match &args.node_token {
         Some(token) => {
-            let alerts = Alerts::start(stores.store.clone(), stores.ledger.clone(), &alert_secret);
-            let sink = Arc::new(LedgerSink::new(stores.ledger.clone(), Some(alerts)).with_limit(limit));
+            let sink = Arc::new(
+                LedgerSink::new(stores.ledger.clone(), Some(Arc::clone(&alerts)))
+                    .with_limit(limit)
+                    .with_jobs(Arc::clone(&jobs), poll_interval),
+            );
             control.serve_nodes(&non_blank("--node-token", token)?, sink);
         }
         None => tracing::warn!("no --node-token: no node can follow this control plane"),
     }
+    let poller = poller_settings(poll_interval, &args.providers, Some(alerts))?;
     control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
+    jobs.refresh().await.map_err(|e| format!("reading the book of jobs: {e}"))?;
     let listener = TcpListener::bind(args.admin.admin_listen)
         .await
         .map_err(|e| format!("--admin-listen {}: {e}", args.admin.admin_listen))?;
@@ -54,10 +64,12 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
 
     let stop = Stop::new();
     let publisher = tokio::spawn(control.clone().keep_published(Duration::from_millis(250), stop.stopped()));
+    let book_keeper = tokio::spawn(Arc::clone(&jobs).keep_fresh(stop.stopped()));
+    let job_poller = tokio::spawn(control.clone().poll_jobs(poller, stop.stopped()));
     let server = tokio::spawn(recovea_control::serve(control, listener, stop.stopped()));
     shutdown.await;
     tracing::info!("shutting down");
     stop.stop();
-    let _ = tokio::join!(server, publisher);
+    let _ = tokio::join!(server, publisher, book_keeper, job_poller);
     Ok(())
 }

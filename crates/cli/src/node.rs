@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use recovea_counters::{rebuild_missing, sync_loop};
 use recovea_gateway::spool::Keeps;
-use recovea_gateway::{ControlLink, Gateway, follow_feed};
+use recovea_gateway::{ControlLink, Gateway, follow_book, follow_feed};
 use tokio::net::TcpListener;
 
 use crate::args::{NodeArgs, init_logging, non_blank, parse_master_key, shutdown_signal};
@@ -30,6 +30,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let rate_share = rate_share(args.gateway.redis_url.as_deref())?;
     let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));
     let saved = gateway.boot_from_saved(data_dir, &master_key);
+    gateway.boot_book_from_saved(data_dir);
     let listener = TcpListener::bind(args.gateway.listen)
         .await
         .map_err(|e| format!("--listen {}: {e}", args.gateway.listen))?;
@@ -52,6 +53,8 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
         saved,
         stop.stopped(),
     ));
+    let book =
+        tokio::spawn(follow_book(gateway.clone(), Arc::clone(&link), data_dir.clone(), stop.stopped()));
     let syncer = tokio::spawn(sync_loop(
         Arc::clone(&counters),
         shared_counters,
@@ -72,7 +75,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     if let Some(rate_sharer) = rate_sharer {
         let _ = rate_sharer.await;
     }
-    let _ = tokio::join!(server, feed, syncer, rebuilder);
+    let _ = tokio::join!(server, feed, book, syncer, rebuilder);
     spool.sync().await;
     stop_shipping.stop();
     let _ = shipper.await;

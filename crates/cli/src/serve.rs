@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use recovea_control::alerts::Alerts;
 use recovea_control::ingest::LedgerSink;
-use recovea_control::rebuild::{LedgerSpend, rebuild_window};
+use recovea_control::jobs::Jobs;
+use recovea_control::rebuild::{LedgerSpend, SpendSources, rebuild_window};
 use recovea_control::{Control, Publication};
 use recovea_core::crypto::MasterKey;
 use recovea_counters::{CapWindow, Counters, rebuild_missing, sync_loop};
 use recovea_gateway::Gateway;
 use recovea_gateway::spool::Keeps;
-use recovea_store::{ControlStore, ReceiptLedger};
 use tokio::net::TcpListener;
 
 use crate::allocator;
@@ -19,7 +19,7 @@ use crate::args::{ServeArgs, init_logging, parse_master_key, shutdown_signal};
 use crate::data_dir;
 use crate::wiring::{
     RATE_SHARE_INTERVAL, Stop, Stores, admin_token, alert_signing_secret, counters, open_spool, open_stores,
-    rate_share,
+    poller_settings, rate_share,
 };
 
 pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
@@ -36,8 +36,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
                 .map_err(|e| format!("the master key saved in the data dir: {e}"))?
         }
     };
-    let Stores { store, ledger } =
+    let stores =
         open_stores(args.admin.database_url.as_deref(), data_dir, false, args.admin.database_bounds()?)?;
+    let jobs = Jobs::new(Arc::clone(&stores.jobs), args.admin.store_limit());
+    let Stores { store, ledger, .. } = stores;
     let (admin_token, token_generated) = admin_token(&args.admin, data_dir)?;
     let node_id = data_dir::node_id(data_dir)?;
     let alert_secret = alert_signing_secret(&args.admin, data_dir)?;
@@ -62,8 +64,13 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
             Publication::Current => publish_to.snapshot_current(),
         }),
     )
-    .with_store_limit(args.admin.store_limit());
+    .with_store_limit(args.admin.store_limit())
+    .with_jobs(Arc::clone(&jobs));
     control.reconcile_with(counters.clone());
+    // The node in this process counts every new book of jobs at once.
+    let book_to = gateway.clone();
+    jobs.install_into(Arc::new(move |book| book_to.install_book(book)));
+    jobs.refresh().await.map_err(|e| format!("reading the book of jobs: {e}"))?;
     let gateway_listener = TcpListener::bind(args.gateway.listen)
         .await
         .map_err(|e| format!("--listen {}: {e}", args.gateway.listen))?;
@@ -73,14 +80,19 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
     // The ledger first gets what the spool still holds, then every cap's current window is rebuilt
     // from it, so that no cap is enforced on a partial figure after a restart.
+    let alerts = Alerts::start(store.clone(), ledger.clone(), &alert_secret);
+    let poll_interval = args.jobs.job_poll_interval;
     let sink = Arc::new(
-        LedgerSink::new(ledger.clone(), Some(Alerts::start(store.clone(), ledger.clone(), &alert_secret)))
-            .with_limit(args.admin.store_limit()),
+        LedgerSink::new(ledger.clone(), Some(Arc::clone(&alerts)))
+            .with_limit(args.admin.store_limit())
+            .with_jobs(Arc::clone(&jobs), poll_interval),
     );
+    let poller = poller_settings(poll_interval, &args.gateway.providers, Some(alerts))?;
     if let Err(e) = spool.ship_available(sink.as_ref()).await {
         tracing::warn!(error = %e, "the spool could not be delivered at start-up; it will be retried");
     }
-    seed_current_windows(&counters, &store, &ledger).await?;
+    let sources = control.spend_sources();
+    seed_current_windows(&counters, &sources).await?;
 
     let gateway_addr = gateway_listener.local_addr().map_err(|e| e.to_string())?;
     let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
@@ -107,11 +119,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
         Duration::from_secs(1),
         stop.stopped(),
     ));
-    let rebuilder = tokio::spawn(rebuild_missing(
-        Arc::clone(&counters),
-        Arc::new(LedgerSpend { store: store.clone(), ledger: ledger.clone() }),
-        stop.stopped(),
-    ));
+    let rebuilder =
+        tokio::spawn(rebuild_missing(Arc::clone(&counters), Arc::new(LedgerSpend(sources)), stop.stopped()));
+    let book_keeper = tokio::spawn(Arc::clone(&jobs).keep_fresh(stop.stopped()));
+    let job_poller = tokio::spawn(control.clone().poll_jobs(poller, stop.stopped()));
     let publisher = tokio::spawn(control.clone().keep_published(Duration::from_millis(250), stop.stopped()));
     let admin = tokio::spawn(recovea_control::serve(control, admin_listener, stop.stopped()));
     let rate_sharer = rate_share
@@ -127,7 +138,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     if let Some(rate_sharer) = rate_sharer {
         let _ = rate_sharer.await;
     }
-    let _ = tokio::join!(admin, node, publisher, syncer, rebuilder);
+    let _ = tokio::join!(admin, node, publisher, syncer, rebuilder, book_keeper, job_poller);
     // Every response is done: write out what they left in the spool's queue, then deliver it.
     spool.sync().await;
     stop_shipping.stop();
@@ -138,14 +149,12 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Seeds the counters with each cap's current window as the ledger has it.
-async fn seed_current_windows(
-    counters: &Arc<Counters>,
-    store: &Arc<dyn ControlStore>,
-    ledger: &Arc<dyn ReceiptLedger>,
-) -> Result<(), String> {
-    let (store, ledger, counters) = (Arc::clone(store), Arc::clone(ledger), Arc::clone(counters));
+/// Seeds the counters with each cap's current window as the ledger has it (jobs' settlements
+/// aside: the book of jobs counts those).
+async fn seed_current_windows(counters: &Arc<Counters>, sources: &SpendSources) -> Result<(), String> {
+    let (sources, counters) = (sources.clone(), Arc::clone(counters));
     tokio::task::spawn_blocking(move || {
+        let store = &sources.store;
         let now = recovea_core::Timestamp::from_system_time(std::time::SystemTime::now());
         for org in store.list_orgs().map_err(|e| e.to_string())? {
             for record in store.caps(&org.id).map_err(|e| e.to_string())? {
@@ -154,9 +163,7 @@ async fn seed_current_windows(
                     start: record.cap.window.start(now),
                     end: record.cap.window.end(now),
                 };
-                if let Some(total) =
-                    rebuild_window(store.as_ref(), ledger.as_ref(), &window).map_err(|e| e.to_string())?
-                {
+                if let Some(total) = rebuild_window(&sources, &window).map_err(|e| e.to_string())? {
                     counters.seed(&window, total);
                 }
             }

@@ -8,16 +8,40 @@ use std::time::Duration;
 
 use recovea_counters::{Counters, InProcess, RateShare, Redis, RedisRateShare, SharedCounters, StoreOptions};
 use recovea_gateway::spool::{Keeps, MemoryBound, Spool};
-use recovea_store::{ControlStore, PostgresStore, ReceiptLedger, SqliteStore};
+use recovea_store::{ControlStore, JobStore, PostgresStore, ReceiptLedger, SqliteStore};
 use tokio::sync::watch;
 
-use crate::args::{AdminArgs, non_blank};
+use recovea_control::jobs::{PollerSettings, ProviderDefaults};
+use recovea_upstream::Upstream;
+
+use crate::args::{AdminArgs, ProviderArgs, non_blank};
 use crate::data_dir;
 
-/// The control store and the receipt ledger: one database behind both traits.
+/// The control store, the receipt ledger and the jobs: one database behind the three traits.
 pub(crate) struct Stores {
     pub(crate) store: Arc<dyn ControlStore>,
     pub(crate) ledger: Arc<dyn ReceiptLedger>,
+    pub(crate) jobs: Arc<dyn JobStore>,
+}
+
+/// The poller's settings: its interval, a provider client as nodes have (`network`), and the
+/// kinds' default base URLs.
+pub(crate) fn poller_settings(
+    interval: Duration,
+    providers: &ProviderArgs,
+    alerts: Option<Arc<recovea_control::alerts::Alerts>>,
+) -> Result<PollerSettings, String> {
+    let network = providers.network()?;
+    Ok(PollerSettings {
+        interval,
+        upstream: Upstream::new(providers.connect_timeout, 0, &network),
+        defaults: ProviderDefaults {
+            openai: providers.openai_base_url.clone(),
+            anthropic: providers.anthropic_base_url.clone(),
+            gemini: providers.gemini_base_url.clone(),
+        },
+        alerts,
+    })
 }
 
 /// Opens `--database-url` (`sqlite://PATH`, `postgres://...`) or the SQLite file in the data dir.
@@ -28,9 +52,9 @@ pub(crate) fn open_stores(
     postgres_allowed: bool,
     bounds: recovea_store::postgres::Bounds,
 ) -> Result<Stores, String> {
-    fn both<S: ControlStore + ReceiptLedger>(store: S) -> Stores {
+    fn both<S: ControlStore + ReceiptLedger + JobStore>(store: S) -> Stores {
         let store = Arc::new(store);
-        Stores { store: store.clone(), ledger: store }
+        Stores { store: store.clone(), ledger: store.clone(), jobs: store }
     }
     let sqlite = |path: &Path| {
         SqliteStore::open(path).map(both).map_err(|e| format!("--database-url {}: {e}", path.display()))

@@ -12,6 +12,7 @@ mod console;
 mod error;
 mod feed;
 pub mod ingest;
+pub mod jobs;
 mod node_api;
 pub mod random;
 pub mod rebuild;
@@ -78,6 +79,8 @@ struct Inner {
     /// The signed-in sessions of the web console.
     console_sessions: console::Sessions,
     console_sign_ins: console::SignInAttempts,
+    /// Deferred jobs: their book and its store, when this control plane keeps them.
+    jobs: std::sync::OnceLock<Arc<jobs::Jobs>>,
 }
 
 /// What `/metrics` counts besides the feed's version.
@@ -85,6 +88,10 @@ struct Inner {
 struct Metrics {
     polls: std::sync::atomic::AtomicU64,
     receipts: std::sync::atomic::AtomicU64,
+    /// Polls of deferred jobs made, those that failed, and the jobs settled.
+    job_polls: std::sync::atomic::AtomicU64,
+    job_poll_errors: std::sync::atomic::AtomicU64,
+    jobs_settled: std::sync::atomic::AtomicU64,
 }
 
 /// How nodes are let in and where their receipts go.
@@ -121,6 +128,7 @@ impl Control {
                 published: tokio::sync::Mutex::new(None),
                 console_sessions: console::Sessions::default(),
                 console_sign_ins: console::SignInAttempts::default(),
+                jobs: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -159,6 +167,21 @@ impl Control {
     /// before the cap is published, and the spend report reconciles them with the ledger.
     pub fn reconcile_with(&self, counters: Arc<recovea_counters::Counters>) {
         let _ = self.inner.counters.set(counters);
+    }
+
+    /// Keeps deferred jobs in `jobs`: its book is followed by nodes and shows in the spend report.
+    pub fn with_jobs(self, jobs: Arc<jobs::Jobs>) -> Self {
+        let _ = self.inner.jobs.set(jobs);
+        self
+    }
+
+    /// Where counter windows are rebuilt from.
+    pub fn spend_sources(&self) -> rebuild::SpendSources {
+        rebuild::SpendSources {
+            store: Arc::clone(&self.inner.store),
+            ledger: Arc::clone(&self.inner.ledger),
+            jobs: self.inner.jobs.get().map(|jobs| Arc::clone(jobs.store())),
+        }
     }
 
     /// Serves nodes: the feed, and receipt ingest into `sink`, to those presenting `node_token`.

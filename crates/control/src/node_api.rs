@@ -31,6 +31,7 @@ const FORGET_NODES_AFTER: Duration = Duration::from_secs(60 * 60);
 pub(crate) const POLL: &str = "/feed/v1/poll";
 pub(crate) const SPEND: &str = "/feed/v1/spend";
 pub(crate) const RECEIPTS: &str = "/ingest/v1/receipts";
+pub(crate) const JOBS: &str = "/feed/v1/jobs";
 
 /// Each receipt is kept as the node wrote it: the ledger stores that text, checked to be a
 /// receipt, rather than serialize it again.
@@ -48,7 +49,7 @@ struct SpendQuery {
 impl Control {
     /// Whether `path` is one of the node endpoints.
     pub(crate) fn is_node_path(path: &str) -> bool {
-        matches!(path, POLL | SPEND | RECEIPTS)
+        matches!(path, POLL | SPEND | RECEIPTS | JOBS)
     }
 
     /// Answers a node's call; `None` asks for an empty `204` (a poll that saw no change).
@@ -90,6 +91,14 @@ impl Control {
                 self.inner.metrics.receipts.fetch_add(accepted as u64, Relaxed);
                 Ok(Some(json_reply(json!({"accepted": accepted}))))
             }
+            JOBS => {
+                let Some(jobs) = self.inner.jobs.get() else {
+                    return Err(ApiError::NotFound("This control plane keeps no jobs.".into()));
+                };
+                let poll: recovea_core::jobs::BookPoll = parse(&body)?;
+                let wait = Duration::from_millis(poll.wait_ms).min(crate::feed::MAX_WAIT);
+                Ok(jobs.poll(poll.epoch, poll.seq, wait).await.map(raw))
+            }
             SPEND => {
                 let query: SpendQuery = parse(&body)?;
                 let mut answered = Vec::with_capacity(query.windows.len());
@@ -98,10 +107,8 @@ impl Control {
                         .ok_or_else(|| ApiError::BadRequest("windows: cap_id".into()))?;
                     let wanted =
                         CapWindow { cap, start: Timestamp(window.start_ms), end: Timestamp(window.end_ms) };
-                    let (store, ledger) = (Arc::clone(&self.inner.store), Arc::clone(&self.inner.ledger));
-                    let total = self
-                        .off_thread(move || rebuild_window(store.as_ref(), ledger.as_ref(), &wanted))
-                        .await?;
+                    let sources = self.spend_sources();
+                    let total = self.off_thread(move || rebuild_window(&sources, &wanted)).await?;
                     window.total_nanos = total.map(|t| t.0);
                     answered.push(window);
                 }

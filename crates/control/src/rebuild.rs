@@ -1,37 +1,46 @@
 //! Counters tell the truth: a window the counter store does not hold (a restart, a flush, a new
-//! cap) is rebuilt from the ledger, the source of truth for spend.
+//! cap) is rebuilt from the ledger, the source of truth for spend. The counters hold what nodes
+//! meter; deferred jobs' settled costs live in the book of jobs, which every line counts beside
+//! them, so a rebuild leaves those out (`JobStore::counted_spend`).
 
 use std::sync::Arc;
 
 use recovea_counters::{CapWindow, SpendSource, WindowSpendFuture};
-use recovea_store::{ControlStore, ReceiptLedger};
+use recovea_store::{ControlStore, JobStore, ReceiptLedger};
 
-/// Seeds `window` with the sum of its receipts in the ledger. `None`: the cap no longer exists.
+/// Where a window's spend is rebuilt from.
+#[derive(Clone)]
+pub struct SpendSources {
+    pub store: Arc<dyn ControlStore>,
+    pub ledger: Arc<dyn ReceiptLedger>,
+    /// Without it, the ledger's whole sum (no job was ever settled).
+    pub jobs: Option<Arc<dyn JobStore>>,
+}
+
+/// Seeds `window` with the sum of its receipts in the ledger, jobs' settlements left out (the
+/// book holds them). `None`: the cap no longer exists.
 pub fn rebuild_window(
-    store: &dyn ControlStore,
-    ledger: &dyn ReceiptLedger,
+    sources: &SpendSources,
     window: &CapWindow,
 ) -> recovea_store::Result<Option<recovea_core::money::Nanos>> {
-    let Some(record) = store.cap(&window.cap)? else { return Ok(None) };
+    let Some(record) = sources.store.cap(&window.cap)? else { return Ok(None) };
     let cap = record.cap;
-    ledger.spend(&cap.org_id, cap.key_id.as_ref(), window.start, window.end).map(Some)
+    let (org, key) = (&cap.org_id, cap.key_id.as_ref());
+    match &sources.jobs {
+        Some(jobs) => jobs.counted_spend(org, key, window.start, window.end).map(Some),
+        None => sources.ledger.spend(org, key, window.start, window.end).map(Some),
+    }
 }
 
 /// The ledger as a [`SpendSource`]: `serve` rebuilds its counters straight from it.
-pub struct LedgerSpend {
-    pub store: Arc<dyn ControlStore>,
-    pub ledger: Arc<dyn ReceiptLedger>,
-}
+pub struct LedgerSpend(pub SpendSources);
 
 impl SpendSource for LedgerSpend {
     fn window_spend<'a>(&'a self, windows: &'a [CapWindow]) -> WindowSpendFuture<'a> {
-        let (store, ledger, windows) = (Arc::clone(&self.store), Arc::clone(&self.ledger), windows.to_vec());
+        let (sources, windows) = (self.0.clone(), windows.to_vec());
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
-                windows
-                    .iter()
-                    .map(|w| rebuild_window(store.as_ref(), ledger.as_ref(), w))
-                    .collect::<recovea_store::Result<Vec<_>>>()
+                windows.iter().map(|w| rebuild_window(&sources, w)).collect::<recovea_store::Result<Vec<_>>>()
             })
             .await
             .map_err(|e| e.to_string())?

@@ -192,6 +192,30 @@ impl Control {
             writeln!(out, "# HELP recovea_nodes Nodes that polled this control plane within the last hour.");
         let _ = writeln!(out, "# TYPE recovea_nodes gauge");
         let _ = writeln!(out, "recovea_nodes {}", self.nodes_reporting());
+        let metrics = &self.inner.metrics;
+        for (name, help, value) in [
+            ("recovea_job_polls_total", "Polls of deferred jobs at their providers.", &metrics.job_polls),
+            (
+                "recovea_job_poll_errors_total",
+                "Polls of deferred jobs that failed (retried later).",
+                &metrics.job_poll_errors,
+            ),
+            (
+                "recovea_jobs_settled_total",
+                "Deferred jobs settled from their providers' usage.",
+                &metrics.jobs_settled,
+            ),
+        ] {
+            let _ =
+                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Relaxed));
+        }
+        if let Some(jobs) = self.inner.jobs.get() {
+            let pending = jobs.pending();
+            let _ = writeln!(
+                out,
+                "# HELP recovea_jobs_pending Deferred jobs holding their estimate until they settle.\n# TYPE recovea_jobs_pending gauge\nrecovea_jobs_pending {pending}"
+            );
+        }
         out
     }
 }

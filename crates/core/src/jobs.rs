@@ -14,13 +14,15 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::caps::Cap;
+use crate::channel::JobKind;
 use crate::ids::{CapId, KeyId, OrgId};
 use crate::money::Nanos;
 use crate::pricing::{self, Price, PriceTable};
+use crate::receipt::{Receipt, receipt_id};
 use crate::snapshot::ProviderKind;
 use crate::timestamp::Timestamp;
 use crate::usage::Usage;
-use crate::window::{MS_PER_DAY, Window};
+use crate::window::MS_PER_DAY;
 
 /// The longest id of a provider's job or file the gateway keeps.
 pub const MAX_ID_LEN: usize = 128;
@@ -52,7 +54,7 @@ pub fn book_key(org: &str, provider: &str, id: &str) -> String {
 }
 
 /// The book's key of one day's settled job spend of one key.
-fn spend_key(org: &OrgId, key: &KeyId, day: i64) -> String {
+pub fn spend_key(org: &OrgId, key: &KeyId, day: i64) -> String {
     format!("{org}/{key}/{day}")
 }
 
@@ -190,6 +192,15 @@ pub enum BookMessage {
     Changes(BookChanges),
 }
 
+/// A node's poll of the book: the book it holds (`seq` `None`: none yet), and how long the
+/// control plane may wait for a change before it answers that there is none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BookPoll {
+    pub epoch: u64,
+    pub seq: Option<u64>,
+    pub wait_ms: u64,
+}
+
 /// Changes made for another sequence than the one held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqMismatch {
@@ -265,35 +276,6 @@ impl JobBook {
             .filter(|(_, job)| !job.settled && cap.covers(&job.org_id, &job.key_id))
             .filter(|(_, job)| cap.window.start(Timestamp(job.started_at_ms)) == start)
             .fold(Nanos::ZERO, |sum, (_, job)| sum.saturating_add(Nanos(job.held_nanos)))
-    }
-
-    /// Forgets what no current window can hold any more: jobs settled before `settled_before`
-    /// (their spend stays in the day's total), files created before `files_before`, and days of
-    /// spend before the previous month of `now` (a week window reaches at most six days into it).
-    /// The removed keys, for the changes nodes are sent.
-    pub fn prune(&mut self, now: Timestamp, files_before: Timestamp) -> Pruned {
-        let first_day = day_of(Window::Month.start(Timestamp(Window::Month.start(now).0 - 1)));
-        let files: Vec<String> = self
-            .files
-            .iter()
-            .filter(|(_, file)| file.created_at_ms < files_before.0)
-            .map(|(key, _)| key.clone())
-            .collect();
-        let spend: Vec<String> = self
-            .spend
-            .keys()
-            .filter(|key| {
-                key.rsplit('/').next().and_then(|d| d.parse::<i64>().ok()).is_some_and(|d| d < first_day)
-            })
-            .cloned()
-            .collect();
-        for key in &files {
-            self.files.remove(key);
-        }
-        for key in &spend {
-            self.spend.remove(key);
-        }
-        Pruned { files, spend }
     }
 }
 
@@ -405,13 +387,6 @@ impl BookLog {
     }
 }
 
-/// Keys [`JobBook::prune`] removed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Pruned {
-    pub files: Vec<String>,
-    pub spend: Vec<String>,
-}
-
 /// The spend the book puts on one cap's window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowTotal {
@@ -442,6 +417,81 @@ fn replace<V>(map: &mut BTreeMap<String, V>, changes: BTreeMap<String, Option<V>
     }
 }
 
+/// An ended job as its settlement needs it.
+#[derive(Debug, Clone)]
+pub struct EndedJob<'a> {
+    pub kind: JobKind,
+    /// The kind of the credential it ran under: an unpriced model costs that kind's fallback.
+    pub provider_kind: ProviderKind,
+    pub request_id: &'a str,
+    pub org_id: &'a str,
+    pub key_id: &'a str,
+    /// The credential's name.
+    pub provider: &'a str,
+    pub endpoint: &'a str,
+    pub job_id: &'a str,
+    /// The model its creating request named: what a job that ran nothing is recorded under.
+    pub model: Option<&'a str>,
+    pub started_at: Timestamp,
+}
+
+/// The receipts that settle an ended job, one per model that ran (one of no usage when nothing
+/// ran), each priced as the provider bills it (a batch at its batch price), and their total cost.
+/// Their ids follow the creating request's receipt id, so that a settlement written twice is
+/// inserted once; their windows are those of the job's creation, where its hold was.
+pub fn settle(
+    job: &EndedJob<'_>,
+    ran: &BTreeMap<Option<String>, Usage>,
+    prices: &crate::snapshot::Prices,
+    node_id: &str,
+    finished_at: Timestamp,
+) -> (Vec<Receipt>, Nanos) {
+    let nothing = BTreeMap::from([(job.model.map(str::to_owned), Usage::default())]);
+    let ran = if ran.is_empty() { &nothing } else { ran };
+    let base_id = receipt_id(job.request_id);
+    let mut total = Nanos::ZERO;
+    let receipts = ran
+        .iter()
+        .enumerate()
+        .map(|(n, (model, usage))| {
+            let resolution = prices.table.price_for(model.as_deref(), job.provider_kind);
+            let price = if job.kind.is_batch() { resolution.price.batch() } else { resolution.price };
+            let priced = crate::pricing::Resolution { price, ..resolution };
+            let settled = crate::receipt::settle(Some(*usage), Usage::default(), &priced);
+            total = total.saturating_add(settled.cost);
+            Receipt {
+                id: format!("{base_id}.j{n}"),
+                request_id: job.request_id.to_owned(),
+                org_id: job.org_id.to_owned(),
+                key_id: job.key_id.to_owned(),
+                provider: job.provider.to_owned(),
+                model: model.clone().or_else(|| job.model.map(str::to_owned)),
+                endpoint: job.endpoint.to_owned(),
+                status: 200,
+                stream: false,
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                cached_input_tokens: usage.cached_input_tokens,
+                cache_write_input_tokens: usage.cache_write_input_tokens,
+                reasoning_tokens: usage.reasoning_tokens,
+                cost_usd: settled.cost,
+                usage_source: settled.source,
+                priced: settled.priced,
+                price_revision: prices.revision,
+                priced_as: settled.priced_as,
+                started_at: job.started_at,
+                finished_at,
+                node_id: node_id.to_owned(),
+                job_id: Some(job.job_id.to_owned()),
+                held_usd: None,
+                batch_input: None,
+                tags: crate::tags::Tags::new(),
+            }
+        })
+        .collect();
+    (receipts, total)
+}
+
 /// Whether a batch of `estimate` fits under an armed cap: the window's spend, in-flight
 /// reservations and the book's spend on it, plus the estimate, must stay at or below its limit.
 /// The room left when it does not.
@@ -459,6 +509,7 @@ pub fn fits(limit: Nanos, committed: Nanos, estimate: Nanos) -> Result<(), Nanos
 mod tests {
     use super::*;
     use crate::caps::Scope;
+    use crate::window::Window;
     use proptest::prelude::*;
 
     /// 2026-03-17T12:00:00Z.
@@ -650,21 +701,37 @@ mod tests {
     }
 
     #[test]
-    fn pruning_keeps_what_a_current_window_can_hold() {
-        let mut book = JobBook::default();
-        let march_1 = Window::Month.start(NOW);
-        let feb_1 = Window::Month.start(Timestamp(march_1.0 - 1));
-        for day in [day_of(feb_1) - 1, day_of(feb_1), day_of(NOW)] {
-            book.spend.insert(spend_key(&org(), &key("key_a"), day), 5);
-        }
-        let file =
-            |at: Timestamp| FileWire { org_id: org(), created_at_ms: at.0, input: BatchInput::default() };
-        book.files.insert("org_a/openai/file-old".into(), file(Timestamp(NOW.0 - 40 * MS_PER_DAY)));
-        book.files.insert("org_a/openai/file-new".into(), file(NOW));
-        let pruned = book.prune(NOW, Timestamp(NOW.0 - 30 * MS_PER_DAY));
-        assert_eq!(pruned.files, ["org_a/openai/file-old"]);
-        assert_eq!(pruned.spend, [spend_key(&org(), &key("key_a"), day_of(feb_1) - 1)]);
-        assert_eq!((book.files.len(), book.spend.len()), (1, 2));
+    fn a_job_settles_per_model_at_its_price_and_once_by_its_receipt_ids() {
+        let prices = crate::snapshot::Prices::default();
+        let job = EndedJob {
+            kind: JobKind::OpenAiBatch,
+            provider_kind: ProviderKind::OpenAi,
+            request_id: "req_abc",
+            org_id: "org_a",
+            key_id: "key_a",
+            provider: "openai",
+            endpoint: "/v1/batches",
+            job_id: "batch_1",
+            model: Some("gpt-4o"),
+            started_at: NOW,
+        };
+        let usage = Usage { input_tokens: 1_000_000, output_tokens: 1_000_000, ..Usage::default() };
+        let ran = BTreeMap::from([(Some("gpt-4o-2024-08-06".to_owned()), usage)]);
+        let (receipts, total) = settle(&job, &ran, &prices, "control", Timestamp(NOW.0 + 5));
+        // gpt-4o's batch price: $1.25 in, $5 out per Mtok.
+        assert_eq!(total, Nanos(6_250_000_000));
+        assert_eq!(receipts.len(), 1);
+        let r = &receipts[0];
+        assert_eq!((r.id.as_str(), r.job_id.as_deref(), r.held_usd), ("rcpt_abc.j0", Some("batch_1"), None));
+        assert_eq!((r.cost_usd, r.started_at, r.endpoint.as_str()), (total, NOW, "/v1/batches"));
+        // A background response is billed at the ordinary price.
+        let response =
+            EndedJob { kind: JobKind::BackgroundResponse, endpoint: "/v1/responses", ..job.clone() };
+        let (_, ordinary) = settle(&response, &ran, &prices, "control", NOW);
+        assert_eq!(ordinary, Nanos(12_500_000_000));
+        // Nothing ran: one receipt of nothing, under the model it named.
+        let (receipts, total) = settle(&job, &BTreeMap::new(), &prices, "control", NOW);
+        assert_eq!((receipts.len(), total, receipts[0].model.as_deref()), (1, Nanos::ZERO, Some("gpt-4o")));
     }
 
     #[test]

@@ -16,6 +16,19 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Both counts together, each saturating: the usage of several requests.
+    pub fn saturating_add(self, other: Usage) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            cached_input_tokens: self.cached_input_tokens.saturating_add(other.cached_input_tokens),
+            cache_write_input_tokens: self
+                .cache_write_input_tokens
+                .saturating_add(other.cache_write_input_tokens),
+            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+            reasoning_tokens: self.reasoning_tokens.saturating_add(other.reasoning_tokens),
+        }
+    }
+
     /// Input tokens billed at the plain input price: neither read from nor written to the cache.
     pub fn plain_input_tokens(&self) -> u64 {
         self.input_tokens

@@ -18,6 +18,8 @@ use tokio::sync::watch;
 use crate::control_link::ControlLink;
 use crate::node::Gateway;
 
+pub mod book;
+
 /// How long a poll may wait for a change. Every answer confirms the state, so this bounds the
 /// snapshot age of a node whose feed is healthy.
 const POLL_WAIT: Duration = Duration::from_secs(1);

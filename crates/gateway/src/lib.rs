@@ -31,6 +31,7 @@ pub use config::{
     default_max_connections,
 };
 pub use control_link::ControlLink;
+pub use feed::book::follow_book;
 pub use feed::follow_feed;
 pub use metrics::Outcome;
 pub use node::{Gateway, Readiness};

@@ -354,6 +354,9 @@ pub trait JobStore: Send + Sync + 'static {
         next_poll_at: Timestamp,
         error: Option<&str>,
     ) -> Result<()>;
+    /// Brings every pending job's next poll forward to `latest` at the latest (a poller started
+    /// with a shorter interval than the one that scheduled them); how many moved. No version bump.
+    fn poll_by(&self, latest: Timestamp) -> Result<u64>;
     /// Settles a pending job at `cost`, inserting its settlement `receipts` into the ledger in the
     /// same transaction (idempotently, as `insert_receipts` does). `false`, and nothing written,
     /// when the job is already settled; `NotFound` when there is no such job.

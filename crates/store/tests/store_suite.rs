@@ -1655,6 +1655,11 @@ fn due_jobs_come_most_overdue_first_within_the_limit(db: &impl Backend) {
     assert_eq!(ids(300, 10).len(), 4, "due at its time");
     assert!(ids(99, 10).is_empty());
     assert!(ids(i64::MAX, 0).is_empty());
+    // A poller with a shorter interval brings the later polls forward, and only those.
+    let version = store.jobs_version().expect("version");
+    assert_eq!(store.poll_by(Timestamp(250)).expect("moved"), 2, "batch_c and batch_d, not the settled one");
+    assert_eq!(ids(250, 10).len(), 6 - 1);
+    assert_eq!(store.jobs_version().expect("version"), version);
 }
 
 fn polls_are_counted_without_a_version_bump(db: &impl Backend) {

@@ -263,6 +263,37 @@ pub fn http_client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
+/// Polls `find` every 20 ms until it finds something, and returns it; panics with `what` after
+/// `within`.
+pub async fn eventually<T, F, Fut>(within: std::time::Duration, what: &str, mut find: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(found) = find().await {
+            return found;
+        }
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// One request with a raw body on a fresh connection, its answer read to the end.
+pub async fn call_bytes(method: Method, url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Answer {
+    let mut request = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = http_client()
+        .request(request.body(Full::new(Bytes::from(body))).expect("request"))
+        .await
+        .expect("answer");
+    let (status, headers) = (response.status(), response.headers().clone());
+    Answer { status, headers, body: response.into_body().collect().await.expect("body").to_bytes() }
+}
+
 /// One request on a fresh connection, its answer read to the end.
 pub async fn call(method: Method, url: &str, headers: &[(&str, &str)], body: Option<Value>) -> Answer {
     call_on(&http_client(), method, url, headers, body).await

@@ -157,6 +157,7 @@ impl Control {
                 "spend_usd": spent,
                 "limit_usd": cap.limit,
                 "hard_stop": cap.hard_stop,
+                "held_usd": self.inner.jobs.get().map_or(Nanos::ZERO, |jobs| jobs.held(&cap, at)),
             });
             // Reconciliation: the counters are a cache of the ledger; receipts still on their way
             // from the spool make a small, passing drift.
@@ -182,9 +183,10 @@ impl Control {
         let Some(counters) = self.inner.counters.get() else { return Ok(()) };
         let at = now();
         let window = CapWindow { cap: cap.id.clone(), start: cap.window.start(at), end: cap.window.end(at) };
-        let (org, key, (start, end)) = (cap.org_id.clone(), cap.key_id.clone(), (window.start, window.end));
-        let spent = self.ledger(move |l| l.spend(&org, key.as_ref(), start, end)).await?;
-        counters.seed(&window, spent);
+        let sources = self.spend_sources();
+        let seeded = window.clone();
+        let spent = self.off_thread(move || crate::rebuild::rebuild_window(&sources, &seeded)).await?;
+        counters.seed(&window, spent.unwrap_or(Nanos::ZERO));
         Ok(())
     }
 

@@ -173,6 +173,15 @@ impl JobStore for PostgresStore {
         Ok(())
     }
 
+    fn poll_by(&self, latest: Timestamp) -> Result<u64> {
+        self.client()?
+            .execute(
+                "UPDATE jobs SET next_poll_at = $1 WHERE settled_at IS NULL AND next_poll_at > $1",
+                &[&latest.0],
+            )
+            .map_err(backend)
+    }
+
     fn settle_job(
         &self,
         org: &OrgId,

@@ -149,6 +149,17 @@ impl JobStore for SqliteStore {
         Ok(())
     }
 
+    fn poll_by(&self, latest: Timestamp) -> Result<u64> {
+        let moved = self
+            .conn()
+            .execute(
+                "UPDATE jobs SET next_poll_at = ?1 WHERE settled_at IS NULL AND next_poll_at > ?1",
+                params![latest.0],
+            )
+            .map_err(backend)?;
+        Ok(u64::try_from(moved).unwrap_or(u64::MAX))
+    }
+
     fn settle_job(
         &self,
         org: &OrgId,
