@@ -71,17 +71,22 @@ impl Price {
 
 /// The cost of `usage` at `price`, per the contract: plain input x input price + cached input x
 /// cached price + cache-write input x cache-write price + output x output price, where a missing
-/// cached or cache-write price is the input price.
+/// cached or cache-write price is the input price; audio parts at their audio prices (a missing
+/// one: the text price of the same part).
 ///
 /// The sum is computed exactly in millionths of a nano-dollar (`i128`) and rounded once, half up
 /// (toward +infinity on an exact half), to the nano-dollar: rounding each term would let many small
 /// requests drift from the provider's bill. A total beyond `i64` saturates; no real usage gets near.
 pub fn cost(usage: &Usage, price: &Price) -> Nanos {
+    let cached = price.cached_input_per_mtok.unwrap_or(price.input_per_mtok);
     let terms = [
         (usage.plain_input_tokens(), price.input_per_mtok),
-        (usage.cached_input_tokens, price.cached_input_per_mtok.unwrap_or(price.input_per_mtok)),
+        (usage.cached_text_input_tokens(), cached),
         (usage.cache_write_input_tokens, price.cache_write_per_mtok.unwrap_or(price.input_per_mtok)),
-        (usage.output_tokens, price.output_per_mtok),
+        (usage.text_output_tokens(), price.output_per_mtok),
+        (usage.plain_audio_input_tokens(), price.audio_input_per_mtok.unwrap_or(price.input_per_mtok)),
+        (usage.cached_audio_input_tokens, price.cached_audio_input_per_mtok.unwrap_or(cached)),
+        (usage.audio_output_tokens, price.audio_output_per_mtok.unwrap_or(price.output_per_mtok)),
     ];
     let exact = terms.iter().fold(0_i128, |sum, &(tokens, per_mtok)| {
         sum.saturating_add(i128::from(tokens).saturating_mul(i128::from(per_mtok.0)))
@@ -628,8 +633,39 @@ mod tests {
             cached_input_tokens: cached,
             cache_write_input_tokens: write,
             output_tokens: output,
-            reasoning_tokens: 0,
+            ..Usage::default()
         }
+    }
+
+    #[test]
+    fn audio_parts_are_billed_at_audio_prices_and_text_at_text_prices() {
+        // gpt-realtime: $4 / $16 text, $32 / $64 audio, $0.40 cached (text and audio).
+        let realtime = Price {
+            audio_input_per_mtok: Some(usd("32")),
+            audio_output_per_mtok: Some(usd("64")),
+            cached_audio_input_per_mtok: Some(usd("0.4")),
+            ..price("4", "16", Some("0.4"), None)
+        };
+        // 1M in: 200k text, 500k audio of which 100k cached, 300k cached text; 1M out: 400k audio.
+        let usage = Usage {
+            input_tokens: 1_000_000,
+            cached_input_tokens: 400_000,
+            audio_input_tokens: 500_000,
+            cached_audio_input_tokens: 100_000,
+            output_tokens: 1_000_000,
+            audio_output_tokens: 400_000,
+            ..Usage::default()
+        };
+        // text in 0.2 x 4 + cached text 0.3 x 0.4 + audio 0.4 x 32 + cached audio 0.1 x 0.4
+        // + text out 0.6 x 16 + audio out 0.4 x 64.
+        let expected =
+            800_000_000 + 120_000_000 + 12_800_000_000 + 40_000_000 + 9_600_000_000 + 25_600_000_000;
+        assert_eq!(cost(&usage, &realtime), Nanos(expected));
+        // Without audio prices, audio is billed as text.
+        let text_only = price("4", "16", Some("0.4"), None);
+        let as_text =
+            Usage { audio_input_tokens: 0, cached_audio_input_tokens: 0, audio_output_tokens: 0, ..usage };
+        assert_eq!(cost(&usage, &text_only), cost(&as_text, &text_only));
     }
 
     #[test]

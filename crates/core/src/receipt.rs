@@ -33,6 +33,14 @@ pub struct Receipt {
     pub cached_input_tokens: u64,
     pub cache_write_input_tokens: u64,
     pub reasoning_tokens: u64,
+    /// The audio parts of `input_tokens` (and of its cached part) and of `output_tokens`, each
+    /// billed at its audio price; left out when zero, as on every receipt without audio.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audio_input_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_audio_input_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audio_output_tokens: u64,
     #[serde(deserialize_with = "usd")]
     pub cost_usd: Nanos,
     #[serde(with = "usage_source")]
@@ -68,6 +76,20 @@ pub struct Receipt {
 }
 
 impl Receipt {
+    /// The tokens the receipt counts.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens,
+            cached_input_tokens: self.cached_input_tokens,
+            cache_write_input_tokens: self.cache_write_input_tokens,
+            output_tokens: self.output_tokens,
+            reasoning_tokens: self.reasoning_tokens,
+            audio_input_tokens: self.audio_input_tokens,
+            cached_audio_input_tokens: self.cached_audio_input_tokens,
+            audio_output_tokens: self.audio_output_tokens,
+        }
+    }
+
     /// The receipt's JSON text, byte for byte what `serde_json::to_string` writes (a property test
     /// holds them equal). Written by hand because every request writes one: serde escapes each of
     /// the 21 keys and formats each number through its general machinery, which made a tenth of a
@@ -103,6 +125,15 @@ impl Receipt {
         number(&mut out, r#","cached_input_tokens":"#, self.cached_input_tokens);
         number(&mut out, r#","cache_write_input_tokens":"#, self.cache_write_input_tokens);
         number(&mut out, r#","reasoning_tokens":"#, self.reasoning_tokens);
+        for (key, count) in [
+            (r#","audio_input_tokens":"#, self.audio_input_tokens),
+            (r#","cached_audio_input_tokens":"#, self.cached_audio_input_tokens),
+            (r#","audio_output_tokens":"#, self.audio_output_tokens),
+        ] {
+            if count != 0 {
+                number(&mut out, key, count);
+            }
+        }
         // Amounts and times are digits and punctuation: nothing in them needs escaping.
         out.push_str(r#","cost_usd":""#);
         self.cost_usd.push_usd(&mut out);
@@ -175,6 +206,9 @@ impl Receipt {
             cached_input_tokens: 0,
             cache_write_input_tokens: 0,
             reasoning_tokens: 0,
+            audio_input_tokens: 0,
+            cached_audio_input_tokens: 0,
+            audio_output_tokens: 0,
             cost_usd: Nanos(0),
             usage_source: UsageSource::Provider,
             priced: true,
@@ -358,6 +392,10 @@ fn usd<'de, D: Deserializer<'de>>(d: D) -> Result<Nanos, D::Error> {
     Nanos::parse_usd(&text).map_err(serde::de::Error::custom)
 }
 
+fn is_zero(count: &u64) -> bool {
+    *count == 0
+}
+
 fn optional_usd<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Nanos>, D::Error> {
     usd(d).map(Some)
 }
@@ -503,6 +541,7 @@ mod tests {
             status in any::<u16>(),
             flags in any::<(bool, bool, bool)>(),
             counts in any::<[u64; 6]>(),
+            audio in prop_oneof![Just([0u64; 3]), any::<[u64; 3]>()],
             priced_as in proptest::option::of(any_text()),
             cost in prop_oneof![any::<i64>(), -10_000_000_000i64..10_000_000_000],
             times in prop_oneof![any::<[i64; 2]>(), proptest::array::uniform2(0i64..300_000_000_000_000)],
@@ -527,6 +566,9 @@ mod tests {
                 cached_input_tokens: counts[2],
                 cache_write_input_tokens: counts[3],
                 reasoning_tokens: counts[4],
+                audio_input_tokens: audio[0],
+                cached_audio_input_tokens: audio[1],
+                audio_output_tokens: audio[2],
                 cost_usd: Nanos(cost),
                 usage_source: match (flags.1, counts[5] % 3) {
                     (true, _) => UsageSource::Provider,

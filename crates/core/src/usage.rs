@@ -6,6 +6,9 @@
 /// (for Anthropic: `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`).
 /// `cached_input_tokens` and `cache_write_input_tokens` are the parts of it read from and written to
 /// the provider's cache. `output_tokens` includes reasoning tokens; `reasoning_tokens` is that part.
+/// Audio tokens (Realtime, audio chat) are parts too: `audio_input_tokens` of `input_tokens`
+/// (`cached_audio_input_tokens` of both it and `cached_input_tokens`), `audio_output_tokens` of
+/// `output_tokens`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Usage {
     pub input_tokens: u64,
@@ -13,6 +16,9 @@ pub struct Usage {
     pub cache_write_input_tokens: u64,
     pub output_tokens: u64,
     pub reasoning_tokens: u64,
+    pub audio_input_tokens: u64,
+    pub cached_audio_input_tokens: u64,
+    pub audio_output_tokens: u64,
 }
 
 impl Usage {
@@ -26,14 +32,36 @@ impl Usage {
                 .saturating_add(other.cache_write_input_tokens),
             output_tokens: self.output_tokens.saturating_add(other.output_tokens),
             reasoning_tokens: self.reasoning_tokens.saturating_add(other.reasoning_tokens),
+            audio_input_tokens: self.audio_input_tokens.saturating_add(other.audio_input_tokens),
+            cached_audio_input_tokens: self
+                .cached_audio_input_tokens
+                .saturating_add(other.cached_audio_input_tokens),
+            audio_output_tokens: self.audio_output_tokens.saturating_add(other.audio_output_tokens),
         }
     }
 
-    /// Input tokens billed at the plain input price: neither read from nor written to the cache.
+    /// Input tokens billed at the plain input price: text (not audio) neither read from nor
+    /// written to the cache.
     pub fn plain_input_tokens(&self) -> u64 {
         self.input_tokens
             .saturating_sub(self.cached_input_tokens)
             .saturating_sub(self.cache_write_input_tokens)
+            .saturating_sub(self.plain_audio_input_tokens())
+    }
+
+    /// Audio input not read from the cache, billed at the audio input price.
+    pub fn plain_audio_input_tokens(&self) -> u64 {
+        self.audio_input_tokens.saturating_sub(self.cached_audio_input_tokens)
+    }
+
+    /// Text input read from the cache, billed at the cached input price.
+    pub fn cached_text_input_tokens(&self) -> u64 {
+        self.cached_input_tokens.saturating_sub(self.cached_audio_input_tokens)
+    }
+
+    /// Output that is not audio, billed at the output price.
+    pub fn text_output_tokens(&self) -> u64 {
+        self.output_tokens.saturating_sub(self.audio_output_tokens)
     }
 }
 

@@ -252,13 +252,7 @@ impl Meter {
             // No answer was made, so the proxy's last phase never counted it.
             metrics.request(outcome);
         }
-        let usage = Usage {
-            input_tokens: receipt.input_tokens,
-            cached_input_tokens: receipt.cached_input_tokens,
-            cache_write_input_tokens: receipt.cache_write_input_tokens,
-            output_tokens: receipt.output_tokens,
-            reasoning_tokens: receipt.reasoning_tokens,
-        };
+        let usage = receipt.usage();
         let request = Finished {
             request_id: &receipt.request_id,
             org_id: Some(&receipt.org_id),
@@ -307,6 +301,9 @@ impl Meter {
             cached_input_tokens: usage.cached_input_tokens,
             cache_write_input_tokens: usage.cache_write_input_tokens,
             reasoning_tokens: usage.reasoning_tokens,
+            audio_input_tokens: usage.audio_input_tokens,
+            cached_audio_input_tokens: usage.cached_audio_input_tokens,
+            audio_output_tokens: usage.audio_output_tokens,
             cost_usd: settled.cost,
             usage_source: settled.source,
             priced: settled.priced,

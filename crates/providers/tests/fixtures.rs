@@ -57,6 +57,7 @@ fn load(name: &str, expected_path: &Path) -> Fixture {
                 cache_write_input_tokens: field("cache_write_input_tokens"),
                 output_tokens: field("output_tokens"),
                 reasoning_tokens: field("reasoning_tokens"),
+                ..Usage::default()
             })
         }
     };

@@ -331,6 +331,7 @@ impl OpenAiUsage {
                 .as_ref()
                 .and_then(|d| d.reasoning_tokens)
                 .unwrap_or(0),
+            ..Usage::default()
         }
     }
 }
@@ -359,6 +360,7 @@ impl ResponsesUsage {
                 .as_ref()
                 .and_then(|d| d.reasoning_tokens)
                 .unwrap_or(0),
+            ..Usage::default()
         }
     }
 }
@@ -391,6 +393,7 @@ impl AnthropicUsage {
             cache_write_input_tokens: cache_write,
             output_tokens: self.output_tokens.unwrap_or(0),
             reasoning_tokens: 0,
+            ..Usage::default()
         }
     }
 }
@@ -409,6 +412,7 @@ impl GeminiUsage {
             cache_write_input_tokens: 0,
             output_tokens: self.candidates_token_count.unwrap_or(0).saturating_add(thoughts),
             reasoning_tokens: thoughts,
+            ..Usage::default()
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, TagSpendRow};
 const RECEIPT_COLUMNS: &str = "id, request_id, org_id, key_id, provider, model, endpoint, status, stream,
     input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens, reasoning_tokens,
     cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id, priced_as, tags,
-    job_id, held_nanos, batch_input";
+    job_id, held_nanos, batch_input, audio_input_tokens, cached_audio_input_tokens, audio_output_tokens";
 
 fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
     let status = row.integer(7)?;
@@ -53,6 +53,9 @@ fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
             .optional_string(25)?
             .map(|text| serde_json::from_str(&text).map_err(|e| corrupt(format!("bad batch input: {e}"))))
             .transpose()?,
+        audio_input_tokens: row.count(26)?,
+        cached_audio_input_tokens: row.count(27)?,
+        audio_output_tokens: row.count(28)?,
     })
 }
 
@@ -67,7 +70,7 @@ pub(super) fn insert_receipts(tx: &Transaction<'_>, receipts: &[SerializedReceip
         .prepare_cached(&format!(
             "INSERT OR IGNORE INTO receipts ({RECEIPT_COLUMNS})
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                     ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)"
+                     ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)"
         ))
         .map_err(backend)?;
     for written in receipts {
@@ -100,6 +103,9 @@ pub(super) fn insert_receipts(tx: &Transaction<'_>, receipts: &[SerializedReceip
                 r.job_id,
                 r.held_usd.map(|held| held.0),
                 r.batch_input.as_ref().and_then(|batch| serde_json::to_string(batch).ok()),
+                saturating_i64(r.audio_input_tokens),
+                saturating_i64(r.cached_audio_input_tokens),
+                saturating_i64(r.audio_output_tokens),
             ])
             .map_err(backend)?;
         if added > 0 {

@@ -219,7 +219,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX receipts_by_org_key_time ON receipts(org_id, key_id, started_at, id, cost_nanos);
 ",
     // Deferred jobs (issue 31): a receipt names the job its request created (and what the job
-    // holds) or settled, or the batch input file it uploaded. `jobs` is the control plane's book:
+    // holds) or settled, or the batch input file it uploaded; and Realtime's audio tokens. `jobs` is the control plane's book:
     // pending until settled once; `batch_files` the estimates of batch input files; each change
     // to either bumps `jobs_version`, which replicas poll. Job rows are keyed by organization,
     // credential and the provider's id, as providers' ids are unique within one account only.
@@ -229,6 +229,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE receipts ADD COLUMN job_id TEXT;
     ALTER TABLE receipts ADD COLUMN held_nanos INTEGER;
     ALTER TABLE receipts ADD COLUMN batch_input TEXT;
+    ALTER TABLE receipts ADD COLUMN audio_input_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE receipts ADD COLUMN cached_audio_input_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE receipts ADD COLUMN audio_output_tokens INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE jobs (
         org_id TEXT NOT NULL,
         provider TEXT NOT NULL,

@@ -35,6 +35,9 @@ fn unusual(id: &str, started_at: i64) -> Receipt {
         started_at: Timestamp(started_at),
         finished_at: Timestamp(started_at + 1_234),
         node_id: "node_x".into(),
+        audio_input_tokens: 6,
+        cached_audio_input_tokens: 2,
+        audio_output_tokens: 1,
         job_id: Some("batch_x".into()),
         held_usd: Some(Nanos(42)),
         batch_input: Some(recovea_core::receipt::BatchFile {
@@ -82,6 +85,9 @@ fn receipts_stored_as_json_text_become_columns() {
             job_id: None,
             held_usd: None,
             batch_input: None,
+            audio_input_tokens: 0,
+            cached_audio_input_tokens: 0,
+            audio_output_tokens: 0,
             ..unusual("rcpt_old1", 1_764_591_691_722)
         },
         Receipt {
