@@ -265,6 +265,32 @@ impl Answer {
             .with_header("x-recovea-budget-window", window)
     }
 
+    /// The answer as a Realtime `error` event, sent to a client whose session an armed cap cuts:
+    /// `{"type":"error","error":{"type","code","message","param"}}`.
+    pub fn error_event(&self) -> String {
+        #[derive(Serialize)]
+        struct Event<'a> {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            error: EventError<'a>,
+        }
+        #[derive(Serialize)]
+        struct EventError<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            code: &'a str,
+            message: &'a str,
+            param: Option<&'a str>,
+        }
+        let error = EventError {
+            kind: &self.error.kind,
+            code: &self.error.code,
+            message: &self.error.message,
+            param: None,
+        };
+        serde_json::to_string(&Event { kind: "error", error }).expect("a struct of strings always serialises")
+    }
+
     /// 402: a request billed where the gateway cannot see it (or a deferred job it cannot estimate
     /// or poll) while an armed cap covers the key. A sure answer like `budget_exceeded`, so no
     /// retry hint. `request` is the method and endpoint, `POST /v1/fine_tuning/jobs`.
@@ -597,6 +623,15 @@ mod tests {
         let message = body["error"]["message"].as_str().expect("message");
         assert!(message.starts_with("POST /v1/\"aaa"), "{message}");
         assert!(message.len() < 400, "{message}");
+    }
+
+    #[test]
+    fn a_refusal_as_a_realtime_error_event_is_the_contracts() {
+        let event = Answer::budget_exceeded("organization", "month", "Monthly").error_event();
+        assert_eq!(
+            event,
+            r#"{"type":"error","error":{"type":"insufficient_quota","code":"budget_exceeded","message":"Monthly spend cap reached.","param":null}}"#
+        );
     }
 
     #[test]

@@ -270,6 +270,9 @@ pub(crate) struct Metrics {
     /// Requests forwarded while billed where the gateway cannot see them, by endpoint
     /// (`Unseen::LABELS`).
     unmetered: [AtomicU64; Unseen::LABELS.len()],
+    /// Realtime sessions open now, and those an armed cap cut.
+    realtime_sessions: AtomicU64,
+    realtime_cuts: AtomicU64,
     /// Requests that asked the shared counter store at an armed cap's line, by its answer
     /// (see [`LINE_ANSWERS`]).
     line_asks: [AtomicU64; LINE_ANSWERS.len()],
@@ -307,6 +310,8 @@ impl Metrics {
             receipts_estimated: AtomicU64::new(0),
             receipts_unpriced: AtomicU64::new(0),
             unmetered: Default::default(),
+            realtime_sessions: AtomicU64::new(0),
+            realtime_cuts: AtomicU64::new(0),
             line_asks: Default::default(),
             connections: ConnectionStats::default(),
             handed_over: Default::default(),
@@ -329,6 +334,18 @@ impl Metrics {
 
     pub(crate) fn receipt_unpriced(&self) {
         self.receipts_unpriced.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn realtime_opened(&self) {
+        self.realtime_sessions.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn realtime_closed(&self) {
+        self.realtime_sessions.fetch_sub(1, Relaxed);
+    }
+
+    pub(crate) fn realtime_cut(&self) {
+        self.realtime_cuts.fetch_add(1, Relaxed);
     }
 
     /// A request billed where the gateway cannot see it was forwarded (no armed cap covered it).
@@ -432,6 +449,16 @@ impl Metrics {
                 "endpoint",
             ),
             Unseen::LABELS.iter().zip(&self.unmetered).map(|(e, n)| (*e, load(n))),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP recovea_realtime_sessions Realtime sessions relayed now.\n# TYPE recovea_realtime_sessions gauge\nrecovea_realtime_sessions {}",
+            load(&self.realtime_sessions)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP recovea_realtime_cuts_total Realtime sessions an armed cap cut at its line.\n# TYPE recovea_realtime_cuts_total counter\nrecovea_realtime_cuts_total {}",
+            load(&self.realtime_cuts)
         );
         labelled(
             &mut out,

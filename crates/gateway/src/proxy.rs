@@ -23,17 +23,17 @@ use std::sync::Arc;
 
 use recovea_core::caps;
 use recovea_core::channel::{self, RequestLine};
-use recovea_core::ids::CapId;
-use recovea_counters::{CapWindow, Reservation};
 use recovea_providers::rewrite::{self, InspectedRequest};
 use recovea_providers::usage::{Surface, Tapped};
 use recovea_upstream::{BoxError, ResponseBody, UpstreamError};
 
 use crate::access_log;
+use crate::line;
 use crate::metered_body::{MeteredBody, PendingReceipt};
-use crate::metering::{Metered, Settle, Settled, Timing};
+use crate::metering::{Metered, Timing};
 use crate::metrics::{Finished, Outcome};
-use crate::node::{Shared, cap_window};
+use crate::node::Shared;
+use crate::realtime;
 use crate::refusal::Refusal;
 use crate::trace::{Phase, Trace};
 
@@ -266,7 +266,23 @@ where
         body = Bytes::from(rewritten);
         strip_usage_chunk = !facts.client_asked_usage;
     }
-    let upstream_request = upstream_request(&mut parts, &route, &target, body)?;
+    let on_upgrade = spend.session.then(|| parts.extensions.remove::<hyper::upgrade::OnUpgrade>()).flatten();
+    let mut upstream_request = upstream_request(&mut parts, &route, &target, body)?;
+    if let (Some(admitted), Some(on_upgrade)) = (&ctx.admitted, on_upgrade) {
+        // A Realtime session: the provider is asked to upgrade, then the session is relayed.
+        headers::for_upgrade(upstream_request.headers_mut());
+        let session = realtime::SessionFacts {
+            request_id: ctx.request_id.to_str().unwrap_or_default().to_owned(),
+            provider: route.credential.to_owned(),
+            kind: target.kind,
+            endpoint: endpoint.to_owned(),
+            model: recovea_providers::realtime::model_in_query(route.upstream_path).map(str::to_owned),
+            prices,
+            tags: std::mem::take(&mut ctx.tags),
+        };
+        ctx.trace.start(Phase::Upstream);
+        return realtime::open(shared, admitted.clone(), session, on_upgrade, upstream_request).await;
+    }
     let metered = ctx.admitted.as_ref().map(|admitted| {
         // From here the provider is called: the receipt is written however the request ends, a
         // client gone before the answer's head included.
@@ -288,7 +304,7 @@ where
                 tags: std::mem::take(&mut ctx.tags),
                 charge: spend.charge,
                 creating: spend.creating,
-                settle: Some(settle(shared, admitted, spend.reservation)),
+                settle: Some(line::settle(shared, admitted, spend.reservation)),
                 timing: Timing::since(ctx.received_at),
                 trace: ctx.trace.usage_slot(),
             },
@@ -460,47 +476,6 @@ fn target_for(
         }),
         (None, _) => Err(not_configured()),
     }
-}
-
-/// What a finished request's receipt settles: its cap reservation; the caps that cover it but
-/// were created after it was admitted (their windows were seeded from a ledger that lacked it);
-/// and its key's token lane.
-fn settle(
-    shared: &Arc<Shared>,
-    admitted: &Admitted,
-    reservation: Option<(Reservation, Vec<CapId>)>,
-) -> Settle {
-    let (org, key, limits) = (admitted.org.id.clone(), admitted.key_id.clone(), admitted.limits);
-    let shared = Arc::clone(shared);
-    Box::new(move |settled: Settled| {
-        let Settled { cost, tokens, started_at, job } = settled;
-        let reserved = match (reservation, job) {
-            // The job it created holds the reservation until the book of jobs does.
-            (Some((reservation, caps)), Some(job)) => {
-                shared.jobs.hold(job, reservation);
-                caps
-            }
-            (Some((reservation, caps)), None) => {
-                reservation.settle(cost);
-                caps
-            }
-            (None, _) => Vec::new(),
-        };
-        if let Some(snapshot) = shared.snapshot.load().as_deref()
-            && let Some(current) = snapshot.org(&org)
-        {
-            let unreserved: Vec<CapWindow> = current
-                .caps
-                .iter()
-                .filter(|cap| cap.covers(&org, &key) && !reserved.contains(&cap.id))
-                .map(|cap| cap_window(cap, started_at))
-                .collect();
-            if !unreserved.is_empty() {
-                shared.counters.add(&unreserved, cost);
-            }
-        }
-        shared.limiter.charge_tokens(&key, limits, tokens);
-    })
 }
 
 /// Phase read body: buffered, within the size limit and the time limit.

@@ -341,7 +341,8 @@ async fn serve_connection<A: Answerer, Io: AsyncRead + AsyncWrite + Unpin + Send
         }
     });
     let io = TokioIo::new(h1::Rewind::new(handed.io, handed.read, idle));
-    let connection = builder.serve_connection(io, service);
+    // Upgrades too: a Realtime session's connection outlives its request (see `realtime`).
+    let connection = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(connection);
     let ended = tokio::select! {
         // First: a drain that came while the connection was ours must not cancel the

@@ -57,6 +57,15 @@ pub fn has_provider_auth(headers: &HeaderMap) -> bool {
         || PROVIDER_KEY_HEADERS.iter().any(|name| headers.get_all(name).iter().any(|v| !is_recovea_key(v)))
 }
 
+/// Makes the headers [`for_provider`] made for a WebSocket upgrade ask the provider for it again
+/// (`Connection: upgrade`, `Upgrade: websocket`, which cross no hop by themselves), without any
+/// extension: a compressed stream could not be read as it passes.
+pub fn for_upgrade(headers: &mut HeaderMap) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    headers.remove(header::SEC_WEBSOCKET_EXTENSIONS);
+}
+
 /// Whether the request asks to become a WebSocket (`Upgrade: websocket`, any case, among the
 /// protocols it lists).
 pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {

@@ -6,6 +6,7 @@ pub mod jobs;
 #[cfg(test)]
 mod json_strategy;
 pub mod multipart;
+pub mod realtime;
 pub mod rewrite;
 pub mod route;
 pub mod sse;

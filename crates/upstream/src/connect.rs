@@ -37,8 +37,18 @@ pub(super) enum Connected {
 #[derive(Clone)]
 pub(super) struct Connector {
     tls: tokio_rustls::TlsConnector,
+    /// The same trust, offering HTTP/1.1 alone: for a connection that upgrades to another
+    /// protocol, which HTTP/2 would need an extended `CONNECT` for.
+    tls_http1: tokio_rustls::TlsConnector,
     limit: Duration,
     egress: Egress,
+}
+
+/// A connection opened for HTTP/1.1 alone, and whether it goes to an egress proxy in plain HTTP
+/// (its requests then name their target whole, with this `Proxy-Authorization`).
+pub(super) struct Http1Stream {
+    pub(super) io: Io,
+    pub(super) via_proxy: Option<Option<http::HeaderValue>>,
 }
 
 #[derive(Debug)]
@@ -62,8 +72,27 @@ impl Connector {
             .expect("ring supports the default TLS versions")
             .with_root_certificates(roots)
             .with_no_client_auth();
+        let mut http1 = config.clone();
+        http1.alpn_protocols = vec![b"http/1.1".to_vec()];
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Self { tls: tokio_rustls::TlsConnector::from(Arc::new(config)), limit, egress }
+        Self {
+            tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            tls_http1: tokio_rustls::TlsConnector::from(Arc::new(http1)),
+            limit,
+            egress,
+        }
+    }
+
+    /// A new connection that speaks HTTP/1.1 whatever the provider offers, within the limit.
+    pub(super) async fn connect_http1(
+        &self,
+        scheme: &Scheme,
+        authority: &Authority,
+    ) -> Result<Http1Stream, BoxError> {
+        match tokio::time::timeout(self.limit, self.open_stream(scheme, authority, &self.tls_http1)).await {
+            Ok(opened) => opened,
+            Err(_) => Err(Box::new(ConnectTimeout)),
+        }
     }
 
     pub(super) async fn connect(
@@ -78,6 +107,28 @@ impl Connector {
     }
 
     async fn open(&self, scheme: &Scheme, authority: &Authority) -> Result<Connected, BoxError> {
+        let stream = self.open_stream(scheme, authority, &self.tls).await?;
+        match stream.io {
+            Io::Tls(tls) if tls.get_ref().1.alpn_protocol() == Some(b"h2") => {
+                Ok(Connected::Http2(h2::handshake(*tls).await?))
+            }
+            io => {
+                let connection = h1::Connection::new(io);
+                Ok(Connected::Http1(match stream.via_proxy {
+                    Some(authorization) => connection.through_proxy(authorization),
+                    None => connection,
+                }))
+            }
+        }
+    }
+
+    /// TCP to the provider (or through the egress proxy) and, for `https`, TLS by `tls`.
+    async fn open_stream(
+        &self,
+        scheme: &Scheme,
+        authority: &Authority,
+        tls_connector: &tokio_rustls::TlsConnector,
+    ) -> Result<Http1Stream, BoxError> {
         let tls = match scheme.as_str() {
             "http" => false,
             "https" => true,
@@ -94,23 +145,16 @@ impl Connector {
                 .map_err(|e| format!("connecting to the egress proxy {}:{}: {e}", proxy.host, proxy.port))?,
         };
         if !tls {
-            let connection = h1::Connection::new(Io::Plain(tcp));
-            return Ok(Connected::Http1(match proxy {
-                Some(proxy) => connection.through_proxy(proxy.authorization.clone()),
-                None => connection,
-            }));
+            let via_proxy = proxy.map(|proxy| proxy.authorization.clone());
+            return Ok(Http1Stream { io: Io::Plain(tcp), via_proxy });
         }
         let tcp = match proxy {
             Some(proxy) => tunnel(tcp, host, port, proxy).await?,
             None => tcp,
         };
         let name = ServerName::try_from(host.to_owned())?;
-        let stream = self.tls.connect(name, tcp).await?;
-        if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-            Ok(Connected::Http2(h2::handshake(stream).await?))
-        } else {
-            Ok(Connected::Http1(h1::Connection::new(Io::Tls(Box::new(stream)))))
-        }
+        let stream = tls_connector.connect(name, tcp).await?;
+        Ok(Http1Stream { io: Io::Tls(Box::new(stream)), via_proxy: None })
     }
 }
 

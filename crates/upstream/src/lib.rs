@@ -20,10 +20,12 @@ mod egress;
 mod h1;
 mod h2;
 mod stall;
+mod upgrade;
 
 pub use body::{BoxError, ResponseBody, on_end};
 pub use egress::Egress;
 pub use stall::{Stall, watch_unread};
+pub use upgrade::{Switched, UpgradedIo};
 
 use std::cell::Cell;
 use std::fmt;

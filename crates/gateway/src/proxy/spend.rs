@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::HeaderMap;
 use recovea_core::admission::Admitted;
-use recovea_core::caps::{self, Cap};
+use recovea_core::caps;
 use recovea_core::channel::{Channel, JobKind, Unseen};
 use recovea_core::ids::CapId;
 use recovea_core::jobs::book_key;
@@ -17,12 +17,13 @@ use recovea_core::pricing;
 use recovea_core::snapshot::{Prices, ProviderKind};
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::Usage;
-use recovea_counters::{Covered, Reservation};
+use recovea_counters::Reservation;
 use recovea_providers::jobs as provider_jobs;
 use recovea_providers::rewrite::RequestFacts;
 
+use crate::line::{self, Ask};
 use crate::metering::{Charge, Creating};
-use crate::node::{Shared, cap_window};
+use crate::node::Shared;
 use crate::refusal::Refusal;
 
 /// A request that sets no output limit is reserved as if it produced this much.
@@ -58,14 +59,8 @@ pub(crate) struct Spend {
     pub(crate) charge: Charge,
     pub(crate) reservation: Option<(Reservation, Vec<CapId>)>,
     pub(crate) creating: Option<Creating>,
-}
-
-/// What a request asks of the caps: its estimate, and whether that estimate must fit below each
-/// armed line (a batch) rather than find the line not yet reached (a request).
-#[derive(Debug, Clone, Copy)]
-struct Ask {
-    estimate: Nanos,
-    fit: bool,
+    /// A Realtime session, admitted: the relay meters its responses.
+    pub(crate) session: bool,
 }
 
 /// The phase for an admitted request.
@@ -78,7 +73,7 @@ pub(crate) async fn decide(
         Channel::Immediate => {
             let ask = Ask { estimate: request_estimate(&request), fit: false };
             Ok(Spend {
-                reservation: check_caps(shared, admitted, ask, request.now).await?,
+                reservation: line::check_caps(shared, admitted, ask, request.now).await?,
                 ..Spend::default()
             })
         }
@@ -92,15 +87,36 @@ pub(crate) async fn decide(
         Channel::Deferred(kind) => match job_estimate(shared, kind, &request).await {
             Some(held) => {
                 let ask = Ask { estimate: held, fit: kind.is_batch() };
-                let reservation = check_caps(shared, admitted, ask, request.now).await?;
+                let reservation = line::check_caps(shared, admitted, ask, request.now).await?;
                 // A background response is metered as any answer when it comes back done; a
                 // batch's creation itself costs nothing.
                 let charge = if kind.is_batch() { Charge::Free } else { Charge::Metered };
-                Ok(Spend { charge, reservation, creating: Some(Creating::Job { kind, held }) })
+                Ok(Spend {
+                    charge,
+                    reservation,
+                    creating: Some(Creating::Job { kind, held }),
+                    session: false,
+                })
             }
             None => unmeterable(shared, admitted, &request, Unseen::UnmeterableJob(kind)),
         },
-        Channel::Session => unmeterable(shared, admitted, &request, Unseen::WebSocket),
+        // The upgrade is refused at the line like any request; each response then asks again.
+        Channel::Session => {
+            let (org, key) = (&admitted.org.id, &admitted.key_id);
+            let max_age_ms = i64::try_from(shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
+            let counters = shared.counters.as_ref();
+            caps::check_caps_counting(
+                admitted.org.caps.iter(),
+                org,
+                key,
+                counters,
+                request.now,
+                max_age_ms,
+                counters.counting(),
+            )
+            .map_err(Refusal::Budget)?;
+            Ok(Spend { session: true, ..Spend::default() })
+        }
         Channel::OutsideSight(unseen) => unmeterable(shared, admitted, &request, unseen),
     }
 }
@@ -160,77 +176,4 @@ fn uploaded_batch(request: &Request<'_>) -> Option<recovea_core::jobs::BatchInpu
     }
     let content_type = request.headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
     provider_jobs::uploaded_batch(content_type, request.body)
-}
-
-/// Phase check caps: every cap covering the caller, read against the node's counters (armed caps
-/// refuse, soft caps never do); an admitted request then reserves its estimated cost on each
-/// covering cap's window. On counters no other node shares, the check and the reservation are one
-/// step in memory (no await between them). On shared counters, an armed cap the node's spare
-/// room does not cover is within reach of its line: there the request waits for the shared
-/// store, which checks and reserves in one atomic step (`Counters::ask_at_line`), and decides
-/// from the node's own view if the store does not answer in time. A batch must fit: its whole
-/// estimate below each armed line.
-async fn check_caps(
-    shared: &Shared,
-    admitted: &Admitted,
-    ask: Ask,
-    now: Timestamp,
-) -> Result<Option<(Reservation, Vec<CapId>)>, Refusal> {
-    let (org, key) = (&admitted.org.id, &admitted.key_id);
-    let covering: Vec<&Cap> = admitted.org.caps.iter().filter(|cap| cap.covers(org, key)).collect();
-    if covering.is_empty() {
-        return Ok(None);
-    }
-    let counters = &shared.counters;
-    let max_age_ms = i64::try_from(shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
-    let counting = counters.counting();
-    caps::check_caps_counting(
-        covering.iter().copied(),
-        org,
-        key,
-        counters.as_ref(),
-        now,
-        max_age_ms,
-        counting,
-    )
-    .map_err(Refusal::Budget)?;
-    if ask.fit {
-        caps::check_fit(covering.iter().copied(), org, key, counters.as_ref(), now, ask.estimate, counting)
-            .map_err(Refusal::Budget)?;
-    }
-    let covered: Vec<Covered> = covering
-        .iter()
-        .map(|cap| Covered { window: cap_window(cap, now), line: cap.hard_stop.then_some(cap.limit) })
-        .collect();
-    let mut reservation = if ask.fit {
-        counters.reserve_to_fit(&covered, ask.estimate)
-    } else {
-        counters.reserve(&covered, ask.estimate)
-    };
-    if reservation.is_pending() {
-        let answer = counters.ask_at_line(&mut reservation, now).await;
-        shared.metrics.line_ask(answer);
-        let asked: Vec<(&Cap, caps::CapSpend)> = reservation
-            .pending()
-            .into_iter()
-            .filter_map(|(id, start)| {
-                let cap = covering.iter().find(|cap| cap.id == id)?;
-                let mut spend = caps::SpendView::spend(counters.as_ref(), &id, start);
-                // The view counts this request's own pending estimate: the rule reads the others'.
-                spend.reserved = Nanos(spend.reserved.0.saturating_sub(ask.estimate.0));
-                Some((*cap, spend))
-            })
-            .collect();
-        // Refused: the reservation is dropped, and with it the request's pending estimate.
-        let decided = if ask.fit {
-            caps::decide_fit_at_line(&asked, answer, ask.estimate)
-        } else {
-            caps::decide_at_line(&asked, answer)
-        };
-        shared.metrics.line_decided(decided.is_ok());
-        decided.map_err(Refusal::Budget)?;
-        reservation.hold_at_line();
-    }
-    let reserved = covering.iter().map(|cap| cap.id.clone()).collect();
-    Ok(Some((reservation, reserved)))
 }

@@ -1,0 +1,589 @@
+//! The Realtime relay: a WebSocket session proxied both ways byte for byte, each `response.done`
+//! metered as it arrives (one receipt a response, text, audio and cached tokens each at its
+//! price), and the session cut at an armed cap's line: the client's next `response.create` is not
+//! forwarded, the client gets the contract's `error` event and a close (1008). A session whose
+//! server answers by itself (turn detection) is cut as soon as a response takes it to the line.
+//! A session therefore passes the line by at most one response.
+//!
+//! The client's text messages are held until whole (a `response.create` must be seen before it is
+//! forwarded); everything else passes as it comes. The provider's messages pass at once; those
+//! that may matter (`response.done`, `session.*`, `error`) are read beside.
+
+mod frames;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use recovea_core::admission::Admitted;
+use recovea_core::caps::{self, CapRefusal};
+use recovea_core::ids::CapId;
+use recovea_core::money::Nanos;
+use recovea_core::pricing;
+use recovea_core::snapshot::{Prices, ProviderKind};
+use recovea_core::tags::Tags;
+use recovea_core::timestamp::Timestamp;
+use recovea_core::usage::Usage;
+use recovea_counters::Reservation;
+use recovea_providers::realtime::{ServerEvent, asks_for_response, may_matter, server_event};
+use recovea_providers::usage::{Surface, Tapped};
+use recovea_upstream::{BoxError, ResponseBody, Switched, UpgradedIo, UpstreamError};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tungstenite::protocol::CloseFrame;
+use tungstenite::protocol::frame::Frame as WireFrame;
+use tungstenite::protocol::frame::coding::CloseCode;
+
+use self::frames::{Data, Frames, OpCode, Piece};
+use crate::line::{self, Ask};
+use crate::metering::{Charge, Metered, Timing};
+use crate::node::Shared;
+use crate::refusal::Refusal;
+
+/// The most of a client's text message held before it is forwarded; a longer one is decided on
+/// what was held (as a `response.create`, to be safe) and the rest passes as it comes.
+const MAX_HELD: usize = 1 << 20;
+/// How much of a provider's text message is read before it is known whether it may matter.
+const SNIFF: usize = 64;
+/// The most of a provider's message that matters kept (a `response.done` with a long transcript).
+const MAX_READ: usize = 1 << 20;
+/// Each read of either side takes at most this much.
+const READ_BYTES: usize = 8 << 10;
+/// A response's output is estimated at this many tokens when the table does not know the model's
+/// limit.
+const UNKNOWN_MAX_OUTPUT: u64 = 4096;
+
+/// What the proxy learned of the upgrade request, for the session's receipts.
+pub(crate) struct SessionFacts {
+    pub(crate) request_id: String,
+    pub(crate) provider: String,
+    pub(crate) kind: ProviderKind,
+    pub(crate) endpoint: String,
+    pub(crate) model: Option<String>,
+    pub(crate) prices: Prices,
+    pub(crate) tags: Tags,
+}
+
+/// Asks the provider to upgrade `request` and, when it does, answers the client's upgrade with
+/// the provider's `101` and relays the session; any other answer goes back as it came.
+pub(crate) async fn open(
+    shared: &Arc<Shared>,
+    admitted: Admitted,
+    facts: SessionFacts,
+    on_upgrade: OnUpgrade,
+    request: Request<Bytes>,
+) -> Result<Response<ResponseBody>, Refusal> {
+    let switched = shared.upstream.upgrade(request, shared.config.upstream_timeout).await.map_err(|e| match e {
+        UpstreamError::Unreachable(e) => {
+            tracing::warn!(request_id = %facts.request_id, error = %e, "provider unreachable for a Realtime session");
+            Refusal::UpstreamUnreachable
+        }
+        UpstreamError::Timeout => Refusal::UpstreamTimeout,
+    })?;
+    match switched {
+        Switched::Answered(answer) => {
+            let (parts, body) = answer.into_parts();
+            Ok(Response::from_parts(parts, Full::new(body).map_err(BoxError::from).boxed_unsync()))
+        }
+        Switched::Upgraded { head, io, read } => {
+            let session = Session::new(Arc::clone(shared), admitted, facts);
+            tokio::spawn(async move {
+                match on_upgrade.await {
+                    Ok(client) => session.relay(TokioIo::new(client), io, read).await,
+                    Err(e) => tracing::debug!(error = %e, "the client left before its upgrade"),
+                }
+            });
+            Ok(Response::from_parts(head, Full::new(Bytes::new()).map_err(BoxError::from).boxed_unsync()))
+        }
+    }
+}
+
+/// One session's account: its responses, their reservations, and what the next one may cost.
+struct Session {
+    shared: Arc<Shared>,
+    admitted: Admitted,
+    facts: SessionFacts,
+    /// Responses metered so far.
+    responses: u64,
+    /// Reservations of responses asked for and not begun yet, then of those begun, oldest first.
+    asked: VecDeque<Held>,
+    begun: VecDeque<Held>,
+    /// The last response's input: the conversation the next one reads again.
+    last_input: Usage,
+    /// The server starts responses by itself (turn detection).
+    auto_responses: bool,
+}
+
+/// A response's reservation on the caps covering the session, and when it was asked for.
+struct Held {
+    reservation: Option<(Reservation, Vec<CapId>)>,
+    at: Timestamp,
+}
+
+impl Session {
+    fn new(shared: Arc<Shared>, admitted: Admitted, facts: SessionFacts) -> Self {
+        shared.metrics.realtime_opened();
+        Self {
+            shared,
+            admitted,
+            facts,
+            responses: 0,
+            asked: VecDeque::new(),
+            begun: VecDeque::new(),
+            last_input: Usage::default(),
+            auto_responses: false,
+        }
+    }
+
+    /// Relays until either side ends, or an armed cap cuts the session.
+    async fn relay<C>(mut self, client: C, provider: UpgradedIo, early: Bytes)
+    where
+        C: AsyncRead + AsyncWrite + Unpin,
+    {
+        let (mut client_read, mut client_write) = tokio::io::split(client);
+        let (mut provider_read, mut provider_write) = tokio::io::split(provider);
+        let mut from_client = ClientSide::default();
+        let mut from_provider = ProviderSide::default();
+        let mut client_buf = vec![0u8; READ_BYTES];
+        let mut provider_buf = vec![0u8; READ_BYTES];
+        let mut ended = self.provider_bytes(&mut from_provider, &early, &mut client_write).await;
+        while ended.is_none() {
+            ended = tokio::select! {
+                read = client_read.read(&mut client_buf) => match read {
+                    Ok(0) | Err(_) => Some(None),
+                    Ok(n) => self.client_bytes(&mut from_client, &client_buf[..n], &mut provider_write).await,
+                },
+                read = provider_read.read(&mut provider_buf) => match read {
+                    Ok(0) | Err(_) => Some(None),
+                    Ok(n) => self.provider_bytes(&mut from_provider, &provider_buf[..n], &mut client_write).await,
+                },
+            };
+        }
+        if let Some(Some(refusal)) = ended {
+            self.cut(&mut client_write, &refusal).await;
+        }
+        let _ = client_write.shutdown().await;
+        let _ = provider_write.shutdown().await;
+        self.close();
+    }
+
+    /// The client's bytes: passed on, but for its text messages, held until whole and then passed
+    /// on or, a `response.create` at the line, not. `Some` ends the session (with the refusal that
+    /// cuts it, if one does).
+    async fn client_bytes<W: AsyncWrite + Unpin>(
+        &mut self,
+        side: &mut ClientSide,
+        bytes: &[u8],
+        provider: &mut W,
+    ) -> Option<Option<CapRefusal>> {
+        let mut steps = Vec::new();
+        if side.read(bytes, &mut steps).is_err() {
+            return Some(None);
+        }
+        for step in steps {
+            let forward = match step {
+                ClientStep::Forward(bytes) => bytes,
+                ClientStep::Message { raw, text, whole } => {
+                    // A message too long to hold whole is decided as a `response.create`: its type
+                    // could be anywhere in it.
+                    if (!whole || asks_for_response(&text))
+                        && let Err(refusal) = self.ask().await
+                    {
+                        return Some(Some(refusal));
+                    }
+                    raw
+                }
+            };
+            if provider.write_all(&forward).await.is_err() {
+                return Some(None);
+            }
+        }
+        None
+    }
+
+    /// The provider's bytes: passed on as they come, its events read beside.
+    async fn provider_bytes<W: AsyncWrite + Unpin>(
+        &mut self,
+        side: &mut ProviderSide,
+        bytes: &[u8],
+        client: &mut W,
+    ) -> Option<Option<CapRefusal>> {
+        if bytes.is_empty() {
+            return None;
+        }
+        let mut events = Vec::new();
+        if side.read(bytes, &mut events).is_err() || client.write_all(bytes).await.is_err() {
+            return Some(None);
+        }
+        for event in events {
+            match event {
+                ServerEvent::ResponseCreated => {
+                    let held = self.asked.pop_front().unwrap_or(Held { reservation: None, at: now() });
+                    self.begun.push_back(held);
+                }
+                ServerEvent::ResponseDone { usage } => {
+                    self.response_done(usage);
+                    if self.auto_responses
+                        && let Some(refusal) = self.at_line()
+                    {
+                        return Some(Some(refusal));
+                    }
+                }
+                // A refused `response.create` makes no response: its reservation goes.
+                ServerEvent::Error => drop(self.asked.pop_front()),
+                ServerEvent::Session { model, auto_responses } => {
+                    if model.is_some() {
+                        self.facts.model = model;
+                    }
+                    self.auto_responses = auto_responses;
+                }
+                ServerEvent::Other => {}
+            }
+        }
+        None
+    }
+
+    /// A response is asked for: checked at the caps covering the session, its estimate reserved.
+    async fn ask(&mut self) -> Result<(), CapRefusal> {
+        let at = now();
+        let estimate = self.estimate();
+        match line::check_caps(&self.shared, &self.admitted, Ask { estimate, fit: false }, at).await {
+            Ok(reservation) => {
+                self.asked.push_back(Held { reservation, at });
+                Ok(())
+            }
+            Err(Refusal::Budget(refusal)) => Err(refusal),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// What the next response may cost: the conversation read again (the last response's input),
+    /// and the model's longest output, all of it audio.
+    fn estimate(&self) -> Nanos {
+        let price = self.facts.prices.table.price_for(self.facts.model.as_deref(), self.facts.kind).price;
+        let output = price.max_output_tokens.unwrap_or(UNKNOWN_MAX_OUTPUT);
+        let usage = Usage { output_tokens: output, audio_output_tokens: output, ..self.last_input };
+        pricing::cost(&usage, &price)
+    }
+
+    /// Whether an armed cap covering the session is at its line now, in this node's view.
+    fn at_line(&self) -> Option<CapRefusal> {
+        let (org, key) = (&self.admitted.org.id, &self.admitted.key_id);
+        let max_age_ms = i64::try_from(self.shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
+        let counters = self.shared.counters.as_ref();
+        caps::check_caps_counting(
+            self.admitted.org.caps.iter(),
+            org,
+            key,
+            counters,
+            now(),
+            max_age_ms,
+            counters.counting(),
+        )
+        .err()
+        .filter(|refusal| matches!(refusal, CapRefusal::Exceeded { .. }))
+    }
+
+    /// A response ended: its receipt, which settles its reservation.
+    fn response_done(&mut self, usage: Option<Usage>) {
+        let held = self
+            .begun
+            .pop_front()
+            .or_else(|| self.asked.pop_front())
+            .unwrap_or(Held { reservation: None, at: now() });
+        if let Some(usage) = usage {
+            self.last_input = Usage {
+                input_tokens: usage.input_tokens,
+                cached_input_tokens: usage.cached_input_tokens,
+                audio_input_tokens: usage.audio_input_tokens,
+                cached_audio_input_tokens: usage.cached_audio_input_tokens,
+                ..Usage::default()
+            };
+        }
+        self.responses += 1;
+        let tapped = Tapped { usage, model: self.facts.model.clone(), ..Tapped::default() };
+        let metered = self.metered(Some(self.responses), held);
+        self.shared.meter.record(&self.shared.metrics, metered, 200, tapped);
+    }
+
+    /// The receipt of response `n` (`None`: of a session that made none).
+    fn metered(&self, n: Option<u64>, held: Held) -> Metered {
+        let mut request_id = self.facts.request_id.clone();
+        if let Some(n) = n {
+            request_id.push_str(&format!(".r{n}"));
+        }
+        Metered {
+            request_id,
+            org_id: self.admitted.org.id.to_string(),
+            key_id: self.admitted.key_id.to_string(),
+            provider: self.facts.provider.clone(),
+            endpoint: self.facts.endpoint.clone(),
+            request_model: self.facts.model.clone(),
+            kind: self.facts.kind,
+            stream: true,
+            surface: Surface::Other,
+            input_tokens: 0,
+            started_at: held.at,
+            prices: self.facts.prices.clone(),
+            tags: self.facts.tags.clone(),
+            charge: if n.is_some() { Charge::Metered } else { Charge::Free },
+            creating: None,
+            settle: Some(line::settle(&self.shared, &self.admitted, held.reservation)),
+            timing: Timing::since(Instant::now()),
+            trace: None,
+        }
+    }
+
+    /// Tells the client why its session ends, and closes it: the contract's `error` event, then a
+    /// close frame (1008, policy; 1013, try again later, for spend that cannot be confirmed).
+    async fn cut<W: AsyncWrite + Unpin>(&self, client: &mut W, refusal: &CapRefusal) {
+        self.shared.metrics.realtime_cut();
+        let event = refusal.answer().error_event();
+        let code = match refusal {
+            CapRefusal::Unverifiable { .. } => CloseCode::Again,
+            _ => CloseCode::Policy,
+        };
+        let mut out = Vec::new();
+        let close = CloseFrame { code, reason: "spend cap".into() };
+        let framed = WireFrame::message(event.into_bytes(), OpCode::Data(Data::Text), true)
+            .format(&mut out)
+            .and_then(|()| WireFrame::close(Some(close)).format(&mut out));
+        if framed.is_ok() {
+            let _ = client.write_all(&out).await;
+            let _ = client.flush().await;
+        }
+    }
+
+    /// The session is over: a session that made no response has a receipt of its own.
+    fn close(mut self) {
+        self.shared.metrics.realtime_closed();
+        self.asked.clear();
+        self.begun.clear();
+        if self.responses == 0 {
+            let held = Held { reservation: None, at: now() };
+            let metered = self.metered(None, held);
+            self.shared.meter.record(
+                &self.shared.metrics,
+                metered,
+                StatusCode::SWITCHING_PROTOCOLS.as_u16(),
+                Tapped::default(),
+            );
+        }
+    }
+}
+
+/// The client's side of the stream: its text messages held until whole.
+#[derive(Default)]
+struct ClientSide {
+    frames: Frames,
+    /// The text message being held: its frames as they came, and its text unmasked.
+    held: Option<(Vec<u8>, Vec<u8>)>,
+    /// The current frame's payload is held (it belongs to the held message).
+    holding: bool,
+    /// The current message outgrew [`MAX_HELD`]: the rest of it passes as it comes.
+    passing: bool,
+}
+
+enum ClientStep {
+    Forward(Vec<u8>),
+    /// A text message, as it came and unmasked; `whole` unless it outgrew what is held.
+    Message {
+        raw: Vec<u8>,
+        text: Vec<u8>,
+        whole: bool,
+    },
+}
+
+impl ClientSide {
+    fn read(&mut self, bytes: &[u8], steps: &mut Vec<ClientStep>) -> Result<(), frames::NotFrames> {
+        let Self { frames, held, holding, passing } = self;
+        let forward = |steps: &mut Vec<ClientStep>, bytes: &[u8]| match steps.last_mut() {
+            Some(ClientStep::Forward(last)) => last.extend_from_slice(bytes),
+            _ => steps.push(ClientStep::Forward(bytes.to_vec())),
+        };
+        frames.feed(bytes, |piece| match piece {
+            Piece::Head(frame, head) => {
+                *holding = match frame.opcode {
+                    OpCode::Data(Data::Text) => {
+                        *passing = false;
+                        *held = Some((head.to_vec(), Vec::new()));
+                        true
+                    }
+                    OpCode::Data(Data::Continue) if held.is_some() && !*passing => {
+                        if let Some((raw, _)) = held.as_mut() {
+                            raw.extend_from_slice(head);
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                if !*holding {
+                    forward(steps, head);
+                }
+            }
+            Piece::Payload { raw, plain } => {
+                if !*holding {
+                    return forward(steps, raw);
+                }
+                if let Some((kept, text)) = held.as_mut() {
+                    kept.extend_from_slice(raw);
+                    text.extend_from_slice(plain);
+                    if kept.len() > MAX_HELD {
+                        let (raw, text) = std::mem::take(held).unwrap_or_default();
+                        steps.push(ClientStep::Message { raw, text, whole: false });
+                        *holding = false;
+                        *passing = true;
+                    }
+                }
+            }
+            Piece::End(frame) => {
+                if *holding && frame.fin {
+                    let (raw, text) = std::mem::take(held).unwrap_or_default();
+                    steps.push(ClientStep::Message { raw, text, whole: true });
+                }
+                if matches!(frame.opcode, OpCode::Data(_)) && frame.fin {
+                    *passing = false;
+                }
+                *holding = false;
+            }
+        })
+    }
+}
+
+/// The provider's side of the stream: its messages that may matter read beside.
+#[derive(Default)]
+struct ProviderSide {
+    frames: Frames,
+    /// The current text message so far, while it may matter.
+    reading: Option<Vec<u8>>,
+}
+
+impl ProviderSide {
+    fn read(&mut self, bytes: &[u8], events: &mut Vec<ServerEvent>) -> Result<(), frames::NotFrames> {
+        let reading = &mut self.reading;
+        let mut control = false;
+        self.frames.feed(bytes, |piece| match piece {
+            Piece::Head(frame, _) => {
+                control = matches!(frame.opcode, OpCode::Control(_));
+                match frame.opcode {
+                    OpCode::Data(Data::Text) => *reading = Some(Vec::new()),
+                    OpCode::Data(Data::Continue) | OpCode::Control(_) => {}
+                    OpCode::Data(_) => *reading = None,
+                }
+            }
+            Piece::Payload { plain, .. } => {
+                if control {
+                    return;
+                }
+                if let Some(message) = reading.as_mut() {
+                    let before = message.len();
+                    message.extend_from_slice(plain);
+                    // An event that opens with a type that does not matter (an audio delta) goes
+                    // by unread; any other is kept whole, wherever its type is.
+                    let sniffed = before < SNIFF && message.len() >= SNIFF;
+                    if (sniffed && !may_matter(&message[..SNIFF])) || message.len() > MAX_READ {
+                        *reading = None;
+                    }
+                }
+            }
+            Piece::End(frame) => {
+                if !control
+                    && frame.fin
+                    && let Some(message) = reading.take()
+                {
+                    events.push(server_event(&message));
+                }
+                control = false;
+            }
+        })
+    }
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tungstenite::protocol::frame::coding::Control;
+
+    fn frame(payload: &[u8], opcode: OpCode, fin: bool, mask: Option<[u8; 4]>) -> Vec<u8> {
+        let mut frame = match opcode {
+            OpCode::Control(Control::Ping) => WireFrame::ping(payload.to_vec()),
+            _ => WireFrame::message(payload.to_vec(), opcode, fin),
+        };
+        frame.header_mut().mask = mask;
+        let mut out = Vec::new();
+        frame.format(&mut out).expect("formats");
+        out
+    }
+
+    #[test]
+    fn a_clients_text_message_is_held_until_whole_and_everything_else_passes() {
+        let mask = Some([9, 8, 7, 6]);
+        let mut stream = frame(br#"{"type":"response.cr"#, OpCode::Data(Data::Text), false, mask);
+        let ping = frame(b"p", OpCode::Control(Control::Ping), true, mask);
+        stream.extend_from_slice(&ping);
+        stream.extend(frame(br#"eate"}"#, OpCode::Data(Data::Continue), true, mask));
+        let audio = frame(b"\x00\x01", OpCode::Data(Data::Binary), true, mask);
+        stream.extend_from_slice(&audio);
+        let mut side = ClientSide::default();
+        let mut steps = Vec::new();
+        for byte in &stream {
+            side.read(std::slice::from_ref(byte), &mut steps).expect("frames");
+        }
+        let mut forwarded = Vec::new();
+        let mut messages = Vec::new();
+        for step in steps {
+            match step {
+                ClientStep::Forward(bytes) => forwarded.extend(bytes),
+                ClientStep::Message { raw, text, whole } => {
+                    assert!(whole);
+                    messages.push(text);
+                    forwarded.extend(raw);
+                }
+            }
+        }
+        assert_eq!(messages, [br#"{"type":"response.create"}"#.to_vec()]);
+        // The ping went ahead of the message it interrupted; every byte went, once.
+        assert!(forwarded.starts_with(&ping));
+        assert_eq!(forwarded.len(), stream.len());
+        assert!(forwarded.ends_with(&audio));
+    }
+
+    #[test]
+    fn a_providers_events_that_matter_are_read_and_the_rest_only_passes() {
+        let mut stream = frame(
+            br#"{"type":"response.done","response":{"usage":{"input_tokens":3,"output_tokens":4}}}"#,
+            OpCode::Data(Data::Text),
+            true,
+            None,
+        );
+        let delta = format!(r#"{{"type":"response.output_audio.delta","delta":"{}"}}"#, "A".repeat(10_000));
+        stream.extend(frame(delta.as_bytes(), OpCode::Data(Data::Text), true, None));
+        stream.extend(frame(
+            br#"{"type":"session.updated","session":{"model":"gpt-realtime"}}"#,
+            OpCode::Data(Data::Text),
+            true,
+            None,
+        ));
+        let mut side = ProviderSide::default();
+        let mut events = Vec::new();
+        for chunk in stream.chunks(7) {
+            side.read(chunk, &mut events).expect("frames");
+        }
+        let usage = Usage { input_tokens: 3, output_tokens: 4, ..Usage::default() };
+        assert_eq!(
+            events,
+            [
+                ServerEvent::ResponseDone { usage: Some(usage) },
+                ServerEvent::Session { model: Some("gpt-realtime".into()), auto_responses: false },
+            ]
+        );
+    }
+}
