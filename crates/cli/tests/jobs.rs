@@ -329,3 +329,59 @@ async fn a_hold_survives_a_restart_and_its_job_is_settled_once() {
     assert_eq!(settlements, 1);
     assert_eq!(serve.spend(&org_id).await["spend_usd"], "1.62");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_failed_part_way_settles_at_what_ran() {
+    let mock = MockProvider::start().await;
+    mock.set_job_usage(Some(JobUsage::new(1_000, 1_000)));
+    // The job never finishes by itself: the test ends it.
+    mock.set_retrievals_to_finish(u32::MAX);
+    let dir = temp_dir("batch-failed");
+    let serve = start(&dir, &mock.url(), "100ms");
+    let (org_id, secret) = serve.tenant("10.00").await;
+    let file_id = upload(&serve, &secret, 10, "gpt-4o", Some(2_000)).await;
+    let created = serve
+        .post(
+            &secret,
+            "/v1/batches",
+            json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}),
+        )
+        .await;
+    let batch_id = created.json()["id"].as_str().expect("id").to_owned();
+    harness::eventually(Duration::from_secs(10), "a poll", || async {
+        mock.jobs().into_iter().find(|job| job.id == batch_id && job.retrievals > 0)
+    })
+    .await;
+    mock.end_job(&batch_id, recovea_testkit::JobEnd::new(recovea_testkit::EndStatus::Failed).ran(3))
+        .expect("ended");
+    let settled = serve.settlement(&org_id, &batch_id).await;
+    // 3 lines of 1,000 in and 1,000 out at gpt-4o's batch price, $1.25 / $5 per million.
+    assert_eq!(settled["cost_usd"], "0.01875");
+    assert_eq!(
+        (settled["input_tokens"].as_u64(), settled["output_tokens"].as_u64()),
+        (Some(3_000), Some(3_000))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_sent_with_the_clients_own_key_cannot_be_polled_and_is_refused_under_an_armed_cap() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("own-key");
+    let serve = start(&dir, &mock.url(), "1s");
+    let (_, secret) = serve.tenant("100.00").await;
+    let own = call(
+        Method::POST,
+        &format!("{}/v1/responses", serve.gateway),
+        &[("x-recovea-key", &secret), ("authorization", "Bearer sk-client-own-0123456789")],
+        Some(json!({"model": "o3-pro", "input": "x", "background": true})),
+    )
+    .await;
+    assert_eq!(own.status, StatusCode::PAYMENT_REQUIRED);
+    let error = &own.json()["error"];
+    assert_eq!(error["code"], "budget_unmeterable");
+    assert_eq!(
+        error["message"],
+        "POST /v1/responses is billed where this gateway cannot see it; refused while a daily spend cap with a hard stop covers this key."
+    );
+    assert!(mock.requests().iter().all(|r| r.path != "/v1/responses"));
+}

@@ -662,3 +662,111 @@ async fn allowlists_reach_a_node_through_the_feed_and_tags_reach_the_ledger_thro
     assert_eq!(found["receipts"][0]["request_id"], request_id.as_str());
     assert_eq!(found["receipts"][0]["tags"], json!({"team": "search"}));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_hold_counts_on_every_node_survives_restarts_and_is_settled_once() {
+    deployment::require_redis();
+    let dir = temp_dir("split-jobs");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    // o3-pro, 1,000 in and 20,000 out: $1.62 at $20 / $80 per million.
+    mock.set_job_usage(Some(recovea_testkit::JobUsage::new(1_000, 20_000)));
+    let port = free_port();
+    // Polled once an hour at first: the job stays pending through the restarts below.
+    let mock_url = mock.url();
+    // The poller reaches a credential without a base URL as nodes do: at the kind's default.
+    let control_flags =
+        |interval: &'static str| ["--job-poll-interval", interval, "--openai-base-url", &mock_url];
+    let control = Control::start_at(&database.url(), port, &dir.join("control"), &control_flags("1h"));
+    let a = Node::start(&dir.join("node-a"), &control.admin, &mock.url(), &[]);
+    let b = Node::start(&dir.join("node-b"), &control.admin, &mock.url(), &[]);
+    for node in [&a, &b] {
+        node.ready().await;
+    }
+    let (org_id, _, secret) = control.tenant().await;
+    let cap = json!({"scope": "organization", "window": "month", "limit_usd": "2.00", "hard_stop": true});
+    control.admin(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
+    let auth = format!("Bearer {secret}");
+    // A background response that may write 25,000 tokens holds $2.00 and more: the line.
+    let background =
+        json!({"model": "o3-pro", "input": "x", "background": true, "max_output_tokens": 25_000});
+    let created = within(Duration::from_secs(3), "the cap is served", || async {
+        call(
+            Method::POST,
+            &format!("{}/v1/responses", a.url),
+            &[("authorization", &auth)],
+            Some(background.clone()),
+        )
+        .await
+        .status
+            == StatusCode::OK
+    })
+    .await;
+    let _ = created;
+    // Node B counts node A's hold (first as A's reservation through Redis, then from the book):
+    // the line is reached there too.
+    within(Duration::from_secs(5), "node B refuses at the held line", || async {
+        b.chat(&secret).await.status == StatusCode::PAYMENT_REQUIRED
+    })
+    .await;
+    let held = within(Duration::from_secs(5), "the book holds the job", || async {
+        let spend = control.admin(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
+        spend["spend"][0]["held_usd"].as_str().is_some_and(|held| held != "0.00")
+    })
+    .await;
+    let _ = held;
+
+    // Node B restarts while the control plane is down: it boots from the book it saved.
+    let b_dir = dir.join("node-b");
+    within(Duration::from_secs(5), "node B saved the book with the job", || async {
+        std::fs::read_to_string(b_dir.join("jobs.book")).is_ok_and(|book| book.contains("\"held_nanos\""))
+    })
+    .await;
+    b.process.kill();
+    let mut control = control;
+    control.process.terminate(Duration::from_secs(5));
+    let b = Node::start(&b_dir, &format!("http://127.0.0.1:{port}"), &mock.url(), &[]);
+    within(Duration::from_secs(5), "the restarted node counts the saved hold", || async {
+        b.chat(&secret).await.status == StatusCode::PAYMENT_REQUIRED
+    })
+    .await;
+
+    // The control plane comes back polling often: the job settles, once, at its cost.
+    let control = Control::start_at(&database.url(), port, &dir.join("control"), &control_flags("100ms"));
+    let settled = harness::eventually(Duration::from_secs(20), "the settlement", || async {
+        let receipts = control.receipts(&org_id).await;
+        let settlements: Vec<Value> =
+            receipts.into_iter().filter(|r| r["job_id"].is_string() && r["held_usd"].is_null()).collect();
+        (!settlements.is_empty()).then_some(settlements)
+    })
+    .await;
+    assert_eq!(settled.len(), 1);
+    assert_eq!(settled[0]["cost_usd"], "1.62");
+    // The book lets the hold go as it reads the settlement back; the chats node B admitted
+    // before the hold reached it cost a little too.
+    let spend = harness::eventually(Duration::from_secs(5), "the hold released", || async {
+        let spend = control.admin(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
+        (spend["spend"][0]["held_usd"] == "0.00").then_some(spend)
+    })
+    .await;
+    let all: i64 = control
+        .receipts(&org_id)
+        .await
+        .iter()
+        .map(|r| {
+            recovea_core::money::Nanos::parse_usd(r["cost_usd"].as_str().expect("cost")).expect("amount").0
+        })
+        .sum();
+    assert_eq!(
+        spend["spend"][0]["spend_usd"].as_str(),
+        Some(recovea_core::money::Nanos(all).to_usd_string().as_str())
+    );
+    assert_eq!(spend["spend"][0]["held_usd"].as_str(), Some("0.00"));
+    // About $1.63 of $2.00: both nodes admit again, the hold gone and the cost counted once.
+    for node in [&a, &b] {
+        within(Duration::from_secs(5), "the node admits below the line", || async {
+            node.chat(&secret).await.status == StatusCode::OK
+        })
+        .await;
+    }
+}

@@ -21,8 +21,9 @@ const POLL_WAIT: Duration = Duration::from_secs(1);
 const POLL_SLACK: Duration = Duration::from_secs(60);
 const RETRY_FIRST: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(5);
-/// The book is saved at most this often: under a burst of jobs it changes many times a second.
-const SAVE_EVERY: Duration = Duration::from_secs(2);
+/// The least time between two saves of the book: under a burst of jobs it changes many times a
+/// second, and only the newest is written.
+const SAVE_EVERY: Duration = Duration::from_millis(200);
 
 impl Gateway {
     /// Loads the book saved in `data_dir`, if any, and counts it until the feed brings a newer one.
@@ -119,19 +120,37 @@ fn apply(held: &mut Option<JobBook>, message: BookMessage) -> Result<bool, Strin
     }
 }
 
-/// Writes the newest book to `path` at most every [`SAVE_EVERY`], replacing the file atomically.
+/// Writes the newest book to `path` at most every [`SAVE_EVERY`], replacing the file atomically;
+/// the last one too when the follower stops.
 async fn save_books(mut books: watch::Receiver<Option<JobBook>>, path: PathBuf) {
-    while books.changed().await.is_ok() {
-        let Some(book) = books.borrow_and_update().clone() else { continue };
-        let target = path.clone();
-        let saved = tokio::task::spawn_blocking(move || {
-            let bytes = serde_json::to_vec(&book).map_err(std::io::Error::other)?;
-            super::write_atomically(&target, &bytes)
-        })
-        .await;
-        if !matches!(saved, Ok(Ok(()))) {
-            tracing::warn!(path = %path.display(), "the book of jobs could not be saved");
+    let mut written = None;
+    loop {
+        let following = books.changed().await.is_ok();
+        let Some(book) = books.borrow_and_update().clone() else {
+            if following {
+                continue;
+            }
+            return;
+        };
+        if written != Some((book.epoch, book.seq)) {
+            written = Some((book.epoch, book.seq));
+            save(&path, book).await;
+        }
+        if !following {
+            return;
         }
         tokio::time::sleep(SAVE_EVERY).await;
+    }
+}
+
+async fn save(path: &Path, book: JobBook) {
+    let target = path.to_path_buf();
+    let saved = tokio::task::spawn_blocking(move || {
+        let bytes = serde_json::to_vec(&book).map_err(std::io::Error::other)?;
+        super::write_atomically(&target, &bytes)
+    })
+    .await;
+    if !matches!(saved, Ok(Ok(()))) {
+        tracing::warn!(path = %path.display(), "the book of jobs could not be saved");
     }
 }
