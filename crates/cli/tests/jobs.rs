@@ -36,6 +36,11 @@ impl Serve {
     /// An org with managed openai, anthropic and gemini credentials and a key, and an armed daily
     /// cap of `limit` on the organization: (org id, key secret).
     async fn tenant(&self, limit: &str) -> (String, String) {
+        self.tenant_capped(limit, true).await
+    }
+
+    /// As [`Self::tenant`], its cap armed or not.
+    async fn tenant_capped(&self, limit: &str, hard_stop: bool) -> (String, String) {
         let org = self.ok(Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
         let org_id = org["id"].as_str().expect("id").to_owned();
         let key = self.ok(Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
@@ -43,7 +48,8 @@ impl Serve {
             let credential = json!({"kind": kind, "api_key": format!("sk-{kind}-managed-0123456789")});
             self.ok(Method::PUT, &format!("/orgs/{org_id}/providers/{kind}"), Some(credential)).await;
         }
-        let cap = json!({"scope": "organization", "window": "day", "limit_usd": limit, "hard_stop": true});
+        let cap =
+            json!({"scope": "organization", "window": "day", "limit_usd": limit, "hard_stop": hard_stop});
         self.ok(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
         (org_id, key["secret"].as_str().expect("secret").to_owned())
     }
@@ -384,4 +390,45 @@ async fn a_job_sent_with_the_clients_own_key_cannot_be_polled_and_is_refused_und
         "POST /v1/responses is billed where this gateway cannot see it; refused while a daily spend cap with a hard stop covers this key."
     );
     assert!(mock.requests().iter().all(|r| r.path != "/v1/responses"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_armed_cap_a_batch_from_a_file_never_seen_is_forwarded_and_still_settled() {
+    let mock = MockProvider::start().await;
+    mock.set_job_usage(Some(JobUsage::new(1_000, 500)));
+    let dir = temp_dir("unseen-file");
+    let serve = start(&dir, &mock.url(), "100ms");
+    let (org_id, secret) = serve.tenant_capped("10.00", false).await;
+    // Uploaded around the gateway, straight to the provider.
+    let (content_type, body) = batch_file(10, "gpt-4o", Some(100));
+    let uploaded = harness::call_bytes(
+        Method::POST,
+        &format!("{}/v1/files", mock.url()),
+        &[("authorization", "Bearer sk-openai-managed-0123456789"), ("content-type", &content_type)],
+        body,
+    )
+    .await;
+    let file_id = uploaded.json()["id"].as_str().expect("file id").to_owned();
+    let created = serve
+        .post(
+            &secret,
+            "/v1/batches",
+            json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::OK, "{:?}", created.body);
+    let batch_id = created.json()["id"].as_str().expect("id").to_owned();
+    let creation = harness::eventually(Duration::from_secs(10), "the creating receipt", || async {
+        serve.receipts(&org_id).await.into_iter().find(|r| r["held_usd"].is_string())
+    })
+    .await;
+    // Nothing could be held, but the job is known and the gateway polls it.
+    assert_eq!(
+        (creation["job_id"].as_str(), creation["held_usd"].as_str()),
+        (Some(batch_id.as_str()), Some("0.00"))
+    );
+    let settled = serve.settlement(&org_id, &batch_id).await;
+    // 10 lines of 1,000 in and 500 out at $1.25 / $5 per million.
+    assert_eq!(settled["cost_usd"], "0.0375");
+    assert_eq!(serve.spend(&org_id).await["spend_usd"], "0.0375");
 }

@@ -98,6 +98,23 @@ pub(crate) async fn decide(
                     session: false,
                 })
             }
+            // Not estimable, but the gateway holds the credential it runs under: without an
+            // armed cap it is forwarded, holds nothing, and is settled when it ends.
+            // (Only a batch: a background response is always estimable.)
+            None if request.managed => {
+                caps::check_unmeterable(
+                    admitted.org.caps.iter(),
+                    &admitted.org.id,
+                    &admitted.key_id,
+                    &request.line,
+                )
+                .map_err(Refusal::Budget)?;
+                Ok(Spend {
+                    charge: Charge::Free,
+                    creating: Some(Creating::Job { kind, held: Nanos::ZERO }),
+                    ..Spend::default()
+                })
+            }
             None => unmeterable(shared, admitted, &request, Unseen::UnmeterableJob(kind)),
         },
         // The upgrade is refused at the line like any request; each response then asks again.
@@ -147,8 +164,8 @@ fn request_estimate(request: &Request<'_>) -> Nanos {
     pricing::cost(&estimate, &price.price)
 }
 
-/// What a deferred job is held at; `None` when the gateway can neither estimate it nor poll it
-/// (an input file it never saw, a Gemini batch from a file, the client's own provider key).
+/// What a deferred job is held at; `None` when the gateway cannot estimate it (an input file it
+/// never saw, a Gemini batch from a file) or poll it (the client's own provider key).
 async fn job_estimate(shared: &Shared, kind: JobKind, request: &Request<'_>) -> Option<Nanos> {
     if !request.managed {
         return None;
