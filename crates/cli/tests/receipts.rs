@@ -329,8 +329,14 @@ async fn tagged_receipts_are_filtered_exported_and_summed_by_tag() {
     let csv = admin_cli(&serve, &["receipts", "export", "--org", &org_id, "--tag", "team:ads"]);
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines.len(), 2, "{csv}");
-    assert!(lines[0].ends_with(",priced_as,tags"), "{csv}");
-    assert!(lines[1].ends_with(",team=ads"), "{csv}");
+    assert!(
+        lines[0].ends_with(
+            ",priced_as,tags,audio_input_tokens,cached_audio_input_tokens,audio_output_tokens,job_id,held_usd"
+        ),
+        "{csv}"
+    );
+    // No audio, no job: zeros, and two empty fields.
+    assert!(lines[1].ends_with(",team=ads,0,0,0,,"), "{csv}");
     let summary: Value = serde_json::from_str(&admin_cli(
         &serve,
         &["receipts", "summary", "--org", &org_id, "--group-by", "tag:team"],

@@ -358,11 +358,23 @@ impl Session {
         }
     }
 
-    /// The session is over: a session that made no response has a receipt of its own.
+    /// The session is over: a response the provider had begun but not finished is billed for what
+    /// it had read, so it gets a receipt of that estimate (its input: the conversation as the last
+    /// response read it); a session that made no response has a receipt of its own.
     fn close(mut self) {
         self.shared.metrics.realtime_closed();
         self.asked.clear();
-        self.begun.clear();
+        while let Some(held) = self.begun.pop_front() {
+            self.responses += 1;
+            let tapped = Tapped {
+                usage: Some(self.last_input),
+                partial: true,
+                model: self.facts.model.clone(),
+                ..Tapped::default()
+            };
+            let metered = self.metered(Some(self.responses), held);
+            self.shared.meter.record(&self.shared.metrics, metered, 200, tapped);
+        }
         if self.responses == 0 {
             let held = Held { reservation: None, at: now() };
             let metered = self.metered(None, held);

@@ -10,10 +10,11 @@ use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::money::Nanos;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
+use recovea_core::usage::UsageSource;
 use recovea_core::window::Window;
 use recovea_counters::InProcess;
 use recovea_gateway::GatewayConfig;
-use recovea_testkit::{MockProvider, RealtimeUsage};
+use recovea_testkit::{MockProvider, RealtimeUsage, UNFINISHED_RESPONSE};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -201,4 +202,30 @@ async fn at_the_line_the_next_response_create_is_not_forwarded_and_the_session_i
     // The line reached, a new session is refused at its upgrade like any request.
     let (status, _, _) = upgrade(&h, "/v1/realtime?model=gpt-realtime").await;
     assert_eq!(status, 402);
+}
+
+#[tokio::test]
+async fn a_response_cut_with_its_session_is_billed_for_what_it_had_read() {
+    let h = node(Vec::new()).await;
+    h.mock.queue_realtime_usage([
+        RealtimeUsage { input_audio_tokens: 2_000, output_audio_tokens: 100, ..RealtimeUsage::default() }
+            .to_json(),
+        json!(UNFINISHED_RESPONSE),
+    ]);
+    let (status, _, ws) = upgrade(&h, "/v1/realtime?model=gpt-realtime").await;
+    assert_eq!(status, 101);
+    let mut ws = ws.expect("a socket");
+    send(&mut ws, json!({"type": "response.create"})).await;
+    next(&mut ws, "response.done").await.expect("the first response");
+    send(&mut ws, json!({"type": "response.create"})).await;
+    next(&mut ws, "response.created").await.expect("the second response begins");
+    // The client leaves before the second response ends: the provider bills what it read.
+    drop(ws);
+
+    let receipts = h.receipts(2).await;
+    let cut = receipts.iter().find(|r| r.usage_source == UsageSource::Estimated).expect("the cut response");
+    assert_eq!((cut.input_tokens, cut.audio_input_tokens, cut.output_tokens), (2_000, 2_000, 0));
+    // 2,000 audio tokens in at $32 per million.
+    assert_eq!(cut.cost_usd, Nanos(2_000 * 32_000));
+    assert!(cut.request_id.ends_with(".r2"), "{}", cut.request_id);
 }

@@ -211,7 +211,8 @@
 //!   [`RealtimeUsage`] builds the GA shape: `{total_tokens, input_tokens, output_tokens,
 //!   input_token_details: {text_tokens, audio_tokens, image_tokens, cached_tokens,
 //!   cached_tokens_details: {text_tokens, audio_tokens, image_tokens}}, output_token_details:
-//!   {text_tokens, audio_tokens}}`.
+//!   {text_tokens, audio_tokens}}`. The string [`UNFINISHED_RESPONSE`] (`"unfinished"`) queued in
+//!   place of a usage makes that response stop after its deltas: it never ends.
 //! * Pings are answered with pongs at once, a client's close frame with a close frame.
 //! * The log records the handshake as a request like any other, then every text (and binary)
 //!   frame the client sends as an entry with method `WS`, the handshake's path and query, and the
@@ -246,7 +247,7 @@ pub mod tls;
 mod usage;
 
 pub use jobs::{EndStatus, JobEnd, JobError, JobInfo, JobKind, JobSettings, JobUsage};
-pub use realtime::{DEFAULT_REALTIME_USAGE, RealtimeUsage};
+pub use realtime::{DEFAULT_REALTIME_USAGE, RealtimeUsage, UNFINISHED_RESPONSE};
 pub use script::{Behaviour, InvalidBehaviour, RecordedRequest};
 pub use server::{MockProvider, Transport};
 pub use usage::{

@@ -59,6 +59,10 @@ pub struct RealtimeUsage {
     pub output_audio_tokens: u64,
 }
 
+/// Queued in place of a usage object, the response is begun and streamed but never ends: no
+/// `.done` events, no `response.done`.
+pub const UNFINISHED_RESPONSE: &str = "unfinished";
+
 /// What a response reports when no usage is queued: 10 text tokens in, 5 out.
 pub const DEFAULT_REALTIME_USAGE: RealtimeUsage = RealtimeUsage::text(10, 5);
 
@@ -546,6 +550,10 @@ impl Session {
                     at(json!({"delta": piece})),
                 ));
             }
+        }
+        if usage == UNFINISHED_RESPONSE {
+            // The response never ends: what a session cut mid-response leaves behind.
+            return events.into_iter().map(|(kind, body)| self.event(&kind, body)).collect();
         }
         if audio {
             events.push((name("response.output_audio.done", "response.audio.done"), at(json!({}))));

@@ -18,7 +18,7 @@ const MAX_LIMIT: u32 = 1000;
 /// A CSV export is one answer: bounded so that it cannot exhaust the control plane's memory.
 const MAX_CSV_ROWS: u32 = 100_000;
 
-const CSV_COLUMNS: [&str; 23] = [
+const CSV_COLUMNS: [&str; 28] = [
     "id",
     "request_id",
     "org_id",
@@ -42,6 +42,11 @@ const CSV_COLUMNS: [&str; 23] = [
     "node_id",
     "priced_as",
     "tags",
+    "audio_input_tokens",
+    "cached_audio_input_tokens",
+    "audio_output_tokens",
+    "job_id",
+    "held_usd",
 ];
 
 impl Control {
@@ -206,6 +211,11 @@ fn to_csv(receipts: &[Receipt]) -> String {
             r.node_id.clone(),
             r.priced_as.clone().unwrap_or_default(),
             tags::to_text(&r.tags),
+            r.audio_input_tokens.to_string(),
+            r.cached_audio_input_tokens.to_string(),
+            r.audio_output_tokens.to_string(),
+            r.job_id.clone().unwrap_or_default(),
+            r.held_usd.map(|held| held.to_usd_string()).unwrap_or_default(),
         ];
         let escaped: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
         out.push_str(&escaped.join(","));
