@@ -51,6 +51,9 @@ pub(crate) struct Shared {
     pub(crate) tracer: Option<Arc<trace::Tracer>>,
     /// The book of deferred jobs, and the jobs and batch files the book does not have yet.
     pub(crate) jobs: Arc<jobs::NodeJobs>,
+    /// Each Realtime session holds a receiver: `true` asks it to close, as the node stops; the
+    /// sender's `closed` says when all have (see [`crate::realtime`]).
+    pub(crate) sessions: tokio::sync::watch::Sender<bool>,
 }
 
 impl Gateway {
@@ -86,6 +89,7 @@ impl Gateway {
                 alarm,
                 ready: std::sync::atomic::AtomicBool::new(false),
                 shed_idle: tokio::sync::Notify::new(),
+                sessions: tokio::sync::watch::Sender::new(false),
                 tracer,
                 jobs,
             }),

@@ -34,6 +34,7 @@ use recovea_providers::realtime::{ServerEvent, asks_for_response, may_matter, se
 use recovea_providers::usage::{Surface, Tapped};
 use recovea_upstream::{BoxError, ResponseBody, Switched, UpgradedIo, UpstreamError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
 use tungstenite::protocol::CloseFrame;
 use tungstenite::protocol::frame::Frame as WireFrame;
 use tungstenite::protocol::frame::coding::CloseCode;
@@ -91,9 +92,10 @@ pub(crate) async fn open(
         }
         Switched::Upgraded { head, io, read } => {
             let session = Session::new(Arc::clone(shared), admitted, facts);
+            let stop = shared.sessions.subscribe();
             tokio::spawn(async move {
                 match on_upgrade.await {
-                    Ok(client) => session.relay(TokioIo::new(client), io, read).await,
+                    Ok(client) => session.relay(TokioIo::new(client), io, read, stop).await,
                     Err(e) => tracing::debug!(error = %e, "the client left before its upgrade"),
                 }
             });
@@ -116,6 +118,34 @@ struct Session {
     last_input: Usage,
     /// The server starts responses by itself (turn detection).
     auto_responses: bool,
+    _connection: OpenConnection,
+}
+
+/// The client's connection, counted among the node's open ones (toward `--max-connections`) for
+/// as long as its session lasts: the HTTP server let go of it at the upgrade.
+struct OpenConnection(Arc<Shared>);
+
+impl OpenConnection {
+    fn count(shared: &Arc<Shared>) -> Self {
+        shared.metrics.connections.open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(Arc::clone(shared))
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.metrics.connections.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Why a session ended.
+enum Ended {
+    /// Either side closed or failed.
+    Closed,
+    /// An armed cap reached its line.
+    Cut(CapRefusal),
+    /// The node is stopping.
+    Stopping,
 }
 
 /// A response's reservation on the caps covering the session, and when it was asked for.
@@ -128,6 +158,7 @@ impl Session {
     fn new(shared: Arc<Shared>, admitted: Admitted, facts: SessionFacts) -> Self {
         shared.metrics.realtime_opened();
         Self {
+            _connection: OpenConnection::count(&shared),
             shared,
             admitted,
             facts,
@@ -139,9 +170,14 @@ impl Session {
         }
     }
 
-    /// Relays until either side ends, or an armed cap cuts the session.
-    async fn relay<C>(mut self, client: C, provider: UpgradedIo, early: Bytes)
-    where
+    /// Relays until either side ends, an armed cap cuts the session, or the node stops.
+    async fn relay<C>(
+        mut self,
+        client: C,
+        provider: UpgradedIo,
+        early: Bytes,
+        mut stop: watch::Receiver<bool>,
+    ) where
         C: AsyncRead + AsyncWrite + Unpin,
     {
         let (mut client_read, mut client_write) = tokio::io::split(client);
@@ -154,17 +190,24 @@ impl Session {
         while ended.is_none() {
             ended = tokio::select! {
                 read = client_read.read(&mut client_buf) => match read {
-                    Ok(0) | Err(_) => Some(None),
+                    Ok(0) | Err(_) => Some(Ended::Closed),
                     Ok(n) => self.client_bytes(&mut from_client, &client_buf[..n], &mut provider_write).await,
                 },
                 read = provider_read.read(&mut provider_buf) => match read {
-                    Ok(0) | Err(_) => Some(None),
+                    Ok(0) | Err(_) => Some(Ended::Closed),
                     Ok(n) => self.provider_bytes(&mut from_provider, &provider_buf[..n], &mut client_write).await,
                 },
+                () = async { drop(stop.wait_for(|stopping| *stopping).await) } => Some(Ended::Stopping),
             };
         }
-        if let Some(Some(refusal)) = ended {
-            self.cut(&mut client_write, &refusal).await;
+        match ended {
+            Some(Ended::Cut(refusal)) => self.cut(&mut client_write, &refusal).await,
+            Some(Ended::Stopping) => {
+                let away =
+                    CloseFrame { code: CloseCode::Away, reason: "the gateway node is stopping".into() };
+                send_frames(&mut client_write, None, away).await;
+            }
+            _ => {}
         }
         let _ = client_write.shutdown().await;
         let _ = provider_write.shutdown().await;
@@ -179,10 +222,10 @@ impl Session {
         side: &mut ClientSide,
         bytes: &[u8],
         provider: &mut W,
-    ) -> Option<Option<CapRefusal>> {
+    ) -> Option<Ended> {
         let mut steps = Vec::new();
         if side.read(bytes, &mut steps).is_err() {
-            return Some(None);
+            return Some(Ended::Closed);
         }
         for step in steps {
             let forward = match step {
@@ -193,13 +236,13 @@ impl Session {
                     if (!whole || asks_for_response(&text))
                         && let Err(refusal) = self.ask().await
                     {
-                        return Some(Some(refusal));
+                        return Some(Ended::Cut(refusal));
                     }
                     raw
                 }
             };
             if provider.write_all(&forward).await.is_err() {
-                return Some(None);
+                return Some(Ended::Closed);
             }
         }
         None
@@ -211,13 +254,13 @@ impl Session {
         side: &mut ProviderSide,
         bytes: &[u8],
         client: &mut W,
-    ) -> Option<Option<CapRefusal>> {
+    ) -> Option<Ended> {
         if bytes.is_empty() {
             return None;
         }
         let mut events = Vec::new();
         if side.read(bytes, &mut events).is_err() || client.write_all(bytes).await.is_err() {
-            return Some(None);
+            return Some(Ended::Closed);
         }
         for event in events {
             match event {
@@ -230,7 +273,7 @@ impl Session {
                     if self.auto_responses
                         && let Some(refusal) = self.at_line()
                     {
-                        return Some(Some(refusal));
+                        return Some(Ended::Cut(refusal));
                     }
                 }
                 // A refused `response.create` makes no response: its reservation goes.
@@ -342,20 +385,12 @@ impl Session {
     /// close frame (1008, policy; 1013, try again later, for spend that cannot be confirmed).
     async fn cut<W: AsyncWrite + Unpin>(&self, client: &mut W, refusal: &CapRefusal) {
         self.shared.metrics.realtime_cut();
-        let event = refusal.answer().error_event();
         let code = match refusal {
             CapRefusal::Unverifiable { .. } => CloseCode::Again,
             _ => CloseCode::Policy,
         };
-        let mut out = Vec::new();
         let close = CloseFrame { code, reason: "spend cap".into() };
-        let framed = WireFrame::message(event.into_bytes(), OpCode::Data(Data::Text), true)
-            .format(&mut out)
-            .and_then(|()| WireFrame::close(Some(close)).format(&mut out));
-        if framed.is_ok() {
-            let _ = client.write_all(&out).await;
-            let _ = client.flush().await;
-        }
+        send_frames(client, Some(refusal.answer().error_event()), close).await;
     }
 
     /// The session is over: a response the provider had begun but not finished is billed for what
@@ -385,6 +420,19 @@ impl Session {
                 Tapped::default(),
             );
         }
+    }
+}
+
+/// Sends the client a last text message, if any, and a close frame (unmasked: the node is the
+/// server of the client's socket).
+async fn send_frames<W: AsyncWrite + Unpin>(client: &mut W, last: Option<String>, close: CloseFrame) {
+    let mut out = Vec::new();
+    let message = last.map_or(Ok(()), |text| {
+        WireFrame::message(text.into_bytes(), OpCode::Data(Data::Text), true).format(&mut out)
+    });
+    if message.and_then(|()| WireFrame::close(Some(close)).format(&mut out)).is_ok() {
+        let _ = client.write_all(&out).await;
+        let _ = client.flush().await;
     }
 }
 

@@ -146,7 +146,12 @@ impl Server {
         }
         drop(listener);
         drain.send_replace(true);
-        if tokio::time::timeout(DRAIN_TIMEOUT, drain.closed()).await.is_err() {
+        // Sessions are asked to close at once: they may last an hour, and their responses done
+        // are metered already; each writes the receipts it still owes as it closes.
+        let sessions = &gateway.shared.sessions;
+        sessions.send_replace(true);
+        let drained = async { tokio::join!(drain.closed(), sessions.closed()) };
+        if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
             tracing::warn!("shutdown: some connections were still open after the drain timeout");
         }
         workers.stop().await;

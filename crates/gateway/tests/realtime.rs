@@ -229,3 +229,21 @@ async fn a_response_cut_with_its_session_is_billed_for_what_it_had_read() {
     assert_eq!(cut.cost_usd, Nanos(2_000 * 32_000));
     assert!(cut.request_id.ends_with(".r2"), "{}", cut.request_id);
 }
+
+#[tokio::test]
+async fn a_stopping_node_closes_its_sessions_going_away_and_bills_what_they_began() {
+    let mut h = node(Vec::new()).await;
+    h.mock.queue_realtime_usage([json!(UNFINISHED_RESPONSE)]);
+    let before = h.metric("recovea_client_connections").await;
+    let (status, _, ws) = upgrade(&h, "/v1/realtime?model=gpt-realtime").await;
+    assert_eq!(status, 101);
+    let mut ws = ws.expect("a socket");
+    let during = h.metric("recovea_client_connections").await;
+    assert_eq!(during, before + 1, "a session holds its connection");
+    send(&mut ws, json!({"type": "response.create"})).await;
+    next(&mut ws, "response.created").await.expect("the response begins");
+    h.stop();
+    assert_eq!(next(&mut ws, "none").await, Err(Some(CloseCode::Away)), "closed with 1001");
+    let receipts = h.receipts(1).await;
+    assert_eq!(receipts[0].usage_source, UsageSource::Estimated, "the unfinished response");
+}

@@ -102,7 +102,7 @@ pub struct Harness {
     pub receipts: Arc<MemorySink>,
     pub counters: Arc<Counters>,
     _spool_dir: TempDir,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Harness {
@@ -124,7 +124,14 @@ impl Harness {
         }
         let (url, stop) = serve(&gateway).await;
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Self { mock, gateway, url, client, receipts, counters, _spool_dir: spool_dir, _stop: stop }
+        Self { mock, gateway, url, client, receipts, counters, _spool_dir: spool_dir, stop: Some(stop) }
+    }
+
+    /// Stops the node as `SIGTERM` does: it drains, and the receipts it owes are still delivered.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 
     /// Confirms the counters against `store`, as `serve`'s sync loop does.
