@@ -770,3 +770,67 @@ async fn a_jobs_hold_counts_on_every_node_survives_restarts_and_is_settled_once(
         .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_control_planes_poll_one_credential_at_one_rate_and_one_takes_over_from_the_other() {
+    deployment::require_redis();
+    let dir = temp_dir("split-poller");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    // The jobs keep running: every poll finds them in progress.
+    mock.set_retrievals_to_finish(0);
+    let mock_url = mock.url();
+    let flags = ["--job-poll-interval", "100ms", "--openai-base-url", mock_url.as_str()];
+    let mut first = Control::start_at(&database.url(), free_port(), &dir.join("control-a"), &flags);
+    let second = Control::start_at(&database.url(), free_port(), &dir.join("control-b"), &flags);
+    let node = Node::start(&dir.join("node"), &first.admin, &mock.url(), &[]);
+    node.ready().await;
+    let (org_id, _, secret) = first.tenant().await;
+    let auth = format!("Bearer {secret}");
+    let background = json!({"model": "gpt-4o", "input": "x", "background": true, "max_output_tokens": 100});
+    for _ in 0..10 {
+        let created = within(Duration::from_secs(3), "the credential is served", || async {
+            let answer = call(
+                Method::POST,
+                &format!("{}/v1/responses", node.url),
+                &[("authorization", &auth)],
+                Some(background.clone()),
+            )
+            .await;
+            answer.status == StatusCode::OK
+        })
+        .await;
+        let _ = created;
+    }
+    let polls_at = || -> Vec<u64> {
+        let mut at: Vec<u64> = mock
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "GET" && r.path.starts_with("/v1/responses/"))
+            .map(|r| r.at_ms)
+            .collect();
+        at.sort_unstable();
+        at
+    };
+    within(Duration::from_secs(10), "20 polls", || async { polls_at().len() >= 20 }).await;
+    // Ten jobs due every 100 ms, two control planes: still one poll of the credential at a time,
+    // at most five a second (a few milliseconds of jitter between two requests' ways in).
+    let at = polls_at();
+    let closest = at.windows(2).map(|pair| pair[1] - pair[0]).min().expect("two polls");
+    assert!(closest >= 180, "two polls {closest} ms apart: {at:?}");
+    let jobs: Vec<Value> =
+        first.receipts(&org_id).await.into_iter().filter(|r| r["job_id"].is_string()).collect();
+    assert_eq!(jobs.len(), 10);
+
+    // Whichever polled, the other carries on once it stops.
+    first.process.terminate(Duration::from_secs(10));
+    let stopped = polls_at().len();
+    within(Duration::from_secs(20), "the other control plane polls", || async {
+        polls_at().len() >= stopped + 10
+    })
+    .await;
+    let at = polls_at();
+    let closest = at[stopped..].windows(2).map(|pair| pair[1] - pair[0]).min().expect("two polls");
+    assert!(closest >= 180, "two polls {closest} ms apart: {at:?}");
+    drop(second);
+}

@@ -47,6 +47,9 @@ pub struct Jobs {
     read_at: AtomicU64,
     install: Mutex<Option<InstallBook>>,
     limit: Duration,
+    /// The pending jobs' records as the book was last read, under the book's sequence: what the
+    /// poller schedules.
+    pending: Mutex<(u64, Arc<Vec<JobRecord>>)>,
 }
 
 impl Jobs {
@@ -62,6 +65,7 @@ impl Jobs {
             read_at: AtomicU64::new(u64::MAX),
             install: Mutex::new(None),
             limit,
+            pending: Mutex::new((0, Arc::new(Vec::new()))),
         })
     }
 
@@ -90,6 +94,13 @@ impl Jobs {
 
     pub(crate) fn store(&self) -> &Arc<dyn JobStore> {
         &self.store
+    }
+
+    /// The pending jobs as the book was last read, and the book's sequence then (it moves with
+    /// every change to the set).
+    pub(crate) fn pending_jobs(&self) -> (u64, Arc<Vec<JobRecord>>) {
+        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        (pending.0, Arc::clone(&pending.1))
     }
 
     /// What the book holds on `cap`'s window containing `at`: the estimates of its pending jobs.
@@ -162,6 +173,8 @@ impl Jobs {
         })
         .await?;
         let (version, rows) = read;
+        let pending: Vec<JobRecord> =
+            rows.jobs.iter().filter(|job| job.settled_at.is_none()).cloned().collect();
         let published = {
             let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
             log.replace(book_of(rows)).then(|| log.book().clone())
@@ -169,6 +182,7 @@ impl Jobs {
         self.read_at.store(version, Ordering::Release);
         if let Some(book) = published {
             let seq = book.seq;
+            *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = (seq, Arc::new(pending));
             let install = self.install.lock().unwrap_or_else(PoisonError::into_inner).clone();
             if let Some(install) = install {
                 install(book);

@@ -24,6 +24,8 @@ use crate::timestamp::Timestamp;
 use crate::usage::Usage;
 use crate::window::MS_PER_DAY;
 
+pub mod schedule;
+
 /// The longest id of a provider's job or file the gateway keeps.
 pub const MAX_ID_LEN: usize = 128;
 /// The most models a batch's estimate names; the lines of any further model are estimated

@@ -341,22 +341,16 @@ pub trait JobStore: Send + Sync + 'static {
     fn jobs_version(&self) -> Result<u64>;
     /// The book's rows (see [`BookRows`]).
     fn job_book(&self, settled_since: Timestamp, files_since: Timestamp, first_day: i64) -> Result<BookRows>;
-    /// Pending jobs whose next poll is at or before `now`, the most overdue first, at most `limit`.
-    fn due_jobs(&self, now: Timestamp, limit: u32) -> Result<Vec<JobRecord>>;
-    /// Records a poll of a pending job that did not settle it: one more poll, the next at
-    /// `next_poll_at`, and why it failed (`None`: it did not, the job is still running). Does not
-    /// bump the version (the book does not show polls). `NotFound` for an unknown job.
-    fn job_polled(
-        &self,
-        org: &OrgId,
-        provider: &str,
-        job_id: &str,
-        next_poll_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<()>;
-    /// Brings every pending job's next poll forward to `latest` at the latest (a poller started
-    /// with a shorter interval than the one that scheduled them); how many moved. No version bump.
-    fn poll_by(&self, latest: Timestamp) -> Result<u64>;
+    /// Records what a poll of a pending job learned without settling it: how many polls it has
+    /// had, when it is next due, and why the last one failed (`None`: it did not, the job is still
+    /// running). For operators and for a poller that takes over: the poller schedules in memory
+    /// and writes this only when a poll failed or recovers. No version bump (the book does not
+    /// show polls). `NotFound` for an unknown job.
+    fn job_polled(&self, poll: &JobPoll<'_>) -> Result<()>;
+    /// Takes or renews the lease of the job poller for `holder` until `until`: granted when no
+    /// other holder's lease runs past `now`. Only the holder polls, so that each credential is
+    /// polled at the poller's rate however many control planes share the store.
+    fn poller_lease(&self, holder: &str, now: Timestamp, until: Timestamp) -> Result<bool>;
     /// Settles a pending job at `cost`, inserting its settlement `receipts` into the ledger in the
     /// same transaction (idempotently, as `insert_receipts` does). `false`, and nothing written,
     /// when the job is already settled; `NotFound` when there is no such job.
@@ -383,6 +377,17 @@ pub trait JobStore: Send + Sync + 'static {
         from: Timestamp,
         to: Timestamp,
     ) -> Result<Nanos>;
+}
+
+/// A poll of one pending job, as [`JobStore::job_polled`] records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobPoll<'a> {
+    pub org_id: &'a OrgId,
+    pub provider: &'a str,
+    pub job_id: &'a str,
+    pub polls: u32,
+    pub next_poll_at: Timestamp,
+    pub error: Option<&'a str>,
 }
 
 /// Which receipts to read, oldest first.

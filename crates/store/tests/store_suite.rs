@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use recovea_store::{
     ActiveKey, AlertRecord, AuditAuth, AuditContext, AuditEntry, AuditQuery, BookRows, CapRecord,
-    ControlStore, FileRecord, JobRecord, JobStore, KeyRecord, NodeRecord, OrgRecord, PostgresStore,
+    ControlStore, FileRecord, JobPoll, JobRecord, JobStore, KeyRecord, NodeRecord, OrgRecord, PostgresStore,
     PriceChange, PriceOverride, PriceTarget, ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore,
     StoreError,
 };
@@ -178,8 +178,8 @@ suite!(
     the_audit_log_is_filtered_and_paged,
     jobs_and_files_are_recorded_once,
     the_book_holds_pending_and_recent_jobs_recent_files_and_spend_by_day,
-    due_jobs_come_most_overdue_first_within_the_limit,
-    polls_are_counted_without_a_version_bump,
+    one_poller_holds_the_lease_until_it_lapses,
+    polls_are_recorded_without_a_version_bump,
     a_job_settles_once_with_its_receipts,
     a_settlement_that_fails_writes_nothing,
     concurrent_settlements_settle_once,
@@ -1629,58 +1629,44 @@ fn the_book_holds_pending_and_recent_jobs_recent_files_and_spend_by_day(db: &imp
     assert_eq!(store.job_book(Timestamp(0), Timestamp(0), i64::MAX).expect("book").spend, vec![]);
 }
 
-fn due_jobs_come_most_overdue_first_within_the_limit(db: &impl Backend) {
-    let store = db.open();
-    let due = |id: &str, provider: &str, next_poll_at: i64| JobRecord {
-        next_poll_at: Timestamp(next_poll_at),
-        ..job("org_a", provider, id, "key_a", 1)
+fn one_poller_holds_the_lease_until_it_lapses(db: &impl Backend) {
+    let (first, second) = (db.open(), db.open());
+    let lease = |store: &_, holder: &str, now: i64, until: i64| {
+        JobStore::poller_lease(store, holder, Timestamp(now), Timestamp(until)).expect("lease")
     };
-    let settled =
-        JobRecord { settled_at: Some(Timestamp(2)), cost: Some(Nanos(1)), ..due("batch_s", "openai", 50) };
-    let jobs = [
-        due("batch_c", "openai", 300),
-        due("batch_a", "openai", 100),
-        due("batch_b", "openai", 200),
-        due("batch_b", "anthropic", 200),
-        due("batch_d", "openai", 401),
-        settled,
-    ];
-    store.record_jobs(&jobs, &[]).expect("record");
-    let ids = |now: i64, limit: u32| job_ids(&store.due_jobs(Timestamp(now), limit).expect("due"));
-    assert_eq!(
-        ids(400, 10),
-        ["org_a/openai/batch_a", "org_a/anthropic/batch_b", "org_a/openai/batch_b", "org_a/openai/batch_c"]
-    );
-    assert_eq!(ids(400, 2), ["org_a/openai/batch_a", "org_a/anthropic/batch_b"]);
-    assert_eq!(ids(300, 10).len(), 4, "due at its time");
-    assert!(ids(99, 10).is_empty());
-    assert!(ids(i64::MAX, 0).is_empty());
-    // A poller with a shorter interval brings the later polls forward, and only those.
-    let version = store.jobs_version().expect("version");
-    assert_eq!(store.poll_by(Timestamp(250)).expect("moved"), 2, "batch_c and batch_d, not the settled one");
-    assert_eq!(ids(250, 10).len(), 6 - 1);
-    assert_eq!(store.jobs_version().expect("version"), version);
+    assert!(lease(&first, "replica-a", 1_000, 6_000), "free: taken");
+    assert!(lease(&first, "replica-a", 2_000, 7_000), "renewed by its holder");
+    assert!(!lease(&second, "replica-b", 6_999, 12_000), "held by another until it lapses");
+    assert!(lease(&second, "replica-b", 7_000, 12_000), "lapsed: taken over");
+    assert!(!lease(&first, "replica-a", 8_000, 13_000), "the first holder lost it");
+    let version = first.jobs_version().expect("version");
+    assert!(lease(&second, "replica-b", 11_000, 16_000));
+    assert_eq!(first.jobs_version().expect("version"), version, "the lease is not in the book");
 }
 
-fn polls_are_counted_without_a_version_bump(db: &impl Backend) {
+fn polls_are_recorded_without_a_version_bump(db: &impl Backend) {
     let store = db.open();
     let a = job("org_a", "openai", "batch_a", "key_a", 1);
     store.record_jobs(std::slice::from_ref(&a), &[]).expect("record");
     let version = store.jobs_version().expect("version");
+    let poll = |polls: u32, next: i64, error: Option<&'static str>| JobPoll {
+        org_id: &a.org_id,
+        provider: &a.provider,
+        job_id: &a.job_id,
+        polls,
+        next_poll_at: Timestamp(next),
+        error,
+    };
 
-    store
-        .job_polled(&a.org_id, &a.provider, &a.job_id, Timestamp(5_000), Some("provider said 502"))
-        .expect("polled");
+    store.job_polled(&poll(3, 5_000, Some("provider said 502"))).expect("polled");
     let polled = stored(&store, &a).expect("job");
-    assert_eq!((polled.polls, polled.next_poll_at), (1, Timestamp(5_000)));
+    assert_eq!((polled.polls, polled.next_poll_at), (3, Timestamp(5_000)));
     assert_eq!(polled.last_error.as_deref(), Some("provider said 502"));
-    store.job_polled(&a.org_id, &a.provider, &a.job_id, Timestamp(9_000), None).expect("polled");
+    store.job_polled(&poll(4, 9_000, None)).expect("polled");
     let polled = stored(&store, &a).expect("job");
-    assert_eq!(polled, JobRecord { polls: 2, next_poll_at: Timestamp(9_000), last_error: None, ..a.clone() });
-    assert!(store.due_jobs(Timestamp(8_999), 10).expect("due").is_empty(), "not due before its next poll");
-    assert_eq!(store.due_jobs(Timestamp(9_000), 10).expect("due"), vec![polled]);
+    assert_eq!(polled, JobRecord { polls: 4, next_poll_at: Timestamp(9_000), last_error: None, ..a.clone() });
 
-    let unknown = store.job_polled(&a.org_id, "azure", &a.job_id, Timestamp(1), None);
+    let unknown = store.job_polled(&JobPoll { provider: "azure", ..poll(1, 1, None) });
     assert!(matches!(unknown, Err(StoreError::NotFound)), "{unknown:?}");
     assert_eq!(store.jobs_version().expect("version"), version, "polls are not in the book");
 }
@@ -1740,7 +1726,8 @@ fn a_settlement_that_fails_writes_nothing(db: &impl Backend) {
     assert_eq!(store.spend(&org, None, Timestamp(0), Timestamp(10 * DAY)).expect("spend"), Nanos(0));
     assert_eq!(store.spend_summary(&org, None, None, None).expect("summary"), vec![]);
     assert_eq!(store.jobs_version().expect("version"), version);
-    assert_eq!(store.due_jobs(a.next_poll_at, 10).expect("due"), vec![a.clone()], "polled again");
+    let pending = store.job_book(Timestamp(0), Timestamp(0), 0).expect("book").jobs;
+    assert_eq!(pending, vec![a.clone()], "pending, to be polled again");
 
     let retried = [settling_receipt("rcpt_ok", &a, 10), settling_receipt("rcpt_other", &a, 20)];
     assert!(settle(&store, &a, 30, 8_000, &retried).expect("settle"));
@@ -1915,7 +1902,15 @@ fn jobs_survive_reopening_and_are_shared_between_stores(db: &impl Backend) {
         assert!(settle(&second, &a, 8, 2_000, &[settling_receipt("rcpt_s", &a, 8)]).expect("settle"));
         assert_eq!(first.jobs_version().expect("version"), 2);
         assert!(!settle(&first, &a, 8, 3_000, &[]).expect("settled on the other store"));
-        first.job_polled(&b.org_id, &b.provider, &b.job_id, Timestamp(4_000), None).expect("polled");
+        let poll = JobPoll {
+            org_id: &b.org_id,
+            provider: &b.provider,
+            job_id: &b.job_id,
+            polls: 1,
+            next_poll_at: Timestamp(4_000),
+            error: None,
+        };
+        first.job_polled(&poll).expect("polled");
     }
     let reopened = db.open();
     assert_eq!(reopened.jobs_version().expect("version"), 2);

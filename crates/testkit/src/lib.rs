@@ -34,7 +34,7 @@
 //! | `POST /v1/messages/batches`, `GET /v1/messages/batches`, `GET /v1/messages/batches/{id}`, `POST .../{id}/cancel`, `GET .../{id}/results`, `DELETE .../{id}` | an Anthropic `message_batch`; the list (`data`, `has_more`, `first_id`, `last_id`); its results as JSONL (`application/x-jsonl`, 404 before it ended); `{"id","type":"message_batch_deleted"}` (400 while processing) |
 //! | `POST /v1beta/models/{model}:batchGenerateContent`, `GET /v1beta/batches`, `GET /v1beta/batches/{n}`, `POST /v1beta/batches/{n}:cancel`, `DELETE /v1beta/batches/{n}` | a Gemini batch operation; `{"operations":[...]}`; the operation; `{}`; `{}` |
 //! | `GET /v1/realtime?model=M`, `/openai/v1/realtime?model=M`, `/openai/realtime?api-version=V&deployment=D`, with a WebSocket upgrade | a Realtime session (see [Realtime](#realtime)) |
-//! | `GET /__mock/requests` | the log: `[{"method","path","headers":[[name,value],...],"body":"<lossy UTF-8>"}]` |
+//! | `GET /__mock/requests` | the log: `[{"method","path","headers":[[name,value],...],"body":"<lossy UTF-8>","at_ms"}]` (`at_ms`: when the head was read, milliseconds since the Unix epoch) |
 //! | `POST /__mock/script` | queue a [`Behaviour`] given as JSON; 204 |
 //! | `POST /__mock/reset` | clear the log, the script, the jobs, files and job settings, and the queued Realtime usages; restart request and job numbering; 204 (open Realtime sessions stay open) |
 //! | `GET /__mock/jobs` | every job, oldest first: `[{"id","kind","status","retrievals"}]` ([`JobInfo`]) |

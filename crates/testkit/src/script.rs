@@ -221,6 +221,8 @@ pub struct RecordedRequest {
     /// Every header, names in lower case, in the order received (repeated names grouped).
     pub headers: Vec<(String, String)>,
     pub body: Bytes,
+    /// When its head was read, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
 }
 
 impl RecordedRequest {
@@ -241,6 +243,7 @@ impl RecordedRequest {
             path: &self.path,
             headers: &self.headers,
             body: String::from_utf8_lossy(&self.body),
+            at_ms: self.at_ms,
         }
     }
 }
@@ -251,6 +254,7 @@ pub(crate) struct WireRequest<'a> {
     path: &'a str,
     headers: &'a [(String, String)],
     body: Cow<'a, str>,
+    at_ms: u64,
 }
 
 /// A request as stored, in owned copies: hyper's header values and body chunks are slices of its
@@ -261,6 +265,7 @@ struct Entry {
     /// `name:value\n` per header; neither part can hold a newline, nor a name a colon.
     headers: String,
     body: Bytes,
+    at_ms: u64,
 }
 
 impl Entry {
@@ -278,6 +283,9 @@ impl Entry {
             path: path.to_owned(),
             headers: packed,
             body: Bytes::copy_from_slice(body),
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX)),
         }
     }
 
@@ -293,6 +301,7 @@ impl Entry {
             path: self.path.clone(),
             headers,
             body: self.body.clone(),
+            at_ms: self.at_ms,
         }
     }
 }

@@ -2,14 +2,16 @@
 //! same provider client as the nodes (roots, private CA, egress proxy, HTTP/2), until it ends;
 //! then its results are read line by line and it is settled once from the provider's own usage.
 //!
-//! Polls are spaced per credential ([`PER_CREDENTIAL`]), whatever the number of jobs it has:
-//! many pending jobs of one organization stretch the time between two polls of each, never the
-//! rate at which its provider account is asked. A job is claimed (its next poll pushed back)
-//! before it is polled, so that replicas sharing the store rarely poll it twice, and settling it
-//! twice writes nothing the second time.
+//! One control plane polls at a time: the holder of a lease in the store (renewed every
+//! [`LEASE_RENEW`]), so that a credential's rate holds however many replicas share the store. It
+//! schedules in memory ([`PollSchedule`]): each credential is polled at most once per
+//! [`PER_CREDENTIAL`], whatever the number of its jobs, and a poll that finds the job still running
+//! writes nothing. The store hears of a poll only when it failed, or succeeded after failing,
+//! and of the job when it is settled (with its receipts, in one transaction: settling it twice
+//! writes nothing the second time).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -17,30 +19,34 @@ use http::{HeaderMap, HeaderValue, Request, Uri};
 use http_body_util::BodyExt;
 use recovea_core::crypto::provider_key_context;
 use recovea_core::jobs::EndedJob;
+use recovea_core::jobs::schedule::{Due, PollSchedule, Polled};
 use recovea_core::receipt::SerializedReceipt;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::Usage;
 use recovea_providers::headers;
 use recovea_providers::jobs::{JobState, LineUsage, Results, job_state, poll_path, result_line};
-use recovea_store::JobRecord;
+use recovea_store::{JobPoll, JobRecord};
 use recovea_upstream::Upstream;
+use tokio::sync::mpsc;
 
 use crate::Control;
 use crate::alerts::Alerts;
 
 /// The least time between two polls through one credential: at most five a second.
 pub const PER_CREDENTIAL: Duration = Duration::from_millis(200);
-/// How many due jobs one round looks at.
-const DUE_BATCH: u32 = 1000;
 /// How many polls run at once.
 const IN_FLIGHT: usize = 32;
 /// How long a poll waits for the provider's answer head.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// The largest status answer read, and the longest results line kept (a longer one is skipped).
 const MAX_ANSWER: usize = 16 << 20;
-/// After a failed poll, the next waits this much longer each time, up to [`MAX_BACKOFF`].
-const MAX_BACKOFF: Duration = Duration::from_secs(15 * 60);
+/// How long the poller's lease runs, and how often its holder renews it: a replica that dies
+/// leaves the polling to another within a lease.
+const LEASE: Duration = Duration::from_secs(15);
+const LEASE_RENEW: Duration = Duration::from_secs(5);
+/// How long an opened credential is kept: a key changed in the admin API is used within this.
+const CREDENTIAL_KEPT: Duration = Duration::from_secs(60);
 /// The `node_id` of the receipts that settle jobs.
 const SETTLER: &str = "jobs";
 
@@ -76,105 +82,190 @@ pub struct PollerSettings {
 /// Why one poll failed: for the job's `last_error` and the log, never a secret.
 type PollError = String;
 
+/// Credentials opened for polls, by organization and name, with when they were opened.
+type Credentials = Mutex<HashMap<(String, String), (Instant, Arc<Credential>)>>;
+
+/// What the poller's tasks share.
+struct Poller {
+    settings: PollerSettings,
+    credentials: Credentials,
+    /// The poller's own clock, in milliseconds: the schedule's.
+    epoch: Instant,
+}
+
+impl Poller {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
 impl Control {
-    /// Polls the due jobs until `shutdown`: every `interval` (and at least every second) it takes
-    /// the jobs whose next poll has come, spaced per credential, and settles those that ended.
+    /// Polls the pending jobs until `shutdown`, while this control plane holds the poller's lease:
+    /// every [`PER_CREDENTIAL`] it starts the polls that are due, one per credential at most.
     pub async fn poll_jobs(self, settings: PollerSettings, shutdown: impl std::future::Future<Output = ()>) {
         let Some(jobs) = self.inner.jobs.get().cloned() else { return };
-        let settings = Arc::new(settings);
-        // Jobs a poller with a longer interval scheduled (before a restart) are due within this one's.
-        let store = Arc::clone(jobs.store());
-        let latest = Timestamp(now().0.saturating_add(millis(settings.interval)));
-        if let Err(e) = self.off_thread(move || store.poll_by(latest)).await {
-            tracing::warn!(error = ?e, "bringing the jobs' polls forward failed");
-        }
+        let holder =
+            crate::random::token("poller_", 16).unwrap_or_else(|_| format!("poller_{}", std::process::id()));
+        let poller = Arc::new(Poller { settings, credentials: Mutex::default(), epoch: Instant::now() });
+        let interval_ms = u64::try_from(poller.settings.interval.as_millis()).unwrap_or(u64::MAX);
+        let spacing_ms = u64::try_from(PER_CREDENTIAL.as_millis()).unwrap_or(200);
+        let mut schedule: PollSchedule<JobRecord> = PollSchedule::new(spacing_ms);
+        let (polled_tx, mut polled_rx) = mpsc::unbounded_channel::<(String, Polled)>();
+        let mut in_flight = 0_usize;
+        let mut synced: Option<u64> = None;
+        let mut leased: Option<(Instant, bool)> = None;
         tokio::pin!(shutdown);
-        let mut last_poll: HashMap<(String, String), Instant> = HashMap::new();
-        let mut round = tokio::time::interval(settings.interval.min(Duration::from_secs(1)));
-        round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let permits = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+        let mut ticks = tokio::time::interval(PER_CREDENTIAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut running = tokio::task::JoinSet::new();
         loop {
             tokio::select! {
-                _ = round.tick() => {}
+                _ = ticks.tick() => {}
+                Some((key, polled)) = polled_rx.recv() => {
+                    in_flight -= 1;
+                    schedule.polled(&key, polled, poller.now_ms(), interval_ms);
+                    continue;
+                }
                 () = &mut shutdown => break,
             }
             while running.try_join_next().is_some() {}
-            let store = Arc::clone(jobs.store());
-            let due = match self.off_thread(move || store.due_jobs(now(), DUE_BATCH)).await {
-                Ok(due) => due,
-                Err(e) => {
-                    tracing::warn!(error = ?e, "reading the jobs due for a poll failed");
-                    continue;
+            if leased.is_none_or(|(at, _)| at.elapsed() >= LEASE_RENEW) {
+                let holding = self.lease(&holder, LEASE).await;
+                if !holding {
+                    // Another replica polls: forget the schedule, take it up again from the
+                    // store's records if the lease comes back.
+                    schedule = PollSchedule::new(spacing_ms);
+                    synced = None;
                 }
-            };
-            last_poll.retain(|_, at| at.elapsed() < PER_CREDENTIAL);
-            for job in due {
-                let credential = (job.org_id.to_string(), job.provider.clone());
-                if last_poll.contains_key(&credential) {
-                    continue;
-                }
-                last_poll.insert(credential, Instant::now());
-                let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { break };
-                let (control, settings) = (self.clone(), Arc::clone(&settings));
+                leased = Some((Instant::now(), holding));
+            }
+            if leased.is_some_and(|(_, holding)| !holding) {
+                continue;
+            }
+            let (seq, pending) = jobs.pending_jobs();
+            if synced != Some(seq) {
+                let (now_ms, wall) = (poller.now_ms(), now());
+                schedule.sync(pending.iter().map(|job| {
+                    // A job new to this poller is due when its record says, within one interval.
+                    let wait = u64::try_from(job.next_poll_at.0.saturating_sub(wall.0)).unwrap_or(0);
+                    let due = now_ms.saturating_add(wait.min(interval_ms));
+                    (
+                        recovea_core::jobs::book_key(job.org_id.as_str(), &job.provider, &job.job_id),
+                        credential_key(job),
+                        due,
+                        job.clone(),
+                    )
+                }));
+                synced = Some(seq);
+            }
+            for due in schedule.take_due(poller.now_ms(), IN_FLIGHT - in_flight) {
+                in_flight += 1;
+                let (control, poller, polled_tx) = (self.clone(), Arc::clone(&poller), polled_tx.clone());
                 running.spawn(async move {
-                    control.poll_one(&settings, job).await;
-                    drop(permit);
+                    let key = due.key.clone();
+                    let polled = control.poll_one(&poller, due).await;
+                    let _ = polled_tx.send((key, polled));
                 });
             }
         }
         running.abort_all();
+        if leased.is_some_and(|(_, holding)| holding) {
+            // Stopping: another replica (or this one restarted) may poll at once.
+            self.lease(&holder, Duration::ZERO).await;
+        }
     }
 
-    /// Claims, polls and (when it ended) settles one job; a failure is recorded on it, and its
-    /// next poll waits the longer the more it failed.
-    async fn poll_one(&self, settings: &PollerSettings, job: JobRecord) {
-        let Some(jobs) = self.inner.jobs.get() else { return };
-        let claim = Timestamp(now().0.saturating_add(millis(settings.interval)));
-        if self.record_poll(&job, claim, None).await.is_err() {
-            return;
+    /// Takes or renews the poller's lease for `lasting` (zero: gives it up); `false` when another
+    /// replica holds it, or the store did not answer (then nobody may be polling for a while,
+    /// rather than two at once).
+    async fn lease(&self, holder: &str, lasting: Duration) -> bool {
+        let Some(jobs) = self.inner.jobs.get() else { return false };
+        let store = Arc::clone(jobs.store());
+        let holder = holder.to_owned();
+        let now = now();
+        let until = Timestamp(now.0.saturating_add(millis(lasting)));
+        match self.off_thread(move || store.poller_lease(&holder, now, until)).await {
+            Ok(holding) => holding,
+            Err(e) => {
+                tracing::warn!(error = ?e, "renewing the job poller's lease failed");
+                false
+            }
         }
+    }
+
+    /// Polls one job and (when it ended) settles it; a failure is recorded on it, for operators.
+    async fn poll_one(&self, poller: &Poller, due: Due<JobRecord>) -> Polled {
+        let Some(jobs) = self.inner.jobs.get() else { return Polled::Failed };
+        let job = &due.job;
         self.inner.metrics.job_polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        match self.poll(settings, &job).await {
-            Ok(None) => {}
-            Ok(Some(ran)) => match self.settle(settings, &job, &ran).await {
-                Ok(true) => {
+        let outcome = match self.poll(poller, job).await {
+            Ok(None) => Ok(Polled::Running),
+            Ok(Some((kind, ran))) => self.settle(&poller.settings, job, kind, &ran).await.map(|settled| {
+                if settled {
                     self.inner.metrics.jobs_settled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if let Err(e) = jobs.refresh().await {
-                        tracing::warn!(error = %e, "reading the book of jobs after a settlement failed");
-                    }
                 }
-                Ok(false) => {}
-                Err(error) => self.poll_failed(&job, &error).await,
-            },
-            Err(error) => self.poll_failed(&job, &error).await,
+                Polled::Ended
+            }),
+            Err(error) => Err(error),
+        };
+        let polls = job.polls.saturating_add(due.polls);
+        match outcome {
+            Ok(Polled::Ended) => {
+                if let Err(e) = jobs.refresh().await {
+                    tracing::warn!(error = %e, "reading the book of jobs after a settlement failed");
+                }
+                Polled::Ended
+            }
+            Ok(polled) => {
+                // Recovered: the store's record of the failure goes.
+                if due.failures > 0 || job.last_error.is_some() {
+                    let next = Timestamp(now().0.saturating_add(millis(poller.settings.interval)));
+                    self.record_poll(job, polls, next, None).await;
+                }
+                polled
+            }
+            Err(error) => {
+                self.inner.metrics.job_poll_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(org_id = %job.org_id, provider = %job.provider, job_id = %job.job_id, error, "polling a job failed");
+                let backoff = recovea_core::jobs::schedule::backoff_ms(due.failures.saturating_add(1));
+                let next = Timestamp(now().0.saturating_add(i64::try_from(backoff).unwrap_or(i64::MAX)));
+                self.record_poll(job, polls, next, Some(error)).await;
+                Polled::Failed
+            }
         }
     }
 
-    async fn poll_failed(&self, job: &JobRecord, error: &str) {
-        self.inner.metrics.job_poll_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::warn!(org_id = %job.org_id, provider = %job.provider, job_id = %job.job_id, error, "polling a job failed");
-        let backoff = Duration::from_secs(2_u64.saturating_pow(job.polls.min(20))).min(MAX_BACKOFF);
-        let next = Timestamp(now().0.saturating_add(millis(backoff)));
-        let _ = self.record_poll(job, next, Some(error.to_owned())).await;
-    }
-
-    async fn record_poll(&self, job: &JobRecord, next: Timestamp, error: Option<String>) -> Result<(), ()> {
-        let Some(jobs) = self.inner.jobs.get() else { return Err(()) };
+    async fn record_poll(&self, job: &JobRecord, polls: u32, next: Timestamp, error: Option<String>) {
+        let Some(jobs) = self.inner.jobs.get() else { return };
         let store = Arc::clone(jobs.store());
         let (org, provider, id) = (job.org_id.clone(), job.provider.clone(), job.job_id.clone());
-        self.off_thread(move || store.job_polled(&org, &provider, &id, next, error.as_deref()))
-            .await
-            .map_err(|e| tracing::warn!(error = ?e, "recording a job's poll failed"))
+        let written = self
+            .off_thread(move || {
+                let poll = JobPoll {
+                    org_id: &org,
+                    provider: &provider,
+                    job_id: &id,
+                    polls,
+                    next_poll_at: next,
+                    error: error.as_deref(),
+                };
+                store.job_polled(&poll)
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(error = ?e, "recording a job's poll failed");
+        }
     }
 
-    /// The job's usage by model once it ended; `None` while it runs.
+    /// The job's usage by model once it ended (with the kind of credential it ran under); `None`
+    /// while it runs.
     async fn poll(
         &self,
-        settings: &PollerSettings,
+        poller: &Poller,
         job: &JobRecord,
-    ) -> Result<Option<BTreeMap<Option<String>, Usage>>, PollError> {
-        let credential = self.credential(settings, job).await?;
+    ) -> Result<Option<(ProviderKind, BTreeMap<Option<String>, Usage>)>, PollError> {
+        let settings = &poller.settings;
+        let credential = self.credential(poller, job).await?;
         let path = poll_path(job.kind, credential.kind, &job.job_id);
         let answer = credential.get(settings, &path).await?;
         let body = read_whole(answer).await?;
@@ -200,7 +291,7 @@ impl Control {
             }
         }
         tracing::info!(org_id = %job.org_id, job_id = %job.job_id, ended = %how, models = ran.len(), "a job ended");
-        Ok(Some(ran))
+        Ok(Some((credential.kind, ran)))
     }
 
     /// Writes the job's settlement: its receipts and its cost, once.
@@ -208,11 +299,11 @@ impl Control {
         &self,
         settings: &PollerSettings,
         job: &JobRecord,
+        provider_kind: ProviderKind,
         ran: &BTreeMap<Option<String>, Usage>,
     ) -> Result<bool, PollError> {
         let Some(jobs) = self.inner.jobs.get() else { return Ok(false) };
         let prices = self.inner.prices.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0.clone();
-        let provider_kind = self.credential_kind(job).await.unwrap_or(ProviderKind::OpenAi);
         let ended = EndedJob {
             kind: job.kind,
             provider_kind,
@@ -247,14 +338,32 @@ impl Control {
         Ok(settled)
     }
 
-    async fn credential_kind(&self, job: &JobRecord) -> Option<ProviderKind> {
-        let (org, name) = (job.org_id.clone(), job.provider.clone());
-        let providers = self.store(move |s| s.list_providers(&org)).await.ok()?;
-        providers.into_iter().find(|p| p.name == name).map(|p| p.kind)
+    /// The organization's credential the job was created through, opened (kept for
+    /// [`CREDENTIAL_KEPT`], so that a credential's polls open its key once a minute at most).
+    async fn credential(&self, poller: &Poller, job: &JobRecord) -> Result<Arc<Credential>, PollError> {
+        let name = (job.org_id.to_string(), job.provider.clone());
+        let kept = |credentials: &Credentials| {
+            let credentials = credentials.lock().unwrap_or_else(PoisonError::into_inner);
+            credentials
+                .get(&name)
+                .filter(|(at, _)| at.elapsed() < CREDENTIAL_KEPT)
+                .map(|(_, c)| Arc::clone(c))
+        };
+        if let Some(credential) = kept(&poller.credentials) {
+            return Ok(credential);
+        }
+        let credential = Arc::new(self.open_credential(&poller.settings, job).await?);
+        let mut credentials = poller.credentials.lock().unwrap_or_else(PoisonError::into_inner);
+        credentials.retain(|_, (at, _)| at.elapsed() < CREDENTIAL_KEPT);
+        credentials.insert(name, (Instant::now(), Arc::clone(&credential)));
+        Ok(credential)
     }
 
-    /// The organization's credential the job was created through, opened.
-    async fn credential(&self, settings: &PollerSettings, job: &JobRecord) -> Result<Credential, PollError> {
+    async fn open_credential(
+        &self,
+        settings: &PollerSettings,
+        job: &JobRecord,
+    ) -> Result<Credential, PollError> {
         let (org, name) = (job.org_id.clone(), job.provider.clone());
         let providers = self.store(move |s| s.list_providers(&org)).await.map_err(|e| format!("{e:?}"))?;
         let record = providers
@@ -275,6 +384,11 @@ impl Control {
         };
         Ok(Credential { kind: record.kind, base_url, key })
     }
+}
+
+/// The schedule's name of the credential a job is polled through.
+fn credential_key(job: &JobRecord) -> String {
+    format!("{}/{}", job.org_id, job.provider)
 }
 
 /// A credential as the poller uses it. Its key never leaves it but in the provider's auth header.

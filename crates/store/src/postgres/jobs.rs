@@ -8,7 +8,7 @@ use recovea_core::timestamp::Timestamp;
 
 use super::{PostgresStore, backend, ledger, select, select_optional};
 use crate::rows::{self, Columns, FILE_COLUMNS, JOB_COLUMNS};
-use crate::{BookRows, FileRecord, JobRecord, JobStore, Result, StoreError};
+use crate::{BookRows, FileRecord, JobPoll, JobRecord, JobStore, Result, StoreError};
 
 impl JobStore for PostgresStore {
     fn record_jobs(&self, jobs: &[JobRecord], files: &[FileRecord]) -> Result<bool> {
@@ -139,32 +139,20 @@ impl JobStore for PostgresStore {
         Ok(BookRows { jobs, files, spend })
     }
 
-    fn due_jobs(&self, now: Timestamp, limit: u32) -> Result<Vec<JobRecord>> {
-        select(
-            &mut *self.client()?,
-            &format!(
-                "SELECT {JOB_COLUMNS} FROM jobs WHERE settled_at IS NULL AND next_poll_at <= $1
-                 ORDER BY next_poll_at, org_id, provider, job_id LIMIT $2"
-            ),
-            &[&now.0, &i64::from(limit)],
-            rows::job,
-        )
-    }
-
-    fn job_polled(
-        &self,
-        org: &OrgId,
-        provider: &str,
-        job_id: &str,
-        next_poll_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<()> {
+    fn job_polled(&self, poll: &JobPoll<'_>) -> Result<()> {
         let changed = self
             .client()?
             .execute(
-                "UPDATE jobs SET polls = polls + 1, next_poll_at = $4, last_error = $5
+                "UPDATE jobs SET polls = $4, next_poll_at = $5, last_error = $6
                  WHERE org_id = $1 AND provider = $2 AND job_id = $3",
-                &[&org.as_str(), &provider, &job_id, &next_poll_at.0, &error],
+                &[
+                    &poll.org_id.as_str(),
+                    &poll.provider,
+                    &poll.job_id,
+                    &i64::from(poll.polls),
+                    &poll.next_poll_at.0,
+                    &poll.error,
+                ],
             )
             .map_err(backend)?;
         if changed == 0 {
@@ -173,13 +161,17 @@ impl JobStore for PostgresStore {
         Ok(())
     }
 
-    fn poll_by(&self, latest: Timestamp) -> Result<u64> {
-        self.client()?
+    fn poller_lease(&self, holder: &str, now: Timestamp, until: Timestamp) -> Result<bool> {
+        let granted = self
+            .client()?
             .execute(
-                "UPDATE jobs SET next_poll_at = $1 WHERE settled_at IS NULL AND next_poll_at > $1",
-                &[&latest.0],
+                "INSERT INTO job_poller (id, holder, lease_until) VALUES (1, $1, $3)
+                 ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, lease_until = excluded.lease_until
+                 WHERE job_poller.holder = excluded.holder OR job_poller.lease_until <= $2",
+                &[&holder, &now.0, &until.0],
             )
-            .map_err(backend)
+            .map_err(backend)?;
+        Ok(granted > 0)
     }
 
     fn settle_job(

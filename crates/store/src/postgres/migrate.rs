@@ -202,7 +202,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // replicas poll. Keyed by organization, credential and the provider's id (unique within one
     // provider account only). Receipts keep their job fields in their JSON body. The book's
     // settled spend by day reads its own index alone; an organization's jobs are listed newest
-    // first in the order of theirs.
+    // first in the order of theirs. `job_poller` holds the one poller's lease.
     r#"
     CREATE TABLE jobs (
         org_id TEXT COLLATE "C" NOT NULL,
@@ -238,6 +238,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX batch_files_by_time ON batch_files(created_at);
     CREATE TABLE jobs_version (id INTEGER PRIMARY KEY CHECK (id = 1), version BIGINT NOT NULL);
     INSERT INTO jobs_version VALUES (1, 0);
+    CREATE TABLE job_poller (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        lease_until BIGINT NOT NULL
+    );
 "#,
 ];
 

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::{SqliteStore, backend, ledger, select, select_optional};
 use crate::rows::{self, FILE_COLUMNS, JOB_COLUMNS};
-use crate::{BookRows, FileRecord, JobRecord, JobStore, Result, StoreError};
+use crate::{BookRows, FileRecord, JobPoll, JobRecord, JobStore, Result, StoreError};
 
 impl JobStore for SqliteStore {
     fn record_jobs(&self, jobs: &[JobRecord], files: &[FileRecord]) -> Result<bool> {
@@ -115,32 +115,20 @@ impl JobStore for SqliteStore {
         Ok(BookRows { jobs, files, spend })
     }
 
-    fn due_jobs(&self, now: Timestamp, limit: u32) -> Result<Vec<JobRecord>> {
-        select(
-            &self.conn(),
-            &format!(
-                "SELECT {JOB_COLUMNS} FROM jobs WHERE settled_at IS NULL AND next_poll_at <= ?1
-                 ORDER BY next_poll_at, org_id, provider, job_id LIMIT ?2"
-            ),
-            params![now.0, limit],
-            rows::job,
-        )
-    }
-
-    fn job_polled(
-        &self,
-        org: &OrgId,
-        provider: &str,
-        job_id: &str,
-        next_poll_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<()> {
+    fn job_polled(&self, poll: &JobPoll<'_>) -> Result<()> {
         let changed = self
             .conn()
             .execute(
-                "UPDATE jobs SET polls = polls + 1, next_poll_at = ?4, last_error = ?5
+                "UPDATE jobs SET polls = ?4, next_poll_at = ?5, last_error = ?6
                  WHERE org_id = ?1 AND provider = ?2 AND job_id = ?3",
-                params![org.as_str(), provider, job_id, next_poll_at.0, error],
+                params![
+                    poll.org_id.as_str(),
+                    poll.provider,
+                    poll.job_id,
+                    poll.polls,
+                    poll.next_poll_at.0,
+                    poll.error
+                ],
             )
             .map_err(backend)?;
         if changed == 0 {
@@ -149,15 +137,17 @@ impl JobStore for SqliteStore {
         Ok(())
     }
 
-    fn poll_by(&self, latest: Timestamp) -> Result<u64> {
-        let moved = self
+    fn poller_lease(&self, holder: &str, now: Timestamp, until: Timestamp) -> Result<bool> {
+        let granted = self
             .conn()
             .execute(
-                "UPDATE jobs SET next_poll_at = ?1 WHERE settled_at IS NULL AND next_poll_at > ?1",
-                params![latest.0],
+                "INSERT INTO job_poller (id, holder, lease_until) VALUES (1, ?1, ?3)
+                 ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, lease_until = excluded.lease_until
+                 WHERE job_poller.holder = excluded.holder OR job_poller.lease_until <= ?2",
+                params![holder, now.0, until.0],
             )
             .map_err(backend)?;
-        Ok(u64::try_from(moved).unwrap_or(u64::MAX))
+        Ok(granted > 0)
     }
 
     fn settle_job(

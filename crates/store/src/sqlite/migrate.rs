@@ -224,7 +224,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // to either bumps `jobs_version`, which replicas poll. Job rows are keyed by organization,
     // credential and the provider's id, as providers' ids are unique within one account only.
     // The book's settled spend by day reads its own index alone; an organization's jobs are
-    // listed newest first in the order of theirs.
+    // listed newest first in the order of theirs. `job_poller` holds the one poller's lease.
     r"
     ALTER TABLE receipts ADD COLUMN job_id TEXT;
     ALTER TABLE receipts ADD COLUMN held_nanos INTEGER;
@@ -266,6 +266,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX batch_files_by_time ON batch_files(created_at);
     CREATE TABLE jobs_version (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
     INSERT INTO jobs_version VALUES (1, 0);
+    CREATE TABLE job_poller (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        lease_until INTEGER NOT NULL
+    );
 ",
 ];
 
