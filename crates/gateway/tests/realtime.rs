@@ -34,14 +34,19 @@ const WS_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 type Ws = WebSocketStream<TcpStream>;
 
 async fn node(caps: Vec<Cap>) -> Harness {
+    node_with(caps, "openai", ProviderKind::OpenAi).await
+}
+
+/// A node whose organization's one credential is `name`, of `kind`, pointing at the mock.
+async fn node_with(caps: Vec<Cap>, name: &str, kind: ProviderKind) -> Harness {
     let mock = MockProvider::start().await;
     let config = GatewayConfig::new(support::settings(&mock.url())).expect("config");
     let org = OrgId::parse("org_acme").expect("id");
     let mut b = SnapshotBuilder::new(1);
     b.org(org.clone());
     let credential = ProviderCredential {
-        name: "openai".into(),
-        kind: ProviderKind::OpenAi,
+        name: name.into(),
+        kind,
         base_url: Some(mock.url()),
         api_key: "sk-managed-realtime".into(),
     };
@@ -246,4 +251,28 @@ async fn a_stopping_node_closes_its_sessions_going_away_and_bills_what_they_bega
     assert_eq!(next(&mut ws, "none").await, Err(Some(CloseCode::Away)), "closed with 1001");
     let receipts = h.receipts(1).await;
     assert_eq!(receipts[0].usage_source, UsageSource::Estimated, "the unfinished response");
+}
+
+#[tokio::test]
+async fn an_azure_realtime_session_goes_to_the_resource_with_its_key_and_is_metered() {
+    let h = node_with(Vec::new(), "azure", ProviderKind::AzureOpenAi).await;
+    h.mock.queue_realtime_usage([RealtimeUsage::text(1_000, 100).to_json()]);
+    let path = "/openai/realtime?api-version=2025-04-01-preview&deployment=gpt-realtime";
+    let (status, head, ws) = upgrade(&h, path).await;
+    assert_eq!(status, 101, "{head}");
+    let mut ws = ws.expect("a socket");
+    send(&mut ws, json!({"type": "response.create"})).await;
+    next(&mut ws, "response.done").await.expect("a response");
+    ws.close(None).await.expect("close");
+    let receipts = h.receipts(1).await;
+    assert_eq!(
+        (receipts[0].endpoint.as_str(), receipts[0].provider.as_str(), receipts[0].model.as_deref()),
+        ("/openai/realtime", "azure", Some("gpt-realtime"))
+    );
+    // gpt-realtime's text prices: 1,000 in at $4, 100 out at $16 per million.
+    assert_eq!(receipts[0].cost_usd, Nanos(1_000 * 4_000 + 100 * 16_000));
+    let upgrade = h.mock.requests().into_iter().find(|r| r.method == "GET").expect("the upgrade");
+    assert_eq!(upgrade.path, path);
+    assert_eq!(upgrade.header("api-key"), Some("sk-managed-realtime"));
+    assert!(!upgrade.headers.iter().any(|(_, v)| v.contains("rk_")));
 }
