@@ -187,6 +187,9 @@ impl Session {
         let mut client_buf = vec![0u8; READ_BYTES];
         let mut provider_buf = vec![0u8; READ_BYTES];
         let mut ended = self.provider_bytes(&mut from_provider, &early, &mut client_write).await;
+        // What came with the provider's switch is a slice of the buffer its head was read into:
+        // not kept for the session's life.
+        drop(early);
         while ended.is_none() {
             ended = tokio::select! {
                 read = client_read.read(&mut client_buf) => match read {
@@ -248,7 +251,9 @@ impl Session {
         None
     }
 
-    /// The provider's bytes: passed on as they come, its events read beside.
+    /// The provider's bytes: passed on as they come, its events read beside. A response's
+    /// receipt is on disk before the bytes that end its `response.done` reach the client, as an
+    /// answer's is before its last bytes.
     async fn provider_bytes<W: AsyncWrite + Unpin>(
         &mut self,
         side: &mut ProviderSide,
@@ -259,9 +264,10 @@ impl Session {
             return None;
         }
         let mut events = Vec::new();
-        if side.read(bytes, &mut events).is_err() || client.write_all(bytes).await.is_err() {
+        if side.read(bytes, &mut events).is_err() {
             return Some(Ended::Closed);
         }
+        let mut done = false;
         for event in events {
             match event {
                 ServerEvent::ResponseCreated => {
@@ -269,12 +275,8 @@ impl Session {
                     self.begun.push_back(held);
                 }
                 ServerEvent::ResponseDone { usage } => {
-                    self.response_done(usage);
-                    if self.auto_responses
-                        && let Some(refusal) = self.at_line()
-                    {
-                        return Some(Ended::Cut(refusal));
-                    }
+                    self.response_done(usage).await;
+                    done = true;
                 }
                 // A refused `response.create` makes no response: its reservation goes.
                 ServerEvent::Error => drop(self.asked.pop_front()),
@@ -286,6 +288,16 @@ impl Session {
                 }
                 ServerEvent::Other => {}
             }
+        }
+        if client.write_all(bytes).await.is_err() {
+            return Some(Ended::Closed);
+        }
+        // A server that answers by itself is cut once a response took its cap to the line.
+        if done
+            && self.auto_responses
+            && let Some(refusal) = self.at_line()
+        {
+            return Some(Ended::Cut(refusal));
         }
         None
     }
@@ -331,8 +343,8 @@ impl Session {
         .filter(|refusal| matches!(refusal, CapRefusal::Exceeded { .. }))
     }
 
-    /// A response ended: its receipt, which settles its reservation.
-    fn response_done(&mut self, usage: Option<Usage>) {
+    /// A response ended: its receipt, which settles its reservation, written.
+    async fn response_done(&mut self, usage: Option<Usage>) {
         let held = self
             .begun
             .pop_front()
@@ -350,7 +362,7 @@ impl Session {
         self.responses += 1;
         let tapped = Tapped { usage, model: self.facts.model.clone(), ..Tapped::default() };
         let metered = self.metered(Some(self.responses), held);
-        self.shared.meter.record(&self.shared.metrics, metered, 200, tapped);
+        self.shared.meter.record_grouped(&self.shared.metrics, metered, 200, tapped).await;
     }
 
     /// The receipt of response `n` (`None`: of a session that made none).

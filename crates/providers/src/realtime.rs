@@ -28,20 +28,47 @@ const MATTERING: [&str; 5] =
     ["response.done", "response.created", "error", "session.created", "session.updated"];
 
 /// Whether a server message may be one [`server_event`] reads, from its start: `false` only when
-/// it opens with a `type` (its first member, as the providers write events) that is none of those,
-/// so that the relay can let an audio delta, the bulk of a session, go by unread.
+/// its `type` (its first member, or one after a few members of plain scalar values such as
+/// `event_id`, as the providers write events) is none of those, so that the relay can let an audio
+/// delta, the bulk of a session, go by unread.
 pub fn may_matter(head: &[u8]) -> bool {
     leading_type(head).is_none_or(|kind| MATTERING.contains(&kind))
 }
 
-/// The event's type when it is the object's first member (`{"type":"...",`), read from its start.
+/// How many members before `type` the sniff reads past.
+const MEMBERS_BEFORE_TYPE: usize = 3;
+
+/// The event's type when the object names it early (`{"type":"...",` or `{"event_id":"...",
+/// "type":"...",`), read from its start.
 fn leading_type(head: &[u8]) -> Option<&str> {
-    let rest = skip_space(head.strip_prefix(b"{")?);
-    let rest = skip_space(rest.strip_prefix(b"\"type\"")?);
-    let rest = skip_space(rest.strip_prefix(b":")?);
-    let rest = rest.strip_prefix(b"\"")?;
+    let mut rest = skip_space(head.strip_prefix(b"{")?);
+    for _ in 0..=MEMBERS_BEFORE_TYPE {
+        let (name, after) = plain_string(rest)?;
+        let value = skip_space(skip_space(after).strip_prefix(b":")?);
+        if name == b"type" {
+            return std::str::from_utf8(plain_string(value)?.0).ok();
+        }
+        let after = match value.first()? {
+            b'"' => plain_string(value)?.1,
+            b'-' | b'0'..=b'9' => {
+                let n = value
+                    .iter()
+                    .take_while(|b| matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'))
+                    .count();
+                &value[n..]
+            }
+            _ => return None,
+        };
+        rest = skip_space(skip_space(after).strip_prefix(b",")?);
+    }
+    None
+}
+
+/// A string without escapes at the start of `bytes`: its contents, and what follows it.
+fn plain_string(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let rest = bytes.strip_prefix(b"\"")?;
     let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
-    (rest[end] == b'"').then(|| std::str::from_utf8(&rest[..end]).ok()).flatten()
+    (rest[end] == b'"').then(|| (&rest[..end], &rest[end + 1..]))
 }
 
 fn skip_space(bytes: &[u8]) -> &[u8] {
@@ -224,8 +251,15 @@ mod tests {
         assert!(!asks_for_response(b"not json"));
         assert!(!may_matter(br#"{"type":"response.output_audio.delta","delta":"AAAA"#));
         assert!(!may_matter(br#"{ "type" : "response.output_text.delta""#));
-        // A type that is not the first member may be anything: read the whole message.
+        // After a few plain members, as providers write `event_id` first.
+        assert!(!may_matter(br#"{"event_id":"event_1","type":"response.output_audio.delta","delta":"AA"#));
+        assert!(!may_matter(br#"{"event_id":"e","output_index":0,"content_index":-1,"type":"x.delta"}"#));
+        assert!(may_matter(br#"{"event_id":"event_1","type":"response.done","response":{"#));
+        // Behind an object, too many members, or an escape, the type may be anything: read the
+        // whole message.
         assert!(may_matter(br#"{"event_id":"e1","response":{"type":"x"#));
+        assert!(may_matter(br#"{"a":1,"b":2,"c":3,"d":4,"type":"x.delta"}"#));
+        assert!(may_matter(br#"{"event_id":"e\"1","type":"x.delta"}"#));
         assert!(may_matter(br#"{"type":"response.done","event_id":"e"#));
         assert!(may_matter(br#"{"type":"resp\u006fnse.done"}"#), "an escape is not judged");
         assert_eq!(server_event(br#"{"type":"response.output_text.delta"}"#), ServerEvent::Other);

@@ -59,6 +59,18 @@ pub struct RealtimeUsage {
     pub output_audio_tokens: u64,
 }
 
+/// An event as the provider writes it: `type` first, then `event_id`, then the rest (serde_json
+/// would sort them, putting a delta's `delta` before its `type`).
+fn wire_event(event: &Value) -> String {
+    let Value::Object(members) = event else { return event.to_string() };
+    let first = ["type", "event_id"];
+    let member = |(name, value): (&String, &Value)| format!("{}:{value}", Value::from(name.as_str()));
+    let leading = first.iter().filter_map(|name| members.get_key_value(*name));
+    let rest = members.iter().filter(|(name, _)| !first.contains(&name.as_str()));
+    let parts: Vec<String> = leading.chain(rest).map(member).collect();
+    format!("{{{}}}", parts.join(","))
+}
+
 /// Queued in place of a usage object, the response is begun and streamed but never ends: no
 /// `.done` events, no `response.done`.
 pub const UNFINISHED_RESPONSE: &str = "unfinished";
@@ -364,7 +376,7 @@ struct Session {
 
 impl Session {
     async fn send(&mut self, event: Value) -> Result<(), tokio_tungstenite::tungstenite::Error> {
-        self.ws.send(Message::text(event.to_string())).await
+        self.ws.send(Message::text(wire_event(&event))).await
     }
 
     /// `event` with its `type` and a fresh `event_id`.
@@ -584,6 +596,15 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_lead_with_their_type_and_parse_back_whole() {
+        let event =
+            json!({"delta": "AAAA", "type": "response.output_audio.delta", "event_id": "e1", "item_id": "i"});
+        let wire = wire_event(&event);
+        assert!(wire.starts_with(r#"{"type":"response.output_audio.delta","event_id":"e1","#), "{wire}");
+        assert_eq!(serde_json::from_str::<Value>(&wire).expect("json"), event);
+    }
 
     #[test]
     fn only_sendable_close_frames() {
