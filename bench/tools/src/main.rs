@@ -22,6 +22,11 @@
 //!   time to first byte, every inter-event gap, errors, the peak of open streams, and the RSS and
 //!   CPU time of the processes under test (`--proxy-pids`) at that peak and per event (see
 //!   `streams.rs`).
+//! - `realtime --url U --sessions N --rate R --period-ms P --seconds D ...`: N concurrent Realtime
+//!   (WebSocket) sessions opened R a second, each sending an event every P ms for D s; the round
+//!   trip of each (item added, or every K-th a whole response), errors, the peak of open sessions,
+//!   and the RSS per open session and CPU time per frame of the processes under test (see
+//!   `realtime.rs`).
 //! - `pg-create --server URL --db NAME`, `pg-drop --server URL --db NAME`: a fresh PostgreSQL
 //!   database for a run of `recovea control`, and its removal.
 //!
@@ -45,6 +50,7 @@ use recovea_core::usage::UsageSource;
 use recovea_core::window::Window;
 use recovea_core::{Credential, CredentialHeader, Decision, Timestamp, admit};
 
+mod realtime;
 mod streams;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -112,6 +118,7 @@ fn main() {
         "snapshot" => snapshot(&flags),
         "load" => runtime().and_then(|rt| rt.block_on(load(&flags))),
         "streams" => runtime().and_then(|rt| rt.block_on(streams::streams(&flags))),
+        "realtime" => runtime().and_then(|rt| rt.block_on(realtime::realtime(&flags))),
         "keys" => runtime().and_then(|rt| rt.block_on(keys(&flags))),
         "cpu-watch" => cpu_watch(&flags),
         "ingest" => runtime().and_then(|rt| rt.block_on(ingest(&flags))),
@@ -127,7 +134,7 @@ fn main() {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: recovea-bench snapshot|load|streams|keys|cpu-watch|ingest|pg-create|pg-drop --flag value ..."
+        "usage: recovea-bench snapshot|load|streams|realtime|keys|cpu-watch|ingest|pg-create|pg-drop --flag value ..."
     );
     std::process::exit(2);
 }
@@ -763,6 +770,9 @@ fn synthetic_receipt(run: &str, i: usize, org: &str, org_index: usize, now_ms: i
         cached_input_tokens: 0,
         cache_write_input_tokens: 0,
         reasoning_tokens: 0,
+        audio_input_tokens: 0,
+        cached_audio_input_tokens: 0,
+        audio_output_tokens: 0,
         // About 0.0002 USD each: far below the caps' limit, so that no alert is raised and every
         // batch pays for the evaluation alone.
         cost_usd: Nanos(200_000 + (i % 1000) as i64),
@@ -773,6 +783,9 @@ fn synthetic_receipt(run: &str, i: usize, org: &str, org_index: usize, now_ms: i
         started_at: Timestamp(now_ms - 900 - (i % 500) as i64),
         finished_at: Timestamp(now_ms - (i % 500) as i64),
         node_id: "node_bench".into(),
+        job_id: None,
+        held_usd: None,
+        batch_input: None,
         tags: Default::default(),
     }
 }

@@ -362,7 +362,7 @@ fn report(
 }
 
 /// p50, p90, p99, p99.9 and max of `v` (sorted in place), and how many.
-fn percentiles(v: &mut [u32]) -> serde_json::Value {
+pub(crate) fn percentiles(v: &mut [u32]) -> serde_json::Value {
     v.sort_unstable();
     let at = |p: f64| -> u32 {
         if v.is_empty() {
@@ -598,12 +598,12 @@ fn tls_connector(ca: Option<&str>, alpn: &[u8]) -> Result<tokio_rustls::TlsConne
 /// (exact, where ticks are 10 ms), each thread's last reading kept once it has exited (so that a
 /// total never goes back). Where schedstat cannot be read, user and system ticks.
 #[derive(Default)]
-struct CpuMeter {
+pub(crate) struct CpuMeter {
     threads: std::sync::Mutex<std::collections::HashMap<(u32, u32), u64>>,
 }
 
 impl CpuMeter {
-    fn ns(&self, pids: &[u32]) -> u64 {
+    pub(crate) fn ns(&self, pids: &[u32]) -> u64 {
         let mut threads = self.threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut total = 0;
         for &pid in pids {
@@ -640,7 +640,7 @@ fn ticks_ns(pid: u32) -> u64 {
 }
 
 /// VmRSS of a process, KiB.
-fn rss_kib(pid: u32) -> u64 {
+pub(crate) fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
