@@ -52,7 +52,19 @@ pub fn valid_id(id: &str) -> bool {
 /// The book's key of a job or file: its organization, the credential it went through, and the
 /// provider's id. Organization ids and credential names hold no `/`.
 pub fn book_key(org: &str, provider: &str, id: &str) -> String {
-    format!("{org}/{provider}/{id}")
+    let mut key = String::with_capacity(org.len() + provider.len() + id.len() + 2);
+    push_book_key(&mut key, org, provider, id);
+    key
+}
+
+/// [`book_key`], appended to `out`: where many keys are only looked up, one buffer serves them all.
+pub fn push_book_key(out: &mut String, org: &str, provider: &str, id: &str) {
+    for (n, part) in [org, provider, id].into_iter().enumerate() {
+        if n > 0 {
+            out.push('/');
+        }
+        out.push_str(part);
+    }
 }
 
 /// The book's key of one day's settled job spend of one key.
