@@ -214,13 +214,30 @@ pub fn job_state(kind: JobKind, answer: &[u8]) -> Option<JobState> {
             }
             let batch: Batch = crate::from_json(answer).ok()?;
             Some(if batch.processing_status == "ended" {
-                JobState::Ended { how: batch.processing_status, results: Results::Lines(batch.results_url) }
+                // A location the poller could not fetch safely is no answer it can act on.
+                let results = match batch.results_url {
+                    Some(url) => Some(results_location(url)?),
+                    None => None,
+                };
+                JobState::Ended { how: batch.processing_status, results: Results::Lines(results) }
             } else {
                 JobState::Running
             })
         }
         JobKind::GeminiBatch => gemini_state(answer),
     }
+}
+
+/// A results location a provider named: an absolute `http(s)` URL (the poller fetches it only on
+/// the credential's own origin), or a path below the base URL without `..`.
+fn results_location(url: String) -> Option<String> {
+    let absolute = ["https://", "http://"]
+        .iter()
+        .any(|scheme| url.strip_prefix(scheme).is_some_and(|rest| !rest.is_empty()));
+    let path = url.starts_with('/') && !url.starts_with("//");
+    let plain =
+        url.len() <= 2048 && !url.contains("..") && !url.bytes().any(|b| b.is_ascii_control() || b == b' ');
+    ((absolute || path) && plain).then_some(url)
 }
 
 /// A Gemini batch operation: its state (in `metadata.state`, or the batch's own `state`), and,
@@ -454,6 +471,19 @@ mod tests {
                 results: Results::Lines(Some("https://x/results".into()))
             })
         );
+        // A location the poller could not fetch safely fails the poll rather than settle at nothing.
+        for garbled in ["http/batches/b/results", "//evil.example/r", "/v1/../../r", "https://", "ftp://x/r"]
+        {
+            let answer = format!(r#"{{"processing_status":"ended","results_url":"{garbled}"}}"#);
+            assert_eq!(job_state(AnthropicBatch, answer.as_bytes()), None, "{garbled}");
+        }
+        assert!(matches!(
+            job_state(
+                AnthropicBatch,
+                br#"{"processing_status":"ended","results_url":"/v1/messages/batches/b/results"}"#
+            ),
+            Some(JobState::Ended { results: Results::Lines(Some(_)), .. })
+        ));
         let gemini = br#"{"name":"batches/x","metadata":{"state":"BATCH_STATE_SUCCEEDED"},"done":true,"response":{"inlinedResponses":{"inlinedResponses":[{"response":{"modelVersion":"gemini-2.5-flash","usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":5,"totalTokenCount":15}}}]}}}"#;
         let Some(JobState::Ended { results: Results::Inline(lines), how }) = job_state(GeminiBatch, gemini)
         else {
