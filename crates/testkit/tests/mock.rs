@@ -653,7 +653,12 @@ async fn control_endpoints() {
     assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(failed.json()["error"]["type"], "server_error");
 
-    let log = call(&mock, Method::GET, "/__mock/requests", None).await.json();
+    let mut log = call(&mock, Method::GET, "/__mock/requests", None).await.json();
+    // When the head was read: a Unix time in milliseconds, of about now.
+    let at_ms = log[0].as_object_mut().and_then(|entry| entry.remove("at_ms")).and_then(|at| at.as_u64());
+    let now_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+    assert!(at_ms.is_some_and(|at| u128::from(at).abs_diff(now_ms) < 60_000), "{at_ms:?}");
     assert_eq!(
         log,
         json!([{
