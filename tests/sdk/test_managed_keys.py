@@ -137,11 +137,11 @@ def test_models_list(tenant, openai_client, mock_provider, ledger):
     assert list(raw.parse())
     (req,) = assert_forwarded_with_managed_key(mock_provider, mark, tenant, "/v1/models")
     assert req.method == "GET"
-    # metered like any admitted request: no model and no tokens, which cost nothing at any price
+    # a free request (a read): its receipt costs nothing, and says so as the provider's figure
     (receipt,) = ledger.settle_tenant(tenant, [rid]).values()
     assert_receipt(receipt, tenant=tenant, request_id=rid, provider="openai", model=None, endpoint="/v1/models",
                    stream=False, input_tokens=0, output_tokens=0, priced=True, cost="0.00",
-                   usage_source="estimated")
+                   usage_source="provider")
 
 
 def test_responses(tenant, openai_client, mock_provider, ledger):

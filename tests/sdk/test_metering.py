@@ -453,13 +453,18 @@ def test_csv_export_matches_json(tenant, openai_client, anthropic_client, mock_p
     assert r.headers.get("content-type", "").startswith("text/csv"), r.headers
     rows = list(csv.reader(io.StringIO(r.text)))
     header, body = rows[0], rows[1:]
-    # every receipt field, and `tags` last (`key=value,...`; empty, and absent from the JSON, without tags)
-    assert set(header) == RECEIPT_FIELDS | {"tags"} and len(header) == len(RECEIPT_FIELDS) + 1, header
-    assert header[-1] == "tags", header
+    # every receipt field, then the columns added since, in this order: `tags` (`key=value,...`; empty, and
+    # absent from the JSON, without tags), the audio counts (0 and absent from the JSON without audio), and a
+    # deferred job's id and hold (empty, and absent, for other receipts)
+    later = ["tags", "audio_input_tokens", "cached_audio_input_tokens", "audio_output_tokens", "job_id", "held_usd"]
+    assert set(header[:-len(later)]) == RECEIPT_FIELDS and header[-len(later):] == later, header
     assert len(body) == len(receipts), (len(body), len(receipts), r.text)
+    absent = {"audio_input_tokens": "0", "cached_audio_input_tokens": "0", "audio_output_tokens": "0",
+              "job_id": "", "held_usd": ""}
     for row, receipt in zip(body, receipts):  # same order: oldest first
         tags = ",".join(f"{k}={v}" for k, v in sorted(receipt.get("tags", {}).items()))
-        expected = {k: _csv_value(receipt[k]) for k in header if k != "tags"} | {"tags": tags}
+        expected = {k: _csv_value(receipt[k]) for k in header[:-len(later)]} | {"tags": tags}
+        expected |= {k: _csv_value(receipt[k]) if k in receipt else v for k, v in absent.items()}
         assert dict(zip(header, row)) == expected, (row, receipt)
     # the whole org, and a key filter that matches nothing but the header
     assert len(list(csv.reader(io.StringIO(ledger.csv(tenant.org_id).text)))) == len(receipts) + 1

@@ -85,7 +85,7 @@ def test_chat_stream_and_models_are_metered_exactly(gateway, tenant, mock_provid
                        cached=400, reasoning=50, cost=OPENAI_CHAT_COST)
     assert_receipt(receipts[rids[2]], tenant=tenant, request_id=rids[2], provider="openai", model=None,
                    endpoint="/v1/models", stream=False, input_tokens=0, output_tokens=0, cost="0.00",
-                   usage_source="estimated")
+                   usage_source="provider")
 
 
 def test_a_wrong_key_is_an_authentication_error_with_the_gateways_message(gateway, mock_provider):
