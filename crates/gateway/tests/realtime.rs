@@ -276,3 +276,18 @@ async fn an_azure_realtime_session_goes_to_the_resource_with_its_key_and_is_mete
     assert_eq!(upgrade.header("api-key"), Some("sk-managed-realtime"));
     assert!(!upgrade.headers.iter().any(|(_, v)| v.contains("rk_")));
 }
+
+#[tokio::test]
+async fn a_websocket_upgrade_elsewhere_than_realtime_is_outside_sight() {
+    let h = node(vec![cap("1000.00")]).await;
+    let (status, head, _) = upgrade(&h, "/v1/responses").await;
+    assert_eq!(status, 402, "{head}");
+    assert!(h.mock.requests().is_empty(), "nothing reached the provider");
+    assert_eq!(
+        h.metric(
+            "recovea_cap_refusals_total{code=\"budget_unmeterable\",scope=\"organization\",window=\"month\"}"
+        )
+        .await,
+        1
+    );
+}
