@@ -112,7 +112,7 @@ async fn every_admin_change_leaves_its_row_and_no_secret() {
     // Byte-exact where stable: the credential is its hint, never the key.
     assert_eq!(
         entry["after"].to_string(),
-        r#"{"base_url":null,"key_hint":"...cdef","kind":"openai","name":"openai"}"#
+        r#"{"base_url":null,"fallback_input_per_mtok_usd":null,"fallback_output_per_mtok_usd":null,"key_hint":"...cdef","kind":"openai","name":"openai","price_namespace":null}"#
     );
     let replacement =
         json!({"kind": "openai", "api_key": "sk-replaced-9876543210", "base_url": "https://llm.example.com"});

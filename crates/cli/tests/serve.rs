@@ -112,7 +112,15 @@ async fn zero_setup_start_generates_secrets_once_and_serves_through_the_admin_cl
     );
     assert_eq!(
         provider,
-        json!({"name": "openai", "kind": "openai", "base_url": null, "key_hint": "...6789"})
+        json!({
+            "name": "openai",
+            "kind": "openai",
+            "base_url": null,
+            "key_hint": "...6789",
+            "price_namespace": null,
+            "fallback_input_per_mtok_usd": null,
+            "fallback_output_per_mtok_usd": null
+        })
     );
     let listed = admin_cli(&serve, &dir, &["providers", "list", "--org", &org_id]);
     assert!(!listed.to_string().contains(provider_key));

@@ -114,7 +114,9 @@ impl Control {
             (["prices", model @ ..], &Method::PUT) if !model.is_empty() => {
                 self.put_price(caller, &model.join("/"), parse(&body)?).await
             }
-            (["prices", model @ ..], &Method::GET) if !model.is_empty() => self.get_price(&model.join("/")),
+            (["prices", model @ ..], &Method::GET) if !model.is_empty() => {
+                self.get_price(&model.join("/"), query).await
+            }
             (["prices", model @ ..], &Method::DELETE) if !model.is_empty() => {
                 self.delete_price(caller, &model.join("/")).await
             }
@@ -344,6 +346,42 @@ impl Control {
                 "api_key: expected a non-empty key of printable characters".into(),
             ));
         }
+        let price_namespace = body
+            .price_namespace
+            .map(|namespace| {
+                let namespace = namespace.trim().to_owned();
+                let plain = namespace
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+                if namespace.is_empty() || namespace.len() > 64 || !plain {
+                    return Err(ApiError::BadRequest(
+                        "price_namespace: 1 to 64 characters of a-z, 0-9, '-', '_' and '.'".into(),
+                    ));
+                }
+                Ok(namespace)
+            })
+            .transpose()?;
+        let amount = |field: &str, usd: &str| {
+            recovea_core::money::Nanos::parse_usd(usd)
+                .ok()
+                .filter(|amount| *amount >= recovea_core::money::Nanos::ZERO)
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!("{field}: expected dollars per million tokens, 0 or more"))
+                })
+        };
+        let fallback_price = match (&body.fallback_input_per_mtok_usd, &body.fallback_output_per_mtok_usd) {
+            (None, None) => None,
+            (Some(input), Some(output)) => Some((
+                amount("fallback_input_per_mtok_usd", input)?,
+                amount("fallback_output_per_mtok_usd", output)?,
+            )),
+            _ => {
+                return Err(ApiError::BadRequest(
+                    "fallback_input_per_mtok_usd and fallback_output_per_mtok_usd: give both, or neither"
+                        .into(),
+                ));
+            }
+        };
         self.require_org(&org_id).await?;
         let record = ProviderRecord {
             sealed_key: seal(
@@ -357,6 +395,8 @@ impl Control {
             kind,
             base_url,
             updated_at: now(),
+            price_namespace,
+            fallback_price,
         };
         let (row, audit) = (record.clone(), caller.audit()?);
         self.store(move |s| s.put_provider(&row, &audit)).await?;
@@ -413,6 +453,14 @@ struct ProviderBody {
     kind: String,
     base_url: Option<String>,
     api_key: String,
+    /// The price namespace its models resolve in first (`groq`); left out: its name's.
+    #[serde(default)]
+    price_namespace: Option<String>,
+    /// Its own fallback price for models no entry prices: both, or neither.
+    #[serde(default)]
+    fallback_input_per_mtok_usd: Option<String>,
+    #[serde(default)]
+    fallback_output_per_mtok_usd: Option<String>,
 }
 
 /// Parses a JSON body; the error names the offending field, never echoes a value.
@@ -445,7 +493,7 @@ fn name_field(field: &str, value: String) -> Result<String, ApiError> {
     Ok(value)
 }
 
-fn org_id(s: &str) -> Result<OrgId, ApiError> {
+pub(crate) fn org_id(s: &str) -> Result<OrgId, ApiError> {
     OrgId::parse(s).ok_or_else(|| ApiError::NotFound(format!("No organization {s}.")))
 }
 

@@ -2,7 +2,7 @@
 //! sealed: the control plane never needs them in clear.
 
 use recovea_core::feed::{CapWire, FeedState, KeyWire, OrgWire, PricesWire, ProviderWire};
-use recovea_core::pricing::Price;
+use recovea_core::pricing::{Price, PriceWire};
 use recovea_store::{PriceTarget, State};
 
 /// The state nodes serve. Keys and caps of organizations the state does not hold are left out.
@@ -20,6 +20,8 @@ pub fn feed_state(state: &State) -> FeedState {
                     kind: provider.kind.as_str().to_owned(),
                     base_url: provider.base_url.clone(),
                     sealed_key: recovea_core::hex::encode(&provider.sealed_key),
+                    price_namespace: provider.price_namespace.clone(),
+                    fallback_price: provider.fallback().map(|price| PriceWire::from(&price)),
                 },
             );
         }

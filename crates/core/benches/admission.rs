@@ -63,12 +63,7 @@ fn build(rows: &Rows) -> Snapshot {
         b.org(org.clone());
         b.provider(
             org,
-            ProviderCredential {
-                name: "openai".into(),
-                kind: ProviderKind::OpenAi,
-                base_url: None,
-                api_key: format!("sk-proj-{j:048}"),
-            },
+            ProviderCredential::new("openai".into(), ProviderKind::OpenAi, None, format!("sk-proj-{j:048}")),
         );
         b.cap(Cap {
             id: CapId::parse(&format!("cap_{j:020}")).expect("cap id"),

@@ -52,6 +52,11 @@ pub struct ProviderWire {
     pub base_url: Option<String>,
     /// The provider key sealed under the master key (bound to organization and name), in hex.
     pub sealed_key: String,
+    /// Where its models are priced: a namespace other than its name's, and its own fallback price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_price: Option<PriceWire>,
 }
 
 /// A cap as nodes need it: no webhook (nodes do not alert; the control plane does).
@@ -287,12 +292,16 @@ impl OrgWire {
                 .and_then(|plain| String::from_utf8(plain).ok());
             match opened {
                 Some(api_key) => {
-                    let credential = ProviderCredential {
-                        name: name.clone(),
-                        kind,
-                        base_url: provider.base_url.clone(),
-                        api_key,
-                    };
+                    let fallback = provider
+                        .fallback_price
+                        .as_ref()
+                        .map(|wire| {
+                            Price::try_from(wire).map_err(|e| invalid("fallback_price", &e.to_string()))
+                        })
+                        .transpose()?;
+                    let credential =
+                        ProviderCredential::new(name.clone(), kind, provider.base_url.clone(), api_key)
+                            .with_pricing(provider.price_namespace.as_deref(), fallback);
                     providers.push(credential);
                 }
                 None => unopened.push((org_id.clone(), name.clone())),
@@ -466,7 +475,13 @@ mod tests {
 
     fn provider(org: &str, name: &str, api_key: &str) -> ProviderWire {
         let sealed = master_key().seal([1; NONCE_LEN], &provider_key_context(org, name), api_key.as_bytes());
-        ProviderWire { kind: "openai".into(), base_url: None, sealed_key: crate::hex::encode(&sealed) }
+        ProviderWire {
+            kind: "openai".into(),
+            base_url: None,
+            sealed_key: crate::hex::encode(&sealed),
+            price_namespace: None,
+            fallback_price: None,
+        }
     }
 
     fn org_id(id: &str) -> OrgId {

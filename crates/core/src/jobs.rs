@@ -19,7 +19,6 @@ use crate::ids::{CapId, KeyId, OrgId};
 use crate::money::Nanos;
 use crate::pricing::{self, Price, PriceTable};
 use crate::receipt::{Receipt, receipt_id};
-use crate::snapshot::ProviderKind;
 use crate::timestamp::Timestamp;
 use crate::usage::Usage;
 use crate::window::MS_PER_DAY;
@@ -120,11 +119,11 @@ impl BatchInput {
 
     /// The batch's worst case at the provider's batch prices: every request's estimated input,
     /// and its output limit or else its model's maximum output, each model at its own batch
-    /// price (a model the table does not price at `kind`'s fallback price).
-    pub fn estimate(&self, table: &PriceTable, kind: ProviderKind) -> Nanos {
+    /// price (a model the table does not price at the credential's fallback price).
+    pub fn estimate(&self, table: &PriceTable, scope: &crate::pricing::PriceScope) -> Nanos {
         self.models.iter().fold(Nanos::ZERO, |sum, (model, lines)| {
             let model = (model != OTHER_MODELS).then_some(model.as_str());
-            let price = table.price_for(model, kind).price;
+            let price = table.price_in(model, scope).price;
             sum.saturating_add(lines_cost(lines, &price.batch(), price.max_output_tokens))
         })
     }
@@ -435,8 +434,9 @@ fn replace<V>(map: &mut BTreeMap<String, V>, changes: BTreeMap<String, Option<V>
 #[derive(Debug, Clone)]
 pub struct EndedJob<'a> {
     pub kind: JobKind,
-    /// The kind of the credential it ran under: an unpriced model costs that kind's fallback.
-    pub provider_kind: ProviderKind,
+    /// Where the credential it ran under prices its models (its kind, price namespace and
+    /// fallback): an unpriced model costs the fallback.
+    pub scope: &'a crate::pricing::PriceScope,
     pub request_id: &'a str,
     pub org_id: &'a str,
     pub key_id: &'a str,
@@ -468,12 +468,12 @@ pub fn settle(
         .iter()
         .enumerate()
         .map(|(n, (model, usage))| {
-            let resolution = prices.table.price_for(model.as_deref(), job.provider_kind);
+            let resolution = prices.table.price_in(model.as_deref(), job.scope);
             let price = if job.kind.is_batch() { resolution.price.batch() } else { resolution.price };
             let priced = crate::pricing::Resolution { price, ..resolution };
             let settled = crate::receipt::settle(Some(*usage), Usage::default(), &priced);
             total = total.saturating_add(settled.cost);
-            Receipt {
+            let mut receipt = Receipt {
                 id: format!("{base_id}.j{n}"),
                 request_id: job.request_id.to_owned(),
                 org_id: job.org_id.to_owned(),
@@ -483,14 +483,6 @@ pub fn settle(
                 endpoint: job.endpoint.to_owned(),
                 status: 200,
                 stream: false,
-                input_tokens: usage.input_tokens,
-                output_tokens: usage.output_tokens,
-                cached_input_tokens: usage.cached_input_tokens,
-                cache_write_input_tokens: usage.cache_write_input_tokens,
-                reasoning_tokens: usage.reasoning_tokens,
-                audio_input_tokens: usage.audio_input_tokens,
-                cached_audio_input_tokens: usage.cached_audio_input_tokens,
-                audio_output_tokens: usage.audio_output_tokens,
                 cost_usd: settled.cost,
                 usage_source: settled.source,
                 priced: settled.priced,
@@ -500,10 +492,10 @@ pub fn settle(
                 finished_at,
                 node_id: node_id.to_owned(),
                 job_id: Some(job.job_id.to_owned()),
-                held_usd: None,
-                batch_input: None,
-                tags: crate::tags::Tags::new(),
-            }
+                ..Receipt::default()
+            };
+            receipt.set_usage(&settled.usage);
+            receipt
         })
         .collect();
     (receipts, total)
@@ -526,6 +518,7 @@ pub fn fits(limit: Nanos, committed: Nanos, estimate: Nanos) -> Result<(), Nanos
 mod tests {
     use super::*;
     use crate::caps::Scope;
+    use crate::snapshot::ProviderKind;
     use crate::window::Window;
     use proptest::prelude::*;
 
@@ -586,7 +579,10 @@ mod tests {
         // gpt-4o's batch price is $1.25 in / $5 out per Mtok, its maximum output 16,384 tokens.
         let expected_tokens_out = 500 * 50 + 500 * 16_384;
         let expected = Nanos(100_000 * 1_250 + expected_tokens_out * 5_000);
-        assert_eq!(input.estimate(table, ProviderKind::OpenAi), expected);
+        assert_eq!(
+            input.estimate(table, &crate::pricing::PriceScope::of_kind(ProviderKind::OpenAi)),
+            expected
+        );
     }
 
     #[test]
@@ -606,7 +602,7 @@ mod tests {
         let unknown_output =
             other.output_tokens + other.uncapped * fallback.max_output_tokens.unwrap_or(UNKNOWN_MAX_OUTPUT);
         assert!(
-            input.estimate(table, ProviderKind::OpenAi)
+            input.estimate(table, &crate::pricing::PriceScope::of_kind(ProviderKind::OpenAi))
                 >= pricing::cost(
                     &Usage {
                         input_tokens: other.input_tokens,
@@ -722,7 +718,7 @@ mod tests {
         let prices = crate::snapshot::Prices::default();
         let job = EndedJob {
             kind: JobKind::OpenAiBatch,
-            provider_kind: ProviderKind::OpenAi,
+            scope: &crate::pricing::PriceScope::of_kind(ProviderKind::OpenAi),
             request_id: "req_abc",
             org_id: "org_a",
             key_id: "key_a",
@@ -794,7 +790,7 @@ mod tests {
             let mut last = Nanos::ZERO;
             for (tokens, limit) in lines {
                 input.add(Some("gpt-4o-mini"), tokens, limit);
-                let now = input.estimate(table, ProviderKind::OpenAi);
+                let now = input.estimate(table, &crate::pricing::PriceScope::of_kind(ProviderKind::OpenAi));
                 prop_assert!(now >= last);
                 last = now;
             }

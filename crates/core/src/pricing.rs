@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Bound;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::money::{MoneyError, Nanos};
 use crate::snapshot::ProviderKind;
@@ -16,32 +16,137 @@ use crate::usage::Usage;
 
 pub mod import;
 
-/// Prices are per million tokens, so tokens x price is in millionths of a nano-dollar.
-const TOKENS_PER_MTOK: i128 = 1_000_000;
+/// Prices are per million tokens (characters, seconds), so units x price is in millionths of a
+/// nano-dollar.
+const UNITS_PER_MILLION: i128 = 1_000_000;
 
 const BUILTIN_JSON: &str = include_str!("../prices/builtin.json");
 
-/// Prices in nano-dollars per million tokens (so "$2.50 per Mtok" = 2_500_000_000).
+/// Prices in nano-dollars per million tokens (so "$2.50 per Mtok" = 2_500_000_000), per million
+/// characters or seconds, or per image, call or session: every component a provider bills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Price {
     pub input_per_mtok: Nanos,
     pub output_per_mtok: Nanos,
     /// Input read from the provider's cache; `None` bills it at the input price.
     pub cached_input_per_mtok: Option<Nanos>,
-    /// Input written to the provider's cache; `None` bills it at the input price.
+    /// Input written to the provider's cache (Anthropic's five-minute writes); `None` bills it at
+    /// the input price.
     pub cache_write_per_mtok: Option<Nanos>,
+    /// Input written to the cache for an hour (Anthropic's `ephemeral_1h`); `None` bills it as a
+    /// five-minute write.
+    pub cache_write_1h_per_mtok: Option<Nanos>,
     /// Input and output of a request run in a provider's batch; `None` bills them at half the
     /// price, as OpenAI, Anthropic and Gemini bill batches.
     pub batch_input_per_mtok: Option<Nanos>,
     pub batch_output_per_mtok: Option<Nanos>,
-    /// Audio tokens in and out (Realtime, audio chat), and audio input read from the cache;
-    /// `None` bills them at the text price (the cached one for cached audio).
+    /// Audio tokens in and out (Realtime, audio chat, transcription), and audio input read from the
+    /// cache; `None` bills them at the text price (the cached one for cached audio).
     pub audio_input_per_mtok: Option<Nanos>,
     pub audio_output_per_mtok: Option<Nanos>,
     pub cached_audio_input_per_mtok: Option<Nanos>,
+    /// Image tokens in and out (gpt-image models, images read by a chat model), and image input
+    /// read from the cache; `None` bills them at the text price of the same part.
+    pub image_input_per_mtok: Option<Nanos>,
+    pub image_output_per_mtok: Option<Nanos>,
+    pub cached_image_input_per_mtok: Option<Nanos>,
+    /// One generated image, where the model is priced per image (DALL-E; the price of a quality and
+    /// size is its own entry, `dall-e-3#hd-1024x1792`).
+    pub per_image: Option<Nanos>,
+    /// Text to speech per input character (tts-1), per million.
+    pub per_million_characters: Option<Nanos>,
+    /// Transcription per second of audio (whisper-1), per million.
+    pub per_million_seconds: Option<Nanos>,
+    /// One web search a response ran (OpenAI's `web_search_call`, Anthropic's
+    /// `web_search_requests`, Gemini's grounding queries).
+    pub web_search_per_call: Option<Nanos>,
+    /// Gemini 2's grounding: billed once per prompt that searched, however many queries it ran.
+    pub web_search_per_prompt: bool,
+    /// One file search call (OpenAI's `file_search_call`).
+    pub file_search_per_call: Option<Nanos>,
+    /// One code interpreter session (an OpenAI container).
+    pub code_interpreter_per_session: Option<Nanos>,
+    /// The rates of a request served at the flex or the priority tier; `None` bills that tier at
+    /// the standard rates.
+    pub flex: Option<Rates>,
+    pub priority: Option<Rates>,
+    /// The higher rates of a request whose input passes a threshold, for the whole request.
+    pub long_context: Option<LongContext>,
     /// The most output tokens one request to the model can produce, when known: what a request
     /// that sets no output limit can cost at worst.
     pub max_output_tokens: Option<u64>,
+}
+
+/// The four token rates a service tier or a long context changes, per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rates {
+    pub input_per_mtok: Nanos,
+    pub output_per_mtok: Nanos,
+    pub cached_input_per_mtok: Option<Nanos>,
+    pub cache_write_per_mtok: Option<Nanos>,
+}
+
+/// A model's rates above a number of input tokens, as providers bill long prompts (Gemini Pro
+/// above 200,000, GPT-5.4 above 272,000): the whole request at the higher rates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LongContext {
+    /// The input (cached and cache writes included) past which the rates apply.
+    pub above_input_tokens: u64,
+    pub standard: Rates,
+    pub flex: Option<Rates>,
+    pub priority: Option<Rates>,
+}
+
+/// The tier a request is served at, as its answer says (`service_tier`), or as it asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum ServiceTier {
+    /// The standard rates: `default`, `auto`, `standard`, `scale`, and any tier the gateway does
+    /// not know.
+    #[default]
+    Standard,
+    Flex,
+    /// `priority`, and OpenAI's `fast`, which its answers report as `priority`.
+    Priority,
+}
+
+impl ServiceTier {
+    /// A provider's name for the tier (OpenAI's `service_tier`, Anthropic's `usage.service_tier`,
+    /// Gemini's `serviceTier`).
+    pub fn parse(name: &str) -> ServiceTier {
+        match name {
+            "flex" => ServiceTier::Flex,
+            "priority" | "fast" => ServiceTier::Priority,
+            _ => ServiceTier::Standard,
+        }
+    }
+
+    /// The name a receipt records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceTier::Standard => "default",
+            ServiceTier::Flex => "flex",
+            ServiceTier::Priority => "priority",
+        }
+    }
+
+    pub fn is_standard(&self) -> bool {
+        *self == ServiceTier::Standard
+    }
+}
+
+impl Rates {
+    /// Each rate the higher of the two (a cached or cache-write rate missing on one side is that
+    /// side's input rate).
+    fn max(self, other: Rates) -> Rates {
+        let cached = |r: &Rates| r.cached_input_per_mtok.unwrap_or(r.input_per_mtok);
+        let write = |r: &Rates| r.cache_write_per_mtok.unwrap_or(r.input_per_mtok);
+        Rates {
+            input_per_mtok: self.input_per_mtok.max(other.input_per_mtok),
+            output_per_mtok: self.output_per_mtok.max(other.output_per_mtok),
+            cached_input_per_mtok: Some(cached(&self).max(cached(&other))),
+            cache_write_per_mtok: Some(write(&self).max(write(&other))),
+        }
+    }
 }
 
 impl Price {
@@ -50,8 +155,38 @@ impl Price {
         Price { input_per_mtok, output_per_mtok, ..Price::default() }
     }
 
+    /// The standard rates.
+    pub fn standard(&self) -> Rates {
+        Rates {
+            input_per_mtok: self.input_per_mtok,
+            output_per_mtok: self.output_per_mtok,
+            cached_input_per_mtok: self.cached_input_per_mtok,
+            cache_write_per_mtok: self.cache_write_per_mtok,
+        }
+    }
+
+    /// The token rates of a request served at `tier` with `input_tokens` of input (cached and
+    /// cache writes included): the tier's rates, or the long context's past its threshold. A tier
+    /// the model has no rates for is billed at the standard ones. Priority past the threshold with
+    /// no rates of its own (OpenAI lists none for some models) takes, rate by rate, the higher of
+    /// priority's and the long context's: never below either bill.
+    pub fn rates(&self, tier: ServiceTier, input_tokens: u64) -> Rates {
+        let long = self.long_context.filter(|long| input_tokens > long.above_input_tokens);
+        match (tier, long) {
+            (ServiceTier::Standard, None) => self.standard(),
+            (ServiceTier::Flex, None) => self.flex.unwrap_or_else(|| self.standard()),
+            (ServiceTier::Priority, None) => self.priority.unwrap_or_else(|| self.standard()),
+            (ServiceTier::Standard, Some(long)) => long.standard,
+            (ServiceTier::Flex, Some(long)) => long.flex.unwrap_or(long.standard),
+            (ServiceTier::Priority, Some(long)) => long
+                .priority
+                .unwrap_or_else(|| self.priority.unwrap_or_else(|| self.standard()).max(long.standard)),
+        }
+    }
+
     /// The price of a request run in a provider's batch: the batch prices, else half of each
-    /// token price (rounded up, so that a batch is never estimated under its bill).
+    /// token price (rounded up, so that a batch is never estimated under its bill). Tiers and long
+    /// contexts do not apply to batches.
     pub fn batch(&self) -> Price {
         let half = |n: Nanos| Nanos(n.0 / 2 + n.0 % 2);
         Price {
@@ -59,39 +194,67 @@ impl Price {
             output_per_mtok: self.batch_output_per_mtok.unwrap_or(half(self.output_per_mtok)),
             cached_input_per_mtok: self.cached_input_per_mtok.map(half),
             cache_write_per_mtok: self.cache_write_per_mtok.map(half),
+            cache_write_1h_per_mtok: self.cache_write_1h_per_mtok.map(half),
             batch_input_per_mtok: None,
             batch_output_per_mtok: None,
             audio_input_per_mtok: self.audio_input_per_mtok.map(half),
             audio_output_per_mtok: self.audio_output_per_mtok.map(half),
             cached_audio_input_per_mtok: self.cached_audio_input_per_mtok.map(half),
-            max_output_tokens: self.max_output_tokens,
+            image_input_per_mtok: self.image_input_per_mtok.map(half),
+            image_output_per_mtok: self.image_output_per_mtok.map(half),
+            cached_image_input_per_mtok: self.cached_image_input_per_mtok.map(half),
+            flex: None,
+            priority: None,
+            long_context: None,
+            ..*self
         }
     }
 }
 
-/// The cost of `usage` at `price`, per the contract: plain input x input price + cached input x
-/// cached price + cache-write input x cache-write price + output x output price, where a missing
-/// cached or cache-write price is the input price; audio parts at their audio prices (a missing
-/// one: the text price of the same part).
+/// The cost of `usage` at `price`, as the provider bills it: each part of the usage at its own
+/// price, summed.
+///
+/// The token rates are those of the tier the request was served at, or of the model's long
+/// context when its input passes the threshold ([`Price::rates`]): plain input x input rate +
+/// cached input x cached rate + cache writes x cache-write rate (an hour's at their own price) +
+/// output x output rate, a missing cached or cache-write rate being the input rate. Audio and image
+/// parts are at their own prices (a missing one: the text rate of the same part), characters and
+/// seconds at theirs per million, generated images, tool calls and sessions at theirs each.
 ///
 /// The sum is computed exactly in millionths of a nano-dollar (`i128`) and rounded once, half up
 /// (toward +infinity on an exact half), to the nano-dollar: rounding each term would let many small
 /// requests drift from the provider's bill. A total beyond `i64` saturates; no real usage gets near.
 pub fn cost(usage: &Usage, price: &Price) -> Nanos {
-    let cached = price.cached_input_per_mtok.unwrap_or(price.input_per_mtok);
-    let terms = [
-        (usage.plain_input_tokens(), price.input_per_mtok),
+    let rates = price.rates(usage.service_tier, usage.input_tokens);
+    let cached = rates.cached_input_per_mtok.unwrap_or(rates.input_per_mtok);
+    let write = rates.cache_write_per_mtok.unwrap_or(rates.input_per_mtok);
+    let per_million = [
+        (usage.plain_input_tokens(), rates.input_per_mtok),
         (usage.cached_text_input_tokens(), cached),
-        (usage.cache_write_input_tokens, price.cache_write_per_mtok.unwrap_or(price.input_per_mtok)),
-        (usage.text_output_tokens(), price.output_per_mtok),
-        (usage.plain_audio_input_tokens(), price.audio_input_per_mtok.unwrap_or(price.input_per_mtok)),
+        (usage.cache_write_5m_input_tokens(), write),
+        (usage.cache_write_1h_input_tokens, price.cache_write_1h_per_mtok.unwrap_or(write)),
+        (usage.text_output_tokens(), rates.output_per_mtok),
+        (usage.plain_audio_input_tokens(), price.audio_input_per_mtok.unwrap_or(rates.input_per_mtok)),
         (usage.cached_audio_input_tokens, price.cached_audio_input_per_mtok.unwrap_or(cached)),
-        (usage.audio_output_tokens, price.audio_output_per_mtok.unwrap_or(price.output_per_mtok)),
+        (usage.audio_output_tokens, price.audio_output_per_mtok.unwrap_or(rates.output_per_mtok)),
+        (usage.plain_image_input_tokens(), price.image_input_per_mtok.unwrap_or(rates.input_per_mtok)),
+        (usage.cached_image_input_tokens, price.cached_image_input_per_mtok.unwrap_or(cached)),
+        (usage.image_output_tokens, price.image_output_per_mtok.unwrap_or(rates.output_per_mtok)),
+        (usage.characters, price.per_million_characters.unwrap_or(Nanos::ZERO)),
+        (usage.seconds, price.per_million_seconds.unwrap_or(Nanos::ZERO)),
     ];
-    let exact = terms.iter().fold(0_i128, |sum, &(tokens, per_mtok)| {
-        sum.saturating_add(i128::from(tokens).saturating_mul(i128::from(per_mtok.0)))
+    let each = [
+        (usage.images, price.per_image),
+        (usage.web_search_calls, price.web_search_per_call),
+        (usage.file_search_calls, price.file_search_per_call),
+        (usage.code_interpreter_sessions, price.code_interpreter_per_session),
+    ];
+    let term = |units: u64, per: Nanos| i128::from(units).saturating_mul(i128::from(per.0));
+    let exact = per_million.iter().fold(0_i128, |sum, &(units, per)| sum.saturating_add(term(units, per)));
+    let exact = each.iter().fold(exact, |sum, &(units, per)| {
+        sum.saturating_add(term(units, per.unwrap_or(Nanos::ZERO)).saturating_mul(UNITS_PER_MILLION))
     });
-    let rounded = exact.saturating_add(TOKENS_PER_MTOK / 2).div_euclid(TOKENS_PER_MTOK);
+    let rounded = exact.saturating_add(UNITS_PER_MILLION / 2).div_euclid(UNITS_PER_MILLION);
     match i64::try_from(rounded) {
         Ok(nanos) => Nanos(nanos),
         Err(_) if rounded < 0 => Nanos(i64::MIN),
@@ -150,6 +313,10 @@ pub enum PricedAs<'a> {
     Entry(&'a str),
     /// The fallback price of this provider kind.
     Fallback(ProviderKind),
+    /// The fallback price of this price namespace: its most expensive input and output.
+    NamespaceFallback(&'a str),
+    /// The fallback price the credential carries.
+    CredentialFallback,
 }
 
 impl fmt::Display for PricedAs<'_> {
@@ -159,6 +326,43 @@ impl fmt::Display for PricedAs<'_> {
         match self {
             Self::Entry(model) => f.write_str(model),
             Self::Fallback(kind) => write!(f, "fallback:{}", kind.as_str()),
+            Self::NamespaceFallback(namespace) => write!(f, "fallback:{namespace}"),
+            Self::CredentialFallback => f.write_str("fallback:credential"),
+        }
+    }
+}
+
+/// Where a credential's requests are priced: its kind, the price namespace its models resolve in
+/// first (`groq`: `groq/llama-3.3-70b-versatile`), and the fallback price it carries for models no
+/// entry prices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PriceScope {
+    pub kind: ProviderKind,
+    pub namespace: Option<Arc<str>>,
+    /// The namespace is the credential's name, not one set for it: it applies only when the table
+    /// has entries under it.
+    pub namespace_is_name: bool,
+    pub fallback: Option<Arc<Price>>,
+}
+
+impl PriceScope {
+    /// A kind's own prices: bare model names, the kind's fallback.
+    pub fn of_kind(kind: ProviderKind) -> PriceScope {
+        PriceScope { kind, namespace: None, namespace_is_name: false, fallback: None }
+    }
+
+    /// The scope of a credential named `name`: the namespace set for it, else its name.
+    pub fn of_credential(
+        kind: ProviderKind,
+        name: &str,
+        namespace: Option<&str>,
+        fallback: Option<Price>,
+    ) -> PriceScope {
+        PriceScope {
+            kind,
+            namespace: Some(Arc::from(namespace.unwrap_or(name))),
+            namespace_is_name: namespace.is_none(),
+            fallback: fallback.map(Arc::new),
         }
     }
 }
@@ -192,6 +396,8 @@ pub struct PriceTable {
     fallback_overrides: [Option<Price>; 3],
     /// Computed when the table is built, so that pricing an unknown model reads one value.
     fallback: [Price; 3],
+    /// Each price namespace's fallback: the most expensive input and output among its entries.
+    namespaces: foldhash::HashMap<String, Price>,
 }
 
 impl Default for PriceTable {
@@ -214,7 +420,8 @@ impl PriceTable {
             fallback_overrides[kind_index(kind)].unwrap_or_else(|| most_expensive(&entries, kind))
         });
         let by_name = entries.iter().map(|(name, entry)| (name.clone(), *entry)).collect();
-        PriceTable { entries, by_name, fallback_overrides, fallback }
+        let namespaces = namespace_fallbacks(&entries);
+        PriceTable { entries, by_name, fallback_overrides, fallback, namespaces }
     }
 
     /// A table of these prices, of no known kind; of two entries for one model, the later wins.
@@ -233,7 +440,7 @@ impl PriceTable {
         PriceTable::new(entries, [None, None, None])
     }
 
-    /// Parses the built-in table's format: `{"source"?, "license"?, "models": {name: EntryWire}}`.
+    /// Parses the built-in table's format: `{"source"?, "license"?, "models": {name: PriceWire}}`.
     pub fn from_json(text: &str) -> Result<PriceTable, PriceTableError> {
         let file: TableFile = serde_json::from_str(text).map_err(|e| PriceTableError(e.to_string()))?;
         let mut entries = Vec::with_capacity(file.models.len());
@@ -274,11 +481,116 @@ impl PriceTable {
     /// The price a request for `model` (if it names one) through a `kind` credential is costed at:
     /// its entry's, else the kind's fallback price. Never nothing, so never free by omission.
     pub fn price_for(&self, model: Option<&str>, kind: ProviderKind) -> Resolution<'_> {
-        model.and_then(|m| self.resolve(m)).unwrap_or(Resolution {
+        model.and_then(|m| self.resolve(m)).unwrap_or_else(|| self.kind_fallback(kind))
+    }
+
+    /// The price a request for `model` through a credential of `scope` is costed at:
+    /// 1. in the credential's namespace (`{namespace}/{model}`, by [`PriceTable::resolve`]'s rule
+    ///    less its prefix step: the namespace is the prefix), when it has one (its name is one when
+    ///    the table has entries under it);
+    /// 2. else by the bare name, for a credential without a namespace, and for Azure OpenAI, whose
+    ///    resources serve OpenAI's models at OpenAI's prices;
+    /// 3. else the credential's own fallback price, the namespace's (its most expensive input and
+    ///    output), or the kind's.
+    ///
+    /// A model one provider serves is never priced at another's: a namespace's credential does not
+    /// reach bare names (Azure excepted).
+    pub fn price_in(&self, model: Option<&str>, scope: &PriceScope) -> Resolution<'_> {
+        let namespace = self.namespace_of(scope);
+        let found = model.and_then(|model| match namespace {
+            Some(namespace) => self
+                .resolve_in(namespace, model)
+                .or_else(|| (scope.kind == ProviderKind::AzureOpenAi).then(|| self.resolve(model)).flatten()),
+            None => self.resolve(model),
+        });
+        found.unwrap_or_else(|| {
+            if let Some(price) = &scope.fallback {
+                return Resolution {
+                    price: **price,
+                    source: PriceSource::Fallback,
+                    priced_as: PricedAs::CredentialFallback,
+                };
+            }
+            match namespace.and_then(|namespace| self.namespaces.get_key_value(namespace)) {
+                Some((namespace, price)) => Resolution {
+                    price: *price,
+                    source: PriceSource::Fallback,
+                    priced_as: PricedAs::NamespaceFallback(namespace),
+                },
+                None => self.kind_fallback(scope.kind),
+            }
+        })
+    }
+
+    /// The namespace a credential's models resolve in, if any.
+    pub fn namespace_of<'s>(&self, scope: &'s PriceScope) -> Option<&'s str> {
+        scope
+            .namespace
+            .as_deref()
+            .filter(|namespace| !scope.namespace_is_name || self.has_namespace(namespace))
+    }
+
+    /// Whether any entry is under `namespace`.
+    pub fn has_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.contains_key(namespace)
+    }
+
+    /// The namespaces of the table, with their fallback prices, by name.
+    pub fn namespaces(&self) -> impl Iterator<Item = (&str, &Price)> {
+        let mut all: Vec<_> = self.namespaces.iter().map(|(name, price)| (name.as_str(), price)).collect();
+        all.sort_unstable_by_key(|(name, _)| *name);
+        all.into_iter()
+    }
+
+    /// `model` within `namespace`: the exact `{namespace}/{model}`, else its family stem's entry,
+    /// else the stem's newest dated one. A model the client names with the namespace already
+    /// (`groq/llama-3.3-70b-versatile`) is found as named.
+    fn resolve_in(&self, namespace: &str, model: &str) -> Option<Resolution<'_>> {
+        let named = model.strip_prefix(namespace).is_some_and(|rest| rest.starts_with('/'));
+        let full = if named { model.to_owned() } else { format!("{namespace}/{model}") };
+        if let Some((name, entry)) = self.by_name.get_key_value(full.as_str()) {
+            return Some(Resolution {
+                price: entry.price,
+                source: entry.source,
+                priced_as: PricedAs::Entry(name),
+            });
+        }
+        let stem = strip_version_suffix(&full).unwrap_or(&full);
+        let (name, entry) = self.by_name.get_key_value(stem).or_else(|| self.newest_dated(stem))?;
+        Some(Resolution { price: entry.price, source: PriceSource::Alias, priced_as: PricedAs::Entry(name) })
+    }
+
+    fn kind_fallback(&self, kind: ProviderKind) -> Resolution<'_> {
+        Resolution {
             price: self.fallback[kind_index(kind)],
             source: PriceSource::Fallback,
             priced_as: PricedAs::Fallback(kind.priced_like()),
-        })
+        }
+    }
+
+    /// The price of one generated image of `model` at `quality` and `size` (`1024x1792`), in
+    /// `scope`: the entry `{model}#{quality}-{size}`, else `{model}#{size}`, else `None` (the model's
+    /// own entry prices its default image).
+    pub fn image_price(
+        &self,
+        model: &str,
+        quality: Option<&str>,
+        size: &str,
+        scope: &PriceScope,
+    ) -> Option<Nanos> {
+        let namespace = self.namespace_of(scope);
+        let prefixed = |name: String| match namespace {
+            Some(namespace) if !name.starts_with(&format!("{namespace}/")) => format!("{namespace}/{name}"),
+            _ => name,
+        };
+        let mut names = Vec::with_capacity(2);
+        if let Some(quality) = quality {
+            names.push(prefixed(format!("{model}#{quality}-{size}")));
+        }
+        names.push(prefixed(format!("{model}#{size}")));
+        names
+            .into_iter()
+            .find_map(|name| self.by_name.get(name.as_str()).and_then(|entry| entry.price.per_image))
     }
 
     /// The price of `model` by [`PriceTable::resolve`]'s rule; `None` when the model is unpriced.
@@ -316,6 +628,7 @@ impl PriceTable {
                 match resolution.priced_as {
                     PricedAs::Entry(name) => self.entries.get(name)?.kind,
                     PricedAs::Fallback(kind) => Some(kind),
+                    PricedAs::NamespaceFallback(_) | PricedAs::CredentialFallback => None,
                 }
             });
             entries.insert(
@@ -378,6 +691,24 @@ fn most_expensive(entries: &BTreeMap<String, TableEntry>, kind: ProviderKind) ->
     }
 }
 
+/// Each namespace's most expensive input and output prices (each on its own) among its entries;
+/// the entries of one generated image (`model#quality-size`) price images, not tokens, and are left
+/// out.
+fn namespace_fallbacks(entries: &BTreeMap<String, TableEntry>) -> foldhash::HashMap<String, Price> {
+    let mut namespaces: foldhash::HashMap<String, Price> = foldhash::HashMap::default();
+    for (name, entry) in entries {
+        let Some((namespace, _)) = name.split_once('/') else { continue };
+        if name.contains('#') {
+            continue;
+        }
+        let most = namespaces.entry(namespace.to_owned()).or_default();
+        most.input_per_mtok = most.input_per_mtok.max(entry.price.input_per_mtok);
+        most.output_per_mtok = most.output_per_mtok.max(entry.price.output_per_mtok);
+        most.max_output_tokens = most.max_output_tokens.max(entry.price.max_output_tokens);
+    }
+    namespaces
+}
+
 /// A date suffix's digits as one number, `YYYYMMDD`, which orders dates of either shape.
 fn date_number(suffix: &str) -> u32 {
     suffix
@@ -406,16 +737,23 @@ fn strip_date_suffix(name: &str) -> Option<&str> {
     })
 }
 
-/// The admin API's wire form of a price, in US dollars per million tokens as decimal strings.
+/// The wire form of a price (the admin API's, the table file's, the feed's and the store's), in US
+/// dollars as decimal strings: per million tokens, characters or seconds, or per image, call or
+/// session. `kind`, where given, is the provider kind that serves the model (an entry of the table
+/// file, the body of `PUT /prices/{model}`); a price alone carries none.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PriceWire {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
     pub input_per_mtok_usd: String,
     pub output_per_mtok_usd: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_input_per_mtok_usd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_1h_per_mtok_usd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_input_per_mtok_usd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -426,26 +764,121 @@ pub struct PriceWire {
     pub audio_output_per_mtok_usd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_audio_input_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_input_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_output_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_image_input_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_image_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_million_characters_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_million_seconds_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_search_per_call_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub web_search_per_prompt: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_search_per_call_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_interpreter_per_session_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flex: Option<RatesWire>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<RatesWire>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_context: Option<LongContextWire>,
     /// The most output tokens one request to the model can produce.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u64>,
+}
+
+/// The wire form of [`Rates`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RatesWire {
+    pub input_per_mtok_usd: String,
+    pub output_per_mtok_usd: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_per_mtok_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_per_mtok_usd: Option<String>,
+}
+
+/// The wire form of [`LongContext`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LongContextWire {
+    pub above_input_tokens: u64,
+    pub standard: RatesWire,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flex: Option<RatesWire>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<RatesWire>,
+}
+
+/// Parses the wire's dollar amounts, each error naming its field (`priority.input_per_mtok_usd`).
+struct Amounts;
+
+impl Amounts {
+    fn required(field: &'static str, usd: &str) -> Result<Nanos, PriceError> {
+        Nanos::parse_usd(usd).map_err(|error| PriceError { field, error: Some(error) })
+    }
+
+    fn optional(field: &'static str, usd: &Option<String>) -> Result<Option<Nanos>, PriceError> {
+        usd.as_deref().map(|usd| Amounts::required(field, usd)).transpose()
+    }
+
+    /// Rates under `prefix` (their fields' names, for errors, are static per place).
+    fn rates(wire: &RatesWire, fields: [&'static str; 4]) -> Result<Rates, PriceError> {
+        Ok(Rates {
+            input_per_mtok: Amounts::required(fields[0], &wire.input_per_mtok_usd)?,
+            output_per_mtok: Amounts::required(fields[1], &wire.output_per_mtok_usd)?,
+            cached_input_per_mtok: Amounts::optional(fields[2], &wire.cached_input_per_mtok_usd)?,
+            cache_write_per_mtok: Amounts::optional(fields[3], &wire.cache_write_per_mtok_usd)?,
+        })
+    }
+}
+
+/// The fields of each place rates sit in, for errors.
+macro_rules! rate_fields {
+    ($prefix:literal) => {
+        [
+            concat!($prefix, "input_per_mtok_usd"),
+            concat!($prefix, "output_per_mtok_usd"),
+            concat!($prefix, "cached_input_per_mtok_usd"),
+            concat!($prefix, "cache_write_per_mtok_usd"),
+        ]
+    };
 }
 
 impl TryFrom<&PriceWire> for Price {
     type Error = PriceError;
 
     fn try_from(wire: &PriceWire) -> Result<Price, PriceError> {
-        let parse = |field: &'static str, usd: &str| {
-            Nanos::parse_usd(usd).map_err(|error| PriceError { field, error: Some(error) })
-        };
-        let optional = |field: &'static str, usd: &Option<String>| {
-            usd.as_deref().map(|usd| parse(field, usd)).transpose()
+        let optional = Amounts::optional;
+        let rates =
+            |wire: &Option<RatesWire>, fields| wire.as_ref().map(|w| Amounts::rates(w, fields)).transpose();
+        let long_context = match &wire.long_context {
+            None => None,
+            Some(long) => Some(LongContext {
+                above_input_tokens: long.above_input_tokens,
+                standard: Amounts::rates(&long.standard, rate_fields!("long_context.standard."))?,
+                flex: rates(&long.flex, rate_fields!("long_context.flex."))?,
+                priority: rates(&long.priority, rate_fields!("long_context.priority."))?,
+            }),
         };
         Ok(Price {
-            input_per_mtok: parse("input_per_mtok_usd", &wire.input_per_mtok_usd)?,
-            output_per_mtok: parse("output_per_mtok_usd", &wire.output_per_mtok_usd)?,
+            input_per_mtok: Amounts::required("input_per_mtok_usd", &wire.input_per_mtok_usd)?,
+            output_per_mtok: Amounts::required("output_per_mtok_usd", &wire.output_per_mtok_usd)?,
             cached_input_per_mtok: optional("cached_input_per_mtok_usd", &wire.cached_input_per_mtok_usd)?,
             cache_write_per_mtok: optional("cache_write_per_mtok_usd", &wire.cache_write_per_mtok_usd)?,
+            cache_write_1h_per_mtok: optional(
+                "cache_write_1h_per_mtok_usd",
+                &wire.cache_write_1h_per_mtok_usd,
+            )?,
             batch_input_per_mtok: optional("batch_input_per_mtok_usd", &wire.batch_input_per_mtok_usd)?,
             batch_output_per_mtok: optional("batch_output_per_mtok_usd", &wire.batch_output_per_mtok_usd)?,
             audio_input_per_mtok: optional("audio_input_per_mtok_usd", &wire.audio_input_per_mtok_usd)?,
@@ -454,8 +887,38 @@ impl TryFrom<&PriceWire> for Price {
                 "cached_audio_input_per_mtok_usd",
                 &wire.cached_audio_input_per_mtok_usd,
             )?,
+            image_input_per_mtok: optional("image_input_per_mtok_usd", &wire.image_input_per_mtok_usd)?,
+            image_output_per_mtok: optional("image_output_per_mtok_usd", &wire.image_output_per_mtok_usd)?,
+            cached_image_input_per_mtok: optional(
+                "cached_image_input_per_mtok_usd",
+                &wire.cached_image_input_per_mtok_usd,
+            )?,
+            per_image: optional("per_image_usd", &wire.per_image_usd)?,
+            per_million_characters: optional("per_million_characters_usd", &wire.per_million_characters_usd)?,
+            per_million_seconds: optional("per_million_seconds_usd", &wire.per_million_seconds_usd)?,
+            web_search_per_call: optional("web_search_per_call_usd", &wire.web_search_per_call_usd)?,
+            web_search_per_prompt: wire.web_search_per_prompt,
+            file_search_per_call: optional("file_search_per_call_usd", &wire.file_search_per_call_usd)?,
+            code_interpreter_per_session: optional(
+                "code_interpreter_per_session_usd",
+                &wire.code_interpreter_per_session_usd,
+            )?,
+            flex: rates(&wire.flex, rate_fields!("flex."))?,
+            priority: rates(&wire.priority, rate_fields!("priority."))?,
+            long_context,
             max_output_tokens: wire.max_output_tokens,
         })
+    }
+}
+
+impl From<&Rates> for RatesWire {
+    fn from(rates: &Rates) -> RatesWire {
+        RatesWire {
+            input_per_mtok_usd: rates.input_per_mtok.to_usd_string(),
+            output_per_mtok_usd: rates.output_per_mtok.to_usd_string(),
+            cached_input_per_mtok_usd: rates.cached_input_per_mtok.map(Nanos::to_usd_string),
+            cache_write_per_mtok_usd: rates.cache_write_per_mtok.map(Nanos::to_usd_string),
+        }
     }
 }
 
@@ -463,21 +926,63 @@ impl From<&Price> for PriceWire {
     fn from(price: &Price) -> PriceWire {
         let usd = |n: Option<Nanos>| n.map(Nanos::to_usd_string);
         PriceWire {
+            kind: None,
             input_per_mtok_usd: price.input_per_mtok.to_usd_string(),
             output_per_mtok_usd: price.output_per_mtok.to_usd_string(),
             cached_input_per_mtok_usd: usd(price.cached_input_per_mtok),
             cache_write_per_mtok_usd: usd(price.cache_write_per_mtok),
+            cache_write_1h_per_mtok_usd: usd(price.cache_write_1h_per_mtok),
             batch_input_per_mtok_usd: usd(price.batch_input_per_mtok),
             batch_output_per_mtok_usd: usd(price.batch_output_per_mtok),
             audio_input_per_mtok_usd: usd(price.audio_input_per_mtok),
             audio_output_per_mtok_usd: usd(price.audio_output_per_mtok),
             cached_audio_input_per_mtok_usd: usd(price.cached_audio_input_per_mtok),
+            image_input_per_mtok_usd: usd(price.image_input_per_mtok),
+            image_output_per_mtok_usd: usd(price.image_output_per_mtok),
+            cached_image_input_per_mtok_usd: usd(price.cached_image_input_per_mtok),
+            per_image_usd: usd(price.per_image),
+            per_million_characters_usd: usd(price.per_million_characters),
+            per_million_seconds_usd: usd(price.per_million_seconds),
+            web_search_per_call_usd: usd(price.web_search_per_call),
+            web_search_per_prompt: price.web_search_per_prompt,
+            file_search_per_call_usd: usd(price.file_search_per_call),
+            code_interpreter_per_session_usd: usd(price.code_interpreter_per_session),
+            flex: price.flex.as_ref().map(RatesWire::from),
+            priority: price.priority.as_ref().map(RatesWire::from),
+            long_context: price.long_context.as_ref().map(|long| LongContextWire {
+                above_input_tokens: long.above_input_tokens,
+                standard: RatesWire::from(&long.standard),
+                flex: long.flex.as_ref().map(RatesWire::from),
+                priority: long.priority.as_ref().map(RatesWire::from),
+            }),
             max_output_tokens: price.max_output_tokens,
         }
     }
 }
 
-/// A [`PriceWire`] or [`EntryWire`] field that is not an amount of US dollars (or, for `kind`, not
+impl PriceWire {
+    /// The wire form of `price`, served by `kind`.
+    pub fn of(kind: Option<ProviderKind>, price: &Price) -> PriceWire {
+        PriceWire { kind: kind.map(|kind| kind.as_str().to_owned()), ..PriceWire::from(price) }
+    }
+
+    /// The kind and the price; the error names the offending field.
+    pub fn parse(&self) -> Result<(Option<ProviderKind>, Price), PriceError> {
+        let kind = self
+            .kind
+            .as_deref()
+            .map(|kind| ProviderKind::parse(kind).ok_or(PriceError { field: "kind", error: None }))
+            .transpose()?;
+        Ok((kind, Price::try_from(self)?))
+    }
+
+    /// The price alone, as the feed and the store carry it.
+    pub fn without_kind(&self) -> PriceWire {
+        PriceWire { kind: None, ..self.clone() }
+    }
+}
+
+/// A [`PriceWire`] field that is not an amount of US dollars (or, for `kind`, not
 /// a provider kind); `field` is its wire name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PriceError {
@@ -533,79 +1038,7 @@ pub(crate) struct TableFile {
     _source: Option<String>,
     #[serde(default, rename = "license")]
     _license: Option<String>,
-    pub(crate) models: BTreeMap<String, EntryWire>,
-}
-
-/// A price with the provider kind that serves the model: an entry of the table file, and the body
-/// of `PUT /prices/{model}`. `kind` is `openai` or `anthropic`; left out, it is not known.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EntryWire {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    pub input_per_mtok_usd: String,
-    pub output_per_mtok_usd: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_input_per_mtok_usd: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_write_per_mtok_usd: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch_input_per_mtok_usd: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch_output_per_mtok_usd: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub audio_input_per_mtok_usd: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub audio_output_per_mtok_usd: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_audio_input_per_mtok_usd: Option<String>,
-    /// The most output tokens one request to the model can produce.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_output_tokens: Option<u64>,
-}
-
-impl EntryWire {
-    /// The price alone, as the feed and the store carry it.
-    pub fn price_wire(&self) -> PriceWire {
-        PriceWire {
-            input_per_mtok_usd: self.input_per_mtok_usd.clone(),
-            output_per_mtok_usd: self.output_per_mtok_usd.clone(),
-            cached_input_per_mtok_usd: self.cached_input_per_mtok_usd.clone(),
-            cache_write_per_mtok_usd: self.cache_write_per_mtok_usd.clone(),
-            batch_input_per_mtok_usd: self.batch_input_per_mtok_usd.clone(),
-            batch_output_per_mtok_usd: self.batch_output_per_mtok_usd.clone(),
-            audio_input_per_mtok_usd: self.audio_input_per_mtok_usd.clone(),
-            audio_output_per_mtok_usd: self.audio_output_per_mtok_usd.clone(),
-            cached_audio_input_per_mtok_usd: self.cached_audio_input_per_mtok_usd.clone(),
-            max_output_tokens: self.max_output_tokens,
-        }
-    }
-
-    /// The kind and the price; the error names the offending field.
-    pub fn parse(&self) -> Result<(Option<ProviderKind>, Price), PriceError> {
-        let kind = self
-            .kind
-            .as_deref()
-            .map(|kind| ProviderKind::parse(kind).ok_or(PriceError { field: "kind", error: None }))
-            .transpose()?;
-        Ok((kind, Price::try_from(&self.price_wire())?))
-    }
-
-    pub fn new(kind: Option<ProviderKind>, price: &PriceWire) -> EntryWire {
-        EntryWire {
-            kind: kind.map(|kind| kind.as_str().to_owned()),
-            input_per_mtok_usd: price.input_per_mtok_usd.clone(),
-            output_per_mtok_usd: price.output_per_mtok_usd.clone(),
-            cached_input_per_mtok_usd: price.cached_input_per_mtok_usd.clone(),
-            cache_write_per_mtok_usd: price.cache_write_per_mtok_usd.clone(),
-            batch_input_per_mtok_usd: price.batch_input_per_mtok_usd.clone(),
-            batch_output_per_mtok_usd: price.batch_output_per_mtok_usd.clone(),
-            audio_input_per_mtok_usd: price.audio_input_per_mtok_usd.clone(),
-            audio_output_per_mtok_usd: price.audio_output_per_mtok_usd.clone(),
-            cached_audio_input_per_mtok_usd: price.cached_audio_input_per_mtok_usd.clone(),
-            max_output_tokens: price.max_output_tokens,
-        }
-    }
+    pub(crate) models: BTreeMap<String, PriceWire>,
 }
 
 #[cfg(test)]
@@ -728,11 +1161,19 @@ mod tests {
     #[test]
     fn builtin_table_parses_and_prices_the_common_models() {
         let table = PriceTable::builtin();
-        assert!(table.len() > 50, "only {} models", table.len());
+        assert!(table.len() > 4000, "only {} models", table.len());
         let get = |model: &str| table.entries.get(model).unwrap_or_else(|| panic!("{model} missing")).price;
         let gpt_4o = Price {
             batch_input_per_mtok: Some(usd("1.25")),
             batch_output_per_mtok: Some(usd("5")),
+            file_search_per_call: Some(usd("0.0025")),
+            code_interpreter_per_session: Some(usd("0.03")),
+            priority: Some(Rates {
+                input_per_mtok: usd("4.25"),
+                output_per_mtok: usd("17"),
+                cached_input_per_mtok: Some(usd("2.125")),
+                cache_write_per_mtok: None,
+            }),
             max_output_tokens: Some(16384),
             ..price("2.5", "10", Some("1.25"), None)
         };
@@ -744,8 +1185,10 @@ mod tests {
         assert_eq!(get("o3").input_per_mtok, usd("2"));
         assert!(table.entries.contains_key("o4-mini"));
         let sonnet = Price {
+            cache_write_1h_per_mtok: Some(usd("6")),
             batch_input_per_mtok: Some(usd("1.5")),
             batch_output_per_mtok: Some(usd("7.5")),
+            web_search_per_call: Some(usd("0.01")),
             max_output_tokens: Some(64000),
             ..price("3", "15", Some("0.3"), Some("3.75"))
         };
@@ -764,7 +1207,80 @@ mod tests {
         );
         // Dated Anthropic snapshots resolve to their alias's price when not listed themselves.
         assert_eq!(table.lookup("claude-sonnet-4-5-20990101"), Some(get("claude-sonnet-4-5")));
-        assert!(table.iter().all(|(_, entry)| entry.kind.is_some() && entry.source == PriceSource::Builtin));
+        // The kinds' own entries are named bare and carry their kind; every other provider's sit
+        // under its namespace, with none.
+        assert!(table.iter().all(|(name, entry)| {
+            let namespaced = name.split('#').next().is_some_and(|model| model.contains('/'));
+            entry.source == PriceSource::Builtin && (entry.kind.is_some() != namespaced || name.contains('#'))
+        }));
+    }
+
+    /// A sample of every component the generator reads from LiteLLM 1.110.2's list, against the
+    /// list's own values (`input_cost_per_token_flex` 6.25e-07 is $0.625 per million).
+    #[test]
+    fn builtin_components_are_litellms() {
+        let table = PriceTable::builtin();
+        let get = |model: &str| table.entries.get(model).unwrap_or_else(|| panic!("{model} missing")).price;
+        let rates = |input: &str, output: &str, cached: Option<&str>| Rates {
+            input_per_mtok: usd(input),
+            output_per_mtok: usd(output),
+            cached_input_per_mtok: cached.map(usd),
+            cache_write_per_mtok: None,
+        };
+        // Tiers: gpt-5.4's flex and priority (`*_flex`, `*_priority`).
+        let gpt_5_4 = get("gpt-5.4");
+        assert_eq!(gpt_5_4.flex, Some(rates("1.25", "7.5", Some("0.13"))));
+        assert_eq!(gpt_5_4.priority, Some(rates("5", "30", Some("0.5"))));
+        // Long context: above 272k (`*_above_272k_tokens`, and its `_flex`; no priority listed).
+        let long = gpt_5_4.long_context.expect("gpt-5.4's long context");
+        assert_eq!(long.above_input_tokens, 272_000);
+        assert_eq!(long.standard, rates("5", "22.5", Some("0.5")));
+        assert_eq!(long.flex, Some(rates("2.5", "11.25", Some("0.25"))));
+        assert_eq!(long.priority, None);
+        // Gemini 2.5 Pro above 200k, its priority's too; grounding per prompt.
+        let pro = get("gemini-2.5-pro");
+        let long = pro.long_context.expect("gemini-2.5-pro's long context");
+        assert_eq!((long.above_input_tokens, long.standard), (200_000, rates("2.5", "15", Some("0.25"))));
+        assert_eq!(long.priority, Some(rates("4.5", "27", Some("0.45"))));
+        assert_eq!((pro.web_search_per_call, pro.web_search_per_prompt), (Some(usd("0.035")), true));
+        // Anthropic's 1-hour cache writes (`cache_creation_input_token_cost_above_1hr`).
+        assert_eq!(get("claude-sonnet-4-5").cache_write_1h_per_mtok, Some(usd("6")));
+        // Image tokens (gpt-image-1), per generated image by quality and size (its `high/1024-x-1024/`
+        // entry; DALL-E 3 and 2 from LiteLLM 1.80.0's per-pixel prices, to the tenth of a cent).
+        let image = get("gpt-image-1");
+        assert_eq!(
+            (image.image_input_per_mtok, image.image_output_per_mtok, image.cached_image_input_per_mtok),
+            (Some(usd("10")), Some(usd("40")), Some(usd("2.5")))
+        );
+        for (variant, per_image) in [
+            ("gpt-image-1#high-1024x1024", "0.167"),
+            ("gpt-image-1#low-1024x1536", "0.016"),
+            ("dall-e-3#hd-1024x1792", "0.12"),
+            ("dall-e-3#standard-1024x1024", "0.04"),
+            ("dall-e-3", "0.04"),
+            ("dall-e-2#256x256", "0.016"),
+            ("dall-e-2", "0.02"),
+        ] {
+            assert_eq!(get(variant).per_image, Some(usd(per_image)), "{variant}");
+        }
+        // Per character (tts-1), per second (whisper-1, billed once though listed twice).
+        assert_eq!(get("tts-1").per_million_characters, Some(usd("15")));
+        assert_eq!(get("whisper-1").per_million_seconds, Some(usd("100")));
+        assert_eq!(get("gpt-4o-transcribe").audio_input_per_mtok, Some(usd("2.5")));
+        // Search per call (`search_context_cost_per_query`), a container session (`openai/container`).
+        assert_eq!(get("gpt-4o-search-preview").web_search_per_call, Some(usd("0.025")));
+        assert_eq!(get("gpt-5.4").code_interpreter_per_session, Some(usd("0.03")));
+        // Other providers under their namespace: Groq's, Azure's, a local model's at zero.
+        let llama = get("groq/llama-3.3-70b-versatile");
+        assert_eq!((llama.input_per_mtok, llama.output_per_mtok), (usd("0.59"), usd("0.79")));
+        assert_eq!(get("groq/openai/gpt-oss-120b").web_search_per_call, Some(usd("0.005")));
+        assert_eq!(get("azure/gpt-4o").code_interpreter_per_session, Some(usd("0.033")));
+        assert_eq!(get("ollama/llama3"), Price { max_output_tokens: Some(8192), ..Price::default() });
+        assert!(
+            table.has_namespace("groq")
+                && table.has_namespace("together_ai")
+                && !table.has_namespace("openrouter")
+        );
     }
 
     #[test]
@@ -794,7 +1310,7 @@ mod tests {
     #[test]
     fn builtin_prices_survive_the_wire_form() {
         for (model, entry) in PriceTable::builtin().iter() {
-            let wire = EntryWire::new(entry.kind, &PriceWire::from(&entry.price));
+            let wire = PriceWire::of(entry.kind, &entry.price);
             assert_eq!(wire.parse(), Ok((entry.kind, entry.price)), "{model}");
         }
     }
@@ -1043,8 +1559,8 @@ mod tests {
         #[test]
         fn cost_is_within_half_a_nano_of_the_exact_sum(price in any_price(), plain in 0_u64..1_000_000_000, output in 0_u64..1_000_000_000) {
             let exact = i128::from(plain) * i128::from(price.input_per_mtok.0) + i128::from(output) * i128::from(price.output_per_mtok.0);
-            let billed = i128::from(cost(&usage(plain, 0, 0, output), &price).0) * TOKENS_PER_MTOK;
-            prop_assert!(billed - exact <= TOKENS_PER_MTOK / 2 && exact - billed < TOKENS_PER_MTOK / 2);
+            let billed = i128::from(cost(&usage(plain, 0, 0, output), &price).0) * UNITS_PER_MILLION;
+            prop_assert!(billed - exact <= UNITS_PER_MILLION / 2 && exact - billed < UNITS_PER_MILLION / 2);
         }
     }
 }

@@ -7,13 +7,13 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::money::Nanos;
-use crate::pricing::{self, PriceSource, Resolution};
+use crate::pricing::{self, PriceSource, Resolution, ServiceTier};
 use crate::tags::Tags;
 use crate::timestamp::Timestamp;
 use crate::usage::{Usage, UsageSource};
 
 /// The record of one admitted request, as the ledger stores it and the admin API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Receipt {
     /// Minted once per request, from its request id: replays and retries insert it only once.
@@ -41,6 +41,27 @@ pub struct Receipt {
     pub cached_audio_input_tokens: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub audio_output_tokens: u64,
+    /// The other quantities the provider bills, each left out when zero (or standard): the part of
+    /// the cache writes kept an hour, the image parts of the tokens, the characters, seconds and
+    /// images of models priced per unit, the built-in tools' calls, and the tier it was served at.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_1h_input_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub image_input_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_image_input_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub image_output_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub characters: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub seconds: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub images: u64,
+    #[serde(default, skip_serializing_if = "ToolCalls::is_empty")]
+    pub tool_calls: ToolCalls,
+    #[serde(default, skip_serializing_if = "ServiceTier::is_standard", with = "service_tier")]
+    pub service_tier: ServiceTier,
     #[serde(deserialize_with = "usd")]
     pub cost_usd: Nanos,
     #[serde(with = "usage_source")]
@@ -75,19 +96,89 @@ pub struct Receipt {
     pub tags: Tags,
 }
 
+/// The built-in tools' calls a receipt charged, by tool; left out when none ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCalls {
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub web_search: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub file_search: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub code_interpreter: u64,
+}
+
+impl ToolCalls {
+    pub fn is_empty(&self) -> bool {
+        *self == ToolCalls::default()
+    }
+}
+
+/// A service tier as a receipt writes it: `flex`, `priority` (the standard tier is left out).
+mod service_tier {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::pricing::ServiceTier;
+
+    pub(super) fn serialize<S: Serializer>(tier: &ServiceTier, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(tier.as_str())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ServiceTier, D::Error> {
+        let name = <std::borrow::Cow<'_, str>>::deserialize(deserializer)?;
+        Ok(ServiceTier::parse(&name))
+    }
+}
+
 impl Receipt {
-    /// The tokens the receipt counts.
+    /// What the receipt counts.
     pub fn usage(&self) -> Usage {
         Usage {
             input_tokens: self.input_tokens,
             cached_input_tokens: self.cached_input_tokens,
             cache_write_input_tokens: self.cache_write_input_tokens,
+            cache_write_1h_input_tokens: self.cache_write_1h_input_tokens,
             output_tokens: self.output_tokens,
             reasoning_tokens: self.reasoning_tokens,
             audio_input_tokens: self.audio_input_tokens,
             cached_audio_input_tokens: self.cached_audio_input_tokens,
             audio_output_tokens: self.audio_output_tokens,
+            image_input_tokens: self.image_input_tokens,
+            cached_image_input_tokens: self.cached_image_input_tokens,
+            image_output_tokens: self.image_output_tokens,
+            characters: self.characters,
+            seconds: self.seconds,
+            images: self.images,
+            web_search_calls: self.tool_calls.web_search,
+            file_search_calls: self.tool_calls.file_search,
+            code_interpreter_sessions: self.tool_calls.code_interpreter,
+            service_tier: self.service_tier,
         }
+    }
+
+    /// Makes the receipt count `usage`: each of its quantities in the receipt's field.
+    pub fn set_usage(&mut self, usage: &Usage) {
+        self.input_tokens = usage.input_tokens;
+        self.cached_input_tokens = usage.cached_input_tokens;
+        self.cache_write_input_tokens = usage.cache_write_input_tokens;
+        self.cache_write_1h_input_tokens = usage.cache_write_1h_input_tokens;
+        self.output_tokens = usage.output_tokens;
+        self.reasoning_tokens = usage.reasoning_tokens;
+        self.audio_input_tokens = usage.audio_input_tokens;
+        self.cached_audio_input_tokens = usage.cached_audio_input_tokens;
+        self.audio_output_tokens = usage.audio_output_tokens;
+        self.image_input_tokens = usage.image_input_tokens;
+        self.cached_image_input_tokens = usage.cached_image_input_tokens;
+        self.image_output_tokens = usage.image_output_tokens;
+        self.characters = usage.characters;
+        self.seconds = usage.seconds;
+        self.images = usage.images;
+        self.tool_calls = ToolCalls {
+            web_search: usage.web_search_calls,
+            file_search: usage.file_search_calls,
+            code_interpreter: usage.code_interpreter_sessions,
+        };
+        self.service_tier = usage.service_tier;
     }
 
     /// The receipt's JSON text, byte for byte what `serde_json::to_string` writes (a property test
@@ -129,10 +220,39 @@ impl Receipt {
             (r#","audio_input_tokens":"#, self.audio_input_tokens),
             (r#","cached_audio_input_tokens":"#, self.cached_audio_input_tokens),
             (r#","audio_output_tokens":"#, self.audio_output_tokens),
+            (r#","cache_write_1h_input_tokens":"#, self.cache_write_1h_input_tokens),
+            (r#","image_input_tokens":"#, self.image_input_tokens),
+            (r#","cached_image_input_tokens":"#, self.cached_image_input_tokens),
+            (r#","image_output_tokens":"#, self.image_output_tokens),
+            (r#","characters":"#, self.characters),
+            (r#","seconds":"#, self.seconds),
+            (r#","images":"#, self.images),
         ] {
             if count != 0 {
                 number(&mut out, key, count);
             }
+        }
+        if !self.tool_calls.is_empty() {
+            out.push_str(r#","tool_calls":{"#);
+            let mut first = true;
+            for (key, count) in [
+                (r#""web_search":"#, self.tool_calls.web_search),
+                (r#""file_search":"#, self.tool_calls.file_search),
+                (r#""code_interpreter":"#, self.tool_calls.code_interpreter),
+            ] {
+                if count != 0 {
+                    if !first {
+                        out.push(',');
+                    }
+                    first = false;
+                    number(&mut out, key, count);
+                }
+            }
+            out.push('}');
+        }
+        if !self.service_tier.is_standard() {
+            out.push_str(r#","service_tier":"#);
+            push_json_str(&mut out, self.service_tier.as_str());
         }
         // Amounts and times are digits and punctuation: nothing in them needs escaping.
         out.push_str(r#","cost_usd":""#);
@@ -209,6 +329,15 @@ impl Receipt {
             audio_input_tokens: 0,
             cached_audio_input_tokens: 0,
             audio_output_tokens: 0,
+            cache_write_1h_input_tokens: 0,
+            image_input_tokens: 0,
+            cached_image_input_tokens: 0,
+            image_output_tokens: 0,
+            characters: 0,
+            seconds: 0,
+            images: 0,
+            tool_calls: ToolCalls::default(),
+            service_tier: ServiceTier::Standard,
             cost_usd: Nanos(0),
             usage_source: UsageSource::Provider,
             priced: true,
@@ -548,6 +677,8 @@ mod tests {
             tags in proptest::collection::btree_map(any_text(), any_text(), 0..3),
             job in proptest::option::of((any_text(), proptest::option::of(any::<i64>()))),
             batch in proptest::option::of((any_text(), any_text(), any::<[u64; 4]>())),
+            more in prop_oneof![Just([0u64; 10]), any::<[u64; 10]>()],
+            tier in 0_u8..3,
         ) -> Receipt {
             let mut text = texts.into_iter();
             let mut next = || text.next().unwrap_or_default();
@@ -569,6 +700,15 @@ mod tests {
                 audio_input_tokens: audio[0],
                 cached_audio_input_tokens: audio[1],
                 audio_output_tokens: audio[2],
+                cache_write_1h_input_tokens: more[0],
+                image_input_tokens: more[1],
+                cached_image_input_tokens: more[2],
+                image_output_tokens: more[3],
+                characters: more[4],
+                seconds: more[5],
+                images: more[6],
+                tool_calls: ToolCalls { web_search: more[7], file_search: more[8], code_interpreter: more[9] },
+                service_tier: [ServiceTier::Standard, ServiceTier::Flex, ServiceTier::Priority][usize::from(tier)],
                 cost_usd: Nanos(cost),
                 usage_source: match (flags.1, counts[5] % 3) {
                     (true, _) => UsageSource::Provider,

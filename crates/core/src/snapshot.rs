@@ -83,6 +83,22 @@ pub struct ProviderCredential {
     /// `None`: the node's default base URL for this kind.
     pub base_url: Option<String>,
     pub api_key: String,
+    /// Where its requests are priced: its price namespace (by default its name) and its fallback.
+    pub scope: crate::pricing::PriceScope,
+}
+
+impl ProviderCredential {
+    /// A credential priced in its name's namespace (when the table has one) at the kind's fallback.
+    pub fn new(name: String, kind: ProviderKind, base_url: Option<String>, api_key: String) -> Self {
+        let scope = crate::pricing::PriceScope::of_credential(kind, &name, None, None);
+        Self { name, kind, base_url, api_key, scope }
+    }
+
+    /// The same, priced in `namespace` (none: its name's) and at `fallback` for unpriced models.
+    pub fn with_pricing(mut self, namespace: Option<&str>, fallback: Option<crate::pricing::Price>) -> Self {
+        self.scope = crate::pricing::PriceScope::of_credential(self.kind, &self.name, namespace, fallback);
+        self
+    }
 }
 
 impl std::fmt::Debug for ProviderCredential {

@@ -5,7 +5,7 @@ use time::OffsetDateTime;
 use crate::window::{MS_PER_DAY, civil_from_days};
 use time::format_description::well_known::Rfc3339;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(pub i64);
 
 impl Timestamp {

@@ -12,6 +12,7 @@ use recovea_core::Timestamp;
 use recovea_core::channel::JobKind;
 use recovea_core::jobs::{BatchInput, book_key};
 use recovea_core::money::Nanos;
+use recovea_core::pricing::PriceScope;
 use recovea_core::receipt::{self, BatchFile, Receipt, Settlement};
 use recovea_core::snapshot::{Prices, ProviderKind};
 use recovea_core::tags::Tags;
@@ -31,9 +32,11 @@ pub(crate) struct Metered {
     pub(crate) provider: String,
     pub(crate) endpoint: String,
     pub(crate) request_model: Option<String>,
-    /// The kind of the credential the request went through: a model without a price is costed
-    /// at that kind's fallback price.
+    /// The kind of the credential the request went through, for its metrics.
     pub(crate) kind: ProviderKind,
+    /// Where the credential prices its models: its namespace, and the fallback price of a model
+    /// without one.
+    pub(crate) scope: PriceScope,
     pub(crate) stream: bool,
     pub(crate) surface: Surface,
     /// The request's estimated input tokens (the body's, estimated once when it was read), for a
@@ -181,7 +184,7 @@ impl Meter {
         let created = tapped.created.take().filter(|_| success);
         let mut settled = match request.charge {
             Charge::Metered => {
-                let price = request.prices.table.price_for(model.as_deref(), request.kind);
+                let price = request.prices.table.price_in(model.as_deref(), &request.scope);
                 let mut settled = receipt::settle(tapped.usage, estimate, &price);
                 if tapped.partial {
                     settled.source = UsageSource::Estimated;
@@ -285,8 +288,7 @@ impl Meter {
         settled: Settlement,
         finished_at: Timestamp,
     ) -> Receipt {
-        let usage = settled.usage;
-        Receipt {
+        let mut receipt = Receipt {
             id: receipt::receipt_id(&request.request_id),
             request_id: request.request_id,
             org_id: request.org_id,
@@ -296,14 +298,6 @@ impl Meter {
             endpoint: request.endpoint,
             status,
             stream: request.stream,
-            input_tokens: usage.input_tokens,
-            output_tokens: usage.output_tokens,
-            cached_input_tokens: usage.cached_input_tokens,
-            cache_write_input_tokens: usage.cache_write_input_tokens,
-            reasoning_tokens: usage.reasoning_tokens,
-            audio_input_tokens: usage.audio_input_tokens,
-            cached_audio_input_tokens: usage.cached_audio_input_tokens,
-            audio_output_tokens: usage.audio_output_tokens,
             cost_usd: settled.cost,
             usage_source: settled.source,
             priced: settled.priced,
@@ -312,11 +306,11 @@ impl Meter {
             started_at: request.started_at,
             finished_at,
             node_id: self.node_id.clone(),
-            job_id: None,
-            held_usd: None,
-            batch_input: None,
             tags: request.tags,
-        }
+            ..Receipt::default()
+        };
+        receipt.set_usage(&settled.usage);
+        receipt
     }
 
     fn alarm_unpriced(&self, model: Option<&str>, priced_as: Option<&str>) {

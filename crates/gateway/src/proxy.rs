@@ -13,6 +13,7 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use recovea_core::admission::{Admitted, Decision, FailOpenReason};
 use recovea_core::answer::WireShape;
+use recovea_core::pricing::PriceScope;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::tags::{self, Tags};
 use recovea_core::{Answer, Snapshot, Timestamp, credential};
@@ -109,6 +110,8 @@ macro_rules! failpoint {
 /// Where an admitted (or failed-open) request goes and with which provider auth.
 struct Target {
     kind: ProviderKind,
+    /// Where the request's model is priced (the credential's namespace and fallback).
+    scope: PriceScope,
     base_url: String,
     /// The managed key to inject, with its kind; `None` leaves the client's own auth in place.
     managed_key: Option<(ProviderKind, String)>,
@@ -237,7 +240,7 @@ where
                 facts: &facts,
                 input_tokens,
                 prices: &prices,
-                kind: target.kind,
+                scope: &target.scope,
                 org_id: admitted.org.id.as_str(),
                 credential: route.credential,
                 managed: target.managed_key.is_some(),
@@ -275,6 +278,7 @@ where
             request_id: ctx.request_id.to_str().unwrap_or_default().to_owned(),
             provider: route.credential.to_owned(),
             kind: target.kind,
+            scope: target.scope.clone(),
             endpoint: endpoint.to_owned(),
             model: recovea_providers::realtime::model_in_query(route.upstream_path).map(str::to_owned),
             prices,
@@ -296,6 +300,7 @@ where
                 endpoint: endpoint.to_owned(),
                 request_model: facts.model.clone(),
                 kind: target.kind,
+                scope: target.scope.clone(),
                 stream: facts.stream || recovea_providers::usage::streams_by_path(endpoint),
                 surface,
                 input_tokens,
@@ -373,7 +378,12 @@ fn plan<'p>(
             let not_configured = || Refusal::ProviderNotConfigured(route.credential.to_owned());
             let kind = route.fallback_kind.ok_or_else(not_configured)?;
             let base_url = shared.config.default_base_url(kind).ok_or_else(not_configured)?;
-            Target { kind, base_url: base_url.to_owned(), managed_key: None }
+            Target {
+                kind,
+                scope: PriceScope::of_kind(kind),
+                base_url: base_url.to_owned(),
+                managed_key: None,
+            }
         }
     };
     Ok((route, target))
@@ -461,6 +471,7 @@ fn target_for(
     match (admitted.org.provider(route.credential), route.fallback_kind) {
         (Some(credential), _) => Ok(Target {
             kind: credential.kind,
+            scope: credential.scope.clone(),
             base_url: match &credential.base_url {
                 Some(url) => url.clone(),
                 None => {
@@ -471,6 +482,7 @@ fn target_for(
         }),
         (None, Some(kind)) if brings_own => Ok(Target {
             kind,
+            scope: PriceScope::of_kind(kind),
             base_url: shared.config.default_base_url(kind).ok_or_else(not_configured)?.to_owned(),
             managed_key: None,
         }),

@@ -24,7 +24,7 @@ use recovea_core::admission::Admitted;
 use recovea_core::caps::{self, CapRefusal};
 use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
-use recovea_core::pricing;
+use recovea_core::pricing::{self, PriceScope};
 use recovea_core::snapshot::{Prices, ProviderKind};
 use recovea_core::tags::Tags;
 use recovea_core::timestamp::Timestamp;
@@ -63,6 +63,7 @@ pub(crate) struct SessionFacts {
     pub(crate) request_id: String,
     pub(crate) provider: String,
     pub(crate) kind: ProviderKind,
+    pub(crate) scope: PriceScope,
     pub(crate) endpoint: String,
     pub(crate) model: Option<String>,
     pub(crate) prices: Prices,
@@ -319,7 +320,7 @@ impl Session {
     /// What the next response may cost: the conversation read again (the last response's input),
     /// and the model's longest output, all of it audio.
     fn estimate(&self) -> Nanos {
-        let price = self.facts.prices.table.price_for(self.facts.model.as_deref(), self.facts.kind).price;
+        let price = self.facts.prices.table.price_in(self.facts.model.as_deref(), &self.facts.scope).price;
         let output = price.max_output_tokens.unwrap_or(UNKNOWN_MAX_OUTPUT);
         let usage = Usage { output_tokens: output, audio_output_tokens: output, ..self.last_input };
         pricing::cost(&usage, &price)
@@ -379,6 +380,7 @@ impl Session {
             endpoint: self.facts.endpoint.clone(),
             request_model: self.facts.model.clone(),
             kind: self.facts.kind,
+            scope: self.facts.scope.clone(),
             stream: true,
             surface: Surface::Other,
             input_tokens: 0,

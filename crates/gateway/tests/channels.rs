@@ -54,8 +54,7 @@ async fn node(caps: Vec<Cap>, confirmed: bool) -> Harness {
     ];
     for (name, kind) in kinds {
         let base_url = Some(mock.url());
-        let credential =
-            ProviderCredential { name: name.into(), kind, base_url, api_key: format!("sk-{name}-managed") };
+        let credential = ProviderCredential::new(name.into(), kind, base_url, format!("sk-{name}-managed"));
         b.provider(&org, credential);
     }
     for cap in caps {

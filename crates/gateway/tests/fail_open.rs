@@ -52,12 +52,8 @@ impl Harness {
         let mut b = SnapshotBuilder::new(1);
         b.org(capped.clone()).org(open.clone());
         for org in [&capped, &open] {
-            let credential = ProviderCredential {
-                name: "openai".into(),
-                kind: ProviderKind::OpenAi,
-                base_url: None,
-                api_key: MANAGED.into(),
-            };
+            let credential =
+                ProviderCredential::new("openai".into(), ProviderKind::OpenAi, None, MANAGED.into());
             b.provider(org, credential);
         }
         b.cap(Cap {

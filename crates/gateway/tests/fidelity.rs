@@ -119,7 +119,7 @@ fn key(id: &str) -> KeyId {
 }
 
 fn credential(name: &str, kind: ProviderKind, api_key: &str) -> ProviderCredential {
-    ProviderCredential { name: name.into(), kind, base_url: None, api_key: api_key.into() }
+    ProviderCredential::new(name.into(), kind, None, api_key.into())
 }
 
 /// The status, the body byte for byte, and every header of `expected`.

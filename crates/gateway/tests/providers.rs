@@ -61,11 +61,8 @@ fn snapshot(mock_url: &str) -> recovea_core::Snapshot {
     let org = OrgId::parse("org_acme").expect("id");
     let mut b = SnapshotBuilder::new(1);
     b.org(org.clone());
-    let credential = |name: &str, kind, api_key: &str| ProviderCredential {
-        name: name.into(),
-        kind,
-        base_url: Some(mock_url.to_owned()),
-        api_key: api_key.into(),
+    let credential = |name: &str, kind, api_key: &str| {
+        ProviderCredential::new(name.into(), kind, Some(mock_url.to_owned()), api_key.into())
     };
     b.provider(&org, credential("azure", ProviderKind::AzureOpenAi, MANAGED_AZURE));
     b.provider(&org, credential("gemini", ProviderKind::Gemini, MANAGED_GEMINI));
@@ -108,9 +105,10 @@ async fn an_azure_deployment_gets_the_managed_key_in_api_key_and_its_api_version
     assert_eq!(receipt.endpoint, "/openai/deployments/prod-chat/chat/completions");
     assert_eq!(receipt.model.as_deref(), Some("gpt-4o-mini"));
     assert_eq!((receipt.input_tokens, receipt.output_tokens), (2, 5));
-    // gpt-4o-mini: $0.15 and $0.60 per million: 2 x 0.15 + 5 x 0.60 = $0.0000033.
+    // Azure's own price of gpt-4o-mini (the credential named `azure` prices in Azure's namespace):
+    // $0.15 and $0.60 per million: 2 x 0.15 + 5 x 0.60 = $0.0000033.
     assert_eq!(receipt.cost_usd, Nanos(3_300));
-    assert_eq!((receipt.priced, receipt.priced_as.as_deref()), (true, Some("gpt-4o-mini")));
+    assert_eq!((receipt.priced, receipt.priced_as.as_deref()), (true, Some("azure/gpt-4o-mini")));
 }
 
 #[tokio::test]

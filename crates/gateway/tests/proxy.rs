@@ -73,11 +73,8 @@ fn snapshot(mock_url: &str, caps: Vec<Cap>) -> recovea_core::Snapshot {
     let bare = OrgId::parse("org_bare").expect("id");
     let mut b = SnapshotBuilder::new(1);
     b.org(org.clone()).org(bare.clone());
-    let credential = |name: &str, kind, base_url: Option<String>, key: &str| ProviderCredential {
-        name: name.into(),
-        kind,
-        base_url,
-        api_key: key.into(),
+    let credential = |name: &str, kind, base_url: Option<String>, key: &str| {
+        ProviderCredential::new(name.into(), kind, base_url, key.into())
     };
     b.provider(&org, credential("openai", ProviderKind::OpenAi, None, MANAGED_OPENAI));
     b.provider(&org, credential("anthropic", ProviderKind::Anthropic, None, MANAGED_ANTHROPIC));

@@ -44,12 +44,8 @@ async fn node_with(caps: Vec<Cap>, name: &str, kind: ProviderKind) -> Harness {
     let org = OrgId::parse("org_acme").expect("id");
     let mut b = SnapshotBuilder::new(1);
     b.org(org.clone());
-    let credential = ProviderCredential {
-        name: name.into(),
-        kind,
-        base_url: Some(mock.url()),
-        api_key: "sk-managed-realtime".into(),
-    };
+    let credential =
+        ProviderCredential::new(name.into(), kind, Some(mock.url()), "sk-managed-realtime".into());
     b.provider(&org, credential);
     for cap in caps {
         b.cap(cap);

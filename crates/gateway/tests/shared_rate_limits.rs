@@ -83,12 +83,12 @@ fn snapshot() -> recovea_core::Snapshot {
     b.org(org.clone());
     b.provider(
         &org,
-        ProviderCredential {
-            name: "openai".into(),
-            kind: ProviderKind::OpenAi,
-            base_url: None,
-            api_key: "sk-managed-openai-0123456789".into(),
-        },
+        ProviderCredential::new(
+            "openai".into(),
+            ProviderKind::OpenAi,
+            None,
+            "sk-managed-openai-0123456789".into(),
+        ),
     );
     b.key_with_limits(
         hash_secret(LIMITED_KEY),

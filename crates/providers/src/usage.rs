@@ -110,10 +110,17 @@ pub struct UsageTap {
 enum TappedBody {
     /// A JSON answer, kept until it is whole.
     Json { kept: Kept, overflowed: bool },
-    /// An event stream, read event by event (the reader boxed, so a JSON tap stays small).
-    Events { reader: Box<SseReader>, tally: Tally },
+    /// An event stream, read event by event (boxed, so a JSON tap stays small).
+    Events(Box<EventTap>),
     /// Nothing to read here.
     Ignored,
+}
+
+/// A stream's reader and what its events told so far.
+#[derive(Debug)]
+struct EventTap {
+    reader: SseReader,
+    tally: Tally,
 }
 
 /// The bytes of a JSON answer so far. Most answers come in one chunk: that one is kept as it came,
@@ -236,10 +243,10 @@ impl UsageTap {
     pub fn new(surface: Surface, event_stream: bool) -> Self {
         let body = match (surface, event_stream) {
             (Surface::Other, _) | (Surface::Embeddings, true) => TappedBody::Ignored,
-            (_, true) => TappedBody::Events {
-                reader: Box::new(SseReader::with_max_event_bytes(MAX_TAPPED_BYTES)),
+            (_, true) => TappedBody::Events(Box::new(EventTap {
+                reader: SseReader::with_max_event_bytes(MAX_TAPPED_BYTES),
                 tally: Tally::default(),
-            },
+            })),
             (_, false) => TappedBody::Json { kept: Kept::Nothing, overflowed: false },
         };
         Self { surface, body, creation: None }
@@ -266,8 +273,8 @@ impl UsageTap {
                     kept.push(chunk);
                 }
             }
-            TappedBody::Events { reader, tally } => {
-                let surface = self.surface;
+            TappedBody::Events(tap) => {
+                let (surface, EventTap { reader, tally }) = (self.surface, &mut **tap);
                 reader.push(chunk, |event| tally.read(surface, event));
             }
             TappedBody::Json { overflowed: true, .. } | TappedBody::Ignored => {}
@@ -292,7 +299,8 @@ impl UsageTap {
                 };
                 Tapped { created, ..read_json(self.surface, body) }
             }
-            TappedBody::Events { mut reader, mut tally } => {
+            TappedBody::Events(tap) => {
+                let EventTap { mut reader, mut tally } = *tap;
                 let surface = self.surface;
                 reader.finish(|event| tally.read(surface, event));
                 tally.into_tapped()

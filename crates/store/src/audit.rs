@@ -169,7 +169,15 @@ pub fn key_json(key: &KeyRecord) -> Value {
 
 /// A provider credential as the admin API shows it: the key's hint, never the sealed key.
 pub fn provider_json(p: &ProviderRecord) -> Value {
-    json!({ "name": p.name, "kind": p.kind.as_str(), "base_url": p.base_url, "key_hint": p.key_hint })
+    json!({
+        "name": p.name,
+        "kind": p.kind.as_str(),
+        "base_url": p.base_url,
+        "key_hint": p.key_hint,
+        "price_namespace": p.price_namespace,
+        "fallback_input_per_mtok_usd": p.fallback_price.map(|(input, _)| input.to_usd_string()),
+        "fallback_output_per_mtok_usd": p.fallback_price.map(|(_, output)| output.to_usd_string()),
+    })
 }
 
 /// Thousandths as an exact decimal fraction (`500` is `0.500`), as the admin API gives them.

@@ -120,6 +120,28 @@ pub struct ProviderRecord {
     pub sealed_key: Vec<u8>,
     pub key_hint: String,
     pub updated_at: Timestamp,
+    /// The price namespace its models resolve in first; `None`: its name's, if the table has one.
+    pub price_namespace: Option<String>,
+    /// Its own fallback price per million input and output tokens, for models no entry prices
+    /// (both or neither).
+    pub fallback_price: Option<(Nanos, Nanos)>,
+}
+
+impl ProviderRecord {
+    /// Its own fallback price, if it carries one.
+    pub fn fallback(&self) -> Option<recovea_core::pricing::Price> {
+        self.fallback_price.map(|(input, output)| recovea_core::pricing::Price::per_mtok(input, output))
+    }
+
+    /// Where its requests are priced.
+    pub fn scope(&self) -> recovea_core::pricing::PriceScope {
+        recovea_core::pricing::PriceScope::of_credential(
+            self.kind,
+            &self.name,
+            self.price_namespace.as_deref(),
+            self.fallback(),
+        )
+    }
 }
 
 /// Everything a snapshot is built from, read in one consistent transaction.

@@ -172,7 +172,8 @@ pub(crate) fn active_key(row: &dyn Columns, org_ids: &OrgIds<'_>) -> Result<Acti
     })
 }
 
-pub(crate) const PROVIDER_COLUMNS: &str = "org_id, name, kind, base_url, sealed_key, key_hint, updated_at";
+pub(crate) const PROVIDER_COLUMNS: &str = "org_id, name, kind, base_url, sealed_key, key_hint, updated_at,
+    price_namespace, fallback_input_nanos, fallback_output_nanos";
 
 /// A provider credential, from its [`PROVIDER_COLUMNS`].
 pub(crate) fn provider(row: &dyn Columns) -> Result<ProviderRecord> {
@@ -184,6 +185,11 @@ pub(crate) fn provider(row: &dyn Columns) -> Result<ProviderRecord> {
         sealed_key: row.bytes(4)?.to_vec(),
         key_hint: row.string(5)?,
         updated_at: row.timestamp(6)?,
+        price_namespace: row.optional_string(7)?,
+        fallback_price: match (row.optional_integer(8)?, row.optional_integer(9)?) {
+            (Some(input), Some(output)) => Some((Nanos(input), Nanos(output))),
+            _ => None,
+        },
     })
 }
 
@@ -547,4 +553,68 @@ mod day_tests {
         assert_eq!(summary_days(None, Some(5 * d - 1)), None);
         assert_eq!(day_of(-1), -1);
     }
+}
+
+/// The quantities of a receipt a SQLite row keeps in one JSON column (`quantities`): those most
+/// receipts do not have (hour-long cache writes, image tokens, characters, seconds, images, tool
+/// calls, a tier), as the receipt's own JSON writes them. `None` when the receipt has none.
+pub(crate) fn quantities_text(receipt: &recovea_core::receipt::Receipt) -> Option<String> {
+    let quantities = Quantities {
+        cache_write_1h_input_tokens: receipt.cache_write_1h_input_tokens,
+        image_input_tokens: receipt.image_input_tokens,
+        cached_image_input_tokens: receipt.cached_image_input_tokens,
+        image_output_tokens: receipt.image_output_tokens,
+        characters: receipt.characters,
+        seconds: receipt.seconds,
+        images: receipt.images,
+        tool_calls: receipt.tool_calls,
+        service_tier: (!receipt.service_tier.is_standard()).then(|| receipt.service_tier.as_str().to_owned()),
+    };
+    (quantities != Quantities::default()).then(|| serde_json::to_string(&quantities).unwrap_or_default())
+}
+
+/// Sets the quantities a `quantities` column holds on `receipt`.
+pub(crate) fn read_quantities(text: &str, receipt: &mut recovea_core::receipt::Receipt) -> Result<()> {
+    let q: Quantities =
+        serde_json::from_str(text).map_err(|e| corrupt(format!("bad receipt quantities: {e}")))?;
+    receipt.cache_write_1h_input_tokens = q.cache_write_1h_input_tokens;
+    receipt.image_input_tokens = q.image_input_tokens;
+    receipt.cached_image_input_tokens = q.cached_image_input_tokens;
+    receipt.image_output_tokens = q.image_output_tokens;
+    receipt.characters = q.characters;
+    receipt.seconds = q.seconds;
+    receipt.images = q.images;
+    receipt.tool_calls = q.tool_calls;
+    receipt.service_tier = q
+        .service_tier
+        .as_deref()
+        .map_or(recovea_core::pricing::ServiceTier::Standard, recovea_core::pricing::ServiceTier::parse);
+    Ok(())
+}
+
+#[derive(Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Quantities {
+    #[serde(default, skip_serializing_if = "is_zero")]
+    cache_write_1h_input_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    image_input_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    cached_image_input_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    image_output_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    characters: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    seconds: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    images: u64,
+    #[serde(default, skip_serializing_if = "recovea_core::receipt::ToolCalls::is_empty")]
+    tool_calls: recovea_core::receipt::ToolCalls,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    service_tier: Option<String>,
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }

@@ -261,6 +261,8 @@ fn provider(org: &str) -> ProviderRecord {
         sealed_key: vec![1, 2, 3],
         key_hint: "...".into(),
         updated_at: Timestamp(3),
+        price_namespace: None,
+        fallback_price: None,
     }
 }
 
@@ -430,10 +432,16 @@ fn children_of_unknown_orgs_are_refused(db: &impl Backend) {
         kind: ProviderKind::Anthropic,
         base_url: Some("http://127.0.0.1:9".into()),
         sealed_key: vec![9; 40],
+        price_namespace: Some("groq".into()),
+        fallback_price: Some((Nanos(0), Nanos(1_500_000_000))),
         ..provider.clone()
     };
     store.put_provider(&replaced, &audit()).expect("put again");
-    assert_eq!(store.list_providers(&provider.org_id).expect("list"), vec![replaced]);
+    assert_eq!(store.list_providers(&provider.org_id).expect("list"), vec![replaced.clone()]);
+    // Its pricing goes as it came, and can be taken away again.
+    let plain = ProviderRecord { price_namespace: None, fallback_price: None, ..replaced };
+    store.put_provider(&plain, &audit()).expect("put a third time");
+    assert_eq!(store.list_providers(&provider.org_id).expect("list"), vec![plain]);
     assert!(
         matches!(store.create_org(&org("org_x"), &audit()), Err(StoreError::Backend(_))),
         "ids are unique"
@@ -1320,8 +1328,8 @@ fn every_change_writes_its_audit_row(db: &impl Backend) {
     let key_before = r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":null,"revoked_at":null,"tokens_per_minute":null}"#;
     let key_limited = r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":null,"tokens_per_minute":null}"#;
     let key_revoked = r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":"1970-01-01T00:00:00.009Z","tokens_per_minute":null}"#;
-    let provider_first = r#"{"base_url":null,"key_hint":"...","kind":"openai","name":"openai"}"#;
-    let provider_second = r#"{"base_url":null,"key_hint":"sk-...wxyz","kind":"openai","name":"openai"}"#;
+    let provider_first = r#"{"base_url":null,"fallback_input_per_mtok_usd":null,"fallback_output_per_mtok_usd":null,"key_hint":"...","kind":"openai","name":"openai","price_namespace":null}"#;
+    let provider_second = r#"{"base_url":null,"fallback_input_per_mtok_usd":null,"fallback_output_per_mtok_usd":null,"key_hint":"sk-...wxyz","kind":"openai","name":"openai","price_namespace":null}"#;
     let cap_first = r#"{"alert_at":[0.5,0.8,1.0],"alert_webhook":"https://hooks.example/recovea","created_at":"1970-01-01T00:00:00.004Z","hard_stop":true,"id":"cap_a","key_id":null,"limit_usd":"1.00","org_id":"org_a","scope":"organization","window":"month"}"#;
     let cap_changed = r#"{"alert_at":[0.5,0.8,1.0],"alert_webhook":null,"created_at":"1970-01-01T00:00:00.004Z","hard_stop":true,"id":"cap_a","key_id":null,"limit_usd":"2.50","org_id":"org_a","scope":"organization","window":"month"}"#;
     let price_1 = r#"{"batch_input_per_mtok_usd":"0.25","cache_write_per_mtok_usd":"0.5","input_per_mtok_usd":"2","kind":null,"max_output_tokens":4096,"output_per_mtok_usd":"1","revision":1}"#;

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use recovea_core::pricing::{self, EntryWire, Price, PriceSource, PriceTable, PriceWire, PricedAs};
+use recovea_core::pricing::{self, Price, PriceSource, PriceTable, PriceWire, PricedAs};
 use recovea_core::snapshot::ProviderKind;
 use recovea_store::{PriceChange, PriceTarget};
 use serde_json::{Value, json};
@@ -41,32 +41,76 @@ impl Control {
     }
 
     /// Resolves any model name as the gateway would: the entry it reaches and how, or the
-    /// fallback price of each kind when none is reached.
-    pub(crate) fn get_price(&self, model: &str) -> Result<Reply, ApiError> {
+    /// fallback price it gets when none is reached. With `org` and `provider` in the query, as a
+    /// request through that credential resolves it: in its price namespace first, at its fallback.
+    pub(crate) async fn get_price(&self, model: &str, query: &str) -> Result<Reply, ApiError> {
         let (prices, revisions) = self.published_prices();
-        let Some(resolution) = prices.table.resolve(model) else {
-            return ok(json!({
-                "model": model,
-                "source": PriceSource::Fallback.as_str(),
-                "price_revision": prices.revision,
-                "fallback": fallbacks(&prices.table, &revisions),
-            }));
+        let params = crate::admin::query::Params::parse(query)?;
+        let credential = match (params.get("org"), params.get("provider")) {
+            (None, None) => None,
+            (Some(org), Some(name)) => {
+                let org = crate::admin::org_id(org)?;
+                let name = name.to_owned();
+                let missing = format!("No provider {name:?} in organization {org}.");
+                let providers = self.store(move |s| s.list_providers(&org)).await?;
+                let record =
+                    providers.into_iter().find(|p| p.name == name).ok_or(ApiError::NotFound(missing))?;
+                Some(record)
+            }
+            _ => return Err(ApiError::BadRequest("org and provider: give both, or neither".into())),
         };
-        let entry_name = match resolution.priced_as {
-            PricedAs::Entry(name) => name,
-            PricedAs::Fallback(_) => return Err(ApiError::internal("a resolved entry names no entry")),
+        let scope = credential.as_ref().map(recovea_store::ProviderRecord::scope);
+        let resolution = match &scope {
+            Some(scope) => prices.table.price_in(Some(model), scope),
+            None => prices
+                .table
+                .resolve(model)
+                .unwrap_or_else(|| prices.table.price_for(None, ProviderKind::OpenAi)),
         };
-        let entry =
-            prices.table.get(entry_name).ok_or_else(|| ApiError::internal("resolved entry missing"))?;
-        let revision = revisions.get(&PriceTarget::Model(entry_name.to_owned()));
-        let mut body = described(&entry.price, entry.kind, resolution.source.as_str(), None);
+        let mut body = match resolution.priced_as {
+            PricedAs::Entry(entry_name) => {
+                let entry = prices
+                    .table
+                    .get(entry_name)
+                    .ok_or_else(|| ApiError::internal("resolved entry missing"))?;
+                let revision = revisions.get(&PriceTarget::Model(entry_name.to_owned()));
+                let mut body = described(&entry.price, entry.kind, resolution.source.as_str(), None);
+                body["entry"] = json!({
+                    "model": entry_name,
+                    "source": entry.source.as_str(),
+                    "revision": revision,
+                });
+                body
+            }
+            PricedAs::Fallback(_) | PricedAs::NamespaceFallback(_) | PricedAs::CredentialFallback
+                if scope.is_none() =>
+            {
+                json!({
+                    "source": PriceSource::Fallback.as_str(),
+                    "fallback": fallbacks(&prices.table, &revisions),
+                })
+            }
+            fallback => {
+                let mut body = described(&resolution.price, None, resolution.source.as_str(), None);
+                body["priced_as"] = json!(fallback.to_string());
+                body
+            }
+        };
         body["model"] = json!(model);
         body["price_revision"] = json!(prices.revision);
-        body["entry"] = json!({
-            "model": entry_name,
-            "source": entry.source.as_str(),
-            "revision": revision,
-        });
+        if let (Some(record), Some(scope)) = (&credential, &scope) {
+            body["credential"] = json!({
+                "org_id": record.org_id,
+                "provider": record.name,
+                "kind": record.kind.as_str(),
+                "price_namespace": prices.table.namespace_of(scope),
+                "fallback": match (&scope.fallback, prices.table.namespace_of(scope)) {
+                    (Some(_), _) => "credential".to_owned(),
+                    (None, Some(namespace)) if prices.table.has_namespace(namespace) => format!("namespace:{namespace}"),
+                    (None, _) => format!("kind:{}", record.kind.priced_like().as_str()),
+                },
+            });
+        }
         ok(body)
     }
 
@@ -74,14 +118,14 @@ impl Control {
         &self,
         caller: Caller,
         model: &str,
-        wire: EntryWire,
+        wire: PriceWire,
     ) -> Result<Reply, ApiError> {
         let model = model_name(model)?;
         let (kind, _) = wire.parse().map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let change = PriceChange {
             target: PriceTarget::Model(model.to_owned()),
             kind,
-            price: Some(wire.price_wire()),
+            price: Some(wire.without_kind()),
         };
         let revision = self.change_prices(caller, vec![change], "").await?;
         let mut body = serde_json::to_value(&wire).map_err(ApiError::internal)?;
@@ -114,7 +158,7 @@ impl Control {
             changes.push(PriceChange {
                 target: PriceTarget::Model(model.to_owned()),
                 kind,
-                price: Some(entry.price_wire()),
+                price: Some(entry.without_kind()),
             });
         }
         let imported = changes.len();

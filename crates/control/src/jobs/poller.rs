@@ -20,6 +20,7 @@ use http_body_util::BodyExt;
 use recovea_core::crypto::provider_key_context;
 use recovea_core::jobs::EndedJob;
 use recovea_core::jobs::schedule::{Due, JobSlot, NewJob, PollSchedule, Polled};
+use recovea_core::pricing::PriceScope;
 use recovea_core::receipt::SerializedReceipt;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
@@ -247,12 +248,14 @@ impl Control {
         self.inner.metrics.job_polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let outcome = match self.poll(poller, job).await {
             Ok(None) => Ok(Polled::Running),
-            Ok(Some((kind, ran))) => self.settle(&poller.settings, job, kind, &ran).await.map(|settled| {
-                if settled {
-                    self.inner.metrics.jobs_settled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                Polled::Ended
-            }),
+            Ok(Some((credential, ran))) => {
+                self.settle(&poller.settings, job, &credential.scope, &ran).await.map(|settled| {
+                    if settled {
+                        self.inner.metrics.jobs_settled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Polled::Ended
+                })
+            }
             Err(error) => Err(error),
         };
         let polls = job.polls.saturating_add(due.polls);
@@ -310,7 +313,7 @@ impl Control {
         &self,
         poller: &Poller,
         job: &JobRecord,
-    ) -> Result<Option<(ProviderKind, BTreeMap<Option<String>, Usage>)>, PollError> {
+    ) -> Result<Option<(Arc<Credential>, BTreeMap<Option<String>, Usage>)>, PollError> {
         let settings = &poller.settings;
         let credential = self.credential(poller, job).await?;
         let path = poll_path(job.kind, credential.kind, &job.job_id);
@@ -338,7 +341,7 @@ impl Control {
             }
         }
         tracing::info!(org_id = %job.org_id, job_id = %job.job_id, ended = %how, models = ran.len(), "a job ended");
-        Ok(Some((credential.kind, ran)))
+        Ok(Some((credential, ran)))
     }
 
     /// Writes the job's settlement: its receipts and its cost, once.
@@ -346,14 +349,14 @@ impl Control {
         &self,
         settings: &PollerSettings,
         job: &JobRecord,
-        provider_kind: ProviderKind,
+        scope: &PriceScope,
         ran: &BTreeMap<Option<String>, Usage>,
     ) -> Result<bool, PollError> {
         let Some(jobs) = self.inner.jobs.get() else { return Ok(false) };
         let prices = self.inner.prices.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0.clone();
         let ended = EndedJob {
             kind: job.kind,
-            provider_kind,
+            scope,
             request_id: &job.request_id,
             org_id: job.org_id.as_str(),
             key_id: job.key_id.as_str(),
@@ -429,7 +432,7 @@ impl Control {
             Some(base) => base.trim_end_matches('/').to_owned(),
             None => return Err("the credential has no base URL".to_owned()),
         };
-        Ok(Credential { kind: record.kind, base_url, key })
+        Ok(Credential { kind: record.kind, scope: record.scope(), base_url, key })
     }
 }
 
@@ -441,6 +444,8 @@ fn credential_key(job: &JobRecord) -> String {
 /// A credential as the poller uses it. Its key never leaves it but in the provider's auth header.
 struct Credential {
     kind: ProviderKind,
+    /// Where its models are priced, for the job's settlement.
+    scope: PriceScope,
     base_url: String,
     key: String,
 }

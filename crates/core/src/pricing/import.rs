@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{EntryWire, PriceTableError, TableFile};
+use super::{PriceTableError, PriceWire, TableFile};
 use crate::money::Nanos;
 
 /// LiteLLM's providers whose models the gateway serves, and the kind that serves them.
@@ -19,14 +19,17 @@ const PROVIDERS: [(&str, &str); 4] = [
 ];
 /// LiteLLM names Gemini's models `gemini/<model>`; Gemini's own API names them `<model>`.
 const NAME_PREFIXES: [(&str, &str); 1] = [("gemini", "gemini/")];
-/// LiteLLM's modes priced per token; the others (images, speech...) are billed otherwise.
+/// LiteLLM's modes priced per token; the others (images, speech...) are billed otherwise. An import
+/// of LiteLLM's list takes these per-token prices only: `scripts/update-prices` rebuilds the
+/// built-in table with every component (tiers, long context, images, characters, seconds, tools)
+/// and every provider's namespace, in the table's own format, which an import takes whole.
 const MODES: [&str; 5] = ["chat", "completion", "responses", "embedding", "realtime"];
 
 /// What an import file holds: every entry it prices, validated, and the names of the entries of a
 /// served provider that were passed over for lacking an input or output price.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Import {
-    pub entries: Vec<(String, EntryWire)>,
+    pub entries: Vec<(String, PriceWire)>,
     pub skipped: Vec<String>,
 }
 
@@ -43,12 +46,12 @@ pub fn parse(text: &str) -> Result<Import, PriceTableError> {
         return litellm(&top);
     }
     let file: TableFile = serde_json::from_str(text).map_err(|e| PriceTableError(e.to_string()))?;
-    let entries: Vec<(String, EntryWire)> = file.models.into_iter().collect();
+    let entries: Vec<(String, PriceWire)> = file.models.into_iter().collect();
     check(&entries)?;
     Ok(Import { entries, skipped: Vec::new() })
 }
 
-fn check(entries: &[(String, EntryWire)]) -> Result<(), PriceTableError> {
+fn check(entries: &[(String, PriceWire)]) -> Result<(), PriceTableError> {
     for (model, entry) in entries {
         entry.parse().map_err(|e| PriceTableError(format!("models.{model}.{e}")))?;
     }
@@ -124,7 +127,7 @@ fn litellm(top: &BTreeMap<String, &RawValue>) -> Result<Import, PriceTableError>
         let prefix = NAME_PREFIXES.iter().find(|(name, _)| Some(*name) == provider).map_or("", |(_, p)| *p);
         import.entries.push((
             model.strip_prefix(prefix).unwrap_or(model).to_owned(),
-            EntryWire {
+            PriceWire {
                 kind: Some(kind.to_owned()),
                 input_per_mtok_usd: usd("input_cost_per_token", input)?,
                 output_per_mtok_usd: usd("output_cost_per_token", output)?,
@@ -161,6 +164,7 @@ fn litellm(top: &BTreeMap<String, &RawValue>) -> Result<Import, PriceTableError>
                 },
                 // A count, not money: a float in the file (`16384.0`) is read as the integer it is.
                 max_output_tokens: entry.max_output_tokens.and_then(|raw| token_count(raw.get())),
+                ..PriceWire::default()
             },
         ));
     }

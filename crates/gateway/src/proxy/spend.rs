@@ -14,7 +14,8 @@ use recovea_core::ids::CapId;
 use recovea_core::jobs::book_key;
 use recovea_core::money::Nanos;
 use recovea_core::pricing;
-use recovea_core::snapshot::{Prices, ProviderKind};
+use recovea_core::pricing::PriceScope;
+use recovea_core::snapshot::Prices;
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::Usage;
 use recovea_counters::Reservation;
@@ -42,7 +43,8 @@ pub(crate) struct Request<'r> {
     pub(crate) facts: &'r RequestFacts,
     pub(crate) input_tokens: u64,
     pub(crate) prices: &'r Prices,
-    pub(crate) kind: ProviderKind,
+    /// Where the credential prices its models.
+    pub(crate) scope: &'r PriceScope,
     /// The organization, and the credential the request goes through, whose account runs what
     /// it creates: where the book keeps its jobs and files.
     pub(crate) org_id: &'r str,
@@ -160,7 +162,7 @@ fn request_estimate(request: &Request<'_>) -> Nanos {
         output_tokens: request.facts.max_output_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE),
         ..Usage::default()
     };
-    let price = request.prices.table.price_for(request.facts.model.as_deref(), request.kind);
+    let price = request.prices.table.price_in(request.facts.model.as_deref(), request.scope);
     pricing::cost(&estimate, &price.price)
 }
 
@@ -182,7 +184,7 @@ async fn job_estimate(shared: &Shared, kind: JobKind, request: &Request<'_>) -> 
             provider_jobs::inline_batch(kind, request.body, request.facts.model.as_deref())?
         }
     };
-    Some(input.estimate(table, request.kind))
+    Some(input.estimate(table, request.scope))
 }
 
 /// The estimate of a batch input file this request uploads (`POST /v1/files`, purpose `batch`).

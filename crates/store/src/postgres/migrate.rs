@@ -238,6 +238,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX batch_files_by_time ON batch_files(created_at);
     CREATE TABLE jobs_version (id INTEGER PRIMARY KEY CHECK (id = 1), version BIGINT NOT NULL);
     INSERT INTO jobs_version VALUES (1, 0);
+    ALTER TABLE providers ADD COLUMN price_namespace TEXT;
+    ALTER TABLE providers ADD COLUMN fallback_input_nanos BIGINT;
+    ALTER TABLE providers ADD COLUMN fallback_output_nanos BIGINT;
     CREATE TABLE job_poller (
         id INTEGER PRIMARY KEY CHECK (id = 1),
         holder TEXT NOT NULL,

@@ -179,9 +179,13 @@ impl ControlStore for SqliteStore {
             )?;
             tx.execute(
                 &format!(
-                    "INSERT INTO providers ({PROVIDER_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                    "INSERT INTO providers ({PROVIDER_COLUMNS})
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                      ON CONFLICT (org_id, name) DO UPDATE SET kind = excluded.kind, base_url = excluded.base_url,
-                     sealed_key = excluded.sealed_key, key_hint = excluded.key_hint, updated_at = excluded.updated_at"
+                     sealed_key = excluded.sealed_key, key_hint = excluded.key_hint, updated_at = excluded.updated_at,
+                     price_namespace = excluded.price_namespace,
+                     fallback_input_nanos = excluded.fallback_input_nanos,
+                     fallback_output_nanos = excluded.fallback_output_nanos"
                 ),
                 params![
                     p.org_id.as_str(),
@@ -190,7 +194,10 @@ impl ControlStore for SqliteStore {
                     p.base_url,
                     p.sealed_key,
                     p.key_hint,
-                    p.updated_at.0
+                    p.updated_at.0,
+                    p.price_namespace,
+                    p.fallback_price.map(|(input, _)| input.0),
+                    p.fallback_price.map(|(_, output)| output.0)
                 ],
             )
             .map_err(backend)?;

@@ -17,12 +17,13 @@ use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, TagSpendRow};
 const RECEIPT_COLUMNS: &str = "id, request_id, org_id, key_id, provider, model, endpoint, status, stream,
     input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens, reasoning_tokens,
     cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id, priced_as, tags,
-    job_id, held_nanos, batch_input, audio_input_tokens, cached_audio_input_tokens, audio_output_tokens";
+    job_id, held_nanos, batch_input, audio_input_tokens, cached_audio_input_tokens, audio_output_tokens,
+    quantities";
 
 fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
     let status = row.integer(7)?;
     let usage_source = row.text(15)?;
-    Ok(Receipt {
+    let mut receipt = Receipt {
         id: row.string(0)?,
         request_id: row.string(1)?,
         org_id: row.string(2)?,
@@ -56,7 +57,12 @@ fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
         audio_input_tokens: row.count(26)?,
         cached_audio_input_tokens: row.count(27)?,
         audio_output_tokens: row.count(28)?,
-    })
+        ..Receipt::default()
+    };
+    if let Some(text) = row.optional_string(29)? {
+        rows::read_quantities(&text, &mut receipt)?;
+    }
+    Ok(receipt)
 }
 
 /// Inserts the receipts not already present, and adds those it inserted to the daily spend, in
@@ -70,7 +76,7 @@ pub(super) fn insert_receipts(tx: &Transaction<'_>, receipts: &[SerializedReceip
         .prepare_cached(&format!(
             "INSERT OR IGNORE INTO receipts ({RECEIPT_COLUMNS})
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                     ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)"
+                     ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)"
         ))
         .map_err(backend)?;
     for written in receipts {
@@ -106,6 +112,7 @@ pub(super) fn insert_receipts(tx: &Transaction<'_>, receipts: &[SerializedReceip
                 saturating_i64(r.audio_input_tokens),
                 saturating_i64(r.cached_audio_input_tokens),
                 saturating_i64(r.audio_output_tokens),
+                rows::quantities_text(r),
             ])
             .map_err(backend)?;
         if added > 0 {

@@ -219,7 +219,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX receipts_by_org_key_time ON receipts(org_id, key_id, started_at, id, cost_nanos);
 ",
     // Deferred jobs (issue 31): a receipt names the job its request created (and what the job
-    // holds) or settled, or the batch input file it uploaded; and Realtime's audio tokens. `jobs` is the control plane's book:
+    // holds) or settled, or the batch input file it uploaded; Realtime's audio tokens; and, in one
+    // JSON column, the quantities few receipts have (hour-long cache writes, image tokens,
+    // characters, seconds, images, tool calls, a tier). `jobs` is the control plane's book:
     // pending until settled once; `batch_files` the estimates of batch input files; each change
     // to either bumps `jobs_version`, which replicas poll. Job rows are keyed by organization,
     // credential and the provider's id, as providers' ids are unique within one account only.
@@ -232,6 +234,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE receipts ADD COLUMN audio_input_tokens INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE receipts ADD COLUMN cached_audio_input_tokens INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE receipts ADD COLUMN audio_output_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE receipts ADD COLUMN quantities TEXT;
     CREATE TABLE jobs (
         org_id TEXT NOT NULL,
         provider TEXT NOT NULL,
@@ -266,6 +269,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX batch_files_by_time ON batch_files(created_at);
     CREATE TABLE jobs_version (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
     INSERT INTO jobs_version VALUES (1, 0);
+    ALTER TABLE providers ADD COLUMN price_namespace TEXT;
+    ALTER TABLE providers ADD COLUMN fallback_input_nanos INTEGER;
+    ALTER TABLE providers ADD COLUMN fallback_output_nanos INTEGER;
     CREATE TABLE job_poller (
         id INTEGER PRIMARY KEY CHECK (id = 1),
         holder TEXT NOT NULL,
