@@ -1491,6 +1491,283 @@ mod tests {
         assert!(error.contains("models.m.kind"), "{error}");
     }
 
+    /// The rows (32) that price from the answer's quantities, each at the built-in table's
+    /// own prices, exact to the nano-dollar.
+    #[test]
+    fn each_quantity_is_billed_as_the_provider_bills_it() {
+        let table = PriceTable::builtin();
+        let billed = |model: &str, usage: Usage| {
+            cost(&usage, &table.price_for(Some(model), ProviderKind::OpenAi).price)
+        };
+        // gpt-image-1, 50 text tokens in, 4,160 image tokens out: 50 x $5 + 4,160 x $40 per million.
+        let image =
+            Usage { input_tokens: 50, output_tokens: 4_160, image_output_tokens: 4_160, ..Usage::default() };
+        assert_eq!(billed("gpt-image-1", image), usd("0.16665"));
+        // tts-1, 4,000 characters at $15 per million.
+        assert_eq!(billed("tts-1", Usage { characters: 4_000, ..Usage::default() }), usd("0.06"));
+        // whisper-1, 600 seconds at $0.006 a minute.
+        assert_eq!(billed("whisper-1", Usage { seconds: 600, ..Usage::default() }), usd("0.06"));
+        // gpt-4o-transcribe, 10,000 audio tokens in at $2.50 (as listed), 1,000 out at $10.
+        let transcribe = Usage {
+            input_tokens: 10_000,
+            audio_input_tokens: 10_000,
+            output_tokens: 1_000,
+            ..Usage::default()
+        };
+        assert_eq!(billed("gpt-4o-transcribe", transcribe), usd("0.035"));
+        // gpt-audio, 9,000 audio tokens each way at $32 / $64.
+        let audio = Usage {
+            input_tokens: 9_000,
+            audio_input_tokens: 9_000,
+            output_tokens: 9_000,
+            audio_output_tokens: 9_000,
+            ..Usage::default()
+        };
+        assert_eq!(billed("gpt-audio", audio), usd("0.864"));
+        // claude-sonnet-4-5, 100,000 tokens written to the hour-long cache at $6 (not $3.75).
+        let hour = Usage {
+            input_tokens: 100_000,
+            cache_write_input_tokens: 100_000,
+            cache_write_1h_input_tokens: 100_000,
+            ..Usage::default()
+        };
+        assert_eq!(billed("claude-sonnet-4-5", hour), usd("0.6"));
+        // Five web searches by sonnet-4.5, $0.01 each, beside its tokens.
+        let searched = Usage { web_search_calls: 5, ..Usage::default() };
+        assert_eq!(billed("claude-sonnet-4-5", searched), usd("0.05"));
+        // gemini-2.5-pro, 300,000 prompt tokens: the whole request above 200k at $2.50, not $1.25.
+        let long = Usage { input_tokens: 300_000, ..Usage::default() };
+        assert_eq!(billed("gemini-2.5-pro", long), usd("0.75"));
+        assert_eq!(
+            billed("gemini-2.5-pro", Usage { input_tokens: 200_000, ..Usage::default() }),
+            usd("0.25")
+        );
+        // gpt-5.4 at priority and at flex: 1,000 in and 1,000 out.
+        let tiered = |service_tier| Usage {
+            input_tokens: 1_000,
+            output_tokens: 1_000,
+            service_tier,
+            ..Usage::default()
+        };
+        assert_eq!(billed("gpt-5.4", tiered(ServiceTier::Standard)), usd("0.0175"));
+        assert_eq!(billed("gpt-5.4", tiered(ServiceTier::Priority)), usd("0.035"));
+        assert_eq!(billed("gpt-5.4", tiered(ServiceTier::Flex)), usd("0.00875"));
+        // One DALL-E 3 HD 1024x1792 image, at its own entry's price.
+        assert_eq!(billed("dall-e-3#hd-1024x1792", Usage { images: 1, ..Usage::default() }), usd("0.12"));
+    }
+
+    #[test]
+    fn a_tier_past_the_long_context_never_bills_below_either_of_its_rates() {
+        let rates = |input: &str, output: &str| Rates {
+            input_per_mtok: usd(input),
+            output_per_mtok: usd(output),
+            cached_input_per_mtok: None,
+            cache_write_per_mtok: None,
+        };
+        let price = Price {
+            priority: Some(rates("5", "30")),
+            long_context: Some(LongContext {
+                above_input_tokens: 272_000,
+                standard: rates("5", "22.5"),
+                flex: None,
+                priority: None,
+            }),
+            ..price("2.5", "15", None, None)
+        };
+        // Priority past the threshold, with no rates of its own: $5 in, and priority's $30 out.
+        let both = price.rates(ServiceTier::Priority, 300_000);
+        assert_eq!((both.input_per_mtok, both.output_per_mtok), (usd("5"), usd("30")));
+        // Flex past it with none of its own: the long context's standard rates.
+        assert_eq!(price.rates(ServiceTier::Flex, 300_000).input_per_mtok, usd("5"));
+        // At the threshold exactly, the standard rates still.
+        assert_eq!(price.rates(ServiceTier::Standard, 272_000).input_per_mtok, usd("2.5"));
+    }
+
+    #[test]
+    fn a_credential_prices_in_its_namespace_then_at_its_fallbacks() {
+        let table = PriceTable::from_kinded([
+            ("llama-3.3-70b-versatile".to_owned(), Some(ProviderKind::OpenAi), price("9", "9", None, None)),
+            ("groq/llama-3.3-70b-versatile".to_owned(), None, price("0.59", "0.79", None, None)),
+            ("groq/llama-3.1-8b-instant".to_owned(), None, price("0.05", "0.08", None, None)),
+            ("gpt-4o".to_owned(), Some(ProviderKind::OpenAi), price("2.5", "10", None, None)),
+            ("azure/gpt-4o".to_owned(), None, price("2.75", "11", None, None)),
+        ]);
+        let groq = PriceScope::of_credential(ProviderKind::OpenAi, "groq", None, None);
+        let found = table.price_in(Some("llama-3.3-70b-versatile"), &groq);
+        assert_eq!(found.priced_as, PricedAs::Entry("groq/llama-3.3-70b-versatile"));
+        assert_eq!(
+            table.price_in(Some("groq/llama-3.1-8b-instant"), &groq).price.input_per_mtok,
+            usd("0.05")
+        );
+        // Not in the namespace: never another provider's bare name, but the namespace's fallback.
+        let unknown = table.price_in(Some("gpt-4o"), &groq);
+        assert_eq!(unknown.priced_as, PricedAs::NamespaceFallback("groq"));
+        assert_eq!((unknown.price.input_per_mtok, unknown.price.output_per_mtok), (usd("0.59"), usd("0.79")));
+        assert_eq!(unknown.source, PriceSource::Fallback);
+        // Its own fallback first: zero for a self-hosted model.
+        let own = PriceScope::of_credential(ProviderKind::OpenAi, "groq", None, Some(Price::default()));
+        let free = table.price_in(Some("mystery"), &own);
+        assert_eq!((free.priced_as, free.price.input_per_mtok), (PricedAs::CredentialFallback, Nanos::ZERO));
+        // A name the table has no namespace for prices bare, at the kind's fallback.
+        let openai = PriceScope::of_credential(ProviderKind::OpenAi, "openai", None, None);
+        assert_eq!(table.price_in(Some("gpt-4o"), &openai).priced_as, PricedAs::Entry("gpt-4o"));
+        assert_eq!(
+            table.price_in(Some("mystery"), &openai).priced_as,
+            PricedAs::Fallback(ProviderKind::OpenAi)
+        );
+        // A namespace set for a credential applies whatever its name; Azure falls back to bare names.
+        let named = PriceScope::of_credential(ProviderKind::OpenAi, "fast", Some("groq"), None);
+        assert_eq!(table.price_in(Some("llama-3.3-70b-versatile"), &named).price.input_per_mtok, usd("0.59"));
+        let azure = PriceScope::of_credential(ProviderKind::AzureOpenAi, "azure", None, None);
+        assert_eq!(
+            table.price_in(Some("gpt-4o-2024-11-20"), &azure).priced_as,
+            PricedAs::Entry("azure/gpt-4o")
+        );
+        assert_eq!(
+            table.price_in(Some("llama-3.3-70b-versatile"), &azure).priced_as,
+            PricedAs::Entry("llama-3.3-70b-versatile")
+        );
+        assert_eq!(PricedAs::NamespaceFallback("groq").to_string(), "fallback:groq");
+        assert_eq!(PricedAs::CredentialFallback.to_string(), "fallback:credential");
+    }
+
+    fn any_rates() -> impl Strategy<Value = Rates> {
+        let amount = || (0_i64..=1_000_000_000_000).prop_map(Nanos);
+        (amount(), amount(), proptest::option::of(amount()), proptest::option::of(amount())).prop_map(
+            |(input, output, cached, write)| Rates {
+                input_per_mtok: input,
+                output_per_mtok: output,
+                cached_input_per_mtok: cached,
+                cache_write_per_mtok: write,
+            },
+        )
+    }
+
+    fn any_full_price() -> impl Strategy<Value = Price> {
+        let amount = || proptest::option::of((0_i64..=1_000_000_000_000).prop_map(Nanos));
+        (
+            any_rates(),
+            proptest::option::of(any_rates()),
+            proptest::option::of(any_rates()),
+            proptest::option::of((0_u64..1_000_000, any_rates(), proptest::option::of(any_rates()))),
+            proptest::collection::vec(amount(), 12),
+        )
+            .prop_map(|(base, flex, priority, long, amounts)| Price {
+                input_per_mtok: base.input_per_mtok,
+                output_per_mtok: base.output_per_mtok,
+                cached_input_per_mtok: base.cached_input_per_mtok,
+                cache_write_per_mtok: base.cache_write_per_mtok,
+                cache_write_1h_per_mtok: amounts[0],
+                audio_input_per_mtok: amounts[1],
+                audio_output_per_mtok: amounts[2],
+                cached_audio_input_per_mtok: amounts[3],
+                image_input_per_mtok: amounts[4],
+                image_output_per_mtok: amounts[5],
+                cached_image_input_per_mtok: amounts[6],
+                per_image: amounts[7],
+                per_million_characters: amounts[8],
+                per_million_seconds: amounts[9],
+                web_search_per_call: amounts[10],
+                file_search_per_call: amounts[11],
+                flex,
+                priority,
+                long_context: long.map(|(above_input_tokens, standard, priority)| LongContext {
+                    above_input_tokens,
+                    standard,
+                    flex: None,
+                    priority,
+                }),
+                ..Price::default()
+            })
+    }
+
+    /// A usage whose parts add up to its totals, as providers report them.
+    fn any_usage() -> impl Strategy<Value = Usage> {
+        (proptest::collection::vec(0_u64..1_000_000, 11), proptest::collection::vec(0_u64..100, 7), 0_u8..3)
+            .prop_map(|(n, m, tier)| {
+                let [
+                    plain,
+                    cached_text,
+                    cached_audio,
+                    cached_image,
+                    write_5m,
+                    write_1h,
+                    audio,
+                    image,
+                    text_out,
+                    audio_out,
+                    image_out,
+                ] = n[..]
+                else {
+                    unreachable!("eleven counts")
+                };
+                Usage {
+                    input_tokens: plain
+                        + cached_text
+                        + cached_audio
+                        + cached_image
+                        + write_5m
+                        + write_1h
+                        + audio
+                        + image,
+                    cached_input_tokens: cached_text + cached_audio + cached_image,
+                    cache_write_input_tokens: write_5m + write_1h,
+                    cache_write_1h_input_tokens: write_1h,
+                    output_tokens: text_out + audio_out + image_out,
+                    reasoning_tokens: text_out / 2,
+                    audio_input_tokens: audio + cached_audio,
+                    cached_audio_input_tokens: cached_audio,
+                    audio_output_tokens: audio_out,
+                    image_input_tokens: image + cached_image,
+                    cached_image_input_tokens: cached_image,
+                    image_output_tokens: image_out,
+                    characters: m[0] * 1_000,
+                    seconds: m[1] * 10,
+                    images: m[2],
+                    web_search_calls: m[3],
+                    file_search_calls: m[4],
+                    code_interpreter_sessions: m[5],
+                    service_tier: [ServiceTier::Standard, ServiceTier::Flex, ServiceTier::Priority]
+                        [usize::from(tier)],
+                }
+            })
+    }
+
+    proptest! {
+        /// Costs are never negative, and add up: two usages together cost, within the two
+        /// roundings, what each costs (at one tier and on one side of a long context's threshold).
+        #[test]
+        fn costs_are_never_negative_and_add_up(price in any_full_price(), a in any_usage(), b in any_usage()) {
+            prop_assert!(cost(&a, &price) >= Nanos::ZERO);
+            let b = Usage { service_tier: a.service_tier, ..b };
+            let same_side = |u: &Usage| price.long_context.is_some_and(|long| u.input_tokens > long.above_input_tokens);
+            let both = a.saturating_add(b);
+            if same_side(&a) == same_side(&b) && same_side(&a) == same_side(&both) {
+                let apart = cost(&a, &price).0 + cost(&b, &price).0;
+                prop_assert!((cost(&both, &price).0 - apart).abs() <= 1, "{} vs {apart}", cost(&both, &price).0);
+            }
+        }
+
+        /// A tier costs what its own rates say, and a request past the threshold never less than
+        /// the standard rates of its tier would make it.
+        #[test]
+        fn a_long_context_never_lowers_a_bill(price in any_full_price(), usage in any_usage()) {
+            let Some(long) = price.long_context else { return Ok(()) };
+            let long_rates = long.standard;
+            let dearer = Price { long_context: Some(LongContext { standard: long_rates.max(price.standard()), ..long }), ..price };
+            let above = Usage { input_tokens: usage.input_tokens.max(long.above_input_tokens + 1), service_tier: ServiceTier::Standard, ..usage };
+            let short = Price { long_context: None, ..dearer };
+            prop_assert!(cost(&above, &dearer) >= cost(&above, &short));
+        }
+
+        /// The wire form carries every component, both ways.
+        #[test]
+        fn every_component_survives_the_wire_form(price in any_full_price()) {
+            let wire = PriceWire::from(&price);
+            prop_assert_eq!(Price::try_from(&wire), Ok(price));
+        }
+    }
+
     fn any_price() -> impl Strategy<Value = Price> {
         // Up to $100,000 per Mtok, at any nano-dollar.
         let amount = || (0_i64..=100_000_000_000_000).prop_map(Nanos);
