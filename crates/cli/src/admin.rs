@@ -315,8 +315,16 @@ fn thresholds(values: &[String]) -> Result<Value, String> {
 enum Prices {
     /// Lists the table in force, each entry's source, and the fallback price per provider kind.
     List,
-    /// Resolves a model name as the gateway prices it, and says where the price came from.
-    Get { model: String },
+    /// Resolves a model name as the gateway prices it, and says where the price came from; with
+    /// --org and --provider, as a request through that credential (its price namespace first, its
+    /// fallback).
+    Get {
+        model: String,
+        #[arg(long, env = "RECOVEA_ORG", requires = "provider")]
+        org: Option<String>,
+        #[arg(long, env = "RECOVEA_PROVIDER_NAME", requires = "org")]
+        provider: Option<String>,
+    },
     /// Removes a model's override: back to the built-in price, as a new revision.
     Delete { model: String },
     /// Imports a price file (the built-in table's format, or LiteLLM's
@@ -458,6 +466,16 @@ enum Providers {
         /// for azure_openai, required: the resource endpoint, https://NAME.openai.azure.com.
         #[arg(long, env = "RECOVEA_PROVIDER_BASE_URL")]
         base_url: Option<String>,
+        /// The price namespace its models resolve in first (groq, together_ai, mistral...); left
+        /// out: its name's, when the price table has one.
+        #[arg(long, env = "RECOVEA_PROVIDER_PRICE_NAMESPACE")]
+        price_namespace: Option<String>,
+        /// Its own fallback price per million input and output tokens (USD), for the models no
+        /// entry prices: 0 for a self-hosted model. Both or neither.
+        #[arg(long, env = "RECOVEA_PROVIDER_FALLBACK_INPUT", requires = "fallback_output")]
+        fallback_input: Option<String>,
+        #[arg(long, env = "RECOVEA_PROVIDER_FALLBACK_OUTPUT", requires = "fallback_input")]
+        fallback_output: Option<String>,
     },
     List {
         #[arg(long, env = "RECOVEA_ORG")]
@@ -531,10 +549,26 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
         }
         Resource::Keys(Keys::Get { key }) => (Method::GET, format!("/keys/{key}"), None),
         Resource::Keys(Keys::Revoke { key }) => (Method::POST, format!("/keys/{key}/revoke"), None),
-        Resource::Providers(Providers::Set { org, name, kind, api_key, base_url }) => {
+        Resource::Providers(Providers::Set {
+            org,
+            name,
+            kind,
+            api_key,
+            base_url,
+            price_namespace,
+            fallback_input,
+            fallback_output,
+        }) => {
             let mut body = json!({ "kind": kind, "api_key": api_key });
-            if let Some(url) = base_url {
-                body["base_url"] = Value::String(url);
+            for (field, value) in [
+                ("base_url", base_url),
+                ("price_namespace", price_namespace),
+                ("fallback_input_per_mtok_usd", fallback_input),
+                ("fallback_output_per_mtok_usd", fallback_output),
+            ] {
+                if let Some(value) = value {
+                    body[field] = Value::String(value);
+                }
             }
             (Method::PUT, format!("/orgs/{org}/providers/{name}"), Some(body))
         }
@@ -612,7 +646,15 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
         }
         Resource::Alerts { org } => (Method::GET, format!("/orgs/{org}/alerts"), None),
         Resource::Prices(Prices::List) => (Method::GET, "/prices".into(), None),
-        Resource::Prices(Prices::Get { model }) => (Method::GET, format!("/prices/{}", encode(&model)), None),
+        Resource::Prices(Prices::Get { model, org, provider }) => {
+            let query = match (org, provider) {
+                (Some(org), Some(provider)) => {
+                    format!("?org={}&provider={}", encode(&org), encode(&provider))
+                }
+                _ => String::new(),
+            };
+            (Method::GET, format!("/prices/{}{query}", encode(&model)), None)
+        }
         Resource::Prices(Prices::Delete { model }) => {
             (Method::DELETE, format!("/prices/{}", encode(&model)), None)
         }
