@@ -264,6 +264,47 @@ def test_the_console_runs_an_organization_from_creation_to_a_refused_cap(browser
     sdk.wait_refused(gateway, secret)
 
 
+def test_a_credentials_price_namespace_and_fallback_show_and_fallback_receipts_are_marked(
+        browser: Browser, gateway, mock_provider) -> None:
+    admin_url = gateway.admin_url
+    sign_in(browser, admin_url)
+    browser.go(f"{admin_url}/")
+    browser.find("#new-org-name").type(f"Pricing Org {uuid.uuid4().hex[:6]}")
+    submit(browser, "#new-org")
+    org_id = browser.url.rsplit("/", 1)[-1]
+
+    # A Groq-style credential priced in the `groq` namespace, with a fallback of its own.
+    browser.find("#provider-name").type("fast")
+    browser.find("#provider-base_url").type(mock_provider.url)
+    browser.find("#provider-price_namespace").type("groq")
+    browser.find("#provider-fallback_input_per_mtok_usd").type("0.10")
+    browser.find("#provider-fallback_output_per_mtok_usd").type("0.20")
+    browser.find("#provider-api_key").type(f"sk-fast-{uuid.uuid4().hex}")
+    submit(browser, "#provider")
+    pricing = browser.text('tr[data-provider="fast"] td.pricing')
+    assert "namespace groq" in pricing and "fallback $0.10 / $0.20 per Mtok" in pricing, pricing
+
+    browser.find("#new-key-name").type("pricing key")
+    submit(browser, "#new-key")
+    secret = browser.text("#secret-value")
+    body = {"model": "a-model-nobody-prices", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"Authorization": f"Bearer {secret}"}
+    def answered() -> bool:
+        # Refused (401) until the key reaches the gateway: a refusal has no receipt.
+        r = gateway.request("POST", "/fast/v1/chat/completions", headers=headers, json=body)
+        assert r.status_code in (200, 401), r.text
+        return r.status_code == 200
+    poll("the key and credential reaching the gateway", answered)
+
+    def listed() -> bool:
+        browser.go(f"{admin_url}/orgs/{org_id}/receipts")
+        return len(browser.find_all("table.receipts tbody tr")) >= 1
+    poll("the receipt in the list", listed)
+    badge = browser.find("table.receipts tbody tr span.badge.warn")
+    assert badge.text == "fallback price"
+    assert badge.attribute("title") == "No price: costed at fallback:credential"
+
+
 def test_wrong_tokens_are_limited_per_address(gateway) -> None:
     # Last in the file: it spends this address's allowance, and no sign-in follows it for a while.
     # Ten at once, one more every six seconds: the tests before used a few, and time gave some back.
@@ -278,3 +319,4 @@ def test_wrong_tokens_are_limited_per_address(gateway) -> None:
     assert "Too many wrong tokens from this address" in r.text and "set-cookie" not in r.headers
     r = httpx.post(f"{gateway.admin_url}/sign-in", data={"token": ADMIN_TOKEN})
     assert r.status_code == 429 and "set-cookie" not in r.headers, "the right token waits too"
+

@@ -600,6 +600,21 @@ fn keys_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&Refus
     }
 }
 
+/// Where a credential's models are priced: its namespace (its name's unless set), and the fallback
+/// price a model no entry prices gets (its own, or its namespace's or kind's most expensive).
+fn pricing_of(provider: &Value) -> Markup {
+    let namespace = provider["price_namespace"].as_str().unwrap_or_else(|| str_of(provider, "name"));
+    html! {
+        "namespace " code { (namespace) }
+        @if provider["price_namespace"].is_null() { span.muted { " (its name, if priced)" } }
+        br;
+        @match (provider["fallback_input_per_mtok_usd"].as_str(), provider["fallback_output_per_mtok_usd"].as_str()) {
+            (Some(input), Some(output)) => { "fallback $" (input) " / $" (output) " per Mtok" }
+            _ => { span.muted { "fallback: the namespace's or kind's dearest price" } }
+        }
+    }
+}
+
 fn providers_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&Refused>) -> Markup {
     let form = FormView::new("provider", refused);
     html! {
@@ -608,13 +623,14 @@ fn providers_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&
             @if list(&data.providers, "providers").is_empty() { p.muted { "None: requests use the client's own provider key." } }
             @else {
                 div.scroll { table {
-                    thead { tr { th { "Name" } th { "Kind" } th { "Base URL" } th { "Key" } } }
+                    thead { tr { th { "Name" } th { "Kind" } th { "Base URL" } th { "Key" } th { "Priced" } } }
                     tbody {
                         @for p in list(&data.providers, "providers") {
                             tr data-provider=(str_of(p, "name")) {
                                 td { (str_of(p, "name")) } td { (str_of(p, "kind")) }
                                 td { (p["base_url"].as_str().unwrap_or("(default)")) }
                                 td { code.hint { (str_of(p, "key_hint")) } }
+                                td.pricing { (pricing_of(p)) }
                             }
                         }
                     }
@@ -626,12 +642,15 @@ fn providers_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&
                 (form.input("name", "Name", "text", "openai", true))
                 (form.select("kind", "Kind", &[("openai", "OpenAI-compatible"), ("anthropic", "Anthropic")], "openai"))
                 (form.input("base_url", "Base URL (optional)", "url", "", false))
+                (form.input("price_namespace", "Price namespace (optional: its name's)", "text", "", false))
+                (form.input("fallback_input_per_mtok_usd", "Fallback input $/Mtok (optional)", "text", "", false))
+                (form.input("fallback_output_per_mtok_usd", "Fallback output $/Mtok (optional)", "text", "", false))
                 div.field {
                     label for="provider-api_key" { "API key" }
                     input #provider-api_key type="password" name="api_key" autocomplete="off" required;
                     (form.error("api_key"))
                 }
-                (form.general(&["name", "kind", "base_url", "api_key"]))
+                (form.general(&["name", "kind", "base_url", "api_key", "price_namespace", "fallback_input_per_mtok_usd", "fallback_output_per_mtok_usd"]))
                 button type="submit" { "Save credential" }
             }
         }
@@ -861,7 +880,11 @@ async fn put_provider(
 ) -> Response<Full<Bytes>> {
     let mut body = Map::new();
     body.insert("kind".into(), json!(form.text("kind")));
-    insert_if_given(&mut body, form, "base_url");
+    for field in
+        ["base_url", "price_namespace", "fallback_input_per_mtok_usd", "fallback_output_per_mtok_usd"]
+    {
+        insert_if_given(&mut body, form, field);
+    }
     body.insert("api_key".into(), json!(form.get("api_key").unwrap_or("")));
     let name = form.text("name");
     let result =
@@ -961,7 +984,12 @@ async fn receipts_page(control: &ConsoleApi<'_>, visit: &Visit, org: &str) -> Re
                             td.num { (r["status"]) }
                             td.num { (r["input_tokens"]) " / " (r["output_tokens"]) }
                             td.num { (cents(nanos(str_of(r, "cost_usd")))) }
-                            td { @match str_of(r, "usage_source") { "estimated" => { span.badge.soft { "estimated" } } "unmetered" => { span.badge.soft { "unmetered" } } _ => { "reported" } } }
+                            td {
+                                @match str_of(r, "usage_source") { "estimated" => { span.badge.soft { "estimated" } } "unmetered" => { span.badge.soft { "unmetered" } } _ => { "reported" } }
+                                @if r["priced"] == json!(false) {
+                                    " " span.badge.warn title={ "No price: costed at " (str_of(r, "priced_as")) } { "fallback price" }
+                                }
+                            }
                         }
                     }
                 }
