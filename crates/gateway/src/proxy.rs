@@ -205,8 +205,19 @@ where
     ctx.body_read = true;
     let endpoint = route.upstream_path.split_once('?').map_or(route.upstream_path, |(path, _)| path);
     let surface = Surface::of(target.kind, endpoint);
-    // One parse gives the facts and the input estimate that the caps and the receipt both need.
-    let InspectedRequest { mut facts, input_tokens } = rewrite::inspect_and_estimate(&body);
+    // One parse gives the facts and the input estimate that the caps and the receipt both need,
+    // and whether the provider could read the body otherwise.
+    let InspectedRequest { mut facts, input_tokens, ambiguity } = rewrite::inspect_and_estimate(&body);
+    if let Some(ambiguity) = ambiguity
+        && ctx.admitted.is_some()
+        && !recovea_providers::body_is_a_file(endpoint)
+    {
+        // Before the allowlist, the caps and the provider: what the gateway read (its model, its
+        // stream, its limits) may not be what the provider runs. A fail-open pass reads nothing
+        // and goes as sent.
+        ctx.trace.request(endpoint, None);
+        return Err(Refusal::AmbiguousBody(ambiguity));
+    }
     if facts.model.is_none() {
         // Gemini names the model in the path (`models/{model}:generateContent`).
         facts.model = recovea_providers::usage::model_in_path(endpoint).map(str::to_owned);

@@ -263,3 +263,37 @@ async fn failing_open_gemini_goes_to_the_nodes_gemini_base_url_and_azure_has_non
     assert_eq!(h.mock.requests().len(), 1, "an Azure request has nowhere to go unadmitted");
     assert!(h.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass is not metered");
 }
+
+/// A pass that failed open reads nothing and refuses nothing of the body: what the client sent
+/// reaches the provider byte for byte, a repeated member or a byte-order mark included.
+#[tokio::test]
+async fn failing_open_forwards_a_body_read_two_ways_as_it_was_sent() {
+    let h = Harness::start_with(false).await;
+    let path = "/v1beta/models/gemini-2.5-flash:generateContent";
+    let twice = r#"{"contents":[{"parts":[{"text":"Hi"}]}],"generationConfig":{"maxOutputTokens":8,"maxOutputTokens":9}}"#;
+    let marked = format!("\u{feff}{GEMINI_BODY}");
+    for body in [twice, marked.as_str()] {
+        // The mock judges the body as Gemini would (it refuses the mark): its answer, not the gateway's.
+        let answer = h.post_with(path, ("x-goog-api-key", KEY), body).await.into_body().collect().await;
+        let answer = answer.expect("body").to_bytes();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(!answer.contains("byte-order mark") && !answer.contains("more than once"), "{answer}");
+    }
+    let sent: Vec<Vec<u8>> = h.mock.requests().iter().map(|r| r.body.to_vec()).collect();
+    assert_eq!(sent, [twice.as_bytes().to_vec(), marked.into_bytes()]);
+    assert!(h.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass is not metered");
+}
+
+/// A file uploaded to Gemini's Files API is the client's document: its byte-order mark or
+/// repeated names are not a request read two ways.
+#[tokio::test]
+async fn a_file_uploaded_to_gemini_is_not_read_as_a_request() {
+    let h = Harness::start().await;
+    let document = "\u{feff}{\"model\":\"a\",\"model\":\"b\"}";
+    let path = "/upload/v1beta/files?uploadType=media";
+    let answer = h.post_with(path, ("x-goog-api-key", KEY), document).await.into_body().collect().await;
+    let answer = answer.expect("body").to_bytes();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.contains("byte-order mark") && !answer.contains("more than once"), "{answer}");
+    assert_eq!(h.last_request().body, document.as_bytes(), "forwarded as sent");
+}
