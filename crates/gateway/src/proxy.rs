@@ -223,12 +223,16 @@ where
         facts.model = recovea_providers::usage::model_in_path(endpoint).map(str::to_owned);
     }
     ctx.trace.request(endpoint, facts.model.as_deref());
-    if let Some(admitted) = &ctx.admitted
-        && !admitted.allows_model(facts.model.as_deref())
-    {
-        // Before the caps and the provider: nothing is reserved, called or metered.
-        ctx.refused_model = facts.model.take();
-        return Err(Refusal::ModelNotAllowed(ctx.refused_model.clone().unwrap_or_default()));
+    if let Some(admitted) = &ctx.admitted {
+        // The model the provider runs: Azure's deployment and Gemini's model in the path outrank
+        // whatever the body names.
+        let runs = recovea_providers::model_the_provider_runs(endpoint, facts.model.as_deref());
+        if !admitted.allows_model(runs) {
+            // Before the caps and the provider: nothing is reserved, called or metered.
+            let refused = runs.unwrap_or_default().to_owned();
+            ctx.refused_model = Some(refused.clone());
+            return Err(Refusal::ModelNotAllowed(refused));
+        }
     }
     let channel = channel::classify(RequestLine {
         method: &parts.method,
