@@ -16,7 +16,7 @@ use crate::usage::input::{Checked, InputFields, Key};
 use crate::walk::{Seen, Walk};
 use ambiguity::{Names, NotedValue, Place, Watched};
 
-pub use ambiguity::Ambiguity;
+pub use ambiguity::{Ambiguity, MAX_NAME_CHARS};
 
 /// A held event larger than this cannot be OpenAI's usage-only chunk (a few hundred bytes), so it
 /// is passed on without waiting for its end.

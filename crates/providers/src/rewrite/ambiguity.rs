@@ -29,7 +29,7 @@ const LISTED_NAMES: usize = 32;
 
 /// The most characters of a repeated member's name its path keeps: it is the client's text, and
 /// it goes into an answer.
-pub(crate) const MAX_NAME_CHARS: usize = 128;
+pub const MAX_NAME_CHARS: usize = 128;
 
 /// The byte-order marks of UTF-8, UTF-16 and UTF-32 (UTF-32's little-endian one starts with
 /// UTF-16's). JSON has none; a decoder that honours one reads a body the gateway does not.
