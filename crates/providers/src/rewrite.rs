@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::sse::SseReader;
 use crate::usage::input::{Checked, InputFields, Key};
 use crate::walk::{Seen, Walk};
-use ambiguity::{Names, NotedValue, Place, Watched};
+use ambiguity::{LISTED_AT_TOP, Names, NotedValue, Place, Watched};
 
 pub use ambiguity::{Ambiguity, MAX_NAME_CHARS};
 
@@ -210,7 +210,7 @@ impl<'de> Visitor<'de> for RequestPass<'de> {
 
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self, A::Error> {
         // On the stack rather than in `self`, which is moved on return.
-        let mut names = Names::new();
+        let mut names = Names::<LISTED_AT_TOP>::new();
         while let Some(key) = map.next_key_seed(Key)? {
             if self.first_repeat.is_none() {
                 ambiguity::note(&mut names, Place::Request, &key, &mut self.first_repeat);

@@ -21,11 +21,14 @@ use serde_json::{Number, Value};
 
 use crate::usage::input::Key;
 
-/// How many names an object's [`Names`] compares one by one before it hashes them: requests'
-/// objects have a handful of members (a rich chat request about 25 at its top), compared faster
-/// than hashed and without an allocation; past this, a hash set keeps a hostile object of 100,000
-/// members linear.
-const LISTED_NAMES: usize = 32;
+/// How many names the request object's [`Names`] lists before it hashes them: a rich chat request
+/// has about 25 members at its top, listed faster than hashed and without an allocation; past this,
+/// a hash set keeps a hostile object of 100,000 members linear.
+pub(crate) const LISTED_AT_TOP: usize = 32;
+
+/// How many names the objects inside it (`stream_options`, a tool) list before they hash them:
+/// they have a handful.
+pub(crate) const LISTED_INSIDE: usize = 8;
 
 /// The most characters of a repeated member's name its path keeps: it is the client's text, and
 /// it goes into an answer.
@@ -100,48 +103,72 @@ impl Watched {
     }
 }
 
-/// The names of one object's members read so far.
-pub(crate) struct Names<'de> {
-    listed: [Cow<'de, str>; LISTED_NAMES],
+/// The names of one object's members read so far: up to `LISTED` of them in a list on the stack,
+/// a bit of `seen` set for each, so that most new names are told new without a comparison; past
+/// that, or for a name with an escape (which the body does not hold as such), in a hash set.
+pub(crate) struct Names<'de, const LISTED: usize = LISTED_INSIDE> {
+    /// One bit per name, by [`seen_bit`]: a clear bit means no listed name is this one.
+    seen: u64,
+    listed: [&'de str; LISTED],
     count: usize,
-    /// Every name, once the object has more than [`LISTED_NAMES`] members. Hashed with std's
+    /// Every name, once the list is full or a name is not the body's own text. Hashed with std's
     /// keyed hash: the names are the client's to choose.
     hashed: Option<HashSet<Cow<'de, str>>>,
 }
 
-impl<'de> Names<'de> {
+impl<'de, const LISTED: usize> Names<'de, LISTED> {
     pub(crate) fn new() -> Self {
-        Self { listed: [const { Cow::Borrowed("") }; LISTED_NAMES], count: 0, hashed: None }
+        Self { seen: 0, listed: [""; LISTED], count: 0, hashed: None }
     }
 
-    /// Whether no member before had this name; it is remembered. (A name borrowed from the body,
-    /// which is every name without an escape, is remembered without a copy: hence a `Cow`.)
+    /// Whether no member before had this name; it is remembered, without a copy when it is the
+    /// body's own text (every name without an escape): hence a `Cow`.
     #[expect(clippy::ptr_arg)]
+    #[inline]
     pub(crate) fn first(&mut self, name: &Cow<'de, str>) -> bool {
         if let Some(hashed) = &mut self.hashed {
             return hashed.insert(name.clone());
         }
-        if self.listed[..self.count].iter().any(|seen| seen == name) {
+        let &Cow::Borrowed(borrowed) = name else { return self.hash_all(name.clone()) };
+        let bit = seen_bit(borrowed);
+        if self.seen & bit != 0 && self.listed[..self.count].contains(&borrowed) {
             return false;
         }
-        if self.count < LISTED_NAMES {
-            self.listed[self.count] = name.clone();
-            self.count += 1;
-            return true;
+        if self.count == LISTED {
+            return self.hash_all(name.clone());
         }
-        let mut hashed: HashSet<Cow<'de, str>> = HashSet::with_capacity(2 * LISTED_NAMES);
-        hashed.extend(self.listed.iter_mut().map(std::mem::take));
-        hashed.insert(name.clone());
-        self.hashed = Some(hashed);
+        self.seen |= bit;
+        self.listed[self.count] = borrowed;
+        self.count += 1;
         true
     }
+
+    /// Moves the listed names to the hash set, with `name`; whether `name` is new.
+    fn hash_all(&mut self, name: Cow<'de, str>) -> bool {
+        let mut hashed: HashSet<Cow<'de, str>> = HashSet::with_capacity(2 * (self.count + 1));
+        hashed.extend(self.listed[..self.count].iter().map(|listed| Cow::Borrowed(*listed)));
+        let first = hashed.insert(name);
+        self.hashed = Some(hashed);
+        first
+    }
+}
+
+/// A name's bit in [`Names::seen`], from its length and its first and last bytes: cheap, and
+/// apart for the names a request holds.
+#[inline]
+fn seen_bit(name: &str) -> u64 {
+    let bytes = name.as_bytes();
+    let (first, last) = (bytes.first().copied().unwrap_or(0), bytes.last().copied().unwrap_or(0));
+    let mix = (bytes.len() as u32).wrapping_mul(31) ^ u32::from(first).wrapping_mul(7) ^ u32::from(last);
+    1 << (mix % 64)
 }
 
 /// Notes `name`, read in the object at `place` whose names so far are `names`, as the body's first
 /// repeat when it is one and none was found before. (`&Cow`: see [`Names::first`].)
 #[expect(clippy::ptr_arg)]
-pub(crate) fn note<'de>(
-    names: &mut Names<'de>,
+#[inline]
+pub(crate) fn note<'de, const LISTED: usize>(
+    names: &mut Names<'de, LISTED>,
     place: Place,
     name: &Cow<'de, str>,
     first_repeat: &mut Option<String>,
@@ -379,7 +406,7 @@ impl<'de> Visitor<'de> for Scanned<'_> {
             while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
             return Ok(());
         };
-        let mut names = Names::new();
+        let mut names = Names::<LISTED_AT_TOP>::new();
         while let Some(name) = map.next_key_seed(Key)? {
             note(&mut names, place, &name, self.first_repeat);
             match Watched::member(place, &name) {
@@ -590,14 +617,31 @@ pub(crate) mod tests {
 
     #[test]
     fn names_turn_to_a_hash_set_past_the_listed_ones_and_keep_every_name() {
-        let names: Vec<String> = (0..LISTED_NAMES * 3).map(|i| format!("n{i}")).collect();
-        let mut seen = Names::new();
+        let names: Vec<String> = (0..LISTED_INSIDE * 3).map(|i| format!("n{i}")).collect();
+        let mut seen = Names::<LISTED_INSIDE>::new();
         for name in &names {
             assert!(seen.first(&Cow::Borrowed(name.as_str())), "{name}");
+            assert_eq!(
+                seen.hashed.is_some(),
+                seen.count == LISTED_INSIDE && name != &names[LISTED_INSIDE - 1]
+            );
         }
-        assert!(seen.hashed.is_some());
         for name in &names {
             assert!(!seen.first(&Cow::Owned(name.clone())), "{name}");
+            assert!(!seen.first(&Cow::Borrowed(name.as_str())), "{name}");
+        }
+        // A name with an escape is not the body's text: it moves the list to the hash set.
+        let mut seen = Names::<LISTED_INSIDE>::new();
+        assert!(seen.first(&Cow::Borrowed("stream")));
+        assert!(seen.hashed.is_none());
+        assert!(!seen.first(&Cow::Owned("stream".to_owned())));
+        assert!(seen.first(&Cow::Owned("model".to_owned())));
+        assert!(!seen.first(&Cow::Borrowed("model")));
+        // Names alike in length and ends share a bit, and are still told apart.
+        let mut seen = Names::<LISTED_INSIDE>::new();
+        for (name, first) in [("aab", true), ("acb", true), ("adb", true), ("aeb", true), ("acb", false)] {
+            assert_eq!(seen_bit("aab"), seen_bit(name), "{name}: all alike");
+            assert_eq!(seen.first(&Cow::Borrowed(name)), first, "{name}");
         }
     }
 

@@ -15,7 +15,7 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::rewrite::ambiguity::{self, Names, Place, Watched};
+use crate::rewrite::ambiguity::{self, LISTED_INSIDE, Names, Place, Watched};
 
 use super::{CHARS_PER_TOKEN, INPUT_FIELDS, MEDIA_PART_TOKENS, MEDIA_PART_TYPES, REQUEST_OVERHEAD_TOKENS};
 
@@ -194,7 +194,9 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Counted, A::Error> {
         let start = self.members.len();
         let mut names = match &self.watch {
-            Some(Watch { watched: Watched::Object(place), .. }) => Some((*place, Names::new())),
+            Some(Watch { watched: Watched::Object(place), .. }) => {
+                Some((*place, Names::<LISTED_INSIDE>::new()))
+            }
             _ => None,
         };
         while let Some(key) = map.next_key_seed(Key)? {
