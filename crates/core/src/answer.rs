@@ -229,6 +229,29 @@ impl Answer {
         )
     }
 
+    /// 400: a request body that names a member twice in an object the gateway reads: providers
+    /// read the last, the gateway cannot be sure to read what they run. `path` (`stream`,
+    /// `tools[2].type`) is the client's text: cut to a readable length and shown as a JSON string
+    /// of printable ASCII, so that no quote, control or invisible character in it can confuse
+    /// the message.
+    pub fn repeated_member(path: &str) -> Self {
+        let shown = quoted(&shown(path, MEMBER_SHOWN_CHARS));
+        let message =
+            format!("The request body names the member {shown} more than once; send each member once.");
+        Self::error(400, "invalid_request_error", "invalid_request", &message)
+    }
+
+    /// 400: a request body that starts with a byte-order mark: a provider may drop it and read the
+    /// JSON after it, where the gateway reads no JSON.
+    pub fn byte_order_mark() -> Self {
+        Self::error(
+            400,
+            "invalid_request_error",
+            "invalid_request",
+            "The request body starts with a byte-order mark; send JSON without one.",
+        )
+    }
+
     /// 501: a body in a transfer coding other than `chunked` (`gzip, chunked`): the gateway decodes
     /// none, and would otherwise pass the coded bytes on as plain ones. Sent with `connection: close`.
     pub fn unsupported_transfer_coding() -> Self {
@@ -342,9 +365,35 @@ const MODEL_SHOWN_CHARS: usize = 200;
 /// How much of a refused request's method and path its message shows.
 const REQUEST_SHOWN_CHARS: usize = 200;
 
+/// How much of a repeated member's path its message shows.
+const MEMBER_SHOWN_CHARS: usize = 200;
+
 /// The client's own text, cut to a readable length.
 fn shown(text: &str, chars: usize) -> String {
     text.chars().take(chars).collect()
+}
+
+/// `text` as a JSON string of printable ASCII: `"` and `\` escaped, and every other character
+/// outside `' '..='~'` (controls, DEL, bidirectional marks, any non-ASCII) as `\uXXXX`, a pair of
+/// them beyond the Basic Multilingual Plane.
+fn quoted(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            ' '..='~' => quoted.push(c),
+            _ => {
+                for unit in c.encode_utf16(&mut [0; 2]) {
+                    let _ = write!(quoted, "\\u{unit:04x}");
+                }
+            }
+        }
+    }
+    quoted.push('"');
+    quoted
 }
 
 fn render(error: &ErrorFields, status: u16, shape: WireShape) -> Vec<u8> {
@@ -680,6 +729,70 @@ mod tests {
     }
 
     #[test]
+    fn repeated_member_bytes_are_exact() {
+        let answer = Answer::repeated_member("stream");
+        assert_eq!(answer.status, 400);
+        assert!(answer.headers.is_empty());
+        assert_eq!(
+            text(&answer),
+            "{\n  \"error\": {\n    \"message\": \"The request body names the member \\\"stream\\\" more than once; send each member once.\",\n    \"type\": \"invalid_request_error\",\n    \"param\": null,\n    \"code\": \"invalid_request\"\n  }\n}"
+        );
+        let nested = Answer::repeated_member("tools[2].function.name");
+        assert!(
+            text(&nested).contains(r#"the member \"tools[2].function.name\" more than once"#),
+            "{}",
+            text(&nested)
+        );
+    }
+
+    /// The path is the client's text: its quotes, backslashes, controls and invisible or
+    /// non-ASCII characters are shown escaped, as JSON would spell them, and a long one is cut.
+    #[test]
+    fn a_hostile_member_name_is_escaped_and_cut() {
+        let hostile = "tools[0].a\"b\\c\u{1}\n\u{7f}\u{202e}é😀";
+        let answer = Answer::repeated_member(hostile);
+        assert_eq!(
+            text(&answer),
+            r#"{
+  "error": {
+    "message": "The request body names the member \"tools[0].a\\\"b\\\\c\\u0001\\u000a\\u007f\\u202e\\u00e9\\ud83d\\ude00\" more than once; send each member once.",
+    "type": "invalid_request_error",
+    "param": null,
+    "code": "invalid_request"
+  }
+}"#
+        );
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("json");
+        assert_eq!(
+            body["error"]["message"],
+            r#"The request body names the member "tools[0].a\"b\\c\u0001\u000a\u007f\u202e\u00e9\ud83d\ude00" more than once; send each member once."#
+        );
+        let long = Answer::repeated_member(&format!("\"{}", "m".repeat(10_000)));
+        let body: serde_json::Value = serde_json::from_slice(&long.body).expect("json");
+        assert_eq!(
+            body["error"]["message"],
+            format!(
+                "The request body names the member \"\\\"{}\" more than once; send each member once.",
+                "m".repeat(199)
+            )
+        );
+        for c in text(&long).chars() {
+            assert!(c == '\n' || (' '..='~').contains(&c), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn byte_order_mark_bytes_are_exact() {
+        let answer = Answer::byte_order_mark();
+        assert_eq!(answer.status, 400);
+        assert!(answer.headers.is_empty());
+        assert_eq!(
+            text(&answer),
+            "{\n  \"error\": {\n    \"message\": \"The request body starts with a byte-order mark; send JSON without one.\",\n    \"type\": \"invalid_request_error\",\n    \"param\": null,\n    \"code\": \"invalid_request\"\n  }\n}"
+        );
+    }
+
+    #[test]
     fn invalid_tags_bytes_are_exact() {
         let answer =
             Answer::invalid_tags("the key 'Team' must be 1 to 32 characters of a-z, 0-9, '_', '-' and '.'");
@@ -754,6 +867,8 @@ mod tests {
             Answer::rate_limited(1500),
             Answer::model_not_allowed("claude-opus-4"),
             Answer::invalid_tags("at most 10 tags"),
+            Answer::repeated_member("stream"),
+            Answer::byte_order_mark(),
         ];
         for openai in every {
             let anthropic = openai.clone().shaped(WireShape::Anthropic);
@@ -850,6 +965,8 @@ mod tests {
             (Answer::rate_limited(1500), "RESOURCE_EXHAUSTED"),
             (Answer::model_not_allowed("gemini-2.5-pro"), "PERMISSION_DENIED"),
             (Answer::invalid_tags("at most 10 tags"), "INVALID_ARGUMENT"),
+            (Answer::repeated_member("generationConfig.maxOutputTokens"), "INVALID_ARGUMENT"),
+            (Answer::byte_order_mark(), "INVALID_ARGUMENT"),
         ];
         for (openai, google) in every {
             let gemini = openai.clone().shaped(WireShape::Gemini);

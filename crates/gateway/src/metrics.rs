@@ -73,7 +73,8 @@ pub enum Outcome {
     /// Billed where the gateway cannot see it, while an armed cap covers the key.
     BudgetUnmeterable,
     RateLimited,
-    /// An HTTP/1 head without exactly one valid `Host`, or whose body's length cannot be told.
+    /// An HTTP/1 head without exactly one valid `Host`, or whose body's length cannot be told; a
+    /// body that names a member twice where the gateway reads, or starts with a byte-order mark.
     InvalidRequest,
     /// An HTTP/1 body in a transfer coding other than `chunked`.
     UnsupportedTransferCoding,

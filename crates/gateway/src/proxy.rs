@@ -208,19 +208,34 @@ where
     ctx.body_read = true;
     let endpoint = route.upstream_path.split_once('?').map_or(route.upstream_path, |(path, _)| path);
     let surface = Surface::of(target.kind, endpoint);
-    // One parse gives the facts and the input estimate that the caps and the receipt both need.
-    let InspectedRequest { mut facts, input_tokens } = rewrite::inspect_and_estimate(&body);
+    // One parse gives the facts and the input estimate that the caps and the receipt both need,
+    // and whether the provider could read the body otherwise.
+    let InspectedRequest { mut facts, input_tokens, ambiguity } = rewrite::inspect_and_estimate(&body);
+    if let Some(ambiguity) = ambiguity
+        && ctx.admitted.is_some()
+        && !recovea_providers::body_is_a_file(endpoint)
+    {
+        // Before the allowlist, the caps and the provider: what the gateway read (its model, its
+        // stream, its limits) may not be what the provider runs. A fail-open pass reads nothing
+        // and goes as sent.
+        ctx.trace.request(endpoint, None);
+        return Err(Refusal::AmbiguousBody(ambiguity));
+    }
     if facts.model.is_none() {
         // Gemini names the model in the path (`models/{model}:generateContent`).
         facts.model = recovea_providers::usage::model_in_path(endpoint).map(str::to_owned);
     }
     ctx.trace.request(endpoint, facts.model.as_deref());
-    if let Some(admitted) = &ctx.admitted
-        && !admitted.allows_model(facts.model.as_deref())
-    {
-        // Before the caps and the provider: nothing is reserved, called or metered.
-        ctx.refused_model = facts.model.take();
-        return Err(Refusal::ModelNotAllowed(ctx.refused_model.clone().unwrap_or_default()));
+    if let Some(admitted) = &ctx.admitted {
+        // The model the provider runs: Azure's deployment and Gemini's model in the path outrank
+        // whatever the body names.
+        let runs = recovea_providers::model_the_provider_runs(endpoint, facts.model.as_deref());
+        if !admitted.allows_model(runs) {
+            // Before the caps and the provider: nothing is reserved, called or metered.
+            let refused = runs.unwrap_or_default().to_owned();
+            ctx.refused_model = Some(refused.clone());
+            return Err(Refusal::ModelNotAllowed(refused));
+        }
     }
     let channel = channel::classify(RequestLine {
         method: &parts.method,

@@ -4,6 +4,7 @@
 use recovea_core::Answer;
 use recovea_core::caps::CapRefusal;
 use recovea_http1::{FramingError, RequestError};
+use recovea_providers::rewrite::Ambiguity;
 
 use crate::metrics::Outcome;
 
@@ -28,6 +29,9 @@ pub(crate) enum Refusal {
     ModelNotAllowed(String),
     /// `x-recovea-tags` breaks the tag rules; why.
     InvalidTags(String),
+    /// A body the provider could read otherwise than the gateway: a member named twice where the
+    /// gateway reads, or a byte-order mark.
+    AmbiguousBody(Ambiguity),
     /// An HTTP/1 head that breaks the rules the gateway holds requests to (RFC 9112): refused
     /// before anything else, whatever its path.
     Head(RequestError),
@@ -51,6 +55,7 @@ impl Refusal {
             Self::RateLimited(_) => Outcome::RateLimited,
             Self::ModelNotAllowed(_) => Outcome::ModelNotAllowed,
             Self::InvalidTags(_) => Outcome::InvalidTags,
+            Self::AmbiguousBody(_) => Outcome::InvalidRequest,
             Self::Head(RequestError::Framing(FramingError::CodingUnsupported)) => {
                 Outcome::UnsupportedTransferCoding
             }
@@ -80,6 +85,8 @@ impl Refusal {
             Self::RateLimited(ms) => Answer::rate_limited(*ms),
             Self::ModelNotAllowed(model) => Answer::model_not_allowed(model),
             Self::InvalidTags(reason) => Answer::invalid_tags(reason),
+            Self::AmbiguousBody(Ambiguity::RepeatedMember(path)) => Answer::repeated_member(path),
+            Self::AmbiguousBody(Ambiguity::ByteOrderMark) => Answer::byte_order_mark(),
             Self::Head(RequestError::Host(_)) => Answer::invalid_host(),
             Self::Head(RequestError::Framing(FramingError::LengthInvalid | FramingError::LengthRepeated)) => {
                 Answer::invalid_content_length()

@@ -355,3 +355,86 @@ async fn an_armed_cap_that_cannot_confirm_its_spend_is_503_in_anthropics_envelop
     assert_answer(response, &Answer::budget_unverifiable("organization", "month", "Monthly")).await;
     assert!(h.mock.requests().is_empty());
 }
+
+/// The issue's body: `stream` twice. Providers read the last (`true`); read otherwise, the
+/// gateway would not ask for the usage chunk and would estimate a reasoning model's receipt from
+/// its visible text.
+const STREAM_TWICE: &str =
+    r#"{"model":"o3","stream":false,"messages":[{"role":"user","content":"Hi"}],"stream":true}"#;
+
+#[tokio::test]
+async fn a_body_naming_a_member_twice_is_refused_400_naming_it_before_anything_is_reserved_or_sent() {
+    let h = Harness::start(1 << 20).await;
+    let response = h.send(h.post_as("/v1/chat/completions", OPEN_KEY), STREAM_TWICE).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(
+        std::str::from_utf8(&body).expect("utf-8"),
+        r#"{
+  "error": {
+    "message": "The request body names the member \"stream\" more than once; send each member once.",
+    "type": "invalid_request_error",
+    "param": null,
+    "code": "invalid_request"
+  }
+}"#
+    );
+    // A repeated model is refused for the repeat, before the allowlist reads either (this key's
+    // lists allow no model at all).
+    let model_twice = r#"{"model":"gpt-4o-mini","messages":[],"model":"o3"}"#;
+    let response = h.send(h.post_as("/v1/chat/completions", DISJOINT_KEY), model_twice).await;
+    assert_answer(response, &Answer::repeated_member("model")).await;
+    // Even under an armed cap at its line: nothing is checked against a body read two ways.
+    let response = h.send(h.post_as("/v1/chat/completions", CAPPED_KEY), STREAM_TWICE).await;
+    assert_answer(response, &Answer::repeated_member("stream")).await;
+    // Inside the objects the gateway reads: stream_options, a tool, its function, generationConfig.
+    let options = r#"{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":false,"include_usage":true},"messages":[]}"#;
+    let response = h.send(h.post_as("/v1/chat/completions", OPEN_KEY), options).await;
+    assert_answer(response, &Answer::repeated_member("stream_options.include_usage")).await;
+    let function = r#"{"model":"gpt-4o-mini","messages":[],"tools":[{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"b","parameters":{},"name":"c"}}]}"#;
+    let response = h.send(h.post_as("/v1/chat/completions", OPEN_KEY), function).await;
+    assert_answer(response, &Answer::repeated_member("tools[1].function.name")).await;
+    let tool = r#"{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[],"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":1,"max_uses":99}]}"#;
+    let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", OPEN_KEY), tool).await;
+    assert_answer(response, &Answer::repeated_member("tools[0].max_uses").shaped(WireShape::Anthropic)).await;
+    let config = r#"{"contents":[{"parts":[{"text":"Hi"}]}],"generationConfig":{"maxOutputTokens":8,"maxOutputTokens":65536}}"#;
+    let gemini = Request::post(format!("{}/v1beta/models/gemini-2.5-flash:generateContent", h.url))
+        .header("content-type", "application/json")
+        .header("x-goog-api-key", OPEN_KEY);
+    let response = h.send(gemini, config).await;
+    let expected = Answer::repeated_member("generationConfig.maxOutputTokens").shaped(WireShape::Gemini);
+    assert_answer(response, &expected).await;
+    assert!(h.mock.requests().is_empty(), "a body read two ways never reaches the provider");
+
+    // A repeat where the gateway reads nothing is the provider's to judge: forwarded as sent.
+    let message_twice =
+        r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi","content":"Ho"}]}"#;
+    ok(h.send(h.post_as("/v1/chat/completions", OPEN_KEY), message_twice).await).await;
+    assert_eq!(h.mock.requests()[0].body, message_twice.as_bytes());
+    // One receipt, for the one request forwarded: the refused ones wrote none.
+    assert_eq!(h.receipts(1).await[0].key_id.to_string(), "key_open");
+    assert_eq!(h.metric("recovea_requests_total{outcome=\"invalid_request\"}").await, 7);
+}
+
+#[tokio::test]
+async fn a_body_starting_with_a_byte_order_mark_is_refused_400_in_the_routes_envelope() {
+    let h = Harness::start(1 << 20).await;
+    let with_mark = |body: &str| format!("\u{feff}{body}");
+    let response = h.send(h.post_as("/v1/chat/completions", OPEN_KEY), &with_mark(CHAT_MINI)).await;
+    assert_answer(response, &Answer::byte_order_mark()).await;
+    let response = h.send(h.post_as("/v1/chat/completions", DISJOINT_KEY), &with_mark(CHAT_4O)).await;
+    assert_answer(response, &Answer::byte_order_mark()).await;
+    let response = h
+        .send(
+            h.anthropic(http::Method::POST, "/v1/messages", OPEN_KEY),
+            &format!("\n{}", with_mark(MESSAGES)),
+        )
+        .await;
+    assert_answer(response, &Answer::byte_order_mark().shaped(WireShape::Anthropic)).await;
+    assert!(h.mock.requests().is_empty());
+    // The character anywhere else is text like any other.
+    let inside = "{\"model\":\"gpt-4o-mini\",\"messages\":[{\"role\":\"user\",\"content\":\"\u{feff}Hi\"}]}";
+    ok(h.send(h.post_as("/v1/chat/completions", OPEN_KEY), inside).await).await;
+    h.receipts(1).await;
+    assert_eq!(h.metric("recovea_requests_total{outcome=\"invalid_request\"}").await, 3);
+}

@@ -4,6 +4,8 @@
 
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
+use recovea_core::Answer;
+use recovea_core::answer::WireShape;
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
@@ -21,6 +23,8 @@ use support::Harness;
 const KEY: &str = "rk_providers000000000000000000000000000000000001";
 /// Lists only `gpt-4o-mini`.
 const LISTED_KEY: &str = "rk_providers000000000000000000000000000000000002";
+/// Lists only `gemini-2.5-flash`.
+const FLASH_KEY: &str = "rk_providers000000000000000000000000000000000003";
 const MANAGED_AZURE: &str = "azure-managed-0123456789";
 const MANAGED_GEMINI: &str = "AIza-managed-0123456789";
 
@@ -67,9 +71,12 @@ fn snapshot(mock_url: &str) -> recovea_core::Snapshot {
     b.provider(&org, credential("azure", ProviderKind::AzureOpenAi, MANAGED_AZURE));
     b.provider(&org, credential("gemini", ProviderKind::Gemini, MANAGED_GEMINI));
     b.key(hash_secret(KEY), KeyId::parse("key_one").expect("id"), org.clone(), None);
-    b.key(hash_secret(LISTED_KEY), KeyId::parse("key_listed").expect("id"), org, None);
+    b.key(hash_secret(LISTED_KEY), KeyId::parse("key_listed").expect("id"), org.clone(), None);
+    b.key(hash_secret(FLASH_KEY), KeyId::parse("key_flash").expect("id"), org, None);
     let listed = ModelAllowlist::parse(vec!["gpt-4o-mini".to_owned()]).expect("list");
     b.key_allowed_models(hash_secret(LISTED_KEY), listed);
+    let flash = ModelAllowlist::parse(vec!["gemini-2.5-flash".to_owned()]).expect("list");
+    b.key_allowed_models(hash_secret(FLASH_KEY), flash);
     b.build()
 }
 
@@ -260,4 +267,101 @@ async fn failing_open_gemini_goes_to_the_nodes_gemini_base_url_and_azure_has_non
     assert!(String::from_utf8_lossy(&body).contains("provider_not_configured"));
     assert_eq!(h.mock.requests().len(), 1, "an Azure request has nowhere to go unadmitted");
     assert!(h.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass is not metered");
+}
+
+/// The status and the body byte for byte of `expected`.
+async fn assert_refused(response: Response<hyper::body::Incoming>, expected: &Answer) {
+    assert_eq!(response.status().as_u16(), expected.status);
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(
+        std::str::from_utf8(&body).expect("utf-8"),
+        std::str::from_utf8(&expected.body).expect("utf-8")
+    );
+}
+
+/// Azure runs the deployment its path names and does not read the body's `model`: the allowlist
+/// holds the deployment, whatever the body says, either way.
+#[tokio::test]
+async fn an_azure_deployment_is_held_to_the_allowlist_whatever_the_body_names() {
+    let h = Harness::start().await;
+    let o3 = "/openai/deployments/o3-deploy/chat/completions?api-version=2024-10-21";
+    let response = h.post_with(o3, ("api-key", LISTED_KEY), CHAT_MINI).await;
+    assert_refused(response, &Answer::model_not_allowed("o3-deploy")).await;
+    let named = "/azure/openai/deployments/o3-deploy/chat/completions?api-version=2024-10-21";
+    let response = h.post_with(named, ("api-key", LISTED_KEY), CHAT_MINI).await;
+    assert_refused(response, &Answer::model_not_allowed("o3-deploy")).await;
+    assert!(h.mock.requests().is_empty(), "a deployment the key may not use is never called");
+
+    // The deployment the list names goes through, whatever model the body names.
+    let mini = "/openai/deployments/gpt-4o-mini/chat/completions?api-version=2024-10-21";
+    let body = r#"{"model":"o3","messages":[{"role":"user","content":"Hi"}]}"#;
+    body_text(h.post_with(mini, ("api-key", LISTED_KEY), body).await).await;
+    assert_eq!(h.last_request().path, mini);
+    assert_eq!(h.receipts(1).await[0].key_id.to_string(), "key_listed");
+}
+
+/// Gemini runs the model of its path: a body naming an allowed model does not open another one,
+/// and a body naming a refused one does not close the path's.
+#[tokio::test]
+async fn a_gemini_path_is_held_to_the_allowlist_whatever_the_body_names() {
+    let h = Harness::start().await;
+    let pro = "/v1beta/models/gemini-2.5-pro:generateContent";
+    let flash_body = r#"{"model":"gemini-2.5-flash","contents":[{"role":"user","parts":[{"text":"Hi"}]}]}"#;
+    let response = h.post_with(pro, ("x-goog-api-key", FLASH_KEY), flash_body).await;
+    assert_refused(response, &Answer::model_not_allowed("gemini-2.5-pro").shaped(WireShape::Gemini)).await;
+    let response = h
+        .post_with(
+            "/v1/models/gemini-2.5-pro:streamGenerateContent?alt=sse",
+            ("x-goog-api-key", FLASH_KEY),
+            flash_body,
+        )
+        .await;
+    assert_refused(response, &Answer::model_not_allowed("gemini-2.5-pro").shaped(WireShape::Gemini)).await;
+    assert!(h.mock.requests().is_empty());
+
+    let flash = "/v1beta/models/gemini-2.5-flash:generateContent";
+    let pro_body = r#"{"model":"gemini-2.5-pro","contents":[{"role":"user","parts":[{"text":"Hi"}]}]}"#;
+    body_text(h.post_with(flash, ("x-goog-api-key", FLASH_KEY), pro_body).await).await;
+    assert_eq!(h.last_request().path, flash);
+    // Gemini's OpenAI-compatible endpoint names the model only in its body.
+    let compatible = r#"{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"Hi"}]}"#;
+    let bearer = format!("Bearer {FLASH_KEY}");
+    let response =
+        h.post_with("/v1beta/openai/chat/completions", ("authorization", &bearer), compatible).await;
+    assert_refused(response, &Answer::model_not_allowed("gemini-2.5-pro")).await;
+    assert_eq!(h.receipts(1).await[0].key_id.to_string(), "key_flash");
+}
+
+/// A pass that failed open reads nothing and refuses nothing of the body: what the client sent
+/// reaches the provider byte for byte, a repeated member or a byte-order mark included.
+#[tokio::test]
+async fn failing_open_forwards_a_body_read_two_ways_as_it_was_sent() {
+    let h = Harness::start_with(false).await;
+    let path = "/v1beta/models/gemini-2.5-flash:generateContent";
+    let twice = r#"{"contents":[{"parts":[{"text":"Hi"}]}],"generationConfig":{"maxOutputTokens":8,"maxOutputTokens":9}}"#;
+    let marked = format!("\u{feff}{GEMINI_BODY}");
+    for body in [twice, marked.as_str()] {
+        // The mock judges the body as Gemini would (it refuses the mark): its answer, not the gateway's.
+        let answer = h.post_with(path, ("x-goog-api-key", KEY), body).await.into_body().collect().await;
+        let answer = answer.expect("body").to_bytes();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(!answer.contains("byte-order mark") && !answer.contains("more than once"), "{answer}");
+    }
+    let sent: Vec<Vec<u8>> = h.mock.requests().iter().map(|r| r.body.to_vec()).collect();
+    assert_eq!(sent, [twice.as_bytes().to_vec(), marked.into_bytes()]);
+    assert!(h.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass is not metered");
+}
+
+/// A file uploaded to Gemini's Files API is the client's document: its byte-order mark or
+/// repeated names are not a request read two ways.
+#[tokio::test]
+async fn a_file_uploaded_to_gemini_is_not_read_as_a_request() {
+    let h = Harness::start().await;
+    let document = "\u{feff}{\"model\":\"a\",\"model\":\"b\"}";
+    let path = "/upload/v1beta/files?uploadType=media";
+    let answer = h.post_with(path, ("x-goog-api-key", KEY), document).await.into_body().collect().await;
+    let answer = answer.expect("body").to_bytes();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.contains("byte-order mark") && !answer.contains("more than once"), "{answer}");
+    assert_eq!(h.last_request().body, document.as_bytes(), "forwarded as sent");
 }

@@ -13,7 +13,9 @@ pub mod sse;
 pub mod usage;
 mod walk;
 
-pub use route::{Route, is_credential_name, route, route_for, without_key_param};
+pub use route::{
+    Route, body_is_a_file, is_credential_name, model_the_provider_runs, route, route_for, without_key_param,
+};
 
 /// Parses a JSON body. One that is valid UTF-8 (any real one) is checked once, whole, rather than
 /// string by string as `from_slice` does (about a hundred instructions a string); one that is not

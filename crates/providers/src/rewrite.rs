@@ -1,5 +1,6 @@
 //! Making an OpenAI stream report its usage, and hiding that report from a client that did not ask.
 
+pub(crate) mod ambiguity;
 mod json_object;
 
 use std::fmt;
@@ -13,6 +14,9 @@ use serde_json::Value;
 use crate::sse::SseReader;
 use crate::usage::input::{Checked, InputFields, Key};
 use crate::walk::{Seen, Walk};
+use ambiguity::{LISTED_AT_TOP, Names, NotedValue, Place, Watched};
+
+pub use ambiguity::{Ambiguity, MAX_NAME_CHARS};
 
 /// A held event larger than this cannot be OpenAI's usage-only chunk (a few hundred bytes), so it
 /// is passed on without waiting for its end.
@@ -37,12 +41,17 @@ pub struct RequestFacts {
 }
 
 /// A request body read once: what [`inspect`] tells, and what
-/// [`crate::usage::estimate_input_tokens`] estimates, each exactly as those give it.
+/// [`crate::usage::estimate_input_tokens`] estimates, each exactly as those give it, and whether
+/// the body could be read otherwise by its provider.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InspectedRequest {
     pub facts: RequestFacts,
     /// Estimated input tokens, for a cap's reservation and for a receipt without reported usage.
     pub input_tokens: u64,
+    /// A byte-order mark, or the first member named twice in an object the gateway reads (the
+    /// request, `stream_options`, `generationConfig`, each of `tools` and its `function`). The
+    /// facts and the estimate are given all the same, as for any other body.
+    pub ambiguity: Option<Ambiguity>,
 }
 
 /// The request members `inspect` reads; the rest is skipped unread.
@@ -108,8 +117,12 @@ pub fn inspect(body: &[u8]) -> RequestFacts {
     crate::from_json::<RequestHead>(body).map_or_else(|_| RequestFacts::default(), RequestHead::facts)
 }
 
-/// [`inspect`] and the input estimate from one parse of the body.
+/// [`inspect`], the input estimate and the body's ambiguity from one parse of the body.
 pub fn inspect_and_estimate(body: &[u8]) -> InspectedRequest {
+    if ambiguity::starts_with_byte_order_mark(body) {
+        // No JSON to the gateway (nor to `inspect`), a request to a decoder that drops the mark.
+        return InspectedRequest { ambiguity: Some(Ambiguity::ByteOrderMark), ..InspectedRequest::default() };
+    }
     if body.trim_ascii_start().first() != Some(&b'{') {
         return InspectedRequest::default();
     }
@@ -122,11 +135,17 @@ pub fn inspect_and_estimate(body: &[u8]) -> InspectedRequest {
         Ok(pass) => InspectedRequest {
             facts: if pass.repeated_head { RequestFacts::default() } else { pass.head.facts() },
             input_tokens: pass.input.total().tokens(),
+            ambiguity: pass.first_repeat.map(Ambiguity::RepeatedMember),
         },
         // The pass reads every member as strictly as a `Value` parse, so a `Value` parse refuses the
         // body too and the estimate is 0; `inspect` skips the members it does not read (unchecked
-        // UTF-8, numbers out of range, any depth) and may still accept it.
-        Err(_) => InspectedRequest { facts: inspect(body), input_tokens: 0 },
+        // UTF-8, numbers out of range, any depth) and may still accept it, and so may a provider:
+        // the repeats are looked for as leniently.
+        Err(_) => InspectedRequest {
+            facts: inspect(body),
+            input_tokens: 0,
+            ambiguity: ambiguity::lenient_scan(body).map(Ambiguity::RepeatedMember),
+        },
     }
 }
 
@@ -159,6 +178,8 @@ struct RequestPass<'de> {
     /// `null` reads the same as an absent member, so the value cannot tell.
     seen_head: [bool; 8],
     input: InputFields<'de>,
+    /// The path of the first member named twice in an object the gateway reads.
+    first_repeat: Option<String>,
 }
 
 impl<'de> RequestPass<'de> {
@@ -188,7 +209,12 @@ impl<'de> Visitor<'de> for RequestPass<'de> {
     }
 
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self, A::Error> {
+        // On the stack rather than in `self`, which is moved on return.
+        let mut names = Names::<LISTED_AT_TOP>::new();
         while let Some(key) = map.next_key_seed(Key)? {
+            if self.first_repeat.is_none() {
+                ambiguity::note(&mut names, Place::Request, &key, &mut self.first_repeat);
+            }
             let (index, slot) = match &*key {
                 "model" => (0, &mut self.head.model),
                 "stream" => (1, &mut self.head.stream),
@@ -199,14 +225,22 @@ impl<'de> Visitor<'de> for RequestPass<'de> {
                 "generationConfig" => (6, &mut self.head.generation_config),
                 "background" => (7, &mut self.head.background),
                 other => {
-                    if !self.input.count_if_input(other, &mut map)? {
+                    // `tools` is counted as input: its objects' names are checked as it is.
+                    let watch = (other == "tools" && self.first_repeat.is_none())
+                        .then_some((Watched::Tools, &mut self.first_repeat));
+                    if !self.input.count_if_input(other, &mut map, watch)? {
                         map.next_value_seed(Checked)?;
                     }
                     continue;
                 }
             };
             self.repeated_head |= std::mem::replace(&mut self.seen_head[index], true);
-            *slot = map.next_value()?;
+            *slot = match Watched::member(Place::Request, &key) {
+                Some(Watched::Object(place)) if self.first_repeat.is_none() => {
+                    map.next_value_seed(NotedValue { place, first_repeat: &mut self.first_repeat })?
+                }
+                _ => map.next_value()?,
+            };
         }
         Ok(self)
     }

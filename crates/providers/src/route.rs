@@ -85,6 +85,32 @@ pub fn route_for(path_and_query: &str, carries_anthropic_version: bool) -> Optio
     Some(Route { credential: name, fallback_kind, upstream_path: rest })
 }
 
+/// The model the provider runs for a request to `upstream_path` whose body names `body_model`:
+/// the one a model allowlist must allow. Azure OpenAI runs the deployment its path names
+/// (`/openai/deployments/{deployment}/...`) and Gemini the model of `models/{model}:{method}`,
+/// whatever the body names; any other path runs the body's.
+pub fn model_the_provider_runs<'a>(upstream_path: &'a str, body_model: Option<&'a str>) -> Option<&'a str> {
+    azure_deployment(upstream_path).or_else(|| crate::usage::model_in_path(upstream_path)).or(body_model)
+}
+
+/// The deployment of an Azure OpenAI path, `/openai/deployments/{deployment}/...`, as the path
+/// spells it. (Compared undecoded: a pattern without `%` matches an encoded name only where it
+/// matches the decoded one.)
+fn azure_deployment(upstream_path: &str) -> Option<&str> {
+    let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
+    let rest = path.strip_prefix("/openai/deployments/")?;
+    let deployment = rest.split_once('/').map_or(rest, |(deployment, _)| deployment);
+    (!deployment.is_empty()).then_some(deployment)
+}
+
+/// Whether a request's body is a file rather than a request the provider reads: Gemini's upload
+/// of a file, `/upload/v1beta/files` (the file's own bytes with `uploadType=media`). Such a body is
+/// the client's document, repeated names and byte-order mark included.
+pub fn body_is_a_file(upstream_path: &str) -> bool {
+    let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
+    path == "/upload/v1beta/files"
+}
+
 /// Whether the path could climb out of a credential's base URL once a server normalises it: a `.` or
 /// `..` segment, literal or percent-encoded, or an encoded slash or backslash.
 fn escapes_its_root(path_and_query: &str) -> bool {
@@ -272,6 +298,58 @@ mod tests {
         }
         assert_eq!(route("/v1beta/"), None);
         assert_eq!(route("/gemini/v1beta/../v1/x"), None);
+    }
+
+    #[test]
+    fn the_model_the_provider_runs_is_the_paths_where_the_path_names_one() {
+        for (path, body, runs) in [
+            ("/v1/chat/completions", Some("gpt-4o"), Some("gpt-4o")),
+            ("/v1/chat/completions", None, None),
+            ("/v1/messages", Some("claude-sonnet-4-5"), Some("claude-sonnet-4-5")),
+            // Azure runs the deployment: the body's model is not read there.
+            (
+                "/openai/deployments/o3-deploy/chat/completions?api-version=2024-10-21",
+                Some("gpt-4o"),
+                Some("o3-deploy"),
+            ),
+            ("/openai/deployments/o3-deploy/chat/completions", None, Some("o3-deploy")),
+            ("/openai/deployments/emb/embeddings", Some("emb"), Some("emb")),
+            ("/openai/deployments/only", Some("gpt-4o"), Some("only")),
+            ("/openai/deployments/only?api-version=1", None, Some("only")),
+            ("/openai/deployments//chat/completions", Some("gpt-4o"), Some("gpt-4o")),
+            // Azure's v1 API and its resource APIs take the model in the body.
+            ("/openai/v1/chat/completions", Some("gpt-4o"), Some("gpt-4o")),
+            ("/openai/batches", None, None),
+            // Gemini runs the path's model, whatever the body names.
+            (
+                "/v1beta/models/gemini-2.5-pro:generateContent",
+                Some("gemini-2.5-flash"),
+                Some("gemini-2.5-pro"),
+            ),
+            ("/v1/models/gemini-2.5-pro:streamGenerateContent?alt=sse", None, Some("gemini-2.5-pro")),
+            ("/v1beta/tunedModels/mine:generateContent", Some("x"), Some("mine")),
+            // Gemini's OpenAI-compatible endpoint, and a model listing, do not name one in the path.
+            ("/v1beta/openai/chat/completions", Some("gemini-2.5-flash"), Some("gemini-2.5-flash")),
+            ("/v1beta/models", None, None),
+            ("/v1/models/ft:gpt-4o-mini:acme::abc", None, None),
+        ] {
+            assert_eq!(model_the_provider_runs(path, body), runs, "{path} {body:?}");
+        }
+    }
+
+    #[test]
+    fn only_geminis_file_uploads_carry_a_file() {
+        assert!(body_is_a_file("/upload/v1beta/files?uploadType=media"));
+        assert!(body_is_a_file("/upload/v1beta/files"));
+        for path in [
+            "/v1beta/files",
+            "/upload/v1beta/files/f1",
+            "/upload/v1beta/models/m:generateContent",
+            "/v1/files",
+            "/v1/chat/completions",
+        ] {
+            assert!(!body_is_a_file(path), "{path}");
+        }
     }
 
     #[test]

@@ -6,11 +6,16 @@
 //! `Value` parse refuses is refused here too, and counts 0), a repeated member name counts only its
 //! last member (a `Value` map keeps the last), and an object's `type` may come after the members it
 //! decides about, so an object's members are held until its end.
+//!
+//! `tools` is counted here, so its tools' names (and their `function`'s) are checked for repeats
+//! here too, as they are read (`rewrite::ambiguity`).
 
 use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use crate::rewrite::ambiguity::{self, LISTED_INSIDE, Names, Place, Watched};
 
 use super::{CHARS_PER_TOKEN, INPUT_FIELDS, MEDIA_PART_TOKENS, MEDIA_PART_TYPES, REQUEST_OVERHEAD_TOKENS};
 
@@ -71,14 +76,18 @@ struct Counted {
 
 impl<'de> InputFields<'de> {
     /// Counts the value of a top-level member when its key names an input field; `Ok(false)` (and
-    /// the value left unread) when it does not.
+    /// the value left unread) when it does not. `watch`: the value is one whose objects' names are
+    /// checked for repeats, and where the first repeat goes.
     pub(crate) fn count_if_input<A: MapAccess<'de>>(
         &mut self,
         key: &str,
         map: &mut A,
+        watch: Option<(Watched, &mut Option<String>)>,
     ) -> Result<bool, A::Error> {
         let Some(slot) = INPUT_FIELDS.iter().position(|field| *field == key) else { return Ok(false) };
-        let counted = map.next_value_seed(CountValue { members: &mut self.members, type_member: false })?;
+        let watch = watch.map(|(watched, first_repeat)| Watch { watched, first_repeat });
+        let counted =
+            map.next_value_seed(CountValue { members: &mut self.members, type_member: false, watch })?;
         self.slots[slot] = Some(counted.count);
         Ok(true)
     }
@@ -97,6 +106,23 @@ impl<'de> InputFields<'de> {
 struct CountValue<'m, 'de> {
     members: &'m mut Vec<Member<'de>>,
     type_member: bool,
+    /// Whether the value is one whose objects' names are checked (a tool, its `function`), while no
+    /// repeat is found yet.
+    watch: Option<Watch<'m>>,
+}
+
+/// A value whose objects' names are checked, and where the first repeat goes.
+struct Watch<'m> {
+    watched: Watched,
+    first_repeat: &'m mut Option<String>,
+}
+
+impl Watch<'_> {
+    /// The watch of the value of the member `name` of the object at `place`, if it is one.
+    fn member(&mut self, place: Place, name: &str) -> Option<Watch<'_>> {
+        let watched = Watched::member(place, name)?;
+        self.first_repeat.is_none().then_some(Watch { watched, first_repeat: &mut *self.first_repeat })
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for CountValue<'_, 'de> {
@@ -146,21 +172,42 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
         Ok(Counted::nothing())
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Counted, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Counted, A::Error> {
         let mut count = InputCount::default();
-        while let Some(item) =
-            seq.next_element_seed(CountValue { members: &mut *self.members, type_member: false })?
-        {
+        let mut index = 0;
+        loop {
+            // Each element of `tools` is a tool, while no repeat is found yet.
+            let watch = match &mut self.watch {
+                Some(Watch { watched: Watched::Tools, first_repeat }) if first_repeat.is_none() => {
+                    Some(Watch { watched: Watched::Object(Place::Tool(index)), first_repeat })
+                }
+                _ => None,
+            };
+            let element = CountValue { members: &mut *self.members, type_member: false, watch };
+            let Some(item) = seq.next_element_seed(element)? else { break };
             count.add(item.count);
+            index += 1;
         }
         Ok(Counted { count, media_type: false })
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Counted, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Counted, A::Error> {
         let start = self.members.len();
+        let mut names = match &self.watch {
+            Some(Watch { watched: Watched::Object(place), .. }) => {
+                Some((*place, Names::<LISTED_INSIDE>::new()))
+            }
+            _ => None,
+        };
         while let Some(key) = map.next_key_seed(Key)? {
             let type_member = key == "type";
-            let value = map.next_value_seed(CountValue { members: &mut *self.members, type_member })?;
+            let mut watch = None;
+            if let (Some((place, names)), Some(outer)) = (&mut names, &mut self.watch) {
+                ambiguity::note(names, *place, &key, outer.first_repeat);
+                watch = outer.member(*place, &key);
+            }
+            let value =
+                map.next_value_seed(CountValue { members: &mut *self.members, type_member, watch })?;
             let mut count = InputCount::chars(key.chars().count() as u64);
             count.add(value.count);
             self.members.push(Member { key, count, media_type: value.media_type, repeated: false });
@@ -314,8 +361,11 @@ mod tests {
     use super::super::{
         CHARS_PER_TOKEN, INPUT_FIELDS, MEDIA_PART_TOKENS, MEDIA_PART_TYPES, REQUEST_OVERHEAD_TOKENS,
     };
+    use crate::rewrite::ambiguity::tests::reference_first_repeat;
+    use crate::rewrite::ambiguity::{lenient_scan, starts_with_byte_order_mark};
     use crate::rewrite::{
-        InspectedRequest, force_include_usage, force_include_usage_with, inspect, inspect_and_estimate,
+        Ambiguity, InspectedRequest, force_include_usage, force_include_usage_with, inspect,
+        inspect_and_estimate,
     };
 
     /// The estimate as it was computed before the single pass: the body parsed into a `Value`.
@@ -365,10 +415,28 @@ mod tests {
             .saturating_add(REQUEST_OVERHEAD_TOKENS)
     }
 
+    /// The single pass reads as `inspect`, the `Value` estimate and the rule of repeats read;
+    /// the repeats of a body the strict pass refuses are as the lenient scan finds them.
     fn assert_same(body: &[u8]) {
+        let read = inspect_and_estimate(body);
+        let ambiguity = if starts_with_byte_order_mark(body) {
+            Some(Ambiguity::ByteOrderMark)
+        } else {
+            let lenient =
+                || (body.trim_ascii_start().first() == Some(&b'{')).then(|| lenient_scan(body)).flatten();
+            match reference_first_repeat(body) {
+                Some(first_repeat) => {
+                    // Where the strict pass reads, the lenient scan finds the same.
+                    assert_eq!(lenient(), first_repeat, "{}", String::from_utf8_lossy(body));
+                    first_repeat
+                }
+                None => lenient(),
+            }
+            .map(Ambiguity::RepeatedMember)
+        };
         assert_eq!(
-            inspect_and_estimate(body),
-            InspectedRequest { facts: inspect(body), input_tokens: reference_estimate(body) },
+            read,
+            InspectedRequest { facts: inspect(body), input_tokens: reference_estimate(body), ambiguity },
             "{}",
             String::from_utf8_lossy(body)
         );
