@@ -315,9 +315,9 @@ fn thresholds(values: &[String]) -> Result<Value, String> {
 enum Prices {
     /// Lists the table in force, each entry's source, and the fallback price per provider kind.
     List,
-    /// Resolves a model name as the gateway prices it, and says where the price came from; with
-    /// --org and --provider, as a request through that credential (its price namespace first, its
-    /// fallback).
+    /// Resolves a model name as the gateway prices it, and says where the price came from; given
+    /// an organization and one of its credentials (`--org`, `--provider`), as a request through
+    /// that credential: its price namespace first, then its fallback.
     Get {
         model: String,
         #[arg(long, env = "RECOVEA_ORG", requires = "provider")]

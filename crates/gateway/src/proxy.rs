@@ -222,8 +222,15 @@ where
         return Err(Refusal::AmbiguousBody(ambiguity));
     }
     if facts.model.is_none() {
-        // Gemini names the model in the path (`models/{model}:generateContent`).
-        facts.model = recovea_providers::usage::model_in_path(endpoint).map(str::to_owned);
+        // Gemini names the model in the path (`models/{model}:generateContent`), a Realtime
+        // session in its query (`?model=`, Azure's `deployment=`).
+        facts.model = recovea_providers::usage::model_in_path(endpoint)
+            .or_else(|| {
+                headers::is_websocket_upgrade(&parts.headers)
+                    .then(|| recovea_providers::realtime::model_in_query(route.upstream_path))
+                    .flatten()
+            })
+            .map(str::to_owned);
     }
     ctx.trace.request(endpoint, facts.model.as_deref());
     if let Some(admitted) = &ctx.admitted {

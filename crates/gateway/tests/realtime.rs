@@ -8,6 +8,7 @@ use futures_util::{SinkExt, StreamExt};
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::hash_secret;
+use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::usage::UsageSource;
@@ -34,11 +35,12 @@ const WS_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 type Ws = WebSocketStream<TcpStream>;
 
 async fn node(caps: Vec<Cap>) -> Harness {
-    node_with(caps, "openai", ProviderKind::OpenAi).await
+    node_with(caps, "openai", ProviderKind::OpenAi, None).await
 }
 
-/// A node whose organization's one credential is `name`, of `kind`, pointing at the mock.
-async fn node_with(caps: Vec<Cap>, name: &str, kind: ProviderKind) -> Harness {
+/// A node whose organization's one credential is `name`, of `kind`, pointing at the mock; the
+/// key allowed only `allowed` models when given.
+async fn node_with(caps: Vec<Cap>, name: &str, kind: ProviderKind, allowed: Option<&[&str]>) -> Harness {
     let mock = MockProvider::start().await;
     let config = GatewayConfig::new(support::settings(&mock.url())).expect("config");
     let org = OrgId::parse("org_acme").expect("id");
@@ -51,6 +53,10 @@ async fn node_with(caps: Vec<Cap>, name: &str, kind: ProviderKind) -> Harness {
         b.cap(cap);
     }
     b.key(hash_secret(KEY), KeyId::parse("key_live").expect("id"), org, None);
+    if let Some(models) = allowed {
+        let list = ModelAllowlist::parse(models.iter().map(|m| (*m).to_owned()).collect()).expect("list");
+        b.key_allowed_models(hash_secret(KEY), list);
+    }
     let h = Harness::serve(mock, config, Some(b.build())).await;
     h.confirm(&InProcess::default()).await;
     h
@@ -251,7 +257,7 @@ async fn a_stopping_node_closes_its_sessions_going_away_and_bills_what_they_bega
 
 #[tokio::test]
 async fn an_azure_realtime_session_goes_to_the_resource_with_its_key_and_is_metered() {
-    let h = node_with(Vec::new(), "azure", ProviderKind::AzureOpenAi).await;
+    let h = node_with(Vec::new(), "azure", ProviderKind::AzureOpenAi, None).await;
     h.mock.queue_realtime_usage([RealtimeUsage::text(1_000, 100).to_json()]);
     let path = "/openai/realtime?api-version=2025-04-01-preview&deployment=gpt-realtime";
     let (status, head, ws) = upgrade(&h, path).await;
@@ -286,4 +292,15 @@ async fn a_websocket_upgrade_elsewhere_than_realtime_is_outside_sight() {
         .await,
         1
     );
+}
+
+#[tokio::test]
+async fn a_realtime_session_for_a_model_the_key_may_not_use_is_refused_403() {
+    let h = node_with(Vec::new(), "openai", ProviderKind::OpenAi, Some(&["gpt-4o-mini"])).await;
+    // The session's model is in its query: the allowlist holds it as it holds a body's.
+    let (status, head, _) = upgrade(&h, "/v1/realtime?model=gpt-realtime").await;
+    assert_eq!(status, 403, "{head}");
+    assert!(h.mock.requests().is_empty(), "a refused session never reaches the provider");
+    let (status, head, _) = upgrade(&h, "/v1/realtime?model=gpt-4o-mini").await;
+    assert_eq!(status, 101, "an allowed model's session goes through: {head}");
 }
