@@ -232,6 +232,7 @@
 mod anthropic;
 mod body;
 mod clock;
+pub mod faults;
 mod gemini;
 pub mod jobs;
 mod multipart;
