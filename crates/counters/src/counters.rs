@@ -37,9 +37,17 @@ const ABANDON_AFTER_END_MS: i64 = 24 * 60 * 60 * 1000;
 const NEVER: i64 = i64::MIN;
 /// The least time between two syncs asked for early (a new window, a cap near its line).
 pub const SOON: Duration = Duration::from_millis(20);
-/// How long a request waits for the store's answer at the line before it decides from the node's
-/// own view: a blip of the store costs a request at most this, and never refuses it.
+/// The least a request waits for the store's answer at the line; past its deadline the request's
+/// spend cannot be confirmed (`503`, retry in a moment), since what the other nodes admitted
+/// meanwhile is unknown.
 pub const AT_THE_LINE: Duration = Duration::from_millis(100);
+/// The most a request waits for the store's answer at the line, however slow the store has been.
+pub const MOST_AT_THE_LINE: Duration = Duration::from_secs(1);
+/// A line ask's deadline is this many times the store's recent round trip, so that a store slow
+/// but answering is waited for rather than taken for absent.
+const DEADLINE_PER_ROUND_TRIP: u32 = 4;
+/// Unanswered asks at the line are logged at most this often (with their count since).
+const UNANSWERED_WARNING_EVERY: Duration = Duration::from_secs(10);
 /// How long a request found contended at the line (other nodes hold spare room there) keeps
 /// asking, while the holders' syncs give their spare back, before it decides from its own view.
 const CONTENDED_WAIT: Duration = Duration::from_millis(300);
@@ -108,6 +116,18 @@ pub struct Counters {
     line: Option<Arc<dyn SharedCounters>>,
     /// Numbers the requests this node asks at the line (see [`LineAsk::record`]).
     next_record: AtomicU64,
+    /// The store's recent round trip (syncs and line asks), in microseconds: a moving average
+    /// that sizes the line's deadline ([`line_deadline`]).
+    round_trip_us: AtomicU64,
+    /// Asks at the line left unanswered since the last warning, and when that was.
+    unanswered: AtomicU64,
+    warned_at: Mutex<Option<std::time::Instant>>,
+}
+
+/// How long a request waits at the line for a store whose recent round trip is `round_trip`:
+/// [`DEADLINE_PER_ROUND_TRIP`] of them, at least [`AT_THE_LINE`] and at most [`MOST_AT_THE_LINE`].
+pub fn line_deadline(round_trip: Duration) -> Duration {
+    round_trip.saturating_mul(DEADLINE_PER_ROUND_TRIP).clamp(AT_THE_LINE, MOST_AT_THE_LINE)
 }
 
 struct Entry {
@@ -193,7 +213,46 @@ impl Counters {
             missing: watch::Sender::new(Vec::new()),
             line,
             next_record: AtomicU64::new(0),
+            round_trip_us: AtomicU64::new(0),
+            unanswered: AtomicU64::new(0),
+            warned_at: Mutex::new(None),
         })
+    }
+
+    /// The shared store's recent round trip: a moving average of syncs and line asks (zero before
+    /// the first, and on counters no other node shares).
+    pub fn store_round_trip(&self) -> Duration {
+        Duration::from_micros(self.round_trip_us.load(Ordering::Relaxed))
+    }
+
+    /// Adds one round trip to the moving average (an eighth of the new one).
+    fn observe_round_trip(&self, took: Duration) {
+        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let _ = self.round_trip_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |average| {
+            Some(if average == 0 { took } else { average - average / 8 + took / 8 })
+        });
+    }
+
+    /// Counts an ask the store left unanswered, and warns at most every
+    /// [`UNANSWERED_WARNING_EVERY`] with the count since the last warning.
+    fn unanswered(&self, deadline: Duration, error: Option<&CounterError>) {
+        let count = self.unanswered.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut warned_at = self.warned_at.lock().unwrap_or_else(PoisonError::into_inner);
+        let due = warned_at.is_none_or(|at| at.elapsed() >= UNANSWERED_WARNING_EVERY);
+        if due {
+            *warned_at = Some(std::time::Instant::now());
+            self.unanswered.store(0, Ordering::Relaxed);
+            let round_trip_ms = self.store_round_trip().as_millis();
+            let deadline_ms = deadline.as_millis();
+            let error = error.map(ToString::to_string).unwrap_or_else(|| "no answer in time".to_owned());
+            tracing::warn!(
+                count,
+                deadline_ms,
+                round_trip_ms,
+                %error,
+                "the counter store left asks at an armed cap's line unanswered: their spend cannot be confirmed (503 budget_unverifiable)"
+            );
+        }
     }
 
     /// How these counters know other nodes' spend (see [`Counting`]).
@@ -259,12 +318,13 @@ impl Counters {
     }
 
     /// Asks the store at the line for the reservation's pending windows (see
-    /// [`Counters::reserve`]): one atomic check and reservation, which the request waits for, at
-    /// most [`AT_THE_LINE`] per ask. A contended answer is asked again for up to
-    /// [`CONTENDED_WAIT`], an unseeded one for up to [`UNSEEDED_WAIT`] (the sync each asks for
-    /// finds the window missing, and the ledger's total is seeded). `None` when the store did not
-    /// answer in time or failed; after `None`, `Contended` or `Unseeded` the caller decides from
-    /// its own view. The answer's window indexes follow [`Reservation::pending`]'s order.
+    /// [`Counters::reserve`]): one atomic check and reservation, which the request waits for up to
+    /// [`line_deadline`] of the store's recent round trip per ask. A contended answer is asked
+    /// again for up to [`CONTENDED_WAIT`], an unseeded one for up to [`UNSEEDED_WAIT`] (the sync
+    /// each asks for finds the window missing, and the ledger's total is seeded). `None` when the
+    /// store did not answer in time or failed (counted, and warned about now and then); the caller
+    /// decides with `recovea_core::caps::decide_at_line`. The answer's window indexes follow
+    /// [`Reservation::pending`]'s order.
     pub async fn ask_at_line(&self, reservation: &mut Reservation, now: Timestamp) -> Option<LineAnswer> {
         let store = self.line.as_ref()?;
         let windows: Vec<LineWindow> = reservation
@@ -290,8 +350,19 @@ impl Counters {
         loop {
             // Until an answer says nothing was written, the record may be in the store.
             reservation.record = Some(record);
+            let deadline = line_deadline(self.store_round_trip());
+            let asked_at = tokio::time::Instant::now();
             let answer =
-                tokio::time::timeout(AT_THE_LINE, store.reserve_at_line(&self.instance, &ask, now)).await;
+                tokio::time::timeout(deadline, store.reserve_at_line(&self.instance, &ask, now)).await;
+            match &answer {
+                Ok(Ok(_)) => self.observe_round_trip(asked_at.elapsed()),
+                // A late answer tells the store is slow: the next asks wait longer.
+                Err(_) => {
+                    self.observe_round_trip(deadline);
+                    self.unanswered(deadline, None);
+                }
+                Ok(Err(error)) => self.unanswered(deadline, Some(error)),
+            }
             match answer {
                 // The holders of spare give it back at their next sync; the ledger's total of an
                 // unseeded window is seeded after the sync that finds it missing. This node's own
@@ -306,11 +377,7 @@ impl Counters {
                     reservation.record = None;
                     return Some(answer);
                 }
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, "the counter store did not answer at the line");
-                    return None;
-                }
-                Err(_) => return None,
+                Ok(Err(_)) | Err(_) => return None,
             }
         }
     }
@@ -434,7 +501,12 @@ impl Counters {
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
             windows: entries.iter().map(|e| e.push(shared_line)).collect(),
         };
-        let read = match shared.sync(&self.instance, &push, now).await {
+        let sent_at = tokio::time::Instant::now();
+        let read = shared.sync(&self.instance, &push, now).await;
+        if read.is_ok() {
+            self.observe_round_trip(sent_at.elapsed());
+        }
+        let read = match read {
             Ok(read) if read.windows.len() == push.windows.len() => read,
             failed => {
                 for (entry, pushed) in entries.iter().zip(&push.windows) {
@@ -838,6 +910,37 @@ impl std::fmt::Debug for Reservation {
             )
             .field("estimate", &self.estimate)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod deadline_tests {
+    use super::*;
+
+    #[test]
+    fn the_line_waits_for_a_slow_store_within_bounds() {
+        assert_eq!(line_deadline(Duration::ZERO), AT_THE_LINE, "never less than the floor");
+        assert_eq!(line_deadline(Duration::from_millis(1)), AT_THE_LINE);
+        assert_eq!(line_deadline(Duration::from_millis(150)), Duration::from_millis(600));
+        assert_eq!(
+            line_deadline(Duration::from_millis(400)),
+            MOST_AT_THE_LINE,
+            "never more than the ceiling"
+        );
+        assert_eq!(line_deadline(Duration::MAX), MOST_AT_THE_LINE);
+    }
+
+    #[test]
+    fn the_round_trip_follows_the_store() {
+        let counters = Counters::new("node_test");
+        assert_eq!(counters.store_round_trip(), Duration::ZERO);
+        counters.observe_round_trip(Duration::from_millis(8));
+        assert_eq!(counters.store_round_trip(), Duration::from_millis(8), "the first sample is taken whole");
+        for _ in 0..64 {
+            counters.observe_round_trip(Duration::from_millis(400));
+        }
+        let slow = counters.store_round_trip();
+        assert!(slow > Duration::from_millis(390) && slow <= Duration::from_millis(400), "{slow:?}");
     }
 }
 

@@ -15,7 +15,10 @@ mod redis_store;
 mod shared;
 mod sync_loop;
 
-pub use counters::{AT_THE_LINE, CapWindow, Counters, Covered, Reservation, SOON, SyncOutcome};
+pub use counters::{
+    AT_THE_LINE, CapWindow, Counters, Covered, MOST_AT_THE_LINE, Reservation, SOON, SyncOutcome,
+    line_deadline,
+};
 pub use in_process::InProcess;
 pub use rate_share::{InProcessRateShare, RATE_KEY_TTL, RateShare, RateTotals, RateUsage, RedisRateShare};
 pub use rebuild::{SpendSource, WindowSpendFuture, rebuild_missing};

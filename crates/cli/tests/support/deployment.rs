@@ -120,7 +120,19 @@ impl Node {
         extra: &[&str],
         envs: &[(&str, &str)],
     ) -> Self {
-        let redis_url = format!("redis://{REDIS}/");
+        Self::start_with_redis(data_dir, control_url, mock_url, REDIS, extra, envs)
+    }
+
+    /// A node whose shared counters are the Redis at `redis` (`HOST:PORT`, a fault proxy's).
+    pub fn start_with_redis(
+        data_dir: &Path,
+        control_url: &str,
+        mock_url: &str,
+        redis: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Self {
+        let redis_url = format!("redis://{redis}/");
         let mut args = vec!["node", "--listen", "127.0.0.1:0", "--control-url", control_url];
         args.extend(["--node-token", NODE_TOKEN, "--master-key", MASTER_KEY, "--redis-url", &redis_url]);
         args.extend(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url]);
@@ -164,4 +176,48 @@ pub async fn chat_at(client: &HttpClient, node_url: &str, secret: &str) -> Answe
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
     let url = format!("{node_url}/v1/chat/completions");
     call_on(client, Method::POST, &url, &[("authorization", &auth)], Some(body)).await
+}
+
+/// A decimal string of dollars (`"31.000000000"`, `"0.5"`) in nano-dollars, exactly.
+pub fn nanos(usd: &str) -> i128 {
+    let (whole, fraction) = usd.split_once('.').unwrap_or((usd, ""));
+    assert!(fraction.len() <= 9, "more than nine decimals: {usd}");
+    let whole: i128 = whole.parse().expect("dollars");
+    let fraction: i128 = format!("{fraction:0<9}").parse().expect("nano-dollars");
+    whole * 1_000_000_000 + fraction
+}
+
+/// A tenant (see [`Control::tenant`]) with an armed monthly cap of `limit_usd` that every one of
+/// `nodes` has installed: (org id, cap id, secret).
+pub async fn tenant_with_cap(control: &Control, limit_usd: &str, nodes: usize) -> (String, String, String) {
+    let (org_id, _key_id, secret) = control.tenant().await;
+    let cap = json!({"scope": "organization", "window": "month", "limit_usd": limit_usd,
+                     "hard_stop": true, "alert_at": []});
+    let cap = control.admin(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
+    let cap_id = cap["id"].as_str().expect("id").to_owned();
+    within(Duration::from_secs(5), "every node installs the cap", || async {
+        let listed = control.admin(Method::GET, "/nodes", None).await;
+        let listed_nodes = listed["nodes"].as_array().expect("nodes");
+        listed_nodes.len() == nodes
+            && listed_nodes.iter().all(|n| n["feed_version"] == listed["feed_version"])
+    })
+    .await;
+    (org_id, cap_id, secret)
+}
+
+/// The org's one cap's spend in the ledger, in nano-dollars, once `admitted` receipts are in it:
+/// exactly one receipt per admitted request.
+pub async fn spend_once_delivered(control: &Control, org_id: &str, admitted: usize) -> i128 {
+    let receipts = || async {
+        let summary = control.admin(Method::GET, &format!("/orgs/{org_id}/receipts/summary"), None).await;
+        let rows = summary["rows"].as_array().expect("rows").clone();
+        rows.iter().map(|r| r["requests"].as_u64().expect("requests")).sum::<u64>()
+    };
+    within(Duration::from_secs(20), "every admitted request's receipt reaches the ledger", || async {
+        receipts().await >= admitted as u64
+    })
+    .await;
+    assert_eq!(receipts().await, admitted as u64, "one receipt per admitted request");
+    let spend = control.admin(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
+    nanos(spend["spend"][0]["spend_usd"].as_str().expect("spend_usd"))
 }

@@ -1,0 +1,194 @@
+//! An armed cap's line when the shared store misbehaves, black-box: two `recovea node` processes
+//! sharing Redis, one or both through a fault proxy that delays or cuts their link, fed by
+//! `recovea control` on a PostgreSQL database of the test's own, many clients on each node racing
+//! at a cap, and the ledger as the judge. Whatever the store does, the spend an armed cap admits
+//! exceeds its limit by at most one request's reservation; a request the node cannot decide is
+//! answered `503 budget_unverifiable` with `retry-after: 1`; no admitted request loses its receipt.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use recovea_testkit::faults::{Fault, FaultProxy};
+use recovea_testkit::{Behaviour, MockProvider};
+use serde_json::json;
+
+#[path = "support/deployment.rs"]
+mod deployment;
+#[path = "support/harness.rs"]
+mod harness;
+
+use deployment::{
+    Control, MODEL, Node, REDIS, chat_at, free_port, require_redis, spend_once_delivered, tenant_with_cap,
+};
+use harness::{Database, http_client, temp_dir};
+
+/// One dollar a request, exactly its reservation: `max_tokens: 1` at a dollar an output token.
+const REQUEST_NANOS: i128 = 1_000_000_000;
+/// The cap's limit, in requests.
+const LIMIT_REQUESTS: i128 = 40;
+const CLIENTS_PER_NODE: usize = 12;
+/// A client stops after this many `402`s in a row.
+const REFUSALS_IN_A_ROW: usize = 4;
+
+/// What one node's clients were answered in a race.
+#[derive(Debug, Default, Clone, Copy)]
+struct Answers {
+    admitted: usize,
+    refused: usize,
+    unverifiable: usize,
+}
+
+/// The deployment: control, the mock pricing every request at a dollar, and a node per entry of
+/// `redis` (the address its counters go through).
+struct Deployment {
+    control: Control,
+    nodes: Vec<Node>,
+    _mock: MockProvider,
+    _database: Database,
+}
+
+async fn deploy(name: &str, redis: &[SocketAddr], extra: &[&str]) -> Deployment {
+    require_redis();
+    let dir = temp_dir(name);
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let usage = json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2});
+    mock.script(Behaviour::default().usage(usage).times(1_000_000));
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1000000"});
+    control.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
+    let nodes: Vec<Node> = redis
+        .iter()
+        .enumerate()
+        .map(|(i, redis)| {
+            let dir = dir.join(format!("node-{i}"));
+            Node::start_with_redis(&dir, &control.admin, &mock.url(), &redis.to_string(), extra, &[])
+        })
+        .collect();
+    for node in &nodes {
+        node.ready().await;
+    }
+    Deployment { control, nodes, _mock: mock, _database: database }
+}
+
+fn redis() -> SocketAddr {
+    REDIS.parse().expect("an address")
+}
+
+/// Every client on every node at the cap until refused `REFUSALS_IN_A_ROW` times in a row, or
+/// `for_at_most` has passed: what each node answered. A `503` must be `budget_unverifiable` with
+/// `retry-after: 1`; its client retries a moment later.
+async fn race(nodes: &[Node], secret: &str, for_at_most: Duration) -> Vec<Answers> {
+    let until = Instant::now() + for_at_most;
+    let start = Arc::new(tokio::sync::Barrier::new(nodes.len() * CLIENTS_PER_NODE));
+    let mut clients = tokio::task::JoinSet::new();
+    for (index, node) in nodes.iter().enumerate() {
+        for _ in 0..CLIENTS_PER_NODE {
+            let (url, secret, start) = (node.url.clone(), secret.to_owned(), Arc::clone(&start));
+            clients.spawn(async move {
+                let client = http_client();
+                start.wait().await;
+                let mut answers = Answers::default();
+                let mut refused_in_a_row = 0;
+                while refused_in_a_row < REFUSALS_IN_A_ROW && Instant::now() < until {
+                    let answer = chat_at(&client, &url, &secret).await;
+                    match answer.status {
+                        StatusCode::OK => (answers.admitted, refused_in_a_row) = (answers.admitted + 1, 0),
+                        StatusCode::PAYMENT_REQUIRED => {
+                            answers.refused += 1;
+                            refused_in_a_row += 1;
+                        }
+                        StatusCode::SERVICE_UNAVAILABLE => {
+                            assert_eq!(
+                                answer.json()["error"]["code"],
+                                "budget_unverifiable",
+                                "{:?}",
+                                answer.body
+                            );
+                            assert_eq!(answer.headers["retry-after"], "1");
+                            answers.unverifiable += 1;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        other => panic!("a request at the line was answered {other}: {:?}", answer.body),
+                    }
+                }
+                (index, answers)
+            });
+        }
+    }
+    let mut by_node = vec![Answers::default(); nodes.len()];
+    while let Some(joined) = clients.join_next().await {
+        let (index, answers) = joined.expect("a client task");
+        let node = &mut by_node[index];
+        node.admitted += answers.admitted;
+        node.refused += answers.refused;
+        node.unverifiable += answers.unverifiable;
+    }
+    by_node
+}
+
+/// The ledger's spend once every admitted request's receipt is in it, checked against the bound:
+/// at most one request past the limit, and no race ended refused with a whole request's room left.
+async fn judge(control: &Control, org_id: &str, what: &str, answers: &[Answers]) -> i128 {
+    let admitted: usize = answers.iter().map(|a| a.admitted).sum();
+    let spend = spend_once_delivered(control, org_id, admitted).await;
+    assert_eq!(spend, admitted as i128 * REQUEST_NANOS, "a dollar a request");
+    let over = (spend - LIMIT_REQUESTS * REQUEST_NANOS) / REQUEST_NANOS;
+    eprintln!("{what}: {over:+} requests past the limit of {LIMIT_REQUESTS}; answers by node {answers:?}");
+    assert!(over <= 1, "{what}: the line gave way, {over:+} requests past it: {answers:?}");
+    over
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_store_is_waited_for_and_the_line_holds() {
+    let proxy = FaultProxy::start(redis()).await;
+    let d = deploy("faults-slow", &[proxy.addr(), proxy.addr()], &[]).await;
+    // +150 ms and +400 ms a round trip: both beyond the 100 ms a line ask used to wait.
+    for one_way in [Duration::from_millis(75), Duration::from_millis(200)] {
+        for number in 1..=2 {
+            proxy.set(Fault::Pass);
+            let (org_id, _, secret) =
+                tenant_with_cap(&d.control, &format!("{LIMIT_REQUESTS}.00"), d.nodes.len()).await;
+            proxy.set(Fault::Delay(one_way));
+            let answers = race(&d.nodes, &secret, Duration::from_secs(40)).await;
+            proxy.set(Fault::Pass);
+            let what = format!("round trip +{:?}, race {number}", one_way * 2);
+            let over = judge(&d.control, &org_id, &what, &answers).await;
+            assert!(over >= 0, "{what}: the race ended refused below the line: {answers:?}");
+        }
+    }
+    let unanswered = d.nodes[0].metric("recovea_cap_line_asks_total{answer=\"unanswered\"} ").await;
+    eprintln!("asks unanswered on the first node: {unanswered:?}");
+    let deadline = d.nodes[0].metric("recovea_cap_line_deadline_seconds ").await.expect("the deadline");
+    assert!((0.1..=1.0).contains(&deadline), "the line's deadline stays within its bounds: {deadline}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_the_store_cannot_spend_past_the_line() {
+    let proxy = FaultProxy::start(redis()).await;
+    // The cut node's counters go stale after 3 s: cuts shorter and longer than that.
+    let d = deploy("faults-cut", &[proxy.addr(), redis()], &["--counter-max-age", "3s"]).await;
+    for cut in [Duration::from_secs(2), Duration::from_secs(5)] {
+        proxy.set(Fault::Pass);
+        let (org_id, _, secret) =
+            tenant_with_cap(&d.control, &format!("{LIMIT_REQUESTS}.00"), d.nodes.len()).await;
+        // Each node admits a request alone, far from the line, before the cut.
+        for node in &d.nodes {
+            assert_eq!(node.chat(&secret).await.status, StatusCode::OK);
+        }
+        proxy.set(Fault::Cut);
+        let switch = proxy.switch();
+        let restore = tokio::spawn(async move {
+            tokio::time::sleep(cut).await;
+            switch.set(Fault::Pass);
+        });
+        let mut answers = race(&d.nodes, &secret, cut + Duration::from_secs(10)).await;
+        restore.await.expect("restored");
+        answers[0].admitted += 1;
+        answers[1].admitted += 1;
+        let what = format!("first node cut off for {cut:?}");
+        judge(&d.control, &org_id, &what, &answers).await;
+    }
+}
