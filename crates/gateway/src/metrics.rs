@@ -637,14 +637,18 @@ impl Metrics {
                 "# HELP recovea_counters_age_seconds Time since the spend counters were last confirmed.\n# TYPE recovea_counters_age_seconds gauge\nrecovea_counters_age_seconds {age:.3}"
             );
         }
+        // Zero without a shared store; the deadline only where requests ask one.
+        let round_trip = self.counters.store_round_trip();
+        let _ = writeln!(
+            out,
+            "# HELP recovea_shared_store_round_trip_seconds The shared counter store's recent round trip (a moving average; 0 without one).\n# TYPE recovea_shared_store_round_trip_seconds gauge\nrecovea_shared_store_round_trip_seconds {:.6}",
+            round_trip.as_secs_f64()
+        );
         if self.counters.counting() == recovea_core::caps::Counting::Shared {
-            let round_trip = self.counters.store_round_trip();
-            let deadline = recovea_counters::line_deadline(round_trip);
             let _ = writeln!(
                 out,
-                "# HELP recovea_counter_store_round_trip_seconds The shared counter store's recent round trip (a moving average).\n# TYPE recovea_counter_store_round_trip_seconds gauge\nrecovea_counter_store_round_trip_seconds {:.6}\n# HELP recovea_cap_line_deadline_seconds How long a request near an armed cap's line waits for the store's answer before its spend counts as unconfirmed.\n# TYPE recovea_cap_line_deadline_seconds gauge\nrecovea_cap_line_deadline_seconds {:.3}",
-                round_trip.as_secs_f64(),
-                deadline.as_secs_f64()
+                "# HELP recovea_cap_line_deadline_seconds How long a request near an armed cap's line waits for the store's answer before its spend counts as unconfirmed.\n# TYPE recovea_cap_line_deadline_seconds gauge\nrecovea_cap_line_deadline_seconds {:.3}",
+                recovea_counters::line_deadline(round_trip).as_secs_f64()
             );
         }
         let confirmed = self.snapshot_confirmed_ms.load(Relaxed);
