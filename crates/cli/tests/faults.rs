@@ -21,6 +21,7 @@ mod harness;
 
 use deployment::{
     Control, MODEL, Node, REDIS, chat_at, free_port, require_redis, spend_once_delivered, tenant_with_cap,
+    within,
 };
 use harness::{Database, http_client, temp_dir};
 
@@ -191,4 +192,85 @@ async fn a_node_cut_off_from_the_store_cannot_spend_past_the_line() {
         let what = format!("first node cut off for {cut:?}");
         judge(&d.control, &org_id, &what, &answers).await;
     }
+}
+
+/// libfaketime, which starts a node with its clock set off; installed when missing, never skipped.
+fn libfaketime() -> String {
+    const LIBRARY: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    if !std::path::Path::new(LIBRARY).exists() {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/install-package");
+        let status = std::process::Command::new(script).args([LIBRARY, "libfaketime"]).status();
+        assert!(status.is_ok_and(|s| s.success()), "scripts/install-package {LIBRARY} libfaketime failed");
+    }
+    LIBRARY.to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_whose_clocks_disagree_by_30_s_keep_the_line_and_say_so() {
+    let library = libfaketime();
+    require_redis();
+    let dir = temp_dir("faults-clock");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let usage = json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2});
+    mock.script(Behaviour::default().usage(usage).times(1_000_000));
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1000000"});
+    control.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
+    // Alarms go to a second mock, which answers each with a 200.
+    let alarms = MockProvider::start().await;
+    alarms.script(Behaviour::default().body(json!({"ok": true})).times(1000));
+    let webhook = format!("{}/alarm", alarms.url());
+    // The first node's clock runs 30 s ahead (its monotonic clock, which timers use, is left alone).
+    let skewed =
+        [("LD_PRELOAD", library.as_str()), ("FAKETIME", "+30s"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")];
+    let alarmed = ["--alarm-webhook", webhook.as_str()];
+    let nodes = [
+        Node::start_with_redis(
+            &dir.join("node-ahead"),
+            &control.admin,
+            &mock.url(),
+            REDIS,
+            &alarmed,
+            &skewed,
+        ),
+        Node::start_with_redis(&dir.join("node-on-time"), &control.admin, &mock.url(), REDIS, &[], &[]),
+    ];
+    for node in &nodes {
+        node.ready().await;
+    }
+    for number in 1..=3 {
+        let (org_id, _, secret) =
+            tenant_with_cap(&control, &format!("{LIMIT_REQUESTS}.00"), nodes.len()).await;
+        let answers = race(&nodes, &secret, Duration::from_secs(40)).await;
+        let what = format!("clocks 30 s apart, race {number}");
+        let over = judge(&control, &org_id, &what, &answers).await;
+        assert!(over >= 0, "{what}: the race ended refused below the line: {answers:?}");
+    }
+    // The node measured its clock against the store's, alarmed, and says so.
+    let offset = nodes[0].metric("recovea_clock_offset_seconds ").await.expect("the offset");
+    assert!((-31.0..=-29.0).contains(&offset), "the store's clock less the node's: {offset}");
+    let on_time = nodes[1].metric("recovea_clock_offset_seconds ").await.expect("the offset");
+    assert!(on_time.abs() < 1.0, "{on_time}");
+    within(Duration::from_secs(30), "GET /nodes says which node's clock is off", || async {
+        let listed = control.admin(Method::GET, "/nodes", None).await;
+        let drifted: Vec<bool> = listed["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .filter_map(|node| node["clock_drifted"].as_bool())
+            .collect();
+        let mut sorted = drifted.clone();
+        sorted.sort_unstable();
+        sorted == [false, true]
+    })
+    .await;
+    let alarm = alarms
+        .requests()
+        .into_iter()
+        .find_map(|request| serde_json::from_slice::<serde_json::Value>(&request.body).ok())
+        .expect("the clock's alarm reached the webhook");
+    assert_eq!(alarm["alarm"], "clock_offset", "{alarm}");
+    let offset_ms = alarm["offset_ms"].as_i64().expect("offset_ms");
+    assert!((-31_000..=-29_000).contains(&offset_ms), "{alarm}");
 }

@@ -139,6 +139,7 @@ impl Control {
             counters_confirmed_at: status.counters_confirmed_at_ms.map(Timestamp),
             fail_open_total: status.fail_open_total,
             seen_at: now(),
+            clock_offset_ms: status.clock_offset_ms,
         };
         let store = Arc::clone(&self.inner.store);
         tokio::task::spawn_blocking(move || {
@@ -173,6 +174,8 @@ impl Control {
                     "counters_confirmed_at": node.counters_confirmed_at.map(Timestamp::to_rfc3339),
                     "fail_open_total": node.fail_open_total,
                     "last_seen_at": node.seen_at.to_rfc3339(),
+                    "clock_offset_ms": node.clock_offset_ms,
+                    "clock_drifted": node.clock_offset_ms.map(recovea_core::timestamp::clock_drifted),
                 })
             })
             .collect();

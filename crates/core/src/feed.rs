@@ -411,6 +411,9 @@ pub struct NodeStatus {
     pub counters_confirmed_at_ms: Option<i64>,
     #[serde(default)]
     pub fail_open_total: u64,
+    /// The shared counter store's clock less the node's, in milliseconds, when measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_offset_ms: Option<i64>,
     /// How long the node is willing to wait for a change, in milliseconds.
     #[serde(default)]
     pub wait_ms: u64,

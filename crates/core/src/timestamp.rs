@@ -8,6 +8,16 @@ use time::format_description::well_known::Rfc3339;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(pub i64);
 
+/// How far a node's clock may stand from the shared counter store's before it is a fault worth an
+/// alarm. Nodes decide windows on the store's clock whatever the offset; an offset this large
+/// still says the node's own clock (its receipts' times, its logs) is wrong.
+pub const CLOCK_TOLERANCE_MS: i64 = 2_000;
+
+/// Whether a clock offset (milliseconds, either way) is past [`CLOCK_TOLERANCE_MS`].
+pub fn clock_drifted(offset_ms: i64) -> bool {
+    offset_ms.unsigned_abs() > CLOCK_TOLERANCE_MS.unsigned_abs()
+}
+
 impl Timestamp {
     pub fn from_unix_millis(ms: i64) -> Self {
         Self(ms)
@@ -91,6 +101,14 @@ impl serde::Serialize for Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clock_drifts_past_the_tolerance_either_way() {
+        assert!(!clock_drifted(0));
+        assert!(!clock_drifted(2_000) && !clock_drifted(-2_000), "the tolerance itself is within");
+        assert!(clock_drifted(2_001) && clock_drifted(-2_001));
+        assert!(clock_drifted(i64::MIN), "no overflow");
+    }
 
     #[test]
     fn rfc3339_round_trip() {

@@ -122,7 +122,13 @@ pub struct Counters {
     /// Asks at the line left unanswered since the last warning, and when that was.
     unanswered: AtomicU64,
     warned_at: Mutex<Option<std::time::Instant>>,
+    /// The store's clock less this node's, in milliseconds, as the last sync measured it
+    /// ([`NOT_MEASURED`] until one did, and on counters without a store of their own clock).
+    clock_offset_ms: AtomicI64,
 }
+
+/// [`Counters::clock_offset`] before any measure.
+const NOT_MEASURED: i64 = i64::MIN;
 
 /// How long a request waits at the line for a store whose recent round trip is `round_trip`:
 /// [`DEADLINE_PER_ROUND_TRIP`] of them, at least [`AT_THE_LINE`] and at most [`MOST_AT_THE_LINE`].
@@ -216,7 +222,21 @@ impl Counters {
             round_trip_us: AtomicU64::new(0),
             unanswered: AtomicU64::new(0),
             warned_at: Mutex::new(None),
+            clock_offset_ms: AtomicI64::new(NOT_MEASURED),
         })
+    }
+
+    /// The shared store's clock less this node's, in milliseconds, as last measured (at each sync,
+    /// from the store's time and the round trip); `None` before the first measure or without a
+    /// store that has a clock of its own.
+    pub fn clock_offset_ms(&self) -> Option<i64> {
+        Some(self.clock_offset_ms.load(Ordering::Relaxed)).filter(|ms| *ms != NOT_MEASURED)
+    }
+
+    /// `system` (this node's clock) on the store's clock: the one clock every node decides which
+    /// window a request falls in by, so that nodes whose clocks disagree share each window.
+    pub fn on_store_clock(&self, system: Timestamp) -> Timestamp {
+        Timestamp(system.0.saturating_add(self.clock_offset_ms().unwrap_or(0)))
     }
 
     /// The shared store's recent round trip: a moving average of syncs and line asks (zero before
@@ -503,8 +523,15 @@ impl Counters {
         };
         let sent_at = tokio::time::Instant::now();
         let read = shared.sync(&self.instance, &push, now).await;
-        if read.is_ok() {
-            self.observe_round_trip(sent_at.elapsed());
+        if let Ok(read) = &read {
+            let round_trip = sent_at.elapsed();
+            self.observe_round_trip(round_trip);
+            if let Some(store) = read.store_time {
+                // The store read its clock about half a round trip after `now`.
+                let half = i64::try_from(round_trip.as_millis() / 2).unwrap_or(i64::MAX);
+                let offset = store.0.saturating_sub(now.0.saturating_add(half));
+                self.clock_offset_ms.store(offset.max(NOT_MEASURED + 1), Ordering::Relaxed);
+            }
         }
         let read = match read {
             Ok(read) if read.windows.len() == push.windows.len() => read,

@@ -71,7 +71,7 @@ impl InProcess {
                 }
             })
             .collect();
-        SyncRead { windows: read }
+        SyncRead { windows: read, store_time: None }
     }
 
     fn reserve_at_line_now(&self, node_id: &str, ask: &LineAsk, now: Timestamp) -> LineAnswer {

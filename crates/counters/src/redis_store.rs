@@ -26,7 +26,7 @@ use tokio::sync::Mutex;
 
 use crate::shared::{
     CounterError, LineAsk, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowRead, expire_at,
-    line_member, line_members, reserved_until,
+    line_member, line_members, millis,
 };
 
 const SYNC_SCRIPT: &str =
@@ -92,7 +92,8 @@ impl Redis {
         *self.connection.lock().await = None;
     }
 
-    fn pipeline(&self, node_id: &str, push: &SyncPush, now: Timestamp) -> redis::Pipeline {
+    /// One script a window, then the store's clock.
+    fn pipeline(&self, node_id: &str, push: &SyncPush) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         for p in &push.windows {
             let [total, reservations, deadlines] = self.window_keys(&p.cap, p.start);
@@ -108,24 +109,19 @@ impl Redis {
                 .arg(p.acked.0)
                 .arg(p.seed.map(|seed| seed.0.to_string()).unwrap_or_default())
                 .arg(p.end.map(|end| expire_at(end, &self.options).0.to_string()).unwrap_or_default())
-                .arg(now.0)
+                .arg(millis(self.options.reservation_ttl))
                 .arg(p.reserved.0)
-                .arg(reserved_until(now, &self.options).0)
                 .arg(p.spare.0)
                 .arg(p.grow.0)
                 .arg(p.ceiling.map(|ceiling| ceiling.0.to_string()).unwrap_or_default())
                 .arg(line_members(node_id))
                 .arg(&p.fold);
         }
+        pipe.cmd("TIME");
         pipe
     }
 
-    async fn reserve_at_line_once(
-        &self,
-        node_id: &str,
-        ask: &LineAsk,
-        now: Timestamp,
-    ) -> Result<LineAnswer, RedisError> {
+    async fn reserve_at_line_once(&self, node_id: &str, ask: &LineAsk) -> Result<LineAnswer, RedisError> {
         let mut connection = self.connection().await?;
         let mut invocation = self.admit.prepare_invoke();
         for w in &ask.windows {
@@ -136,8 +132,7 @@ impl Redis {
         invocation
             .arg(line_member(node_id, ask.record))
             .arg(ask.estimate.0)
-            .arg(now.0)
-            .arg(reserved_until(now, &self.options).0)
+            .arg(millis(self.options.reservation_ttl))
             .arg(if ask.fit { "1" } else { "0" });
         for w in &ask.windows {
             invocation.arg(w.limit.0).arg(expire_at(w.end, &self.options).0);
@@ -154,20 +149,15 @@ impl Redis {
         })
     }
 
-    async fn sync_once(
-        &self,
-        node_id: &str,
-        push: &SyncPush,
-        now: Timestamp,
-    ) -> Result<SyncRead, RedisError> {
+    async fn sync_once(&self, node_id: &str, push: &SyncPush) -> Result<SyncRead, RedisError> {
         let mut connection = self.connection().await?;
         if push.windows.is_empty() {
             // Nothing to push, but a node is confirmed only by a store that answers.
-            redis::cmd("PING").query_async::<()>(&mut connection).await?;
-            return Ok(SyncRead { windows: Vec::new() });
+            let time: Vec<String> = redis::cmd("TIME").query_async(&mut connection).await?;
+            return Ok(SyncRead { windows: Vec::new(), store_time: Some(parse_time(&time)?) });
         }
-        let pipe = self.pipeline(node_id, push, now);
-        let replies: Vec<Vec<String>> = match pipe.query_async(&mut connection).await {
+        let pipe = self.pipeline(node_id, push);
+        let mut replies: Vec<Vec<String>> = match pipe.query_async(&mut connection).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // The server lost its scripts (SCRIPT FLUSH, a restart behind a proxy). The scripts
                 // that did run are idempotent, so the whole pipeline is sent again.
@@ -176,7 +166,11 @@ impl Redis {
             }
             other => other?,
         };
-        Ok(SyncRead { windows: replies.iter().map(|reply| parse_reply(reply)).collect::<Result<_, _>>()? })
+        let time = replies.pop().unwrap_or_default();
+        Ok(SyncRead {
+            windows: replies.iter().map(|reply| parse_reply(reply)).collect::<Result<_, _>>()?,
+            store_time: Some(parse_time(&time)?),
+        })
     }
 }
 
@@ -187,6 +181,15 @@ pub(crate) fn counter_error(e: &RedisError) -> CounterError {
     } else {
         CounterError::Unavailable(e.to_string())
     }
+}
+
+/// `TIME`'s answer, seconds and microseconds, in unix milliseconds.
+fn parse_time(reply: &[String]) -> Result<Timestamp, RedisError> {
+    let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed TIME reply"));
+    let [seconds, micros] = reply else { return Err(bad()) };
+    let seconds: i64 = seconds.parse().map_err(|_| bad())?;
+    let micros: i64 = micros.parse().map_err(|_| bad())?;
+    Ok(Timestamp(seconds.saturating_mul(1000).saturating_add(micros / 1000)))
 }
 
 fn parse_reply(reply: &[String]) -> Result<WindowRead, RedisError> {
@@ -203,10 +206,11 @@ impl SharedCounters for Redis {
         &'a self,
         node_id: &'a str,
         push: &'a SyncPush,
-        now: Timestamp,
+        // Reservations are dated on Redis's own clock (`TIME` in the scripts), not the node's.
+        _now: Timestamp,
     ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
         Box::pin(async move {
-            let result = tokio::time::timeout(self.options.timeout, self.sync_once(node_id, push, now)).await;
+            let result = tokio::time::timeout(self.options.timeout, self.sync_once(node_id, push)).await;
             let error = match result {
                 Ok(Ok(read)) => {
                     if read.windows.len() != push.windows.len() {
@@ -227,12 +231,12 @@ impl SharedCounters for Redis {
         &'a self,
         node_id: &'a str,
         ask: &'a LineAsk,
-        now: Timestamp,
+        _now: Timestamp,
     ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
         Box::pin(async move {
             // The caller bounds the wait (a request waits on this); the connection's own
             // response timeout bounds a call the caller gave up on.
-            self.reserve_at_line_once(node_id, ask, now).await.map_err(|e| counter_error(&e))
+            self.reserve_at_line_once(node_id, ask).await.map_err(|e| counter_error(&e))
         })
     }
 }

@@ -67,6 +67,9 @@ pub struct WindowPush {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyncRead {
     pub windows: Vec<WindowRead>,
+    /// The store's clock when it answered, for a store that has its own (Redis's `TIME`): the one
+    /// clock every node's reservations are dated on, which each node measures its own against.
+    pub store_time: Option<Timestamp>,
 }
 
 /// One window of a [`SyncRead`], read after the push was applied, in the same atomic step.

@@ -206,21 +206,44 @@ async fn reservations_of_one_node_are_seen_by_the_other(backend: Backend) {
 }
 
 async fn reservations_of_a_silent_node_expire(backend: Backend) {
-    let ttl = Duration::from_secs(2);
+    // Reservations are dated on the store's clock (Redis's own), so the test lets real time pass.
+    let ttl = Duration::from_millis(400);
     let store = Store::new(backend, StoreOptions { reservation_ttl: ttl, ..StoreOptions::default() }).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
     let _held_by_a_node_that_stops_syncing = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(10));
-    let now = wall();
-    sync(&a, store.shared.as_ref(), now).await;
+    sync(&a, store.shared.as_ref(), wall()).await;
     spend(&b, &w);
-    sync(&b, store.shared.as_ref(), Timestamp(now.0 + 1_999)).await;
+    sync(&b, store.shared.as_ref(), wall()).await;
     assert_eq!(spend(&b, &w).reserved, Nanos(10), "alive within its ttl");
-    sync(&b, store.shared.as_ref(), Timestamp(now.0 + 2_000)).await;
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    sync(&b, store.shared.as_ref(), wall()).await;
     assert_eq!(spend(&b, &w).reserved, Nanos::ZERO, "expired at its ttl");
-    sync(&a, store.shared.as_ref(), Timestamp(now.0 + 2_500)).await;
-    sync(&b, store.shared.as_ref(), Timestamp(now.0 + 2_600)).await;
+    sync(&a, store.shared.as_ref(), wall()).await;
+    sync(&b, store.shared.as_ref(), wall()).await;
     assert_eq!(spend(&b, &w).reserved, Nanos(10), "renewed when the node syncs again");
+}
+
+/// Nodes whose clocks disagree by 30 s: Redis dates every reservation on its own clock, so each
+/// node's live reservations stay live for the others; and each node measures how far its clock
+/// stands from the store's, which is the clock it decides windows on.
+async fn reservations_are_dated_on_the_stores_clock(backend: Backend) {
+    let ttl = Duration::from_secs(15);
+    let store = Store::new(backend, StoreOptions { reservation_ttl: ttl, ..StoreOptions::default() }).await;
+    let (behind, ahead) = (Counters::new("node-behind"), Counters::new("node-ahead"));
+    let w = current_window();
+    let _held = behind.reserve(&soft(std::slice::from_ref(&w)), Nanos(10));
+    let skew = 30_000;
+    sync(&behind, store.shared.as_ref(), Timestamp(wall().0 - skew)).await;
+    spend(&ahead, &w);
+    sync(&ahead, store.shared.as_ref(), Timestamp(wall().0 + skew)).await;
+    assert_eq!(spend(&ahead, &w).reserved, Nanos(10), "a reservation made 30 s \"ago\" is live");
+    let (behind_offset, ahead_offset) = (behind.clock_offset_ms(), ahead.clock_offset_ms());
+    let near = |offset: Option<i64>, expected: i64| offset.is_some_and(|o| (o - expected).abs() < 1_000);
+    assert!(near(behind_offset, skew), "{behind_offset:?}");
+    assert!(near(ahead_offset, -skew), "{ahead_offset:?}");
+    let on_store_clock = ahead.on_store_clock(Timestamp(wall().0 + skew));
+    assert!((on_store_clock.0 - wall().0).abs() < 1_000, "corrected to the store's clock");
 }
 
 async fn keys_expire_after_the_window_ends(backend: Backend) {
@@ -554,6 +577,12 @@ macro_rules! suite {
             $(#[tokio::test] async fn $name() { super::$name(super::Backend::Redis).await })*
         }
     };
+}
+
+/// Only a store with a clock of its own (not the in-process one, which is the node's).
+#[tokio::test]
+async fn redis_dates_reservations_on_its_own_clock() {
+    reservations_are_dated_on_the_stores_clock(Backend::Redis).await;
 }
 
 suite!(

@@ -55,11 +55,43 @@ struct Lane {
 }
 
 /// What the webhook task sends.
-struct Raised {
-    reason: FailOpenReason,
-    /// Passes the alarm stands for: this one and those kept quiet since the previous alarm.
-    count: u64,
-    at: Timestamp,
+enum Raised {
+    FailOpen {
+        reason: FailOpenReason,
+        /// Passes the alarm stands for: this one and those kept quiet since the previous alarm.
+        count: u64,
+        at: Timestamp,
+    },
+    /// The node's clock stands this far from the shared counter store's (past the tolerance).
+    ClockOffset { offset_ms: i64, at: Timestamp },
+}
+
+impl Raised {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::FailOpen { reason, .. } => reason.label(),
+            Self::ClockOffset { .. } => "clock_offset",
+        }
+    }
+
+    fn body(&self, node_id: &str) -> serde_json::Value {
+        match self {
+            Self::FailOpen { reason, count, at } => serde_json::json!({
+                "alarm": "fail_open",
+                "reason": reason.label(),
+                "count": count,
+                "node_id": node_id,
+                "at": at.to_rfc3339(),
+            }),
+            Self::ClockOffset { offset_ms, at } => serde_json::json!({
+                "alarm": "clock_offset",
+                "offset_ms": offset_ms,
+                "tolerance_ms": recovea_core::timestamp::CLOCK_TOLERANCE_MS,
+                "node_id": node_id,
+                "at": at.to_rfc3339(),
+            }),
+        }
+    }
 }
 
 pub(crate) struct Alarm {
@@ -67,6 +99,8 @@ pub(crate) struct Alarm {
     interval_ms: u64,
     epoch: Instant,
     lanes: [Lane; FAIL_OPEN_REASONS.len()],
+    /// The clock's alarm, quiet for an interval as each fail-open reason's is.
+    clock: Lane,
     webhook: Option<mpsc::Sender<Raised>>,
 }
 
@@ -95,6 +129,7 @@ impl Alarm {
             interval_ms: u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
             epoch: Instant::now(),
             lanes: Default::default(),
+            clock: Lane::default(),
             webhook,
         }
     }
@@ -103,14 +138,7 @@ impl Alarm {
     pub(crate) fn raise(&self, reason: FailOpenReason, request_id: &HeaderValue) {
         let lane = &self.lanes[reason_index(reason)];
         lane.passes.fetch_add(1, Relaxed);
-        let now_ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let quiet_until = lane.quiet_until_ms.load(Relaxed);
-        if now_ms < quiet_until {
-            return;
-        }
-        // Of the passes that find the interval over, only the one that moves it on alarms.
-        let next = now_ms.saturating_add(self.interval_ms);
-        if lane.quiet_until_ms.compare_exchange(quiet_until, next, Relaxed, Relaxed).is_err() {
+        if !self.due(lane) {
             return;
         }
         let count = lane.passes.swap(0, Relaxed).max(1);
@@ -125,10 +153,42 @@ impl Alarm {
             "fail-open: request passed through unadmitted (Recovea key removed, no managed key, no \
              caps, no receipt); {suppressed} more such passes since this reason's last alarm"
         );
+        self.send(Raised::FailOpen { reason, count, at: Timestamp::from_system_time(SystemTime::now()) });
+    }
+
+    /// The node's clock stands `offset_ms` from the shared counter store's, past the tolerance:
+    /// logged and sent to the webhook at most once an interval while it lasts.
+    pub(crate) fn clock_offset(&self, offset_ms: i64) {
+        if !self.due(&self.clock) {
+            return;
+        }
+        tracing::error!(
+            alarm = "clock_offset",
+            offset_ms,
+            tolerance_ms = recovea_core::timestamp::CLOCK_TOLERANCE_MS,
+            node_id = %self.node_id,
+            "this node's clock stands {offset_ms} ms from the shared counter store's: windows are \
+             decided on the store's clock, but the node's own (receipts' times, logs) is off; fix its \
+             time synchronization"
+        );
+        self.send(Raised::ClockOffset { offset_ms, at: Timestamp::from_system_time(SystemTime::now()) });
+    }
+
+    /// Whether `lane` has been quiet for an interval; if so it is quiet for the next one. Of the
+    /// callers that find the interval over, only the one that moves it on is told so.
+    fn due(&self, lane: &Lane) -> bool {
+        let now_ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let quiet_until = lane.quiet_until_ms.load(Relaxed);
+        let next = now_ms.saturating_add(self.interval_ms);
+        now_ms >= quiet_until
+            && lane.quiet_until_ms.compare_exchange(quiet_until, next, Relaxed, Relaxed).is_ok()
+    }
+
+    fn send(&self, raised: Raised) {
         let Some(webhook) = &self.webhook else { return };
-        let raised = Raised { reason, count, at: Timestamp::from_system_time(SystemTime::now()) };
+        let label = raised.label();
         if webhook.try_send(raised).is_err() {
-            tracing::warn!(reason = reason.label(), "alarm webhook queue full: alarm not sent");
+            tracing::warn!(reason = label, "alarm webhook queue full: alarm not sent");
         }
     }
 }
@@ -138,13 +198,7 @@ impl Alarm {
 async fn deliver(url: Uri, node_id: String, network: ProviderNetwork, mut queued: mpsc::Receiver<Raised>) {
     let client = Upstream::new(WEBHOOK_CONNECT_TIMEOUT, 0, &network);
     while let Some(raised) = queued.recv().await {
-        let body = serde_json::json!({
-            "alarm": "fail_open",
-            "reason": raised.reason.label(),
-            "count": raised.count,
-            "node_id": node_id,
-            "at": raised.at.to_rfc3339(),
-        });
+        let body = raised.body(&node_id);
         let request = Request::post(url.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::USER_AGENT, "recovea-gateway")
@@ -158,14 +212,14 @@ async fn deliver(url: Uri, node_id: String, network: ProviderNetwork, mut queued
                 let _ = tokio::time::timeout(WEBHOOK_TIMEOUT, answer).await;
                 if !status.is_success() {
                     tracing::warn!(
-                        reason = raised.reason.label(),
+                        reason = raised.label(),
                         status = status.as_u16(),
                         "alarm webhook refused the alarm"
                     );
                 }
             }
             Err(e) => {
-                tracing::warn!(reason = raised.reason.label(), error = ?e, "alarm webhook unreachable");
+                tracing::warn!(reason = raised.label(), error = ?e, "alarm webhook unreachable");
             }
         }
     }

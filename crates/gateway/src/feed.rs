@@ -104,12 +104,18 @@ pub async fn follow_feed(
     let mut failing_since: Option<tokio::time::Instant> = None;
     let mut logged_at: Option<tokio::time::Instant> = None;
     loop {
+        if let Some(offset_ms) =
+            gateway.shared.counters.clock_offset_ms().filter(|ms| recovea_core::timestamp::clock_drifted(*ms))
+        {
+            gateway.shared.alarm.clock_offset(offset_ms);
+        }
         let status = NodeStatus {
             node_id: node_id.clone(),
             version: held.as_ref().map(|s| s.version),
             snapshot_age_ms: gateway.shared.metrics.snapshot_age_ms(),
             counters_confirmed_at_ms: gateway.shared.counters.confirmed_at().map(|t| t.0),
             fail_open_total: gateway.shared.metrics.fail_open_total(),
+            clock_offset_ms: gateway.shared.counters.clock_offset_ms(),
             wait_ms: u64::try_from(POLL_WAIT.as_millis()).unwrap_or(u64::MAX),
         };
         let answer = tokio::select! {

@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use recovea_core::Timestamp;
 use recovea_core::channel::JobKind;
@@ -230,7 +230,9 @@ impl Meter {
             output_tokens: settled.usage.output_tokens,
             cost: settled.cost,
         });
-        let finished_at = Timestamp::from_system_time(SystemTime::now());
+        // On the clock the request started on (the shared store's, on a node that shares counters).
+        let elapsed = i64::try_from(request.timing.received_at.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let finished_at = Timestamp(request.started_at.0.saturating_add(elapsed));
         let (kind, timing) = (request.kind, request.timing);
         let mut receipt = self.receipt(request, model, status, settled, finished_at);
         if let Some((job_id, held)) = made.job {

@@ -644,6 +644,12 @@ impl Metrics {
             "# HELP recovea_shared_store_round_trip_seconds The shared counter store's recent round trip (a moving average; 0 without one).\n# TYPE recovea_shared_store_round_trip_seconds gauge\nrecovea_shared_store_round_trip_seconds {:.6}",
             round_trip.as_secs_f64()
         );
+        let offset_ms = self.counters.clock_offset_ms().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "# HELP recovea_clock_offset_seconds The shared counter store's clock less this node's, as last measured (0 without one); windows are decided on the store's.\n# TYPE recovea_clock_offset_seconds gauge\nrecovea_clock_offset_seconds {:.3}",
+            offset_ms as f64 / 1000.0
+        );
         if self.counters.counting() == recovea_core::caps::Counting::Shared {
             let _ = writeln!(
                 out,

@@ -56,6 +56,15 @@ pub(crate) struct Shared {
     pub(crate) sessions: tokio::sync::watch::Sender<bool>,
 }
 
+impl Shared {
+    /// Now, on the shared counter store's clock (this node's own without one): which window of a
+    /// cap a request falls in is decided on one clock that every node agrees on.
+    pub(crate) fn now(&self) -> recovea_core::Timestamp {
+        let system = recovea_core::Timestamp::from_system_time(std::time::SystemTime::now());
+        self.counters.on_store_clock(system)
+    }
+}
+
 impl Gateway {
     /// A node that meters into `spool`, its receipts signed with `node_id`, and decides caps from
     /// `counters`.
@@ -100,7 +109,7 @@ impl Gateway {
     pub fn install_snapshot(&self, snapshot: Arc<Snapshot>) {
         // The armed caps' current windows are confirmed from the next sync on, so that the first
         // request a cap sees on this node already decides from the shared spend.
-        let now = recovea_core::Timestamp::from_system_time(std::time::SystemTime::now());
+        let now = self.shared.now();
         let armed: Vec<_> = snapshot
             .orgs()
             .flat_map(|org| org.caps.iter().filter(|cap| cap.hard_stop))

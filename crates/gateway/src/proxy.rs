@@ -3,7 +3,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::task::Poll;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
@@ -71,8 +71,8 @@ pub(crate) struct RequestContext {
 }
 
 impl RequestContext {
-    pub(crate) fn new() -> Self {
-        let started_at = Timestamp::from_system_time(SystemTime::now());
+    /// A request received at `started_at` (on the store's clock: [`Shared::now`]).
+    pub(crate) fn new(started_at: Timestamp) -> Self {
         // Time-ordered, so that receipts (whose ids are these) land at the end of the ledger's index.
         let mut id = String::with_capacity(24);
         id.push_str("req_");
@@ -625,7 +625,7 @@ pub(crate) fn refuse_head(
     error: RequestError,
     shape: WireShape,
 ) -> Response<ResponseBody> {
-    let mut ctx = RequestContext::new();
+    let mut ctx = RequestContext::new(shared.now());
     ctx.outcome = Refusal::Head(error).outcome();
     respond(shared, &ctx, head_refusal(error, shape))
 }

@@ -13,7 +13,7 @@ mod frames;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -272,7 +272,8 @@ impl Session {
         for event in events {
             match event {
                 ServerEvent::ResponseCreated => {
-                    let held = self.asked.pop_front().unwrap_or(Held { reservation: None, at: now() });
+                    let held =
+                        self.asked.pop_front().unwrap_or(Held { reservation: None, at: self.shared.now() });
                     self.begun.push_back(held);
                 }
                 ServerEvent::ResponseDone { usage } => {
@@ -305,7 +306,7 @@ impl Session {
 
     /// A response is asked for: checked at the caps covering the session, its estimate reserved.
     async fn ask(&mut self) -> Result<(), CapRefusal> {
-        let at = now();
+        let at = self.shared.now();
         let estimate = self.estimate();
         match line::check_caps(&self.shared, &self.admitted, Ask { estimate, fit: false }, at).await {
             Ok(reservation) => {
@@ -336,7 +337,7 @@ impl Session {
             org,
             key,
             counters,
-            now(),
+            self.shared.now(),
             max_age_ms,
             counters.counting(),
         )
@@ -350,7 +351,7 @@ impl Session {
             .begun
             .pop_front()
             .or_else(|| self.asked.pop_front())
-            .unwrap_or(Held { reservation: None, at: now() });
+            .unwrap_or(Held { reservation: None, at: self.shared.now() });
         if let Some(usage) = usage {
             self.last_input = Usage {
                 input_tokens: usage.input_tokens,
@@ -425,7 +426,7 @@ impl Session {
             self.shared.meter.record(&self.shared.metrics, metered, 200, tapped);
         }
         if self.responses == 0 {
-            let held = Held { reservation: None, at: now() };
+            let held = Held { reservation: None, at: self.shared.now() };
             let metered = self.metered(None, held);
             self.shared.meter.record(
                 &self.shared.metrics,
@@ -575,10 +576,6 @@ impl ProviderSide {
             }
         })
     }
-}
-
-fn now() -> Timestamp {
-    Timestamp::from_system_time(SystemTime::now())
 }
 
 #[cfg(test)]

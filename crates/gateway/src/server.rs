@@ -384,7 +384,7 @@ impl Gateway {
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let mut ctx = RequestContext::new();
+        let mut ctx = RequestContext::new(self.shared.now());
         let own = match (request.method(), request.uri().path()) {
             (&Method::GET, "/healthz") => Some(text(StatusCode::OK, "text/plain", "ok\n".into())),
             (&Method::GET, "/readyz") => Some(match self.readiness() {

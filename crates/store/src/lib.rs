@@ -194,6 +194,8 @@ pub struct NodeRecord {
     pub counters_confirmed_at: Option<Timestamp>,
     pub fail_open_total: u64,
     pub seen_at: Timestamp,
+    /// The shared counter store's clock less the node's, in milliseconds, as the node measured it.
+    pub clock_offset_ms: Option<i64>,
 }
 
 #[derive(Debug)]

@@ -249,7 +249,7 @@ pub(crate) fn alert(row: &dyn Columns) -> Result<AlertRecord> {
 }
 
 pub(crate) const NODE_COLUMNS: &str =
-    "id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at";
+    "id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at, clock_offset_ms";
 
 /// A node's report, from its [`NODE_COLUMNS`].
 pub(crate) fn node(row: &dyn Columns) -> Result<NodeRecord> {
@@ -261,6 +261,7 @@ pub(crate) fn node(row: &dyn Columns) -> Result<NodeRecord> {
         counters_confirmed_at: row.optional_timestamp(3)?,
         fail_open_total: row.count(4)?,
         seen_at: row.timestamp(5)?,
+        clock_offset_ms: row.optional_integer(6)?,
     })
 }
 

@@ -198,6 +198,8 @@ fn nodes_are_recorded_replaced_and_listed_since_a_time(db: &impl Backend) {
         counters_confirmed_at: feed_version.map(|_| Timestamp(seen_at - 1)),
         fail_open_total: 3,
         seen_at: Timestamp(seen_at),
+        // A clock measured, and one not.
+        clock_offset_ms: feed_version.map(|v| -30_000 - i64::try_from(v).unwrap_or(0)),
     };
     store.record_node(&node("node_b", None, 100)).expect("recorded");
     store.record_node(&node("node_a", Some(7), 100)).expect("recorded");

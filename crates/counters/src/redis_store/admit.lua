@@ -7,14 +7,15 @@
 -- asking node's sync removes it (its reservation then holds the estimate). money.lua is prepended.
 --
 -- KEYS[3i-2], KEYS[3i-1], KEYS[3i]: window i's total hash, reservations hash, deadlines zset
--- ARGV[1] the request's member   ARGV[2] its estimate   ARGV[3] now (unix ms)
--- ARGV[4] the reservation's deadline (unix ms)   ARGV[5] '1' when the estimate itself must fit
--- below each limit (a batch), '0' when the spend and reservations already there must be below it
--- then for window i, from ARGV[5 + 2(i-1) + 1]: limit, the keys' expiry (unix ms)
+-- ARGV[1] the request's member   ARGV[2] its estimate   ARGV[3] the reservation's time to live
+-- (ms, from the store's clock)   ARGV[4] '1' when the estimate itself must fit below each limit
+-- (a batch), '0' when the spend and reservations already there must be below it
+-- then for window i, from ARGV[4 + 2(i-1) + 1]: limit, the keys' expiry (unix ms)
 -- Returns { verdict, window }: 'reserved'; 'line' and the first window at its line (1-based);
 -- 'contended' (at the line only if writers' spare is counted); 'unseeded' and a window
 -- whose total the ledger has not vouched for (the node decides from its own view).
-local member, estimate, now, deadline, fit = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
+local member, estimate, fit = ARGV[1], ARGV[2], ARGV[4] == '1'
+local now, deadline = store_clock(ARGV[3])
 local windows = #KEYS / 3
 local contended = false
 
@@ -27,7 +28,7 @@ end
 
 for i = 1, windows do
   local w, r, x = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local limit = ARGV[5 + 2 * (i - 1) + 1]
+  local limit = ARGV[4 + 2 * (i - 1) + 1]
   if redis.call('HEXISTS', w, 'seeded') == 0 then return { 'unseeded', i } end
   drop_dead(r, x, now)
   local used = live_reservations(r, x, now, '')
@@ -49,7 +50,7 @@ if contended then return { 'contended', 0 } end
 
 for i = 1, windows do
   local w, r, x = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local expire_at = ARGV[5 + 2 * (i - 1) + 2]
+  local expire_at = ARGV[4 + 2 * (i - 1) + 2]
   redis.call('HSET', r, member, estimate)
   redis.call('ZADD', x, deadline, member)
   redis.call('PEXPIREAT', w, expire_at)

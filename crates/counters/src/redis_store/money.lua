@@ -30,6 +30,14 @@ local function exact_sum(w, parts)
 end
 
 -- Drops the reservations whose deadline has passed, with their spare.
+-- The store's clock in unix ms, and `ttl_ms` after it. Every node's reservations are dated on this
+-- one clock, so that nodes whose own clocks disagree still see each other's as live.
+local function store_clock(ttl_ms)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return now, now + tonumber(ttl_ms)
+end
+
 local function drop_dead(r, x, now)
   local dead = redis.call('ZRANGEBYSCORE', x, '-inf', now)
   if #dead > 0 then

@@ -9,16 +9,17 @@
 -- KEYS[3] zset: <writer> scored by its reservation's deadline (unix ms)
 -- ARGV[1] writer   ARGV[2] sequence   ARGV[3] cumulative   ARGV[4] acked (base without a record)
 -- ARGV[5] seed ('' for none)   ARGV[6] keys expire at (unix ms; '' reads only)
--- ARGV[7] now (unix ms)   ARGV[8] reserved   ARGV[9] reservation deadline (unix ms)
--- ARGV[10] spare (the part of reserved held for the writer's next requests)   ARGV[11] more spare
--- asked for   ARGV[12] ceiling ('' for a cap that does not refuse)   ARGV[13] the writer's records'
--- prefix   ARGV[14..] the records to remove
+-- ARGV[7] the reservation's time to live (ms, from the store's clock)   ARGV[8] reserved
+-- ARGV[9] spare (the part of reserved held for the writer's next requests)   ARGV[10] more spare
+-- asked for   ARGV[11] ceiling ('' for a cap that does not refuse)   ARGV[12] the writer's records'
+-- prefix   ARGV[13..] the records to remove
 -- Returns { total, seeded ('1' or '0'), spare granted, other members' reservations... }
 -- KEYS[2] also holds s:<writer>, the spare part of each writer's reservation.
 local w, r, x = KEYS[1], KEYS[2], KEYS[3]
 local writer, seq, cumulative, acked = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local seed, expire_at, now, reserved, reserved_until = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local spare, grow, ceiling, records = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+local seed, expire_at, reserved = ARGV[5], ARGV[6], ARGV[8]
+local now, reserved_until = store_clock(ARGV[7])
+local spare, grow, ceiling, records = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local granted = '0'
 
 if expire_at ~= '' then
@@ -39,7 +40,7 @@ if expire_at ~= '' then
     end
     redis.call('HSET', w, 'q:' .. writer, seq, 'c:' .. writer, cumulative)
   end
-  for i = 14, #ARGV do
+  for i = 13, #ARGV do
     redis.call('HDEL', r, records .. ARGV[i])
     redis.call('ZREM', x, records .. ARGV[i])
   end

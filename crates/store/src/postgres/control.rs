@@ -392,10 +392,11 @@ impl ControlStore for PostgresStore {
         self.client()?
             .execute(
                 &format!(
-                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)
+                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)
                      ON CONFLICT (id) DO UPDATE SET feed_version = EXCLUDED.feed_version,
                        snapshot_age_ms = EXCLUDED.snapshot_age_ms, counters_confirmed_at = EXCLUDED.counters_confirmed_at,
-                       fail_open_total = EXCLUDED.fail_open_total, seen_at = EXCLUDED.seen_at"
+                       fail_open_total = EXCLUDED.fail_open_total, seen_at = EXCLUDED.seen_at,
+                       clock_offset_ms = EXCLUDED.clock_offset_ms"
                 ),
                 &[
                     &node.id,
@@ -404,6 +405,7 @@ impl ControlStore for PostgresStore {
                     &node.counters_confirmed_at.map(|t| t.0),
                     &saturating_i64(node.fail_open_total),
                     &node.seen_at.0,
+                    &node.clock_offset_ms,
                 ],
             )
             .map_err(backend)?;

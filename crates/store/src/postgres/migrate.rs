@@ -241,6 +241,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE providers ADD COLUMN price_namespace TEXT;
     ALTER TABLE providers ADD COLUMN fallback_input_nanos BIGINT;
     ALTER TABLE providers ADD COLUMN fallback_output_nanos BIGINT;
+    ALTER TABLE nodes ADD COLUMN clock_offset_ms BIGINT;
     CREATE TABLE job_poller (
         id INTEGER PRIMARY KEY CHECK (id = 1),
         holder TEXT NOT NULL,

@@ -312,10 +312,11 @@ impl ControlStore for SqliteStore {
         self.conn()
             .execute(
                 &format!(
-                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                      ON CONFLICT (id) DO UPDATE SET feed_version = excluded.feed_version,
                        snapshot_age_ms = excluded.snapshot_age_ms, counters_confirmed_at = excluded.counters_confirmed_at,
-                       fail_open_total = excluded.fail_open_total, seen_at = excluded.seen_at"
+                       fail_open_total = excluded.fail_open_total, seen_at = excluded.seen_at,
+                       clock_offset_ms = excluded.clock_offset_ms"
                 ),
                 params![
                     node.id,
@@ -323,7 +324,8 @@ impl ControlStore for SqliteStore {
                     node.snapshot_age_ms.map(saturating_i64),
                     node.counters_confirmed_at.map(|t| t.0),
                     saturating_i64(node.fail_open_total),
-                    node.seen_at.0
+                    node.seen_at.0,
+                    node.clock_offset_ms
                 ],
             )
             .map_err(backend)?;

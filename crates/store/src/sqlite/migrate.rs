@@ -272,6 +272,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE providers ADD COLUMN price_namespace TEXT;
     ALTER TABLE providers ADD COLUMN fallback_input_nanos INTEGER;
     ALTER TABLE providers ADD COLUMN fallback_output_nanos INTEGER;
+    ALTER TABLE nodes ADD COLUMN clock_offset_ms INTEGER;
     CREATE TABLE job_poller (
         id INTEGER PRIMARY KEY CHECK (id = 1),
         holder TEXT NOT NULL,
