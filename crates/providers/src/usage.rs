@@ -258,7 +258,9 @@ impl UsageTap {
     pub fn new(surface: Surface, event_stream: bool) -> Self {
         let body = match (surface, event_stream) {
             // A speech answer without events is the audio itself.
-            (Surface::Other, _) | (Surface::Embeddings, true) | (Surface::Speech, false) => TappedBody::Ignored,
+            (Surface::Other, _) | (Surface::Embeddings, true) | (Surface::Speech, false) => {
+                TappedBody::Ignored
+            }
             (_, true) => TappedBody::Events(Box::new(EventTap {
                 reader: SseReader::with_max_event_bytes(MAX_TAPPED_BYTES),
                 tally: Tally::default(),
@@ -347,7 +349,9 @@ pub fn read_json(surface: Surface, body: &[u8]) -> Tapped {
             (a.usage.map(AnthropicUsage::to_usage), a.content.map_or(0, |c| c.total), a.model)
         }),
         Surface::GenerateContent => read_gemini_json(body),
-        Surface::Images => crate::from_json(body).ok().map(|a: ImagesAnswer| (images_usage(&a), 0, StrOrNothing::default())),
+        Surface::Images => {
+            crate::from_json(body).ok().map(|a: ImagesAnswer| (images_usage(&a), 0, StrOrNothing::default()))
+        }
         Surface::Transcription => crate::from_json(body)
             .ok()
             .map(|a: TranscriptionAnswer| (a.to_usage(), a.text.map_or(0, |t| t.0), StrOrNothing::default())),
@@ -374,7 +378,8 @@ fn images_usage(answer: &ImagesAnswer<'_>) -> Option<Usage> {
 /// The distinct web searches of Gemini answers (`groundingMetadata.webSearchQueries`), read only
 /// from a body that names them: grounding is rare, and the plain answer is not read twice.
 fn note_gemini_searches(body: &[u8], queries: &mut Vec<String>) {
-    static KEY: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"webSearchQueries"));
+    static KEY: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"webSearchQueries"));
     static SNAKE: LazyLock<memmem::Finder<'static>> =
         LazyLock::new(|| memmem::Finder::new(b"web_search_queries"));
     if KEY.find(body).is_none() && SNAKE.find(body).is_none() {

@@ -177,7 +177,9 @@ fn the_corpus_covers_every_surface_both_ways_and_the_hard_cases() {
     for surface in [Surface::Images, Surface::Speech, Surface::Transcription] {
         assert!(fixtures.iter().any(|f| f.surface == surface), "{surface:?}");
     }
-    let billed = |check: &dyn Fn(&Usage) -> bool| fixtures.iter().any(|f| f.expected.usage.as_ref().is_some_and(check));
+    let billed = |check: &dyn Fn(&Usage) -> bool| {
+        fixtures.iter().any(|f| f.expected.usage.as_ref().is_some_and(check))
+    };
     assert!(billed(&|u| u.audio_input_tokens > 0 && u.audio_output_tokens > 0));
     assert!(billed(&|u| u.service_tier == ServiceTier::Priority));
     assert!(billed(&|u| u.service_tier == ServiceTier::Flex));

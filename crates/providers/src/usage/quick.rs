@@ -227,7 +227,10 @@ mod tests {
         );
         let escaped = answer.replace(r#""priority""#, r#""pri\u006frity""#);
         assert_eq!(completion(&escaped), None);
-        assert_eq!(by_serde(&escaped).and_then(|r| r.usage).map(|u| u.service_tier), Some(ServiceTier::Priority));
+        assert_eq!(
+            by_serde(&escaped).and_then(|r| r.usage).map(|u| u.service_tier),
+            Some(ServiceTier::Priority)
+        );
     }
 
     #[test]
@@ -341,7 +344,10 @@ mod tests {
                 ),
                 (
                     "completion_tokens_details",
-                    nullable(object_of(&KEYS, vec![("reasoning_tokens", count()), ("audio_tokens", count())])),
+                    nullable(object_of(
+                        &KEYS,
+                        vec![("reasoning_tokens", count()), ("audio_tokens", count())],
+                    )),
                 ),
             ],
         );
