@@ -234,6 +234,7 @@ mod body;
 mod clock;
 mod gemini;
 pub mod jobs;
+mod media;
 mod multipart;
 mod openai;
 pub mod otlp;
