@@ -155,6 +155,10 @@ async fn dall_e_3_is_billed_per_image_by_quality_and_size() {
     let hd = PriceTable::builtin().get("dall-e-3#hd-1792x1024").expect("listed").price.per_image;
     assert_eq!((receipt.cost_usd, receipt.images), (each(2, hd), 2));
     assert_eq!(receipt.cost_usd, usd("0.24"));
+    // No model named: the API runs DALL-E 2, and so the receipt says and bills.
+    let receipt = h.billed_json("/v1/images/generations", json!({"prompt": "a cat"})).await;
+    let dall_e_2 = PriceTable::builtin().get("dall-e-2#1024x1024").expect("listed").price.per_image;
+    assert_eq!((receipt.model.as_deref(), receipt.cost_usd), (Some("dall-e-2"), each(1, dall_e_2)));
 }
 
 #[tokio::test]

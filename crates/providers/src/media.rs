@@ -13,7 +13,8 @@ use crate::usage::Surface;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReadMedia {
     pub request: MediaRequest,
-    /// The model a multipart form names (a JSON body's is read with its other facts).
+    /// The model a multipart form names (a JSON body's is read with its other facts), or the one
+    /// the Images API runs when none is named (a JSON body's own name, when it has one, wins).
     pub model: Option<String>,
 }
 
@@ -56,8 +57,15 @@ pub fn read(surface: Surface, content_type: Option<&str>, body: &[u8]) -> Option
             request.characters = text(json.input).map_or(0, |input| input.chars().count() as u64);
         }
     }
+    if kind == MediaKind::Images && read.model.is_none() {
+        // The Images API runs DALL-E 2 for a request that names no model, as OpenAI documents.
+        read.model = Some(DEFAULT_IMAGE_MODEL.to_owned());
+    }
     Some(read)
 }
+
+/// The model the Images API runs when the request names none.
+const DEFAULT_IMAGE_MODEL: &str = "dall-e-2";
 
 /// A form's fields (`model`, `size`, `quality`, `n`) and its audio `file`.
 fn read_form(read: &mut ReadMedia, body: &[u8], boundary: &str) {
@@ -125,6 +133,8 @@ mod tests {
         assert_eq!(speech.request.characters, 5);
         let odd = read(Surface::Images, None, br#"{"size":1,"n":"2"}"#).expect("images");
         assert_eq!((odd.request.size, odd.request.n), (None, None));
+        assert_eq!(odd.model.as_deref(), Some("dall-e-2"), "the model the API runs unnamed");
+        assert_eq!(speech.model, None);
     }
 
     #[test]
