@@ -221,7 +221,7 @@ where
         ctx.trace.request(endpoint, None);
         return Err(Refusal::AmbiguousBody(ambiguity));
     }
-    let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let content_type = || parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     if let Some(media) = recovea_providers::media::read(surface, content_type, &body) {
         // Images and audio: what the answer may not carry (size, quality, `n`, characters, the
         // audio's length), and the model of a multipart form, which the JSON read cannot see.

@@ -351,6 +351,30 @@ async fn gemini_2_5_pro_past_200k_is_billed_at_the_long_context_rate() {
 }
 
 #[tokio::test]
+async fn gemini_2_5_grounding_is_billed_once_per_grounded_prompt() {
+    let h = Harness::start().await;
+    let answer = json!({
+        "candidates": [{"content": {"role": "model", "parts": [{"text": "Rain."}]}, "finishReason": "STOP",
+            "groundingMetadata": {"webSearchQueries": ["paris weather", "paris rain", "paris weather"]}}],
+        "usageMetadata": {"promptTokenCount": 1000, "candidatesTokenCount": 1000, "totalTokenCount": 2000},
+        "modelVersion": "gemini-2.5-pro"
+    });
+    h.mock.script(Behaviour::default().body(answer));
+    let body = json!({"contents": [{"role": "user", "parts": [{"text": "weather?"}]}], "tools": [{"google_search": {}}]});
+    let receipt = h.billed_json("/gemini/v1beta/models/gemini-2.5-pro:generateContent", body).await;
+    let p = price("gemini-2.5-pro");
+    assert!(p.web_search_per_prompt, "Gemini 2.x bills grounding per prompt");
+    // Two distinct queries, billed as one grounded prompt: $0.035 beside the tokens.
+    let expected = sum(&[
+        per_million(1_000, Some(p.input_per_mtok)),
+        per_million(1_000, Some(p.output_per_mtok)),
+        each(1, p.web_search_per_call),
+    ]);
+    assert_eq!(receipt.cost_usd, expected);
+    assert_eq!(receipt.tool_calls.web_search, 2);
+}
+
+#[tokio::test]
 async fn sonnet_4_5_hour_long_cache_writes_are_billed_at_their_price() {
     let h = Harness::start().await;
     let usage = json!({"input_tokens": 0, "cache_creation_input_tokens": 100000, "cache_read_input_tokens": 0,

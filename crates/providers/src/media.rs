@@ -31,10 +31,15 @@ struct MediaJson {
     input: Value,
 }
 
-/// The media facts of a request to `surface` (`None` for any other surface), from its body, JSON
-/// or a `multipart/form-data` form as `content_type` says. A body that reads as neither gives the
-/// defaults: the request is still billed by what its answer says, or at its defaults.
-pub fn read(surface: Surface, content_type: Option<&str>, body: &[u8]) -> Option<ReadMedia> {
+/// The media facts of a request to `surface` (`None`, at once, for any other surface), from its
+/// body, JSON or a `multipart/form-data` form as its content type says (asked only on those
+/// paths). A body that reads as neither gives the defaults: the request is still billed by what
+/// its answer says, or at its defaults.
+pub fn read<'h>(
+    surface: Surface,
+    content_type: impl FnOnce() -> Option<&'h str>,
+    body: &[u8],
+) -> Option<ReadMedia> {
     let kind = match surface {
         Surface::Images => MediaKind::Images,
         Surface::Speech => MediaKind::Speech,
@@ -42,7 +47,7 @@ pub fn read(surface: Surface, content_type: Option<&str>, body: &[u8]) -> Option
         _ => return None,
     };
     let mut read = ReadMedia { request: MediaRequest { kind, ..MediaRequest::default() }, model: None };
-    if let Some(boundary) = content_type.and_then(multipart::boundary) {
+    if let Some(boundary) = content_type().and_then(multipart::boundary) {
         read_form(&mut read, body, boundary);
     } else if let Ok(json) = crate::from_json::<MediaJson>(body) {
         let text = |value: Value| match value {
@@ -103,14 +108,14 @@ mod tests {
 
     #[test]
     fn other_surfaces_have_no_media_facts() {
-        assert_eq!(read(Surface::ChatCompletions, None, br#"{"n":2}"#), None);
+        assert_eq!(read(Surface::ChatCompletions, || None, br#"{"n":2}"#), None);
     }
 
     #[test]
     fn image_and_speech_facts_come_from_json() {
         let images = read(
             Surface::Images,
-            Some("application/json"),
+            || Some("application/json"),
             br#"{"model":"dall-e-3","prompt":"a cat","size":"1792x1024","quality":"hd","n":2}"#,
         )
         .expect("images");
@@ -126,12 +131,12 @@ mod tests {
         );
         let speech = read(
             Surface::Speech,
-            None,
+            || None,
             "{\"model\":\"tts-1\",\"input\":\"h\u{e9}llo\",\"voice\":\"alloy\"}".as_bytes(),
         )
         .expect("speech");
         assert_eq!(speech.request.characters, 5);
-        let odd = read(Surface::Images, None, br#"{"size":1,"n":"2"}"#).expect("images");
+        let odd = read(Surface::Images, || None, br#"{"size":1,"n":"2"}"#).expect("images");
         assert_eq!((odd.request.size, odd.request.n), (None, None));
         assert_eq!(odd.model.as_deref(), Some("dall-e-2"), "the model the API runs unnamed");
         assert_eq!(speech.model, None);
@@ -146,7 +151,7 @@ mod tests {
         form.extend_from_slice(&wav);
         form.extend_from_slice(b"\r\n--xyz--\r\n");
         let read =
-            read(Surface::Transcription, Some("multipart/form-data; boundary=xyz"), &form).expect("read");
+            read(Surface::Transcription, || Some("multipart/form-data; boundary=xyz"), &form).expect("read");
         assert_eq!(read.model.as_deref(), Some("whisper-1"));
         assert_eq!(read.request.audio_bytes, wav.len() as u64);
         assert_eq!(read.request.audio_bytes_per_second, Some(32_000));
