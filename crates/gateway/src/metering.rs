@@ -174,7 +174,8 @@ impl Meter {
         let model = tapped.model.or_else(|| request.request_model.take());
         // The provider answered, or may have been working when the answer was cut short: the
         // input was sent, so it is estimated. An error without usage, or no connection, costs nothing.
-        let mut estimate = if (200..300).contains(&status) || status == CLIENT_CLOSED || status == 504 {
+        let estimating = (200..300).contains(&status) || status == CLIENT_CLOSED || status == 504;
+        let mut estimate = if estimating {
             Usage {
                 input_tokens: request.input_tokens,
                 output_tokens: usage::estimate_output_tokens(tapped.output_chars),
@@ -194,7 +195,7 @@ impl Meter {
                         media,
                         &request,
                         model.as_deref(),
-                        success,
+                        (success, estimating),
                         &mut price.price,
                         &mut tapped.usage,
                         &mut estimate,
@@ -350,13 +351,14 @@ impl Meter {
 
 /// What an images or audio request is billed beyond what its answer said: its images at the price
 /// of their size and quality (the table's `{model}#{quality}-{size}` entry, over the model's own),
-/// and, when a successful answer carried no usage, the request's own ([`MediaRequest::unreported_usage`]):
-/// exact for speech priced per character, else the estimate.
+/// and, when an answer carried no usage, the request's own ([`MediaRequest::unreported_usage`]):
+/// exact for speech priced per character answered whole, else the estimate (an answer cut short or
+/// timed out is estimated as the provider may bill it whole).
 fn media_usage(
     media: &MediaRequest,
     request: &Metered,
     model: Option<&str>,
-    success: bool,
+    (success, estimating): (bool, bool),
     price: &mut recovea_core::pricing::Price,
     reported: &mut Option<Usage>,
     estimate: &mut Usage,
@@ -371,10 +373,10 @@ fn media_usage(
     {
         price.per_image = Some(per_image);
     }
-    if success && reported.is_none() {
+    if estimating && reported.is_none() {
         match media.unreported_usage(price) {
-            (usage, true) => *reported = Some(usage),
-            (usage, false) => *estimate = usage,
+            (usage, true) if success => *reported = Some(usage),
+            (usage, _) => *estimate = usage,
         }
     }
 }
