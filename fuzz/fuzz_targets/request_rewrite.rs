@@ -5,10 +5,10 @@
 
 use libfuzzer_sys::fuzz_target;
 use recovea_core::Answer;
+use recovea_providers::media;
 use recovea_providers::rewrite::{
     Ambiguity, MAX_NAME_CHARS, force_include_usage, inspect, inspect_and_estimate,
 };
-use recovea_providers::media;
 use recovea_providers::usage::{Surface, estimate_input_tokens};
 use serde_json::Value;
 
