@@ -15,7 +15,7 @@ use crate::sse::{SseEvent, SseReader};
 use quick::CompletionRead;
 use wire::{
     AnthropicEvent, AnthropicMessage, AnthropicUsage, GeminiGrounding, GeminiResponse, ImagesAnswer,
-    OpenAiCompletion, OpenAiEmbeddings, OutputChars, ResponseBody, ResponsesEvent, SpeechEvent, StrOrNothing,
+    OpenAiCompletion, OpenAiEmbeddings, OutputChars, Response, ResponsesEvent, SpeechEvent, StrOrNothing,
     TranscriptionAnswer,
 };
 
@@ -344,7 +344,7 @@ pub fn read_json(surface: Surface, body: &[u8]) -> Tapped {
         }),
         Surface::Responses => crate::from_json(body)
             .ok()
-            .map(|a: ResponseBody| (a.to_usage(), a.output.as_ref().map_or(0, |o| o.chars), a.model)),
+            .map(|a: Response| (a.to_usage(), a.output.as_ref().map_or(0, |o| o.chars), a.model)),
         Surface::Messages => crate::from_json(body).ok().map(|a: AnthropicMessage| {
             (a.usage.map(AnthropicUsage::to_usage), a.content.map_or(0, |c| c.total), a.model)
         }),

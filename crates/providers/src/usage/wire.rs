@@ -96,13 +96,14 @@ pub(super) struct OpenAiEmbeddings<'a> {
     pub usage: Option<OpenAiUsage>,
 }
 
-/// A Responses API answer (`/v1/responses`), or the `response` of a stream event.
+/// A Responses API answer (`/v1/responses`), or the `response` of a stream event: its usage, the
+/// text and built-in tool calls of its output items (in a stream only the final snapshot's tell
+/// the calls), and the tier it was served at.
 #[derive(Deserialize)]
 pub(super) struct Response<'a> {
     #[serde(borrow, default)]
     pub model: StrOrNothing<'a>,
     pub usage: Option<ResponsesUsage>,
-    /// Its output items: in a stream only the final snapshot's tell its built-in tool calls.
     pub output: Option<ResponseOutput>,
     #[serde(default)]
     pub service_tier: Tier,
@@ -112,27 +113,8 @@ impl Response<'_> {
     /// Its usage with the tier it was served at and the tool calls of its output.
     pub fn to_usage(&self) -> Option<Usage> {
         let usage = self.usage.as_ref()?.to_usage();
-        let tools = self.output.as_ref().map(|output| &output.tools);
-        Some(tools.map_or(usage, |tools| tools.add_to(usage)).with_tier(self.service_tier.0))
-    }
-}
-
-/// A whole Responses answer, with the text of its output items.
-#[derive(Deserialize)]
-pub(super) struct ResponseBody<'a> {
-    #[serde(borrow, default)]
-    pub model: StrOrNothing<'a>,
-    pub usage: Option<ResponsesUsage>,
-    pub output: Option<ResponseOutput>,
-    #[serde(default)]
-    pub service_tier: Tier,
-}
-
-impl ResponseBody<'_> {
-    pub fn to_usage(&self) -> Option<Usage> {
-        let usage = self.usage.as_ref()?.to_usage();
-        let tools = self.output.as_ref().map(|output| &output.tools);
-        Some(tools.map_or(usage, |tools| tools.add_to(usage)).with_tier(self.service_tier.0))
+        let usage = self.output.as_ref().map_or(usage, |output| output.tools.add_to(usage));
+        Some(Usage { service_tier: self.service_tier.0, ..usage })
     }
 }
 
@@ -269,16 +251,6 @@ impl<'de> Deserialize<'de> for Seconds {
             }
         }
         deserializer.deserialize_any(Reading)
-    }
-}
-
-trait WithTier {
-    fn with_tier(self, tier: ServiceTier) -> Self;
-}
-
-impl WithTier for Usage {
-    fn with_tier(self, tier: ServiceTier) -> Usage {
-        Usage { service_tier: tier, ..self }
     }
 }
 
