@@ -5,10 +5,11 @@
 
 use libfuzzer_sys::fuzz_target;
 use recovea_core::Answer;
+use recovea_providers::media;
 use recovea_providers::rewrite::{
     Ambiguity, MAX_NAME_CHARS, force_include_usage, inspect, inspect_and_estimate,
 };
-use recovea_providers::usage::estimate_input_tokens;
+use recovea_providers::usage::{Surface, estimate_input_tokens};
 use serde_json::Value;
 
 /// The longest path a repeat can have beyond its name: `tools[{index}].function.`.
@@ -17,6 +18,13 @@ const PATH_PREFIX_CHARS: usize = "tools[18446744073709551615].function.".len();
 fuzz_target!(|body: &[u8]| {
     one_reading(body);
     let _ = estimate_input_tokens(body);
+    // An images or audio request's facts, from JSON or a form, whatever the bytes.
+    for surface in [Surface::Images, Surface::Speech, Surface::Transcription] {
+        for content_type in [None, Some("multipart/form-data; boundary=b")] {
+            let read = media::read(surface, || content_type, body).expect("a media surface");
+            let _ = read.request.audio_seconds();
+        }
+    }
     let facts = inspect(body);
     let Some(rewritten) = force_include_usage(body) else { return };
     assert!(facts.stream && !facts.client_asked_usage);

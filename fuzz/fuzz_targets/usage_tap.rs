@@ -7,13 +7,16 @@ use recovea_fuzz::pieces;
 use recovea_providers::rewrite::UsageChunkFilter;
 use recovea_providers::usage::{Surface, UsageTap, estimate_output_tokens};
 
-const SURFACES: [Surface; 7] = [
+const SURFACES: [Surface; 10] = [
     Surface::ChatCompletions,
     Surface::Completions,
     Surface::Responses,
     Surface::Embeddings,
     Surface::Messages,
     Surface::GenerateContent,
+    Surface::Images,
+    Surface::Speech,
+    Surface::Transcription,
     Surface::Other,
 ];
 

@@ -15,6 +15,7 @@ pub mod hex;
 pub mod ids;
 pub mod jobs;
 pub mod keys;
+pub mod media;
 pub mod models;
 pub mod money;
 pub mod pricing;

@@ -245,7 +245,7 @@ pub fn cost(usage: &Usage, price: &Price) -> Nanos {
     ];
     let each = [
         (usage.images, price.per_image),
-        (usage.web_search_calls, price.web_search_per_call),
+        (web_searches_billed(usage.web_search_calls, price), price.web_search_per_call),
         (usage.file_search_calls, price.file_search_per_call),
         (usage.code_interpreter_sessions, price.code_interpreter_per_session),
     ];
@@ -260,6 +260,12 @@ pub fn cost(usage: &Usage, price: &Price) -> Nanos {
         Err(_) if rounded < 0 => Nanos(i64::MIN),
         Err(_) => Nanos(i64::MAX),
     }
+}
+
+/// The web searches a request is billed for: each one, or, for a model billed per grounded prompt
+/// (Gemini 2's `web_search_per_prompt`), one whenever it searched at all, however many queries it ran.
+pub fn web_searches_billed(calls: u64, price: &Price) -> u64 {
+    if price.web_search_per_prompt { calls.min(1) } else { calls }
 }
 
 /// Where a price in force comes from, as the admin API names it.
@@ -1535,6 +1541,9 @@ mod tests {
         // Five web searches by sonnet-4.5, $0.01 each, beside its tokens.
         let searched = Usage { web_search_calls: 5, ..Usage::default() };
         assert_eq!(billed("claude-sonnet-4-5", searched), usd("0.05"));
+        // gemini-2.5-pro grounded with three queries: one grounded prompt, $0.035.
+        let grounded = Usage { web_search_calls: 3, ..Usage::default() };
+        assert_eq!(billed("gemini-2.5-pro", grounded), usd("0.035"));
         // gemini-2.5-pro, 300,000 prompt tokens: the whole request above 200k at $2.50, not $1.25.
         let long = Usage { input_tokens: 300_000, ..Usage::default() };
         assert_eq!(billed("gemini-2.5-pro", long), usd("0.75"));

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use recovea_core::Timestamp;
 use recovea_core::channel::JobKind;
 use recovea_core::jobs::{BatchInput, book_key};
+use recovea_core::media::{MediaKind, MediaRequest};
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceScope;
 use recovea_core::receipt::{self, BatchFile, Receipt, Settlement};
@@ -42,6 +43,9 @@ pub(crate) struct Metered {
     /// The request's estimated input tokens (the body's, estimated once when it was read), for a
     /// receipt whose answer reported no usage.
     pub(crate) input_tokens: u64,
+    /// An images or audio request's own facts, for what its answer does not say: the price of
+    /// its images' size and quality, the characters spoken, the audio's length.
+    pub(crate) media: Option<Box<MediaRequest>>,
     pub(crate) started_at: Timestamp,
     pub(crate) prices: Prices,
     /// The request's attribution tags, for its receipt.
@@ -170,7 +174,8 @@ impl Meter {
         let model = tapped.model.or_else(|| request.request_model.take());
         // The provider answered, or may have been working when the answer was cut short: the
         // input was sent, so it is estimated. An error without usage, or no connection, costs nothing.
-        let estimate = if (200..300).contains(&status) || status == CLIENT_CLOSED || status == 504 {
+        let estimating = (200..300).contains(&status) || status == CLIENT_CLOSED || status == 504;
+        let mut estimate = if estimating {
             Usage {
                 input_tokens: request.input_tokens,
                 output_tokens: usage::estimate_output_tokens(tapped.output_chars),
@@ -184,7 +189,18 @@ impl Meter {
         let created = tapped.created.take().filter(|_| success);
         let mut settled = match request.charge {
             Charge::Metered => {
-                let price = request.prices.table.price_in(model.as_deref(), &request.scope);
+                let mut price = request.prices.table.price_in(model.as_deref(), &request.scope);
+                if let Some(media) = request.media.as_deref() {
+                    media_usage(
+                        media,
+                        &request,
+                        model.as_deref(),
+                        (success, estimating),
+                        &mut price.price,
+                        &mut tapped.usage,
+                        &mut estimate,
+                    );
+                }
                 let mut settled = receipt::settle(tapped.usage, estimate, &price);
                 if tapped.partial {
                     settled.source = UsageSource::Estimated;
@@ -331,6 +347,38 @@ impl Meter {
                 priced_as,
                 "ALARM: a model has no price; its receipts are costed at the fallback price with priced=false until one is set (PUT /admin/v1/prices/{{model}})"
             );
+        }
+    }
+}
+
+/// What an images or audio request is billed beyond what its answer said: its images at the price
+/// of their size and quality (the table's `{model}#{quality}-{size}` entry, over the model's own),
+/// and, when an answer carried no usage, the request's own ([`MediaRequest::unreported_usage`]):
+/// exact for speech priced per character answered whole, else the estimate (an answer cut short or
+/// timed out is estimated as the provider may bill it whole).
+fn media_usage(
+    media: &MediaRequest,
+    request: &Metered,
+    model: Option<&str>,
+    (success, estimating): (bool, bool),
+    price: &mut recovea_core::pricing::Price,
+    reported: &mut Option<Usage>,
+    estimate: &mut Usage,
+) {
+    if let (MediaKind::Images, Some(model)) = (media.kind, model)
+        && let Some(per_image) = request.prices.table.image_price(
+            model,
+            media.image_quality(model),
+            media.image_size(),
+            &request.scope,
+        )
+    {
+        price.per_image = Some(per_image);
+    }
+    if estimating && reported.is_none() {
+        match media.unreported_usage(price) {
+            (usage, true) if success => *reported = Some(usage),
+            (usage, _) => *estimate = usage,
         }
     }
 }

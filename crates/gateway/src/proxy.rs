@@ -221,6 +221,15 @@ where
         ctx.trace.request(endpoint, None);
         return Err(Refusal::AmbiguousBody(ambiguity));
     }
+    let content_type = || parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    if let Some(media) = recovea_providers::media::read(surface, content_type, &body) {
+        // Images and audio: what the answer may not carry (size, quality, `n`, characters, the
+        // audio's length), and the model of a multipart form, which the JSON read cannot see.
+        if facts.model.is_none() {
+            facts.model = media.model;
+        }
+        facts.media = Some(Box::new(media.request));
+    }
     if facts.model.is_none() {
         // Gemini names the model in the path (`models/{model}:generateContent`), a Realtime
         // session in its query (`?model=`, Azure's `deployment=`).
@@ -326,6 +335,7 @@ where
                 stream: facts.stream || recovea_providers::usage::streams_by_path(endpoint),
                 surface,
                 input_tokens,
+                media: facts.media.take(),
                 started_at: ctx.started_at,
                 prices,
                 tags: std::mem::take(&mut ctx.tags),

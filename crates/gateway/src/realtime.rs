@@ -385,6 +385,7 @@ impl Session {
             stream: true,
             surface: Surface::Other,
             input_tokens: 0,
+            media: None,
             started_at: held.at,
             prices: self.facts.prices.clone(),
             tags: self.facts.tags.clone(),

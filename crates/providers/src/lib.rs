@@ -5,6 +5,7 @@ pub mod headers;
 pub mod jobs;
 #[cfg(test)]
 mod json_strategy;
+pub mod media;
 pub mod multipart;
 pub mod realtime;
 pub mod rewrite;

@@ -38,6 +38,9 @@ pub struct RequestFacts {
     pub max_output_tokens: Option<u64>,
     /// `"background": true`: the Responses API runs the request as a job and answers at once.
     pub background: bool,
+    /// An images or audio request's own facts (size, quality, `n`, characters, audio bytes), read
+    /// by [`crate::media::read`] on those paths alone; `None` elsewhere.
+    pub media: Option<Box<recovea_core::media::MediaRequest>>,
 }
 
 /// A request body read once: what [`inspect`] tells, and what
@@ -164,6 +167,7 @@ impl RequestHead {
                 .find_map(Value::as_u64)
                 .or_else(|| self.generation_config.get("maxOutputTokens").and_then(Value::as_u64)),
             background: self.background == Value::Bool(true),
+            media: None,
         }
     }
 }
@@ -483,6 +487,7 @@ mod tests {
                 client_asked_usage: true,
                 max_output_tokens: None,
                 background: false,
+                media: None,
             }
         );
         let facts = inspect(br#"{"model":"gpt-4o","stream":"true","stream_options":{"include_usage":1}}"#);
@@ -494,6 +499,7 @@ mod tests {
                 client_asked_usage: false,
                 max_output_tokens: None,
                 background: false,
+                media: None,
             }
         );
         assert_eq!(inspect(br#"{"max_tokens":64}"#).max_output_tokens, Some(64));

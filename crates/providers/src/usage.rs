@@ -14,8 +14,9 @@ use recovea_core::usage::Usage;
 use crate::sse::{SseEvent, SseReader};
 use quick::CompletionRead;
 use wire::{
-    AnthropicEvent, AnthropicMessage, AnthropicUsage, GeminiResponse, OpenAiCompletion, OpenAiEmbeddings,
-    OutputChars, ResponseBody, ResponsesEvent, StrOrNothing,
+    AnthropicEvent, AnthropicMessage, AnthropicUsage, GeminiGrounding, GeminiResponse, ImagesAnswer,
+    OpenAiCompletion, OpenAiEmbeddings, OutputChars, Response, ResponsesEvent, SpeechEvent, StrOrNothing,
+    TranscriptionAnswer,
 };
 
 /// The most of an answer the tap keeps: a JSON body it parses at the end, or one stream event.
@@ -66,7 +67,16 @@ pub enum Surface {
     /// Gemini's `models/{model}:generateContent` and `:streamGenerateContent` (a JSON array, or
     /// events with `alt=sse`).
     GenerateContent,
-    /// Anything else (models, files, images, audio, `messages/count_tokens`, batches): not tapped.
+    /// The Images API (`images/generations`, `images/edits`, `images/variations`): gpt-image
+    /// models' token usage, or the images an answer holds (DALL-E's carry no usage).
+    Images,
+    /// Text to speech (`audio/speech`): raw audio, whose usage is the request's (its characters);
+    /// a stream (`stream_format: "sse"`) reports tokens in `speech.audio.done`.
+    Speech,
+    /// Transcription and translation (`audio/transcriptions`, `audio/translations`): `usage` in
+    /// seconds or tokens, or a verbose answer's `duration`.
+    Transcription,
+    /// Anything else (models, files, `messages/count_tokens`, batches): not tapped.
     Other,
 }
 
@@ -164,6 +174,8 @@ struct Tally {
     gemini_final: bool,
     output_chars: u64,
     model: Option<String>,
+    /// The distinct web searches a Gemini stream's events named.
+    gemini_searches: Vec<String>,
     /// OpenAI chunks not read yet. Once the model is known, a chunk that cannot carry usage adds
     /// only characters, which count only if the stream ends without usage; reading a chunk costs
     /// more than keeping it, and a stream the gateway asked usage for reports it.
@@ -206,6 +218,9 @@ impl Surface {
             "responses" => Surface::Responses,
             "embeddings" => Surface::Embeddings,
             "messages" if path == "/v1/messages" => Surface::Messages,
+            "images/generations" | "images/edits" | "images/variations" => Surface::Images,
+            "audio/speech" => Surface::Speech,
+            "audio/transcriptions" | "audio/translations" => Surface::Transcription,
             _ => Surface::Other,
         }
     }
@@ -242,7 +257,10 @@ impl UsageTap {
     /// `event_stream`: the response's content type is `text/event-stream`.
     pub fn new(surface: Surface, event_stream: bool) -> Self {
         let body = match (surface, event_stream) {
-            (Surface::Other, _) | (Surface::Embeddings, true) => TappedBody::Ignored,
+            // A speech answer without events is the audio itself.
+            (Surface::Other, _) | (Surface::Embeddings, true) | (Surface::Speech, false) => {
+                TappedBody::Ignored
+            }
             (_, true) => TappedBody::Events(Box::new(EventTap {
                 reader: SseReader::with_max_event_bytes(MAX_TAPPED_BYTES),
                 tally: Tally::default(),
@@ -326,12 +344,18 @@ pub fn read_json(surface: Surface, body: &[u8]) -> Tapped {
         }),
         Surface::Responses => crate::from_json(body)
             .ok()
-            .map(|a: ResponseBody| (a.usage.map(|u| u.to_usage()), a.output.map_or(0, |o| o.total), a.model)),
+            .map(|a: Response| (a.to_usage(), a.output.as_ref().map_or(0, |o| o.chars), a.model)),
         Surface::Messages => crate::from_json(body).ok().map(|a: AnthropicMessage| {
             (a.usage.map(AnthropicUsage::to_usage), a.content.map_or(0, |c| c.total), a.model)
         }),
         Surface::GenerateContent => read_gemini_json(body),
-        Surface::Other => None,
+        Surface::Images => {
+            crate::from_json(body).ok().map(|a: ImagesAnswer| (images_usage(&a), 0, StrOrNothing::default()))
+        }
+        Surface::Transcription => crate::from_json(body)
+            .ok()
+            .map(|a: TranscriptionAnswer| (a.to_usage(), a.text.map_or(0, |t| t.0), StrOrNothing::default())),
+        Surface::Speech | Surface::Other => None,
     };
     parsed.map_or_else(Tapped::default, |(usage, output_chars, model)| Tapped {
         output_chars: if usage.is_some() { 0 } else { output_chars },
@@ -340,6 +364,34 @@ pub fn read_json(surface: Surface, body: &[u8]) -> Tapped {
         partial: false,
         created: None,
     })
+}
+
+/// An Images answer's usage: gpt-image models' tokens, else (DALL-E) the images it holds.
+fn images_usage(answer: &ImagesAnswer<'_>) -> Option<Usage> {
+    match (&answer.usage, &answer.data) {
+        (Some(usage), _) => Some(usage.to_image_usage()),
+        (None, Some(data)) => Some(Usage { images: data.0, ..Usage::default() }),
+        (None, None) => None,
+    }
+}
+
+/// The distinct web searches of Gemini answers (`groundingMetadata.webSearchQueries`), read only
+/// from a body that names them: grounding is rare, and the plain answer is not read twice.
+fn note_gemini_searches(body: &[u8], queries: &mut Vec<String>) {
+    static KEY: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"webSearchQueries"));
+    static SNAKE: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"web_search_queries"));
+    if KEY.find(body).is_none() && SNAKE.find(body).is_none() {
+        return;
+    }
+    if body.trim_ascii_start().starts_with(b"[") {
+        if let Ok(answers) = crate::from_json::<Vec<GeminiGrounding>>(body) {
+            answers.into_iter().for_each(|answer| answer.note_queries(queries));
+        }
+    } else if let Ok(answer) = crate::from_json::<GeminiGrounding>(body) {
+        answer.note_queries(queries);
+    }
 }
 
 /// A Gemini answer: one `GenerateContentResponse`, or the JSON array `:streamGenerateContent` sends
@@ -357,6 +409,11 @@ fn read_gemini_json(body: &[u8]) -> Option<(Option<Usage>, u64, StrOrNothing<'_>
         if let Some(usage) = response.usage {
             read.0 = Some(usage.to_usage());
         }
+    }
+    let mut queries = Vec::new();
+    note_gemini_searches(body, &mut queries);
+    if let Some(usage) = &mut read.0 {
+        usage.web_search_calls = queries.len() as u64;
     }
     Some(read)
 }
@@ -399,7 +456,41 @@ impl Tally {
             Surface::Responses => self.read_responses_event(event),
             Surface::Messages => self.read_anthropic_event(event),
             Surface::GenerateContent => self.read_gemini_event(event.data),
+            Surface::Images => self.read_images_event(event.data),
+            Surface::Speech => self.read_speech_event(event.data),
+            Surface::Transcription => self.read_transcription_event(event.data),
             Surface::Embeddings | Surface::Other => {}
+        }
+    }
+
+    /// A gpt-image stream: each `...completed` event (one per image) reports that image's usage.
+    fn read_images_event(&mut self, data: &str) {
+        let Ok(event) = serde_json::from_str::<ImagesAnswer>(data) else { return };
+        if let (true, Some(usage)) = (event.kind.as_str().ends_with(".completed"), &event.usage) {
+            let usage = usage.to_image_usage();
+            self.usage = Some(self.usage.map_or(usage, |sum| sum.saturating_add(usage)));
+        }
+    }
+
+    /// A speech stream: `speech.audio.done` reports the usage.
+    fn read_speech_event(&mut self, data: &str) {
+        if !may_have_usage(data.as_bytes()) {
+            return;
+        }
+        if let Ok(SpeechEvent { usage: Some(usage) }) = serde_json::from_str(data) {
+            self.usage = Some(usage.to_speech_usage());
+        }
+    }
+
+    /// A transcription stream: `transcript.text.done` reports the usage.
+    fn read_transcription_event(&mut self, data: &str) {
+        if !may_have_usage(data.as_bytes()) {
+            return;
+        }
+        if let Ok(answer) = serde_json::from_str::<TranscriptionAnswer>(data)
+            && let Some(usage) = answer.to_usage()
+        {
+            self.usage = Some(usage);
         }
     }
 
@@ -453,8 +544,8 @@ impl Tally {
             "response.completed" | "response.incomplete" | "response.failed" => {
                 if let Some(response) = parsed.response {
                     self.note_model(&response.model);
-                    if let Some(usage) = response.usage {
-                        self.usage = Some(usage.to_usage());
+                    if let Some(usage) = response.to_usage() {
+                        self.usage = Some(usage);
                     }
                 }
             }
@@ -505,9 +596,13 @@ impl Tally {
         self.output_chars = self.output_chars.saturating_add(chars);
         self.note_model(&response.model);
         self.gemini_final |= names_finish_reason(data.as_bytes());
+        note_gemini_searches(data.as_bytes(), &mut self.gemini_searches);
         if let Some(usage) = response.usage {
             self.usage = Some(usage.to_usage());
             self.gemini_reported = true;
+        }
+        if let Some(usage) = &mut self.usage {
+            usage.web_search_calls = self.gemini_searches.len() as u64;
         }
     }
 

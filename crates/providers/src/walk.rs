@@ -293,27 +293,6 @@ impl<'a> Walk<'a> {
         })?;
         Some(chars)
     }
-
-    /// A struct with one field read: what `read` makes of it, `None` when it is absent.
-    pub(crate) fn one_field<T>(
-        &mut self,
-        depth: u32,
-        name: &[u8],
-        mut read: impl FnMut(&mut Self) -> Option<T>,
-    ) -> Option<Option<T>> {
-        let mut value = None;
-        self.object(depth, |walk, key| {
-            if key != name {
-                return walk.skip(depth + 1);
-            }
-            if value.is_some() {
-                return None;
-            }
-            value = Some(read(walk)?);
-            Some(())
-        })?;
-        Some(value)
-    }
 }
 
 /// The length of the escape `text` starts with (at its backslash): two bytes, six for `\uXXXX`,

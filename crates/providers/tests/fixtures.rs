@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use recovea_core::pricing::ServiceTier;
 use recovea_core::usage::Usage;
 use recovea_providers::rewrite::UsageChunkFilter;
 use recovea_providers::usage::{Surface, Tapped, UsageTap};
@@ -45,19 +46,37 @@ fn load(name: &str, expected_path: &Path) -> Fixture {
         "Embeddings" => Surface::Embeddings,
         "Messages" => Surface::Messages,
         "GenerateContent" => Surface::GenerateContent,
+        "Images" => Surface::Images,
+        "Speech" => Surface::Speech,
+        "Transcription" => Surface::Transcription,
         other => panic!("{name}: unknown surface {other}"),
     };
     let usage = match &expected["usage"] {
         Value::Null => None,
         usage => {
             let field = |key: &str| usage[key].as_u64().unwrap_or_else(|| panic!("{name}: usage.{key}"));
+            // The other quantities are named only where a fixture has them.
+            let optional = |key: &str| usage[key].as_u64().unwrap_or(0);
             Some(Usage {
                 input_tokens: field("input_tokens"),
                 cached_input_tokens: field("cached_input_tokens"),
                 cache_write_input_tokens: field("cache_write_input_tokens"),
                 output_tokens: field("output_tokens"),
                 reasoning_tokens: field("reasoning_tokens"),
-                ..Usage::default()
+                cache_write_1h_input_tokens: optional("cache_write_1h_input_tokens"),
+                audio_input_tokens: optional("audio_input_tokens"),
+                cached_audio_input_tokens: optional("cached_audio_input_tokens"),
+                audio_output_tokens: optional("audio_output_tokens"),
+                image_input_tokens: optional("image_input_tokens"),
+                cached_image_input_tokens: optional("cached_image_input_tokens"),
+                image_output_tokens: optional("image_output_tokens"),
+                characters: optional("characters"),
+                seconds: optional("seconds"),
+                images: optional("images"),
+                web_search_calls: optional("web_search_calls"),
+                file_search_calls: optional("file_search_calls"),
+                code_interpreter_sessions: optional("code_interpreter_sessions"),
+                service_tier: ServiceTier::parse(usage["service_tier"].as_str().unwrap_or("default")),
             })
         }
     };
@@ -154,6 +173,21 @@ fn the_corpus_covers_every_surface_both_ways_and_the_hard_cases() {
         }
     }
     assert!(fixtures.iter().any(|f| f.surface == Surface::Embeddings));
+    // What the providers bill beside plain tokens: each in at least one answer.
+    for surface in [Surface::Images, Surface::Speech, Surface::Transcription] {
+        assert!(fixtures.iter().any(|f| f.surface == surface), "{surface:?}");
+    }
+    let billed = |check: &dyn Fn(&Usage) -> bool| {
+        fixtures.iter().any(|f| f.expected.usage.as_ref().is_some_and(check))
+    };
+    assert!(billed(&|u| u.audio_input_tokens > 0 && u.audio_output_tokens > 0));
+    assert!(billed(&|u| u.service_tier == ServiceTier::Priority));
+    assert!(billed(&|u| u.service_tier == ServiceTier::Flex));
+    assert!(billed(&|u| u.cache_write_1h_input_tokens > 0));
+    assert!(billed(&|u| u.web_search_calls > 0 && u.code_interpreter_sessions > 0));
+    assert!(billed(&|u| u.image_input_tokens > 0 && u.image_output_tokens > 0));
+    assert!(billed(&|u| u.images > 0));
+    assert!(billed(&|u| u.seconds > 0));
     let any = |check: &dyn Fn(&Fixture) -> bool| fixtures.iter().any(check);
     assert!(any(&|f| f.expected.usage.is_some_and(|u| u.cached_input_tokens > 0 && u.reasoning_tokens > 0)));
     assert!(any(&|f| f

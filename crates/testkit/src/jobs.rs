@@ -558,6 +558,7 @@ fn answer_line(
         input_tokens: input,
         usage: Some(&shape),
         pieces,
+        web_search_calls: 0,
     };
     let answer = match api {
         LineApi::Chat => crate::openai::chat(&ctx),

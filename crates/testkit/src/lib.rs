@@ -22,6 +22,9 @@
 //! | `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel` | a background response, advanced or cancelled; the last 1,024 foreground responses can be retrieved too (as completed), not cancelled (400) |
 //! | `POST /v1/embeddings` | `list` of `embedding`s, `float` or `base64` (little-endian f32) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | OpenAI-shaped model list / model |
+//! | `POST /v1/images/generations`, `/v1/images/edits` (JSON or a multipart form) | `n` images: DALL-E's as URLs without usage, gpt-image's as `b64_json` with token usage (the prompt's words + 1 in, 4,160 output tokens an image) |
+//! | `POST /v1/audio/speech` | raw audio (`audio/mpeg`); with `stream_format: "sse"`, a `speech.audio.delta` then `speech.audio.done` with usage (the input's words in, 5 audio tokens a word out) |
+//! | `POST /v1/audio/transcriptions`, `/v1/audio/translations` (a multipart form) | `{"text","usage"}`: whisper-1 `{"type":"duration","seconds"}` (one second per 16,000 bytes of `file`, at least one), other models `{"type":"tokens",...}` (ten audio tokens a second); `verbose_json` a `duration` instead; `text`, `srt`, `vtt` plain text without usage |
 //! | `POST /v1/messages` | Anthropic `message`, or its SSE event sequence |
 //! | `POST /v1/messages/count_tokens` | `{"input_tokens": N}` |
 //! | `POST /openai/deployments/{deployment}/...?api-version=V`, `/openai/v1/...`, `/v1beta/openai/...` | as the `/v1/...` path after them (Azure OpenAI, Gemini's OpenAI-compatible endpoint); a deployment without `api-version` is a 404; a body without `model` is answered with the deployment's name |
@@ -92,6 +95,10 @@
 //! * messages: `{"input_tokens":P,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,
 //!   "output_tokens":5}`; when streaming, `message_start` carries it with `output_tokens: 1` and
 //!   `message_delta` carries `{"output_tokens":5}`.
+//!
+//! Chat and Responses answers report the `service_tier` the request asked for when it is `flex` or
+//! `priority` (`fast` as `priority`), else `default`. A scripted [`Behaviour::web_search_calls`]
+//! lists that many `web_search_call` items before a Responses answer's message.
 //!
 //! A scripted [`Behaviour::usage`] replaces the usage object verbatim: in the JSON answer, in the
 //! final usage chunk of chat/legacy streams (only sent when `stream_options.include_usage` is
@@ -235,6 +242,7 @@ mod clock;
 pub mod faults;
 mod gemini;
 pub mod jobs;
+mod media;
 mod multipart;
 mod openai;
 pub mod otlp;

@@ -20,21 +20,25 @@ pub(crate) fn chat(ctx: &Ctx) -> Answer {
                 r#"{{"id":"chatcmpl-mock{}","object":"chat.completion","created":{},"model":{},"#,
                 r#""choices":[{{"index":0,"message":{{"role":"assistant","content":"{}","#,
                 r#""refusal":null,"annotations":[]}},"logprobs":null,"finish_reason":"stop"}}],"#,
-                r#""usage":{},"service_tier":"default","system_fingerprint":"fp_mock"}}"#
+                r#""usage":{},"service_tier":"{}","system_fingerprint":"fp_mock"}}"#
             ),
             n,
             created,
             model,
             ctx.reply_text(),
-            ctx.usage_or(|input| shapes::chat(input, ctx.output_tokens()))
+            ctx.usage_or(|input| shapes::chat(input, ctx.output_tokens())),
+            ctx.fields.service_tier()
         ));
     }
     let head = format!(
         concat!(
             r#"{{"id":"chatcmpl-mock{}","object":"chat.completion.chunk","created":{},"model":{},"#,
-            r#""service_tier":"default","system_fingerprint":"fp_mock","choices":["#
+            r#""service_tier":"{}","system_fingerprint":"fp_mock","choices":["#
         ),
-        n, created, model
+        n,
+        created,
+        model,
+        ctx.fields.service_tier()
     );
     // The real API adds `"usage":null` to every chunk only when the final usage chunk is coming.
     let tail = if ctx.fields.include_usage() { r#"],"usage":null}"# } else { "]}" };
@@ -102,7 +106,15 @@ pub(crate) fn responses(ctx: &Ctx) -> Answer {
         r#"{{"id":"{item_id}","type":"message","status":"completed","content":[{part}],"role":"assistant"}}"#
     );
     let usage = ctx.usage_or(|input| shapes::responses(input, ctx.output_tokens()));
-    let done = response_object(ctx, "completed", &format!("[{item}]"), &usage);
+    let searches: String = (0..ctx.web_search_calls)
+        .map(|i| {
+            format!(
+                r#"{{"id":"ws_mock{}_{i}","type":"web_search_call","status":"completed","action":{{"type":"search","query":"mock"}}}},"#,
+                ctx.n
+            )
+        })
+        .collect();
+    let done = response_object(ctx, "completed", &format!("[{searches}{item}]"), &usage);
     if !ctx.fields.stream() {
         return Answer::ok(done);
     }
@@ -151,11 +163,17 @@ fn response_object(ctx: &Ctx, status: &str, output: &str, usage: &str) -> String
             r#""background":false,"error":null,"incomplete_details":null,"instructions":null,"#,
             r#""max_output_tokens":null,"model":{},"output":{},"parallel_tool_calls":true,"#,
             r#""previous_response_id":null,"reasoning":{{"effort":null,"summary":null}},"#,
-            r#""service_tier":"default","store":true,"temperature":1.0,"#,
+            r#""service_tier":"{}","store":true,"temperature":1.0,"#,
             r#""text":{{"format":{{"type":"text"}}}},"tool_choice":"auto","tools":[],"top_p":1.0,"#,
             r#""truncation":"disabled","usage":{},"user":null,"metadata":{{}}}}"#
         ),
-        ctx.n, ctx.created, status, ctx.model, output, usage
+        ctx.n,
+        ctx.created,
+        status,
+        ctx.model,
+        output,
+        ctx.fields.service_tier(),
+        usage
     )
 }
 

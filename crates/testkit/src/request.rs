@@ -14,6 +14,7 @@ pub(crate) struct Fields {
     background: Option<bool>,
     stream_options: Option<StreamOptions>,
     pub(crate) encoding_format: Option<String>,
+    service_tier: Option<String>,
     pub(crate) dimensions: Option<usize>,
 }
 
@@ -42,6 +43,16 @@ impl Fields {
         self.background.unwrap_or(false)
     }
 
+    /// The tier the answer says it served: the one asked for when it is `flex` or `priority`
+    /// (OpenAI's `fast` is reported as `priority`), else `default`.
+    pub(crate) fn service_tier(&self) -> &'static str {
+        match self.service_tier.as_deref() {
+            Some("flex") => "flex",
+            Some("priority" | "fast") => "priority",
+            _ => "default",
+        }
+    }
+
     pub(crate) fn include_usage(&self) -> bool {
         self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
     }
@@ -61,6 +72,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) usage: Option<&'a str>,
     /// How many pieces the answer's text has (see [`crate::usage::reply_piece`]).
     pub(crate) pieces: usize,
+    /// How many `web_search_call` items a Responses answer lists before its message.
+    pub(crate) web_search_calls: u64,
 }
 
 /// Renders `s` as a JSON string literal.

@@ -58,6 +58,9 @@ pub struct Behaviour {
     /// long as a model's: 600 pieces at 33 ms last 20 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pieces: Option<usize>,
+    /// List this many `web_search_call` items in a Responses answer, before its message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_search_calls: Option<u64>,
     /// How many consecutive requests this behaviour applies to (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub times: Option<u32>,
@@ -114,6 +117,11 @@ impl Behaviour {
         self
     }
 
+    pub fn web_search_calls(mut self, calls: u64) -> Self {
+        self.web_search_calls = Some(calls);
+        self
+    }
+
     pub fn pieces(mut self, pieces: usize) -> Self {
         self.pieces = Some(pieces);
         self
@@ -152,6 +160,7 @@ impl Behaviour {
             close: self.close_without_response,
             usage: self.usage.as_ref().map(Value::to_string),
             pieces: self.pieces,
+            web_search_calls: self.web_search_calls,
         };
         Ok((plan, self.times.unwrap_or(1).max(1)))
     }
@@ -182,6 +191,7 @@ pub(crate) struct Plan {
     pub(crate) close: bool,
     pub(crate) usage: Option<String>,
     pub(crate) pieces: Option<usize>,
+    pub(crate) web_search_calls: Option<u64>,
 }
 
 /// The FIFO of scripted behaviours with their remaining uses.

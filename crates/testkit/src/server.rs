@@ -25,7 +25,7 @@ use crate::realtime::{self, Realtime};
 use crate::request::{Answer, Ctx, Fields, json_string};
 use crate::script::{Behaviour, InvalidBehaviour, Log, Plan, RecordedRequest, Script};
 use crate::usage::{REPLY_PIECES, input_tokens};
-use crate::{anthropic, gemini, openai};
+use crate::{anthropic, gemini, media, openai};
 
 /// A running mock provider; it stops serving when dropped or shut down.
 pub struct MockProvider {
@@ -489,6 +489,7 @@ fn route(shared: &Shared, parts: &http::request::Parts, body: &[u8], n: u64, pla
             input_tokens,
             usage: plan.and_then(|p| p.usage.as_deref()),
             pieces: plan.and_then(|p| p.pieces).unwrap_or(REPLY_PIECES.len()),
+            web_search_calls: 0,
         };
         let sse = query.split('&').any(|pair| pair == "alt=sse");
         return gemini::generate_content(&ctx, stream, sse);
@@ -522,6 +523,20 @@ fn route(shared: &Shared, parts: &http::request::Parts, body: &[u8], n: u64, pla
             return openai::model(id);
         }
     }
+    if *method == Method::POST {
+        let usage = plan.and_then(|p| p.usage.as_deref());
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        match path {
+            "/v1/images/generations" | "/v1/images/edits" => {
+                return media::images(n, created, header("content-type"), body, usage);
+            }
+            "/v1/audio/speech" => return media::speech(body, usage),
+            "/v1/audio/transcriptions" | "/v1/audio/translations" => {
+                return media::transcription(header("content-type"), body, usage);
+            }
+            _ => {}
+        }
+    }
     let known = [
         "/v1/chat/completions",
         "/v1/completions",
@@ -551,6 +566,7 @@ fn route(shared: &Shared, parts: &http::request::Parts, body: &[u8], n: u64, pla
         input_tokens,
         usage: plan.and_then(|p| p.usage.as_deref()),
         pieces: plan.and_then(|p| p.pieces).unwrap_or(REPLY_PIECES.len()),
+        web_search_calls: plan.and_then(|p| p.web_search_calls).unwrap_or(0),
     };
     match path {
         "/v1/chat/completions" => openai::chat(&ctx),

@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 
+use recovea_core::pricing::ServiceTier;
 use recovea_core::usage::Usage;
 
 use super::wire::StrOrNothing;
@@ -27,6 +28,7 @@ pub(super) fn completion(text: &str) -> Option<CompletionRead<'_>> {
     let mut walk = Walk::new(text);
     let mut read = CompletionRead::default();
     let mut seen = Seen::default();
+    let mut tier = ServiceTier::Standard;
     walk.object(0, |walk, key| {
         match key {
             b"model" => {
@@ -41,10 +43,17 @@ pub(super) fn completion(text: &str) -> Option<CompletionRead<'_>> {
                 seen.first(2)?;
                 read.usage = walk.nullable(|walk| openai_usage(walk, 1))?;
             }
+            b"service_tier" => {
+                seen.first(3)?;
+                tier = ServiceTier::parse(model(walk, 1)?.as_str());
+            }
             _ => walk.skip(1)?,
         }
         Some(())
     })?;
+    if let Some(usage) = &mut read.usage {
+        usage.service_tier = tier;
+    }
     // serde refuses anything but whitespace after the value.
     walk.at_end().then_some(read)
 }
@@ -85,8 +94,8 @@ fn openai_usage(walk: &mut Walk<'_>, depth: u32) -> Option<Usage> {
     let mut usage = Usage::default();
     let mut total = None;
     let mut seen = Seen::default();
-    let detail = |walk: &mut Walk<'_>, name| {
-        Some(walk.nullable(|walk| walk.one_field(depth + 1, name, Walk::count))?.flatten().flatten())
+    let detail = |walk: &mut Walk<'_>, name: &'static [u8]| {
+        Some(walk.nullable(|walk| two_counts(walk, depth + 1, name))?.unwrap_or_default())
     };
     walk.object(depth, |walk, key| {
         match key {
@@ -100,11 +109,11 @@ fn openai_usage(walk: &mut Walk<'_>, depth: u32) -> Option<Usage> {
             }
             b"prompt_tokens_details" => {
                 seen.first(2)?;
-                usage.cached_input_tokens = detail(walk, b"cached_tokens")?.unwrap_or(0);
+                (usage.cached_input_tokens, usage.audio_input_tokens) = detail(walk, b"cached_tokens")?;
             }
             b"completion_tokens_details" => {
                 seen.first(3)?;
-                usage.reasoning_tokens = detail(walk, b"reasoning_tokens")?.unwrap_or(0);
+                (usage.reasoning_tokens, usage.audio_output_tokens) = detail(walk, b"reasoning_tokens")?;
             }
             b"total_tokens" => {
                 seen.first(4)?;
@@ -116,6 +125,25 @@ fn openai_usage(walk: &mut Walk<'_>, depth: u32) -> Option<Usage> {
     })?;
     usage.output_tokens = super::wire::output_within_total(usage.input_tokens, usage.output_tokens, total);
     Some(usage)
+}
+
+/// `CachedDetails` or `ReasoningDetails`: the count `name` and `audio_tokens` (0 when absent or null).
+fn two_counts(walk: &mut Walk<'_>, depth: u32, name: &[u8]) -> Option<(u64, u64)> {
+    let mut counts = (0, 0);
+    let mut seen = Seen::default();
+    walk.object(depth, |walk, key| {
+        if key == name {
+            seen.first(0)?;
+            counts.0 = walk.count()?.unwrap_or(0);
+        } else if key == b"audio_tokens" {
+            seen.first(1)?;
+            counts.1 = walk.count()?.unwrap_or(0);
+        } else {
+            walk.skip(depth + 1)?;
+        }
+        Some(())
+    })?;
+    Some(counts)
 }
 
 /// `StrOrNothing`: a string without escapes, or nothing for any other value.
@@ -180,6 +208,31 @@ mod tests {
         );
     }
 
+    /// Audio tokens each way and the tier served are read quickly too, as serde reads them.
+    #[test]
+    fn audio_tokens_and_the_tier_are_read() {
+        let answer = r#"{"model":"gpt-audio","choices":[{"message":{"content":null}}],"usage":{"prompt_tokens":9100,"completion_tokens":9050,"total_tokens":18150,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":9000},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":9000}},"service_tier":"priority"}"#;
+        let quick = completion(answer);
+        assert_eq!(quick, by_serde(answer));
+        assert_eq!(
+            quick.and_then(|read| read.usage),
+            Some(Usage {
+                input_tokens: 9100,
+                output_tokens: 9050,
+                audio_input_tokens: 9000,
+                audio_output_tokens: 9000,
+                service_tier: ServiceTier::Priority,
+                ..Usage::default()
+            })
+        );
+        let escaped = answer.replace(r#""priority""#, r#""pri\u006frity""#);
+        assert_eq!(completion(&escaped), None);
+        assert_eq!(
+            by_serde(&escaped).and_then(|r| r.usage).map(|u| u.service_tier),
+            Some(ServiceTier::Priority)
+        );
+    }
+
     #[test]
     fn what_serde_reads_differently_or_refuses_is_left_to_it() {
         for text in [
@@ -206,7 +259,9 @@ mod tests {
         assert_eq!(completion(&deep), None);
     }
 
-    const KEYS: [&str; 25] = [
+    const KEYS: [&str; 27] = [
+        "service_tier",
+        "audio_tokens",
         "model",
         "choices",
         "usage",
@@ -283,14 +338,33 @@ mod tests {
             vec![
                 ("prompt_tokens", count()),
                 ("completion_tokens", count()),
-                ("prompt_tokens_details", nullable(object_of(&KEYS, vec![("cached_tokens", count())]))),
+                (
+                    "prompt_tokens_details",
+                    nullable(object_of(&KEYS, vec![("cached_tokens", count()), ("audio_tokens", count())])),
+                ),
                 (
                     "completion_tokens_details",
-                    nullable(object_of(&KEYS, vec![("reasoning_tokens", count())])),
+                    nullable(object_of(
+                        &KEYS,
+                        vec![("reasoning_tokens", count()), ("audio_tokens", count())],
+                    )),
                 ),
             ],
         );
-        object_of(&KEYS, vec![("model", text()), ("choices", array_of(choice)), ("usage", nullable(usage))])
+        let tier = prop_oneof![
+            10 => select(vec!["\"default\"", "\"priority\"", "\"flex\"", "\"fast\"", "\"pri\\u006frity\""])
+                .prop_map(String::from),
+            1 => text(),
+        ];
+        object_of(
+            &KEYS,
+            vec![
+                ("model", text()),
+                ("choices", array_of(choice)),
+                ("usage", nullable(usage)),
+                ("service_tier", tier.boxed()),
+            ],
+        )
     }
 
     proptest! {

@@ -53,6 +53,7 @@ impl Remembered {
             input_tokens: self.input_tokens,
             usage: usage.or(self.usage.as_deref()),
             pieces: self.pieces,
+            web_search_calls: 0,
         };
         match crate::openai::responses(&ctx) {
             Answer::Json(_, body) => serde_json::from_slice(&body).unwrap_or(Value::Null),
