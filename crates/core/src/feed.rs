@@ -6,7 +6,6 @@
 //! apart still understand each other during a rolling upgrade.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -393,8 +392,8 @@ impl PricesWire {
                     .map_err(|e| FeedError::Invalid(format!("fallback price of {kind:?}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let table = PriceTable::builtin().overlay(&PriceTable::from_kinded(overrides), fallback);
-        Ok(Prices { revision: self.revision, table: Arc::new(table) })
+        let table = PriceTable::builtin_with(&PriceTable::from_kinded(overrides), fallback);
+        Ok(Prices { revision: self.revision, table })
     }
 }
 

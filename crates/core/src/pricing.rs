@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::ops::Bound;
 use std::sync::{Arc, OnceLock};
 
 use crate::money::{MoneyError, Nanos};
@@ -395,9 +394,12 @@ fn kind_index(kind: ProviderKind) -> usize {
 /// Prices by model name, and a fallback price per provider kind; immutable once built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PriceTable {
-    entries: BTreeMap<String, TableEntry>,
-    /// The same entries by hash: every request looks its model up, and most find it as named.
-    by_name: foldhash::HashMap<String, TableEntry>,
+    /// Sorted by name. Each entry is held once: the built-in table's 4,687 are most of a node's
+    /// price memory.
+    entries: Vec<(String, TableEntry)>,
+    /// The index in `entries` of each name: every request looks its model up, and most find it
+    /// as named.
+    by_name: foldhash::HashMap<String, u32>,
     /// The operators' fallback price per kind, by [`kind_index`].
     fallback_overrides: [Option<Price>; 3],
     /// Computed when the table is built, so that pricing an unknown model reads one value.
@@ -415,18 +417,43 @@ impl Default for PriceTable {
 impl PriceTable {
     /// The table shipped in the binary, parsed on first use.
     pub fn builtin() -> &'static PriceTable {
-        static BUILTIN: OnceLock<PriceTable> = OnceLock::new();
+        Self::builtin_shared()
+    }
+
+    /// The built-in table, shared: one copy for the whole process however many states use it.
+    pub fn builtin_shared() -> &'static Arc<PriceTable> {
+        static BUILTIN: OnceLock<Arc<PriceTable>> = OnceLock::new();
         BUILTIN.get_or_init(|| {
-            PriceTable::from_json(BUILTIN_JSON).expect("the built-in price table parses, as a test checks")
+            Arc::new(
+                PriceTable::from_json(BUILTIN_JSON).expect("the built-in price table parses, as a test checks"),
+            )
         })
+    }
+
+    /// The built-in table with `overrides` over it and the kinds' fallbacks set: the built-in
+    /// table itself, shared, when there is nothing to change (most deployments), so that the
+    /// table's few megabytes are held once, not once per state.
+    pub fn builtin_with(
+        overrides: &PriceTable,
+        fallback_overrides: Vec<(ProviderKind, Price)>,
+    ) -> Arc<PriceTable> {
+        if overrides.entries.is_empty() && fallback_overrides.is_empty() {
+            return Arc::clone(Self::builtin_shared());
+        }
+        Arc::new(Self::builtin().overlay(overrides, fallback_overrides))
     }
 
     fn new(entries: BTreeMap<String, TableEntry>, fallback_overrides: [Option<Price>; 3]) -> PriceTable {
         let fallback = KINDS.map(|kind| {
             fallback_overrides[kind_index(kind)].unwrap_or_else(|| most_expensive(&entries, kind))
         });
-        let by_name = entries.iter().map(|(name, entry)| (name.clone(), *entry)).collect();
         let namespaces = namespace_fallbacks(&entries);
+        let entries: Vec<(String, TableEntry)> = entries.into_iter().collect();
+        let by_name = entries
+            .iter()
+            .enumerate()
+            .map(|(index, (name, _))| (name.clone(), u32::try_from(index).unwrap_or(u32::MAX)))
+            .collect();
         PriceTable { entries, by_name, fallback_overrides, fallback, namespaces }
     }
 
@@ -468,7 +495,7 @@ impl PriceTable {
     /// own price. A date is a whole suffix after the stem, so no step crosses families:
     /// `claude-sonnet-4-…` never reaches `claude-sonnet-4-5`. `None` when nothing resolves.
     pub fn resolve(&self, model: &str) -> Option<Resolution<'_>> {
-        if let Some((name, entry)) = self.by_name.get_key_value(model) {
+        if let Some((name, entry)) = self.named(model) {
             return Some(Resolution {
                 price: entry.price,
                 source: entry.source,
@@ -479,7 +506,7 @@ impl PriceTable {
         let stem = strip_version_suffix(unprefixed).unwrap_or(unprefixed);
         let (name, entry) = [unprefixed, stem]
             .into_iter()
-            .find_map(|name| self.by_name.get_key_value(name))
+            .find_map(|name| self.named(name))
             .or_else(|| self.newest_dated(stem))?;
         Some(Resolution { price: entry.price, source: PriceSource::Alias, priced_as: PricedAs::Entry(name) })
     }
@@ -554,7 +581,7 @@ impl PriceTable {
     fn resolve_in(&self, namespace: &str, model: &str) -> Option<Resolution<'_>> {
         let named = model.strip_prefix(namespace).is_some_and(|rest| rest.starts_with('/'));
         let full = if named { model.to_owned() } else { format!("{namespace}/{model}") };
-        if let Some((name, entry)) = self.by_name.get_key_value(full.as_str()) {
+        if let Some((name, entry)) = self.named(&full) {
             return Some(Resolution {
                 price: entry.price,
                 source: entry.source,
@@ -562,7 +589,7 @@ impl PriceTable {
             });
         }
         let stem = strip_version_suffix(&full).unwrap_or(&full);
-        let (name, entry) = self.by_name.get_key_value(stem).or_else(|| self.newest_dated(stem))?;
+        let (name, entry) = self.named(stem).or_else(|| self.newest_dated(stem))?;
         Some(Resolution { price: entry.price, source: PriceSource::Alias, priced_as: PricedAs::Entry(name) })
     }
 
@@ -596,7 +623,7 @@ impl PriceTable {
         names.push(prefixed(format!("{model}#{size}")));
         names
             .into_iter()
-            .find_map(|name| self.by_name.get(name.as_str()).and_then(|entry| entry.price.per_image))
+            .find_map(|name| self.named(&name).and_then(|(_, entry)| entry.price.per_image))
     }
 
     /// The price of `model` by [`PriceTable::resolve`]'s rule; `None` when the model is unpriced.
@@ -627,12 +654,12 @@ impl PriceTable {
         overrides: &PriceTable,
         fallback_overrides: impl IntoIterator<Item = (ProviderKind, Price)>,
     ) -> PriceTable {
-        let mut entries = self.entries.clone();
+        let mut entries: BTreeMap<String, TableEntry> = self.entries.iter().cloned().collect();
         for (model, entry) in &overrides.entries {
             let kind = entry.kind.or_else(|| {
                 let resolution = self.resolve(model)?;
                 match resolution.priced_as {
-                    PricedAs::Entry(name) => self.entries.get(name)?.kind,
+                    PricedAs::Entry(name) => self.get(name)?.kind,
                     PricedAs::Fallback(kind) => Some(kind),
                     PricedAs::NamespaceFallback(_) | PricedAs::CredentialFallback => None,
                 }
@@ -651,7 +678,13 @@ impl PriceTable {
 
     /// The entry of a model name exactly as listed.
     pub fn get(&self, model: &str) -> Option<&TableEntry> {
-        self.entries.get(model)
+        self.named(model).map(|(_, entry)| entry)
+    }
+
+    /// The entry listed under exactly this name, with the name as the table holds it.
+    fn named(&self, name: &str) -> Option<(&String, &TableEntry)> {
+        let index = usize::try_from(*self.by_name.get(name)?).ok()?;
+        self.entries.get(index).map(|(name, entry)| (name, entry))
     }
 
     /// Every entry, sorted by model name.
@@ -670,8 +703,10 @@ impl PriceTable {
     /// The entry named `stem` plus a date suffix with the latest date, if any.
     fn newest_dated(&self, stem: &str) -> Option<(&String, &TableEntry)> {
         // Every name that starts with `stem` sorts right after it.
-        self.entries
-            .range::<str, _>((Bound::Excluded(stem), Bound::Unbounded))
+        let after = self.entries.partition_point(|(name, _)| name.as_str() <= stem);
+        self.entries[after..]
+            .iter()
+            .map(|(name, entry)| (name, entry))
             .take_while(|(name, _)| name.starts_with(stem))
             .filter(|(name, _)| strip_date_suffix(name) == Some(stem))
             .max_by_key(|(name, _)| name.get(stem.len()..).map_or(0, date_number))
@@ -1168,7 +1203,7 @@ mod tests {
     fn builtin_table_parses_and_prices_the_common_models() {
         let table = PriceTable::builtin();
         assert!(table.len() > 4000, "only {} models", table.len());
-        let get = |model: &str| table.entries.get(model).unwrap_or_else(|| panic!("{model} missing")).price;
+        let get = |model: &str| table.get(model).unwrap_or_else(|| panic!("{model} missing")).price;
         let gpt_4o = Price {
             batch_input_per_mtok: Some(usd("1.25")),
             batch_output_per_mtok: Some(usd("5")),
@@ -1189,7 +1224,7 @@ mod tests {
             (usd("0.15"), Some(usd("0.075")))
         );
         assert_eq!(get("o3").input_per_mtok, usd("2"));
-        assert!(table.entries.contains_key("o4-mini"));
+        assert!(table.get("o4-mini").is_some());
         let sonnet = Price {
             cache_write_1h_per_mtok: Some(usd("6")),
             batch_input_per_mtok: Some(usd("1.5")),
@@ -1226,7 +1261,7 @@ mod tests {
     #[test]
     fn builtin_components_are_litellms() {
         let table = PriceTable::builtin();
-        let get = |model: &str| table.entries.get(model).unwrap_or_else(|| panic!("{model} missing")).price;
+        let get = |model: &str| table.get(model).unwrap_or_else(|| panic!("{model} missing")).price;
         let rates = |input: &str, output: &str, cached: Option<&str>| Rates {
             input_per_mtok: usd(input),
             output_per_mtok: usd(output),

@@ -428,7 +428,7 @@ pub struct Prices {
 
 impl Default for Prices {
     fn default() -> Self {
-        Self { revision: 0, table: Arc::new(PriceTable::builtin().clone()) }
+        Self { revision: 0, table: Arc::clone(PriceTable::builtin_shared()) }
     }
 }
 
