@@ -169,27 +169,32 @@ async fn a_slow_store_is_waited_for_and_the_line_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_from_the_store_cannot_spend_past_the_line() {
     let proxy = FaultProxy::start(redis()).await;
-    // The cut node's counters go stale after 3 s: cuts shorter and longer than that.
+    // The cut node's counters go stale after 3 s: cuts shorter and longer than that, and a store
+    // that refuses the node's connections outright.
     let d = deploy("faults-cut", &[proxy.addr(), redis()], &["--counter-max-age", "3s"]).await;
-    for cut in [Duration::from_secs(2), Duration::from_secs(5)] {
+    for (fault, lasting) in [
+        (Fault::Cut, Duration::from_secs(2)),
+        (Fault::Cut, Duration::from_secs(5)),
+        (Fault::Refuse, Duration::from_secs(3)),
+    ] {
         proxy.set(Fault::Pass);
         let (org_id, _, secret) =
             tenant_with_cap(&d.control, &format!("{LIMIT_REQUESTS}.00"), d.nodes.len()).await;
-        // Each node admits a request alone, far from the line, before the cut.
+        // Each node admits a request alone, far from the line, before the fault.
         for node in &d.nodes {
             assert_eq!(node.chat(&secret).await.status, StatusCode::OK);
         }
-        proxy.set(Fault::Cut);
+        proxy.set(fault);
         let switch = proxy.switch();
         let restore = tokio::spawn(async move {
-            tokio::time::sleep(cut).await;
+            tokio::time::sleep(lasting).await;
             switch.set(Fault::Pass);
         });
-        let mut answers = race(&d.nodes, &secret, cut + Duration::from_secs(10)).await;
+        let mut answers = race(&d.nodes, &secret, lasting + Duration::from_secs(10)).await;
         restore.await.expect("restored");
         answers[0].admitted += 1;
         answers[1].admitted += 1;
-        let what = format!("first node cut off for {cut:?}");
+        let what = format!("first node's link to the store {fault:?} for {lasting:?}");
         judge(&d.control, &org_id, &what, &answers).await;
     }
 }
