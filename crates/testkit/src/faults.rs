@@ -46,6 +46,15 @@ impl FaultProxy {
     pub async fn start(upstream: SocketAddr) -> Self {
         let listener =
             TcpListener::bind("127.0.0.1:0").await.expect("binding an ephemeral port on 127.0.0.1");
+        Self::start_on(listener, upstream)
+    }
+
+    /// A proxy accepting on `listener`, passing everything to `upstream` until told otherwise.
+    ///
+    /// # Panics
+    ///
+    /// If the listener has no local address.
+    pub fn start_on(listener: TcpListener, upstream: SocketAddr) -> Self {
         let addr = listener.local_addr().expect("a bound listener's address");
         let fault = Arc::new(watch::Sender::new(Fault::Pass));
         let faults = Arc::clone(&fault);
