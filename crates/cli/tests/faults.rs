@@ -41,8 +41,7 @@ struct Answers {
     unverifiable: usize,
 }
 
-/// The deployment: control, the mock pricing every request at a dollar, and a node per entry of
-/// `redis` (the address its counters go through).
+/// The deployment: control, the mock pricing every request at a dollar, and its nodes.
 struct Deployment {
     control: Control,
     nodes: Vec<Node>,
@@ -50,7 +49,21 @@ struct Deployment {
     _database: Database,
 }
 
+/// How one node of a [`Deployment`] starts: the address its counters go through (Redis, or a
+/// fault proxy in front of it), its extra flags and environment.
+struct NodeSpec<'a> {
+    redis: SocketAddr,
+    extra: &'a [&'a str],
+    envs: &'a [(&'a str, &'a str)],
+}
+
+/// A node per entry of `redis`, each with the same `extra` flags.
 async fn deploy(name: &str, redis: &[SocketAddr], extra: &[&str]) -> Deployment {
+    let specs: Vec<NodeSpec<'_>> = redis.iter().map(|&redis| NodeSpec { redis, extra, envs: &[] }).collect();
+    deploy_nodes(name, &specs).await
+}
+
+async fn deploy_nodes(name: &str, specs: &[NodeSpec<'_>]) -> Deployment {
     require_redis();
     let dir = temp_dir(name);
     let database = Database::create();
@@ -60,12 +73,13 @@ async fn deploy(name: &str, redis: &[SocketAddr], extra: &[&str]) -> Deployment 
     let control = Control::start(&database, free_port(), &dir.join("control"));
     let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1000000"});
     control.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
-    let nodes: Vec<Node> = redis
+    let nodes: Vec<Node> = specs
         .iter()
         .enumerate()
-        .map(|(i, redis)| {
+        .map(|(i, spec)| {
             let dir = dir.join(format!("node-{i}"));
-            Node::start_with_redis(&dir, &control.admin, &mock.url(), &redis.to_string(), extra, &[])
+            let redis = spec.redis.to_string();
+            Node::start_with_redis(&dir, &control.admin, &mock.url(), &redis, spec.extra, spec.envs)
         })
         .collect();
     for node in &nodes {
@@ -213,15 +227,6 @@ fn libfaketime() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_whose_clocks_disagree_by_30_s_keep_the_line_and_say_so() {
     let library = libfaketime();
-    require_redis();
-    let dir = temp_dir("faults-clock");
-    let database = Database::create();
-    let mock = MockProvider::start().await;
-    let usage = json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2});
-    mock.script(Behaviour::default().usage(usage).times(1_000_000));
-    let control = Control::start(&database, free_port(), &dir.join("control"));
-    let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1000000"});
-    control.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
     // Alarms go to a second mock, which answers each with a 200.
     let alarms = MockProvider::start().await;
     alarms.script(Behaviour::default().body(json!({"ok": true})).times(1000));
@@ -230,20 +235,15 @@ async fn nodes_whose_clocks_disagree_by_30_s_keep_the_line_and_say_so() {
     let skewed =
         [("LD_PRELOAD", library.as_str()), ("FAKETIME", "+30s"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")];
     let alarmed = ["--alarm-webhook", webhook.as_str()];
-    let nodes = [
-        Node::start_with_redis(
-            &dir.join("node-ahead"),
-            &control.admin,
-            &mock.url(),
-            REDIS,
-            &alarmed,
-            &skewed,
-        ),
-        Node::start_with_redis(&dir.join("node-on-time"), &control.admin, &mock.url(), REDIS, &[], &[]),
-    ];
-    for node in &nodes {
-        node.ready().await;
-    }
+    let d = deploy_nodes(
+        "faults-clock",
+        &[
+            NodeSpec { redis: redis(), extra: &alarmed, envs: &skewed },
+            NodeSpec { redis: redis(), extra: &[], envs: &[] },
+        ],
+    )
+    .await;
+    let (control, nodes) = (&d.control, &d.nodes);
     for number in 1..=3 {
         let (org_id, _, secret) =
             tenant_with_cap(&control, &format!("{LIMIT_REQUESTS}.00"), nodes.len()).await;
