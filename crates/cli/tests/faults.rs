@@ -246,10 +246,10 @@ async fn nodes_whose_clocks_disagree_by_30_s_keep_the_line_and_say_so() {
     let (control, nodes) = (&d.control, &d.nodes);
     for number in 1..=3 {
         let (org_id, _, secret) =
-            tenant_with_cap(&control, &format!("{LIMIT_REQUESTS}.00"), nodes.len()).await;
-        let answers = race(&nodes, &secret, Duration::from_secs(40)).await;
+            tenant_with_cap(control, &format!("{LIMIT_REQUESTS}.00"), nodes.len()).await;
+        let answers = race(nodes, &secret, Duration::from_secs(40)).await;
         let what = format!("clocks 30 s apart, race {number}");
-        let over = judge(&control, &org_id, &what, &answers).await;
+        let over = judge(control, &org_id, &what, &answers).await;
         assert!(over >= 0, "{what}: the race ended refused below the line: {answers:?}");
     }
     // The node measured its clock against the store's, alarmed, and says so.

@@ -425,7 +425,8 @@ impl PriceTable {
         static BUILTIN: OnceLock<Arc<PriceTable>> = OnceLock::new();
         BUILTIN.get_or_init(|| {
             Arc::new(
-                PriceTable::from_json(BUILTIN_JSON).expect("the built-in price table parses, as a test checks"),
+                PriceTable::from_json(BUILTIN_JSON)
+                    .expect("the built-in price table parses, as a test checks"),
             )
         })
     }
@@ -621,9 +622,7 @@ impl PriceTable {
             names.push(prefixed(format!("{model}#{quality}-{size}")));
         }
         names.push(prefixed(format!("{model}#{size}")));
-        names
-            .into_iter()
-            .find_map(|name| self.named(&name).and_then(|(_, entry)| entry.price.per_image))
+        names.into_iter().find_map(|name| self.named(&name).and_then(|(_, entry)| entry.price.per_image))
     }
 
     /// The price of `model` by [`PriceTable::resolve`]'s rule; `None` when the model is unpriced.
