@@ -2,7 +2,7 @@
 //! count, the characters spoken, the audio sent), and the usage billed from it when the answer
 //! carries none.
 
-use crate::pricing::Price;
+use crate::pricing::{Price, PriceScope, PriceTable};
 use crate::usage::Usage;
 
 /// Audio bytes per second assumed for a file whose format does not say: 128 kbit/s, a common MP3
@@ -93,6 +93,24 @@ impl MediaRequest {
     /// - Transcription: the seconds of the file ([`Self::audio_seconds`]); for a model with no
     ///   price per second, ten audio tokens a second in. Estimated.
     /// - Images: `n` images, estimated (an answer that came whole says how many it holds).
+    /// `price` (the model's, as its credential resolves it) with the price of one image of this
+    /// request's quality and size when the table has one (`dall-e-3#hd-1024x1792`).
+    pub fn price(
+        &self,
+        table: &PriceTable,
+        model: Option<&str>,
+        scope: &PriceScope,
+        mut price: Price,
+    ) -> Price {
+        if let (MediaKind::Images, Some(model)) = (self.kind, model)
+            && let Some(per_image) =
+                table.image_price(model, self.image_quality(model), self.image_size(), scope)
+        {
+            price.per_image = Some(per_image);
+        }
+        price
+    }
+
     pub fn unreported_usage(&self, price: &Price) -> (Usage, bool) {
         match self.kind {
             MediaKind::Speech if price.per_million_characters.is_some() => {

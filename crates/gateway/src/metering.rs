@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use recovea_core::Timestamp;
 use recovea_core::channel::JobKind;
 use recovea_core::jobs::{BatchInput, book_key};
-use recovea_core::media::{MediaKind, MediaRequest};
+use recovea_core::media::MediaRequest;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceScope;
 use recovea_core::receipt::{self, BatchFile, Receipt, Settlement};
@@ -365,16 +365,7 @@ fn media_usage(
     reported: &mut Option<Usage>,
     estimate: &mut Usage,
 ) {
-    if let (MediaKind::Images, Some(model)) = (media.kind, model)
-        && let Some(per_image) = request.prices.table.image_price(
-            model,
-            media.image_quality(model),
-            media.image_size(),
-            &request.scope,
-        )
-    {
-        price.per_image = Some(per_image);
-    }
+    *price = media.price(&request.prices.table, model, &request.scope, *price);
     if estimating && reported.is_none() {
         match media.unreported_usage(price) {
             (usage, true) if success => *reported = Some(usage),
