@@ -7,7 +7,7 @@
 //!
 //! - **output**: the request's output limit in both; without one, [`DEFAULT_OUTPUT_ESTIMATE`]
 //!   tokens for the typical estimate, the model's most output ([`Price::max_output_tokens`], else
-//!   [`FALLBACK_MAX_OUTPUT_TOKENS`]) for the worst case;
+//!   [`UNKNOWN_MAX_OUTPUT`], as a batch's lines) for the worst case;
 //! - **tier**: the tier the request named in both (`flex`, `priority`, `default`); a request that
 //!   leaves the tier to the provider (OpenAI's `auto` or no `service_tier`, Anthropic's `auto`)
 //!   is typically served at the standard tier, and at worst at priority (a project or an
@@ -16,16 +16,13 @@
 //! [`reserved`] chooses between them: the worst case under an armed cap, the typical estimate
 //! otherwise.
 
+pub use crate::jobs::UNKNOWN_MAX_OUTPUT;
 use crate::money::Nanos;
 use crate::pricing::{self, Price, ServiceTier};
 use crate::usage::Usage;
 
 /// A request that sets no output limit is typically reserved as if it produced this much.
 pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 1024;
-
-/// The worst case of a request that sets no output limit to a model whose most output the price
-/// table does not know: the most output of the priced chat models (GPT-5's 128,000 tokens).
-pub const FALLBACK_MAX_OUTPUT_TOKENS: u64 = 128_000;
 
 /// The calls reserved for a built-in web search tool the request sets no call limit for
 /// (`max_tool_calls`, Anthropic's `max_uses`).
@@ -91,9 +88,9 @@ pub fn estimates(price: &Price, ask: &Ask) -> Estimates {
         ..Usage::default()
     };
     let typical_output = ask.output_limit.unwrap_or(DEFAULT_OUTPUT_ESTIMATE);
-    let worst_output = ask
-        .output_limit
-        .unwrap_or_else(|| price.max_output_tokens.unwrap_or(FALLBACK_MAX_OUTPUT_TOKENS).max(DEFAULT_OUTPUT_ESTIMATE));
+    let worst_output = ask.output_limit.unwrap_or_else(|| {
+        price.max_output_tokens.unwrap_or(UNKNOWN_MAX_OUTPUT).max(DEFAULT_OUTPUT_ESTIMATE)
+    });
     match ask.tier {
         TierAsked::Named(tier) => Estimates {
             typical: pricing::cost(&usage(typical_output, tier), price),
@@ -142,7 +139,11 @@ mod tests {
                 output_per_mtok: Nanos(20 * M),
                 ..Rates::default()
             }),
-            flex: Some(Rates { input_per_mtok: Nanos(M / 2 + M / 8), output_per_mtok: Nanos(5 * M), ..Rates::default() }),
+            flex: Some(Rates {
+                input_per_mtok: Nanos(M / 2 + M / 8),
+                output_per_mtok: Nanos(5 * M),
+                ..Rates::default()
+            }),
             max_output_tokens: Some(128_000),
             ..Price::default()
         }
@@ -176,7 +177,7 @@ mod tests {
     fn an_unknown_most_output_falls_back() {
         let price = Price { max_output_tokens: None, ..gpt5() };
         let ask = Ask { tier: TierAsked::Named(ServiceTier::Standard), ..Ask::default() };
-        assert_eq!(estimates(&price, &ask).worst, Nanos(FALLBACK_MAX_OUTPUT_TOKENS as i64 * 10 * 1000));
+        assert_eq!(estimates(&price, &ask).worst, Nanos(UNKNOWN_MAX_OUTPUT as i64 * 10 * 1000));
     }
 
     #[test]
@@ -205,7 +206,11 @@ mod tests {
         let price = Price {
             long_context: Some(LongContext {
                 above_input_tokens: 200_000,
-                standard: Rates { input_per_mtok: Nanos(2 * M), output_per_mtok: Nanos(20 * M), ..Rates::default() },
+                standard: Rates {
+                    input_per_mtok: Nanos(2 * M),
+                    output_per_mtok: Nanos(20 * M),
+                    ..Rates::default()
+                },
                 ..LongContext::default()
             }),
             ..gpt5()
@@ -280,7 +285,13 @@ mod tests {
             Just(TierAsked::Named(ServiceTier::Flex)),
             Just(TierAsked::Named(ServiceTier::Priority)),
         ];
-        (0u64..1_000_000, proptest::option::of(0u64..1_000_000), tier, any::<bool>(), proptest::option::of(0u64..100))
+        (
+            0u64..1_000_000,
+            proptest::option::of(0u64..1_000_000),
+            tier,
+            any::<bool>(),
+            proptest::option::of(0u64..100),
+        )
             .prop_map(|(input_tokens, output_limit, tier, web_search, tool_call_limit)| Ask {
                 input_tokens,
                 output_limit,
@@ -309,7 +320,7 @@ mod tests {
             share in 0u64..=1000,
             served in prop_oneof![Just(ServiceTier::Standard), Just(ServiceTier::Priority), Just(ServiceTier::Flex)],
         ) {
-            let most = ask.output_limit.unwrap_or(price.max_output_tokens.unwrap_or(FALLBACK_MAX_OUTPUT_TOKENS));
+            let most = ask.output_limit.unwrap_or(price.max_output_tokens.unwrap_or(UNKNOWN_MAX_OUTPUT));
             let tier = match ask.tier {
                 TierAsked::Named(tier) => tier,
                 TierAsked::Provider if served == ServiceTier::Flex => ServiceTier::Standard,
