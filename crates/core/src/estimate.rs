@@ -31,7 +31,8 @@ pub const DEFAULT_TOOL_CALLS: u64 = 5;
 /// The tier a request asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum TierAsked {
-    /// Named: `default` (OpenAI), `standard_only` (Anthropic), `flex`, `priority`.
+    /// Named: `default` (OpenAI), `standard_only` (Anthropic), `flex`, `priority` (and `fast`, its
+    /// other name).
     Named(ServiceTier),
     /// Left to the provider: OpenAI's `auto` or no `service_tier`, Anthropic's `auto` or none,
     /// and any name the gateway does not know. Standard typically, priority at worst.
@@ -45,7 +46,7 @@ impl TierAsked {
         match name {
             Some("default" | "standard_only" | "standard") => TierAsked::Named(ServiceTier::Standard),
             Some("flex") => TierAsked::Named(ServiceTier::Flex),
-            Some("priority") => TierAsked::Named(ServiceTier::Priority),
+            Some("priority" | "fast") => TierAsked::Named(ServiceTier::Priority),
             _ => TierAsked::Provider,
         }
     }
