@@ -302,6 +302,48 @@ mod tests {
             })
     }
 
+    /// A cap's line as the gateway keeps it, exactly (one node): a request is admitted while spend
+    /// plus the reservations in flight is below the limit, and reserves what `rule` chooses; a
+    /// receipt replaces the reservation by the cost. `events`: admit a request of these estimates
+    /// and real cost, or settle the oldest request in flight. The spend once all have settled.
+    fn line(
+        limit: Nanos,
+        events: &[Option<(Estimates, Nanos)>],
+        rule: impl Fn(Estimates, Nanos) -> Nanos,
+    ) -> Nanos {
+        let (mut spent, mut in_flight) = (Nanos::ZERO, std::collections::VecDeque::new());
+        for event in events {
+            match *event {
+                Some((estimates, cost)) => {
+                    let reserved = in_flight.iter().fold(Nanos::ZERO, |sum, &(r, _)| sum.saturating_add(r));
+                    let committed = spent.saturating_add(reserved);
+                    if committed < limit {
+                        in_flight.push_back((rule(estimates, Nanos(limit.0 - committed.0)), cost));
+                    }
+                }
+                None => {
+                    if let Some((_, cost)) = in_flight.pop_front() {
+                        spent = spent.saturating_add(cost);
+                    }
+                }
+            }
+        }
+        in_flight.into_iter().fold(spent, |sum, (_, cost)| sum.saturating_add(cost))
+    }
+
+    #[test]
+    fn reserving_the_worst_case_only_once_the_room_is_below_it_does_not_hold_the_line() {
+        // Ten requests in flight at once, each reserved at its typical $1 while the room ($100)
+        // holds its worst case ($20); each then costs $20: $200 against a $100 limit, 5 worst
+        // cases over. Reserving the worst case under the armed cap admits 5, and holds.
+        let request = (Estimates { typical: Nanos(1), worst: Nanos(20) }, Nanos(20));
+        let events: Vec<_> =
+            std::iter::repeat_n(Some(request), 10).chain(std::iter::repeat_n(None, 10)).collect();
+        let when_near = |e: Estimates, room: Nanos| if room < e.worst { e.worst } else { e.typical };
+        assert_eq!(line(Nanos(100), &events, when_near), Nanos(200));
+        assert_eq!(line(Nanos(100), &events, |e, _| reserved(e, true)), Nanos(100));
+    }
+
     proptest! {
         /// The worst case is never below the typical estimate, and neither is negative.
         #[test]
@@ -340,6 +382,31 @@ mod tests {
                 ..Usage::default()
             };
             prop_assert!(pricing::cost(&answer, &price) <= estimates(&price, &ask).worst);
+        }
+
+        /// The bound: whatever the requests in flight write within what they asked, the spend an
+        /// armed cap admits exceeds its limit by at most one request's reservation.
+        #[test]
+        fn under_an_armed_cap_the_spend_passes_the_limit_by_at_most_one_reservation(
+            limit in 0i64..1_000_000,
+            events in proptest::collection::vec(
+                proptest::option::of((0i64..10_000, 0i64..100_000, 0u32..=1000)),
+                0..200,
+            ),
+        ) {
+            let events: Vec<_> = events
+                .into_iter()
+                .map(|event| {
+                    event.map(|(typical, extra, share)| {
+                        let worst = Nanos(typical + extra);
+                        let cost = Nanos(worst.0 * i64::from(share) / 1000);
+                        (Estimates { typical: Nanos(typical), worst }, cost)
+                    })
+                })
+                .collect();
+            let most = events.iter().flatten().map(|(e, _)| e.worst).max().unwrap_or(Nanos::ZERO);
+            let spend = line(Nanos(limit), &events, |e, _| reserved(e, true));
+            prop_assert!(spend.0 <= limit + most.0, "{spend:?} over {limit} + {most:?}");
         }
 
         /// With an output limit and a named tier, the worst case is the typical estimate: nothing
