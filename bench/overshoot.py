@@ -28,9 +28,9 @@ With `--uncapped`, every request sets no output limit and the mock reports 20 x 
 tokens (20 times the 1,024 a request without a limit is reserved far from any armed cap); the
 model's most output is set to 32,768 tokens, which is what a request under an armed cap reserves.
 The bound is then spend <= limit + one request's reservation, and a race's limit is
-`--limit-requests` requests' real cost. A client refused while other requests are in flight waits
-2 ms and goes on (their reservations may be what stands in its way); it stops after `--refusals`
-refusals in a row with nothing else in flight. *Phantom refusals* are counted as each comes: a
+`--limit-requests` requests' real cost. A client refused while the requests admitted and answered
+so far leave room for one more at its real cost waits 2 ms and goes on (the reservations of those in
+flight are what stands in its way); it stops after `--refusals` refusals in a row once they do not. *Phantom refusals* are counted as each comes: a
 refusal is one when the request's real cost would have fit even had every request then in flight
 been admitted and cost its real cost (admitted so far + in flight + this one, at the real cost,
 <= limit): room left for its actual cost, not for its reservation.
@@ -305,7 +305,8 @@ class Bench:
 
     async def line(self, secret: str) -> tuple[list[int], int, dict[int, int], int]:
         """Every client at the race's cap until refused `--refusals` times in a row (with
-        `--uncapped`, in a row with nothing else in flight); the phantom refusals (`--uncapped`)."""
+        `--uncapped`, in a row once the answered spend leaves no room for a request's real cost);
+        the phantom refusals (`--uncapped`)."""
         admitted, refused, other = [0] * len(self.nodes), 0, {}
         in_flight, phantom = 0, 0
         stop_at = time.monotonic() + self.opts.seconds
@@ -334,7 +335,10 @@ class Bench:
                     # admitted and cost its own: refused for its reservation alone.
                     if (sum(admitted) + in_flight + 1) * COST <= self.limit:
                         phantom += 1
-                    if in_flight:
+                    # A refusal ends the race only once the spend of the requests admitted and
+                    # answered leaves no room for one more at its real cost; before that, requests
+                    # in flight hold the room (their reservations), and the client tries again.
+                    if (sum(admitted) + 1) * COST <= self.limit:
                         in_a_row = 0
                         await asyncio.sleep(0.002)
                     else:
