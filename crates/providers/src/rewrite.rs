@@ -14,7 +14,7 @@ use serde_json::Value;
 use recovea_core::estimate::TierAsked;
 
 use crate::sse::SseReader;
-use crate::usage::input::{Checked, InputFields, Key};
+use crate::usage::input::{Checked, InputFields, Key, SearchTools};
 use crate::walk::{Seen, Walk};
 use ambiguity::{LISTED_AT_TOP, Names, NotedValue, Place, Watched};
 
@@ -42,8 +42,8 @@ pub struct RequestFacts {
     pub background: bool,
     /// For the reservation: the `service_tier` asked (OpenAI's, Anthropic's); a built-in web
     /// search tool among `tools` (OpenAI's `web_search*`, Anthropic's `web_search_*`, Gemini's
-    /// `google_search`), read by [`inspect_and_estimate`] alone; and the fewest tool calls the
-    /// request allows (`max_tool_calls`, the web search tools' `max_uses` summed).
+    /// `google_search`); and the fewest tool calls the request allows (`max_tool_calls`, the web
+    /// search tools' `max_uses` summed).
     pub service_tier: TierAsked,
     pub web_search: bool,
     pub tool_call_limit: Option<u64>,
@@ -87,6 +87,10 @@ struct RequestHead {
     service_tier: Value,
     #[serde(default)]
     max_tool_calls: Value,
+    /// Read by `inspect` alone: [`inspect_and_estimate`] counts `tools` as input, and finds its web
+    /// search tools as it does.
+    #[serde(default)]
+    tools: SearchTools,
 }
 
 /// The chunk OpenAI sends last when asked for usage: no choices, a usage block.
@@ -168,6 +172,7 @@ pub fn inspect_and_estimate(body: &[u8]) -> InspectedRequest {
 
 impl RequestHead {
     fn facts(self) -> RequestFacts {
+        let tools = self.tools.0;
         RequestFacts {
             // The parsed string itself, not a copy of it.
             model: match self.model {
@@ -185,6 +190,7 @@ impl RequestHead {
             web_search: false,
             tool_call_limit: self.max_tool_calls.as_u64(),
         }
+        .with_tools(tools)
     }
 }
 
@@ -210,7 +216,7 @@ struct RequestPass<'de> {
     repeated_head: bool,
     /// Which of `head`'s members were read, in the order `visit_map` names them: an explicit
     /// `null` reads the same as an absent member, so the value cannot tell.
-    seen_head: [bool; 10],
+    seen_head: [bool; 11],
     input: InputFields<'de>,
     /// The path of the first member named twice in an object the gateway reads.
     first_repeat: Option<String>,
@@ -261,7 +267,11 @@ impl<'de> Visitor<'de> for RequestPass<'de> {
                 "service_tier" => (8, &mut self.head.service_tier),
                 "max_tool_calls" => (9, &mut self.head.max_tool_calls),
                 other => {
-                    // `tools` is counted as input: its objects' names are checked as it is.
+                    // `tools` is counted as input: its objects' names are checked as it is. It is
+                    // one of `RequestHead`'s members all the same (`inspect` reads it there).
+                    if other == "tools" {
+                        self.repeated_head |= std::mem::replace(&mut self.seen_head[10], true);
+                    }
                     let watch = (other == "tools" && self.first_repeat.is_none())
                         .then_some((Watched::Tools, &mut self.first_repeat));
                     if !self.input.count_if_input(other, &mut map, watch)? {
@@ -596,6 +606,28 @@ mod tests {
             "input":[{"type":"web_search_call"}],"max_uses":3}"#;
         assert_eq!((facts(nested).web_search, facts(nested).tool_call_limit), (false, None));
         assert!(!facts(r#"{"tools":[{"type":"function","max_uses":2}]}"#).web_search);
+        // `inspect` reads the same facts, as leniently as it reads the rest.
+        for body in [
+            r#"{"model":"gpt-5","tools":[{"type":"web_search"}],"max_tool_calls":3}"#,
+            r#"{"tools":[{"max_uses":5,"name":"web_search","type":"web_search_20250305"}]}"#,
+            r#"{"tools":[{"type":"web_search_20250305","max_uses":2},{"type":"web_search_20250305"}]}"#,
+            r#"{"tools":[[{"type":"web_search","max_uses":2}],{"google_search":{}, "max_uses":1}]}"#,
+            r#"{"tools":[{"type":"image_url","google_search":{}}],"max_tool_calls":1}"#,
+            r#"{"tools":[{"type":"web_search","max_uses":1.0}, "web_search", 3, null, {"type":7}]}"#,
+            r#"{"tools":{"type":"web_search","max_uses":4}}"#,
+            r#"{"tools":[{"type":"web_search","max_uses":4,"max_uses":-1}]}"#,
+            r#"{"tools":[{"type":"web_search"}],"tools":[]}"#,
+            r#"{"tools":[{"t\u0079pe":"web_search_preview","max_uses":9}]}"#,
+            nested,
+        ] {
+            assert_eq!(facts(body), inspect(body.as_bytes()), "{body}");
+        }
+        assert!(!facts(r#"{"tools":[{"type":"image_url","google_search":{}}]}"#).web_search);
+        assert_eq!(facts(r#"{"tools":{"type":"web_search","max_uses":4}}"#).tool_call_limit, Some(4));
+        assert_eq!(
+            facts(r#"{"model":"m","tools":[],"tools":[{"type":"web_search"}]}"#),
+            RequestFacts::default()
+        );
         // The estimate is the same as without the facts.
         let body =
             br#"{"tools":[{"type":"web_search","max_uses":2}],"max_tool_calls":1,"service_tier":"flex"}"#;

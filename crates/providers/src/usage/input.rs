@@ -97,9 +97,10 @@ struct Member<'de> {
 struct Counted {
     count: InputCount,
     media_type: bool,
-    /// A web search tool (an array: some among its elements), with its call limit; or the string
-    /// of a `type` naming one.
+    /// A web search tool (an array: some among its elements), with its call limit.
     web_search: Option<SearchLimit>,
+    /// The string of a `type` naming a web search tool.
+    names_search: bool,
     /// The number of a `max_uses` member.
     max_uses: Option<u64>,
 }
@@ -199,7 +200,8 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
         Ok(Counted {
             count: InputCount::chars(text.chars().count() as u64),
             media_type: self.role == Role::Type && MEDIA_PART_TYPES.contains(&text),
-            web_search: (self.role == Role::Type && text.starts_with("web_search")).then_some(None),
+            web_search: None,
+            names_search: self.role == Role::Type && text.starts_with("web_search"),
             max_uses: None,
         })
     }
@@ -227,13 +229,10 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
             let element = CountValue { members: &mut *self.members, role: Role::Other, watch };
             let Some(item) = seq.next_element_seed(element)? else { break };
             count.add(item.count);
-            web_search = match (web_search, item.web_search) {
-                (None, one) | (one, None) => one,
-                (Some(a), Some(b)) => Some(a.zip(b).map(|(a, b): (u64, u64)| a.saturating_add(b))),
-            };
+            web_search = both(web_search, item.web_search);
             index += 1;
         }
-        Ok(Counted { count, media_type: false, web_search, max_uses: None })
+        Ok(Counted { count, web_search, ..Counted::nothing() })
     }
 
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Counted, A::Error> {
@@ -258,8 +257,7 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
             let value = map.next_value_seed(CountValue { members: &mut *self.members, role, watch })?;
             let mut count = InputCount::chars(key.chars().count() as u64);
             count.add(value.count);
-            let web_search =
-                (role == Role::Type && value.web_search.is_some()) || GEMINI_SEARCH_TOOLS.contains(&&*key);
+            let web_search = value.names_search || GEMINI_SEARCH_TOOLS.contains(&&*key);
             let max_uses = value.max_uses;
             self.members.push(Member {
                 key,
@@ -278,7 +276,13 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
 
 impl Counted {
     fn nothing() -> Self {
-        Self { count: InputCount::default(), media_type: false, web_search: None, max_uses: None }
+        Self {
+            count: InputCount::default(),
+            media_type: false,
+            web_search: None,
+            names_search: false,
+            max_uses: None,
+        }
     }
 
     fn number() -> Self {
@@ -320,6 +324,154 @@ fn mark_repeated(members: &mut [Member<'_>]) {
         if members[pair[0]].key == members[pair[1]].key {
             members[pair[0]].repeated = true;
         }
+    }
+}
+
+/// The web search tools of a `tools` value as [`InputFields::web_search`] finds them, read as
+/// leniently as `rewrite::inspect` reads a body (what it does not need, skipped unchecked), so that
+/// `inspect` and the counting pass give the same facts.
+#[derive(Default)]
+pub(crate) struct SearchTools(pub(crate) Option<SearchLimit>);
+
+impl<'de> serde::Deserialize<'de> for SearchTools {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(SearchToolsVisitor)
+    }
+}
+
+struct SearchToolsVisitor;
+
+/// A value read only for what [`SearchTools`] needs of it: a string, or an unsigned number.
+enum Plain {
+    Text(String),
+    Number(u64),
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Plain {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(PlainVisitor)
+    }
+}
+
+struct PlainVisitor;
+
+impl<'de> Visitor<'de> for PlainVisitor {
+    type Value = Plain;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<Plain, E> {
+        Ok(Plain::Text(text.to_owned()))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Plain, E> {
+        Ok(Plain::Number(value))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Plain, E> {
+        Ok(Plain::Other)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Plain, E> {
+        Ok(Plain::Other)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Plain, E> {
+        Ok(Plain::Other)
+    }
+
+    fn visit_unit<E>(self) -> Result<Plain, E> {
+        Ok(Plain::Other)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Plain, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Plain::Other)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Plain, A::Error> {
+        while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Plain::Other)
+    }
+}
+
+impl<'de> Visitor<'de> for SearchToolsVisitor {
+    type Value = SearchTools;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    fn visit_unit<E>(self) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    /// As [`CountValue::visit_seq`]: the elements' tools together.
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SearchTools, A::Error> {
+        let mut found = None;
+        while let Some(SearchTools(item)) = seq.next_element()? {
+            found = both(found, item);
+        }
+        Ok(SearchTools(found))
+    }
+
+    /// As [`count_object`]: a web search tool by its last `type` or a Gemini member, with its last
+    /// `max_uses`; never a media part.
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SearchTools, A::Error> {
+        let (mut kind, mut gemini, mut max_uses) = (None, false, None);
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match &*key {
+                "type" => kind = Some(map.next_value::<Plain>()?),
+                "max_uses" => {
+                    max_uses = match map.next_value::<Plain>()? {
+                        Plain::Number(n) => Some(n),
+                        _ => None,
+                    }
+                }
+                other => {
+                    gemini |= GEMINI_SEARCH_TOOLS.contains(&other);
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        let (media, search) = match &kind {
+            Some(Plain::Text(kind)) => {
+                (MEDIA_PART_TYPES.contains(&kind.as_str()), kind.starts_with("web_search"))
+            }
+            _ => (false, false),
+        };
+        Ok(SearchTools((!media && (search || gemini)).then_some(max_uses)))
+    }
+}
+
+/// Two sets of web search tools together: their limits summed, none when either has none.
+fn both(a: Option<SearchLimit>, b: Option<SearchLimit>) -> Option<SearchLimit> {
+    match (a, b) {
+        (None, one) | (one, None) => one,
+        (Some(a), Some(b)) => Some(a.zip(b).map(|(a, b)| a.saturating_add(b))),
     }
 }
 
@@ -511,7 +663,8 @@ mod tests {
             4 => prop::sample::select(vec![
                 "messages", "system", "input", "prompt", "instructions", "tools", "functions", "model",
                 "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
-                "include_usage", "content", "role",
+                "include_usage", "content", "role", "max_uses", "google_search", "max_tool_calls",
+                "service_tier",
             ])
             .prop_map(|k| format!("\"{k}\"")),
             3 => Just("\"type\"".to_owned()),
@@ -535,6 +688,8 @@ mod tests {
             2 => Just(b"0.1e-400".to_vec()),
             12 => prop::sample::select(MEDIA_PART_TYPES.to_vec()).prop_map(|t| format!("\"{t}\"").into_bytes()),
             6 => Just(br#""text""#.to_vec()),
+            4 => prop::sample::select(vec!["web_search", "web_search_20250305", "flex", "priority"])
+                .prop_map(|t| format!("\"{t}\"").into_bytes()),
             4 => Just(br#""im\u0061ge""#.to_vec()),
             6 => Just("\"héllo ✓ 𝄞\"".as_bytes().to_vec()),
             4 => Just(br#""a\"b\\c\n""#.to_vec()),
