@@ -257,7 +257,9 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
             let value = map.next_value_seed(CountValue { members: &mut *self.members, role, watch })?;
             let mut count = InputCount::chars(key.chars().count() as u64);
             count.add(value.count);
-            let web_search = value.names_search || GEMINI_SEARCH_TOOLS.contains(&&*key);
+            // Every member of every object of the input passes here: one byte decides most.
+            let web_search =
+                value.names_search || (key.starts_with('g') && GEMINI_SEARCH_TOOLS.contains(&&*key));
             let max_uses = value.max_uses;
             self.members.push(Member {
                 key,
