@@ -24,10 +24,22 @@ tokens; the model's price is set by the bench (`PUT /admin/v1/prices/overshoot-m
 bound is exact: spend <= limit + one request's cost (`--limit-requests` a whole number: a node
 deciding on the exact spend and reservations of all nodes admits no request past the limit).
 
+With `--uncapped`, every request sets no output limit and the mock reports 20 x 1,024 output
+tokens (20 times the 1,024 a request without a limit is reserved far from any armed cap); the
+model's most output is set to 32,768 tokens, which is what a request under an armed cap reserves.
+The bound is then spend <= limit + one request's reservation, and a race's limit is
+`--limit-requests` requests' real cost. A client refused while the requests admitted and answered
+so far leave room for one more at its real cost waits 2 ms and goes on (the reservations of those in
+flight are what stands in its way); it stops after `--refusals` refusals in a row once they do not. *Phantom refusals* are counted as each comes: a
+refusal is one when the request's real cost would have fit even had every request then in flight
+been admitted and cost its real cost (admitted so far + in flight + this one, at the real cost,
+<= limit): room left for its actual cost, not for its reservation.
+
 Usage: bench/overshoot.py [--nodes 2] [--clients-per-node 32] [--races 100] [--limit-requests 40]
-                          [--latency-ms 0] [--far-requests 3] [--refusals 5] [--seconds 15]
+                          [--latency-ms 0] [--far-requests 3] [--refusals 5] [--seconds 15] [--uncapped]
 Exit status 1 when a race broke the bound, ended with room left for a whole request after
-refusing (a phantom refusal), or a node did not admit again once the limit was raised.
+refusing (a phantom refusal; with `--uncapped` they are counted and reported instead), or a node
+did not admit again once the limit was raised.
 Needs the venv of scripts/test-sdk (httpx) and target/{release,debug}/recovea[-mock-provider]
 (RECOVEA_PROFILE=debug picks the debug build even where a release build exists; RECOVEA_BIN_DIR
 names a directory holding other builds of both).
@@ -75,6 +87,22 @@ BODY = json.dumps({"model": MODEL, "max_tokens": OUTPUT_TOKENS,
                    "messages": [{"role": "user", "content": prompt_for(INPUT_TOKENS)}]}).encode()
 USAGE = {"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS,
          "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}
+# What one request reserves under the armed cap: its cost, unless --uncapped.
+RESERVED = COST
+# --uncapped: the model's most output (what an uncapped request reserves under an armed cap), and
+# what the mock writes (20 x the 1,024 reserved far from any armed cap).
+MAX_OUTPUT_TOKENS, UNCAPPED_OUTPUT_TOKENS = 32_768, 20 * 1024
+
+
+def uncapped() -> None:
+    """Every request without an output limit, writing 20 x 1,024 tokens: rebinds the request,
+    the mock's usage, the real cost and the reservation."""
+    global BODY, USAGE, COST, RESERVED
+    BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": prompt_for(INPUT_TOKENS)}]}).encode()
+    USAGE = {"prompt_tokens": INPUT_TOKENS, "completion_tokens": UNCAPPED_OUTPUT_TOKENS,
+             "total_tokens": INPUT_TOKENS + UNCAPPED_OUTPUT_TOKENS}
+    COST = (INPUT_TOKENS * INPUT_PER_MTOK + UNCAPPED_OUTPUT_TOKENS * OUTPUT_PER_MTOK) / MILLION
+    RESERVED = (INPUT_TOKENS * INPUT_PER_MTOK + MAX_OUTPUT_TOKENS * OUTPUT_PER_MTOK) / MILLION
 
 
 def binary(name: str) -> str:
@@ -174,6 +202,12 @@ class Race:
     seconds: float
     readmitted_in: list[float | None]
     again_refusals: dict[int, int]
+    phantom: int = 0
+
+    @property
+    def room_left_requests(self) -> Decimal:
+        """The limit less the spend, in requests' real cost (negative: over)."""
+        return (self.limit - self.spend) / COST
 
     @property
     def over(self) -> Decimal:
@@ -181,12 +215,13 @@ class Race:
 
     @property
     def within(self) -> bool:
-        return self.spend <= self.limit + COST
+        return self.spend <= self.limit + RESERVED
 
     @property
     def room_left(self) -> bool:
-        """Refused with room for a whole request left, though no request failed: a phantom refusal."""
-        return self.spend + COST <= self.limit and not self.other
+        """Refused with room for a whole request left, though no request failed: a phantom refusal
+        (with --uncapped, where phantom refusals are expected, counted in `phantom` instead)."""
+        return self.spend + COST <= self.limit and not self.other and RESERVED == COST
 
     @property
     def readmitted(self) -> bool:
@@ -268,15 +303,17 @@ class Bench:
         await self.clients(secret, client)
         return self.opts.far_requests * self.opts.clients_per_node * len(self.nodes)
 
-    async def line(self, secret: str) -> tuple[list[int], int, dict[int, int]]:
-        """Every client at the race's cap until refused `--refusals` times in a row."""
+    async def line(self, secret: str) -> tuple[list[int], int, dict[int, int], int]:
+        """Every client at the race's cap until refused `--refusals` times in a row (with
+        `--uncapped`, in a row once the answered spend leaves no room for a request's real cost);
+        the phantom refusals (`--uncapped`)."""
         admitted, refused, other = [0] * len(self.nodes), 0, {}
-        in_flight = 0
+        in_flight, phantom = 0, 0
         stop_at = time.monotonic() + self.opts.seconds
         near_from = self.opts.limit_requests - self.opts.near
 
         async def client(node: int, connection: Connection) -> None:
-            nonlocal in_flight, refused
+            nonlocal in_flight, refused, phantom
             in_a_row = 0
             while in_a_row < self.opts.refusals and time.monotonic() < stop_at:
                 # The admitted and the in-flight requests, as the nodes count them: spend and reservations.
@@ -292,6 +329,20 @@ class Bench:
                 if status == 200:
                     in_a_row = 0
                     admitted[node] += 1
+                elif status == 402 and self.opts.uncapped:
+                    refused += 1
+                    # Room for this request's real cost, had every request in flight been
+                    # admitted and cost its own: refused for its reservation alone.
+                    if (sum(admitted) + in_flight + 1) * COST <= self.limit:
+                        phantom += 1
+                    # A refusal ends the race only once the spend of the requests admitted and
+                    # answered leaves no room for one more at its real cost; before that, requests
+                    # in flight hold the room (their reservations), and the client tries again.
+                    if (sum(admitted) + 1) * COST <= self.limit:
+                        in_a_row = 0
+                        await asyncio.sleep(0.002)
+                    else:
+                        in_a_row += 1
                 elif status == 402:
                     in_a_row += 1
                     refused += 1
@@ -306,7 +357,7 @@ class Bench:
         await self.clients(secret, client)
         if time.monotonic() >= stop_at:
             print(f"  (the race was cut at {self.opts.seconds} s)")
-        return admitted, refused, other
+        return admitted, refused, other, phantom
 
     async def again(self, secret: str) -> tuple[list[float | None], dict[int, int]]:
         """Each node, asked every 20 ms, admits a request again: seconds until it did (None after
@@ -332,13 +383,14 @@ class Bench:
         await self.far(far_secret)
         org, cap, secret = self.tenant(self.limit)
         started = time.monotonic()
-        admitted, refused, other = await self.line(secret)
+        admitted, refused, other, phantom = await self.line(secret)
         seconds = time.monotonic() - started
         spend = self.ledger(org, sum(admitted))
         # Room for one more request on each node: every node admits again once the limit is known.
-        self.call("PATCH", f"/caps/{cap}", {"limit_usd": str(spend + COST * len(self.nodes))})
+        self.call("PATCH", f"/caps/{cap}", {"limit_usd": str(spend + RESERVED * len(self.nodes))})
         readmitted_in, again_refusals = await self.again(secret)
-        return Race(number, self.limit, spend, admitted, refused, other, seconds, readmitted_in, again_refusals)
+        return Race(number, self.limit, spend, admitted, refused, other, seconds, readmitted_in, again_refusals,
+                    phantom)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -369,7 +421,17 @@ def report(races: list[Race], latencies: Latencies, opts: argparse.Namespace, an
           f"requests (${races[0].limit}), provider latency {opts.latency_ms} ms")
     print(f"overshoot (spend - limit, in requests): worst {worst.over / COST} (race {worst.number}, "
           f"${worst.over}), median {median}, best {overs[0]}")
-    print(f"within the bound (spend <= limit + one request's cost): {within} of {len(races)}")
+    print(f"within the bound (spend <= limit + one request's reservation, ${RESERVED}): {within} of {len(races)}")
+    if opts.uncapped:
+        phantoms = sorted(r.phantom for r in races)
+        refusals = sum(r.refused for r in races)
+        rooms = sorted(r.room_left_requests for r in races)
+        print(f"phantom refusals (room left for the request's real cost, not its reservation): "
+              f"{sum(phantoms)} of {refusals} refusals; per race median {phantoms[len(phantoms) // 2]}, "
+              f"max {phantoms[-1]}; races with any: {sum(1 for p in phantoms if p)} of {len(races)}")
+        print(f"admitted per race: median {sorted(sum(r.admitted) for r in races)[len(races) // 2]}, "
+              f"room left at the end (limit - spend, in real requests): median {rooms[len(rooms) // 2]:.2f}, "
+              f"max {rooms[-1]:.2f}, min {rooms[0]:.2f}")
     print(f"room for a whole request left after refusals (phantom refusals): {len(room)} of {len(races)}"
           + (f" (races {room})" if room else ""))
     print(f"every node admitted again within 5 s once the limit was raised: {len(races) - len(stuck)} of {len(races)}"
@@ -396,10 +458,12 @@ async def run(bench: Bench, opts: argparse.Namespace) -> list[Race]:
     assert await connection.send() == 200
     connection.close()
     bench.ledger(_org, 1)
-    print(f"each request: reservation estimate {INPUT_TOKENS} input tokens (from the body) + {OUTPUT_TOKENS} "
-          f"output (max_tokens) at ${INPUT_PER_MTOK}/${OUTPUT_PER_MTOK} per Mtok = ${COST}; real cost "
+    output = f"{MAX_OUTPUT_TOKENS} output (no output limit: the model's most)" if opts.uncapped \
+        else f"{OUTPUT_TOKENS} output (max_tokens)"
+    print(f"each request: reservation estimate {INPUT_TOKENS} input tokens (from the body) + {output} "
+          f"at ${INPUT_PER_MTOK}/${OUTPUT_PER_MTOK} per Mtok = ${RESERVED}; real cost "
           f"(the mock's usage {USAGE['prompt_tokens']} + {USAGE['completion_tokens']}, the ledger's receipt) = ${COST}")
-    print(f"bound: spend <= limit + ${COST} (one request); limit {opts.limit_requests} requests = "
+    print(f"bound: spend <= limit + ${RESERVED} (one request's reservation); limit {opts.limit_requests} requests = "
           f"${bench.limit}", flush=True)
     races = []
     for number in range(1, opts.races + 1):
@@ -410,9 +474,10 @@ async def run(bench: Bench, opts: argparse.Namespace) -> list[Race]:
             waits += f" ms, refused meanwhile {race.again_refusals} (statuses)"
         else:
             waits += " ms"
-        print(f"race {number:3}: spend ${race.spend}, over {race.over / COST:+} requests "
+        phantom = f", phantom {race.phantom}" if opts.uncapped else ""
+        print(f"race {number:3}: spend ${race.spend}, over {race.over / COST:+.3f} requests "
               f"{'ok' if race.within else 'OVER THE BOUND'}; admitted {'+'.join(map(str, race.admitted))}, "
-              f"refused {race.refused}{f', other {race.other}' if race.other else ''}, {race.seconds:.2f} s; "
+              f"refused {race.refused}{phantom}{f', other {race.other}' if race.other else ''}, {race.seconds:.2f} s; "
               f"admitted again in {waits}{' ROOM LEFT' if race.room_left else ''}", flush=True)
     return races
 
@@ -430,7 +495,11 @@ def main() -> None:
     args.add_argument("--near", type=int, default=8,
                       help="requests sent within this many requests' cost of the line (admitted and in flight) are near it")
     args.add_argument("--seconds", type=float, default=15, help="a race's longest time")
+    args.add_argument("--uncapped", action="store_true",
+                      help="every request sets no output limit and the mock writes 20 x 1,024 output tokens")
     opts = args.parse_args()
+    if opts.uncapped:
+        uncapped()
     if opts.nodes < 1 or opts.clients_per_node < 1 or opts.races < 1 or opts.limit_requests < 1:
         sys.exit("--nodes, --clients-per-node, --races and --limit-requests are at least 1")
 
@@ -455,7 +524,8 @@ def main() -> None:
         procs.append(control_proc)
         control_url = read_banner(control_proc, r"recovea admin:\s+(http://\S+)/admin/v1", last="recovea admin:")["admin"]
         admin = httpx.Client(base_url=f"{control_url}/admin/v1", headers={"Authorization": f"Bearer {TOKEN}"})
-        price = {"input_per_mtok_usd": str(INPUT_PER_MTOK), "output_per_mtok_usd": str(OUTPUT_PER_MTOK)}
+        price = {"input_per_mtok_usd": str(INPUT_PER_MTOK), "output_per_mtok_usd": str(OUTPUT_PER_MTOK),
+                 "max_output_tokens": MAX_OUTPUT_TOKENS}
         admin.put(f"/prices/{MODEL}", json=price).raise_for_status()
         nodes = []
         for n in range(opts.nodes):

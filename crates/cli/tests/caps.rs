@@ -371,3 +371,67 @@ async fn an_unpriced_model_is_costed_at_the_fallback_and_stopped_at_the_line() {
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A request without an output limit under an armed cap holds the model's most output while it is
+/// in flight, in `serve` on its own counters as on Redis's: a cap that one such worst case passes
+/// refuses the next request until the first has settled at its real cost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncapped_request_holds_its_worst_case_at_the_line_in_memory_and_on_redis() {
+    for redis in [None, Some("redis://127.0.0.1:6379/")] {
+        let mock = MockProvider::start().await;
+        let dir = temp_dir("worst-case");
+        let serve = match redis {
+            None => start(&dir, &mock.url()),
+            Some(url) => Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN, "--redis-url", url]),
+        };
+        let (org_id, _, secret) = serve.tenant().await;
+        // gpt-4o-mini, its tier left to the provider: at worst 16,384 output tokens at priority's
+        // $1 per Mtok, $0.0164; typically 1,024 at $0.60, $0.0006. The mock answers 5.
+        let cap =
+            json!({"scope": "organization", "window": "month", "limit_usd": "0.015", "hard_stop": true});
+        serve.ok(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
+        mock.script(Behaviour::default().delay_ms(1_500).times(1));
+        let (url, bearer) = (format!("{}/v1/chat/completions", serve.gateway), format!("Bearer {secret}"));
+        let uncapped = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
+        // The cap reaches the gateway: a first request is admitted, and settles at a few tokens.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await.0
+            != StatusCode::OK
+        {
+            assert!(Instant::now() < deadline, "the armed cap's counters never admitted a request");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        mock.script(Behaviour::default().delay_ms(1_500).times(1));
+        let first = {
+            let (url, bearer, body) = (url.clone(), bearer.clone(), uncapped.clone());
+            tokio::spawn(
+                async move { call(Method::POST, &url, &[("authorization", &bearer)], Some(body)).await },
+            )
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while mock.requests().len() < 2 {
+            assert!(Instant::now() < deadline, "the provider never received the request");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (status, _) =
+            call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await;
+        assert_eq!(
+            status,
+            StatusCode::PAYMENT_REQUIRED,
+            "redis {redis:?}: the first one's worst case holds the room"
+        );
+        assert_eq!(first.await.expect("task").0, StatusCode::OK);
+        // Settled at its real cost, the room is back.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await.0
+            != StatusCode::OK
+        {
+            assert!(
+                Instant::now() < deadline,
+                "redis {redis:?}: the cap still refuses after the request settled"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        serve.kill();
+    }
+}

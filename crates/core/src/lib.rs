@@ -10,6 +10,7 @@ pub mod caps;
 pub mod channel;
 pub mod credential;
 pub mod crypto;
+pub mod estimate;
 pub mod feed;
 pub mod hex;
 pub mod ids;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use recovea_core::admission::Admitted;
 use recovea_core::caps::{self, Cap};
+use recovea_core::estimate::{self, Estimates};
 use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
@@ -15,12 +16,20 @@ use crate::metering::{Settle, Settled};
 use crate::node::{Shared, cap_window};
 use crate::refusal::Refusal;
 
-/// What a request asks of the caps: its estimate, and whether that estimate must fit below each
-/// armed line (a batch) rather than find the line not yet reached (a request).
+/// What a request asks of the caps: its estimates (typical, and worst case), and whether the
+/// estimate must fit below each armed line (a batch) rather than find the line not yet reached (a
+/// request).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ask {
-    pub(crate) estimate: Nanos,
+    pub(crate) estimates: Estimates,
     pub(crate) fit: bool,
+}
+
+impl Ask {
+    /// An ask whose worst case is its estimate (a batch, a Realtime response).
+    pub(crate) fn exact(estimate: Nanos, fit: bool) -> Ask {
+        Ask { estimates: Estimates { typical: estimate, worst: estimate }, fit }
+    }
 }
 
 /// Phase check caps: every cap covering the caller, read against the node's counters (armed caps
@@ -31,6 +40,10 @@ pub(crate) struct Ask {
 /// store, which checks and reserves in one atomic step (`Counters::ask_at_line`), and decides
 /// from the node's own view if the store does not answer in time. A batch must fit: its whole
 /// estimate below each armed line.
+///
+/// The estimate reserved is the request's worst case while an armed cap covers it, its typical
+/// estimate otherwise (`core::estimate::reserved`): an armed line counts every request in flight
+/// at its worst.
 pub(crate) async fn check_caps(
     shared: &Shared,
     admitted: &Admitted,
@@ -42,6 +55,7 @@ pub(crate) async fn check_caps(
     if covering.is_empty() {
         return Ok(None);
     }
+    let estimate = estimate::reserved(ask.estimates, covering.iter().any(|cap| cap.hard_stop));
     let counters = &shared.counters;
     let max_age_ms = i64::try_from(shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
     let counting = counters.counting();
@@ -56,7 +70,7 @@ pub(crate) async fn check_caps(
     )
     .map_err(Refusal::Budget)?;
     if ask.fit {
-        caps::check_fit(covering.iter().copied(), org, key, counters.as_ref(), now, ask.estimate, counting)
+        caps::check_fit(covering.iter().copied(), org, key, counters.as_ref(), now, estimate, counting)
             .map_err(Refusal::Budget)?;
     }
     let covered: Vec<Covered> = covering
@@ -64,9 +78,9 @@ pub(crate) async fn check_caps(
         .map(|cap| Covered { window: cap_window(cap, now), line: cap.hard_stop.then_some(cap.limit) })
         .collect();
     let mut reservation = if ask.fit {
-        counters.reserve_to_fit(&covered, ask.estimate)
+        counters.reserve_to_fit(&covered, estimate)
     } else {
-        counters.reserve(&covered, ask.estimate)
+        counters.reserve(&covered, estimate)
     };
     if reservation.is_pending() {
         let answer = counters.ask_at_line(&mut reservation, now).await;
@@ -78,13 +92,13 @@ pub(crate) async fn check_caps(
                 let cap = covering.iter().find(|cap| cap.id == id)?;
                 let mut spend = caps::SpendView::spend(counters.as_ref(), &id, start);
                 // The view counts this request's own pending estimate: the rule reads the others'.
-                spend.reserved = Nanos(spend.reserved.0.saturating_sub(ask.estimate.0));
+                spend.reserved = Nanos(spend.reserved.0.saturating_sub(estimate.0));
                 Some((*cap, spend))
             })
             .collect();
         // Refused: the reservation is dropped, and with it the request's pending estimate.
         let decided = if ask.fit {
-            caps::decide_fit_at_line(&asked, answer, ask.estimate)
+            caps::decide_fit_at_line(&asked, answer, estimate)
         } else {
             caps::decide_at_line(&asked, answer)
         };
@@ -94,6 +108,12 @@ pub(crate) async fn check_caps(
     }
     let reserved = covering.iter().map(|cap| cap.id.clone()).collect();
     Ok(Some((reservation, reserved)))
+}
+
+/// Whether an armed cap covers the request's key: it then reserves its worst case.
+pub(crate) fn under_armed_cap(admitted: &Admitted) -> bool {
+    let (org, key) = (&admitted.org.id, &admitted.key_id);
+    admitted.org.caps.iter().any(|cap| cap.hard_stop && cap.covers(org, key))
 }
 
 /// What a finished request's receipt settles: its cap reservation; the caps that cover it but

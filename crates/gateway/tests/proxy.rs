@@ -1127,6 +1127,75 @@ async fn sequential_requests_are_refused_exactly_at_the_line() {
     assert_eq!(h.receipts(3).await.len(), 3, "a refused request has no receipt");
 }
 
+/// What `cap` holds reserved now, in its current window.
+fn reserved_on(h: &Harness, cap: &str, window: Window) -> Nanos {
+    let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    let cap = CapId::parse(cap).expect("id");
+    recovea_core::caps::SpendView::spend(h.counters.as_ref(), &cap, window.start(now)).reserved
+}
+
+/// What `body` reserves while the provider holds it a second, on a gateway whose org has `caps`
+/// (the first of them read); with `next_refused`, the same request sent meanwhile is refused.
+async fn reserved_in_flight(caps: Vec<Cap>, body: &str, next_refused: bool) -> Nanos {
+    let mock = MockProvider::start().await;
+    let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_secs(5));
+    let (cap, window) = (caps[0].id.to_string(), caps[0].window);
+    let h = Harness::with_caps(mock, cfg, true, caps).await;
+    h.confirm(&InProcess::default()).await;
+    h.mock.script(Behaviour::default().delay_ms(1_000).times(1));
+    let in_flight = h.send(h.post_as("/v1/chat/completions", KEY), body);
+    let watch = async {
+        h.forwarded(1).await;
+        let reserved = reserved_on(&h, &cap, window);
+        if next_refused {
+            let refused = h.send(h.post_as("/v1/chat/completions", KEY), body).await;
+            let (status, headers) = (refused.status(), refused.headers().clone());
+            assert_refusal(
+                status,
+                &headers,
+                &body_of(refused).await,
+                &Answer::budget_exceeded("organization", "month", "Monthly"),
+            );
+        }
+        reserved
+    };
+    let (response, reserved) = tokio::join!(in_flight, watch);
+    assert_eq!(response.status(), StatusCode::OK);
+    body_of(response).await;
+    h.receipts(1).await;
+    assert_eq!(reserved_on(&h, &cap, window), Nanos::ZERO, "the receipt settles the reservation");
+    reserved
+}
+
+#[tokio::test]
+async fn a_request_without_an_output_limit_reserves_the_models_most_output_under_an_armed_cap() {
+    // gpt-4o-mini: $0.15 and $0.60 per Mtok, priority $0.25 and $1; at most 16,384 output tokens.
+    let uncapped =
+        r#"{"model":"gpt-4o-mini","service_tier":"default","messages":[{"role":"user","content":"Hi"}]}"#;
+    let input = recovea_providers::usage::estimate_input_tokens(uncapped.as_bytes());
+    // Prices in nano-dollars a token ($0.15 per Mtok: 150).
+    let at = |input_price: u64, output_tokens: u64, output_price: u64| {
+        Nanos((input * input_price + output_tokens * output_price) as i64)
+    };
+    // Far from any line (a soft cap alone): 1,024 output tokens, as before.
+    let soft = vec![cap("cap_soft", Scope::Organization, Window::Week, "100", false)];
+    assert_eq!(reserved_in_flight(soft, uncapped, false).await, at(150, 1024, 600));
+    // Under an armed cap: the model's most output, 16,384 tokens.
+    let armed = vec![cap("cap_month", Scope::Organization, Window::Month, "100", true)];
+    assert_eq!(reserved_in_flight(armed.clone(), uncapped, false).await, at(150, 16_384, 600));
+    // A tier left to the provider may be served at priority: reserved at its rates.
+    let auto = uncapped.replace(r#""service_tier":"default","#, "");
+    assert_eq!(reserved_in_flight(armed.clone(), &auto, false).await, at(250, 16_384, 1000));
+    // An output limit is reserved as it is, armed cap or not.
+    let capped = uncapped.replace(r#""service_tier""#, r#""max_tokens":100,"service_tier""#);
+    assert_eq!(reserved_in_flight(armed, &capped, false).await, at(150, 100, 600));
+
+    // At $0.005, one request's worst case ($0.0098) is past the line, its typical estimate
+    // ($0.0006) far below it: while it is in flight, the next request is refused.
+    let tight = vec![cap("cap_month", Scope::Organization, Window::Month, "0.005", true)];
+    assert_eq!(reserved_in_flight(tight, uncapped, true).await, at(150, 16_384, 600));
+}
+
 #[tokio::test]
 async fn an_armed_cap_that_cannot_confirm_its_spend_answers_503_and_a_soft_cap_never_refuses() {
     let mock = MockProvider::start().await;

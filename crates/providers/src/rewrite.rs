@@ -11,8 +11,10 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
+use recovea_core::estimate::TierAsked;
+
 use crate::sse::SseReader;
-use crate::usage::input::{Checked, InputFields, Key};
+use crate::usage::input::{Checked, InputFields, Key, SearchTools};
 use crate::walk::{Seen, Walk};
 use ambiguity::{LISTED_AT_TOP, Names, NotedValue, Place, Watched};
 
@@ -41,6 +43,13 @@ pub struct RequestFacts {
     /// An images or audio request's own facts (size, quality, `n`, characters, audio bytes), read
     /// by [`crate::media::read`] on those paths alone; `None` elsewhere.
     pub media: Option<Box<recovea_core::media::MediaRequest>>,
+    /// For the reservation: the `service_tier` asked (OpenAI's, Anthropic's); a built-in web
+    /// search tool among `tools` (OpenAI's `web_search*`, Anthropic's `web_search_*`, Gemini's
+    /// `google_search`); and the fewest tool calls the request allows (`max_tool_calls`, the web
+    /// search tools' `max_uses` summed).
+    pub service_tier: TierAsked,
+    pub web_search: bool,
+    pub tool_call_limit: Option<u64>,
 }
 
 /// A request body read once: what [`inspect`] tells, and what
@@ -77,6 +86,14 @@ struct RequestHead {
     generation_config: Value,
     #[serde(default)]
     background: Value,
+    #[serde(default)]
+    service_tier: Value,
+    #[serde(default)]
+    max_tool_calls: Value,
+    /// Read by `inspect` alone: [`inspect_and_estimate`] counts `tools` as input, and finds its web
+    /// search tools as it does.
+    #[serde(default)]
+    tools: SearchTools,
 }
 
 /// The chunk OpenAI sends last when asked for usage: no choices, a usage block.
@@ -136,7 +153,11 @@ pub fn inspect_and_estimate(body: &[u8]) -> InspectedRequest {
     };
     match pass {
         Ok(pass) => InspectedRequest {
-            facts: if pass.repeated_head { RequestFacts::default() } else { pass.head.facts() },
+            facts: if pass.repeated_head {
+                RequestFacts::default()
+            } else {
+                pass.head.facts().with_tools(pass.input.web_search())
+            },
             input_tokens: pass.input.total().tokens(),
             ambiguity: pass.first_repeat.map(Ambiguity::RepeatedMember),
         },
@@ -154,6 +175,7 @@ pub fn inspect_and_estimate(body: &[u8]) -> InspectedRequest {
 
 impl RequestHead {
     fn facts(self) -> RequestFacts {
+        let tools = self.tools.0;
         RequestFacts {
             // The parsed string itself, not a copy of it.
             model: match self.model {
@@ -168,7 +190,25 @@ impl RequestHead {
                 .or_else(|| self.generation_config.get("maxOutputTokens").and_then(Value::as_u64)),
             background: self.background == Value::Bool(true),
             media: None,
+            service_tier: TierAsked::parse(self.service_tier.as_str()),
+            web_search: false,
+            tool_call_limit: self.max_tool_calls.as_u64(),
         }
+        .with_tools(tools)
+    }
+}
+
+impl RequestFacts {
+    /// The facts with the web search tools `tools` offers, and their call limit (`None`: none).
+    fn with_tools(mut self, web_search: Option<Option<u64>>) -> RequestFacts {
+        if let Some(max_uses) = web_search {
+            self.web_search = true;
+            self.tool_call_limit = match (self.tool_call_limit, max_uses) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (one, other) => one.or(other),
+            };
+        }
+        self
     }
 }
 
@@ -180,7 +220,7 @@ struct RequestPass<'de> {
     repeated_head: bool,
     /// Which of `head`'s members were read, in the order `visit_map` names them: an explicit
     /// `null` reads the same as an absent member, so the value cannot tell.
-    seen_head: [bool; 8],
+    seen_head: [bool; 11],
     input: InputFields<'de>,
     /// The path of the first member named twice in an object the gateway reads.
     first_repeat: Option<String>,
@@ -228,8 +268,14 @@ impl<'de> Visitor<'de> for RequestPass<'de> {
                 "max_output_tokens" => (5, &mut self.head.max_output_tokens),
                 "generationConfig" => (6, &mut self.head.generation_config),
                 "background" => (7, &mut self.head.background),
+                "service_tier" => (8, &mut self.head.service_tier),
+                "max_tool_calls" => (9, &mut self.head.max_tool_calls),
                 other => {
-                    // `tools` is counted as input: its objects' names are checked as it is.
+                    // `tools` is counted as input: its objects' names are checked as it is. It is
+                    // one of `RequestHead`'s members all the same (`inspect` reads it there).
+                    if other == "tools" {
+                        self.repeated_head |= std::mem::replace(&mut self.seen_head[10], true);
+                    }
                     let watch = (other == "tools" && self.first_repeat.is_none())
                         .then_some((Watched::Tools, &mut self.first_repeat));
                     if !self.input.count_if_input(other, &mut map, watch)? {
@@ -487,7 +533,7 @@ mod tests {
                 client_asked_usage: true,
                 max_output_tokens: None,
                 background: false,
-                media: None,
+                ..RequestFacts::default()
             }
         );
         let facts = inspect(br#"{"model":"gpt-4o","stream":"true","stream_options":{"include_usage":1}}"#);
@@ -499,7 +545,7 @@ mod tests {
                 client_asked_usage: false,
                 max_output_tokens: None,
                 background: false,
-                media: None,
+                ..RequestFacts::default()
             }
         );
         assert_eq!(inspect(br#"{"max_tokens":64}"#).max_output_tokens, Some(64));
@@ -515,6 +561,87 @@ mod tests {
         for not_a_request in [&b"not json"[..], b"", b"[\"gpt\",true]", b"{\"model\":", b"null"] {
             assert_eq!(inspect(not_a_request), RequestFacts::default());
         }
+    }
+
+    #[test]
+    fn inspect_reads_the_tier_asked_and_the_tool_call_limit() {
+        use recovea_core::pricing::ServiceTier;
+        let facts = |body: &str| inspect_and_estimate(body.as_bytes()).facts;
+        assert_eq!(facts(r#"{"service_tier":"flex"}"#).service_tier, TierAsked::Named(ServiceTier::Flex));
+        assert_eq!(
+            facts(r#"{"service_tier":"priority"}"#).service_tier,
+            TierAsked::Named(ServiceTier::Priority)
+        );
+        assert_eq!(
+            facts(r#"{"service_tier":"default"}"#).service_tier,
+            TierAsked::Named(ServiceTier::Standard)
+        );
+        assert_eq!(
+            facts(r#"{"service_tier":"standard_only"}"#).service_tier,
+            TierAsked::Named(ServiceTier::Standard)
+        );
+        assert_eq!(facts(r#"{"service_tier":"auto"}"#).service_tier, TierAsked::Provider);
+        assert_eq!(facts(r#"{"model":"gpt-5"}"#).service_tier, TierAsked::Provider);
+        assert_eq!(inspect(br#"{"service_tier":"flex"}"#).service_tier, TierAsked::Named(ServiceTier::Flex));
+
+        // OpenAI's Responses: a web search tool, limited by `max_tool_calls`.
+        let responses = facts(r#"{"model":"gpt-5","tools":[{"type":"web_search"}],"max_tool_calls":3}"#);
+        assert_eq!((responses.web_search, responses.tool_call_limit), (true, Some(3)));
+        let unlimited = facts(r#"{"tools":[{"type":"function","name":"f"},{"type":"web_search_preview"}]}"#);
+        assert_eq!((unlimited.web_search, unlimited.tool_call_limit), (true, None));
+        // Anthropic's: `max_uses` on the tool, whatever the order of its members.
+        let anthropic =
+            facts(r#"{"tools":[{"max_uses":5,"name":"web_search","type":"web_search_20250305"}]}"#);
+        assert_eq!((anthropic.web_search, anthropic.tool_call_limit), (true, Some(5)));
+        let two = facts(
+            r#"{"tools":[{"type":"web_search_20250305","max_uses":2},{"type":"web_search_20250305","max_uses":3}]}"#,
+        );
+        assert_eq!(two.tool_call_limit, Some(5));
+        let one_unlimited = facts(
+            r#"{"tools":[{"type":"web_search_20250305","max_uses":2},{"type":"web_search_20250305"}]}"#,
+        );
+        assert_eq!(one_unlimited.tool_call_limit, None);
+        let both = facts(r#"{"max_tool_calls":4,"tools":[{"type":"web_search_20250305","max_uses":2}]}"#);
+        assert_eq!(both.tool_call_limit, Some(2));
+        // Gemini's grounding.
+        assert!(facts(r#"{"contents":[],"tools":[{"google_search":{}}]}"#).web_search);
+        // Not a search tool: a function's schema naming one, a message's item, an unrelated `max_uses`.
+        let nested = r#"{"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"web_search"}}}],
+            "input":[{"type":"web_search_call"}],"max_uses":3}"#;
+        assert_eq!((facts(nested).web_search, facts(nested).tool_call_limit), (false, None));
+        assert!(!facts(r#"{"tools":[{"type":"function","max_uses":2}]}"#).web_search);
+        // `inspect` reads the same facts, as leniently as it reads the rest.
+        for body in [
+            r#"{"model":"gpt-5","tools":[{"type":"web_search"}],"max_tool_calls":3}"#,
+            r#"{"tools":[{"max_uses":5,"name":"web_search","type":"web_search_20250305"}]}"#,
+            r#"{"tools":[{"type":"web_search_20250305","max_uses":2},{"type":"web_search_20250305"}]}"#,
+            r#"{"tools":[[{"type":"web_search","max_uses":2}],{"google_search":{}, "max_uses":1}]}"#,
+            r#"{"tools":[{"type":"image_url","google_search":{}}],"max_tool_calls":1}"#,
+            r#"{"tools":[{"type":"web_search","max_uses":1.0}, "web_search", 3, null, {"type":7}]}"#,
+            r#"{"tools":{"type":"web_search","max_uses":4}}"#,
+            r#"{"tools":[{"type":"web_search","max_uses":4,"max_uses":-1}]}"#,
+            r#"{"tools":[{"type":"web_search"}],"tools":[]}"#,
+            r#"{"tools":[{"t\u0079pe":"web_search_preview","max_uses":9}]}"#,
+            nested,
+        ] {
+            assert_eq!(facts(body), inspect(body.as_bytes()), "{body}");
+        }
+        assert!(!facts(r#"{"tools":[{"type":"image_url","google_search":{}}]}"#).web_search);
+        assert_eq!(facts(r#"{"tools":{"type":"web_search","max_uses":4}}"#).tool_call_limit, Some(4));
+        assert_eq!(
+            facts(r#"{"model":"m","tools":[],"tools":[{"type":"web_search"}]}"#),
+            RequestFacts::default()
+        );
+        // The estimate is the same as without the facts.
+        let body =
+            br#"{"tools":[{"type":"web_search","max_uses":2}],"max_tool_calls":1,"service_tier":"flex"}"#;
+        assert_eq!(inspect_and_estimate(body).input_tokens, crate::usage::estimate_input_tokens(body));
+        // A repeat of either member is the body's ambiguity.
+        let repeated = inspect_and_estimate(br#"{"service_tier":"flex","service_tier":"priority"}"#);
+        assert_eq!(repeated.ambiguity, Some(Ambiguity::RepeatedMember("service_tier".into())));
+        let repeated =
+            inspect_and_estimate(br#"{"tools":[{"type":"web_search_20250305","max_uses":1,"max_uses":9}]}"#);
+        assert_eq!(repeated.ambiguity, Some(Ambiguity::RepeatedMember("tools[0].max_uses".into())));
     }
 
     #[test]

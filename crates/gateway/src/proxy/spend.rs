@@ -10,14 +10,13 @@ use http::HeaderMap;
 use recovea_core::admission::Admitted;
 use recovea_core::caps;
 use recovea_core::channel::{Channel, JobKind, Unseen};
+use recovea_core::estimate::{self, Estimates};
 use recovea_core::ids::CapId;
 use recovea_core::jobs::book_key;
 use recovea_core::money::Nanos;
-use recovea_core::pricing;
 use recovea_core::pricing::PriceScope;
 use recovea_core::snapshot::Prices;
 use recovea_core::timestamp::Timestamp;
-use recovea_core::usage::Usage;
 use recovea_counters::Reservation;
 use recovea_providers::jobs as provider_jobs;
 use recovea_providers::rewrite::RequestFacts;
@@ -27,8 +26,6 @@ use crate::metering::{Charge, Creating};
 use crate::node::Shared;
 use crate::refusal::Refusal;
 
-/// A request that sets no output limit is reserved as if it produced this much.
-const DEFAULT_OUTPUT_ESTIMATE: u64 = 1024;
 /// How long a batch naming an input file the node has not seen waits for the book to bring it
 /// (uploaded through another node a moment ago) before it is taken for a file never seen.
 const FILE_WAIT: Duration = Duration::from_secs(2);
@@ -73,7 +70,7 @@ pub(crate) async fn decide(
 ) -> Result<Spend, Refusal> {
     match request.channel {
         Channel::Immediate => {
-            let ask = Ask { estimate: request_estimate(&request), fit: false };
+            let ask = Ask { estimates: request_estimates(&request), fit: false };
             Ok(Spend {
                 reservation: line::check_caps(shared, admitted, ask, request.now).await?,
                 ..Spend::default()
@@ -86,9 +83,9 @@ pub(crate) async fn decide(
             creating: uploaded_batch(&request).map(Creating::BatchFile),
             ..Spend::default()
         }),
-        Channel::Deferred(kind) => match job_estimate(shared, kind, &request).await {
+        Channel::Deferred(kind) => match job_estimate(shared, admitted, kind, &request).await {
             Some(held) => {
-                let ask = Ask { estimate: held, fit: kind.is_batch() };
+                let ask = Ask::exact(held, kind.is_batch());
                 let reservation = line::check_caps(shared, admitted, ask, request.now).await?;
                 // A background response is metered as any answer when it comes back done; a
                 // batch's creation itself costs nothing.
@@ -154,27 +151,49 @@ fn unmeterable(
     Ok(Spend { charge: Charge::Unmetered, ..Spend::default() })
 }
 
-/// A request's worst case as its reservation: its estimated input, and its output limit or else
-/// [`DEFAULT_OUTPUT_ESTIMATE`], at its model's price.
-fn request_estimate(request: &Request<'_>) -> Nanos {
-    let estimate = Usage {
-        input_tokens: request.input_tokens,
-        output_tokens: request.facts.max_output_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE),
-        ..Usage::default()
+/// A request's typical estimate and worst case (`core::estimate`): its estimated input, its
+/// output limit, the tier it asked and its web search calls, at its model's price.
+fn request_estimates(request: &Request<'_>) -> Estimates {
+    let facts = request.facts;
+    let table = &request.prices.table;
+    let mut price = table.price_in(facts.model.as_deref(), request.scope).price;
+    // An images or audio request reserves what it asks for: its images at their size and
+    // quality, the characters it speaks, the seconds it sends.
+    let media = match facts.media.as_deref() {
+        Some(media) => {
+            price = media.price(table, facts.model.as_deref(), request.scope, price);
+            media.unreported_usage(&price).0
+        }
+        None => recovea_core::usage::Usage::default(),
     };
-    let price = request.prices.table.price_in(request.facts.model.as_deref(), request.scope);
-    pricing::cost(&estimate, &price.price)
+    let ask = estimate::Ask {
+        input_tokens: request.input_tokens,
+        output_limit: facts.max_output_tokens,
+        tier: facts.service_tier,
+        web_search: facts.web_search,
+        tool_call_limit: facts.tool_call_limit,
+        media,
+    };
+    estimate::estimates(&price, &ask)
 }
 
 /// What a deferred job is held at; `None` when the gateway cannot estimate it (an input file it
 /// never saw, a Gemini batch from a file) or poll it (the client's own provider key).
-async fn job_estimate(shared: &Shared, kind: JobKind, request: &Request<'_>) -> Option<Nanos> {
+async fn job_estimate(
+    shared: &Shared,
+    admitted: &Admitted,
+    kind: JobKind,
+    request: &Request<'_>,
+) -> Option<Nanos> {
     if !request.managed {
         return None;
     }
     let table = &request.prices.table;
     let input = match kind {
-        JobKind::BackgroundResponse => return Some(request_estimate(request)),
+        // Held at what a request in the foreground reserves.
+        JobKind::BackgroundResponse => {
+            return Some(estimate::reserved(request_estimates(request), line::under_armed_cap(admitted)));
+        }
         JobKind::OpenAiBatch => {
             let file = provider_jobs::batch_input_file(request.body)?;
             let key = book_key(request.org_id, request.credential, &file);

@@ -8,7 +8,8 @@
 //! decides about, so an object's members are held until its end.
 //!
 //! `tools` is counted here, so its tools' names (and their `function`'s) are checked for repeats
-//! here too, as they are read (`rewrite::ambiguity`).
+//! here too, as they are read (`rewrite::ambiguity`), and its built-in web search tools found, with
+//! their call limits (`max_uses`), for the reservation.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -18,6 +19,10 @@ use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use crate::rewrite::ambiguity::{self, LISTED_INSIDE, Names, Place, Watched};
 
 use super::{CHARS_PER_TOKEN, INPUT_FIELDS, MEDIA_PART_TOKENS, MEDIA_PART_TYPES, REQUEST_OVERHEAD_TOKENS};
+
+/// Gemini's search tools, named by their one member (`{"google_search": {}}`).
+const GEMINI_SEARCH_TOOLS: [&str; 4] =
+    ["google_search", "googleSearch", "google_search_retrieval", "googleSearchRetrieval"];
 
 /// Objects with more members than this find repeated names by sorting rather than by comparing
 /// every pair, so that a hostile object cannot make the count quadratic.
@@ -55,6 +60,22 @@ pub(crate) struct InputFields<'de> {
     slots: [Option<InputCount>; INPUT_FIELDS.len()],
     /// Members of the objects being counted, innermost last; reused across the whole request.
     members: Vec<Member<'de>>,
+    /// The web search tools among `tools`, as [`Counted::web_search`].
+    web_search: Option<SearchLimit>,
+}
+
+/// The call limit of the web search tools found (their `max_uses` summed); `None`: one of them
+/// sets none.
+pub(crate) type SearchLimit = Option<u64>;
+
+/// The member a value is the value of, where its name matters to the count.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Other,
+    /// `type`: it may name a media part or a web search tool.
+    Type,
+    /// `max_uses`: a web search tool's call limit.
+    MaxUses,
 }
 
 /// One member of an object being counted.
@@ -66,12 +87,22 @@ struct Member<'de> {
     media_type: bool,
     /// A later member has the same name, so this one does not count.
     repeated: bool,
+    /// The member makes its object a web search tool (`type` naming one, or Gemini's member).
+    web_search: bool,
+    /// The value of a `max_uses` member.
+    max_uses: Option<u64>,
 }
 
 /// What one value counts, and whether it is a string naming a media part type.
 struct Counted {
     count: InputCount,
     media_type: bool,
+    /// A web search tool (an array: some among its elements), with its call limit.
+    web_search: Option<SearchLimit>,
+    /// The string of a `type` naming a web search tool.
+    names_search: bool,
+    /// The number of a `max_uses` member.
+    max_uses: Option<u64>,
 }
 
 impl<'de> InputFields<'de> {
@@ -87,9 +118,17 @@ impl<'de> InputFields<'de> {
         let Some(slot) = INPUT_FIELDS.iter().position(|field| *field == key) else { return Ok(false) };
         let watch = watch.map(|(watched, first_repeat)| Watch { watched, first_repeat });
         let counted =
-            map.next_value_seed(CountValue { members: &mut self.members, type_member: false, watch })?;
+            map.next_value_seed(CountValue { members: &mut self.members, role: Role::Other, watch })?;
         self.slots[slot] = Some(counted.count);
+        if key == "tools" {
+            self.web_search = counted.web_search;
+        }
         Ok(true)
+    }
+
+    /// The web search tools `tools` offers: `None` when it offers none, else their call limit.
+    pub(crate) fn web_search(&self) -> Option<SearchLimit> {
+        self.web_search
     }
 
     /// The input fields' count all together.
@@ -102,10 +141,10 @@ impl<'de> InputFields<'de> {
     }
 }
 
-/// Counts one value; `type_member`: it is the value of a member named `type`.
+/// Counts one value; `role`: the member it is the value of.
 struct CountValue<'m, 'de> {
     members: &'m mut Vec<Member<'de>>,
-    type_member: bool,
+    role: Role,
     /// Whether the value is one whose objects' names are checked (a tool, its `function`), while no
     /// repeat is found yet.
     watch: Option<Watch<'m>>,
@@ -148,8 +187,8 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
         Ok(Counted::number())
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<Counted, E> {
-        Ok(Counted::number())
+    fn visit_u64<E>(self, value: u64) -> Result<Counted, E> {
+        Ok(Counted { max_uses: (self.role == Role::MaxUses).then_some(value), ..Counted::number() })
     }
 
     fn visit_f64<E>(self, value: f64) -> Result<Counted, E> {
@@ -160,7 +199,10 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
     fn visit_str<E>(self, text: &str) -> Result<Counted, E> {
         Ok(Counted {
             count: InputCount::chars(text.chars().count() as u64),
-            media_type: self.type_member && MEDIA_PART_TYPES.contains(&text),
+            media_type: self.role == Role::Type && MEDIA_PART_TYPES.contains(&text),
+            web_search: None,
+            names_search: self.role == Role::Type && text.starts_with("web_search"),
+            max_uses: None,
         })
     }
 
@@ -174,6 +216,7 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
 
     fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Counted, A::Error> {
         let mut count = InputCount::default();
+        let mut web_search = None;
         let mut index = 0;
         loop {
             // Each element of `tools` is a tool, while no repeat is found yet.
@@ -183,12 +226,13 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
                 }
                 _ => None,
             };
-            let element = CountValue { members: &mut *self.members, type_member: false, watch };
+            let element = CountValue { members: &mut *self.members, role: Role::Other, watch };
             let Some(item) = seq.next_element_seed(element)? else { break };
             count.add(item.count);
+            web_search = both(web_search, item.web_search);
             index += 1;
         }
-        Ok(Counted { count, media_type: false })
+        Ok(Counted { count, web_search, ..Counted::nothing() })
     }
 
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Counted, A::Error> {
@@ -200,17 +244,31 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
             _ => None,
         };
         while let Some(key) = map.next_key_seed(Key)? {
-            let type_member = key == "type";
+            let role = match &*key {
+                "type" => Role::Type,
+                "max_uses" => Role::MaxUses,
+                _ => Role::Other,
+            };
             let mut watch = None;
             if let (Some((place, names)), Some(outer)) = (&mut names, &mut self.watch) {
                 ambiguity::note(names, *place, &key, outer.first_repeat);
                 watch = outer.member(*place, &key);
             }
-            let value =
-                map.next_value_seed(CountValue { members: &mut *self.members, type_member, watch })?;
+            let value = map.next_value_seed(CountValue { members: &mut *self.members, role, watch })?;
             let mut count = InputCount::chars(key.chars().count() as u64);
             count.add(value.count);
-            self.members.push(Member { key, count, media_type: value.media_type, repeated: false });
+            // Every member of every object of the input passes here: one byte decides most.
+            let web_search =
+                value.names_search || (key.starts_with('g') && GEMINI_SEARCH_TOOLS.contains(&&*key));
+            let max_uses = value.max_uses;
+            self.members.push(Member {
+                key,
+                count,
+                media_type: value.media_type,
+                repeated: false,
+                web_search,
+                max_uses,
+            });
         }
         let counted = count_object(&mut self.members[start..]);
         self.members.truncate(start);
@@ -220,26 +278,36 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
 
 impl Counted {
     fn nothing() -> Self {
-        Self { count: InputCount::default(), media_type: false }
+        Self {
+            count: InputCount::default(),
+            media_type: false,
+            web_search: None,
+            names_search: false,
+            max_uses: None,
+        }
     }
 
     fn number() -> Self {
-        Self { count: InputCount::chars(CHARS_PER_TOKEN), media_type: false }
+        Self { count: InputCount::chars(CHARS_PER_TOKEN), ..Self::nothing() }
     }
 }
 
 /// An object's count from its members: one media part when its `type` names one, else its
-/// members' keys and values, a repeated name counted once, by its last member.
+/// members' keys and values, a repeated name counted once, by its last member. Whether it is a web
+/// search tool, and its `max_uses`, are read the same way.
 fn count_object(members: &mut [Member<'_>]) -> Counted {
     mark_repeated(members);
     let mut count = InputCount::default();
+    let (mut web_search, mut max_uses) = (false, None);
     for member in members.iter().filter(|m| !m.repeated) {
         if member.media_type {
-            return Counted { count: InputCount { chars: 0, media_parts: 1 }, media_type: false };
+            return Counted { count: InputCount { chars: 0, media_parts: 1 }, ..Counted::nothing() };
         }
         count.add(member.count);
+        web_search |= member.web_search;
+        max_uses = max_uses.or(member.max_uses);
     }
-    Counted { count, media_type: false }
+    Counted { count, web_search: web_search.then_some(max_uses), ..Counted::nothing() }
 }
 
 /// Marks every member that a later member of the same name replaces.
@@ -258,6 +326,154 @@ fn mark_repeated(members: &mut [Member<'_>]) {
         if members[pair[0]].key == members[pair[1]].key {
             members[pair[0]].repeated = true;
         }
+    }
+}
+
+/// The web search tools of a `tools` value as [`InputFields::web_search`] finds them, read as
+/// leniently as `rewrite::inspect` reads a body (what it does not need, skipped unchecked), so that
+/// `inspect` and the counting pass give the same facts.
+#[derive(Default)]
+pub(crate) struct SearchTools(pub(crate) Option<SearchLimit>);
+
+impl<'de> serde::Deserialize<'de> for SearchTools {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(SearchToolsVisitor)
+    }
+}
+
+struct SearchToolsVisitor;
+
+/// A value read only for what [`SearchTools`] needs of it: a string, or an unsigned number.
+enum Plain {
+    Text(String),
+    Number(u64),
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Plain {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(PlainVisitor)
+    }
+}
+
+struct PlainVisitor;
+
+impl<'de> Visitor<'de> for PlainVisitor {
+    type Value = Plain;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<Plain, E> {
+        Ok(Plain::Text(text.to_owned()))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Plain, E> {
+        Ok(Plain::Number(value))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Plain, E> {
+        Ok(Plain::Other)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Plain, E> {
+        Ok(Plain::Other)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Plain, E> {
+        Ok(Plain::Other)
+    }
+
+    fn visit_unit<E>(self) -> Result<Plain, E> {
+        Ok(Plain::Other)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Plain, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Plain::Other)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Plain, A::Error> {
+        while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Plain::Other)
+    }
+}
+
+impl<'de> Visitor<'de> for SearchToolsVisitor {
+    type Value = SearchTools;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    fn visit_unit<E>(self) -> Result<SearchTools, E> {
+        Ok(SearchTools(None))
+    }
+
+    /// As [`CountValue::visit_seq`]: the elements' tools together.
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SearchTools, A::Error> {
+        let mut found = None;
+        while let Some(SearchTools(item)) = seq.next_element()? {
+            found = both(found, item);
+        }
+        Ok(SearchTools(found))
+    }
+
+    /// As [`count_object`]: a web search tool by its last `type` or a Gemini member, with its last
+    /// `max_uses`; never a media part.
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SearchTools, A::Error> {
+        let (mut kind, mut gemini, mut max_uses) = (None, false, None);
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match &*key {
+                "type" => kind = Some(map.next_value::<Plain>()?),
+                "max_uses" => {
+                    max_uses = match map.next_value::<Plain>()? {
+                        Plain::Number(n) => Some(n),
+                        _ => None,
+                    }
+                }
+                other => {
+                    gemini |= GEMINI_SEARCH_TOOLS.contains(&other);
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        let (media, search) = match &kind {
+            Some(Plain::Text(kind)) => {
+                (MEDIA_PART_TYPES.contains(&kind.as_str()), kind.starts_with("web_search"))
+            }
+            _ => (false, false),
+        };
+        Ok(SearchTools((!media && (search || gemini)).then_some(max_uses)))
+    }
+}
+
+/// Two sets of web search tools together: their limits summed, none when either has none.
+fn both(a: Option<SearchLimit>, b: Option<SearchLimit>) -> Option<SearchLimit> {
+    match (a, b) {
+        (None, one) | (one, None) => one,
+        (Some(a), Some(b)) => Some(a.zip(b).map(|(a, b)| a.saturating_add(b))),
     }
 }
 
@@ -449,7 +665,8 @@ mod tests {
             4 => prop::sample::select(vec![
                 "messages", "system", "input", "prompt", "instructions", "tools", "functions", "model",
                 "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
-                "include_usage", "content", "role",
+                "include_usage", "content", "role", "max_uses", "google_search", "max_tool_calls",
+                "service_tier",
             ])
             .prop_map(|k| format!("\"{k}\"")),
             3 => Just("\"type\"".to_owned()),
@@ -473,6 +690,8 @@ mod tests {
             2 => Just(b"0.1e-400".to_vec()),
             12 => prop::sample::select(MEDIA_PART_TYPES.to_vec()).prop_map(|t| format!("\"{t}\"").into_bytes()),
             6 => Just(br#""text""#.to_vec()),
+            4 => prop::sample::select(vec!["web_search", "web_search_20250305", "flex", "priority"])
+                .prop_map(|t| format!("\"{t}\"").into_bytes()),
             4 => Just(br#""im\u0061ge""#.to_vec()),
             6 => Just("\"héllo ✓ 𝄞\"".as_bytes().to_vec()),
             4 => Just(br#""a\"b\\c\n""#.to_vec()),
