@@ -1137,18 +1137,23 @@ fn reserved_on(h: &Harness, cap: &str, window: Window) -> Nanos {
 /// What `body` reserves while the provider holds it a second, on a gateway whose org has `caps`
 /// (the first of them read); with `next_refused`, the same request sent meanwhile is refused.
 async fn reserved_in_flight(caps: Vec<Cap>, body: &str, next_refused: bool) -> Nanos {
+    reserved_in_flight_at("/v1/chat/completions", caps, body, next_refused).await
+}
+
+/// [`reserved_in_flight`] for a request to `path`.
+async fn reserved_in_flight_at(path: &str, caps: Vec<Cap>, body: &str, next_refused: bool) -> Nanos {
     let mock = MockProvider::start().await;
     let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_secs(5));
     let (cap, window) = (caps[0].id.to_string(), caps[0].window);
     let h = Harness::with_caps(mock, cfg, true, caps).await;
     h.confirm(&InProcess::default()).await;
     h.mock.script(Behaviour::default().delay_ms(1_000).times(1));
-    let in_flight = h.send(h.post_as("/v1/chat/completions", KEY), body);
+    let in_flight = h.send(h.post_as(path, KEY), body);
     let watch = async {
         h.forwarded(1).await;
         let reserved = reserved_on(&h, &cap, window);
         if next_refused {
-            let refused = h.send(h.post_as("/v1/chat/completions", KEY), body).await;
+            let refused = h.send(h.post_as(path, KEY), body).await;
             let (status, headers) = (refused.status(), refused.headers().clone());
             assert_refusal(
                 status,
@@ -1194,6 +1199,19 @@ async fn a_request_without_an_output_limit_reserves_the_models_most_output_under
     // ($0.0006) far below it: while it is in flight, the next request is refused.
     let tight = vec![cap("cap_month", Scope::Organization, Window::Month, "0.005", true)];
     assert_eq!(reserved_in_flight(tight, uncapped, true).await, at(150, 16_384, 600));
+}
+
+#[tokio::test]
+async fn images_and_speech_reserve_what_they_ask_for() {
+    let armed = || vec![cap("cap_month", Scope::Organization, Window::Month, "100", true)];
+    let usd = |usd: &str| Nanos::parse_usd(usd).expect("usd");
+    // Two DALL-E 3 HD 1024x1792 images: $0.12 each, the table's price of that size and quality.
+    let images = r#"{"model":"dall-e-3","prompt":"a lighthouse","n":2,"quality":"hd","size":"1024x1792"}"#;
+    assert_eq!(reserved_in_flight_at("/v1/images/generations", armed(), images, false).await, usd("0.24"));
+    // tts-1 speaking 4,000 characters: $15 per million characters.
+    let text = "a".repeat(4_000);
+    let speech = format!(r#"{{"model":"tts-1","voice":"alloy","input":"{text}"}}"#);
+    assert_eq!(reserved_in_flight_at("/v1/audio/speech", armed(), &speech, false).await, usd("0.06"));
 }
 
 #[tokio::test]
