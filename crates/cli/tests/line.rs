@@ -14,7 +14,9 @@ mod deployment;
 #[path = "support/harness.rs"]
 mod harness;
 
-use deployment::{Control, MODEL, Node, chat_at, free_port, require_redis, within};
+use deployment::{
+    Control, MODEL, Node, chat_at, free_port, require_redis, spend_once_delivered, tenant_with_cap,
+};
 use harness::{Database, http_client, temp_dir};
 
 /// One dollar a request, exactly its reservation (see `line_holds_across_two_nodes_race_after_race`).
@@ -25,49 +27,6 @@ const CLIENTS_PER_NODE: usize = 24;
 const LIMIT_REQUESTS: i128 = 30;
 /// A client stops after this many refusals in a row.
 const REFUSALS_IN_A_ROW: usize = 4;
-
-/// A decimal string of dollars (`"31.000000000"`, `"0.5"`) in nano-dollars, exactly.
-fn nanos(usd: &str) -> i128 {
-    let (whole, fraction) = usd.split_once('.').unwrap_or((usd, ""));
-    assert!(fraction.len() <= 9, "more than nine decimals: {usd}");
-    let whole: i128 = whole.parse().expect("dollars");
-    let fraction: i128 = format!("{fraction:0<9}").parse().expect("nano-dollars");
-    whole * 1_000_000_000 + fraction
-}
-
-/// A tenant (see [`Control::tenant`]) with an armed monthly cap of `limit_usd` that every one of
-/// `nodes` has installed: (org id, cap id, secret).
-async fn tenant_with_cap(control: &Control, limit_usd: &str, nodes: usize) -> (String, String, String) {
-    let (org_id, _key_id, secret) = control.tenant().await;
-    let cap = json!({"scope": "organization", "window": "month", "limit_usd": limit_usd,
-                     "hard_stop": true, "alert_at": []});
-    let cap = control.admin(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
-    let cap_id = cap["id"].as_str().expect("id").to_owned();
-    within(Duration::from_secs(5), "every node installs the cap", || async {
-        let listed = control.admin(Method::GET, "/nodes", None).await;
-        let listed_nodes = listed["nodes"].as_array().expect("nodes");
-        listed_nodes.len() == nodes
-            && listed_nodes.iter().all(|n| n["feed_version"] == listed["feed_version"])
-    })
-    .await;
-    (org_id, cap_id, secret)
-}
-
-/// The org's one cap's spend in the ledger, in nano-dollars, once `admitted` receipts are in it.
-async fn spend_once_delivered(control: &Control, org_id: &str, admitted: usize) -> i128 {
-    let receipts = || async {
-        let summary = control.admin(Method::GET, &format!("/orgs/{org_id}/receipts/summary"), None).await;
-        let rows = summary["rows"].as_array().expect("rows").clone();
-        rows.iter().map(|r| r["requests"].as_u64().expect("requests")).sum::<u64>()
-    };
-    within(Duration::from_secs(10), "every admitted request's receipt reaches the ledger", || async {
-        receipts().await >= admitted as u64
-    })
-    .await;
-    assert_eq!(receipts().await, admitted as u64, "one receipt per admitted request");
-    let spend = control.admin(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
-    nanos(spend["spend"][0]["spend_usd"].as_str().expect("spend_usd"))
-}
 
 /// Every client on every node at the cap until refused `REFUSALS_IN_A_ROW` times in a row:
 /// the requests each node admitted.
