@@ -35,8 +35,16 @@ refusal is one when the request's real cost would have fit even had every reques
 been admitted and cost its real cost (admitted so far + in flight + this one, at the real cost,
 <= limit): room left for its actual cost, not for its reservation.
 
+With `--fault`, the shared store misbehaves while the nodes race (a `recovea-fault-proxy` between
+the nodes and Redis): `slow:MS` adds MS to every node's round trip to Redis for the whole run;
+`cut:SECONDS` cuts the first node off from Redis (packets dropped) for SECONDS from the start of
+each race's line; `clock:SECONDS` starts the first node with its clock SECONDS ahead (libfaketime).
+A `503 budget_unverifiable` (a request the node could not confirm) is counted and retried 100 ms
+later; the bound is the same.
+
 Usage: bench/overshoot.py [--nodes 2] [--clients-per-node 32] [--races 100] [--limit-requests 40]
                           [--latency-ms 0] [--far-requests 3] [--refusals 5] [--seconds 15] [--uncapped]
+                          [--fault slow:MS|cut:SECONDS|clock:SECONDS]
 Exit status 1 when a race broke the bound, ended with room left for a whole request after
 refusing (a phantom refusal; with `--uncapped` they are counted and reported instead), or a node
 did not admit again once the limit was raised.
@@ -229,9 +237,40 @@ class Race:
         return all(t is not None and t <= 5 for t in self.readmitted_in)
 
 
+class FaultProxy:
+    """A `recovea-fault-proxy` in front of Redis, told its fault a line at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([binary("recovea-fault-proxy"), "--upstream", "127.0.0.1:6379"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout
+        # Its own banner: its output goes on answering each fault, so no reader drains it.
+        banner = self.proc.stdout.readline().strip()
+        if not banner.startswith("listening on "):
+            sys.exit(f"recovea-fault-proxy: {banner!r}")
+        self.addr = banner.removeprefix("listening on ")
+
+    def set(self, fault: str) -> None:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(fault + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline().strip()
+        assert answer == "ok", f"fault proxy: {fault!r}: {answer}"
+
+
+def parse_fault(text: str | None) -> tuple[str, int] | None:
+    if text is None:
+        return None
+    kind, _, amount = text.partition(":")
+    if kind not in ("slow", "cut", "clock") or not amount.isdigit():
+        sys.exit(f"--fault: slow:MS, cut:SECONDS or clock:SECONDS, not {text!r}")
+    return kind, int(amount)
+
+
 class Bench:
-    def __init__(self, opts: argparse.Namespace, admin: httpx.Client, nodes: list[str]):
-        self.opts, self.admin, self.nodes = opts, admin, nodes
+    def __init__(self, opts: argparse.Namespace, admin: httpx.Client, nodes: list[str],
+                 proxy: FaultProxy | None = None):
+        self.opts, self.admin, self.nodes, self.proxy = opts, admin, nodes, proxy
         self.latencies = Latencies()
         self.limit = opts.limit_requests * COST
 
@@ -312,6 +351,16 @@ class Bench:
         stop_at = time.monotonic() + self.opts.seconds
         near_from = self.opts.limit_requests - self.opts.near
 
+        fault = parse_fault(self.opts.fault)
+        restore = None
+        if fault and fault[0] == "cut" and self.proxy:
+            self.proxy.set("cut")
+
+            async def after() -> None:
+                await asyncio.sleep(fault[1])
+                self.proxy.set("pass")
+            restore = asyncio.create_task(after())
+
         async def client(node: int, connection: Connection) -> None:
             nonlocal in_flight, refused, phantom
             in_a_row = 0
@@ -348,6 +397,8 @@ class Bench:
                     refused += 1
                 else:
                     other[status] = other.get(status, 0) + 1
+                    if status == 503:  # budget_unverifiable: retry in a moment
+                        await asyncio.sleep(0.1)
                 if status == 402:
                     self.latencies.near_refused.append(took)
                 elif status == 200 and near:
@@ -355,6 +406,8 @@ class Bench:
                 elif status == 200 and far:
                     self.latencies.approach.append(took)
         await self.clients(secret, client)
+        if restore:
+            await restore
         if time.monotonic() >= stop_at:
             print(f"  (the race was cut at {self.opts.seconds} s)")
         return admitted, refused, other, phantom
@@ -497,7 +550,10 @@ def main() -> None:
     args.add_argument("--seconds", type=float, default=15, help="a race's longest time")
     args.add_argument("--uncapped", action="store_true",
                       help="every request sets no output limit and the mock writes 20 x 1,024 output tokens")
+    args.add_argument("--fault", help="slow:MS (Redis's round trip + MS), cut:SECONDS (the first node cut off "
+                                      "from Redis at each race's line), clock:SECONDS (the first node's clock ahead)")
     opts = args.parse_args()
+    fault = parse_fault(opts.fault)
     if opts.uncapped:
         uncapped()
     if opts.nodes < 1 or opts.clients_per_node < 1 or opts.races < 1 or opts.limit_requests < 1:
@@ -527,18 +583,31 @@ def main() -> None:
         price = {"input_per_mtok_usd": str(INPUT_PER_MTOK), "output_per_mtok_usd": str(OUTPUT_PER_MTOK),
                  "max_output_tokens": MAX_OUTPUT_TOKENS}
         admin.put(f"/prices/{MODEL}", json=price).raise_for_status()
+        proxy = None
+        if fault and fault[0] in ("slow", "cut"):
+            proxy = FaultProxy()
+            procs.append(proxy.proc)
+            if fault[0] == "slow":
+                proxy.set(f"delay {fault[1] // 2}")
         nodes = []
         for n in range(opts.nodes):
+            redis = "127.0.0.1:6379"
+            if proxy and (fault[0] == "slow" or n == 0):
+                redis = proxy.addr
+            env = dict(os.environ)
+            if fault and fault[0] == "clock" and n == 0:
+                env.update({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+                            "FAKETIME": f"+{fault[1]}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
             proc = subprocess.Popen(
                 [binary("recovea"), "node", "--listen", "127.0.0.1:0", "--data-dir", str(work / f"node-{n}"),
                  "--control-url", control_url, "--node-token", node_token, "--master-key", master_key,
-                 "--redis-url", "redis://127.0.0.1:6379/", "--openai-base-url", mock_url,
+                 "--redis-url", f"redis://{redis}/", "--openai-base-url", mock_url,
                  "--anthropic-base-url", mock_url, "--log", "warn"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
             procs.append(proc)
             nodes.append(read_banner(proc, r"recovea node \S+:\s+(http://\S+)")["url"])
 
-        bench = Bench(opts, admin, nodes)
+        bench = Bench(opts, admin, nodes, proxy)
         races = asyncio.run(run(bench, opts))
         ok = report(races, bench.latencies, opts, line_answers(nodes))
     finally:

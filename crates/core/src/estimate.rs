@@ -84,15 +84,15 @@ pub fn estimates(price: &Price, ask: &Ask) -> Estimates {
         (true, true) => 1,
         (true, false) => ask.tool_call_limit.unwrap_or(DEFAULT_TOOL_CALLS),
     };
+    // The media's own quantities, with the request's tokens and tool calls added: every request
+    // prices this, so it is built in place rather than summed field by field.
     let usage = |output_tokens: u64, service_tier: ServiceTier| {
-        Usage {
-            input_tokens: ask.input_tokens,
-            output_tokens,
-            web_search_calls: calls,
-            service_tier,
-            ..Usage::default()
-        }
-        .saturating_add(ask.media)
+        let mut usage = ask.media;
+        usage.input_tokens = usage.input_tokens.saturating_add(ask.input_tokens);
+        usage.output_tokens = usage.output_tokens.saturating_add(output_tokens);
+        usage.web_search_calls = usage.web_search_calls.saturating_add(calls);
+        usage.service_tier = service_tier;
+        usage
     };
     let typical_output = ask.output_limit.unwrap_or(DEFAULT_OUTPUT_ESTIMATE);
     let worst_output = ask.output_limit.unwrap_or_else(|| {
@@ -105,11 +105,18 @@ pub fn estimates(price: &Price, ask: &Ask) -> Estimates {
         },
         TierAsked::Provider => {
             let typical = pricing::cost(&usage(typical_output, ServiceTier::Standard), price);
+            let standard = pricing::cost(&usage(worst_output, ServiceTier::Standard), price);
             // Priority is dearer than standard wherever a table lists it; the higher of the two
-            // all the same, so that a table that lists it cheaper cannot lower the worst case.
-            let worst = [ServiceTier::Standard, ServiceTier::Priority]
-                .map(|tier| pricing::cost(&usage(worst_output, tier), price));
-            Estimates { typical, worst: worst[0].max(worst[1]).max(typical) }
+            // all the same, so that a table that lists it cheaper cannot lower the worst case. A
+            // model without priority rates, nor a long context (past which priority takes the
+            // dearer of the two), bills priority at the standard ones.
+            let has_priority = price.priority.is_some() || price.long_context.is_some();
+            let priority = if has_priority {
+                pricing::cost(&usage(worst_output, ServiceTier::Priority), price)
+            } else {
+                standard
+            };
+            Estimates { typical, worst: standard.max(priority).max(typical) }
         }
     }
 }

@@ -249,8 +249,12 @@ pub fn cost(usage: &Usage, price: &Price) -> Nanos {
         (usage.code_interpreter_sessions, price.code_interpreter_per_session),
     ];
     let term = |units: u64, per: Nanos| i128::from(units).saturating_mul(i128::from(per.0));
-    let exact = per_million.iter().fold(0_i128, |sum, &(units, per)| sum.saturating_add(term(units, per)));
-    let exact = each.iter().fold(exact, |sum, &(units, per)| {
+    // Most requests bill two or three of these: the others are skipped, not multiplied by zero.
+    let exact = per_million
+        .iter()
+        .filter(|(units, _)| *units != 0)
+        .fold(0_i128, |sum, &(units, per)| sum.saturating_add(term(units, per)));
+    let exact = each.iter().filter(|(units, _)| *units != 0).fold(exact, |sum, &(units, per)| {
         sum.saturating_add(term(units, per.unwrap_or(Nanos::ZERO)).saturating_mul(UNITS_PER_MILLION))
     });
     let rounded = exact.saturating_add(UNITS_PER_MILLION / 2).div_euclid(UNITS_PER_MILLION);
