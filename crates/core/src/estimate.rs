@@ -78,45 +78,47 @@ pub struct Estimates {
 
 /// The request's typical estimate and worst case at `price`.
 pub fn estimates(price: &Price, ask: &Ask) -> Estimates {
+    Estimates { typical: estimate(price, ask, false), worst: estimate(price, ask, true) }
+}
+
+/// One of the request's [`Estimates`]: its worst case, or its typical estimate. The request path
+/// prices only the one it reserves ([`reserved`]'s rule).
+pub fn estimate(price: &Price, ask: &Ask, worst: bool) -> Nanos {
     let calls = match (ask.web_search, price.web_search_per_prompt) {
         (false, _) => 0,
         // Gemini 2's grounding: one fee per prompt, however many queries it runs.
         (true, true) => 1,
         (true, false) => ask.tool_call_limit.unwrap_or(DEFAULT_TOOL_CALLS),
     };
+    let output = match (ask.output_limit, worst) {
+        (Some(limit), _) => limit,
+        (None, false) => DEFAULT_OUTPUT_ESTIMATE,
+        (None, true) => price.max_output_tokens.unwrap_or(UNKNOWN_MAX_OUTPUT).max(DEFAULT_OUTPUT_ESTIMATE),
+    };
     // The media's own quantities, with the request's tokens and tool calls added: every request
     // prices this, so it is built in place rather than summed field by field.
-    let usage = |output_tokens: u64, service_tier: ServiceTier| {
+    let at = |service_tier: ServiceTier| {
         let mut usage = ask.media;
         usage.input_tokens = usage.input_tokens.saturating_add(ask.input_tokens);
-        usage.output_tokens = usage.output_tokens.saturating_add(output_tokens);
+        usage.output_tokens = usage.output_tokens.saturating_add(output);
         usage.web_search_calls = usage.web_search_calls.saturating_add(calls);
         usage.service_tier = service_tier;
-        usage
+        pricing::cost(&usage, price)
     };
-    let typical_output = ask.output_limit.unwrap_or(DEFAULT_OUTPUT_ESTIMATE);
-    let worst_output = ask.output_limit.unwrap_or_else(|| {
-        price.max_output_tokens.unwrap_or(UNKNOWN_MAX_OUTPUT).max(DEFAULT_OUTPUT_ESTIMATE)
-    });
-    match ask.tier {
-        TierAsked::Named(tier) => Estimates {
-            typical: pricing::cost(&usage(typical_output, tier), price),
-            worst: pricing::cost(&usage(worst_output, tier), price),
-        },
-        TierAsked::Provider => {
-            let typical = pricing::cost(&usage(typical_output, ServiceTier::Standard), price);
-            let standard = pricing::cost(&usage(worst_output, ServiceTier::Standard), price);
+    match (ask.tier, worst) {
+        (TierAsked::Named(tier), _) => at(tier),
+        (TierAsked::Provider, false) => at(ServiceTier::Standard),
+        (TierAsked::Provider, true) => {
+            let standard = at(ServiceTier::Standard);
             // Priority is dearer than standard wherever a table lists it; the higher of the two
             // all the same, so that a table that lists it cheaper cannot lower the worst case. A
             // model without priority rates, nor a long context (past which priority takes the
             // dearer of the two), bills priority at the standard ones.
-            let has_priority = price.priority.is_some() || price.long_context.is_some();
-            let priority = if has_priority {
-                pricing::cost(&usage(worst_output, ServiceTier::Priority), price)
+            if price.priority.is_some() || price.long_context.is_some() {
+                standard.max(at(ServiceTier::Priority))
             } else {
                 standard
-            };
-            Estimates { typical, worst: standard.max(priority).max(typical) }
+            }
         }
     }
 }

@@ -85,14 +85,6 @@ impl MediaRequest {
         self.audio_bytes.div_ceil(rate)
     }
 
-    /// The usage of a request whose answer reported none, and whether it is exact.
-    ///
-    /// - Text to speech priced per character (tts-1, tts-1-hd): the characters of `input`, exact:
-    ///   that is what the provider bills. Priced per token (gpt-4o-mini-tts): input at four
-    ///   characters a token, and [`SPOKEN_AUDIO_TOKENS_PER_CHAR`] audio tokens out, estimated.
-    /// - Transcription: the seconds of the file ([`Self::audio_seconds`]); for a model with no
-    ///   price per second, ten audio tokens a second in. Estimated.
-    /// - Images: `n` images, estimated (an answer that came whole says how many it holds).
     /// `price` (the model's, as its credential resolves it) with the price of one image of this
     /// request's quality and size when the table has one (`dall-e-3#hd-1024x1792`).
     pub fn price(
@@ -111,6 +103,14 @@ impl MediaRequest {
         price
     }
 
+    /// The usage of a request whose answer reported none, and whether it is exact.
+    ///
+    /// - Text to speech priced per character (tts-1, tts-1-hd): the characters of `input`, exact:
+    ///   that is what the provider bills. Priced per token (gpt-4o-mini-tts): input at four
+    ///   characters a token, and [`SPOKEN_AUDIO_TOKENS_PER_CHAR`] audio tokens out, estimated.
+    /// - Transcription: the seconds of the file ([`Self::audio_seconds`]); for a model with no
+    ///   price per second, ten audio tokens a second in. Estimated.
+    /// - Images: `n` images, estimated (an answer that came whole says how many it holds).
     pub fn unreported_usage(&self, price: &Price) -> (Usage, bool) {
         match self.kind {
             MediaKind::Speech if price.per_million_characters.is_some() => {

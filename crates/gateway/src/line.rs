@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use recovea_core::admission::Admitted;
 use recovea_core::caps::{self, Cap};
-use recovea_core::estimate::{self, Estimates};
 use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
@@ -16,20 +15,13 @@ use crate::metering::{Settle, Settled};
 use crate::node::{Shared, cap_window};
 use crate::refusal::Refusal;
 
-/// What a request asks of the caps: its estimates (typical, and worst case), and whether the
-/// estimate must fit below each armed line (a batch) rather than find the line not yet reached (a
-/// request).
+/// What a request asks of the caps: the estimate it reserves (its worst case while an armed cap
+/// covers it, [`under_armed_cap`]; its typical estimate otherwise), and whether the estimate must
+/// fit below each armed line (a batch) rather than find the line not yet reached (a request).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ask {
-    pub(crate) estimates: Estimates,
+    pub(crate) estimate: Nanos,
     pub(crate) fit: bool,
-}
-
-impl Ask {
-    /// An ask whose worst case is its estimate (a batch, a Realtime response).
-    pub(crate) fn exact(estimate: Nanos, fit: bool) -> Ask {
-        Ask { estimates: Estimates { typical: estimate, worst: estimate }, fit }
-    }
 }
 
 /// Phase check caps: every cap covering the caller, read against the node's counters (armed caps
@@ -55,7 +47,7 @@ pub(crate) async fn check_caps(
     if covering.is_empty() {
         return Ok(None);
     }
-    let estimate = estimate::reserved(ask.estimates, covering.iter().any(|cap| cap.hard_stop));
+    let estimate = ask.estimate;
     let counters = &shared.counters;
     let max_age_ms = i64::try_from(shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
     let counting = counters.counting();

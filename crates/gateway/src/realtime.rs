@@ -308,7 +308,7 @@ impl Session {
     async fn ask(&mut self) -> Result<(), CapRefusal> {
         let at = self.shared.now();
         let estimate = self.estimate();
-        match line::check_caps(&self.shared, &self.admitted, Ask::exact(estimate, false), at).await {
+        match line::check_caps(&self.shared, &self.admitted, Ask { estimate, fit: false }, at).await {
             Ok(reservation) => {
                 self.asked.push_back(Held { reservation, at });
                 Ok(())

@@ -10,7 +10,7 @@ use http::HeaderMap;
 use recovea_core::admission::Admitted;
 use recovea_core::caps;
 use recovea_core::channel::{Channel, JobKind, Unseen};
-use recovea_core::estimate::{self, Estimates};
+use recovea_core::estimate;
 use recovea_core::ids::CapId;
 use recovea_core::jobs::book_key;
 use recovea_core::money::Nanos;
@@ -70,7 +70,8 @@ pub(crate) async fn decide(
 ) -> Result<Spend, Refusal> {
     match request.channel {
         Channel::Immediate => {
-            let ask = Ask { estimates: request_estimates(&request), fit: false };
+            let ask =
+                Ask { estimate: request_estimate(&request, line::under_armed_cap(admitted)), fit: false };
             Ok(Spend {
                 reservation: line::check_caps(shared, admitted, ask, request.now).await?,
                 ..Spend::default()
@@ -85,7 +86,7 @@ pub(crate) async fn decide(
         }),
         Channel::Deferred(kind) => match job_estimate(shared, admitted, kind, &request).await {
             Some(held) => {
-                let ask = Ask::exact(held, kind.is_batch());
+                let ask = Ask { estimate: held, fit: kind.is_batch() };
                 let reservation = line::check_caps(shared, admitted, ask, request.now).await?;
                 // A background response is metered as any answer when it comes back done; a
                 // batch's creation itself costs nothing.
@@ -153,7 +154,9 @@ fn unmeterable(
 
 /// A request's typical estimate and worst case (`core::estimate`): its estimated input, its
 /// output limit, the tier it asked and its web search calls, at its model's price.
-fn request_estimates(request: &Request<'_>) -> Estimates {
+/// What the request reserves: its worst case under an armed cap, its typical estimate otherwise
+/// (`estimate::reserved`'s rule), the other left unpriced.
+fn request_estimate(request: &Request<'_>, under_armed_cap: bool) -> Nanos {
     let facts = request.facts;
     let table = &request.prices.table;
     let mut price = table.price_in(facts.model.as_deref(), request.scope).price;
@@ -174,7 +177,7 @@ fn request_estimates(request: &Request<'_>) -> Estimates {
         tool_call_limit: facts.tool_call_limit,
         media,
     };
-    estimate::estimates(&price, &ask)
+    estimate::estimate(&price, &ask, under_armed_cap)
 }
 
 /// What a deferred job is held at; `None` when the gateway cannot estimate it (an input file it
@@ -192,7 +195,7 @@ async fn job_estimate(
     let input = match kind {
         // Held at what a request in the foreground reserves.
         JobKind::BackgroundResponse => {
-            return Some(estimate::reserved(request_estimates(request), line::under_armed_cap(admitted)));
+            return Some(request_estimate(request, line::under_armed_cap(admitted)));
         }
         JobKind::OpenAiBatch => {
             let file = provider_jobs::batch_input_file(request.body)?;
