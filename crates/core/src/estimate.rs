@@ -97,7 +97,7 @@ pub fn estimate(price: &Price, ask: &Ask, worst: bool) -> Nanos {
     };
     // The media's own quantities, with the request's tokens and tool calls added: every request
     // prices this, so it is built in place rather than summed field by field.
-    let at = |service_tier: ServiceTier| {
+    let at = |service_tier: ServiceTier, price: &Price| {
         let mut usage = ask.media;
         usage.input_tokens = usage.input_tokens.saturating_add(ask.input_tokens);
         usage.output_tokens = usage.output_tokens.saturating_add(output);
@@ -106,20 +106,24 @@ pub fn estimate(price: &Price, ask: &Ask, worst: bool) -> Nanos {
         pricing::cost(&usage, price)
     };
     match (ask.tier, worst) {
-        (TierAsked::Named(tier), _) => at(tier),
-        (TierAsked::Provider, false) => at(ServiceTier::Standard),
-        (TierAsked::Provider, true) => {
-            let standard = at(ServiceTier::Standard);
-            // Priority is dearer than standard wherever a table lists it; the higher of the two
-            // all the same, so that a table that lists it cheaper cannot lower the worst case. A
-            // model without priority rates, nor a long context (past which priority takes the
-            // dearer of the two), bills priority at the standard ones.
-            if price.priority.is_some() || price.long_context.is_some() {
-                standard.max(at(ServiceTier::Priority))
-            } else {
-                standard
+        (TierAsked::Named(tier), _) => at(tier, price),
+        (TierAsked::Provider, false) => at(ServiceTier::Standard, price),
+        // A tier left to the provider may be served at priority: the dearer of the two rates.
+        // (Priority is dearer wherever a table lists it; the higher all the same, so that a table
+        // listing it cheaper cannot lower the worst case.)
+        (TierAsked::Provider, true) => match (price.priority, price.long_context) {
+            (None, None) => at(ServiceTier::Standard, price),
+            // The estimate bills input and output tokens alone (and what falls back to their
+            // rates): priced once at the dearer of each, which no tier's bill passes.
+            (Some(priority), None) => {
+                let mut dearest = *price;
+                dearest.input_per_mtok = price.input_per_mtok.max(priority.input_per_mtok);
+                dearest.output_per_mtok = price.output_per_mtok.max(priority.output_per_mtok);
+                at(ServiceTier::Standard, &dearest)
             }
-        }
+            // Past a long context's threshold priority takes the dearer rates of its own.
+            (_, Some(_)) => at(ServiceTier::Standard, price).max(at(ServiceTier::Priority, price)),
+        },
     }
 }
 

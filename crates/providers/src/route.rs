@@ -97,8 +97,9 @@ pub fn model_the_provider_runs<'a>(upstream_path: &'a str, body_model: Option<&'
 /// spells it. (Compared undecoded: a pattern without `%` matches an encoded name only where it
 /// matches the decoded one.)
 fn azure_deployment(upstream_path: &str) -> Option<&str> {
-    let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
-    let rest = path.strip_prefix("/openai/deployments/")?;
+    // The prefix first: every other request's path is not searched.
+    let rest = upstream_path.strip_prefix("/openai/deployments/")?;
+    let rest = rest.split_once('?').map_or(rest, |(path, _)| path);
     let deployment = rest.split_once('/').map_or(rest, |(deployment, _)| deployment);
     (!deployment.is_empty()).then_some(deployment)
 }
