@@ -20,7 +20,7 @@ mod deployment;
 mod harness;
 
 use deployment::{
-    Control, MODEL, Node, REDIS, chat_at, free_port, require_redis, spend_once_delivered, tenant_with_cap,
+    Control, Node, REDIS, chat_at, dollar_a_request, require_redis, spend_once_delivered, tenant_with_cap,
     within,
 };
 use harness::{Database, http_client, temp_dir};
@@ -67,12 +67,7 @@ async fn deploy_nodes(name: &str, specs: &[NodeSpec<'_>]) -> Deployment {
     require_redis();
     let dir = temp_dir(name);
     let database = Database::create();
-    let mock = MockProvider::start().await;
-    let usage = json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2});
-    mock.script(Behaviour::default().usage(usage).times(1_000_000));
-    let control = Control::start(&database, free_port(), &dir.join("control"));
-    let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1000000"});
-    control.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
+    let (mock, control) = dollar_a_request(&database, &dir).await;
     let nodes: Vec<Node> = specs
         .iter()
         .enumerate()

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
-use recovea_testkit::{Behaviour, MockProvider};
 use serde_json::json;
 
 #[path = "support/deployment.rs"]
@@ -14,9 +13,7 @@ mod deployment;
 #[path = "support/harness.rs"]
 mod harness;
 
-use deployment::{
-    Control, MODEL, Node, chat_at, free_port, require_redis, spend_once_delivered, tenant_with_cap,
-};
+use deployment::{Node, chat_at, dollar_a_request, require_redis, spend_once_delivered, tenant_with_cap};
 use harness::{Database, http_client, temp_dir};
 
 /// One dollar a request, exactly its reservation (see `line_holds_across_two_nodes_race_after_race`).
@@ -97,12 +94,7 @@ async fn line_holds_across_two_nodes_race_after_race() {
     require_redis();
     let dir = temp_dir("line-two-nodes");
     let database = Database::create();
-    let mock = MockProvider::start().await;
-    let usage = json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2});
-    mock.script(Behaviour::default().usage(usage).times(1_000_000));
-    let control = Control::start(&database, free_port(), &dir.join("control"));
-    let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1000000"});
-    control.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
+    let (mock, control) = dollar_a_request(&database, &dir).await;
     let nodes: Vec<Node> = ["node-a", "node-b"]
         .iter()
         .map(|name| Node::start(&dir.join(name), &control.admin, &mock.url(), &[]))

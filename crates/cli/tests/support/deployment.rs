@@ -221,3 +221,18 @@ pub async fn spend_once_delivered(control: &Control, org_id: &str, admitted: usi
     let spend = control.admin(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
     nanos(spend["spend"][0]["spend_usd"].as_str().expect("spend_usd"))
 }
+
+/// The mock and a control plane on `database` (its data in `dir/control`) for races at a cap:
+/// every chat request of [`MODEL`] for one output token costs exactly one dollar, its reservation.
+pub async fn dollar_a_request(
+    database: &crate::harness::Database,
+    dir: &Path,
+) -> (recovea_testkit::MockProvider, Control) {
+    let mock = recovea_testkit::MockProvider::start().await;
+    let usage = json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2});
+    mock.script(recovea_testkit::Behaviour::default().usage(usage).times(1_000_000));
+    let control = Control::start(database, free_port(), &dir.join("control"));
+    let price = json!({"input_per_mtok_usd": "0", "output_per_mtok_usd": "1000000"});
+    control.admin(Method::PUT, &format!("/prices/{MODEL}"), Some(price)).await;
+    (mock, control)
+}
