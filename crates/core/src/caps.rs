@@ -250,24 +250,23 @@ pub enum LineAnswer {
     Contended,
     /// The store holds no ledger-rebuilt total for a window (a new cap or window, a restart, a
     /// flush), so it cannot vouch for its spend; nothing was reserved. The node rebuilds the
-    /// window from the ledger and seeds it, so the request asks again, then decides from its own
-    /// view.
+    /// window from the ledger and seeds it, so the request asks again; still unseeded, its spend
+    /// cannot be confirmed.
     Unseeded,
 }
 
 /// Decides the armed caps a request asked the shared store about, `asked[i]` being each cap with
 /// this node's view of its spend (the request's own estimate not in it). The store's answer wins.
 ///
-/// Without one (`None`: the store did not answer in time, or failed), or when it stayed
-/// contended, the node cannot know what the other nodes admitted meanwhile: deciding from its own
-/// view would let every node cut off from the store spend the same room. It refuses `402` only
-/// spend that has been made (a cap whose spend alone reached its limit), and otherwise answers that
-/// the spend cannot be confirmed (`503`, retry in a moment): never admitted past the line, never
+/// Without one (`None`: the store did not answer in time, or failed), when it stayed contended, or
+/// when it still could not vouch for the window (unseeded: its rebuild from the ledger has not
+/// landed), the node cannot know what the other nodes admitted meanwhile: deciding from its own
+/// view would let every node spend the same room (a store slow by 150 ms left a new window
+/// unseeded past the wait, and two nodes admitted twice the limit). It refuses `402` only spend
+/// that has been made (a cap whose spend alone reached its limit), and otherwise answers that the
+/// spend cannot be confirmed (`503`, retry in a moment): never admitted past the line, never
 /// refused below it. Spend a node may make without the store is its spare room, decided in memory
 /// before any ask ([`line_check`]).
-///
-/// An unseeded window (the store lost or never had the ledger's total) is decided from the node's
-/// own view once its rebuild had time to land: spend plus known reservations reached the limit.
 pub fn decide_at_line(asked: &[(&Cap, CapSpend)], answer: Option<LineAnswer>) -> Result<(), CapRefusal> {
     let exceeded = |cap: &Cap| CapRefusal::Exceeded { scope: cap.scope, window: cap.window };
     match answer {
@@ -277,11 +276,7 @@ pub fn decide_at_line(asked: &[(&Cap, CapSpend)], answer: Option<LineAnswer>) ->
             // An index the request did not send: the answer is not about this request.
             None => decide_at_line(asked, None),
         },
-        Some(LineAnswer::Unseeded) => asked
-            .iter()
-            .find(|(cap, spend)| spend.spent.saturating_add(spend.reserved) >= cap.limit)
-            .map_or(Ok(()), |(cap, _)| Err(exceeded(cap))),
-        Some(LineAnswer::Contended) | None => {
+        Some(LineAnswer::Contended | LineAnswer::Unseeded) | None => {
             match asked.iter().find(|(cap, spend)| spend.spent >= cap.limit) {
                 Some((cap, _)) => Err(exceeded(cap)),
                 None => Err(unconfirmed(asked)),
@@ -334,9 +329,9 @@ fn batch_fits(cap: &Cap, committed: Nanos, estimate: Nanos) -> Result<(), CapRef
 }
 
 /// [`decide_at_line`] for a batch of `estimate`, which must fit: the store's `AtLine` names the
-/// cap it does not fit (the room told from the node's view); for an unseeded window the node's own
-/// view decides, spend and every known reservation counted; without an answer, or contended, the
-/// batch is refused when spend made leaves it no room, and cannot be confirmed otherwise.
+/// cap it does not fit (the room told from the node's view); without an answer, contended or
+/// unseeded, the batch is refused when spend made leaves it no room, and cannot be confirmed
+/// otherwise.
 pub fn decide_fit_at_line(
     asked: &[(&Cap, CapSpend)],
     answer: Option<LineAnswer>,
@@ -360,11 +355,8 @@ pub fn decide_fit_at_line(
             }
             None => decide_fit_at_line(asked, None, estimate),
         },
-        Some(LineAnswer::Unseeded) => {
-            asked.iter().try_for_each(|(cap, spend)| batch_fits(cap, committed(spend), estimate))
-        }
         // As [`decide_at_line`]: only spend made refuses; the rest cannot be confirmed.
-        Some(LineAnswer::Contended) | None => {
+        Some(LineAnswer::Contended | LineAnswer::Unseeded) | None => {
             asked.iter().try_for_each(|(cap, spend)| batch_fits(cap, spend.spent, estimate))?;
             Err(unconfirmed(asked))
         }
@@ -599,14 +591,11 @@ mod tests {
         assert_eq!(decide_fit_at_line(&asked, Some(LineAnswer::Reserved), Nanos(200)), Ok(()));
         assert_eq!(decide_fit_at_line(&asked, Some(LineAnswer::AtLine(0)), Nanos(200)), refused(300));
         let unconfirmed = Err(CapRefusal::Unverifiable { scope: Scope::Organization, window: Window::Month });
-        assert_eq!(
-            decide_fit_at_line(&asked, Some(LineAnswer::Unseeded), Nanos(200)),
-            Ok(()),
-            "the view has room"
-        );
-        assert_eq!(decide_fit_at_line(&asked, None, Nanos(200)), unconfirmed, "no answer: not confirmed");
+        for answer in [None, Some(LineAnswer::Unseeded)] {
+            assert_eq!(decide_fit_at_line(&asked, answer, Nanos(200)), unconfirmed, "not confirmed");
+        }
         let full = [(&month, confirmed(900, 50, 0))];
-        assert_eq!(decide_fit_at_line(&full, Some(LineAnswer::Unseeded), Nanos(200)), refused(50));
+        assert_eq!(decide_fit_at_line(&full, Some(LineAnswer::Unseeded), Nanos(200)), refused(100));
         // Spend made (900 of 1,000) leaves no room for 200: refused whatever the store says.
         assert_eq!(decide_fit_at_line(&full, Some(LineAnswer::Contended), Nanos(200)), refused(100));
         assert_eq!(decide_fit_at_line(&full, Some(LineAnswer::AtLine(7)), Nanos(200)), refused(100));
@@ -790,16 +779,14 @@ mod tests {
             decide_at_line(&asked, Some(LineAnswer::AtLine(1))),
             exceeded(Scope::Organization, Window::Month)
         );
-        // An unseeded window: the node's own view, spend and reservations.
-        let unseeded = Some(LineAnswer::Unseeded);
-        assert_eq!(decide_at_line(&asked, unseeded), exceeded(Scope::Organization, Window::Month));
-        assert_eq!(decide_at_line(&[(&day, roomy), (&month, roomy)], unseeded), Ok(()));
-        assert_eq!(decide_at_line(&[(&day, confirmed(999, 0, 0))], unseeded), Ok(()), "one nano under");
-        // No answer, a contended one, or one about a cap that was not asked: what the other nodes
-        // admitted meanwhile is unknown. Spend made at the limit refuses; anything else is not
-        // confirmed, the first asked cap named, never admitted and never refused 402 below the line.
+        // No answer, a contended or unseeded one, or one about a cap that was not asked: what the
+        // other nodes admitted meanwhile is unknown. Spend made at the limit refuses; anything else
+        // is not confirmed, the first asked cap named, never admitted and never refused 402 below
+        // the line.
         let unconfirmed = Err(CapRefusal::Unverifiable { scope: Scope::Key, window: Window::Day });
-        for answer in [None, Some(LineAnswer::Contended), Some(LineAnswer::AtLine(2))] {
+        let undecided =
+            [None, Some(LineAnswer::Contended), Some(LineAnswer::Unseeded), Some(LineAnswer::AtLine(2))];
+        for answer in undecided {
             assert_eq!(decide_at_line(&asked, answer), unconfirmed, "reservations are not spend");
             assert_eq!(decide_at_line(&[(&day, roomy), (&month, roomy)], answer), unconfirmed);
             let spent = [(&day, roomy), (&month, confirmed(1_000, 0, 0))];
@@ -868,9 +855,8 @@ mod tests {
             prop_assert!(spare_ceiling(Nanos(limit)) <= Nanos(limit));
         }
 
-        /// A reservation the store made always admits; a line the store found always refuses; an
-        /// unseeded window is the exact rule over the asked caps; without an answer only spend
-        /// made refuses 402, and nothing is admitted.
+        /// A reservation the store made always admits; a line the store found always refuses;
+        /// without a sure answer only spend made refuses 402, and nothing is admitted.
         #[test]
         fn the_decision_at_the_line_follows_the_store_or_the_view(
             caps in proptest::collection::vec(any_cap(Just(true)), 1..4),
@@ -879,12 +865,7 @@ mod tests {
         ) {
             let asked: Vec<(&Cap, CapSpend)> = caps.iter().zip(spends.iter().copied()).collect();
             prop_assert_eq!(decide_at_line(&asked, Some(LineAnswer::Reserved)), Ok(()));
-            let own_view = asked
-                .iter()
-                .find(|(cap, s)| i128::from(s.spent.0) + i128::from(s.reserved.0) >= i128::from(cap.limit.0))
-                .map(|(cap, _)| (cap.scope, cap.window));
             let seen = |verdict: Result<(), CapRefusal>| verdict.err().map(|r| (r.cap_scope(), r.cap_window()));
-            prop_assert_eq!(seen(decide_at_line(&asked, Some(LineAnswer::Unseeded))), own_view);
             let spent = asked.iter().find(|(cap, s)| s.spent >= cap.limit);
             let unanswered = match spent {
                 Some((cap, _)) => CapRefusal::Exceeded { scope: cap.scope, window: cap.window },
@@ -892,6 +873,7 @@ mod tests {
             };
             prop_assert_eq!(decide_at_line(&asked, None), Err(unanswered.clone()));
             prop_assert_eq!(decide_at_line(&asked, Some(LineAnswer::Contended)), Err(unanswered.clone()));
+            prop_assert_eq!(decide_at_line(&asked, Some(LineAnswer::Unseeded)), Err(unanswered.clone()));
             let verdict = decide_at_line(&asked, Some(LineAnswer::AtLine(at)));
             match asked.get(at) {
                 Some((cap, _)) => prop_assert_eq!(seen(verdict), Some((cap.scope, cap.window))),

@@ -48,13 +48,14 @@ pub const MOST_AT_THE_LINE: Duration = Duration::from_secs(1);
 const DEADLINE_PER_ROUND_TRIP: u32 = 4;
 /// Unanswered asks at the line are logged at most this often (with their count since).
 const UNANSWERED_WARNING_EVERY: Duration = Duration::from_secs(10);
-/// How long a request found contended at the line (other nodes hold spare room there) keeps
-/// asking, while the holders' syncs give their spare back, before it decides from its own view.
+/// How long (at least) a request found contended at the line (other nodes hold spare room there)
+/// keeps asking, while the holders' syncs give their spare back, before its spend counts as
+/// unconfirmed.
 const CONTENDED_WAIT: Duration = Duration::from_millis(300);
-/// How long a request at an armed cap's window the store holds no ledger-rebuilt total for (a
-/// new cap or window, a flushed store) keeps asking, while the node rebuilds the window from the
-/// ledger and seeds it, before it decides from its own view. A sync, a read of the ledger and
-/// another sync: tens of milliseconds, once per window.
+/// How long (at least) a request at an armed cap's window the store holds no ledger-rebuilt total
+/// for (a new cap or window, a flushed store) keeps asking, while the node rebuilds the window from
+/// the ledger and seeds it, before its spend counts as unconfirmed. A sync, a read of the ledger
+/// and another sync: tens of milliseconds, once per window.
 const UNSEEDED_WAIT: Duration = Duration::from_millis(500);
 /// The pause between two asks of a request found contended or unseeded.
 const ASK_AGAIN_AFTER: Duration = Duration::from_millis(10);
@@ -62,11 +63,13 @@ const ASK_AGAIN_AFTER: Duration = Duration::from_millis(10);
 /// this node's reservation on it may outlive the request in their view.
 const ARMED_SYNC_GAP: Duration = Duration::from_millis(100);
 
-/// How long a request keeps asking the store at the line after this answer (zero: it acts on it).
-fn asked_again_for(answer: LineAnswer) -> Duration {
+/// How long a request keeps asking the store at the line after this answer (zero: it acts on it),
+/// the store's `deadline` for one ask being what it lately takes: a slow store takes longer to
+/// hand spare back or to have a window seeded (a sync, a read of the ledger, another sync).
+fn asked_again_for(answer: LineAnswer, deadline: Duration) -> Duration {
     match answer {
-        LineAnswer::Contended => CONTENDED_WAIT,
-        LineAnswer::Unseeded => UNSEEDED_WAIT,
+        LineAnswer::Contended => CONTENDED_WAIT.max(deadline),
+        LineAnswer::Unseeded => UNSEEDED_WAIT.max(deadline.saturating_mul(2)),
         LineAnswer::Reserved | LineAnswer::AtLine(_) => Duration::ZERO,
     }
 }
@@ -387,7 +390,7 @@ impl Counters {
                 // The holders of spare give it back at their next sync; the ledger's total of an
                 // unseeded window is seeded after the sync that finds it missing. This node's own
                 // view follows either way.
-                Ok(Ok(answer)) if started.elapsed() < asked_again_for(answer) => {
+                Ok(Ok(answer)) if started.elapsed() < asked_again_for(answer, deadline) => {
                     reservation.record = None;
                     self.sync_soon();
                     tokio::time::sleep(ASK_AGAIN_AFTER).await;

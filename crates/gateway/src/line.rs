@@ -29,8 +29,8 @@ pub(crate) struct Ask {
 /// covering cap's window. On counters no other node shares, the check and the reservation are one
 /// step in memory (no await between them). On shared counters, an armed cap the node's spare
 /// room does not cover is within reach of its line: there the request waits for the shared
-/// store, which checks and reserves in one atomic step (`Counters::ask_at_line`), and decides
-/// from the node's own view if the store does not answer in time. A batch must fit: its whole
+/// store, which checks and reserves in one atomic step (`Counters::ask_at_line`); without a sure
+/// answer in time its spend cannot be confirmed (`caps::decide_at_line`). A batch must fit: its whole
 /// estimate below each armed line.
 ///
 /// The estimate reserved is the request's worst case while an armed cap covers it, its typical

@@ -206,8 +206,8 @@ pub(crate) fn reason_index(reason: FailOpenReason) -> usize {
 }
 
 /// The labels of `recovea_cap_line_asks_total`: admitted, refused at the line, then the answers
-/// after which the request decided from its own view: contended to the end, a window still
-/// unseeded to the end, no answer in time.
+/// after which the request's spend could not be confirmed (`503`, unless spend made reached the
+/// limit): contended to the end, a window still unseeded to the end, no answer in time.
 const LINE_ANSWERS: [&str; 5] = ["reserved", "at_line", "contended", "unseeded", "unanswered"];
 
 /// The `provider` label of the latency histograms: the kind of provider a request went to (or
