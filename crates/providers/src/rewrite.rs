@@ -90,6 +90,9 @@ struct RequestHead {
     service_tier: Value,
     #[serde(default)]
     max_tool_calls: Value,
+    /// Chat Completions' built-in web search (the search models): an object turns it on.
+    #[serde(default)]
+    web_search_options: Value,
     /// Read by `inspect` alone: [`inspect_and_estimate`] counts `tools` as input, and finds its web
     /// search tools as it does.
     #[serde(default)]
@@ -191,7 +194,7 @@ impl RequestHead {
             background: self.background == Value::Bool(true),
             media: None,
             service_tier: TierAsked::parse(self.service_tier.as_str()),
-            web_search: false,
+            web_search: self.web_search_options.is_object(),
             tool_call_limit: self.max_tool_calls.as_u64(),
         }
         .with_tools(tools)
@@ -220,7 +223,7 @@ struct RequestPass<'de> {
     repeated_head: bool,
     /// Which of `head`'s members were read, in the order `visit_map` names them: an explicit
     /// `null` reads the same as an absent member, so the value cannot tell.
-    seen_head: [bool; 11],
+    seen_head: [bool; 12],
     input: InputFields<'de>,
     /// The path of the first member named twice in an object the gateway reads.
     first_repeat: Option<String>,
@@ -270,6 +273,7 @@ impl<'de> Visitor<'de> for RequestPass<'de> {
                 "background" => (7, &mut self.head.background),
                 "service_tier" => (8, &mut self.head.service_tier),
                 "max_tool_calls" => (9, &mut self.head.max_tool_calls),
+                "web_search_options" => (11, &mut self.head.web_search_options),
                 other => {
                     // `tools` is counted as input: its objects' names are checked as it is. It is
                     // one of `RequestHead`'s members all the same (`inspect` reads it there).
@@ -585,6 +589,11 @@ mod tests {
         assert_eq!(inspect(br#"{"service_tier":"flex"}"#).service_tier, TierAsked::Named(ServiceTier::Flex));
 
         // OpenAI's Responses: a web search tool, limited by `max_tool_calls`.
+        // Chat Completions' search models: `web_search_options`, as one in `inspect`.
+        let chat = r#"{"model":"gpt-4o-search-preview","web_search_options":{},"messages":[]}"#;
+        assert_eq!((facts(chat).web_search, facts(chat).tool_call_limit), (true, None));
+        assert!(inspect(chat.as_bytes()).web_search);
+        assert!(!facts(r#"{"web_search_options":null}"#).web_search);
         let responses = facts(r#"{"model":"gpt-5","tools":[{"type":"web_search"}],"max_tool_calls":3}"#);
         assert_eq!((responses.web_search, responses.tool_call_limit), (true, Some(3)));
         let unlimited = facts(r#"{"tools":[{"type":"function","name":"f"},{"type":"web_search_preview"}]}"#);

@@ -666,7 +666,7 @@ mod tests {
                 "messages", "system", "input", "prompt", "instructions", "tools", "functions", "model",
                 "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
                 "include_usage", "content", "role", "max_uses", "google_search", "max_tool_calls",
-                "service_tier",
+                "service_tier", "web_search_options",
             ])
             .prop_map(|k| format!("\"{k}\"")),
             3 => Just("\"type\"".to_owned()),
