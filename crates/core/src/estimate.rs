@@ -64,6 +64,10 @@ pub struct Ask {
     pub web_search: bool,
     /// The request's limit on built-in tool calls (`max_tool_calls`, `max_uses`).
     pub tool_call_limit: Option<u64>,
+    /// A file search tool is offered (billed per call: the tool-call limit, or the default, of
+    /// them) and a code interpreter (billed per container session: one).
+    pub file_search: bool,
+    pub code_interpreter: bool,
     /// What an images or audio request says it will be billed for beyond tokens (its images, the
     /// characters it speaks, the seconds it transcribes: `MediaRequest::unreported_usage`).
     pub media: Usage,
@@ -102,6 +106,13 @@ pub fn estimate(price: &Price, ask: &Ask, worst: bool) -> Nanos {
         usage.input_tokens = usage.input_tokens.saturating_add(ask.input_tokens);
         usage.output_tokens = usage.output_tokens.saturating_add(output);
         usage.web_search_calls = usage.web_search_calls.saturating_add(calls);
+        if ask.file_search {
+            let limit = ask.tool_call_limit.unwrap_or(DEFAULT_TOOL_CALLS);
+            usage.file_search_calls = usage.file_search_calls.saturating_add(limit);
+        }
+        if ask.code_interpreter {
+            usage.code_interpreter_sessions = usage.code_interpreter_sessions.saturating_add(1);
+        }
         usage.service_tier = service_tier;
         pricing::cost(&usage, price)
     };
@@ -197,6 +208,17 @@ mod tests {
     fn an_unknown_most_output_falls_back() {
         let price = Price { max_output_tokens: None, ..gpt5() };
         let ask = Ask { tier: TierAsked::Named(ServiceTier::Standard), ..Ask::default() };
+        // A file search tool reserves its calls (the tool-call limit, else the default) at their fee,
+        // a code interpreter one container session.
+        let tools = Price {
+            file_search_per_call: Some(Nanos::parse_usd("0.0025").expect("usd")),
+            code_interpreter_per_session: Some(Nanos::parse_usd("0.03").expect("usd")),
+            ..Price::default()
+        };
+        let limited = Ask { file_search: true, tool_call_limit: Some(2), ..ask };
+        assert_eq!(estimates(&tools, &limited).worst, Nanos::parse_usd("0.005").expect("usd"));
+        let unlimited = Ask { file_search: true, code_interpreter: true, ..ask };
+        assert_eq!(estimates(&tools, &unlimited).typical, Nanos::parse_usd("0.0425").expect("usd"));
         // What an images or audio request asks for is reserved in both: two HD images at $0.12.
         let image = Price { per_image: Some(Nanos::parse_usd("0.12").expect("usd")), ..Price::default() };
         let two = Ask { media: Usage { images: 2, ..Usage::default() }, ..ask };
@@ -285,22 +307,30 @@ mod tests {
             proptest::option::of(0..M),
             any::<bool>(),
             proptest::option::of(1u64..2_000_000),
+            (proptest::option::of(0..M), proptest::option::of(0..M), proptest::option::of(0..M)),
         )
-            .prop_map(|(standard, flex, priority, long, search, per_prompt, max_output)| Price {
-                input_per_mtok: standard.input_per_mtok,
-                output_per_mtok: standard.output_per_mtok,
-                flex,
-                priority,
-                long_context: long.map(|(above_input_tokens, standard)| LongContext {
-                    above_input_tokens,
-                    standard,
-                    ..LongContext::default()
-                }),
-                web_search_per_call: search.map(Nanos),
-                web_search_per_prompt: per_prompt,
-                max_output_tokens: max_output,
-                ..Price::default()
-            })
+            .prop_map(
+                |(standard, flex, priority, long, search, per_prompt, max_output, (file, code, image))| {
+                    Price {
+                        input_per_mtok: standard.input_per_mtok,
+                        output_per_mtok: standard.output_per_mtok,
+                        flex,
+                        priority,
+                        long_context: long.map(|(above_input_tokens, standard)| LongContext {
+                            above_input_tokens,
+                            standard,
+                            ..LongContext::default()
+                        }),
+                        web_search_per_call: search.map(Nanos),
+                        web_search_per_prompt: per_prompt,
+                        max_output_tokens: max_output,
+                        file_search_per_call: file.map(Nanos),
+                        code_interpreter_per_session: code.map(Nanos),
+                        per_image: image.map(Nanos),
+                        ..Price::default()
+                    }
+                },
+            )
     }
 
     fn asks() -> impl Strategy<Value = Ask> {
@@ -317,6 +347,7 @@ mod tests {
             any::<bool>(),
             proptest::option::of(0u64..100),
             (0u64..5, 0u64..10_000, 0u64..1_000),
+            (any::<bool>(), any::<bool>()),
         )
             .prop_map(
                 |(
@@ -326,9 +357,19 @@ mod tests {
                     web_search,
                     tool_call_limit,
                     (images, characters, seconds),
+                    (file_search, code_interpreter),
                 )| {
                     let media = Usage { images, characters, seconds, ..Usage::default() };
-                    Ask { input_tokens, output_limit, tier, web_search, tool_call_limit, media }
+                    Ask {
+                        input_tokens,
+                        output_limit,
+                        tier,
+                        web_search,
+                        tool_call_limit,
+                        media,
+                        file_search,
+                        code_interpreter,
+                    }
                 },
             )
     }
@@ -405,12 +446,19 @@ mod tests {
                 (true, true) => 1,
                 (true, false) => ask.tool_call_limit.unwrap_or(DEFAULT_TOOL_CALLS) * share / 1000,
             };
+            let file_search_calls = if ask.file_search {
+                ask.tool_call_limit.unwrap_or(DEFAULT_TOOL_CALLS) * share / 1000
+            } else {
+                0
+            };
             let answer = Usage {
                 input_tokens: ask.input_tokens,
                 output_tokens: most * share / 1000,
                 web_search_calls: calls,
+                file_search_calls,
+                code_interpreter_sessions: u64::from(ask.code_interpreter),
                 service_tier: tier,
-                ..Usage::default()
+                ..ask.media
             };
             prop_assert!(pricing::cost(&answer, &price) <= estimates(&price, &ask).worst);
         }

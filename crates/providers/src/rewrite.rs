@@ -14,7 +14,7 @@ use serde_json::Value;
 use recovea_core::estimate::TierAsked;
 
 use crate::sse::SseReader;
-use crate::usage::input::{Checked, InputFields, Key, SearchTools};
+use crate::usage::input::{Checked, InputFields, Key, PaidTools, SearchTools};
 use crate::walk::{Seen, Walk};
 use ambiguity::{LISTED_AT_TOP, Names, NotedValue, Place, Watched};
 
@@ -50,6 +50,10 @@ pub struct RequestFacts {
     pub service_tier: TierAsked,
     pub web_search: bool,
     pub tool_call_limit: Option<u64>,
+    /// The other built-in tools among `tools` that bill a fee of their own: OpenAI's
+    /// `file_search` (per call) and `code_interpreter` (per container session).
+    pub file_search: bool,
+    pub code_interpreter: bool,
 }
 
 /// A request body read once: what [`inspect`] tells, and what
@@ -159,7 +163,7 @@ pub fn inspect_and_estimate(body: &[u8]) -> InspectedRequest {
             facts: if pass.repeated_head {
                 RequestFacts::default()
             } else {
-                pass.head.facts().with_tools(pass.input.web_search())
+                pass.head.facts().with_tools(pass.input.web_search(), pass.input.paid_tools())
             },
             input_tokens: pass.input.total().tokens(),
             ambiguity: pass.first_repeat.map(Ambiguity::RepeatedMember),
@@ -178,7 +182,7 @@ pub fn inspect_and_estimate(body: &[u8]) -> InspectedRequest {
 
 impl RequestHead {
     fn facts(self) -> RequestFacts {
-        let tools = self.tools.0;
+        let SearchTools(tools, paid) = self.tools;
         RequestFacts {
             // The parsed string itself, not a copy of it.
             model: match self.model {
@@ -196,14 +200,18 @@ impl RequestHead {
             service_tier: TierAsked::parse(self.service_tier.as_str()),
             web_search: self.web_search_options.is_object(),
             tool_call_limit: self.max_tool_calls.as_u64(),
+            file_search: false,
+            code_interpreter: false,
         }
-        .with_tools(tools)
+        .with_tools(tools, paid)
     }
 }
 
 impl RequestFacts {
     /// The facts with the web search tools `tools` offers, and their call limit (`None`: none).
-    fn with_tools(mut self, web_search: Option<Option<u64>>) -> RequestFacts {
+    fn with_tools(mut self, web_search: Option<Option<u64>>, paid: PaidTools) -> RequestFacts {
+        self.file_search = paid.file_search;
+        self.code_interpreter = paid.code_interpreter;
         if let Some(max_uses) = web_search {
             self.web_search = true;
             self.tool_call_limit = match (self.tool_call_limit, max_uses) {
@@ -589,6 +597,15 @@ mod tests {
         assert_eq!(inspect(br#"{"service_tier":"flex"}"#).service_tier, TierAsked::Named(ServiceTier::Flex));
 
         // OpenAI's Responses: a web search tool, limited by `max_tool_calls`.
+        // The other paid tools, in both passes alike; never a function's schema naming one.
+        let paid = r#"{"model":"gpt-5","tools":[{"type":"file_search","vector_store_ids":["vs_1"]},{"type":"code_interpreter","container":{"type":"auto"}}]}"#;
+        assert_eq!((facts(paid).file_search, facts(paid).code_interpreter), (true, true));
+        assert_eq!(
+            (inspect(paid.as_bytes()).file_search, inspect(paid.as_bytes()).code_interpreter),
+            (true, true)
+        );
+        let schema = r#"{"tools":[{"type":"function","function":{"parameters":{"type":"file_search"}}}]}"#;
+        assert!(!facts(schema).file_search && !inspect(schema.as_bytes()).file_search);
         // Chat Completions' search models: `web_search_options`, as one in `inspect`.
         let chat = r#"{"model":"gpt-4o-search-preview","web_search_options":{},"messages":[]}"#;
         assert_eq!((facts(chat).web_search, facts(chat).tool_call_limit), (true, None));

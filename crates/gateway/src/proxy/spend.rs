@@ -176,6 +176,8 @@ fn request_estimate(request: &Request<'_>, under_armed_cap: bool) -> Nanos {
         web_search: facts.web_search,
         tool_call_limit: facts.tool_call_limit,
         media,
+        file_search: facts.file_search,
+        code_interpreter: facts.code_interpreter,
     };
     estimate::estimate(&price, &ask, under_armed_cap)
 }

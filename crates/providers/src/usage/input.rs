@@ -24,6 +24,28 @@ use super::{CHARS_PER_TOKEN, INPUT_FIELDS, MEDIA_PART_TOKENS, MEDIA_PART_TYPES, 
 const GEMINI_SEARCH_TOOLS: [&str; 4] =
     ["google_search", "googleSearch", "google_search_retrieval", "googleSearchRetrieval"];
 
+/// The built-in tools besides web search that bill a fee of their own, as a request offers them
+/// (OpenAI's `file_search`, a call at a time, and `code_interpreter`, a container session).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PaidTools {
+    pub file_search: bool,
+    pub code_interpreter: bool,
+}
+
+impl PaidTools {
+    /// The tool a `type` string names.
+    fn named(kind: &str) -> PaidTools {
+        PaidTools { file_search: kind == "file_search", code_interpreter: kind == "code_interpreter" }
+    }
+
+    fn or(self, other: PaidTools) -> PaidTools {
+        PaidTools {
+            file_search: self.file_search || other.file_search,
+            code_interpreter: self.code_interpreter || other.code_interpreter,
+        }
+    }
+}
+
 /// Objects with more members than this find repeated names by sorting rather than by comparing
 /// every pair, so that a hostile object cannot make the count quadratic.
 const PAIRWISE_MEMBERS: usize = 16;
@@ -62,6 +84,8 @@ pub(crate) struct InputFields<'de> {
     members: Vec<Member<'de>>,
     /// The web search tools among `tools`, as [`Counted::web_search`].
     web_search: Option<SearchLimit>,
+    /// The other paid tools among `tools`.
+    paid: PaidTools,
 }
 
 /// The call limit of the web search tools found (their `max_uses` summed); `None`: one of them
@@ -91,6 +115,8 @@ struct Member<'de> {
     web_search: bool,
     /// The value of a `max_uses` member.
     max_uses: Option<u64>,
+    /// The member is a `type` naming a paid tool.
+    paid: PaidTools,
 }
 
 /// What one value counts, and whether it is a string naming a media part type.
@@ -103,6 +129,9 @@ struct Counted {
     names_search: bool,
     /// The number of a `max_uses` member.
     max_uses: Option<u64>,
+    /// The paid tools the value is or holds (an object's `type`, an array's elements), or, for a
+    /// `type` string, names.
+    paid: PaidTools,
 }
 
 impl<'de> InputFields<'de> {
@@ -122,6 +151,7 @@ impl<'de> InputFields<'de> {
         self.slots[slot] = Some(counted.count);
         if key == "tools" {
             self.web_search = counted.web_search;
+            self.paid = counted.paid;
         }
         Ok(true)
     }
@@ -129,6 +159,11 @@ impl<'de> InputFields<'de> {
     /// The web search tools `tools` offers: `None` when it offers none, else their call limit.
     pub(crate) fn web_search(&self) -> Option<SearchLimit> {
         self.web_search
+    }
+
+    /// The other paid tools `tools` offers.
+    pub(crate) fn paid_tools(&self) -> PaidTools {
+        self.paid
     }
 
     /// The input fields' count all together.
@@ -203,6 +238,7 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
             web_search: None,
             names_search: self.role == Role::Type && text.starts_with("web_search"),
             max_uses: None,
+            paid: if self.role == Role::Type { PaidTools::named(text) } else { PaidTools::default() },
         })
     }
 
@@ -217,6 +253,7 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
     fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Counted, A::Error> {
         let mut count = InputCount::default();
         let mut web_search = None;
+        let mut paid = PaidTools::default();
         let mut index = 0;
         loop {
             // Each element of `tools` is a tool, while no repeat is found yet.
@@ -230,9 +267,10 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
             let Some(item) = seq.next_element_seed(element)? else { break };
             count.add(item.count);
             web_search = both(web_search, item.web_search);
+            paid = paid.or(item.paid);
             index += 1;
         }
-        Ok(Counted { count, web_search, ..Counted::nothing() })
+        Ok(Counted { count, web_search, paid, ..Counted::nothing() })
     }
 
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Counted, A::Error> {
@@ -261,6 +299,8 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
             let web_search =
                 value.names_search || (key.starts_with('g') && GEMINI_SEARCH_TOOLS.contains(&&*key));
             let max_uses = value.max_uses;
+            // A `type` string names its tool; an object's or an array's own tools stay with it.
+            let paid = if role == Role::Type { value.paid } else { PaidTools::default() };
             self.members.push(Member {
                 key,
                 count,
@@ -268,6 +308,7 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
                 repeated: false,
                 web_search,
                 max_uses,
+                paid,
             });
         }
         let counted = count_object(&mut self.members[start..]);
@@ -284,6 +325,7 @@ impl Counted {
             web_search: None,
             names_search: false,
             max_uses: None,
+            paid: PaidTools::default(),
         }
     }
 
@@ -298,7 +340,7 @@ impl Counted {
 fn count_object(members: &mut [Member<'_>]) -> Counted {
     mark_repeated(members);
     let mut count = InputCount::default();
-    let (mut web_search, mut max_uses) = (false, None);
+    let (mut web_search, mut max_uses, mut paid) = (false, None, PaidTools::default());
     for member in members.iter().filter(|m| !m.repeated) {
         if member.media_type {
             return Counted { count: InputCount { chars: 0, media_parts: 1 }, ..Counted::nothing() };
@@ -306,8 +348,9 @@ fn count_object(members: &mut [Member<'_>]) -> Counted {
         count.add(member.count);
         web_search |= member.web_search;
         max_uses = max_uses.or(member.max_uses);
+        paid = paid.or(member.paid);
     }
-    Counted { count, web_search: web_search.then_some(max_uses), ..Counted::nothing() }
+    Counted { count, web_search: web_search.then_some(max_uses), paid, ..Counted::nothing() }
 }
 
 /// Marks every member that a later member of the same name replaces.
@@ -333,7 +376,7 @@ fn mark_repeated(members: &mut [Member<'_>]) {
 /// leniently as `rewrite::inspect` reads a body (what it does not need, skipped unchecked), so that
 /// `inspect` and the counting pass give the same facts.
 #[derive(Default)]
-pub(crate) struct SearchTools(pub(crate) Option<SearchLimit>);
+pub(crate) struct SearchTools(pub(crate) Option<SearchLimit>, pub(crate) PaidTools);
 
 impl<'de> serde::Deserialize<'de> for SearchTools {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -408,36 +451,37 @@ impl<'de> Visitor<'de> for SearchToolsVisitor {
     }
 
     fn visit_str<E>(self, _: &str) -> Result<SearchTools, E> {
-        Ok(SearchTools(None))
+        Ok(SearchTools::default())
     }
 
     fn visit_u64<E>(self, _: u64) -> Result<SearchTools, E> {
-        Ok(SearchTools(None))
+        Ok(SearchTools::default())
     }
 
     fn visit_i64<E>(self, _: i64) -> Result<SearchTools, E> {
-        Ok(SearchTools(None))
+        Ok(SearchTools::default())
     }
 
     fn visit_f64<E>(self, _: f64) -> Result<SearchTools, E> {
-        Ok(SearchTools(None))
+        Ok(SearchTools::default())
     }
 
     fn visit_bool<E>(self, _: bool) -> Result<SearchTools, E> {
-        Ok(SearchTools(None))
+        Ok(SearchTools::default())
     }
 
     fn visit_unit<E>(self) -> Result<SearchTools, E> {
-        Ok(SearchTools(None))
+        Ok(SearchTools::default())
     }
 
     /// As [`CountValue::visit_seq`]: the elements' tools together.
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SearchTools, A::Error> {
-        let mut found = None;
-        while let Some(SearchTools(item)) = seq.next_element()? {
+        let (mut found, mut paid) = (None, PaidTools::default());
+        while let Some(SearchTools(item, item_paid)) = seq.next_element()? {
             found = both(found, item);
+            paid = paid.or(item_paid);
         }
-        Ok(SearchTools(found))
+        Ok(SearchTools(found, paid))
     }
 
     /// As [`count_object`]: a web search tool by its last `type` or a Gemini member, with its last
@@ -459,13 +503,18 @@ impl<'de> Visitor<'de> for SearchToolsVisitor {
                 }
             }
         }
-        let (media, search) = match &kind {
-            Some(Plain::Text(kind)) => {
-                (MEDIA_PART_TYPES.contains(&kind.as_str()), kind.starts_with("web_search"))
-            }
-            _ => (false, false),
+        let (media, search, paid) = match &kind {
+            Some(Plain::Text(kind)) => (
+                MEDIA_PART_TYPES.contains(&kind.as_str()),
+                kind.starts_with("web_search"),
+                PaidTools::named(kind),
+            ),
+            _ => (false, false, PaidTools::default()),
         };
-        Ok(SearchTools((!media && (search || gemini)).then_some(max_uses)))
+        if media {
+            return Ok(SearchTools::default());
+        }
+        Ok(SearchTools((search || gemini).then_some(max_uses), paid))
     }
 }
 
@@ -690,7 +739,9 @@ mod tests {
             2 => Just(b"0.1e-400".to_vec()),
             12 => prop::sample::select(MEDIA_PART_TYPES.to_vec()).prop_map(|t| format!("\"{t}\"").into_bytes()),
             6 => Just(br#""text""#.to_vec()),
-            4 => prop::sample::select(vec!["web_search", "web_search_20250305", "flex", "priority"])
+            4 => prop::sample::select(vec![
+                "web_search", "web_search_20250305", "flex", "priority", "file_search", "code_interpreter",
+            ])
                 .prop_map(|t| format!("\"{t}\"").into_bytes()),
             4 => Just(br#""im\u0061ge""#.to_vec()),
             6 => Just("\"héllo ✓ 𝄞\"".as_bytes().to_vec()),
