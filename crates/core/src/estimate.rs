@@ -64,10 +64,12 @@ pub struct Ask {
     pub web_search: bool,
     /// The request's limit on built-in tool calls (`max_tool_calls`, `max_uses`).
     pub tool_call_limit: Option<u64>,
-    /// A file search tool is offered (billed per call: the tool-call limit, or the default, of
-    /// them) and a code interpreter (billed per container session: one).
+    /// A file search tool is offered (billed per call: `max_tool_calls`, or the default, of them)
+    /// and a code interpreter (billed per container session: one).
     pub file_search: bool,
     pub code_interpreter: bool,
+    /// `max_tool_calls` alone (a web search tool's `max_uses` does not bound the others).
+    pub max_tool_calls: Option<u64>,
     /// What an images or audio request says it will be billed for beyond tokens (its images, the
     /// characters it speaks, the seconds it transcribes: `MediaRequest::unreported_usage`).
     pub media: Usage,
@@ -107,7 +109,7 @@ pub fn estimate(price: &Price, ask: &Ask, worst: bool) -> Nanos {
         usage.output_tokens = usage.output_tokens.saturating_add(output);
         usage.web_search_calls = usage.web_search_calls.saturating_add(calls);
         if ask.file_search {
-            let limit = ask.tool_call_limit.unwrap_or(DEFAULT_TOOL_CALLS);
+            let limit = ask.max_tool_calls.unwrap_or(DEFAULT_TOOL_CALLS);
             usage.file_search_calls = usage.file_search_calls.saturating_add(limit);
         }
         if ask.code_interpreter {
@@ -215,7 +217,7 @@ mod tests {
             code_interpreter_per_session: Some(Nanos::parse_usd("0.03").expect("usd")),
             ..Price::default()
         };
-        let limited = Ask { file_search: true, tool_call_limit: Some(2), ..ask };
+        let limited = Ask { file_search: true, max_tool_calls: Some(2), tool_call_limit: Some(1), ..ask };
         assert_eq!(estimates(&tools, &limited).worst, Nanos::parse_usd("0.005").expect("usd"));
         let unlimited = Ask { file_search: true, code_interpreter: true, ..ask };
         assert_eq!(estimates(&tools, &unlimited).typical, Nanos::parse_usd("0.0425").expect("usd"));
@@ -347,7 +349,7 @@ mod tests {
             any::<bool>(),
             proptest::option::of(0u64..100),
             (0u64..5, 0u64..10_000, 0u64..1_000),
-            (any::<bool>(), any::<bool>()),
+            (any::<bool>(), any::<bool>(), proptest::option::of(0u64..100)),
         )
             .prop_map(
                 |(
@@ -357,7 +359,7 @@ mod tests {
                     web_search,
                     tool_call_limit,
                     (images, characters, seconds),
-                    (file_search, code_interpreter),
+                    (file_search, code_interpreter, max_tool_calls),
                 )| {
                     let media = Usage { images, characters, seconds, ..Usage::default() };
                     Ask {
@@ -369,6 +371,7 @@ mod tests {
                         media,
                         file_search,
                         code_interpreter,
+                        max_tool_calls,
                     }
                 },
             )
@@ -447,7 +450,7 @@ mod tests {
                 (true, false) => ask.tool_call_limit.unwrap_or(DEFAULT_TOOL_CALLS) * share / 1000,
             };
             let file_search_calls = if ask.file_search {
-                ask.tool_call_limit.unwrap_or(DEFAULT_TOOL_CALLS) * share / 1000
+                ask.max_tool_calls.unwrap_or(DEFAULT_TOOL_CALLS) * share / 1000
             } else {
                 0
             };

@@ -51,9 +51,11 @@ pub struct RequestFacts {
     pub web_search: bool,
     pub tool_call_limit: Option<u64>,
     /// The other built-in tools among `tools` that bill a fee of their own: OpenAI's
-    /// `file_search` (per call) and `code_interpreter` (per container session).
+    /// `file_search` (per call, at most `max_tool_calls`) and `code_interpreter` (per container
+    /// session).
     pub file_search: bool,
     pub code_interpreter: bool,
+    pub max_tool_calls: Option<u64>,
 }
 
 /// A request body read once: what [`inspect`] tells, and what
@@ -202,6 +204,7 @@ impl RequestHead {
             tool_call_limit: self.max_tool_calls.as_u64(),
             file_search: false,
             code_interpreter: false,
+            max_tool_calls: self.max_tool_calls.as_u64(),
         }
         .with_tools(tools, paid)
     }

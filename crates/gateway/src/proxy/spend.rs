@@ -178,6 +178,7 @@ fn request_estimate(request: &Request<'_>, under_armed_cap: bool) -> Nanos {
         media,
         file_search: facts.file_search,
         code_interpreter: facts.code_interpreter,
+        max_tool_calls: facts.max_tool_calls,
     };
     estimate::estimate(&price, &ask, under_armed_cap)
 }

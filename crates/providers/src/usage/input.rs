@@ -129,9 +129,10 @@ struct Counted {
     names_search: bool,
     /// The number of a `max_uses` member.
     max_uses: Option<u64>,
-    /// The paid tools the value is or holds (an object's `type`, an array's elements), or, for a
-    /// `type` string, names.
+    /// The paid tools the value is or holds (an object by its `type`, an array by its elements).
     paid: PaidTools,
+    /// The paid tool a `type` string names.
+    names_paid: PaidTools,
 }
 
 impl<'de> InputFields<'de> {
@@ -238,7 +239,8 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
             web_search: None,
             names_search: self.role == Role::Type && text.starts_with("web_search"),
             max_uses: None,
-            paid: if self.role == Role::Type { PaidTools::named(text) } else { PaidTools::default() },
+            paid: PaidTools::default(),
+            names_paid: if self.role == Role::Type { PaidTools::named(text) } else { PaidTools::default() },
         })
     }
 
@@ -300,7 +302,7 @@ impl<'de> Visitor<'de> for CountValue<'_, 'de> {
                 value.names_search || (key.starts_with('g') && GEMINI_SEARCH_TOOLS.contains(&&*key));
             let max_uses = value.max_uses;
             // A `type` string names its tool; an object's or an array's own tools stay with it.
-            let paid = if role == Role::Type { value.paid } else { PaidTools::default() };
+            let paid = value.names_paid;
             self.members.push(Member {
                 key,
                 count,
@@ -326,6 +328,7 @@ impl Counted {
             names_search: false,
             max_uses: None,
             paid: PaidTools::default(),
+            names_paid: PaidTools::default(),
         }
     }
 
