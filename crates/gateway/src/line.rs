@@ -32,10 +32,6 @@ pub(crate) struct Ask {
 /// store, which checks and reserves in one atomic step (`Counters::ask_at_line`); without a sure
 /// answer in time its spend cannot be confirmed (`caps::decide_at_line`). A batch must fit: its whole
 /// estimate below each armed line.
-///
-/// The estimate reserved is the request's worst case while an armed cap covers it, its typical
-/// estimate otherwise (`core::estimate::reserved`): an armed line counts every request in flight
-/// at its worst.
 pub(crate) async fn check_caps(
     shared: &Shared,
     admitted: &Admitted,
@@ -47,7 +43,6 @@ pub(crate) async fn check_caps(
     if covering.is_empty() {
         return Ok(None);
     }
-    let estimate = ask.estimate;
     let counters = &shared.counters;
     let max_age_ms = i64::try_from(shared.config.counter_max_age.as_millis()).unwrap_or(i64::MAX);
     let counting = counters.counting();
@@ -62,7 +57,7 @@ pub(crate) async fn check_caps(
     )
     .map_err(Refusal::Budget)?;
     if ask.fit {
-        caps::check_fit(covering.iter().copied(), org, key, counters.as_ref(), now, estimate, counting)
+        caps::check_fit(covering.iter().copied(), org, key, counters.as_ref(), now, ask.estimate, counting)
             .map_err(Refusal::Budget)?;
     }
     let covered: Vec<Covered> = covering
@@ -70,9 +65,9 @@ pub(crate) async fn check_caps(
         .map(|cap| Covered { window: cap_window(cap, now), line: cap.hard_stop.then_some(cap.limit) })
         .collect();
     let mut reservation = if ask.fit {
-        counters.reserve_to_fit(&covered, estimate)
+        counters.reserve_to_fit(&covered, ask.estimate)
     } else {
-        counters.reserve(&covered, estimate)
+        counters.reserve(&covered, ask.estimate)
     };
     if reservation.is_pending() {
         let answer = counters.ask_at_line(&mut reservation, now).await;
@@ -84,13 +79,13 @@ pub(crate) async fn check_caps(
                 let cap = covering.iter().find(|cap| cap.id == id)?;
                 let mut spend = caps::SpendView::spend(counters.as_ref(), &id, start);
                 // The view counts this request's own pending estimate: the rule reads the others'.
-                spend.reserved = Nanos(spend.reserved.0.saturating_sub(estimate.0));
+                spend.reserved = Nanos(spend.reserved.0.saturating_sub(ask.estimate.0));
                 Some((*cap, spend))
             })
             .collect();
         // Refused: the reservation is dropped, and with it the request's pending estimate.
         let decided = if ask.fit {
-            caps::decide_fit_at_line(&asked, answer, estimate)
+            caps::decide_fit_at_line(&asked, answer, ask.estimate)
         } else {
             caps::decide_at_line(&asked, answer)
         };
