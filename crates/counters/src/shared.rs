@@ -42,7 +42,8 @@ pub struct WindowPush {
     /// difference is added.
     pub acked: Nanos,
     /// This entry's live reservations in the window: replaces the writer's previous figure and
-    /// lives until `now + reservation_ttl` unless refreshed.
+    /// lives `reservation_ttl` unless refreshed, on the store's clock (Redis's own; the in-process
+    /// store's is the node's).
     pub reserved: Nanos,
     /// A total rebuilt from the ledger: it replaces the store's total if the window is not seeded
     /// yet (applied before this push's increments), and is ignored otherwise.
