@@ -9,7 +9,7 @@ use recovea_control::jobs::Jobs;
 use recovea_control::rebuild::{LedgerSpend, SpendSources, rebuild_window};
 use recovea_control::{Control, Publication};
 use recovea_core::crypto::MasterKey;
-use recovea_counters::{CapWindow, Counters, rebuild_missing, sync_loop};
+use recovea_counters::{CapWindow, Counters, Unseeded, rebuild_missing, sync_loop};
 use recovea_gateway::Gateway;
 use recovea_gateway::spool::Keeps;
 use tokio::net::TcpListener;
@@ -163,8 +163,8 @@ async fn seed_current_windows(counters: &Arc<Counters>, sources: &SpendSources) 
                     start: record.cap.window.start(now),
                     end: record.cap.window.end(now),
                 };
-                if let Some(total) = rebuild_window(&sources, &window).map_err(|e| e.to_string())? {
-                    counters.seed(&window, total);
+                if let Some(rebuilt) = rebuild_window(&sources, &window, &[]).map_err(|e| e.to_string())? {
+                    counters.seed(&Unseeded::fresh(window), rebuilt);
                 }
             }
         }

@@ -12,7 +12,7 @@ use recovea_core::ids::CapId;
 use recovea_core::keys;
 use recovea_core::receipt::SerializedReceipt;
 use recovea_core::timestamp::Timestamp;
-use recovea_counters::CapWindow;
+use recovea_counters::{CapWindow, Counted};
 use recovea_store::NodeRecord;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -107,9 +107,15 @@ impl Control {
                         .ok_or_else(|| ApiError::BadRequest("windows: cap_id".into()))?;
                     let wanted =
                         CapWindow { cap, start: Timestamp(window.start_ms), end: Timestamp(window.end_ms) };
+                    let counted: Vec<Counted> = window
+                        .counted
+                        .iter()
+                        .map(|c| Counted { node_id: c.node_id.clone(), since: Timestamp(c.since_ms) })
+                        .collect();
                     let sources = self.spend_sources();
-                    let total = self.off_thread(move || rebuild_window(&sources, &wanted)).await?;
-                    window.total_nanos = total.map(|t| t.0);
+                    let total = self.off_thread(move || rebuild_window(&sources, &wanted, &counted)).await?;
+                    window.total_nanos = total.map(|t| t.total.0);
+                    window.last_start_ms = total.and_then(|t| t.last_start).map(|at| at.0);
                     answered.push(window);
                 }
                 Ok(Some(json_reply(json!({ "windows": answered }))))

@@ -427,6 +427,20 @@ pub struct WindowSpend {
     /// In the answer: the window's spend in the ledger; `None` when the cap no longer exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_nanos: Option<i64>,
+    /// In the answer: the latest start of a receipt the ledger held in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_start_ms: Option<i64>,
+    /// The nodes whose writers in the counter store hold their receipts from a time on: those
+    /// receipts are left out of the answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub counted: Vec<CountedSince>,
+}
+
+/// A node whose receipts that started at or after `since_ms` the counter store already holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountedSince {
+    pub node_id: String,
+    pub since_ms: i64,
 }
 
 /// A node's last state as it keeps it on disk, sealed under the master key.

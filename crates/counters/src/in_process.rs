@@ -12,9 +12,15 @@ use recovea_core::timestamp::Timestamp;
 use recovea_core::caps::LineAnswer;
 
 use crate::shared::{
-    CounterError, LineAsk, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowPush, WindowRead,
-    expire_at, line_member, line_members, reserved_until,
+    Counted, CounterError, FRESH, LineAsk, Seed, SharedCounters, StoreOptions, SyncPush, SyncRead,
+    WindowPush, WindowRead, counted_per_node, expire_at, line_member, line_members, reserved_until,
 };
+
+/// Numbers every window's life in every in-process store (see [`Unseeded::incarnation`]), from
+/// after [`FRESH`].
+///
+/// [`Unseeded::incarnation`]: crate::Unseeded::incarnation
+static INCARNATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(FRESH + 1);
 
 /// One process's store: never unavailable, so a node syncing against it is always confirmed.
 /// Its data ends with the process; windows are then rebuilt from the ledger (see
@@ -28,7 +34,14 @@ pub struct InProcess {
 #[derive(Debug)]
 struct Stored {
     total: Nanos,
-    seeded: bool,
+    /// The seed added to `total`, and what it left out (see [`Seed`]).
+    seed: Option<Seed>,
+    /// Per writer: what it counts (see [`Counted`]).
+    counted: HashMap<String, Counted>,
+    /// Which life of the window this is (see [`Unseeded::incarnation`]).
+    ///
+    /// [`Unseeded::incarnation`]: crate::Unseeded::incarnation
+    incarnation: u64,
     /// Per writer: the last sequence and cumulative applied.
     applied: HashMap<String, (u64, Nanos)>,
     /// Per writer, and per request reserved at the line: the reservation and its deadline.
@@ -41,6 +54,12 @@ struct Stored {
 impl InProcess {
     pub fn new(options: StoreOptions) -> Self {
         Self { options, windows: Mutex::new(HashMap::new()) }
+    }
+
+    /// Loses every window, as a restarted store does: what tests and fault experiments stand a
+    /// flush with.
+    pub fn clear(&self) {
+        self.windows.lock().unwrap_or_else(PoisonError::into_inner).clear();
     }
 
     /// Whether the store holds the window at `now` (it expires `key_margin` after its end).
@@ -63,7 +82,7 @@ impl InProcess {
                         let stored = windows
                             .entry(key)
                             .or_insert_with(|| Stored::empty(expire_at(end, &self.options)));
-                        let granted = stored.apply(node_id, &writer, push.seq, p, now, &self.options);
+                        let granted = stored.apply(node_id, &writer, push, p, now, &self.options);
                         stored.expire_at = expire_at(end, &self.options);
                         WindowRead { granted, ..stored.read(&writer, now) }
                     }
@@ -79,7 +98,7 @@ impl InProcess {
         let mut contended = false;
         for (i, w) in ask.windows.iter().enumerate() {
             let Some(stored) =
-                windows.get_mut(&(w.cap.clone(), w.start)).filter(|s| s.seeded && s.expire_at > now)
+                windows.get_mut(&(w.cap.clone(), w.start)).filter(|s| s.seed.is_some() && s.expire_at > now)
             else {
                 return LineAnswer::Unseeded;
             };
@@ -123,7 +142,9 @@ impl Stored {
     fn empty(expire_at: Timestamp) -> Self {
         Self {
             total: Nanos::ZERO,
-            seeded: false,
+            seed: None,
+            counted: HashMap::new(),
+            incarnation: INCARNATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             applied: HashMap::new(),
             reservations: HashMap::new(),
             spare: HashMap::new(),
@@ -136,24 +157,37 @@ impl Stored {
         &mut self,
         node_id: &str,
         writer: &str,
-        seq: u64,
+        push: &SyncPush,
         p: &WindowPush,
         now: Timestamp,
         options: &StoreOptions,
     ) -> Nanos {
-        if let Some(seed) = p.seed
-            && !self.seeded
+        if let Some(since) = p.since {
+            let counts = Counted { node_id: push.node_id.clone(), since };
+            if self.counted.get(writer) != Some(&counts) {
+                self.counted.insert(writer.to_owned(), counts);
+                if let Some(seed) = &self.seed
+                    && !seed.keeps_with(&push.node_id, since)
+                {
+                    self.total = Nanos(self.total.0.saturating_sub(seed.total.0));
+                    self.seed = None;
+                }
+            }
+        }
+        if let Some(seed) = &p.seed
+            && self.seed.is_none()
+            && (seed.incarnation == self.incarnation || seed.incarnation == FRESH && self.counted.is_empty())
+            && seed.counted == counted_per_node(self.counted.values().cloned())
         {
-            // Increments pushed before the seed are spend too, and the ledger may not have their
-            // receipts yet: both are lower bounds of the truth, so the larger one stands.
-            self.total = self.total.max(seed);
-            self.seeded = true;
+            // The seed holds none of what the writers count: the two add up.
+            self.total = self.total.saturating_add(seed.total);
+            self.seed = Some(seed.clone());
         }
         let applied = self.applied.get(writer).copied();
-        if applied.is_none_or(|(applied_seq, _)| applied_seq < seq) {
-            let base = applied.map_or(p.acked, |(_, cumulative)| cumulative);
+        if applied.is_none_or(|(applied_seq, _)| applied_seq < push.seq) {
+            let base = applied.map_or(Nanos::ZERO, |(_, cumulative)| cumulative);
             self.total = Nanos(self.total.0.saturating_add(p.cumulative.0.saturating_sub(base.0)));
-            self.applied.insert(writer.to_owned(), (seq, p.cumulative));
+            self.applied.insert(writer.to_owned(), (push.seq, p.cumulative));
         }
         let members = line_members(node_id);
         for record in &p.fold {
@@ -161,7 +195,7 @@ impl Stored {
         }
         self.drop_dead(now);
         let mut granted = Nanos::ZERO;
-        if let (true, Some(ceiling), true) = (p.grow > Nanos::ZERO, p.ceiling, self.seeded) {
+        if let (true, Some(ceiling), true) = (p.grow > Nanos::ZERO, p.ceiling, self.seed.is_some()) {
             let others = self
                 .reservations
                 .iter()
@@ -197,7 +231,15 @@ impl Stored {
             .iter()
             .filter(|(w, (_, until))| w.as_str() != writer && *until > now)
             .fold(Nanos::ZERO, |sum, (_, (amount, _))| sum.saturating_add(*amount));
-        WindowRead { total: self.total, others_reserved, seeded: self.seeded, granted: Nanos::ZERO }
+        let seeded = self.seed.is_some();
+        WindowRead {
+            total: self.total,
+            others_reserved,
+            seeded,
+            granted: Nanos::ZERO,
+            counted: if seeded { Vec::new() } else { counted_per_node(self.counted.values().cloned()) },
+            incarnation: self.incarnation,
+        }
     }
 }
 

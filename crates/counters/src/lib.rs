@@ -21,10 +21,10 @@ pub use counters::{
 };
 pub use in_process::InProcess;
 pub use rate_share::{InProcessRateShare, RATE_KEY_TTL, RateShare, RateTotals, RateUsage, RedisRateShare};
-pub use rebuild::{SpendSource, WindowSpendFuture, rebuild_missing};
+pub use rebuild::{Rebuilt, SpendSource, WindowSpendFuture, rebuild_missing};
 pub use redis_store::Redis;
 pub use shared::{
-    CounterError, LineAsk, LineWindow, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowPush,
-    WindowRead,
+    Counted, CounterError, FRESH, LineAsk, LineWindow, Seed, SharedCounters, StoreOptions, SyncPush,
+    SyncRead, Unseeded, WindowPush, WindowRead,
 };
 pub use sync_loop::{sync_loop, sync_loop_with_clock};

@@ -25,8 +25,8 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, Server
 use tokio::sync::Mutex;
 
 use crate::shared::{
-    CounterError, LineAsk, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowRead, expire_at,
-    line_member, line_members, millis,
+    Counted, CounterError, LineAsk, Seed, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowRead,
+    counted_per_node, expire_at, line_member, line_members, millis,
 };
 
 const SYNC_SCRIPT: &str =
@@ -69,8 +69,18 @@ impl Redis {
 
     /// The window's keys: its total hash, its reservations hash, its reservation deadlines zset.
     pub fn window_keys(&self, cap: &CapId, start: Timestamp) -> [String; 3] {
-        let base = format!("{}:{{{}:{}}}", self.options.prefix, cap.as_str(), start.0);
+        let base = self.window_base(cap, start);
         [format!("{base}:t"), format!("{base}:r"), format!("{base}:x")]
+    }
+
+    /// The key of what a window's writers count (see `redis_store/sync.lua`).
+    fn counted_key(&self, cap: &CapId, start: Timestamp) -> String {
+        format!("{}:c", self.window_base(cap, start))
+    }
+
+    /// What a window's keys start with: one hash tag, so that a cluster holds them on one node.
+    fn window_base(&self, cap: &CapId, start: Timestamp) -> String {
+        format!("{}:{{{}:{}}}", self.options.prefix, cap.as_str(), start.0)
     }
 
     async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
@@ -97,17 +107,19 @@ impl Redis {
         let mut pipe = redis::pipe();
         for p in &push.windows {
             let [total, reservations, deadlines] = self.window_keys(&p.cap, p.start);
+            let counted = self.counted_key(&p.cap, p.start);
             pipe.cmd("EVALSHA")
                 .arg(self.script.get_hash())
-                .arg(3)
+                .arg(4)
                 .arg(total)
                 .arg(reservations)
                 .arg(deadlines)
+                .arg(counted)
                 .arg(format!("{node_id}/{}", p.entry))
                 .arg(push.seq)
                 .arg(p.cumulative.0)
-                .arg(p.acked.0)
-                .arg(p.seed.map(|seed| seed.0.to_string()).unwrap_or_default())
+                .arg(p.since.map(|since| format!("{} {}", since.0, push.node_id)).unwrap_or_default())
+                .arg(p.seed.as_ref().map(seed_arg).unwrap_or_default())
                 .arg(p.end.map(|end| expire_at(end, &self.options).0.to_string()).unwrap_or_default())
                 .arg(millis(self.options.reservation_ttl))
                 .arg(p.reserved.0)
@@ -183,6 +195,16 @@ pub(crate) fn counter_error(e: &RedisError) -> CounterError {
     }
 }
 
+/// A seed as `sync.lua` reads it: `<total> <covers before> <incarnation>`, then a line
+/// `<since> <node id>` per node it left out.
+fn seed_arg(seed: &Seed) -> String {
+    let mut arg = format!("{} {} {}", seed.total.0, seed.covers_before.0, seed.incarnation);
+    for Counted { node_id, since } in &seed.counted {
+        arg.push_str(&format!("\n{} {node_id}", since.0));
+    }
+    arg
+}
+
 /// `TIME`'s answer, seconds and microseconds, in unix milliseconds.
 fn parse_time(reply: &[String]) -> Result<Timestamp, RedisError> {
     let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed TIME reply"));
@@ -195,10 +217,26 @@ fn parse_time(reply: &[String]) -> Result<Timestamp, RedisError> {
 fn parse_reply(reply: &[String]) -> Result<WindowRead, RedisError> {
     let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed counter sync reply"));
     let nanos = |s: &String| s.parse::<i64>().map(Nanos).map_err(|_| bad());
-    let [total, seeded, granted, others @ ..] = reply else { return Err(bad()) };
+    let [total, seeded, granted, incarnation, listed, rest @ ..] = reply else { return Err(bad()) };
+    let listed: usize = listed.parse().map_err(|_| bad())?;
+    let (writers, others) = rest.split_at_checked(listed).ok_or_else(bad)?;
+    let writers = writers
+        .iter()
+        .map(|counted| {
+            let (since, node_id) = counted.split_once(' ').ok_or_else(bad)?;
+            Ok(Counted { node_id: node_id.to_owned(), since: Timestamp(since.parse().map_err(|_| bad())?) })
+        })
+        .collect::<Result<Vec<_>, RedisError>>()?;
     let others_reserved =
         others.iter().map(nanos).try_fold(Nanos::ZERO, |sum, n| n.map(|n| sum.saturating_add(n)))?;
-    Ok(WindowRead { total: nanos(total)?, others_reserved, seeded: seeded == "1", granted: nanos(granted)? })
+    Ok(WindowRead {
+        total: nanos(total)?,
+        others_reserved,
+        seeded: seeded == "1",
+        granted: nanos(granted)?,
+        counted: counted_per_node(writers.into_iter()),
+        incarnation: incarnation.parse().map_err(|_| bad())?,
+    })
 }
 
 impl SharedCounters for Redis {

@@ -21,6 +21,8 @@ use recovea_core::timestamp::Timestamp;
 pub struct SyncPush {
     /// Grows with every sync attempt of a node (never reused, even after a failure).
     pub seq: u64,
+    /// The node's id, as its receipts name it.
+    pub node_id: String,
     pub windows: Vec<WindowPush>,
 }
 
@@ -35,19 +37,21 @@ pub struct WindowPush {
     /// The node's entry for this window; the store's writer is `{node_id}/{entry}`. A node that
     /// forgets a window and meets it again uses a new entry, so its cumulative starts afresh.
     pub entry: u64,
-    /// Every increment this entry ever added to the window, confirmed or not.
+    /// Every increment this entry ever added to the window, confirmed or not. A store that holds
+    /// no record of this writer (its first push, or the store lost its data) adds all of it.
     pub cumulative: Nanos,
-    /// The part of `cumulative` the store has acknowledged. The store uses it as the base when it
-    /// holds no record of this writer (first push, or the store lost its data): only the
-    /// difference is added.
-    pub acked: Nanos,
+    /// The earliest start of a request this entry counted or reserved for: every receipt of this
+    /// node in the window that started at or after it is in `cumulative` (or will be, once its
+    /// request ends), so a total rebuilt from the ledger leaves those receipts out
+    /// ([`Counted`]). `None` while the entry has counted nothing.
+    pub since: Option<Timestamp>,
     /// This entry's live reservations in the window: replaces the writer's previous figure and
     /// lives `reservation_ttl` unless refreshed, on the store's clock (Redis's own; the in-process
     /// store's is the node's).
     pub reserved: Nanos,
-    /// A total rebuilt from the ledger: it replaces the store's total if the window is not seeded
-    /// yet (applied before this push's increments), and is ignored otherwise.
-    pub seed: Option<Nanos>,
+    /// A total rebuilt from the ledger, added to the store's total if the window is not seeded and
+    /// its writers are still those the seed left out; ignored otherwise.
+    pub seed: Option<Seed>,
     /// Of `reserved`, the room held for this entry's next requests (its spare), which the store
     /// tells apart from its requests' reservations (see [`LineAnswer::Contended`]).
     ///
@@ -64,6 +68,67 @@ pub struct WindowPush {
     pub fold: Vec<u64>,
 }
 
+/// The spend of a window that the ledger holds and the store's writers do not: every receipt in the
+/// window but those of each [`Counted`] node that started at or after its `since`.
+///
+/// The store adds a seed to its writers' total only while they count exactly what the seed left
+/// out, and only in the incarnation of the window it was read for (a wipe in between may have
+/// lost writers whose earlier receipts reached the ledger after it was read). A writer counted later keeps the seed only if the two cannot overlap: its node was left
+/// out from its `since` on, or none of the seed's receipts started that late. Otherwise the store
+/// takes the seed back, and the window is read again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seed {
+    pub total: Nanos,
+    /// The writers' [`Unseeded::counted`] the seed was read for, and the window's
+    /// [`Unseeded::incarnation`].
+    pub counted: Vec<Counted>,
+    pub incarnation: u64,
+    /// No receipt that started at or after this is in the seed ([`Rebuilt::last_start`], plus
+    /// one).
+    ///
+    /// [`Rebuilt::last_start`]: crate::Rebuilt::last_start
+    pub covers_before: Timestamp,
+}
+
+impl Seed {
+    /// Whether a writer that counts `node`'s receipts from `since` on may join the store's total
+    /// beside this seed.
+    pub fn keeps_with(&self, node: &str, since: Timestamp) -> bool {
+        since >= self.covers_before || self.counted.iter().any(|c| c.node_id == node && c.since <= since)
+    }
+}
+
+/// A node whose writers hold, in the store's total, every receipt of that node in a window that
+/// started at or after `since`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Counted {
+    pub node_id: String,
+    pub since: Timestamp,
+}
+
+/// A window the store holds no ledger-rebuilt total for (new, flushed or evicted), as a sync read
+/// it: rebuild the seed from the ledger, leaving out what `counted` holds, and
+/// [`seed`](crate::Counters::seed) it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unseeded {
+    pub window: crate::CapWindow,
+    /// Per node, the earliest `since` of its writers in the store, in the order of node ids.
+    pub counted: Vec<Counted>,
+    /// Which life of the window in the store this is: a window wiped and written again is a new
+    /// one.
+    pub incarnation: u64,
+}
+
+impl Unseeded {
+    /// A window no writer has counted in yet (a new cap's, or every window of a store that starts
+    /// empty), seeded before any request: the store takes the seed in the window's first
+    /// incarnation if no writer counted meanwhile; otherwise the window is rebuilt once a sync
+    /// reports it.
+    pub fn fresh(window: crate::CapWindow) -> Self {
+        Self { window, counted: Vec::new(), incarnation: FRESH }
+    }
+}
+
 /// What the store answered to a [`SyncPush`]: one [`WindowRead`] per pushed window, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyncRead {
@@ -74,7 +139,7 @@ pub struct SyncRead {
 }
 
 /// One window of a [`SyncRead`], read after the push was applied, in the same atomic step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct WindowRead {
     /// The window's total over all nodes (zero for a window the store does not hold).
     pub total: Nanos,
@@ -87,7 +152,14 @@ pub struct WindowRead {
     pub seeded: bool,
     /// How much of the spare asked for ([`WindowPush::grow`]) the store granted.
     pub granted: Nanos,
+    /// For a window not seeded: what its writers count, per node, and its incarnation (see
+    /// [`Unseeded`]).
+    pub counted: Vec<Counted>,
+    pub incarnation: u64,
 }
+
+/// The incarnation of a window the store does not hold yet: a seed for it is taken by the first.
+pub const FRESH: u64 = 0;
 
 /// A request's ask at armed caps' lines: check every window and reserve the estimate in all of
 /// them, or in none, in one atomic step.
@@ -189,6 +261,17 @@ pub trait SharedCounters: Send + Sync + 'static {
         ask: &'a LineAsk,
         now: Timestamp,
     ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>>;
+}
+
+/// Per node, the earliest `since` of its writers, in the order of node ids: a node's writers
+/// together hold its receipts from the earliest (an entry it forgot left its total in the store).
+pub(crate) fn counted_per_node(writers: impl Iterator<Item = Counted>) -> Vec<Counted> {
+    let mut earliest: std::collections::BTreeMap<String, Timestamp> = std::collections::BTreeMap::new();
+    for Counted { node_id, since } in writers {
+        let at = earliest.entry(node_id).or_insert(since);
+        *at = (*at).min(since);
+    }
+    earliest.into_iter().map(|(node_id, since)| Counted { node_id, since }).collect()
 }
 
 /// The member a request reserved at the line holds in a window: `{node_id}#{record}`.

@@ -11,7 +11,7 @@ use recovea_core::caps::SpendView;
 use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
-use recovea_counters::{CapWindow, Counters, Redis, StoreOptions};
+use recovea_counters::{CapWindow, Counted, Counters, Rebuilt, Redis, StoreOptions, Unseeded};
 
 /// A `redis-server` of this test's own, killed on drop.
 struct Server {
@@ -73,15 +73,20 @@ async fn a_restarted_redis_is_a_flush_and_pending_increments_count_once() {
     let w =
         CapWindow { cap: cap.clone(), start: Timestamp(now.0 - 60_000), end: Timestamp(now.0 + 3_600_000) };
 
-    // Rebuilt from the ledger, then spend on top.
-    a.seed(&w, Nanos(100));
-    a.add(std::slice::from_ref(&w), Nanos(5));
+    // Rebuilt from the ledger (100, none of it this node's), then spend on top.
+    a.seed(
+        &Unseeded::fresh(w.clone()),
+        Rebuilt { total: Nanos(100), last_start: Some(Timestamp(now.0 - 1_000)) },
+    );
     let outcome = a.sync_with(&store, now).await.expect("sync with redis up");
     assert!(outcome.missing.is_empty());
+    let started = wall();
+    a.add(std::slice::from_ref(&w), Nanos(5), started);
+    a.sync_with(&store, now).await.expect("sync with redis up");
     assert_eq!(a.confirmed_at(), Some(now));
 
     server.kill();
-    a.add(std::slice::from_ref(&w), Nanos(3));
+    a.add(std::slice::from_ref(&w), Nanos(3), wall());
     for later in [1_000, 2_000] {
         assert!(a.sync_with(&store, Timestamp(now.0 + later)).await.is_err(), "redis is down");
         assert_eq!(a.confirmed_at(), Some(now), "confirmation stops advancing");
@@ -96,8 +101,16 @@ async fn a_restarted_redis_is_a_flush_and_pending_increments_count_once() {
     let _server = Server::start(port).await;
     let recovered = Timestamp(now.0 + 3_000);
     let outcome = a.sync_with(&store, recovered).await.expect("sync recovers on a fresh server");
-    assert_eq!(outcome.missing, vec![w.clone()], "the flushed window is reported for a rebuild");
-    assert_eq!(a.missing(), vec![w.clone()]);
+    let [lost] = &outcome.missing[..] else {
+        panic!("the flushed window is reported: {:?}", outcome.missing)
+    };
+    assert_eq!(lost.window, w);
+    assert_eq!(
+        lost.counted,
+        [Counted { node_id: "node-a".to_owned(), since: started }],
+        "the ledger is to leave out what this node's writer holds"
+    );
+    assert_eq!(a.missing(), vec![lost.clone()]);
     assert_eq!(a.confirmed_at(), Some(recovered));
     assert_eq!(a.spend(&cap, w.start).spent, Nanos(108), "the view does not drop to the store's 3");
 
@@ -110,12 +123,12 @@ async fn a_restarted_redis_is_a_flush_and_pending_increments_count_once() {
             redis::cmd("HGET").arg(key).arg("total").query_async::<i64>(&mut connection).await.expect("HGET")
         }
     };
-    assert_eq!(raw_total(connection.clone()).await, 3, "the pending increment, once");
+    assert_eq!(raw_total(connection.clone()).await, 8, "all this node's writer ever counted, once");
     a.sync_with(&store, Timestamp(now.0 + 4_000)).await.expect("sync");
-    assert_eq!(raw_total(connection.clone()).await, 3, "and not again");
+    assert_eq!(raw_total(connection.clone()).await, 8, "and not again");
 
-    // The rebuild: the ledger holds every receipt, 108.
-    a.seed(&w, Nanos(108));
+    // The rebuild: the ledger holds 108, of which this node's 8 are left out.
+    a.seed(lost, Rebuilt { total: Nanos(100), last_start: Some(started) });
     assert!(a.missing().is_empty());
     let outcome = a.sync_with(&store, Timestamp(now.0 + 5_000)).await.expect("sync");
     assert!(outcome.missing.is_empty());
@@ -139,12 +152,12 @@ async fn scripts_flushed_from_the_server_are_loaded_again() {
         start: Timestamp(now.0 - 60_000),
         end: Timestamp(now.0 + 3_600_000),
     };
-    a.add(std::slice::from_ref(&w), Nanos(5));
+    a.add(std::slice::from_ref(&w), Nanos(5), wall());
     a.sync_with(&store, now).await.expect("sync");
     let client = redis::Client::open(url.as_str()).expect("url");
     let mut connection = client.get_multiplexed_async_connection().await.expect("connect");
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut connection).await.expect("SCRIPT FLUSH");
-    a.add(std::slice::from_ref(&w), Nanos(2));
+    a.add(std::slice::from_ref(&w), Nanos(2), wall());
     a.sync_with(&store, Timestamp(now.0 + 1_000)).await.expect("sync after SCRIPT FLUSH");
     assert_eq!(a.confirmed_at(), Some(Timestamp(now.0 + 1_000)));
     let [total_key, _, _] = store.window_keys(&w.cap, w.start);

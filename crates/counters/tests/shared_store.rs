@@ -14,8 +14,8 @@ use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::{
-    CapWindow, CounterError, Counters, Covered, InProcess, LineAsk, Redis, SharedCounters, StoreOptions,
-    SyncPush, SyncRead, WindowPush,
+    CapWindow, Counted, CounterError, Counters, Covered, InProcess, LineAsk, Rebuilt, Redis, SharedCounters,
+    StoreOptions, SyncPush, SyncRead, Unseeded, WindowPush,
 };
 
 #[path = "support/test_redis.rs"]
@@ -71,6 +71,15 @@ impl Store {
             exists.arg(key);
         }
         exists.query_async::<i64>(&mut connection).await.expect("EXISTS") > 0
+    }
+
+    /// Loses every window, as a flushed or restarted store does.
+    fn wipe(&self) {
+        match (&self.in_process, &self.redis) {
+            (Some(store), _) => store.clear(),
+            (_, Some((_, redis))) => redis.clear(),
+            _ => unreachable!("a backend"),
+        }
     }
 
     async fn raw_total(&self, w: &CapWindow) -> Option<i64> {
@@ -165,9 +174,9 @@ async fn totals_converge_across_nodes(backend: Backend) {
     let store = Store::new(backend, StoreOptions::default()).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
-    a.add(std::slice::from_ref(&w), Nanos(5));
-    b.add(std::slice::from_ref(&w), Nanos(7));
-    b.reserve(&soft(std::slice::from_ref(&w)), Nanos(100)).settle(Nanos(11));
+    a.add(std::slice::from_ref(&w), Nanos(5), wall());
+    b.add(std::slice::from_ref(&w), Nanos(7), wall());
+    b.reserve(&soft(std::slice::from_ref(&w)), Nanos(100), wall()).settle(Nanos(11));
     assert_eq!(spend(&a, &w).spent, Nanos(5));
     assert_eq!(spend(&b, &w).spent, Nanos(18));
     let now = wall();
@@ -188,8 +197,8 @@ async fn reservations_of_one_node_are_seen_by_the_other(backend: Backend) {
     let store = Store::new(backend, StoreOptions::default()).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
-    let on_a = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(10));
-    let on_b = b.reserve(&soft(std::slice::from_ref(&w)), Nanos(4));
+    let on_a = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(10), wall());
+    let on_b = b.reserve(&soft(std::slice::from_ref(&w)), Nanos(4), wall());
     let now = wall();
     sync(&a, store.shared.as_ref(), now).await;
     sync(&b, store.shared.as_ref(), now).await;
@@ -211,7 +220,7 @@ async fn reservations_of_a_silent_node_expire(backend: Backend) {
     let store = Store::new(backend, StoreOptions { reservation_ttl: ttl, ..StoreOptions::default() }).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
-    let _held_by_a_node_that_stops_syncing = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(10));
+    let _held_by_a_node_that_stops_syncing = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(10), wall());
     sync(&a, store.shared.as_ref(), wall()).await;
     spend(&b, &w);
     sync(&b, store.shared.as_ref(), wall()).await;
@@ -232,7 +241,7 @@ async fn reservations_are_dated_on_the_stores_clock(backend: Backend) {
     let store = Store::new(backend, StoreOptions { reservation_ttl: ttl, ..StoreOptions::default() }).await;
     let (behind, ahead) = (Counters::new("node-behind"), Counters::new("node-ahead"));
     let w = current_window();
-    let _held = behind.reserve(&soft(std::slice::from_ref(&w)), Nanos(10));
+    let _held = behind.reserve(&soft(std::slice::from_ref(&w)), Nanos(10), wall());
     let skew = 30_000;
     sync(&behind, store.shared.as_ref(), Timestamp(wall().0 - skew)).await;
     spend(&ahead, &w);
@@ -252,8 +261,8 @@ async fn keys_expire_after_the_window_ends(backend: Backend) {
     let a = Counters::new("node-a");
     let now = wall();
     let w = CapWindow { cap: cap(), start: Timestamp(now.0 - 1_000), end: Timestamp(now.0 + 300) };
-    let _live = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(1));
-    a.add(std::slice::from_ref(&w), Nanos(5));
+    let _live = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(1), wall());
+    a.add(std::slice::from_ref(&w), Nanos(5), wall());
     sync(&a, store.shared.as_ref(), now).await;
     assert!(store.holds(&w, wall()).await, "held while the window runs");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -270,10 +279,10 @@ async fn pending_increments_survive_failed_syncs_and_count_once(backend: Backend
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
     let now = wall();
-    a.add(std::slice::from_ref(&w), Nanos(5));
+    a.add(std::slice::from_ref(&w), Nanos(5), wall());
     assert!(a.sync_with(&Unreachable, now).await.is_err());
     assert!(a.sync_with(&lost, Timestamp(now.0 + 1)).await.is_err());
-    a.add(std::slice::from_ref(&w), Nanos(3));
+    a.add(std::slice::from_ref(&w), Nanos(3), wall());
     assert!(a.sync_with(&lost, Timestamp(now.0 + 2)).await.is_err());
     assert!(a.sync_with(&Unreachable, Timestamp(now.0 + 3)).await.is_err());
     assert_eq!(a.confirmed_at(), None);
@@ -292,15 +301,16 @@ async fn pushes_are_idempotent_by_sequence(backend: Backend) {
     let store = Store::new(backend, StoreOptions::default()).await;
     let w = current_window();
     let now = wall();
-    let push = |seq: u64, entry: u64, cumulative: i64, acked: i64| SyncPush {
+    let push = |seq: u64, entry: u64, cumulative: i64| SyncPush {
         seq,
+        node_id: "n".to_owned(),
         windows: vec![WindowPush {
             cap: w.cap.clone(),
             start: w.start,
             end: Some(w.end),
             entry,
             cumulative: Nanos(cumulative),
-            acked: Nanos(acked),
+            since: Some(now),
             reserved: Nanos::ZERO,
             seed: None,
             spare: Nanos::ZERO,
@@ -311,69 +321,140 @@ async fn pushes_are_idempotent_by_sequence(backend: Backend) {
     };
     let total = |read: SyncRead| read.windows[0].total;
     let shared = store.shared.as_ref();
-    assert_eq!(total(shared.sync("n", &push(1, 0, 5, 0), now).await.expect("sync")), Nanos(5));
-    assert_eq!(total(shared.sync("n", &push(1, 0, 5, 0), now).await.expect("retry")), Nanos(5));
-    assert_eq!(total(shared.sync("n", &push(3, 0, 9, 0), now).await.expect("sync")), Nanos(9));
+    assert_eq!(total(shared.sync("n", &push(1, 0, 5), now).await.expect("sync")), Nanos(5));
+    assert_eq!(total(shared.sync("n", &push(1, 0, 5), now).await.expect("retry")), Nanos(5));
+    assert_eq!(total(shared.sync("n", &push(3, 0, 9), now).await.expect("sync")), Nanos(9));
     assert_eq!(
-        total(shared.sync("n", &push(2, 0, 7, 0), now).await.expect("late")),
+        total(shared.sync("n", &push(2, 0, 7), now).await.expect("late")),
         Nanos(9),
         "stale push ignored"
     );
-    assert_eq!(total(shared.sync("n", &push(4, 1, 4, 0), now).await.expect("new entry")), Nanos(13));
+    assert_eq!(total(shared.sync("n", &push(4, 1, 4), now).await.expect("new entry")), Nanos(13));
     assert_eq!(
-        total(shared.sync("m", &push(1, 0, 10, 6), now).await.expect("no record")),
-        Nanos(17),
-        "without a record of the writer only the unacknowledged part is added"
+        total(shared.sync("m", &push(1, 0, 10), now).await.expect("no record")),
+        Nanos(23),
+        "a writer the store holds no record of counts all it ever counted"
     );
     let big = (1_i64 << 53) + 1;
     assert_eq!(
-        total(shared.sync("n", &push(5, 0, 9 + big, 0), now).await.expect("big")),
-        Nanos(17 + big),
+        total(shared.sync("n", &push(5, 0, 9 + big), now).await.expect("big")),
+        Nanos(23 + big),
         "exact past 2^53"
     );
-    assert_eq!(total(shared.sync("n", &push(6, 0, 10 + big, 0), now).await.expect("big")), Nanos(18 + big));
+    assert_eq!(total(shared.sync("n", &push(6, 0, 10 + big), now).await.expect("big")), Nanos(24 + big));
 }
 
-async fn the_first_seed_wins_and_never_lowers_what_was_pushed_before(backend: Backend) {
+/// What `sync` read of one window that the store does not hold seeded.
+fn unseeded(outcome: &recovea_counters::SyncOutcome) -> Unseeded {
+    let [unseeded] = &outcome.missing[..] else { panic!("one window missing: {:?}", outcome.missing) };
+    unseeded.clone()
+}
+
+fn counted(nodes: &[(&str, Timestamp)]) -> Vec<Counted> {
+    nodes.iter().map(|(node, since)| Counted { node_id: (*node).to_owned(), since: *since }).collect()
+}
+
+async fn a_seed_adds_the_ledgers_other_receipts_to_what_the_writers_hold(backend: Backend) {
     let store = Store::new(backend, StoreOptions::default()).await;
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let w = current_window();
     let now = wall();
-    a.add(std::slice::from_ref(&w), Nanos(5));
+    let (a_since, b_since) = (Timestamp(now.0 - 2_000), Timestamp(now.0 - 1_000));
+    a.add(std::slice::from_ref(&w), Nanos(5), a_since);
     let outcome = a.sync_with(store.shared.as_ref(), now).await.expect("sync");
-    assert_eq!(outcome.missing, vec![w.clone()], "a new window has no ledger total yet");
+    let read_for_a = unseeded(&outcome);
+    assert_eq!(read_for_a.counted, counted(&[("node-a", a_since)]), "a new window has no ledger total yet");
     spend(&b, &w);
     let outcome = b.sync_with(store.shared.as_ref(), now).await.expect("sync");
     assert!(outcome.missing.is_empty(), "b only reads the window: it cannot name its end");
-    b.add(std::slice::from_ref(&w), Nanos::ZERO);
-    let outcome = b.sync_with(store.shared.as_ref(), now).await.expect("sync");
-    assert_eq!(outcome.missing, vec![w.clone()], "every writer learns the window is missing");
+    b.add(std::slice::from_ref(&w), Nanos::ZERO, b_since);
+    let read_for_b = unseeded(&b.sync_with(store.shared.as_ref(), now).await.expect("sync"));
+    assert_eq!(read_for_b.counted, counted(&[("node-a", a_since), ("node-b", b_since)]));
 
-    a.seed(&w, Nanos(100));
-    b.seed(&w, Nanos(200));
-    a.add(std::slice::from_ref(&w), Nanos(1));
-    sync(&a, store.shared.as_ref(), now).await;
+    // The ledger holds 100 of other nodes, a's 5 and b's 0: each seed leaves out its writers'.
+    let ledger = |total: i64| Rebuilt { total: Nanos(total), last_start: Some(now) };
+    a.seed(&read_for_a, ledger(100));
+    b.seed(&read_for_b, ledger(100));
+    a.add(std::slice::from_ref(&w), Nanos(1), now);
+    let outcome = a.sync_with(store.shared.as_ref(), now).await.expect("sync");
+    assert_eq!(
+        unseeded(&outcome).counted,
+        read_for_b.counted,
+        "a's seed is refused (read before b counted): the window is reported again"
+    );
+    assert_eq!(store.raw_total(&w).await.unwrap_or(6), 6);
     sync(&b, store.shared.as_ref(), now).await;
     sync(&a, store.shared.as_ref(), now).await;
-    assert_eq!(
-        spend(&a, &w).spent,
-        Nanos(101),
-        "a's larger seed replaced the 5 pushed before; the 1 after counts"
-    );
-    assert_eq!(spend(&b, &w).spent, Nanos(101), "b's later seed is ignored");
+    assert_eq!(spend(&a, &w).spent, Nanos(106), "b's seed adds to the writers' 6");
+    assert_eq!(spend(&b, &w).spent, Nanos(106));
     assert!(a.missing().is_empty() && b.missing().is_empty());
 
-    // A ledger that lags (receipts still in spools) seeds less than the nodes already pushed:
-    // what was pushed stands, since it is spend too.
+    // However late the ledger (c's receipts all still in its spool), nothing is lost or doubled.
     let lagging = CapWindow { cap: CapId::parse("cap_lagging").expect("id"), ..w.clone() };
     let c = Counters::new("node-c");
-    c.add(std::slice::from_ref(&lagging), Nanos(50));
+    c.add(std::slice::from_ref(&lagging), Nanos(50), now);
+    let read = unseeded(&c.sync_with(store.shared.as_ref(), now).await.expect("sync"));
+    c.seed(&read, Rebuilt { total: Nanos(10), last_start: Some(Timestamp(now.0 - 5_000)) });
+    c.add(std::slice::from_ref(&lagging), Nanos(2), now);
     sync(&c, store.shared.as_ref(), now).await;
-    c.seed(&lagging, Nanos(10));
-    c.add(std::slice::from_ref(&lagging), Nanos(2));
-    sync(&c, store.shared.as_ref(), now).await;
-    assert_eq!(spend(&c, &lagging).spent, Nanos(52), "the seed never lowers the total");
+    assert_eq!(spend(&c, &lagging).spent, Nanos(62), "the writer's 52 and the ledger's other 10");
     assert!(c.missing().is_empty());
+}
+
+async fn a_writer_counted_late_keeps_the_seed_only_if_they_cannot_overlap(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let (a, b, c) = (Counters::new("node-a"), Counters::new("node-b"), Counters::new("node-c"));
+    let w = current_window();
+    let now = wall();
+    a.add(std::slice::from_ref(&w), Nanos(5), Timestamp(now.0 - 3_000));
+    let read = unseeded(&a.sync_with(store.shared.as_ref(), now).await.expect("sync"));
+    // The ledger's latest receipt started 2 s ago; 100 of it is b's and others'.
+    a.seed(&read, Rebuilt { total: Nanos(100), last_start: Some(Timestamp(now.0 - 2_000)) });
+    sync(&a, store.shared.as_ref(), now).await;
+    assert_eq!(spend(&a, &w).spent, Nanos(105));
+
+    // c's first request started after every receipt in the seed: none of c's is in it.
+    c.add(std::slice::from_ref(&w), Nanos(7), Timestamp(now.0 - 1_000));
+    assert!(
+        c.sync_with(store.shared.as_ref(), now).await.expect("sync").missing.is_empty(),
+        "the seed stays"
+    );
+    assert_eq!(spend(&c, &w).spent, Nanos(112));
+
+    // b counts from before the seed's latest receipt: the seed may hold some of b's. It goes.
+    b.add(std::slice::from_ref(&w), Nanos(20), Timestamp(now.0 - 2_500));
+    let read = unseeded(&b.sync_with(store.shared.as_ref(), now).await.expect("sync"));
+    assert_eq!(spend(&b, &w).spent, Nanos(32), "the writers' 5 + 7 + 20, the seed taken back");
+    assert_eq!(
+        read.counted,
+        counted(&[
+            ("node-a", Timestamp(now.0 - 3_000)),
+            ("node-b", Timestamp(now.0 - 2_500)),
+            ("node-c", Timestamp(now.0 - 1_000))
+        ])
+    );
+    // Read again, b's 20 left out of the ledger's 100: 80.
+    b.seed(&read, Rebuilt { total: Nanos(80), last_start: Some(Timestamp(now.0 - 1_000)) });
+    sync(&b, store.shared.as_ref(), now).await;
+    sync(&a, store.shared.as_ref(), now).await;
+    assert_eq!(spend(&a, &w).spent, Nanos(112));
+}
+
+async fn a_seed_read_before_the_store_lost_the_window_is_refused_after(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let a = Counters::new("node-a");
+    let w = current_window();
+    let now = wall();
+    a.add(std::slice::from_ref(&w), Nanos(5), now);
+    let read = unseeded(&a.sync_with(store.shared.as_ref(), now).await.expect("sync"));
+    store.wipe();
+    a.seed(&read, Rebuilt { total: Nanos(100), last_start: Some(now) });
+    let outcome = a.sync_with(store.shared.as_ref(), now).await.expect("sync");
+    let read_again = unseeded(&outcome);
+    assert_ne!(read_again.incarnation, read.incarnation, "a new life of the window");
+    assert_eq!(read_again.counted, read.counted);
+    assert_eq!(spend(&a, &w).spent, Nanos(105), "the view keeps what the seed said");
+    assert_eq!(store.raw_total(&w).await.unwrap_or(5), 5, "the store took the writer's 5 alone");
 }
 
 async fn a_window_only_read_creates_nothing(backend: Backend) {
@@ -395,7 +476,7 @@ fn armed_at(windows: &[CapWindow], limit: Nanos) -> Vec<Covered> {
 async fn seeded(store: &Store, total: i64) -> CapWindow {
     let w = current_window();
     let seeder = Counters::new("seeder");
-    seeder.seed(&w, Nanos(total));
+    seeder.seed(&Unseeded::fresh(w.clone()), Rebuilt { total: Nanos(total), last_start: Some(w.start) });
     sync(&seeder, store.shared.as_ref(), wall()).await;
     w
 }
@@ -411,13 +492,13 @@ async fn at_the_line_a_request_is_checked_and_reserved_in_one_step(backend: Back
     let w = seeded(&store, base).await;
     let line = |extra: i64| armed_at(std::slice::from_ref(&w), Nanos(base + extra));
     let now = wall();
-    let mut first = a.reserve(&line(100), Nanos(60));
+    let mut first = a.reserve(&line(100), Nanos(60), wall());
     assert_eq!(a.ask_at_line(&mut first, now).await, Some(LineAnswer::Reserved));
     first.hold_at_line();
-    let mut second = b.reserve(&line(100), Nanos(40));
+    let mut second = b.reserve(&line(100), Nanos(40), wall());
     assert_eq!(b.ask_at_line(&mut second, now).await, Some(LineAnswer::Reserved), "one nano under the line");
     second.hold_at_line();
-    let mut third = b.reserve(&line(100), Nanos(1));
+    let mut third = b.reserve(&line(100), Nanos(1), wall());
     assert_eq!(b.ask_at_line(&mut third, now).await, Some(LineAnswer::AtLine(0)), "at the line");
     drop(third);
     // The records are folded into each node's own reservation by its push: counted once.
@@ -429,7 +510,7 @@ async fn at_the_line_a_request_is_checked_and_reserved_in_one_step(backend: Back
     drop(second);
     sync(&a, store.shared.as_ref(), now).await;
     sync(&b, store.shared.as_ref(), now).await;
-    let mut fourth = b.reserve(&line(100), Nanos(60));
+    let mut fourth = b.reserve(&line(100), Nanos(60), wall());
     assert_eq!(b.ask_at_line(&mut fourth, now).await, Some(LineAnswer::Reserved), "settled below the line");
 }
 
@@ -442,7 +523,7 @@ async fn at_an_unseeded_window_a_request_waits_for_the_ledgers_total(backend: Ba
 
     // Nobody seeds: the store cannot vouch for the window, writes nothing for it, and after a
     // bounded wait the request decides from its own view.
-    let mut blind = a.reserve(&covered, Nanos(1));
+    let mut blind = a.reserve(&covered, Nanos(1), wall());
     assert_eq!(a.ask_at_line(&mut blind, now).await, Some(LineAnswer::Unseeded));
     assert!(!store.holds(&w, wall()).await, "nothing written for an unseeded window");
     drop(blind);
@@ -451,17 +532,16 @@ async fn at_an_unseeded_window_a_request_waits_for_the_ledgers_total(backend: Ba
     // seeded and pushed) lands while the request asks again: the store then decides it. The ask
     // is polled first and sends its first question; the rebuild starts at once rather than after
     // a sleep, so that a slow machine cannot push it past the ask's bounded wait.
-    let mut first = a.reserve(&covered, Nanos(10));
+    let mut first = a.reserve(&covered, Nanos(10), wall());
     let rebuild = async {
         let outcome = a.sync_with(store.shared.as_ref(), now).await.expect("sync");
-        assert_eq!(outcome.missing.iter().map(|m| &m.cap).collect::<Vec<_>>(), [&w.cap]);
-        a.seed(&w, Nanos(95));
+        a.seed(&unseeded(&outcome), Rebuilt { total: Nanos(95), last_start: Some(w.start) });
         sync(&a, store.shared.as_ref(), now).await;
     };
     let (answer, ()) = tokio::join!(a.ask_at_line(&mut first, now), rebuild);
     assert_eq!(answer, Some(LineAnswer::Reserved), "95 seeded < 100: the store reserved it");
     first.hold_at_line();
-    let mut second = a.reserve(&covered, Nanos(1));
+    let mut second = a.reserve(&covered, Nanos(1), wall());
     assert_eq!(a.ask_at_line(&mut second, now).await, Some(LineAnswer::AtLine(0)), "95 + 10 >= 100");
 }
 
@@ -477,9 +557,9 @@ async fn spare_stops_at_the_ceiling_and_contends_until_given_back(backend: Backe
     let covered = armed_at(std::slice::from_ref(&crowded), Nanos(1_000));
     a.track(&covered);
     sync(&a, store.shared.as_ref(), now).await;
-    let from_spare = a.reserve(&covered, Nanos(10));
+    let from_spare = a.reserve(&covered, Nanos(10), wall());
     assert!(!from_spare.is_pending(), "granted up to the ceiling");
-    assert!(a.reserve(&covered, Nanos(1)).is_pending(), "and no further");
+    assert!(a.reserve(&covered, Nanos(1), wall()).is_pending(), "and no further");
     drop(from_spare);
 
     // a holds a sixteenth of 1600 (100); b's requests fill the rest of the way to the line.
@@ -489,12 +569,12 @@ async fn spare_stops_at_the_ceiling_and_contends_until_given_back(backend: Backe
     sync(&a, store.shared.as_ref(), now).await;
     let mut held = Vec::new();
     for _ in 0..3 {
-        let mut request = b.reserve(&covered, Nanos(500));
+        let mut request = b.reserve(&covered, Nanos(500), wall());
         assert_eq!(b.ask_at_line(&mut request, now).await, Some(LineAnswer::Reserved));
         request.hold_at_line();
         held.push(request);
     }
-    let mut contended = b.reserve(&covered, Nanos(1));
+    let mut contended = b.reserve(&covered, Nanos(1), wall());
     assert_eq!(
         b.ask_at_line(&mut contended, now).await,
         Some(LineAnswer::Contended),
@@ -504,7 +584,7 @@ async fn spare_stops_at_the_ceiling_and_contends_until_given_back(backend: Backe
     // a reads that the window is near its line, then gives its spare back.
     sync(&a, store.shared.as_ref(), now).await;
     sync(&a, store.shared.as_ref(), now).await;
-    let mut admitted = b.reserve(&covered, Nanos(1));
+    let mut admitted = b.reserve(&covered, Nanos(1), wall());
     assert_eq!(b.ask_at_line(&mut admitted, now).await, Some(LineAnswer::Reserved));
 }
 
@@ -518,16 +598,16 @@ async fn a_batch_must_fit_and_the_books_spend_counts_at_the_line(backend: Backen
     let w = seeded(&store, 900).await;
     let covered = armed_at(std::slice::from_ref(&w), Nanos(1_000));
     // A request may pass the line by itself: 900 + 150 is admitted, the line not yet reached.
-    let mut request = a.reserve(&covered, Nanos(150));
+    let mut request = a.reserve(&covered, Nanos(150), wall());
     assert_eq!(a.ask_at_line(&mut request, now).await, Some(LineAnswer::Reserved));
     drop(request);
     // Its record leaves the store with a's next push.
     sync(&a, store.shared.as_ref(), now).await;
     // A batch must fit: 900 + 101 is refused, 900 + 100 is not.
-    let mut batch = a.reserve_to_fit(&covered, Nanos(101));
+    let mut batch = a.reserve_to_fit(&covered, Nanos(101), wall());
     assert_eq!(a.ask_at_line(&mut batch, now).await, Some(LineAnswer::AtLine(0)));
     drop(batch);
-    let mut fits = a.reserve_to_fit(&covered, Nanos(100));
+    let mut fits = a.reserve_to_fit(&covered, Nanos(100), wall());
     assert_eq!(a.ask_at_line(&mut fits, now).await, Some(LineAnswer::Reserved));
     drop(fits);
     sync(&a, store.shared.as_ref(), now).await;
@@ -539,17 +619,17 @@ async fn a_batch_must_fit_and_the_books_spend_counts_at_the_line(backend: Backen
         sync(node, store.shared.as_ref(), now).await;
         assert_eq!(spend(node, &w).spent, Nanos(960));
     }
-    let mut batch = b.reserve_to_fit(&covered, Nanos(41));
+    let mut batch = b.reserve_to_fit(&covered, Nanos(41), wall());
     assert_eq!(b.ask_at_line(&mut batch, now).await, Some(LineAnswer::AtLine(0)), "900 + 60 + 41 > 1000");
     drop(batch);
-    let mut request = b.reserve(&covered, Nanos(500));
+    let mut request = b.reserve(&covered, Nanos(500), wall());
     assert_eq!(b.ask_at_line(&mut request, now).await, Some(LineAnswer::Reserved), "960 < 1000");
     drop(request);
     sync(&b, store.shared.as_ref(), now).await;
     // The job settled under its hold: the book's figure drops, and so does the view.
     b.set_external(&[]);
     assert_eq!(spend(&b, &w).spent, Nanos(900));
-    let mut batch = b.reserve_to_fit(&covered, Nanos(100));
+    let mut batch = b.reserve_to_fit(&covered, Nanos(100), wall());
     assert_eq!(b.ask_at_line(&mut batch, now).await, Some(LineAnswer::Reserved));
 }
 
@@ -563,9 +643,9 @@ async fn spare_leaves_room_for_the_books_spend(backend: Backend) {
     a.set_external(&[(w.clone(), Nanos(90))]);
     a.track(&covered);
     sync(&a, store.shared.as_ref(), now).await;
-    let from_spare = a.reserve(&covered, Nanos(10));
+    let from_spare = a.reserve(&covered, Nanos(10), wall());
     assert!(!from_spare.is_pending(), "granted up to the ceiling, the book's spend counted");
-    assert!(a.reserve(&covered, Nanos(1)).is_pending(), "and no further");
+    assert!(a.reserve(&covered, Nanos(1), wall()).is_pending(), "and no further");
 }
 
 macro_rules! suite {
@@ -592,7 +672,9 @@ suite!(
     keys_expire_after_the_window_ends,
     pending_increments_survive_failed_syncs_and_count_once,
     pushes_are_idempotent_by_sequence,
-    the_first_seed_wins_and_never_lowers_what_was_pushed_before,
+    a_seed_adds_the_ledgers_other_receipts_to_what_the_writers_hold,
+    a_writer_counted_late_keeps_the_seed_only_if_they_cannot_overlap,
+    a_seed_read_before_the_store_lost_the_window_is_refused_after,
     a_window_only_read_creates_nothing,
     at_the_line_a_request_is_checked_and_reserved_in_one_step,
     at_an_unseeded_window_a_request_waits_for_the_ledgers_total,

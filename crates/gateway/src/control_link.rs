@@ -8,10 +8,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
-use recovea_core::feed::WindowSpend;
+use recovea_core::feed::{CountedSince, WindowSpend};
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{DeliveryError, ReceiptSink, SerializedReceipt};
-use recovea_counters::{CapWindow, SpendSource, WindowSpendFuture};
+use recovea_core::timestamp::Timestamp;
+use recovea_counters::{Rebuilt, SpendSource, Unseeded, WindowSpendFuture};
 use recovea_upstream::{ProviderNetwork, Upstream, UpstreamError};
 use serde::Serialize;
 
@@ -143,16 +144,22 @@ struct Windows {
 
 /// A node's lost counter windows are rebuilt from the control plane's ledger.
 impl SpendSource for ControlLink {
-    fn window_spend<'a>(&'a self, windows: &'a [CapWindow]) -> WindowSpendFuture<'a> {
+    fn window_spend<'a>(&'a self, windows: &'a [Unseeded]) -> WindowSpendFuture<'a> {
         Box::pin(async move {
             let query = Windows {
                 windows: windows
                     .iter()
-                    .map(|w| WindowSpend {
-                        cap_id: w.cap.as_str().to_owned(),
-                        start_ms: w.start.0,
-                        end_ms: w.end.0,
+                    .map(|u| WindowSpend {
+                        cap_id: u.window.cap.as_str().to_owned(),
+                        start_ms: u.window.start.0,
+                        end_ms: u.window.end.0,
                         total_nanos: None,
+                        last_start_ms: None,
+                        counted: u
+                            .counted
+                            .iter()
+                            .map(|c| CountedSince { node_id: c.node_id.clone(), since_ms: c.since.0 })
+                            .collect(),
                     })
                     .collect(),
             };
@@ -163,7 +170,14 @@ impl SpendSource for ControlLink {
             if answer.windows.len() != windows.len() {
                 return Err("control plane answered for other windows".to_owned());
             }
-            Ok(answer.windows.iter().map(|w| w.total_nanos.map(Nanos)).collect())
+            Ok(answer
+                .windows
+                .iter()
+                .map(|w| {
+                    let last_start = w.last_start_ms.map(Timestamp);
+                    w.total_nanos.map(|total| Rebuilt { total: Nanos(total), last_start })
+                })
+                .collect())
         })
     }
 }

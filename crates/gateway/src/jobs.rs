@@ -184,7 +184,7 @@ mod tests {
         let window = crate::node::cap_window(&cap, now);
         let spend = || SpendView::spend(counters.as_ref(), &cap.id, window.start);
         let reservation =
-            counters.reserve(&[Covered { window: window.clone(), line: Some(cap.limit) }], Nanos(300));
+            counters.reserve(&[Covered { window: window.clone(), line: Some(cap.limit) }], Nanos(300), now);
         let key = book_key(cap.org_id.as_str(), "openai", "batch_1");
         jobs.hold(key.clone(), reservation);
         assert_eq!((spend().spent, spend().reserved), (Nanos::ZERO, Nanos(300)), "held by the node");

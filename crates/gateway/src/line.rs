@@ -65,9 +65,9 @@ pub(crate) async fn check_caps(
         .map(|cap| Covered { window: cap_window(cap, now), line: cap.hard_stop.then_some(cap.limit) })
         .collect();
     let mut reservation = if ask.fit {
-        counters.reserve_to_fit(&covered, ask.estimate)
+        counters.reserve_to_fit(&covered, ask.estimate, now)
     } else {
-        counters.reserve(&covered, ask.estimate)
+        counters.reserve(&covered, ask.estimate, now)
     };
     if reservation.is_pending() {
         let answer = counters.ask_at_line(&mut reservation, now).await;
@@ -137,7 +137,7 @@ pub(crate) fn settle(
                 .map(|cap| cap_window(cap, started_at))
                 .collect();
             if !unreserved.is_empty() {
-                shared.counters.add(&unreserved, cost);
+                shared.counters.add(&unreserved, cost, started_at);
             }
         }
         shared.limiter.charge_tokens(&key, limits, tokens);

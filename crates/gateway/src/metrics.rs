@@ -650,6 +650,11 @@ impl Metrics {
             "# HELP recovea_clock_offset_seconds The shared counter store's clock less this node's, as last measured (0 without one); windows are decided on the store's.\n# TYPE recovea_clock_offset_seconds gauge\nrecovea_clock_offset_seconds {:.3}",
             offset_ms as f64 / 1000.0
         );
+        let (lost, given_back) = self.counters.lost_windows_rebuilt();
+        let _ = writeln!(
+            out,
+            "# HELP recovea_spend_windows_lost_total Spend windows the shared counter store lost after they were seeded (a flush, a restart without persistence), each rebuilt from the ledger and the nodes' writers.\n# TYPE recovea_spend_windows_lost_total counter\nrecovea_spend_windows_lost_total {lost}\n# HELP recovea_lost_spend_rebuilt_usd_total Spend the ledger gave back to the windows the store lost: what no live node's writer held.\n# TYPE recovea_lost_spend_rebuilt_usd_total counter\nrecovea_lost_spend_rebuilt_usd_total {given_back}",
+        );
         if self.counters.counting() == recovea_core::caps::Counting::Shared {
             let _ = writeln!(
                 out,

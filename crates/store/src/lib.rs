@@ -392,15 +392,27 @@ pub trait JobStore: Send + Sync + 'static {
     /// An organization's jobs, newest first (by `started_at`, then id), at most `limit`.
     fn jobs(&self, org: &OrgId, limit: u32) -> Result<Vec<JobRecord>>;
     /// The spend in `[from, to)` of an organization (or one of its keys) that the spend counters
-    /// hold: every receipt's cost but jobs' settlements (which the book of jobs holds), read in
-    /// one transaction with the jobs. What a counter window is rebuilt from.
+    /// hold and their writers do not: every receipt's cost but jobs' settlements (which the book
+    /// of jobs holds) and each `counted` node's receipts that started at or after its time (which
+    /// its writers hold), read in one transaction with the jobs. What a counter window is rebuilt
+    /// from.
     fn counted_spend(
         &self,
         org: &OrgId,
         key: Option<&KeyId>,
         from: Timestamp,
         to: Timestamp,
-    ) -> Result<Nanos>;
+        counted: &[(&str, Timestamp)],
+    ) -> Result<UncountedSpend>;
+}
+
+/// What [`JobStore::counted_spend`] and [`ReceiptLedger::spend_uncounted`] read, in one read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UncountedSpend {
+    pub spend: Nanos,
+    /// The latest start of a receipt in `[from, to)`, counted or not: no receipt that started
+    /// after it is in `spend`. `None`: the window has no receipt yet.
+    pub last_start: Option<Timestamp>,
 }
 
 /// A poll of one pending job, as [`JobStore::job_polled`] records it.
@@ -490,4 +502,14 @@ pub trait ReceiptLedger: Send + Sync + 'static {
     ) -> Result<Vec<TagSpendRow>>;
     /// The spend of an organization (or one of its keys) in `[from, to)`: the sum of its receipts' costs.
     fn spend(&self, org: &OrgId, key: Option<&KeyId>, from: Timestamp, to: Timestamp) -> Result<Nanos>;
+    /// [`spend`](Self::spend) less each `counted` node's receipts that started at or after its
+    /// time, in one read (see [`JobStore::counted_spend`]).
+    fn spend_uncounted(
+        &self,
+        org: &OrgId,
+        key: Option<&KeyId>,
+        from: Timestamp,
+        to: Timestamp,
+        counted: &[(&str, Timestamp)],
+    ) -> Result<UncountedSpend>;
 }

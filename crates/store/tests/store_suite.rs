@@ -183,7 +183,7 @@ suite!(
     a_job_settles_once_with_its_receipts,
     a_settlement_that_fails_writes_nothing,
     concurrent_settlements_settle_once,
-    counted_spend_is_every_receipt_but_settlements,
+    counted_spend_is_every_receipt_but_settlements_and_what_writers_hold,
     an_organizations_jobs_list_newest_first,
     jobs_survive_reopening_and_are_shared_between_stores,
 );
@@ -1777,7 +1777,7 @@ fn concurrent_settlements_settle_once(db: &impl Backend) {
     assert_eq!(stores[1].spend(&org, None, Timestamp(DAY), Timestamp(DAY + 20)).expect("spend"), Nanos(100));
 }
 
-fn counted_spend_is_every_receipt_but_settlements(db: &impl Backend) {
+fn counted_spend_is_every_receipt_but_settlements_and_what_writers_hold(db: &impl Backend) {
     let store = db.open();
     let (a, b) = ("key_a", "key_b");
     let j1 = job("org_a", "openai", "batch_1", a, DAY + 1_000);
@@ -1791,8 +1791,8 @@ fn counted_spend_is_every_receipt_but_settlements(db: &impl Backend) {
         creating_receipt("rcpt_c2", &j2),
         creating_receipt("rcpt_c3", &pending),
         receipt("rcpt_o1", a, DAY + 500, 7),
-        receipt("rcpt_o2", b, 2 * DAY + 10, 11),
-        receipt("rcpt_o3", a, 3 * DAY + 5, 13),
+        Receipt { node_id: "node_b".into(), ..receipt("rcpt_o2", b, 2 * DAY + 10, 11) },
+        Receipt { node_id: "node_b".into(), ..receipt("rcpt_o3", a, 3 * DAY + 5, 13) },
         receipt("rcpt_o4", a, -DAY + 3, 17),
         Receipt { cost_usd: Nanos(19), ..creating_receipt("rcpt_c4", &j1) },
     ];
@@ -1820,14 +1820,11 @@ fn counted_spend_is_every_receipt_but_settlements(db: &impl Backend) {
     );
 
     let org = org_id("org_a");
+    let within = |key: Option<&str>, from: i64, to: i64, r: &Receipt| {
+        key.is_none_or(|k| r.key_id == k) && (from..to).contains(&r.started_at.0)
+    };
     let truth = |key: Option<&str>, from: i64, to: i64, receipts: &[Receipt]| {
-        Nanos(
-            receipts
-                .iter()
-                .filter(|r| key.is_none_or(|k| r.key_id == k) && (from..to).contains(&r.started_at.0))
-                .map(|r| r.cost_usd.0)
-                .sum(),
-        )
+        Nanos(receipts.iter().filter(|r| within(key, from, to, r)).map(|r| r.cost_usd.0).sum())
     };
     let settlements = [
         settling_receipt("rcpt_s1", &j1, 40),
@@ -1853,21 +1850,58 @@ fn counted_spend_is_every_receipt_but_settlements(db: &impl Backend) {
         for &from in &cuts {
             for &to in cuts.iter().filter(|&&to| to > from) {
                 let (from_t, to_t, key_id) = (Timestamp(from), Timestamp(to), key.map(key_id));
-                let got = store.counted_spend(&org, key_id.as_ref(), from_t, to_t).expect("counted spend");
-                assert_eq!(got, truth(key, from, to, &counted), "{key:?} [{from}, {to})");
+                let got =
+                    store.counted_spend(&org, key_id.as_ref(), from_t, to_t, &[]).expect("counted spend");
+                assert_eq!(got.spend, truth(key, from, to, &counted), "{key:?} [{from}, {to})");
                 let all = store.spend(&org, key_id.as_ref(), from_t, to_t).expect("spend");
                 assert_eq!(
-                    Nanos(all.0 - got.0),
+                    Nanos(all.0 - got.spend.0),
                     truth(key, from, to, &settlements),
                     "{key:?} [{from}, {to})"
                 );
+                let latest = counted.iter().chain(&settlements).filter(|r| within(key, from, to, r));
+                assert_eq!(got.last_start, latest.map(|r| r.started_at).max(), "{key:?} [{from}, {to})");
+                // A node whose writers hold its receipts from `since` on: the ledger leaves those out.
+                for since in [i64::MIN, 2 * DAY + 10, 2 * DAY + 11, 3 * DAY + 6] {
+                    let held = [("node_b", Timestamp(since))];
+                    let uncounted = store
+                        .counted_spend(&org, key_id.as_ref(), from_t, to_t, &held)
+                        .expect("counted spend")
+                        .spend;
+                    let not_held: Vec<Receipt> = counted
+                        .iter()
+                        .filter(|r| !(r.node_id == "node_b" && r.started_at.0 >= since))
+                        .cloned()
+                        .collect();
+                    assert_eq!(
+                        uncounted,
+                        truth(key, from, to, &not_held),
+                        "{key:?} [{from}, {to}) since {since}"
+                    );
+                    let ledger_alone = store
+                        .spend_uncounted(&org, key_id.as_ref(), from_t, to_t, &held)
+                        .expect("spend uncounted")
+                        .spend;
+                    let all_not_held: Vec<Receipt> = counted
+                        .iter()
+                        .chain(&settlements)
+                        .filter(|r| !(r.node_id == "node_b" && r.started_at.0 >= since))
+                        .cloned()
+                        .collect();
+                    assert_eq!(
+                        ledger_alone,
+                        truth(key, from, to, &all_not_held),
+                        "{key:?} [{from}, {to}) since {since}"
+                    );
+                }
             }
         }
     }
     assert_eq!(
         store
-            .counted_spend(&org_id("org_b"), None, Timestamp(i64::MIN), Timestamp(i64::MAX))
-            .expect("counted"),
+            .counted_spend(&org_id("org_b"), None, Timestamp(i64::MIN), Timestamp(i64::MAX), &[])
+            .expect("counted")
+            .spend,
         Nanos(1_000)
     );
 }

@@ -4,7 +4,7 @@ use recovea_core::caps::{Cap, Scope, SpendView};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::window::Window;
-use recovea_counters::CapWindow;
+use recovea_counters::{CapWindow, Rebuilt, Unseeded};
 use recovea_store::audit::{cap_json, permille_number};
 use recovea_store::{AlertRecord, CapRecord};
 use serde::Deserialize;
@@ -184,9 +184,9 @@ impl Control {
         let at = now();
         let window = CapWindow { cap: cap.id.clone(), start: cap.window.start(at), end: cap.window.end(at) };
         let sources = self.spend_sources();
-        let seeded = window.clone();
-        let spent = self.off_thread(move || crate::rebuild::rebuild_window(&sources, &seeded)).await?;
-        counters.seed(&window, spent.unwrap_or(Nanos::ZERO));
+        let unseeded = Unseeded::fresh(window.clone());
+        let rebuilt = self.off_thread(move || crate::rebuild::rebuild_window(&sources, &window, &[])).await?;
+        counters.seed(&unseeded, rebuilt.unwrap_or(Rebuilt { total: Nanos::ZERO, last_start: None }));
         Ok(())
     }
 

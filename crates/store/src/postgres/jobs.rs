@@ -8,7 +8,7 @@ use recovea_core::timestamp::Timestamp;
 
 use super::{PostgresStore, backend, ledger, select, select_optional};
 use crate::rows::{self, Columns, FILE_COLUMNS, JOB_COLUMNS};
-use crate::{BookRows, FileRecord, JobPoll, JobRecord, JobStore, Result, StoreError};
+use crate::{BookRows, FileRecord, JobPoll, JobRecord, JobStore, Result, StoreError, UncountedSpend};
 
 impl JobStore for PostgresStore {
     fn record_jobs(&self, jobs: &[JobRecord], files: &[FileRecord]) -> Result<bool> {
@@ -236,7 +236,8 @@ impl JobStore for PostgresStore {
         key: Option<&KeyId>,
         from: Timestamp,
         to: Timestamp,
-    ) -> Result<Nanos> {
+        counted: &[(&str, Timestamp)],
+    ) -> Result<UncountedSpend> {
         let mut client = self.client()?;
         // One snapshot: a settlement committed between the two reads would otherwise be
         // subtracted without its receipts, or the other way round.
@@ -247,6 +248,8 @@ impl JobStore for PostgresStore {
             .start()
             .map_err(backend)?;
         let spent = ledger::spend(&mut tx, org, key, from, to)?;
+        let held = ledger::counted_by_nodes(&mut tx, org, key, from, to, counted)?;
+        let last_start = ledger::last_start(&mut tx, org, key, from, to)?;
         let settled = tx
             .query_one(
                 "SELECT COALESCE(SUM(cost_nanos), 0)::BIGINT FROM jobs WHERE org_id = $1
@@ -257,7 +260,10 @@ impl JobStore for PostgresStore {
             .map_err(backend)?
             .integer(0)?;
         tx.commit().map_err(backend)?;
-        Ok(Nanos(spent.0.saturating_sub(settled)))
+        Ok(UncountedSpend {
+            spend: Nanos(spent.0.saturating_sub(settled).saturating_sub(held.0)),
+            last_start,
+        })
     }
 }
 

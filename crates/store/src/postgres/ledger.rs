@@ -1,7 +1,7 @@
 //! The receipt ledger on PostgreSQL: a receipt is a few columns to select and sum by, beside its
 //! JSON text as it came.
 
-use postgres::GenericClient;
+use postgres::{GenericClient, IsolationLevel};
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
@@ -10,7 +10,7 @@ use recovea_core::usage::UsageSource;
 
 use super::{PostgresStore, backend, select, select_optional};
 use crate::rows::{self, Columns, saturating_i64};
-use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, StoreError, TagSpendRow};
+use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, StoreError, TagSpendRow, UncountedSpend};
 
 /// Inserts the receipts not already present, on `client` (a settlement's transaction, for its
 /// receipts to go in with the job they settle); how many were new.
@@ -123,6 +123,28 @@ impl ReceiptLedger for PostgresStore {
         spend(&mut *self.client()?, org, key, from, to)
     }
 
+    fn spend_uncounted(
+        &self,
+        org: &OrgId,
+        key: Option<&KeyId>,
+        from: Timestamp,
+        to: Timestamp,
+        counted: &[(&str, Timestamp)],
+    ) -> Result<UncountedSpend> {
+        let mut client = self.client()?;
+        let mut tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(backend)?;
+        let spent = spend(&mut tx, org, key, from, to)?;
+        let held = counted_by_nodes(&mut tx, org, key, from, to, counted)?;
+        let last_start = last_start(&mut tx, org, key, from, to)?;
+        tx.commit().map_err(backend)?;
+        Ok(UncountedSpend { spend: Nanos(spent.0.saturating_sub(held.0)), last_start })
+    }
+
     fn spend_summary(
         &self,
         org: &OrgId,
@@ -187,6 +209,54 @@ impl ReceiptLedger for PostgresStore {
         )?;
         Ok(rows::by_tag(sums, key))
     }
+}
+
+/// The part of [`spend`] that the spend counters' writers hold: each `counted` node's receipts
+/// that started at or after its time. The node is read from the receipt itself, on the few
+/// minutes to days since a writer began counting, and only when a window is rebuilt.
+pub(super) fn counted_by_nodes(
+    client: &mut impl GenericClient,
+    org: &OrgId,
+    key: Option<&KeyId>,
+    from: Timestamp,
+    to: Timestamp,
+    counted: &[(&str, Timestamp)],
+) -> Result<Nanos> {
+    let mut held = Nanos::ZERO;
+    for (node, since) in counted {
+        let from = from.max(*since);
+        if from >= to {
+            continue;
+        }
+        let row = client
+            .query_one(
+                "SELECT COALESCE(SUM(cost_nanos), 0)::BIGINT FROM receipts WHERE org_id = $1
+                 AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $3 AND started_at < $4
+                 AND body::json->>'node_id' = $5",
+                &[&org.as_str(), &key.map(KeyId::as_str), &from.0, &to.0, node],
+            )
+            .map_err(backend)?;
+        held = held.saturating_add(Nanos(row.integer(0)?));
+    }
+    Ok(held)
+}
+
+/// The latest start of a receipt in `[from, to)`, read on `client` (see [`UncountedSpend`]).
+pub(super) fn last_start(
+    client: &mut impl GenericClient,
+    org: &OrgId,
+    key: Option<&KeyId>,
+    from: Timestamp,
+    to: Timestamp,
+) -> Result<Option<Timestamp>> {
+    let row = client
+        .query_one(
+            "SELECT MAX(started_at) FROM receipts WHERE org_id = $1
+             AND ($2::TEXT IS NULL OR key_id = $2) AND started_at >= $3 AND started_at < $4",
+            &[&org.as_str(), &key.map(KeyId::as_str), &from.0, &to.0],
+        )
+        .map_err(backend)?;
+    Ok(row.get::<_, Option<i64>>(0).map(Timestamp))
 }
 
 /// The sum of the receipts' costs in `[from, to)`, read on `client` (a transaction of the

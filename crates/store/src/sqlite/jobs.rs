@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::{SqliteStore, backend, ledger, select, select_optional};
 use crate::rows::{self, FILE_COLUMNS, JOB_COLUMNS};
-use crate::{BookRows, FileRecord, JobPoll, JobRecord, JobStore, Result, StoreError};
+use crate::{BookRows, FileRecord, JobPoll, JobRecord, JobStore, Result, StoreError, UncountedSpend};
 
 impl JobStore for SqliteStore {
     fn record_jobs(&self, jobs: &[JobRecord], files: &[FileRecord]) -> Result<bool> {
@@ -211,12 +211,15 @@ impl JobStore for SqliteStore {
         key: Option<&KeyId>,
         from: Timestamp,
         to: Timestamp,
-    ) -> Result<Nanos> {
+        counted: &[(&str, Timestamp)],
+    ) -> Result<UncountedSpend> {
         let mut conn = self.conn();
         // One read transaction: a settlement committed between the two reads would otherwise be
         // subtracted without its receipts, or the other way round.
         let tx = conn.transaction().map_err(backend)?;
         let spent = ledger::spend(&tx, org, key, from, to)?;
+        let held = ledger::counted_by_nodes(&tx, org, key, from, to, counted)?;
+        let last_start = ledger::last_start(&tx, org, key, from, to)?;
         let settled: i64 = tx
             .prepare_cached(
                 "SELECT COALESCE(SUM(cost_nanos), 0) FROM jobs WHERE org_id = ?1
@@ -227,7 +230,10 @@ impl JobStore for SqliteStore {
             .query_row(params![org.as_str(), key.map(KeyId::as_str), from.0, to.0], |r| r.get(0))
             .map_err(backend)?;
         tx.commit().map_err(backend)?;
-        Ok(Nanos(spent.0.saturating_sub(settled)))
+        Ok(UncountedSpend {
+            spend: Nanos(spent.0.saturating_sub(settled).saturating_sub(held.0)),
+            last_start,
+        })
     }
 }
 

@@ -11,7 +11,7 @@ use rusqlite::{Connection, Transaction, params};
 
 use super::{SqliteStore, backend, records};
 use crate::rows::{self, Columns, DailyKey, DailySums, corrupt, saturating_i64};
-use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, TagSpendRow};
+use crate::{ReceiptLedger, ReceiptQuery, Result, SpendRow, TagSpendRow, UncountedSpend};
 
 /// A receipt's columns, in the order [`receipt_row`] reads them.
 const RECEIPT_COLUMNS: &str = "id, request_id, org_id, key_id, provider, model, endpoint, status, stream,
@@ -210,6 +210,23 @@ impl ReceiptLedger for SqliteStore {
         spend(&self.conn(), org, key, from, to)
     }
 
+    fn spend_uncounted(
+        &self,
+        org: &OrgId,
+        key: Option<&KeyId>,
+        from: Timestamp,
+        to: Timestamp,
+        counted: &[(&str, Timestamp)],
+    ) -> Result<UncountedSpend> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(backend)?;
+        let spent = spend(&tx, org, key, from, to)?;
+        let held = counted_by_nodes(&tx, org, key, from, to, counted)?;
+        let last_start = last_start(&tx, org, key, from, to)?;
+        tx.commit().map_err(backend)?;
+        Ok(UncountedSpend { spend: Nanos(spent.0.saturating_sub(held.0)), last_start })
+    }
+
     fn spend_summary(
         &self,
         org: &OrgId,
@@ -282,6 +299,54 @@ impl ReceiptLedger for SqliteStore {
             .map_err(backend)?;
         Ok(rows::by_tag(records(found, rows::tag_sum_row)?, key))
     }
+}
+
+/// The part of [`spend`] that the spend counters' writers hold: each `counted` node's receipts
+/// that started at or after its time.
+pub(super) fn counted_by_nodes(
+    conn: &Connection,
+    org: &OrgId,
+    key: Option<&KeyId>,
+    from: Timestamp,
+    to: Timestamp,
+    counted: &[(&str, Timestamp)],
+) -> Result<Nanos> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT COALESCE(SUM(cost_nanos), 0) FROM receipts WHERE org_id = ?1
+             AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?3 AND started_at < ?4 AND node_id = ?5",
+        )
+        .map_err(backend)?;
+    let mut held = Nanos::ZERO;
+    for (node, since) in counted {
+        let from = from.max(*since);
+        if from < to {
+            let sum: i64 = stmt
+                .query_row(params![org.as_str(), key.map(KeyId::as_str), from.0, to.0, node], |r| r.get(0))
+                .map_err(backend)?;
+            held = held.saturating_add(Nanos(sum));
+        }
+    }
+    Ok(held)
+}
+
+/// The latest start of a receipt in `[from, to)`, read on `conn` (see [`UncountedSpend`]).
+pub(super) fn last_start(
+    conn: &Connection,
+    org: &OrgId,
+    key: Option<&KeyId>,
+    from: Timestamp,
+    to: Timestamp,
+) -> Result<Option<Timestamp>> {
+    let latest: Option<i64> = conn
+        .prepare_cached(
+            "SELECT MAX(started_at) FROM receipts WHERE org_id = ?1
+             AND (?2 IS NULL OR key_id = ?2) AND started_at >= ?3 AND started_at < ?4",
+        )
+        .map_err(backend)?
+        .query_row(params![org.as_str(), key.map(KeyId::as_str), from.0, to.0], |r| r.get(0))
+        .map_err(backend)?;
+    Ok(latest.map(Timestamp))
 }
 
 /// The sum of the receipts' costs in `[from, to)`, read on `conn` (a transaction of the caller's,
