@@ -38,13 +38,15 @@ been admitted and cost its real cost (admitted so far + in flight + this one, at
 With `--fault`, the shared store misbehaves while the nodes race (a `recovea-fault-proxy` between
 the nodes and Redis): `slow:MS` adds MS to every node's round trip to Redis for the whole run;
 `cut:SECONDS` cuts the first node off from Redis (packets dropped) for SECONDS from the start of
-each race's line; `clock:SECONDS` starts the first node with its clock SECONDS ahead (libfaketime).
+each race's line; `clock:SECONDS` starts the first node with its clock SECONDS ahead (libfaketime);
+`wipe:PERCENT` runs a Redis of the bench's own and flushes it (FLUSHALL) in each race once the
+requests admitted reach PERCENT of the limit, receipts still on their way to the ledger.
 A `503 budget_unverifiable` (a request the node could not confirm) is counted and retried 100 ms
 later; the bound is the same.
 
 Usage: bench/overshoot.py [--nodes 2] [--clients-per-node 32] [--races 100] [--limit-requests 40]
                           [--latency-ms 0] [--far-requests 3] [--refusals 5] [--seconds 15] [--uncapped]
-                          [--fault slow:MS|cut:SECONDS|clock:SECONDS]
+                          [--fault slow:MS|cut:SECONDS|clock:SECONDS|wipe:PERCENT]
 Exit status 1 when a race broke the bound, ended with room left for a whole request after
 refusing (a phantom refusal; with `--uncapped` they are counted and reported instead), or a node
 did not admit again once the limit was raised.
@@ -60,6 +62,7 @@ import math
 import os
 import re
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -262,15 +265,42 @@ def parse_fault(text: str | None) -> tuple[str, int] | None:
     if text is None:
         return None
     kind, _, amount = text.partition(":")
-    if kind not in ("slow", "cut", "clock") or not amount.isdigit():
-        sys.exit(f"--fault: slow:MS, cut:SECONDS or clock:SECONDS, not {text!r}")
+    if kind not in ("slow", "cut", "clock", "wipe") or not amount.isdigit():
+        sys.exit(f"--fault: slow:MS, cut:SECONDS, clock:SECONDS or wipe:PERCENT, not {text!r}")
     return kind, int(amount)
+
+
+class OwnRedis:
+    """A `redis-server` of the bench's own, keeping nothing on disk: `--fault wipe` flushes it."""
+
+    def __init__(self, work: Path) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(work)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    sys.exit(f"redis-server did not come up on {self.port}")
+                time.sleep(0.02)
+
+    def flushall(self) -> None:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as conn:
+            conn.sendall(b"*1\r\n$8\r\nFLUSHALL\r\n")
+            assert conn.recv(16).startswith(b"+OK"), "FLUSHALL"
 
 
 class Bench:
     def __init__(self, opts: argparse.Namespace, admin: httpx.Client, nodes: list[str],
-                 proxy: FaultProxy | None = None):
-        self.opts, self.admin, self.nodes, self.proxy = opts, admin, nodes, proxy
+                 proxy: FaultProxy | None = None, own_redis: OwnRedis | None = None):
+        self.opts, self.admin, self.nodes, self.proxy, self.own_redis = opts, admin, nodes, proxy, own_redis
+        self.wipes = 0
         self.latencies = Latencies()
         self.limit = opts.limit_requests * COST
 
@@ -360,9 +390,10 @@ class Bench:
                 await asyncio.sleep(fault[1])
                 self.proxy.set("pass")
             restore = asyncio.create_task(after())
+        wipe_at = self.opts.limit_requests * fault[1] / 100 if fault and fault[0] == "wipe" else None
 
         async def client(node: int, connection: Connection) -> None:
-            nonlocal in_flight, refused, phantom
+            nonlocal in_flight, refused, phantom, wipe_at
             in_a_row = 0
             while in_a_row < self.opts.refusals and time.monotonic() < stop_at:
                 # The admitted and the in-flight requests, as the nodes count them: spend and reservations.
@@ -378,6 +409,10 @@ class Bench:
                 if status == 200:
                     in_a_row = 0
                     admitted[node] += 1
+                    if wipe_at is not None and sum(admitted) >= wipe_at and self.own_redis:
+                        wipe_at = None
+                        self.own_redis.flushall()
+                        self.wipes += 1
                 elif status == 402 and self.opts.uncapped:
                     refused += 1
                     # Room for this request's real cost, had every request in flight been
@@ -557,7 +592,8 @@ def main() -> None:
     args.add_argument("--uncapped", action="store_true",
                       help="every request sets no output limit and the mock writes 20 x 1,024 output tokens")
     args.add_argument("--fault", help="slow:MS (Redis's round trip + MS), cut:SECONDS (the first node cut off "
-                                      "from Redis at each race's line), clock:SECONDS (the first node's clock ahead)")
+                                      "from Redis at each race's line), clock:SECONDS (the first node's clock ahead), "
+                                      "wipe:PERCENT (a Redis of the bench's own flushed at PERCENT of each race's limit)")
     opts = args.parse_args()
     fault = parse_fault(opts.fault)
     if opts.uncapped:
@@ -589,7 +625,10 @@ def main() -> None:
         price = {"input_per_mtok_usd": str(INPUT_PER_MTOK), "output_per_mtok_usd": str(OUTPUT_PER_MTOK),
                  "max_output_tokens": MAX_OUTPUT_TOKENS}
         admin.put(f"/prices/{MODEL}", json=price).raise_for_status()
-        proxy = None
+        proxy, own_redis = None, None
+        if fault and fault[0] == "wipe":
+            own_redis = OwnRedis(work)
+            procs.append(own_redis.proc)
         if fault and fault[0] in ("slow", "cut"):
             proxy = FaultProxy()
             procs.append(proxy.proc)
@@ -597,7 +636,7 @@ def main() -> None:
                 proxy.set(f"delay {fault[1] // 2}")
         nodes = []
         for n in range(opts.nodes):
-            redis = "127.0.0.1:6379"
+            redis = f"127.0.0.1:{own_redis.port}" if own_redis else "127.0.0.1:6379"
             if proxy and (fault[0] == "slow" or n == 0):
                 redis = proxy.addr
             env = dict(os.environ)
@@ -613,9 +652,12 @@ def main() -> None:
             procs.append(proc)
             nodes.append(read_banner(proc, r"recovea node \S+:\s+(http://\S+)")["url"])
 
-        bench = Bench(opts, admin, nodes, proxy)
+        bench = Bench(opts, admin, nodes, proxy, own_redis)
         races = asyncio.run(run(bench, opts))
         ok = report(races, bench.latencies, opts, line_answers(nodes))
+        if own_redis:
+            print(f"Redis flushed {bench.wipes} times (once a race)")
+            ok = ok and bench.wipes == len(races)
     finally:
         for proc in procs:
             proc.kill()

@@ -24,6 +24,9 @@ use deployment::{
     within,
 };
 use harness::{Database, http_client, temp_dir};
+#[path = "support/own_redis.rs"]
+mod own_redis;
+use own_redis::OwnRedis;
 
 /// One dollar a request, exactly its reservation: `max_tokens: 1` at a dollar an output token.
 const REQUEST_NANOS: i128 = 1_000_000_000;
@@ -206,6 +209,50 @@ async fn a_node_cut_off_from_the_store_cannot_spend_past_the_line() {
         let what = format!("first node's link to the store {fault:?} for {lasting:?}");
         judge(&d.control, &org_id, &what, &answers).await;
     }
+}
+
+/// The window totals of `cap_id` in `redis`, in nano-dollars.
+fn store_total(redis: &OwnRedis, cap_id: &str) -> i128 {
+    let sum = "local s = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+               s = s + tonumber(redis.call('HGET', k, 'total') or '0') end return tostring(s)";
+    let total = redis.command(&["EVAL", sum, "0", &format!("*{{{cap_id}:*}}:t")]);
+    total.parse::<f64>().map(|t| t as i128).unwrap_or_else(|_| panic!("a total: {total}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_wiped_near_the_line_is_rebuilt_and_the_line_holds() {
+    let dir = temp_dir("faults-wiped-store");
+    let redis = OwnRedis::start_anywhere(&dir.join("redis"));
+    let d = deploy("faults-wiped", &[redis.addr(), redis.addr()], &[]).await;
+    let redis = Arc::new(redis);
+    let at_85_percent = LIMIT_REQUESTS * REQUEST_NANOS * 85 / 100;
+    for number in 1..=20 {
+        let (org_id, cap_id, secret) =
+            tenant_with_cap(&d.control, &format!("{LIMIT_REQUESTS}.00"), d.nodes.len()).await;
+        // Receipts are still in the nodes' spools when Redis loses everything: the rebuild must
+        // count them once, from the ledger or from the nodes, never twice and never not at all.
+        let wiper = {
+            let redis = Arc::clone(&redis);
+            tokio::task::spawn_blocking(move || {
+                let until = Instant::now() + Duration::from_secs(30);
+                while store_total(&redis, &cap_id) < at_85_percent {
+                    assert!(Instant::now() < until, "the race never reached 85% of the room");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert_eq!(redis.command(&["FLUSHALL"]), "+OK");
+            })
+        };
+        let answers = race(&d.nodes, &secret, Duration::from_secs(40)).await;
+        wiper.await.expect("the store was wiped");
+        let what = format!("store wiped at 85% of the room, race {number}");
+        let over = judge(&d.control, &org_id, &what, &answers).await;
+        assert!(over >= 0, "{what}: the race ended refused below the line: {answers:?}");
+    }
+    let mut lost = 0.0;
+    for node in &d.nodes {
+        lost += node.metric("recovea_spend_windows_lost_total ").await.expect("the lost windows metric");
+    }
+    assert!(lost >= 20.0, "every wipe is counted where it was seen: {lost}");
 }
 
 /// libfaketime, which starts a node with its clock set off; installed when missing, never skipped.

@@ -3,7 +3,6 @@
 //! age, leaves a soft cap's traffic flowing, and restarting Redis clears the 503 by itself.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -15,44 +14,11 @@ use serde_json::{Value, json};
 mod harness;
 
 use harness::{Serve, temp_dir};
+#[path = "support/own_redis.rs"]
+mod own_redis;
+use own_redis::OwnRedis;
 
 const TOKEN: &str = "redis-test-token";
-
-/// A `redis-server` of the test's own, on a port of its own, with nothing kept on disk.
-struct OwnRedis {
-    child: Child,
-    port: u16,
-}
-
-impl OwnRedis {
-    fn start(port: u16, dir: &Path) -> Self {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed for this test");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not come up on {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self { child, port }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 fn start(data_dir: &Path, mock_url: &str, redis_port: u16) -> Serve {
     let redis_url = format!("redis://127.0.0.1:{redis_port}/");

@@ -105,7 +105,6 @@ pub struct Counters {
     instance: String,
     /// The node's id, as its receipts name it.
     node_id: String,
-
     windows: RwLock<HashMap<(CapId, Timestamp), Arc<Entry>>>,
     next_entry: AtomicU64,
     seq: AtomicU64,
@@ -228,7 +227,6 @@ impl Counters {
         Arc::new(Self {
             instance: format!("{node_id}.{token}"),
             node_id: node_id.to_owned(),
-
             windows: RwLock::new(HashMap::default()),
             next_entry: AtomicU64::new(0),
             seq: AtomicU64::new(0),
@@ -318,8 +316,9 @@ impl Counters {
     /// [`holds`](Reservation::hold_at_line) it. When a window is armed, a sync follows within
     /// [`ARMED_SYNC_GAP`] of the reservation and again of its end: other nodes near the line must
     /// not decide on a view a whole tick old, and until this node pushes they count the
-    /// reservation of a request that has ended rather than its cost.
-    /// `started_at` is the request's start, as its receipt will record it.
+    /// reservation of a request that has ended rather than its cost. `started_at` is the request's
+    /// start, as its receipt will record it: the window's count holds this node's receipts from
+    /// the earliest such start on ([`WindowPush::since`]).
     pub fn reserve(
         self: &Arc<Self>,
         covered: &[Covered],
@@ -503,9 +502,9 @@ impl Counters {
     /// Seeds a window the store reported [`Unseeded`] with what the ledger holds that the store's
     /// writers do not (every receipt but those of the nodes it names from their `since`). The
     /// view counts it at once, beside what the writers hold; the next sync, asked for at once,
-    /// adds it to the store's total, unless a writer was counted since (the version moved: the
-    /// store ignores it, and the window is reported and read again) or another node's seed came
-    /// first.
+    /// adds it to the store's total, unless the writers changed or the store lost the window since
+    /// the ledger was read (the store ignores it, and the window is reported and read again) or
+    /// another node's seed came first.
     pub fn seed(&self, unseeded: &Unseeded, rebuilt: Rebuilt) {
         let Rebuilt { total, last_start } = rebuilt;
         let seed = Seed {
@@ -533,7 +532,6 @@ impl Counters {
             tracing::info!(cap_id = %window.cap, total = %total, "spend counter rebuilt from the ledger");
         }
         self.sync_soon();
-        let window = &unseeded.window;
         self.missing.send_if_modified(|missing| {
             let before = missing.len();
             missing.retain(|m| (&m.window.cap, m.window.start) != (&window.cap, window.start));
@@ -1102,12 +1100,12 @@ mod tests {
         CapWindow { cap: cap(name), start: Timestamp(0), end: Timestamp(10_000_000) }
     }
 
-    /// Windows of caps that do not refuse.
     /// Seeds a window no writer counted in yet.
     fn fresh_seed(counters: &Counters, w: &CapWindow, total: Nanos) {
         counters.seed(&Unseeded::fresh(w.clone()), Rebuilt { total, last_start: None });
     }
 
+    /// Windows of caps that do not refuse.
     fn soft(windows: &[CapWindow]) -> Vec<Covered> {
         windows.iter().map(|window| Covered { window: window.clone(), line: None }).collect()
     }

@@ -1,15 +1,16 @@
 //! The shared store in Redis: one atomic Lua script per window, all windows in one pipeline.
 //!
 //! Key layout for a window (cap `cap_x`, start `S` in unix ms), under the prefix `P`; the braces are
-//! a hash tag so that a window's three keys share a Redis Cluster slot:
+//! a hash tag so that a window's four keys share a Redis Cluster slot:
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `P:{cap_x:S}:t` | hash | `total` (nano-dollars), `seeded` (`1` once rebuilt from the ledger), and per writer `q:<writer>` (last sequence applied) and `c:<writer>` (last cumulative applied) |
+//! | `P:{cap_x:S}:t` | hash | `total` (nano-dollars), `seeded` (`1` once rebuilt from the ledger), `i` (the window's incarnation), the seed (`sa` its amount, `sn` the nodes it left out, `sc` no receipt in it started this late), and per writer `q:<writer>` (last sequence applied) and `c:<writer>` (last cumulative applied) |
+//! | `P:{cap_x:S}:c` | hash | per writer: `<since> <node id>`, from when it holds every receipt of its node in the window |
 //! | `P:{cap_x:S}:r` | hash | per writer (`<node>/<entry>`): its live reservations, and as `s:<writer>` their spare part; per request reserved at the line (`<node>#<record>`): its estimate |
 //! | `P:{cap_x:S}:x` | zset | per writer and request reserved at the line: its reservation's deadline (unix ms) |
 //!
-//! All three expire `key_margin` after the window's end (`PEXPIREAT`, refreshed on every write).
+//! All four expire `key_margin` after the window's end (`PEXPIREAT`, refreshed on every write).
 //! The scripts are `redis_store/sync.lua` (a node's sync) and `redis_store/admit.lua` (a request
 //! at the line), each with `redis_store/money.lua` in front.
 

@@ -73,9 +73,10 @@ pub struct WindowPush {
 ///
 /// The store adds a seed to its writers' total only while they count exactly what the seed left
 /// out, and only in the incarnation of the window it was read for (a wipe in between may have
-/// lost writers whose earlier receipts reached the ledger after it was read). A writer counted later keeps the seed only if the two cannot overlap: its node was left
-/// out from its `since` on, or none of the seed's receipts started that late. Otherwise the store
-/// takes the seed back, and the window is read again.
+/// lost writers whose earlier receipts reached the ledger after it was read). A writer counted
+/// later keeps the seed only if the two cannot overlap: its node was left out from its `since` on,
+/// or none of the seed's receipts started that late. Otherwise the store takes the seed back, and
+/// the window is read again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seed {
     pub total: Nanos,
