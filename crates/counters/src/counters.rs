@@ -61,6 +61,11 @@ const CONTENDED_WAIT: Duration = Duration::from_millis(300);
 /// the ledger and seeds it, before its spend counts as unconfirmed. A sync, a read of the ledger
 /// and another sync: tens of milliseconds, once per window.
 const UNSEEDED_WAIT: Duration = Duration::from_millis(500);
+/// How long after this node saw the store lose its data (a restart without it, a flush) no window
+/// is rebuilt: a window the store does not hold may be one it lost, and until every node has
+/// pushed its count again the store's total lacks theirs (the ledger lags their spools). Every
+/// node pushes every window it tracks at least once a second (its sync interval), so twice that.
+pub const STORE_REFILL: Duration = Duration::from_secs(2);
 /// The pause between two asks of a request found contended or unseeded.
 const ASK_AGAIN_AFTER: Duration = Duration::from_millis(10);
 /// How stale other nodes' spend on an armed cap may be while this node spends on it, and how long
@@ -131,6 +136,11 @@ pub struct Counters {
     /// Asks at the line left unanswered since the last warning, and when that was.
     unanswered: AtomicU64,
     warned_at: Mutex<Option<std::time::Instant>>,
+    /// When the store's data began, as the last sync read it ([`SyncRead::store_began`]), and
+    /// until when no window is rebuilt since this node saw it begin anew ([`STORE_REFILL`]), on
+    /// the store's clock.
+    store_began_ms: AtomicI64,
+    refill_until_ms: AtomicI64,
     /// Windows the store lost after they were seeded, rebuilt since the last warning; when that was.
     lost: Mutex<(u64, Option<std::time::Instant>)>,
     /// Windows the store lost, rebuilt: how many, and the spend the ledger gave back to them.
@@ -243,6 +253,8 @@ impl Counters {
             round_trip_us: AtomicU64::new(0),
             unanswered: AtomicU64::new(0),
             warned_at: Mutex::new(None),
+            store_began_ms: AtomicI64::new(NEVER),
+            refill_until_ms: AtomicI64::new(NEVER),
             lost: Mutex::new((0, None)),
             lost_rebuilt: AtomicU64::new(0),
             lost_rebuilt_nanos: AtomicU64::new(0),
@@ -641,6 +653,9 @@ impl Counters {
                 }));
             }
         };
+        // Just after the store lost its data, the windows it does not hold are not rebuilt yet:
+        // requests near their lines wait, then cannot be confirmed.
+        let refilling = self.store_began(&read);
         let mut missing = Vec::new();
         let mut others_active = false;
         let mut give_back = false;
@@ -676,7 +691,7 @@ impl Counters {
                 s.confirmed = read.total.max(s.floor);
             }
             s.missing = !read.seeded && s.seed.is_none() && s.end.is_some();
-            if let (true, Some(end)) = (s.missing, s.end) {
+            if let (true, Some(end), false) = (s.missing, s.end, refilling) {
                 missing.push(Unseeded {
                     window: CapWindow { cap: entry.cap.clone(), start: entry.start, end },
                     counted: read.counted,
@@ -688,6 +703,23 @@ impl Counters {
             self.sync_soon();
         }
         Ok(SyncOutcome { windows: push.windows.len(), missing, others_active })
+    }
+
+    /// Notes when the store's data began, and whether it began anew (the store lost its data)
+    /// less than [`STORE_REFILL`] ago. A node that never saw it before (its first sync) cannot
+    /// tell a loss from a first start: the nodes that saw the loss hold the rebuild back.
+    fn store_began(&self, read: &crate::shared::SyncRead) -> bool {
+        let (Some(began), Some(now)) = (read.store_began, read.store_time) else { return false };
+        let before = self.store_began_ms.swap(began.0, Ordering::AcqRel);
+        if before != NEVER && before != began.0 {
+            let refill_ms = i64::try_from(STORE_REFILL.as_millis()).unwrap_or(i64::MAX);
+            self.refill_until_ms.store(now.0.saturating_add(refill_ms), Ordering::Release);
+            tracing::warn!(
+                began_ms = began.0,
+                "the counter store lost its data (a restart or a flush): its windows are rebuilt from the ledger once every node has pushed its counts again"
+            );
+        }
+        now.0 < self.refill_until_ms.load(Ordering::Acquire)
     }
 
     /// Resolves when a sync was asked for, with the shortest gap asked for since the last sync

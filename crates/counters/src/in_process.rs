@@ -90,7 +90,7 @@ impl InProcess {
                 }
             })
             .collect();
-        SyncRead { windows: read, store_time: None }
+        SyncRead { windows: read, store_time: None, store_began: None }
     }
 
     fn reserve_at_line_now(&self, node_id: &str, ask: &LineAsk, now: Timestamp) -> LineAnswer {

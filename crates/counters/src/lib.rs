@@ -16,8 +16,8 @@ mod shared;
 mod sync_loop;
 
 pub use counters::{
-    AT_THE_LINE, CapWindow, Counters, Covered, MOST_AT_THE_LINE, Reservation, SOON, SyncOutcome,
-    line_deadline,
+    AT_THE_LINE, CapWindow, Counters, Covered, MOST_AT_THE_LINE, Reservation, SOON, STORE_REFILL,
+    SyncOutcome, line_deadline,
 };
 pub use in_process::InProcess;
 pub use rate_share::{InProcessRateShare, RATE_KEY_TTL, RateShare, RateTotals, RateUsage, RedisRateShare};

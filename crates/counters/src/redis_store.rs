@@ -34,6 +34,7 @@ const SYNC_SCRIPT: &str =
     concat!(include_str!("redis_store/money.lua"), include_str!("redis_store/sync.lua"));
 const ADMIT_SCRIPT: &str =
     concat!(include_str!("redis_store/money.lua"), include_str!("redis_store/admit.lua"));
+const CLOCK_SCRIPT: &str = include_str!("redis_store/clock.lua");
 
 /// Spend counters shared through Redis (or Valkey). Connects lazily and reconnects after any
 /// failure, so a node starts and serves while Redis is down (its counters are then unconfirmed).
@@ -130,8 +131,13 @@ impl Redis {
                 .arg(line_members(node_id))
                 .arg(&p.fold);
         }
-        pipe.cmd("TIME");
+        self.clock(&mut pipe);
         pipe
+    }
+
+    /// Adds `redis_store/clock.lua` to `pipe`: the store's clock and when its data began.
+    fn clock<'p>(&self, pipe: &'p mut redis::Pipeline) -> &'p mut redis::Pipeline {
+        pipe.cmd("EVAL").arg(CLOCK_SCRIPT).arg(1).arg(format!("{}:began", self.options.prefix))
     }
 
     async fn reserve_at_line_once(&self, node_id: &str, ask: &LineAsk) -> Result<LineAnswer, RedisError> {
@@ -166,8 +172,13 @@ impl Redis {
         let mut connection = self.connection().await?;
         if push.windows.is_empty() {
             // Nothing to push, but a node is confirmed only by a store that answers.
-            let time: Vec<String> = redis::cmd("TIME").query_async(&mut connection).await?;
-            return Ok(SyncRead { windows: Vec::new(), store_time: Some(parse_time(&time)?) });
+            let clock: Vec<String> = self.clock(&mut redis::pipe()).query_async(&mut connection).await?;
+            let (store_time, store_began) = parse_clock(&clock)?;
+            return Ok(SyncRead {
+                windows: Vec::new(),
+                store_time: Some(store_time),
+                store_began: Some(store_began),
+            });
         }
         let pipe = self.pipeline(node_id, push);
         let mut replies: Vec<Vec<String>> = match pipe.query_async(&mut connection).await {
@@ -179,10 +190,11 @@ impl Redis {
             }
             other => other?,
         };
-        let time = replies.pop().unwrap_or_default();
+        let (store_time, store_began) = parse_clock(&replies.pop().unwrap_or_default())?;
         Ok(SyncRead {
             windows: replies.iter().map(|reply| parse_reply(reply)).collect::<Result<_, _>>()?,
-            store_time: Some(parse_time(&time)?),
+            store_time: Some(store_time),
+            store_began: Some(store_began),
         })
     }
 }
@@ -206,13 +218,15 @@ fn seed_arg(seed: &Seed) -> String {
     arg
 }
 
-/// `TIME`'s answer, seconds and microseconds, in unix milliseconds.
-fn parse_time(reply: &[String]) -> Result<Timestamp, RedisError> {
-    let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed TIME reply"));
-    let [seconds, micros] = reply else { return Err(bad()) };
+/// `clock.lua`'s answer: the store's clock (`TIME`'s seconds and microseconds) and when its data
+/// began, in unix milliseconds.
+fn parse_clock(reply: &[String]) -> Result<(Timestamp, Timestamp), RedisError> {
+    let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed clock reply"));
+    let [seconds, micros, began] = reply else { return Err(bad()) };
     let seconds: i64 = seconds.parse().map_err(|_| bad())?;
     let micros: i64 = micros.parse().map_err(|_| bad())?;
-    Ok(Timestamp(seconds.saturating_mul(1000).saturating_add(micros / 1000)))
+    let began: i64 = began.parse().map_err(|_| bad())?;
+    Ok((Timestamp(seconds.saturating_mul(1000).saturating_add(micros / 1000)), Timestamp(began)))
 }
 
 fn parse_reply(reply: &[String]) -> Result<WindowRead, RedisError> {
