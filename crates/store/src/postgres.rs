@@ -174,6 +174,16 @@ impl PostgresStore {
     }
 }
 
+/// A read-only transaction on one snapshot, for reads that must agree with each other.
+fn snapshot(client: &mut postgres::Client) -> Result<postgres::Transaction<'_>> {
+    client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .map_err(backend)
+}
+
 /// The error with its causes: `postgres` keeps the server's message in the source chain.
 /// A failed call: `Unavailable` when the database could not be reached or did not answer in
 /// time (the call may be retried as it is), `Backend` otherwise.

@@ -1,7 +1,7 @@
 //! The control store on PostgreSQL: organizations, keys, providers, prices, caps, alerts and nodes,
 //! and the state nodes are built from.
 
-use postgres::{GenericClient, IsolationLevel, Transaction};
+use postgres::{GenericClient, Transaction};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
 use recovea_core::models::ModelAllowlist;
@@ -210,12 +210,7 @@ impl ControlStore for PostgresStore {
     fn state(&self) -> Result<State> {
         let mut client = self.client()?;
         // One snapshot for every read, so the version matches the rows read with it.
-        let mut tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .map_err(backend)?;
+        let mut tx = super::snapshot(&mut client)?;
         let version = tx.query_one("SELECT version FROM state_version", &[]).map_err(backend)?.count(0)?;
         let orgs = select(
             &mut tx,

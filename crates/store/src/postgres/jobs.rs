@@ -1,6 +1,6 @@
 //! The book of deferred jobs on PostgreSQL: jobs, batch input files and their version.
 
-use postgres::{GenericClient, IsolationLevel, Transaction};
+use postgres::{GenericClient, Transaction};
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::receipt::SerializedReceipt;
@@ -98,12 +98,7 @@ impl JobStore for PostgresStore {
     fn job_book(&self, settled_since: Timestamp, files_since: Timestamp, first_day: i64) -> Result<BookRows> {
         let mut client = self.client()?;
         // One snapshot: the spend by day agrees with the settled jobs read with it.
-        let mut tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .map_err(backend)?;
+        let mut tx = super::snapshot(&mut client)?;
         // Two selects rather than one with `OR`: each reads its own partial index.
         let jobs = select(
             &mut tx,
@@ -241,15 +236,8 @@ impl JobStore for PostgresStore {
         let mut client = self.client()?;
         // One snapshot: a settlement committed between the two reads would otherwise be
         // subtracted without its receipts, or the other way round.
-        let mut tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .map_err(backend)?;
-        let spent = ledger::spend(&mut tx, org, key, from, to)?;
-        let held = ledger::counted_by_nodes(&mut tx, org, key, from, to, counted)?;
-        let last_start = ledger::last_start(&mut tx, org, key, from, to)?;
+        let mut tx = super::snapshot(&mut client)?;
+        let read = ledger::uncounted(&mut tx, org, key, from, to, counted)?;
         let settled = tx
             .query_one(
                 "SELECT COALESCE(SUM(cost_nanos), 0)::BIGINT FROM jobs WHERE org_id = $1
@@ -260,10 +248,7 @@ impl JobStore for PostgresStore {
             .map_err(backend)?
             .integer(0)?;
         tx.commit().map_err(backend)?;
-        Ok(UncountedSpend {
-            spend: Nanos(spent.0.saturating_sub(settled).saturating_sub(held.0)),
-            last_start,
-        })
+        Ok(UncountedSpend { spend: Nanos(read.spend.0.saturating_sub(settled)), ..read })
     }
 }
 

@@ -1,7 +1,7 @@
 //! The receipt ledger on PostgreSQL: a receipt is a few columns to select and sum by, beside its
 //! JSON text as it came.
 
-use postgres::{GenericClient, IsolationLevel};
+use postgres::GenericClient;
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
@@ -132,17 +132,10 @@ impl ReceiptLedger for PostgresStore {
         counted: &[(&str, Timestamp)],
     ) -> Result<UncountedSpend> {
         let mut client = self.client()?;
-        let mut tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .map_err(backend)?;
-        let spent = spend(&mut tx, org, key, from, to)?;
-        let held = counted_by_nodes(&mut tx, org, key, from, to, counted)?;
-        let last_start = last_start(&mut tx, org, key, from, to)?;
+        let mut tx = super::snapshot(&mut client)?;
+        let read = uncounted(&mut tx, org, key, from, to, counted)?;
         tx.commit().map_err(backend)?;
-        Ok(UncountedSpend { spend: Nanos(spent.0.saturating_sub(held.0)), last_start })
+        Ok(read)
     }
 
     fn spend_summary(
@@ -209,6 +202,24 @@ impl ReceiptLedger for PostgresStore {
         )?;
         Ok(rows::by_tag(sums, key))
     }
+}
+
+/// [`spend`] less what the spend counters' writers hold ([`counted_by_nodes`]), and the window's
+/// latest start, read on `client` (a snapshot of the caller's).
+pub(super) fn uncounted(
+    client: &mut impl GenericClient,
+    org: &OrgId,
+    key: Option<&KeyId>,
+    from: Timestamp,
+    to: Timestamp,
+    counted: &[(&str, Timestamp)],
+) -> Result<UncountedSpend> {
+    let spent = spend(client, org, key, from, to)?;
+    let held = counted_by_nodes(client, org, key, from, to, counted)?;
+    Ok(UncountedSpend {
+        spend: Nanos(spent.0.saturating_sub(held.0)),
+        last_start: last_start(client, org, key, from, to)?,
+    })
 }
 
 /// The part of [`spend`] that the spend counters' writers hold: each `counted` node's receipts

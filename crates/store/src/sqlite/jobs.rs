@@ -217,9 +217,7 @@ impl JobStore for SqliteStore {
         // One read transaction: a settlement committed between the two reads would otherwise be
         // subtracted without its receipts, or the other way round.
         let tx = conn.transaction().map_err(backend)?;
-        let spent = ledger::spend(&tx, org, key, from, to)?;
-        let held = ledger::counted_by_nodes(&tx, org, key, from, to, counted)?;
-        let last_start = ledger::last_start(&tx, org, key, from, to)?;
+        let read = ledger::uncounted(&tx, org, key, from, to, counted)?;
         let settled: i64 = tx
             .prepare_cached(
                 "SELECT COALESCE(SUM(cost_nanos), 0) FROM jobs WHERE org_id = ?1
@@ -230,10 +228,7 @@ impl JobStore for SqliteStore {
             .query_row(params![org.as_str(), key.map(KeyId::as_str), from.0, to.0], |r| r.get(0))
             .map_err(backend)?;
         tx.commit().map_err(backend)?;
-        Ok(UncountedSpend {
-            spend: Nanos(spent.0.saturating_sub(settled).saturating_sub(held.0)),
-            last_start,
-        })
+        Ok(UncountedSpend { spend: Nanos(read.spend.0.saturating_sub(settled)), ..read })
     }
 }
 

@@ -220,11 +220,9 @@ impl ReceiptLedger for SqliteStore {
     ) -> Result<UncountedSpend> {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(backend)?;
-        let spent = spend(&tx, org, key, from, to)?;
-        let held = counted_by_nodes(&tx, org, key, from, to, counted)?;
-        let last_start = last_start(&tx, org, key, from, to)?;
+        let read = uncounted(&tx, org, key, from, to, counted)?;
         tx.commit().map_err(backend)?;
-        Ok(UncountedSpend { spend: Nanos(spent.0.saturating_sub(held.0)), last_start })
+        Ok(read)
     }
 
     fn spend_summary(
@@ -299,6 +297,24 @@ impl ReceiptLedger for SqliteStore {
             .map_err(backend)?;
         Ok(rows::by_tag(records(found, rows::tag_sum_row)?, key))
     }
+}
+
+/// [`spend`] less what the spend counters' writers hold ([`counted_by_nodes`]), and the window's
+/// latest start, read on `conn` (a transaction of the caller's).
+pub(super) fn uncounted(
+    conn: &Connection,
+    org: &OrgId,
+    key: Option<&KeyId>,
+    from: Timestamp,
+    to: Timestamp,
+    counted: &[(&str, Timestamp)],
+) -> Result<UncountedSpend> {
+    let spent = spend(conn, org, key, from, to)?;
+    let held = counted_by_nodes(conn, org, key, from, to, counted)?;
+    Ok(UncountedSpend {
+        spend: Nanos(spent.0.saturating_sub(held.0)),
+        last_start: last_start(conn, org, key, from, to)?,
+    })
 }
 
 /// The part of [`spend`] that the spend counters' writers hold: each `counted` node's receipts
