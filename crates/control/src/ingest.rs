@@ -80,7 +80,7 @@ impl ReceiptSink for LedgerSink {
                 }
             })
             .await
-            .map_err(|e| DeliveryError(e.to_string()))?;
+            .map_err(|e| DeliveryError::Failed(e.to_string()))?;
             if recorded && let Some((jobs, _)) = jobs {
                 // The book nodes count changed: read it back now rather than at the next look.
                 if let Err(e) = jobs.refresh().await {

@@ -504,13 +504,23 @@ pub trait ReceiptSink: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = Result<(), DeliveryError>> + Send + '_>>;
 }
 
-/// A batch was not delivered; it will be sent again. The text is for operators' logs.
+/// A batch was not delivered. The text is for operators' logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeliveryError(pub String);
+pub enum DeliveryError {
+    /// The sink could not take it (down, slow, failing): it is sent again later.
+    Failed(String),
+    /// The sink refused it as invalid: the same batch would be refused again. It comes back, so
+    /// that its receipts are tried one by one and the one refused alone is set aside rather than
+    /// holding up every later receipt.
+    Refused { why: String, batch: Vec<SerializedReceipt> },
+}
 
 impl std::fmt::Display for DeliveryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "receipt delivery failed: {}", self.0)
+        match self {
+            Self::Failed(why) => write!(f, "receipt delivery failed: {why}"),
+            Self::Refused { why, .. } => write!(f, "receipts refused as invalid: {why}"),
+        }
     }
 }
 

@@ -64,6 +64,9 @@ enum Raised {
     },
     /// The node's clock stands this far from the shared counter store's (past the tolerance).
     ClockOffset { offset_ms: i64, at: Timestamp },
+    /// Receipts the ledger refused as invalid were set aside in the spool's dead-letter file:
+    /// this many since the node started.
+    DeadLetter { total: u64, at: Timestamp },
 }
 
 impl Raised {
@@ -71,6 +74,7 @@ impl Raised {
         match self {
             Self::FailOpen { reason, .. } => reason.label(),
             Self::ClockOffset { .. } => "clock_offset",
+            Self::DeadLetter { .. } => "receipts_dead_lettered",
         }
     }
 
@@ -90,6 +94,13 @@ impl Raised {
                 "node_id": node_id,
                 "at": at.to_rfc3339(),
             }),
+            Self::DeadLetter { total, at } => serde_json::json!({
+                "alarm": "receipts_dead_lettered",
+                "total": total,
+                "file": crate::spool::DEAD_LETTER_FILE,
+                "node_id": node_id,
+                "at": at.to_rfc3339(),
+            }),
         }
     }
 }
@@ -99,8 +110,10 @@ pub(crate) struct Alarm {
     interval_ms: u64,
     epoch: Instant,
     lanes: [Lane; FAIL_OPEN_REASONS.len()],
-    /// The clock's alarm, quiet for an interval as each fail-open reason's is.
+    /// The clock's alarm and the dead letters', each quiet for an interval as each fail-open
+    /// reason's is.
     clock: Lane,
+    dead_letter: Lane,
     webhook: Option<mpsc::Sender<Raised>>,
 }
 
@@ -130,6 +143,7 @@ impl Alarm {
             epoch: Instant::now(),
             lanes: Default::default(),
             clock: Lane::default(),
+            dead_letter: Lane::default(),
             webhook,
         }
     }
@@ -172,6 +186,14 @@ impl Alarm {
              time synchronization"
         );
         self.send(Raised::ClockOffset { offset_ms, at: Timestamp::from_system_time(SystemTime::now()) });
+    }
+
+    /// Receipts were set aside in the spool's dead-letter file (`total` since the node started):
+    /// sent to the webhook at most once an interval (the spool logs each receipt).
+    pub(crate) fn dead_lettered(&self, total: u64) {
+        if self.due(&self.dead_letter) {
+            self.send(Raised::DeadLetter { total, at: Timestamp::from_system_time(SystemTime::now()) });
+        }
     }
 
     /// Whether `lane` has been quiet for an interval; if so it is quiet for the next one. Of the

@@ -132,7 +132,20 @@ impl ReceiptSink for ControlLink {
         batch: Vec<SerializedReceipt>,
     ) -> Pin<Box<dyn Future<Output = Result<(), DeliveryError>> + Send + '_>> {
         Box::pin(async move {
-            self.post_ok("/ingest/v1/receipts", receipt_batch(&batch)).await.map(drop).map_err(DeliveryError)
+            match self.send_json("/ingest/v1/receipts", receipt_batch(&batch), CALL_TIMEOUT).await {
+                Ok((StatusCode::OK, _)) => Ok(()),
+                // The batch does not parse, or is over the control plane's limit: sent again as it
+                // is, it would be refused again, and every later receipt would wait behind it.
+                Ok((status @ (StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE), body)) => {
+                    let why = format!("control plane answered {status}: {}", one_line(&body));
+                    Err(DeliveryError::Refused { why, batch })
+                }
+                Ok((status, body)) => Err(DeliveryError::Failed(format!(
+                    "control plane answered {status}: {}",
+                    one_line(&body)
+                ))),
+                Err(why) => Err(DeliveryError::Failed(why)),
+            }
         })
     }
 }

@@ -103,7 +103,12 @@ pub async fn follow_feed(
     let mut retry = RETRY_FIRST;
     let mut failing_since: Option<tokio::time::Instant> = None;
     let mut logged_at: Option<tokio::time::Instant> = None;
+    let mut dead_lettered = 0;
     loop {
+        let set_aside = gateway.shared.metrics.receipts_dead_lettered();
+        if set_aside > std::mem::replace(&mut dead_lettered, set_aside) {
+            gateway.shared.alarm.dead_lettered(set_aside);
+        }
         if let Some(offset_ms) =
             gateway.shared.counters.clock_offset_ms().filter(|ms| recovea_core::timestamp::clock_drifted(*ms))
         {

@@ -425,6 +425,11 @@ impl Metrics {
         (confirmed > 0).then(|| unix_ms().saturating_sub(confirmed))
     }
 
+    /// Receipts set aside in the spool's dead-letter file since the node started.
+    pub(crate) fn receipts_dead_lettered(&self) -> u64 {
+        self.spool.dead_lettered.load(Relaxed)
+    }
+
     pub(crate) fn fail_open_total(&self) -> u64 {
         self.fail_open.iter().map(|n| n.load(Relaxed)).sum()
     }
@@ -579,6 +584,11 @@ impl Metrics {
                 "recovea_receipts_dropped_total",
                 "Receipts lost: the disk refused them while memory held as many as its bound allows.",
                 self.spool.dropped.load(Relaxed),
+            ),
+            (
+                "recovea_receipts_dead_lettered_total",
+                "Receipts the ledger refused as invalid, set aside in the spool's dead-letter file.",
+                self.spool.dead_lettered.load(Relaxed),
             ),
             (
                 "recovea_spool_writes_total",

@@ -31,7 +31,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use recovea_core::receipt::{Receipt, ReceiptSink, SerializedReceipt};
+use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink, SerializedReceipt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -45,8 +45,12 @@ const SEGMENT_BYTES: u64 = 8 << 20;
 /// How long a woken shipper waits for more receipts before it delivers: one batch, rather than one
 /// ledger transaction per receipt under load.
 const COALESCE: Duration = Duration::from_millis(25);
-/// How many receipts one delivery carries at most.
+/// How many receipts one delivery carries at most, and how many bytes of their text: far below what
+/// a control plane takes in one request (64 MiB), whatever the receipts hold.
 const BATCH: usize = 512;
+const BATCH_BYTES: usize = 4 << 20;
+/// Where receipts the sink refused as invalid are set aside, one line each, never sent again.
+pub const DEAD_LETTER_FILE: &str = "dead-letter";
 /// How much receipt text appended lately is kept in memory for the shipper: about 12,000 receipts,
 /// half a second's at 24,000 a second. Under steady load delivery trails appends by up to a few
 /// thousand receipts (a batch on its way, the pause that gathers the next); past this bound (a sink
@@ -92,6 +96,8 @@ pub struct SpoolStats {
     /// Receipts read back from the files for delivery: memory no longer held them, delivery having
     /// fallen behind by more than it keeps (a sink down or slow, a restart).
     pub read_back: AtomicU64,
+    /// Receipts the sink refused as invalid, set aside in [`DEAD_LETTER_FILE`].
+    pub dead_lettered: AtomicU64,
 }
 
 /// What the spool keeps of a receipt in memory for its shipper, as its sink reads it.
@@ -319,10 +325,11 @@ impl Spool {
                 .map_err(|e| e.to_string())?;
             let Some(Batch { receipts, progress, corrupt, held, read_back }) = batch else { return Ok(()) };
             let delivered = receipts.len();
+            let full = delivered == BATCH || text_bytes(&receipts) >= BATCH_BYTES;
             // Receipts from memory exist nowhere else: a failed delivery gives them back.
             let kept = (held > 0).then(|| receipts[delivered - held..].to_vec());
             if !receipts.is_empty()
-                && let Err(e) = sink.deliver(receipts).await
+                && let Err(e) = self.deliver_or_set_aside(sink, receipts).await
             {
                 if let Some(kept) = kept {
                     self.sender.appender.give_back_held(kept);
@@ -337,7 +344,61 @@ impl Spool {
             // A short batch reached the end of what was written: receipts written meanwhile wait
             // for the shipper's pause, so that under steady load each delivery carries the pause's
             // worth rather than the few written during the last delivery.
-            more = delivered == BATCH;
+            more = full;
+        }
+    }
+
+    /// Delivers `batch`. A batch the sink refuses as invalid is delivered again a receipt at a
+    /// time, and a receipt refused alone is set aside in the dead-letter file: one bad receipt
+    /// (a tenant's, or a bug's) never holds up the others. `Err` only for a sink that failed.
+    async fn deliver_or_set_aside(
+        &self,
+        sink: &dyn ReceiptSink,
+        batch: Vec<SerializedReceipt>,
+    ) -> Result<(), DeliveryError> {
+        let (why, batch) = match sink.deliver(batch).await {
+            Err(DeliveryError::Refused { why, batch }) => (why, batch),
+            other => return other,
+        };
+        if let [receipt] = &batch[..] {
+            self.set_aside(receipt, &why);
+            return Ok(());
+        }
+        for receipt in batch {
+            match sink.deliver(vec![receipt]).await {
+                Err(DeliveryError::Refused { why, batch }) => {
+                    batch.iter().for_each(|r| self.set_aside(r, &why))
+                }
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends a refused receipt to the dead-letter file, counted and logged: an operator reads it
+    /// there (a receipt's JSON per line) and may deliver it again once its fault is known.
+    fn set_aside(&self, receipt: &SerializedReceipt, why: &str) {
+        let path = self.dir.join(DEAD_LETTER_FILE);
+        let written = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut file| file.write_all(format!("{}\n", receipt.json()).as_bytes()));
+        self.stats.dead_lettered.fetch_add(1, Relaxed);
+        let id = receipt.json().get(..64).unwrap_or_default();
+        match written {
+            Ok(()) => tracing::error!(
+                error = %why,
+                file = %path.display(),
+                receipt = %id.escape_debug(),
+                "a receipt refused as invalid was set aside in the spool's dead-letter file; the others go on"
+            ),
+            Err(e) => tracing::error!(
+                error = %why,
+                write_error = %e,
+                receipt = %id.escape_debug(),
+                "a receipt refused as invalid could not be set aside and is lost; the others go on"
+            ),
         }
     }
 }
@@ -588,9 +649,11 @@ impl Appender {
         while let Some(passed) = mirror.pop_front_if(|m| (m.segment, m.end) <= (from.segment, from.offset)) {
             *mirror_bytes -= passed.receipt.json().len();
         }
-        let mut progress = from;
-        let mut run = 0;
+        let (mut progress, mut run, mut bytes) = (from, 0, 0);
         for next in mirror.iter().take(BATCH) {
+            if bytes >= BATCH_BYTES {
+                break;
+            }
             let start = Progress { segment: next.segment, offset: next.start };
             let crosses =
                 (next.segment, next.start) == (segment.number, 0) && *end_of_earlier == Some(progress);
@@ -599,13 +662,14 @@ impl Appender {
             }
             progress = Progress { segment: next.segment, offset: next.end };
             run += 1;
+            bytes += next.receipt.json().len();
         }
         let all_appended = (progress.segment, progress.offset) == (segment.number, segment.size);
-        if run == 0 || (run < BATCH && !all_appended) {
+        if run == 0 || (run < BATCH && bytes < BATCH_BYTES && !all_appended) {
             return None;
         }
         let receipts: Vec<_> = mirror.drain(..run).map(|m| m.receipt).collect();
-        *mirror_bytes -= receipts.iter().map(|r| r.json().len()).sum::<usize>();
+        *mirror_bytes -= text_bytes(&receipts);
         Some(Batch { receipts, progress, corrupt: 0, held: 0, read_back: 0 })
     }
 
@@ -738,7 +802,8 @@ fn next_batch(dir: &Path, appender: &Appender, start: Progress) -> io::Result<Op
     };
     let progress = batch.as_ref().map_or(start, |b| b.progress);
     let room = BATCH - batch.as_ref().map_or(0, |b| b.receipts.len());
-    if room > 0 && appender.is_at_end(progress) {
+    let full = batch.as_ref().is_some_and(|b| text_bytes(&b.receipts) >= BATCH_BYTES);
+    if room > 0 && !full && appender.is_at_end(progress) {
         let held = appender.take_held(room);
         if !held.is_empty() {
             let batch = batch.get_or_insert_with(|| Batch {
@@ -755,12 +820,17 @@ fn next_batch(dir: &Path, appender: &Appender, start: Progress) -> io::Result<Op
     Ok(batch)
 }
 
-/// Reads up to [`BATCH`] receipts from the files, from `start`. `None`: nothing to do.
+/// The bytes of the receipts' text.
+fn text_bytes(receipts: &[SerializedReceipt]) -> usize {
+    receipts.iter().map(|r| r.json().len()).sum()
+}
+
+/// Reads up to [`BATCH`] receipts (and about [`BATCH_BYTES`] of them) from the files, from `start`. `None`: nothing to do.
 fn read_batch(dir: &Path, start: Progress) -> io::Result<Option<Batch>> {
     let mut progress = start;
     let all = segments(dir)?;
     let newest = all.last().map(|(n, _)| *n);
-    let (mut receipts, mut corrupt) = (Vec::new(), 0);
+    let (mut receipts, mut corrupt, mut bytes) = (Vec::new(), 0, 0);
     for (n, path) in all.iter().filter(|(n, _)| *n >= start.segment) {
         let offset = if *n == progress.segment { progress.offset } else { 0 };
         let mut reader = BufReader::new(File::open(path)?);
@@ -768,7 +838,7 @@ fn read_batch(dir: &Path, start: Progress) -> io::Result<Option<Batch>> {
         let mut consumed = offset;
         let mut line = Vec::new();
         let mut at_end = false;
-        while receipts.len() < BATCH {
+        while receipts.len() < BATCH && bytes < BATCH_BYTES {
             line.clear();
             let read = reader.read_until(b'\n', &mut line)?;
             if read == 0 || line.last() != Some(&b'\n') {
@@ -783,7 +853,10 @@ fn read_batch(dir: &Path, start: Progress) -> io::Result<Option<Batch>> {
             consumed += read as u64;
             let text = std::str::from_utf8(&line[..line.len() - 1]).map_err(serde::de::Error::custom);
             match text.and_then(SerializedReceipt::parse) {
-                Ok(receipt) => receipts.push(receipt),
+                Ok(receipt) => {
+                    bytes += receipt.json().len();
+                    receipts.push(receipt);
+                }
                 Err(e) => {
                     corrupt += 1;
                     tracing::error!(error = %e, segment = n, "an unreadable line in the receipt spool was skipped");
@@ -862,7 +935,7 @@ mod tests {
         {
             self.calls.fetch_add(1, Relaxed);
             let result = if self.failing.load(Relaxed) {
-                Err(DeliveryError("ledger down".into()))
+                Err(DeliveryError::Failed("ledger down".into()))
             } else {
                 self.accepted
                     .lock()
@@ -876,6 +949,87 @@ mod tests {
 
     fn receipt(n: usize) -> Receipt {
         Receipt { cost_usd: Nanos(n as i64), ..Receipt::example(&format!("rcpt_{n}")) }
+    }
+
+    /// A ledger that refuses, as invalid, any batch holding a receipt of the model `poison`, as a
+    /// control plane refuses a batch it cannot parse or take; what it accepted, and the size of
+    /// each batch it was sent.
+    #[derive(Default)]
+    struct Picky {
+        accepted: StdMutex<Vec<String>>,
+        batches: StdMutex<Vec<(usize, usize)>>,
+    }
+
+    impl ReceiptSink for Picky {
+        fn deliver(
+            &self,
+            batch: Vec<SerializedReceipt>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + '_>>
+        {
+            self.batches.lock().expect("lock").push((batch.len(), text_bytes(&batch)));
+            let result = if batch.iter().any(|r| r.json().contains(r#""model":"poison""#)) {
+                Err(DeliveryError::Refused { why: "400: receipts[1]: invalid".into(), batch })
+            } else {
+                let ids = batch.into_iter().map(|r| r.into_receipt().id);
+                self.accepted.lock().expect("lock").extend(ids);
+                Ok(())
+            };
+            Box::pin(async move { result })
+        }
+    }
+
+    /// One tenant's receipt the ledger refuses (here, a model it will not take) is set aside in the
+    /// dead-letter file, counted; every other receipt, before it and after it, is delivered, and
+    /// nothing waits behind it.
+    #[tokio::test]
+    async fn a_receipt_the_ledger_refuses_is_set_aside_and_every_other_one_delivered() {
+        let dir = TempDir::new("poison");
+        let spool = Spool::open(&dir.0).expect("open");
+        for n in 0..20 {
+            let model = if n == 7 { "poison" } else { "gpt-4o" };
+            spool.sender.send(Receipt { model: Some(model.into()), ..receipt(n) });
+        }
+        let sink = Picky::default();
+        spool.ship_available(&sink).await.expect("delivered, the poison set aside");
+        let accepted = sink.accepted.lock().expect("lock").clone();
+        let expected: Vec<String> = (0..20).filter(|n| *n != 7).map(|n| format!("rcpt_{n}")).collect();
+        assert_eq!(accepted, expected, "every other receipt, in order");
+        assert_eq!(spool.stats.dead_lettered.load(Relaxed), 1);
+        let set_aside = fs::read_to_string(dir.0.join(DEAD_LETTER_FILE)).expect("the dead-letter file");
+        assert_eq!(set_aside.lines().count(), 1);
+        assert!(set_aside.contains(r#""id":"rcpt_7""#), "{set_aside}");
+
+        // Later receipts go straight through: the poison is never sent again.
+        spool.sender.send(receipt(20));
+        let before = sink.batches.lock().expect("lock").len();
+        spool.ship_available(&sink).await.expect("delivered");
+        assert_eq!(
+            sink.batches.lock().expect("lock")[before..],
+            [(1, text_bytes(&[SerializedReceipt::new(receipt(20))]))]
+        );
+        assert_eq!(sink.accepted.lock().expect("lock").last().map(String::as_str), Some("rcpt_20"));
+    }
+
+    /// However large a tenant made its receipts, a delivery carries about `BATCH_BYTES` of them.
+    #[tokio::test]
+    async fn a_batch_is_bounded_in_bytes_as_well_as_in_receipts() {
+        let dir = TempDir::new("batch-bytes");
+        let spool = Spool::open(&dir.0).expect("open");
+        let big = "m".repeat(1 << 20);
+        for n in 0..12 {
+            spool.sender.send(Receipt { model: Some(big.clone()), ..receipt(n) });
+        }
+        let sink = Picky::default();
+        spool.ship_available(&sink).await.expect("delivered");
+        let batches = sink.batches.lock().expect("lock").clone();
+        assert_eq!(batches.iter().map(|(n, _)| n).sum::<usize>(), 12);
+        assert!(batches.len() >= 3, "{batches:?}");
+        for (_, bytes) in &batches {
+            assert!(
+                *bytes < BATCH_BYTES + (1 << 20) + 4096,
+                "one receipt past the bound at most: {batches:?}"
+            );
+        }
     }
 
     /// Runs the shipper into `sink` until the sender it returns is used (or dropped).
