@@ -241,6 +241,20 @@ impl Answer {
         Self::error(400, "invalid_request_error", "invalid_request", &message)
     }
 
+    /// 400: a model name longer than [`MAX_MODEL_NAME_BYTES`] or holding a control character, in the
+    /// body, the path or the query: it would reach a receipt and a log line. Not repeated in the
+    /// answer, as it is the client's own.
+    ///
+    /// [`MAX_MODEL_NAME_BYTES`]: crate::models::MAX_MODEL_NAME_BYTES
+    pub fn invalid_model_name() -> Self {
+        Self::error(
+            400,
+            "invalid_request_error",
+            "invalid_request",
+            "The model name is longer than 256 bytes or holds a control character.",
+        )
+    }
+
     /// 400: a request body that starts with a byte-order mark: a provider may drop it and read the
     /// JSON after it, where the gateway reads no JSON.
     pub fn byte_order_mark() -> Self {

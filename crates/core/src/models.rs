@@ -6,6 +6,17 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The longest model name a request may send, in bytes: a receipt, a log line and a span carry it,
+/// and no provider names a model anywhere near this long.
+pub const MAX_MODEL_NAME_BYTES: usize = 256;
+
+/// Whether a request's model name may reach a receipt, a log line and a label: at most
+/// [`MAX_MODEL_NAME_BYTES`], and no control character (a line break would forge a log line, an
+/// escape sequence would reach an operator's terminal).
+pub fn is_well_formed_name(model: &str) -> bool {
+    model.len() <= MAX_MODEL_NAME_BYTES && !model.chars().any(char::is_control)
+}
+
 /// The most patterns one list may hold.
 pub const MAX_PATTERNS: usize = 256;
 /// The longest pattern, in bytes.

@@ -13,6 +13,7 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use recovea_core::admission::{Admitted, Decision, FailOpenReason};
 use recovea_core::answer::WireShape;
+use recovea_core::models;
 use recovea_core::pricing::PriceScope;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::tags::{self, Tags};
@@ -240,6 +241,16 @@ where
                     .flatten()
             })
             .map(str::to_owned);
+    }
+    if ctx.admitted.is_some() {
+        // Whatever names the model, the body or the path, reaches the receipt, the log line and
+        // the span: bounded and printable before anything else is done with it.
+        let runs = recovea_providers::model_the_provider_runs(endpoint, None);
+        if facts.model.iter().map(String::as_str).chain(runs).any(|m| !models::is_well_formed_name(m)) {
+            facts.model = None;
+            ctx.trace.request(endpoint, None);
+            return Err(Refusal::ModelName);
+        }
     }
     ctx.trace.request(endpoint, facts.model.as_deref());
     if let Some(admitted) = &ctx.admitted {

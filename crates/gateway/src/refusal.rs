@@ -27,6 +27,8 @@ pub(crate) enum Refusal {
     RateLimited(u64),
     /// The key's or its organization's `allowed_models` does not list this model.
     ModelNotAllowed(String),
+    /// A model name too long, or holding a control character (`core::models::is_well_formed_name`).
+    ModelName,
     /// `x-recovea-tags` breaks the tag rules; why.
     InvalidTags(String),
     /// A body the provider could read otherwise than the gateway: a member named twice where the
@@ -54,6 +56,7 @@ impl Refusal {
             Self::Budget(CapRefusal::Unmeterable { .. }) => Outcome::BudgetUnmeterable,
             Self::RateLimited(_) => Outcome::RateLimited,
             Self::ModelNotAllowed(_) => Outcome::ModelNotAllowed,
+            Self::ModelName => Outcome::InvalidRequest,
             Self::InvalidTags(_) => Outcome::InvalidTags,
             Self::AmbiguousBody(_) => Outcome::InvalidRequest,
             Self::Head(RequestError::Framing(FramingError::CodingUnsupported)) => {
@@ -84,6 +87,7 @@ impl Refusal {
             Self::Budget(refusal) => refusal.answer(),
             Self::RateLimited(ms) => Answer::rate_limited(*ms),
             Self::ModelNotAllowed(model) => Answer::model_not_allowed(model),
+            Self::ModelName => Answer::invalid_model_name(),
             Self::InvalidTags(reason) => Answer::invalid_tags(reason),
             Self::AmbiguousBody(Ambiguity::RepeatedMember(path)) => Answer::repeated_member(path),
             Self::AmbiguousBody(Ambiguity::ByteOrderMark) => Answer::byte_order_mark(),

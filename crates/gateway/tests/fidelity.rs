@@ -416,6 +416,39 @@ async fn a_body_naming_a_member_twice_is_refused_400_naming_it_before_anything_i
     assert_eq!(h.metric("recovea_requests_total{outcome=\"invalid_request\"}").await, 7);
 }
 
+/// A model name is the client's text, and it reaches the receipt, the access log line and the
+/// span: one longer than 256 bytes, or holding a line break or an escape sequence, is refused
+/// before anything is reserved, sent or metered, wherever the request names it.
+#[tokio::test]
+async fn a_model_name_too_long_or_holding_control_characters_is_refused_400() {
+    let h = Harness::start(1 << 20).await;
+    let chat = |model: &str| {
+        serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Hi"}]}).to_string()
+    };
+    let forged =
+        "gpt-4o-mini\n2026-12-06T00:00:00Z INFO recovea::access: request org_id=org_VICTIM cost_usd=1234.00";
+    for model in
+        ["m".repeat(257), forged.to_owned(), "gpt-4o-mini\u{1b}[31m".to_owned(), "gpt\u{7f}".to_owned()]
+    {
+        let response = h.send(h.post_as("/v1/chat/completions", OPEN_KEY), &chat(&model)).await;
+        assert_answer(response, &Answer::invalid_model_name()).await;
+    }
+    // In Gemini's path too, in Google's envelope.
+    let long = "g".repeat(300);
+    let gemini = Request::post(format!("{}/v1beta/models/{long}:generateContent", h.url))
+        .header("content-type", "application/json")
+        .header("x-goog-api-key", OPEN_KEY);
+    let response = h.send(gemini, r#"{"contents":[{"parts":[{"text":"Hi"}]}]}"#).await;
+    assert_answer(response, &Answer::invalid_model_name().shaped(WireShape::Gemini)).await;
+    assert!(h.mock.requests().is_empty(), "nothing reached the provider");
+    // 256 bytes is a name like any other.
+    let longest = "m".repeat(256);
+    let response = h.send(h.post_as("/v1/chat/completions", OPEN_KEY), &chat(&longest)).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(h.receipts(1).await[0].model.as_deref(), Some(longest.as_str()));
+    assert_eq!(h.metric("recovea_requests_total{outcome=\"invalid_request\"}").await, 5);
+}
+
 #[tokio::test]
 async fn a_body_starting_with_a_byte_order_mark_is_refused_400_in_the_routes_envelope() {
     let h = Harness::start(1 << 20).await;
