@@ -326,7 +326,7 @@ pub(crate) fn init_logging(common: &CommonArgs) -> Result<LogFlusher, String> {
     let logs =
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(move || writer.clone()).with_ansi(ansi);
     match common.log_format {
-        LogFormat::Text => logs.init(),
+        LogFormat::Text => logs.fmt_fields(crate::log_fields::TextFields).init(),
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
     }
     Ok(flusher)

@@ -5,6 +5,7 @@ mod allocator;
 mod args;
 mod control;
 mod data_dir;
+mod log_fields;
 mod node;
 mod serve;
 mod size;

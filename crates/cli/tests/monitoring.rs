@@ -198,6 +198,42 @@ async fn each_request_writes_one_json_access_line_with_plain_strings_and_no_secr
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A model name is the client's text: one that reads as several fields is quoted on the access
+/// line, and one that would break the line or colour a terminal is refused before any line names
+/// it. No line of the log is one the client wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_forge_a_field_or_a_line_of_the_text_log() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("access-forged");
+    let (serve, log) = serve_logging(&dir, &mock.url(), &[]);
+    let (_, _, secret) = tenant(&serve).await;
+    let forged_field = "gpt-4o-mini org_id=org_VICTIM cost_usd=1234.00";
+    let (status, id) = ask(&serve, &secret, chat(forged_field, false)).await;
+    assert_eq!(status, StatusCode::OK);
+    let line = lines_naming(&log, &id, 1).await.remove(0);
+    assert!(line.contains(r#" model="gpt-4o-mini org_id=org_VICTIM cost_usd=1234.00" "#), "{line}");
+    // Read as logfmt, outside the quoted value: one org_id field and one cost, the gateway's.
+    let outside = line.replace(r#""gpt-4o-mini org_id=org_VICTIM cost_usd=1234.00""#, "");
+    assert_eq!(outside.matches(" org_id=").count(), 1, "{line}");
+    assert_eq!(outside.matches(" cost_usd=").count(), 1, "{line}");
+
+    let forged_line = "gpt-4o-mini\n2026-12-06T00:00:00.000000Z  INFO recovea::access: request org_id=org_VICTIM cost_usd=1234.00";
+    let (status, id) = ask(&serve, &secret, chat(forged_line, false)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, id_ansi) = ask(&serve, &secret, chat("gpt-4o-mini\u{1b}[2J", false)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    lines_naming(&log, &id, 1).await;
+    lines_naming(&log, &id_ansi, 1).await;
+    let text = std::fs::read_to_string(&log).expect("the log");
+    assert!(!text.contains('\u{1b}'), "no escape sequence reaches the log");
+    assert!(
+        text.lines().all(|l| !l.starts_with("2026-12-06T00:00:00.000000Z")),
+        "no line the client wrote:\n{text}"
+    );
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_text_access_line_has_no_colour_codes_and_the_switch_turns_it_off() {
     let mock = MockProvider::start().await;
