@@ -170,16 +170,7 @@ impl Redis {
 
     async fn sync_once(&self, node_id: &str, push: &SyncPush) -> Result<SyncRead, RedisError> {
         let mut connection = self.connection().await?;
-        if push.windows.is_empty() {
-            // Nothing to push, but a node is confirmed only by a store that answers.
-            let clock: Vec<String> = self.clock(&mut redis::pipe()).query_async(&mut connection).await?;
-            let (store_time, store_began) = parse_clock(&clock)?;
-            return Ok(SyncRead {
-                windows: Vec::new(),
-                store_time: Some(store_time),
-                store_began: Some(store_began),
-            });
-        }
+        // With no window to push, the clock alone: a node is confirmed only by a store that answers.
         let pipe = self.pipeline(node_id, push);
         let mut replies: Vec<Vec<String>> = match pipe.query_async(&mut connection).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {

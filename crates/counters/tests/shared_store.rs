@@ -457,6 +457,17 @@ async fn a_seed_read_before_the_store_lost_the_window_is_refused_after(backend: 
     assert_eq!(store.raw_total(&w).await.unwrap_or(5), 5, "the store took the writer's 5 alone");
 }
 
+/// A node with no window to push is confirmed by a store that answers, and measures its clock.
+async fn a_node_with_nothing_to_push_is_confirmed(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let a = Counters::new("node-a");
+    let now = wall();
+    let outcome = a.sync_with(store.shared.as_ref(), now).await.expect("sync");
+    assert_eq!(outcome.windows, 0);
+    assert_eq!(a.confirmed_at(), Some(now));
+    assert_eq!(a.clock_offset_ms().is_some(), store.redis.is_some(), "Redis's clock is measured");
+}
+
 async fn a_window_only_read_creates_nothing(backend: Backend) {
     let store = Store::new(backend, StoreOptions::default()).await;
     let a = Counters::new("node-a");
@@ -676,6 +687,7 @@ suite!(
     a_writer_counted_late_keeps_the_seed_only_if_they_cannot_overlap,
     a_seed_read_before_the_store_lost_the_window_is_refused_after,
     a_window_only_read_creates_nothing,
+    a_node_with_nothing_to_push_is_confirmed,
     at_the_line_a_request_is_checked_and_reserved_in_one_step,
     at_an_unseeded_window_a_request_waits_for_the_ledgers_total,
     spare_stops_at_the_ceiling_and_contends_until_given_back,
