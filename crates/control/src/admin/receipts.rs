@@ -224,9 +224,11 @@ fn to_csv(receipts: &[Receipt]) -> String {
     out
 }
 
-/// Quotes a field when it needs it (RFC 4180), and defuses spreadsheet formulas.
+/// Quotes a field when it needs it (RFC 4180), and defuses spreadsheet formulas: a field a
+/// spreadsheet could read as one (its first character `=`, `+`, `-`, `@`, a tab or a carriage
+/// return, and not a number) is prefixed with `'`.
 fn csv_field(field: &str) -> String {
-    let field = if field.starts_with(['=', '+', '-', '@']) && field.parse::<f64>().is_err() {
+    let field = if field.starts_with(['=', '+', '-', '@', '\t', '\r']) && field.parse::<f64>().is_err() {
         format!("'{field}")
     } else {
         field.to_owned()
@@ -263,5 +265,7 @@ mod tests {
         assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
         assert_eq!(csv_field("=cmd()"), "'=cmd()");
         assert_eq!(csv_field("-1.5"), "-1.5");
+        assert_eq!(csv_field("\t=cmd()"), "'\t=cmd()");
+        assert_eq!(csv_field("\r=cmd()"), "\"'\r=cmd()\"");
     }
 }
