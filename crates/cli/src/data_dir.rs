@@ -17,8 +17,19 @@ pub(crate) struct Secret {
     pub(crate) generated: bool,
 }
 
+/// Every file and directory the process creates is its owner's alone (`0600`, `0700`): the data
+/// directory holds sealed provider keys, the ledger, receipts and the state's secrets.
+pub(crate) fn private_files() {
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+}
+
+/// Creates the data directory, or closes an existing one to all but its owner (`0700`): files an
+/// older version left readable (`0644`) are then out of others' reach too.
 pub(crate) fn create(dir: &Path) -> Result<(), String> {
-    fs::create_dir_all(dir).map_err(|e| format!("--data-dir {}: {e}", dir.display()))
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir_all(dir)
+        .and_then(|()| fs::set_permissions(dir, fs::Permissions::from_mode(0o700)))
+        .map_err(|e| format!("--data-dir {}: {e}", dir.display()))
 }
 
 pub(crate) fn admin_token(dir: &Path) -> Result<Secret, String> {

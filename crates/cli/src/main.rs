@@ -41,6 +41,7 @@ enum Command {
 
 fn main() -> ExitCode {
     allocator::without_huge_pages();
+    data_dir::private_files();
     let matches = Cli::command().try_get_matches().unwrap_or_else(|error| {
         if let Some(variable) = variable_of_bad_value(&error) {
             eprintln!("error: the environment variable {variable} holds a value that cannot be used");

@@ -157,6 +157,21 @@ async fn zero_setup_start_generates_secrets_once_and_serves_through_the_admin_cl
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
+    // The data directory and everything in it (database, spool, saved state) are the owner's
+    // alone: they hold sealed provider keys, key hashes and every receipt.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |path: &Path| std::fs::metadata(path).expect("exists").permissions().mode();
+        assert_eq!(mode(&dir) & 0o777, 0o700, "the data directory");
+        let files = files_under(&dir);
+        assert!(files.iter().any(|f| f.ends_with("recovea.db")), "{files:?}");
+        assert!(files.iter().any(|f| f.starts_with(dir.join("spool"))), "{files:?}");
+        for file in &files {
+            assert_eq!(mode(file) & 0o077, 0, "{} must be private", file.display());
+        }
+    }
+
     // Secrets at rest: neither the key secret nor the provider key appears in any file of the data dir.
     for path in files_under(&dir) {
         let bytes = std::fs::read(&path).expect("readable");
