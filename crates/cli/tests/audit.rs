@@ -114,12 +114,17 @@ async fn every_admin_change_leaves_its_row_and_no_secret() {
         entry["after"].to_string(),
         r#"{"base_url":null,"fallback_input_per_mtok_usd":null,"fallback_output_per_mtok_usd":null,"key_hint":"...cdef","kind":"openai","name":"openai","price_namespace":null}"#
     );
-    let replacement =
-        json!({"kind": "openai", "api_key": "sk-replaced-9876543210", "base_url": "https://llm.example.com"});
+    // A password in a base URL is a secret like the key: the answer and the audit log show neither.
+    let replacement = json!({"kind": "openai", "api_key": "sk-replaced-9876543210",
+                             "base_url": "https://proxy-user:hunter2@llm.example.com"});
     let replaced =
         admin(&serve, Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(replacement)).await;
     changes += 1;
-    assert_eq!(what(&latest(&serve).await), json!(["set", "provider", "openai", org_id, set, replaced]));
+    assert_eq!(replaced["base_url"], "https://***@llm.example.com");
+    let entry = latest(&serve).await;
+    assert_eq!(what(&entry), json!(["set", "provider", "openai", org_id, set, replaced]));
+    let listed = admin(&serve, Method::GET, &format!("/orgs/{org_id}/providers"), None).await;
+    assert!(!format!("{entry}{listed}").contains("hunter2"), "{entry} {listed}");
 
     let cap = admin(
         &serve,

@@ -104,9 +104,29 @@ pub fn key_hint(api_key: &str) -> String {
     format!("...{tail}")
 }
 
+/// What may be shown of a URL an operator gave (a credential's `base_url`): its credentials, if
+/// it carries any (`https://user:password@host/`), replaced by `***`.
+pub fn url_shown(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_urls_credentials_are_never_shown() {
+        assert_eq!(url_shown("https://llm.internal:8443/v1"), "https://llm.internal:8443/v1");
+        assert_eq!(url_shown("https://user:hunter2@llm.internal/v1"), "https://***@llm.internal/v1");
+        assert_eq!(url_shown("https://tok3n@llm.internal"), "https://***@llm.internal");
+        assert_eq!(url_shown("https://a:b@c@llm.internal/p@q?x=@y"), "https://***@llm.internal/p@q?x=@y");
+        assert_eq!(url_shown("not a url"), "not a url");
+    }
 
     fn key() -> MasterKey {
         MasterKey::parse_hex(&"ab".repeat(32)).expect("valid hex")

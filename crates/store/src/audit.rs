@@ -167,12 +167,13 @@ pub fn key_json(key: &KeyRecord) -> Value {
     })
 }
 
-/// A provider credential as the admin API shows it: the key's hint, never the sealed key.
+/// A provider credential as the admin API shows it: the key's hint, never the sealed key, and its
+/// base URL without the credentials it may carry.
 pub fn provider_json(p: &ProviderRecord) -> Value {
     json!({
         "name": p.name,
         "kind": p.kind.as_str(),
-        "base_url": p.base_url,
+        "base_url": p.base_url.as_deref().map(recovea_core::crypto::url_shown),
         "key_hint": p.key_hint,
         "price_namespace": p.price_namespace,
         "fallback_input_per_mtok_usd": p.fallback_price.map(|(input, _)| input.to_usd_string()),
