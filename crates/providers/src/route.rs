@@ -137,10 +137,11 @@ fn is_versioned(path: &str) -> bool {
 
 /// The path and query without any `key` query parameter, which is how Gemini's API also takes a
 /// key: the provider is never sent a key the client put in the URL (the credential's own key goes in
-/// its header), and a Recovea key there never leaves the gateway.
+/// its header), and a Recovea key there never leaves the gateway. The name is compared as a server
+/// may read it: percent-decoded, in any case (`KEY`, `%6Bey`).
 pub fn without_key_param(path_and_query: &str) -> Cow<'_, str> {
     let Some((path, query)) = path_and_query.split_once('?') else { return Cow::Borrowed(path_and_query) };
-    let is_key = |pair: &&str| pair.split_once('=').map_or(*pair, |(name, _)| name) == "key";
+    let is_key = |pair: &&str| names_the_key(pair.split_once('=').map_or(*pair, |(name, _)| name));
     if !query.split('&').any(|pair| is_key(&pair)) {
         return Cow::Borrowed(path_and_query);
     }
@@ -149,6 +150,32 @@ pub fn without_key_param(path_and_query: &str) -> Cow<'_, str> {
         return Cow::Owned(path.to_owned());
     }
     Cow::Owned(format!("{path}?{}", kept.join("&")))
+}
+
+/// Whether a query parameter's name, percent-decoded and in any case, is `key`.
+fn names_the_key(name: &str) -> bool {
+    if !name.contains('%') {
+        return name.eq_ignore_ascii_case("key");
+    }
+    let mut decoded = Vec::with_capacity(3);
+    let mut bytes = name.bytes();
+    while let Some(b) = bytes.next() {
+        if decoded.len() > 3 {
+            return false;
+        }
+        let byte = match b {
+            b'%' => {
+                let hex = [bytes.next().unwrap_or(0), bytes.next().unwrap_or(0)];
+                match std::str::from_utf8(&hex).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(byte) => byte,
+                    None => return false,
+                }
+            }
+            b => b,
+        };
+        decoded.push(byte);
+    }
+    decoded.eq_ignore_ascii_case(b"key")
 }
 
 /// `/v1/models/{model}:{method}` with one of Gemini's methods: Gemini's stable API version, which
@@ -360,6 +387,17 @@ mod tests {
         assert_eq!(without_key_param(&format!("{path}?alt=sse&key=rk_x&k=1")), format!("{path}?alt=sse&k=1"));
         assert_eq!(without_key_param(&format!("{path}?key&alt=sse")), format!("{path}?alt=sse"));
         assert!(matches!(without_key_param(&format!("{path}?alt=sse&keys=1")), Cow::Borrowed(_)));
+        // However a server may read the name: any case, percent-encoded.
+        for name in ["KEY", "Key", "%6Bey", "k%65y", "%4B%45%59", "%6b%65%79"] {
+            assert_eq!(
+                without_key_param(&format!("{path}?{name}=AIza&alt=sse")),
+                format!("{path}?alt=sse"),
+                "{name}"
+            );
+        }
+        for name in ["%6Beys", "k%6", "k%zzy", "ke%79s"] {
+            assert!(matches!(without_key_param(&format!("{path}?{name}=1")), Cow::Borrowed(_)), "{name}");
+        }
         assert!(matches!(without_key_param(path), Cow::Borrowed(_)));
     }
 
