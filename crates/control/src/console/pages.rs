@@ -239,6 +239,24 @@ fn str_of<'a>(value: &'a Value, field: &str) -> &'a str {
     value[field].as_str().unwrap_or("")
 }
 
+/// Text a tenant or a client wrote (a name, a model, a path), as a page shows it: a control
+/// character or a bidirectional mark or override (which would show `gpt-4o` for `o4-tpg`, or hide
+/// text) is shown as its escape, `\u{202e}`; HTML escaping is maud's.
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(
+        text.chars()
+            .map(|c| if hidden(c) { c.escape_unicode().to_string() } else { c.to_string() })
+            .collect(),
+    )
+}
+
 fn list<'a>(value: &'a Value, field: &str) -> &'a [Value] {
     value[field].as_array().map_or(&[], Vec::as_slice)
 }
@@ -346,7 +364,7 @@ async fn orgs_page(
         cards.push(html! {
             section.org-card data-org=(id) {
                 div.org-head {
-                    h2 { a href={ "/orgs/" (encode(id)) } { (str_of(org, "name")) } }
+                    h2 { a href={ "/orgs/" (encode(id)) } { (shown(str_of(org, "name"))) } }
                     span.month-spend { "Month to date " strong { (cents(spend)) } }
                 }
                 p.muted { code { (id) } }
@@ -467,7 +485,7 @@ async fn org_page(
     let status = refused.map_or(StatusCode::OK, |r| r.refusal.status);
     let name = str_of(&data.org, "name").to_owned();
     let body = html! {
-        h1 { (name) }
+        h1 { (shown(&name)) }
         p.muted { code { (org) } " · created " (utc(str_of(&data.org, "created_at"))) " · "
             a href={ "/orgs/" (encode(org)) "/receipts" } { "Receipts" } }
         @if let Some(secret) = &secret {
@@ -564,7 +582,7 @@ fn keys_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&Refus
                 @let edit = FormView::new(id, refused);
                 div.key-row data-key=(id) {
                     div.cap-head {
-                        strong { (str_of(key, "name")) }
+                        strong { (shown(str_of(key, "name"))) }
                         code { (str_of(key, "prefix")) "…" }
                         @if let Some(at) = revoked { span.badge.armed.revoked { "revoked " (utc(at)) } }
                         @else { span.badge.soft { "active" } }
@@ -627,7 +645,7 @@ fn providers_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&
                     tbody {
                         @for p in list(&data.providers, "providers") {
                             tr data-provider=(str_of(p, "name")) {
-                                td { (str_of(p, "name")) } td { (str_of(p, "kind")) }
+                                td { (shown(str_of(p, "name"))) } td { (str_of(p, "kind")) }
                                 td { (p["base_url"].as_str().unwrap_or("(default)")) }
                                 td { code.hint { (str_of(p, "key_hint")) } }
                                 td.pricing { (pricing_of(p)) }
@@ -954,7 +972,7 @@ async fn receipts_page(control: &ConsoleApi<'_>, visit: &Visit, org: &str) -> Re
     let name = str_of(&org_json, "name");
     let status = refused.as_ref().map_or(StatusCode::OK, |r| r.refusal.status);
     let body = html! {
-        h1 { "Receipts · " a href={ "/orgs/" (encode(org)) } { (name) } }
+        h1 { "Receipts · " a href={ "/orgs/" (encode(org)) } { (shown(name)) } }
         form #filters.grid method="get" action=(base) {
             (view.input("from", "From, UTC (inclusive)", "datetime-local", &field_from_rfc3339(value("from")), false))
             (view.input("to", "To, UTC (exclusive)", "datetime-local", &field_from_rfc3339(value("to")), false))
@@ -979,8 +997,8 @@ async fn receipts_page(control: &ConsoleApi<'_>, visit: &Visit, org: &str) -> Re
                         tr {
                             td { a href={ (base) "/" (encode(str_of(r, "id"))) } { (utc(str_of(r, "started_at"))) } }
                             td { code { (str_of(r, "key_id")) } }
-                            td { (r["model"].as_str().unwrap_or("—")) }
-                            td { (str_of(r, "endpoint")) }
+                            td { (shown(r["model"].as_str().unwrap_or("—"))) }
+                            td { (shown(str_of(r, "endpoint"))) }
                             td.num { (r["status"]) }
                             td.num { (r["input_tokens"]) " / " (r["output_tokens"]) }
                             td.num { (cents(nanos(str_of(r, "cost_usd")))) }
@@ -1227,6 +1245,16 @@ async fn remove_price(control: &ConsoleApi<'_>, visit: &Visit, form: &Form) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_a_tenant_wrote_cannot_reorder_or_hide_what_a_page_shows() {
+        assert!(matches!(shown("acme · gpt-4o"), std::borrow::Cow::Borrowed("acme · gpt-4o")));
+        assert_eq!(shown("\u{202e}o4-tpg"), "\\u{202e}o4-tpg");
+        assert_eq!(shown("a\u{2066}b\u{2069}c\u{200f}"), "a\\u{2066}b\\u{2069}c\\u{200f}");
+        assert_eq!(shown("line\nbreak\u{1b}[2J"), "line\\u{a}break\\u{1b}[2J");
+        let page = html! { td { (shown("\u{202e}<b>evil</b>")) } }.into_string();
+        assert_eq!(page, "<td>\\u{202e}&lt;b&gt;evil&lt;/b&gt;</td>");
+    }
 
     #[test]
     fn the_month_to_date_counts_the_days_of_the_month_only() {
