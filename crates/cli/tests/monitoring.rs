@@ -198,6 +198,30 @@ async fn each_request_writes_one_json_access_line_with_plain_strings_and_no_secr
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A refused admin call is logged at `warn` with the caller's address, never with what it presented.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_admin_token_is_logged_with_the_address_and_never_the_token() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("admin-refused");
+    let (serve, log) = serve_logging(&dir, &mock.url(), &[]);
+    let wrong = "not-the-admin-token-but-a-guess-1234";
+    let (status, _) = serve.admin_call(wrong, Method::GET, "/orgs", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("without a valid token")) {
+            break line.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no refused-token line in:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(line.contains(" WARN ") && line.contains("client=127.0.0.1"), "{line}");
+    assert!(!std::fs::read_to_string(&log).expect("log").contains(wrong), "the token is never logged");
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A model name is the client's text: one that reads as several fields is quoted on the access
 /// line, and one that would break the line or colour a terminal is refused before any line names
 /// it. No line of the log is one the client wrote.

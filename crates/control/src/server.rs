@@ -126,7 +126,12 @@ impl Control {
                 }
             }
             None => Err(ApiError::NotFound("Unknown admin path.".into())),
-            Some(_) if !self.authorized(authorization) => Err(ApiError::Unauthorized),
+            Some(_) if !self.authorized(authorization) => {
+                // Who tried, never what they presented.
+                let client = client.map(|a| a.ip().to_string()).unwrap_or_else(|| "-".to_owned());
+                tracing::warn!(client, path = %path.escape_debug(), "an admin API call without a valid token was refused");
+                Err(ApiError::Unauthorized)
+            }
             Some(rest) => {
                 let caller = Caller { auth: AuditAuth::AdminToken, client };
                 let method = request.method().clone();
