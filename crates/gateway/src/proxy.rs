@@ -605,7 +605,7 @@ async fn forward(
     match shared.upstream.send(request, shared.config.upstream_timeout).await {
         Ok(response) => {
             let (mut parts, body) = response.into_parts();
-            headers::remove_hop_by_hop(&mut parts.headers);
+            headers::for_client(&mut parts.headers);
             Ok(Response::from_parts(parts, body.boxed_unsync()))
         }
         Err(UpstreamError::Unreachable(e)) => {

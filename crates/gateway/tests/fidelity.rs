@@ -416,6 +416,27 @@ async fn a_body_naming_a_member_twice_is_refused_400_naming_it_before_anything_i
     assert_eq!(h.metric("recovea_requests_total{outcome=\"invalid_request\"}").await, 7);
 }
 
+/// The provider's answer names the account behind the managed key, and may set a cookie on the
+/// gateway's domain: those headers never reach the client; the others do.
+#[tokio::test]
+async fn headers_naming_the_operators_provider_account_never_reach_the_client() {
+    let h = Harness::start(1 << 20).await;
+    h.mock.script(
+        recovea_testkit::Behaviour::default()
+            .header("openai-organization", "org-operator")
+            .header("openai-project", "proj_operator")
+            .header("anthropic-organization-id", "4f0c-operator")
+            .header("set-cookie", "__cf_bm=abc; Domain=gateway.example")
+            .header("openai-processing-ms", "42"),
+    );
+    let response = h.send(h.post_as("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    for name in recovea_providers::headers::ACCOUNT_HEADERS {
+        assert!(response.headers().get(name).is_none(), "{name} reached the client");
+    }
+    assert_eq!(response.headers()["openai-processing-ms"], "42", "other headers pass");
+}
+
 /// A model name is the client's text, and it reaches the receipt, the access log line and the
 /// span: one longer than 256 bytes, or holding a line break or an escape sequence, is refused
 /// before anything is reserved, sent or metered, wherever the request names it.

@@ -22,6 +22,20 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
+/// Headers of a provider's answer that name the account behind the key (the operator's, for a
+/// managed key) or set state on the gateway's own domain: never passed to a client.
+pub const ACCOUNT_HEADERS: [&str; 4] =
+    ["openai-organization", "openai-project", "anthropic-organization-id", "set-cookie"];
+
+/// A provider's answer's headers as a client gets them: without hop-by-hop headers
+/// ([`remove_hop_by_hop`]) nor [`ACCOUNT_HEADERS`].
+pub fn for_client(headers: &mut HeaderMap) {
+    remove_hop_by_hop(headers);
+    for name in ACCOUNT_HEADERS {
+        headers.remove(name);
+    }
+}
+
 /// Removes hop-by-hop headers, including those the `Connection` header names, and `Upgrade`.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     // Usually there are none: one pass over the names is cheaper than nine removals by hash.
