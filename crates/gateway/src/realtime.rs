@@ -88,10 +88,12 @@ pub(crate) async fn open(
     })?;
     match switched {
         Switched::Answered(answer) => {
-            let (parts, body) = answer.into_parts();
+            let (mut parts, body) = answer.into_parts();
+            recovea_providers::headers::for_client(&mut parts.headers);
             Ok(Response::from_parts(parts, Full::new(body).map_err(BoxError::from).boxed_unsync()))
         }
-        Switched::Upgraded { head, io, read } => {
+        Switched::Upgraded { mut head, io, read } => {
+            recovea_providers::headers::remove_account(&mut head.headers);
             let session = Session::new(Arc::clone(shared), admitted, facts);
             let stop = shared.sessions.subscribe();
             tokio::spawn(async move {

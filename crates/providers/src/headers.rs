@@ -31,6 +31,11 @@ pub const ACCOUNT_HEADERS: [&str; 4] =
 /// ([`remove_hop_by_hop`]) nor [`ACCOUNT_HEADERS`].
 pub fn for_client(headers: &mut HeaderMap) {
     remove_hop_by_hop(headers);
+    remove_account(headers);
+}
+
+/// Removes [`ACCOUNT_HEADERS`] (from an upgrade's `101` too, whose hop-by-hop headers stay).
+pub fn remove_account(headers: &mut HeaderMap) {
     for name in ACCOUNT_HEADERS {
         headers.remove(name);
     }
