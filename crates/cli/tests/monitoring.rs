@@ -104,8 +104,8 @@ fn serve_logging(dir: &Path, mock: &str, extra: &[&str]) -> (Serve, PathBuf) {
     (Serve::start_logging(dir, mock, &flags, &[], log), log_path)
 }
 
-/// The log's lines that mention `request_id`, once there are `count` of them (the log is written
-/// by a thread of its own, a moment after the answer).
+/// The log's lines that mention `request_id` (or any text), once there are `count` of them (the log
+/// is written by a thread of its own, a moment after the answer).
 async fn lines_naming(log: &Path, request_id: &str, count: usize) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -207,15 +207,7 @@ async fn a_refused_admin_token_is_logged_with_the_address_and_never_the_token() 
     let wrong = "not-the-admin-token-but-a-guess-1234";
     let (status, _) = serve.admin_call(wrong, Method::GET, "/orgs", None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let line = loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains("without a valid token")) {
-            break line.to_owned();
-        }
-        assert!(Instant::now() < deadline, "no refused-token line in:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let line = lines_naming(&log, "without a valid token", 1).await.remove(0);
     assert!(line.contains(" WARN ") && line.contains("client=127.0.0.1"), "{line}");
     assert!(!std::fs::read_to_string(&log).expect("log").contains(wrong), "the token is never logged");
     drop(serve);
