@@ -139,7 +139,7 @@ pub struct Counters {
     /// When the store's data began, as the last sync read it ([`SyncRead::store_began`]), and
     /// until when no window is rebuilt since this node saw it begin anew ([`STORE_REFILL`]), on
     /// the store's clock.
-    store_began_ms: AtomicI64,
+    store_began_us: AtomicI64,
     refill_until_ms: AtomicI64,
     /// Windows the store lost after they were seeded, rebuilt since the last warning; when that was.
     lost: Mutex<(u64, Option<std::time::Instant>)>,
@@ -253,7 +253,7 @@ impl Counters {
             round_trip_us: AtomicU64::new(0),
             unanswered: AtomicU64::new(0),
             warned_at: Mutex::new(None),
-            store_began_ms: AtomicI64::new(NEVER),
+            store_began_us: AtomicI64::new(NEVER),
             refill_until_ms: AtomicI64::new(NEVER),
             lost: Mutex::new((0, None)),
             lost_rebuilt: AtomicU64::new(0),
@@ -710,12 +710,12 @@ impl Counters {
     /// tell a loss from a first start: the nodes that saw the loss hold the rebuild back.
     fn store_began(&self, read: &crate::shared::SyncRead) -> bool {
         let (Some(began), Some(now)) = (read.store_began, read.store_time) else { return false };
-        let before = self.store_began_ms.swap(began.0, Ordering::AcqRel);
-        if before != NEVER && before != began.0 {
+        let before = self.store_began_us.swap(began, Ordering::AcqRel);
+        if before != NEVER && before != began {
             let refill_ms = i64::try_from(STORE_REFILL.as_millis()).unwrap_or(i64::MAX);
             self.refill_until_ms.store(now.0.saturating_add(refill_ms), Ordering::Release);
             tracing::warn!(
-                began_ms = began.0,
+                began_us = began,
                 "the counter store lost its data (a restart or a flush): its windows are rebuilt from the ledger once every node has pushed its counts again"
             );
         }

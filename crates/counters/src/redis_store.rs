@@ -209,15 +209,15 @@ fn seed_arg(seed: &Seed) -> String {
     arg
 }
 
-/// `clock.lua`'s answer: the store's clock (`TIME`'s seconds and microseconds) and when its data
-/// began, in unix milliseconds.
-fn parse_clock(reply: &[String]) -> Result<(Timestamp, Timestamp), RedisError> {
+/// `clock.lua`'s answer: the store's clock (`TIME`'s seconds and microseconds, in unix
+/// milliseconds) and when its data began, in unix microseconds.
+fn parse_clock(reply: &[String]) -> Result<(Timestamp, i64), RedisError> {
     let bad = || RedisError::from((ErrorKind::UnexpectedReturnType, "malformed clock reply"));
     let [seconds, micros, began] = reply else { return Err(bad()) };
     let seconds: i64 = seconds.parse().map_err(|_| bad())?;
     let micros: i64 = micros.parse().map_err(|_| bad())?;
     let began: i64 = began.parse().map_err(|_| bad())?;
-    Ok((Timestamp(seconds.saturating_mul(1000).saturating_add(micros / 1000)), Timestamp(began)))
+    Ok((Timestamp(seconds.saturating_mul(1000).saturating_add(micros / 1000)), began))
 }
 
 fn parse_reply(reply: &[String]) -> Result<WindowRead, RedisError> {

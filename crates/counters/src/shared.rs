@@ -137,10 +137,11 @@ pub struct SyncRead {
     /// The store's clock when it answered, for a store that has its own (Redis's `TIME`): the one
     /// clock every node's reservations are dated on, which each node measures its own against.
     pub store_time: Option<Timestamp>,
-    /// When the store's data began, on its clock: the first sync after it started without its
-    /// data, restarted or was flushed. Until every node has pushed again, a window it does not
-    /// hold may be one it lost whose other writers are not back yet.
-    pub store_began: Option<Timestamp>,
+    /// When the store's data began, on its clock in unix microseconds (no two lives of the data
+    /// share it): the first sync after it started without its data, restarted or was flushed.
+    /// Until every node has pushed again, a window it does not hold may be one it lost whose other
+    /// writers are not back yet.
+    pub store_began: Option<i64>,
 }
 
 /// One window of a [`SyncRead`], read after the push was applied, in the same atomic step.
