@@ -87,6 +87,10 @@ pub(crate) struct GatewayArgs {
     /// outcome, tokens, cost, time to first byte and total time. `false` turns it off.
     #[arg(long, env = "RECOVEA_ACCESS_LOG", default_value_t = true, action = clap::ArgAction::Set)]
     access_log: bool,
+    /// A bearer token `/metrics` asks for (`Authorization: Bearer <token>`); without it, `/metrics`
+    /// needs none. It shows every organization's totals: keep it off a public load balancer, or set this.
+    #[arg(long, env = "RECOVEA_METRICS_TOKEN", hide_env_values = true)]
+    metrics_token: Option<String>,
     /// Sends a trace of each request (a span with a child per phase) to this OTLP/HTTP collector
     /// (`http://collector:4318`, or the full URL of its traces endpoint). Off without it.
     #[arg(long, env = "RECOVEA_OTLP_ENDPOINT", hide_env_values = true)]
@@ -172,6 +176,7 @@ impl GatewayArgs {
         })
         .map(|config| config.with_memory_release(crate::allocator::release_freed_memory))
         .map(|config| config.with_access_log(self.access_log))
+        .and_then(|config| config.with_metrics_token(self.metrics_token.as_deref()))
         .and_then(|config| match self.otlp_endpoint.as_deref() {
             Some(endpoint) => config.with_traces(endpoint, Some(&self.otlp_service_name)),
             None => Ok(config),

@@ -198,6 +198,35 @@ async fn each_request_writes_one_json_access_line_with_plain_strings_and_no_secr
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `/metrics` shows every organization's totals: with `--metrics-token`, only a scrape presenting
+/// it gets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_metrics_token_only_a_scrape_presenting_it_reads_the_metrics() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("metrics-token");
+    let token = "scrape-0123456789abcdef0123456789abcdef";
+    let (serve, _log) = serve_logging(&dir, &mock.url(), &["--metrics-token", token]);
+    let url = format!("{}/metrics", serve.gateway);
+    for presented in [None, Some("Bearer wrong"), Some("Basic c2NyYXBl")] {
+        let headers: Vec<(&str, &str)> = presented.map(|p| ("authorization", p)).into_iter().collect();
+        let answer = call(Method::GET, &url, &headers, None).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{presented:?}");
+        assert_eq!(answer.headers["www-authenticate"], "Bearer");
+        assert!(!String::from_utf8_lossy(&answer.body).contains("recovea_"), "nothing of the metrics");
+    }
+    let bearer = format!("Bearer {token}");
+    let answer = call(Method::GET, &url, &[("authorization", &bearer)], None).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&answer.body).contains("recovea_requests_total"));
+    // The node's other endpoints are not behind it.
+    assert_eq!(
+        call(Method::GET, &format!("{}/healthz", serve.gateway), &[], None).await.status,
+        StatusCode::OK
+    );
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A refused admin call is logged at `warn` with the caller's address, never with what it presented.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_admin_token_is_logged_with_the_address_and_never_the_token() {

@@ -41,6 +41,8 @@ pub struct GatewayConfig {
     pub(crate) access_log: bool,
     /// Where traces go; `None`: traces are off.
     pub(crate) traces: Option<crate::trace::TraceSettings>,
+    /// The hash of the bearer `/metrics` asks for; `None`: it asks for none.
+    pub(crate) metrics_token_hash: Option<recovea_core::keys::KeyHash>,
 }
 
 /// Where credentials of kind `gemini` without a base URL go, unless
@@ -94,6 +96,7 @@ impl GatewayConfig {
             release_freed_memory: || {},
             access_log: true,
             traces: None,
+            metrics_token_hash: None,
         })
     }
 
@@ -151,6 +154,16 @@ impl GatewayConfig {
     pub fn with_access_log(mut self, on: bool) -> Self {
         self.access_log = on;
         self
+    }
+
+    /// `/metrics` answers only a scrape that presents `Authorization: Bearer <token>`.
+    pub fn with_metrics_token(mut self, token: Option<&str>) -> Result<Self, ConfigError> {
+        self.metrics_token_hash = match token.map(str::trim) {
+            Some("") => return Err(ConfigError("--metrics-token: must not be empty".into())),
+            Some(token) => Some(recovea_core::keys::hash_secret(token)),
+            None => None,
+        };
+        Ok(self)
     }
 
     /// Providers (and the alarm webhook) are reached as `network` says: its trusted certificates,

@@ -378,6 +378,16 @@ async fn drained(drain: &mut watch::Receiver<bool>) {
 }
 
 impl Gateway {
+    /// Whether a scrape of `/metrics` presents the token `--metrics-token` asks for (any scrape
+    /// does when there is none).
+    fn may_scrape(&self, headers: &http::HeaderMap) -> bool {
+        let Some(expected) = &self.shared.config.metrics_token_hash else { return true };
+        let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        presented
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|token| recovea_core::keys::hash_secret(token.trim()) == *expected)
+    }
+
     /// Answers one request: the node's own endpoints, or the proxy for everything else.
     pub async fn handle<B>(&self, request: Request<B>) -> Response<ResponseBody>
     where
@@ -398,6 +408,12 @@ impl Gateway {
                     "the counters of armed caps are not confirmed yet\n".into(),
                 ),
             }),
+            (&Method::GET, "/metrics") if !self.may_scrape(request.headers()) => {
+                let mut refused =
+                    text(StatusCode::UNAUTHORIZED, "text/plain", "a bearer token is needed\n".into());
+                refused.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                Some(refused)
+            }
             (&Method::GET, "/metrics") => Some(text(StatusCode::OK, "text/plain; version=0.0.4", {
                 let mut metrics = self.shared.metrics.render();
                 if let Some(tracer) = &self.shared.tracer {

@@ -1,5 +1,7 @@
-//! Tokens and cost by provider kind and model. Model labels are bounded: only a name of the price
-//! table (the entry a receipt was priced as) becomes one; any other model counts as `other`.
+//! Tokens and cost by provider kind and model. Model labels are bounded: only a name of the
+//! built-in price table (the entry a receipt was priced as) becomes one; any other model counts as
+//! `other`, an entry an operator added included (it may be named after a tenant's fine-tune, and
+//! `/metrics` must not name tenants).
 
 use std::fmt::Write as _;
 use std::sync::RwLock;
@@ -66,6 +68,11 @@ impl ByModel {
                 tally.add(usage, cost_nanos);
                 return;
             }
+        }
+        // A model first seen: labelled only if the built-in table names it.
+        if recovea_core::pricing::PriceTable::builtin().get(model).is_none() {
+            self.other[k].add(usage, cost_nanos);
+            return;
         }
         let mut known = self.known[k].write().unwrap_or_else(|p| p.into_inner());
         if known.len() >= MAX_MODELS && !known.contains_key(model) {
@@ -136,17 +143,19 @@ mod tests {
         by_model.add(ProviderKind::OpenAi, Some("gpt-4o"), &usage, 150);
         by_model.add(ProviderKind::OpenAi, Some("gpt-4o"), &usage, 150);
         by_model.add(ProviderKind::OpenAi, None, &usage, 7);
-        by_model.add(ProviderKind::Anthropic, Some("claude-\"x\""), &usage, 1);
+        by_model.add(ProviderKind::Anthropic, Some("claude-sonnet-4-5"), &usage, 1);
+        // An entry an operator added, named after a tenant's fine-tune: no label names it.
+        by_model.add(ProviderKind::OpenAi, Some("ft:gpt-4o:acme-corp::abc123"), &usage, 5);
         let mut out = String::new();
         by_model.render(&mut out);
         for line in [
             "recovea_tokens_total{provider=\"openai\",model=\"gpt-4o\",kind=\"input\"} 20\n",
             "recovea_tokens_total{provider=\"openai\",model=\"gpt-4o\",kind=\"cached_input\"} 8\n",
             "recovea_tokens_total{provider=\"openai\",model=\"gpt-4o\",kind=\"output\"} 6\n",
-            "recovea_tokens_total{provider=\"openai\",model=\"other\",kind=\"input\"} 10\n",
+            "recovea_tokens_total{provider=\"openai\",model=\"other\",kind=\"input\"} 20\n",
             "recovea_cost_nanodollars_total{provider=\"openai\",model=\"gpt-4o\"} 300\n",
-            "recovea_cost_nanodollars_total{provider=\"openai\",model=\"other\"} 7\n",
-            "recovea_cost_nanodollars_total{provider=\"anthropic\",model=\"claude-\\\"x\\\"\"} 1\n",
+            "recovea_cost_nanodollars_total{provider=\"openai\",model=\"other\"} 12\n",
+            "recovea_cost_nanodollars_total{provider=\"anthropic\",model=\"claude-sonnet-4-5\"} 1\n",
             "recovea_cost_nanodollars_total{provider=\"anthropic\",model=\"other\"} 0\n",
         ] {
             assert!(out.contains(line), "{line}{out}");
@@ -157,8 +166,9 @@ mod tests {
     fn the_model_labels_are_bounded() {
         let by_model = ByModel::default();
         let usage = Usage { input_tokens: 1, ..Usage::default() };
-        for i in 0..MAX_MODELS + 10 {
-            by_model.add(ProviderKind::OpenAi, Some(&format!("m{i}")), &usage, 1);
+        let builtin = recovea_core::pricing::PriceTable::builtin();
+        for (name, _) in builtin.iter().take(MAX_MODELS + 10) {
+            by_model.add(ProviderKind::OpenAi, Some(name), &usage, 1);
         }
         let mut out = String::new();
         by_model.render(&mut out);
