@@ -87,6 +87,10 @@ pub(crate) struct GatewayArgs {
     /// outcome, tokens, cost, time to first byte and total time. `false` turns it off.
     #[arg(long, env = "RECOVEA_ACCESS_LOG", default_value_t = true, action = clap::ArgAction::Set)]
     access_log: bool,
+    /// Serves `/metrics` on this address of its own instead of the gateway's port (which then
+    /// does not answer it): keeps it off the customers' load balancer.
+    #[arg(long, env = "RECOVEA_METRICS_LISTEN")]
+    pub(crate) metrics_listen: Option<SocketAddr>,
     /// A bearer token `/metrics` asks for (`Authorization: Bearer <token>`); without it, `/metrics`
     /// needs none. It shows every organization's totals: keep it off a public load balancer, or set this.
     #[arg(long, env = "RECOVEA_METRICS_TOKEN", hide_env_values = true)]
@@ -177,6 +181,7 @@ impl GatewayArgs {
         .map(|config| config.with_memory_release(crate::allocator::release_freed_memory))
         .map(|config| config.with_access_log(self.access_log))
         .and_then(|config| config.with_metrics_token(self.metrics_token.as_deref()))
+        .map(|config| config.with_metrics_elsewhere(self.metrics_listen.is_some()))
         .and_then(|config| match self.otlp_endpoint.as_deref() {
             Some(endpoint) => config.with_traces(endpoint, Some(&self.otlp_service_name)),
             None => Ok(config),

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 
 use crate::args::{NodeArgs, init_logging, non_blank, parse_master_key, shutdown_signal};
 use crate::data_dir;
-use crate::wiring::{RATE_SHARE_INTERVAL, Stop, counters, open_spool, rate_share};
+use crate::wiring::{RATE_SHARE_INTERVAL, Stop, counters, open_spool, rate_share, serve_metrics_apart};
 
 pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let _log = init_logging(&args.common)?;
@@ -38,6 +38,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     println!("recovea node {node_id}: http://{addr}");
 
     let stop = Stop::new();
+    serve_metrics_apart(&args.gateway, &gateway, stop.stopped()).await?;
     // The shipper stops last, once the server has drained and the spool is synced.
     let stop_shipping = Stop::new();
     let shipper = {

@@ -19,7 +19,7 @@ use crate::args::{ServeArgs, init_logging, parse_master_key, shutdown_signal};
 use crate::data_dir;
 use crate::wiring::{
     RATE_SHARE_INTERVAL, Stop, Stores, admin_token, alert_signing_secret, counters, open_spool, open_stores,
-    poller_settings, rate_share,
+    poller_settings, rate_share, serve_metrics_apart,
 };
 
 pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
@@ -103,10 +103,11 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
             data_dir.join(data_dir::ADMIN_TOKEN_FILE).display()
         );
     }
+    let stop = Stop::new();
+    serve_metrics_apart(&args.gateway, &gateway, stop.stopped()).await?;
     // The admin URL comes last: scripts wait for it as the sign that both servers are up.
     println!("recovea admin:   http://{admin_addr}/admin/v1");
 
-    let stop = Stop::new();
     // The shipper stops last, once the servers have drained and the spool is synced.
     let stop_shipping = Stop::new();
     let shipper = {

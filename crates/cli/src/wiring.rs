@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use recovea_control::jobs::{PollerSettings, ProviderDefaults};
 use recovea_upstream::Upstream;
 
-use crate::args::{AdminArgs, ProviderArgs, non_blank};
+use crate::args::{AdminArgs, GatewayArgs, ProviderArgs, non_blank};
 use crate::data_dir;
 
 /// The control store, the receipt ledger and the jobs: one database behind the three traits.
@@ -145,4 +145,20 @@ impl Stop {
     pub(crate) fn stop(&self) {
         self.0.send_replace(true);
     }
+}
+
+/// `--metrics-listen`: `/metrics` on a listener of its own, served until `shutdown`; its address is
+/// printed as the others are.
+pub(crate) async fn serve_metrics_apart(
+    args: &GatewayArgs,
+    gateway: &recovea_gateway::Gateway,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let Some(addr) = args.metrics_listen else { return Ok(()) };
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("recovea metrics: http://{bound}/metrics");
+    tokio::spawn(gateway.clone().serve_metrics(listener, shutdown));
+    Ok(())
 }

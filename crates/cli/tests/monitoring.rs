@@ -227,6 +227,34 @@ async fn with_a_metrics_token_only_a_scrape_presenting_it_reads_the_metrics() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// With `--metrics-listen`, `/metrics` is served on that address alone: the gateway's port, the
+/// one customers reach, no longer answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_moved_to_an_address_of_their_own_leave_the_gateways_port() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("metrics-listen");
+    let (serve, _log) = serve_logging(&dir, &mock.url(), &["--metrics-listen", "127.0.0.1:0"]);
+    let banner = serve.stdout.iter().find_map(|l| l.strip_prefix("recovea metrics: ")).expect("its banner");
+    let moved = call(Method::GET, banner, &[], None).await;
+    assert_eq!(moved.status, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&moved.body).contains("recovea_requests_total"));
+    let other = banner.replace("/metrics", "/v1/chat/completions");
+    assert_eq!(
+        call(Method::GET, &other, &[], None).await.status,
+        StatusCode::NOT_FOUND,
+        "only /metrics there"
+    );
+    let gateway = call(Method::GET, &format!("{}/metrics", serve.gateway), &[], None).await;
+    assert_eq!(gateway.status, StatusCode::NOT_FOUND);
+    assert!(!String::from_utf8_lossy(&gateway.body).contains("recovea_"), "nothing of the metrics");
+    assert_eq!(
+        call(Method::GET, &format!("{}/healthz", serve.gateway), &[], None).await.status,
+        StatusCode::OK
+    );
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A refused admin call is logged at `warn` with the caller's address, never with what it presented.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_admin_token_is_logged_with_the_address_and_never_the_token() {

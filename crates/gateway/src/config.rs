@@ -43,6 +43,8 @@ pub struct GatewayConfig {
     pub(crate) traces: Option<crate::trace::TraceSettings>,
     /// The hash of the bearer `/metrics` asks for; `None`: it asks for none.
     pub(crate) metrics_token_hash: Option<recovea_core::keys::KeyHash>,
+    /// `/metrics` is served on a listener of its own (`Gateway::serve_metrics`), not the gateway's.
+    pub(crate) metrics_elsewhere: bool,
 }
 
 /// Where credentials of kind `gemini` without a base URL go, unless
@@ -97,6 +99,7 @@ impl GatewayConfig {
             access_log: true,
             traces: None,
             metrics_token_hash: None,
+            metrics_elsewhere: false,
         })
     }
 
@@ -153,6 +156,13 @@ impl GatewayConfig {
     /// `recovea::access`); on by default. Its metrics are counted either way.
     pub fn with_access_log(mut self, on: bool) -> Self {
         self.access_log = on;
+        self
+    }
+
+    /// `/metrics` is served on a listener of its own (`--metrics-listen`): the gateway's port does
+    /// not answer it.
+    pub fn with_metrics_elsewhere(mut self, elsewhere: bool) -> Self {
+        self.metrics_elsewhere = elsewhere;
         self
     }
 

@@ -378,6 +378,55 @@ async fn drained(drain: &mut watch::Receiver<bool>) {
 }
 
 impl Gateway {
+    /// `GET /metrics`: Prometheus text, or `401` to a scrape without the token `--metrics-token`
+    /// asks for.
+    pub fn metrics(&self, headers: &http::HeaderMap) -> Response<ResponseBody> {
+        if !self.may_scrape(headers) {
+            let mut refused =
+                text(StatusCode::UNAUTHORIZED, "text/plain", "a bearer token is needed\n".into());
+            refused.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return refused;
+        }
+        let mut metrics = self.shared.metrics.render();
+        if let Some(tracer) = &self.shared.tracer {
+            tracer.render_metrics(&mut metrics);
+        }
+        text(StatusCode::OK, "text/plain; version=0.0.4", metrics)
+    }
+
+    /// Serves `GET /metrics`, and nothing else, on `listener` (`--metrics-listen`, an address of
+    /// the operator's own) until `shutdown`.
+    pub async fn serve_metrics(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the metrics listener could not accept a connection");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => return,
+            };
+            let gateway = self.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let answer = match (request.method(), request.uri().path()) {
+                        (&Method::GET, "/metrics") => gateway.metrics(request.headers()),
+                        _ => {
+                            text(StatusCode::NOT_FOUND, "text/plain", "only /metrics is served here\n".into())
+                        }
+                    };
+                    std::future::ready(Ok::<_, std::convert::Infallible>(answer))
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            });
+        }
+    }
+
     /// Whether a scrape of `/metrics` presents the token `--metrics-token` asks for (any scrape
     /// does when there is none).
     fn may_scrape(&self, headers: &http::HeaderMap) -> bool {
@@ -408,19 +457,10 @@ impl Gateway {
                     "the counters of armed caps are not confirmed yet\n".into(),
                 ),
             }),
-            (&Method::GET, "/metrics") if !self.may_scrape(request.headers()) => {
-                let mut refused =
-                    text(StatusCode::UNAUTHORIZED, "text/plain", "a bearer token is needed\n".into());
-                refused.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                Some(refused)
+            // With `--metrics-listen`, `/metrics` is served there alone (an unknown path here).
+            (&Method::GET, "/metrics") if !self.shared.config.metrics_elsewhere => {
+                Some(self.metrics(request.headers()))
             }
-            (&Method::GET, "/metrics") => Some(text(StatusCode::OK, "text/plain; version=0.0.4", {
-                let mut metrics = self.shared.metrics.render();
-                if let Some(tracer) = &self.shared.tracer {
-                    tracer.render_metrics(&mut metrics);
-                }
-                metrics
-            })),
             _ => None,
         };
         match own {
