@@ -239,6 +239,22 @@ async fn admin_api_errors_use_the_error_shape() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["error"]["message"].as_str().expect("message").starts_with("base_url:"), "{body}");
+    // A cloud metadata service hands out the machine's own credentials: never a base URL nor a
+    // webhook, by name or by address.
+    for metadata in ["http://169.254.169.254", "http://metadata.google.internal", "http://[fe80::1]:8080"] {
+        let credential = json!({"kind": "openai", "api_key": "sk-1", "base_url": metadata});
+        let path = url(&format!("/orgs/{org_id}/providers/openai"));
+        let (status, body) = call(Method::PUT, &path, &[("authorization", &auth)], Some(credential)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{metadata}");
+        assert!(body["error"]["message"].as_str().expect("message").contains("metadata service"), "{body}");
+        let cap = json!({"scope": "organization", "window": "month", "limit_usd": "1", "hard_stop": true,
+                         "alert_webhook": metadata});
+        let (status, body) =
+            call(Method::POST, &url(&format!("/orgs/{org_id}/caps")), &[("authorization", &auth)], Some(cap))
+                .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{metadata}");
+        assert!(body["error"]["message"].as_str().expect("message").starts_with("alert_webhook:"), "{body}");
+    }
     let (status, body) = call(
         Method::POST,
         &url(&format!("/orgs/{org_id}/keys")),

@@ -331,7 +331,7 @@ impl Control {
         })?;
         let base_url = body
             .base_url
-            .map(|url| recovea_providers::normalize_base_url(&url))
+            .map(|url| crate::admin::outbound_url(&url))
             .transpose()
             .map_err(|why| ApiError::BadRequest(format!("base_url: {why}")))?;
         if kind == ProviderKind::AzureOpenAi && base_url.is_none() {
@@ -751,4 +751,17 @@ mod openapi_tests {
             );
         }
     }
+}
+
+/// A URL the gateway will connect to (a credential's base URL, an alert webhook), normalized: never
+/// a cloud metadata service's (its names, or a link-local address), which would hand out the
+/// machine's own cloud credentials. A host name resolving there is refused when connecting.
+pub(crate) fn outbound_url(url: &str) -> Result<String, String> {
+    let normalized = recovea_providers::normalize_base_url(url)?;
+    let host =
+        normalized.parse::<http::Uri>().ok().and_then(|u| u.host().map(str::to_owned)).unwrap_or_default();
+    if recovea_upstream::is_metadata_host(&host) {
+        return Err(format!("{url:?} points at a cloud metadata service"));
+    }
+    Ok(normalized)
 }

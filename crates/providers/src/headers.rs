@@ -134,6 +134,9 @@ pub fn for_provider(
 
 /// Sent by clients to tag a request's receipt; the gateway's alone.
 const TAGS: HeaderName = HeaderName::from_static(recovea_core::tags::HEADER);
+/// What a cloud metadata service asks of a request for the machine's credentials: no provider
+/// needs it, and a client has no business sending it through the gateway.
+const METADATA_FLAVOR: HeaderName = HeaderName::from_static("metadata-flavor");
 
 /// Whether a client's header goes on to the provider (see [`for_provider`]).
 fn stays(name: &HeaderName, value: &HeaderValue, managed: bool, named: &[HeaderName]) -> bool {
@@ -141,6 +144,7 @@ fn stays(name: &HeaderName, value: &HeaderValue, managed: bool, named: &[HeaderN
         || name == header::UPGRADE
         || name == RECOVEA_KEY
         || name == TAGS
+        || name == METADATA_FLAVOR
         || name == header::HOST
         || name == header::CONTENT_LENGTH
         || name == header::ACCEPT_ENCODING
@@ -201,6 +205,15 @@ mod tests {
             m.append(*k, HeaderValue::from_str(v).expect("valid"));
         }
         m
+    }
+
+    #[test]
+    fn a_metadata_services_header_never_reaches_a_provider() {
+        let client = map(&[("metadata-flavor", "Google"), ("content-type", "application/json")]);
+        let sent =
+            for_provider(client, Some((ProviderKind::OpenAi, "sk-managed-0123456789")), 2).expect("headers");
+        assert!(sent.get("metadata-flavor").is_none());
+        assert_eq!(sent["content-type"], "application/json");
     }
 
     #[test]
@@ -318,6 +331,7 @@ mod tests {
                 remove_values(&mut h, name, is_recovea_key);
             }
             h.remove(recovea_core::tags::HEADER);
+            h.remove(METADATA_FLAVOR);
             h.remove(header::HOST);
             h.remove(header::CONTENT_LENGTH);
             if let Some((kind, key)) = managed {

@@ -196,12 +196,53 @@ async fn tunnel(mut stream: TcpStream, host: &str, port: u16, proxy: &Proxy) -> 
     }
 }
 
+/// Names that lead to a cloud metadata service (Google's; the others are reached by address).
+const METADATA_HOSTS: [&str; 3] = ["metadata.google.internal", "metadata.goog", "metadata"];
+
+/// Whether a URL's host names a cloud metadata service: one of its names, or an address
+/// [`is_metadata_service`] refuses (a host name resolving there is refused when connecting).
+pub fn is_metadata_host(host: &str) -> bool {
+    let host = host.trim_end_matches('.').trim_start_matches('[').trim_end_matches(']');
+    METADATA_HOSTS.iter().any(|name| host.eq_ignore_ascii_case(name))
+        || host.parse::<std::net::IpAddr>().is_ok_and(is_metadata_service)
+}
+
+/// Whether an address is where cloud metadata services answer (link-local: 169.254.0.0/16, with
+/// 169.254.169.254; fe80::/10; and AWS's fd00:ec2::254): they hand out the machine's own cloud
+/// credentials, so no provider, proxy or webhook connection goes there, whatever a base URL says
+/// (checked on the resolved address, so no host name leads there either).
+pub fn is_metadata_service(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_link_local(),
+        std::net::IpAddr::V6(v6) => {
+            (v6.segments()[0] & 0xffc0) == 0xfe80
+                || v6 == std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)
+                || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_link_local())
+        }
+    }
+}
+
 /// A TCP connection to the first of `host`'s addresses that accepts one. Each address but the
 /// last gets [`NEXT_ADDRESS_AFTER`]: an address whose route drops packets (often IPv6) must not use
 /// the whole connect limit while the next one would answer at once.
 async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
     let mut failed = None;
-    let mut addresses = tokio::net::lookup_host((host, port)).await?.peekable();
+    if is_metadata_host(host) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{host} is a cloud metadata service: never connected to"),
+        ));
+    }
+    let resolved: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
+    let reachable: Vec<std::net::SocketAddr> =
+        resolved.iter().copied().filter(|a| !is_metadata_service(a.ip())).collect();
+    if reachable.is_empty() && !resolved.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{host} resolves to a link-local address (a cloud metadata service): never connected to"),
+        ));
+    }
+    let mut addresses = reachable.into_iter().peekable();
     while let Some(address) = addresses.next() {
         let connecting = TcpStream::connect(address);
         let connected = if addresses.peek().is_some() {
@@ -222,4 +263,48 @@ async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
         }
     }
     Err(failed.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the host has no address")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+
+    #[test]
+    fn metadata_services_addresses_are_known_whatever_their_spelling() {
+        for ip in ["169.254.169.254", "169.254.0.1", "fe80::1", "fd00:ec2::254", "::ffff:169.254.169.254"] {
+            assert!(is_metadata_service(ip.parse::<IpAddr>().expect("an address")), "{ip}");
+        }
+        for ip in ["127.0.0.1", "10.0.0.8", "192.168.1.2", "8.8.8.8", "::1", "fd00::1", "2001:db8::1"] {
+            assert!(!is_metadata_service(ip.parse::<IpAddr>().expect("an address")), "{ip}");
+        }
+    }
+
+    #[test]
+    fn metadata_services_names_are_known() {
+        for host in [
+            "metadata.google.internal",
+            "METADATA.google.internal.",
+            "metadata",
+            "169.254.169.254",
+            "[fe80::1]",
+        ] {
+            assert!(is_metadata_host(host), "{host}");
+        }
+        for host in ["api.openai.com", "llm.internal", "10.0.0.8", "[::1]", "metadata.example.com"] {
+            assert!(!is_metadata_host(host), "{host}");
+        }
+    }
+
+    #[tokio::test]
+    async fn no_connection_goes_to_a_metadata_service() {
+        let refused = tcp("metadata.google.internal", 80).await.expect_err("refused before resolving");
+        assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
+        let refused = tcp("169.254.169.254", 80).await.expect_err("refused before connecting");
+        assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
+        assert!(refused.to_string().contains("metadata service"), "{refused}");
+        let refused = tcp("fe80::1", 443).await.expect_err("refused");
+        assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
+    }
 }

@@ -23,6 +23,7 @@ mod stall;
 mod upgrade;
 
 pub use body::{BoxError, ResponseBody, on_end};
+pub use connect::{is_metadata_host, is_metadata_service};
 pub use egress::Egress;
 pub use stall::{Stall, watch_unread};
 pub use upgrade::{Switched, UpgradedIo};

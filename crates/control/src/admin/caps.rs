@@ -238,7 +238,7 @@ fn alert_at(values: &[Number]) -> Result<Vec<u32>, ApiError> {
 }
 
 fn webhook(url: &str) -> Result<String, ApiError> {
-    recovea_providers::normalize_base_url(url)
+    crate::admin::outbound_url(url)
         .map(|_| url.trim().to_owned())
         .map_err(|why| ApiError::BadRequest(format!("alert_webhook: {why}")))
 }
