@@ -385,18 +385,19 @@ impl Spool {
             .open(&path)
             .and_then(|mut file| file.write_all(format!("{}\n", receipt.json()).as_bytes()));
         self.stats.dead_lettered.fetch_add(1, Relaxed);
-        let id = receipt.json().get(..64).unwrap_or_default();
+        // Its id (ours, read back from its text: this path is rare), never its client-supplied fields.
+        let id = &receipt.receipt().id;
         match written {
             Ok(()) => tracing::error!(
                 error = %why,
                 file = %path.display(),
-                receipt = %id.escape_debug(),
+                receipt_id = %id,
                 "a receipt refused as invalid was set aside in the spool's dead-letter file; the others go on"
             ),
             Err(e) => tracing::error!(
                 error = %why,
                 write_error = %e,
-                receipt = %id.escape_debug(),
+                receipt_id = %id,
                 "a receipt refused as invalid could not be set aside and is lost; the others go on"
             ),
         }

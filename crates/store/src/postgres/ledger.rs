@@ -225,7 +225,7 @@ pub(super) fn uncounted(
 /// The part of [`spend`] that the spend counters' writers hold: each `counted` node's receipts
 /// that started at or after its time. The node is read from the receipt itself, on the few
 /// minutes to days since a writer began counting, and only when a window is rebuilt.
-pub(super) fn counted_by_nodes(
+fn counted_by_nodes(
     client: &mut impl GenericClient,
     org: &OrgId,
     key: Option<&KeyId>,
@@ -253,7 +253,7 @@ pub(super) fn counted_by_nodes(
 }
 
 /// The latest start of a receipt in `[from, to)`, read on `client` (see [`UncountedSpend`]).
-pub(super) fn last_start(
+fn last_start(
     client: &mut impl GenericClient,
     org: &OrgId,
     key: Option<&KeyId>,

@@ -319,7 +319,7 @@ pub(super) fn uncounted(
 
 /// The part of [`spend`] that the spend counters' writers hold: each `counted` node's receipts
 /// that started at or after its time.
-pub(super) fn counted_by_nodes(
+fn counted_by_nodes(
     conn: &Connection,
     org: &OrgId,
     key: Option<&KeyId>,
@@ -347,7 +347,7 @@ pub(super) fn counted_by_nodes(
 }
 
 /// The latest start of a receipt in `[from, to)`, read on `conn` (see [`UncountedSpend`]).
-pub(super) fn last_start(
+fn last_start(
     conn: &Connection,
     org: &OrgId,
     key: Option<&KeyId>,
