@@ -47,6 +47,11 @@ pub(crate) struct GatewayArgs {
     /// Largest request body accepted (bytes, or with a KiB/MiB/GiB suffix); larger ones get 413.
     #[arg(long, env = "RECOVEA_MAX_BODY_SIZE", default_value = "32MiB", value_parser = size::parse_bytes)]
     max_body_size: u64,
+    /// The memory every request body being read may take at once (bytes, or with a suffix): past
+    /// it a body waits, unread, for room, and gets 503 body_memory_busy if none comes within
+    /// --request-body-timeout. One organization may hold half of it.
+    #[arg(long, env = "RECOVEA_BODY_MEMORY", default_value = "256MiB", value_parser = size::parse_bytes)]
+    body_memory: u64,
     /// How long to wait for a provider's response headers before answering 504.
     #[arg(long, env = "RECOVEA_UPSTREAM_TIMEOUT", default_value = "600s", value_parser = humantime::parse_duration)]
     upstream_timeout: Duration,
@@ -174,6 +179,7 @@ impl GatewayArgs {
         .and_then(|config| config.with_gemini_base_url(&providers.gemini_base_url))
         .and_then(|config| config.with_alarm(self.alarm_webhook.as_deref(), self.alarm_interval))
         .and_then(|config| config.with_stream_idle_timeout(self.stream_idle_timeout))
+        .and_then(|config| config.with_body_memory(self.body_memory))
         .and_then(|config| {
             let max = self.max_connections.unwrap_or_else(|| default_max_connections(descriptor_limit()));
             config.with_max_connections(max)

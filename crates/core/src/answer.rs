@@ -187,6 +187,18 @@ impl Answer {
         Self::error(408, "invalid_request_error", "request_timeout", "Request body was not received in time.")
     }
 
+    /// 503: the node's memory for request bodies (`--body-memory`) had no room for this one within
+    /// the time a body has to be read. Nothing was sent to the provider.
+    pub fn body_memory_busy() -> Self {
+        Self::error(
+            503,
+            "api_error",
+            "body_memory_busy",
+            "The gateway is holding too many request bodies to read this one now. Retry in a moment.",
+        )
+        .with_header("retry-after", "1")
+    }
+
     pub fn unknown_route() -> Self {
         Self::error(
             404,
@@ -871,6 +883,7 @@ mod tests {
             Answer::request_too_large(64),
             Answer::request_body_unreadable(),
             Answer::request_body_timeout(),
+            Answer::body_memory_busy(),
             Answer::unknown_route(),
             Answer::invalid_host(),
             Answer::invalid_content_length(),
@@ -969,6 +982,7 @@ mod tests {
             (Answer::request_too_large(64), "INVALID_ARGUMENT"),
             (Answer::request_body_unreadable(), "INVALID_ARGUMENT"),
             (Answer::request_body_timeout(), "DEADLINE_EXCEEDED"),
+            (Answer::body_memory_busy(), "UNAVAILABLE"),
             (Answer::unknown_route(), "NOT_FOUND"),
             (Answer::invalid_host(), "INVALID_ARGUMENT"),
             (Answer::invalid_content_length(), "INVALID_ARGUMENT"),

@@ -28,6 +28,8 @@ pub struct GatewayConfig {
     pub(crate) anthropic_base_url: String,
     pub(crate) gemini_base_url: String,
     pub(crate) max_body_bytes: u64,
+    /// The memory every request body being read may take at once (see [`crate::body_budget`]).
+    pub(crate) body_memory: u64,
     pub(crate) upstream_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) body_read_timeout: Duration,
@@ -50,6 +52,10 @@ pub struct GatewayConfig {
 /// Where credentials of kind `gemini` without a base URL go, unless
 /// [`GatewayConfig::with_gemini_base_url`] says otherwise.
 pub const DEFAULT_GEMINI_BASE_URL: &str = "https://generativelanguage.googleapis.com";
+
+/// The memory request bodies may take at once, unless [`GatewayConfig::with_body_memory`] says
+/// otherwise (or twice the largest body allowed, when that is more).
+pub const DEFAULT_BODY_MEMORY: u64 = 256 << 20;
 
 /// How long a fail-open reason stays quiet after its alarm, unless [`GatewayConfig::with_alarm`]
 /// says otherwise.
@@ -86,6 +92,7 @@ impl GatewayConfig {
             anthropic_base_url: base_url("--anthropic-base-url", &settings.anthropic_base_url)?,
             gemini_base_url: DEFAULT_GEMINI_BASE_URL.to_owned(),
             max_body_bytes: settings.max_body_bytes,
+            body_memory: DEFAULT_BODY_MEMORY.max(2 * settings.max_body_bytes),
             upstream_timeout: settings.upstream_timeout,
             connect_timeout: settings.connect_timeout,
             body_read_timeout: settings.body_read_timeout,
@@ -149,6 +156,19 @@ impl GatewayConfig {
             return Err(ConfigError("--max-connections must be greater than zero".into()));
         }
         self.max_connections = max;
+        Ok(self)
+    }
+
+    /// The memory every request body being read may take at once: past it a body waits, unread,
+    /// for room. One organization may hold half of it, so it must hold two of the largest bodies.
+    pub fn with_body_memory(mut self, bytes: u64) -> Result<Self, ConfigError> {
+        if bytes < 2 * self.max_body_bytes {
+            return Err(ConfigError(
+                "--body-memory must be at least twice --max-body-size (one organization may hold half of it)"
+                    .into(),
+            ));
+        }
+        self.body_memory = bytes;
         Ok(self)
     }
 

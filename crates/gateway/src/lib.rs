@@ -9,6 +9,7 @@
 
 mod access_log;
 mod alarm;
+mod body_budget;
 mod config;
 mod control_link;
 pub mod feed;
@@ -29,8 +30,8 @@ mod throttled;
 mod trace;
 
 pub use config::{
-    ConfigError, DEFAULT_ALARM_INTERVAL, DEFAULT_GEMINI_BASE_URL, GatewayConfig, GatewaySettings,
-    default_max_connections,
+    ConfigError, DEFAULT_ALARM_INTERVAL, DEFAULT_BODY_MEMORY, DEFAULT_GEMINI_BASE_URL, GatewayConfig,
+    GatewaySettings, default_max_connections,
 };
 pub use control_link::ControlLink;
 pub use feed::book::follow_book;

@@ -65,6 +65,8 @@ pub enum Outcome {
     ProviderNotConfigured,
     BodyTooLarge,
     BodyUnreadable,
+    /// No room in the node's memory for request bodies (`--body-memory`) in time.
+    BodyMemoryBusy,
     UnknownRoute,
     UpstreamUnreachable,
     UpstreamTimeout,
@@ -88,7 +90,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 18] = [
+    const ALL: [Outcome; 19] = [
         Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,
@@ -99,6 +101,7 @@ impl Outcome {
         Self::ProviderNotConfigured,
         Self::BodyTooLarge,
         Self::BodyUnreadable,
+        Self::BodyMemoryBusy,
         Self::UnknownRoute,
         Self::UpstreamUnreachable,
         Self::UpstreamTimeout,
@@ -117,6 +120,7 @@ impl Outcome {
             Self::ProviderNotConfigured => "provider_not_configured",
             Self::BodyTooLarge => "body_too_large",
             Self::BodyUnreadable => "body_unreadable",
+            Self::BodyMemoryBusy => "body_memory_busy",
             Self::UnknownRoute => "unknown_route",
             Self::UpstreamUnreachable => "upstream_unreachable",
             Self::UpstreamTimeout => "upstream_timeout",
@@ -142,6 +146,9 @@ pub(crate) enum HandOver {
     ChunkedBody,
     /// A declared length over `--max-body-size`: the proxy refuses it unread.
     BodyTooLarge,
+    /// A declared length over what the gateway reads before admission: the proxy reads it in
+    /// room from the node's body budget.
+    LargeBody,
     Expect,
     Upgrade,
     Http10,
@@ -155,10 +162,11 @@ pub(crate) enum HandOver {
 }
 
 impl HandOver {
-    pub(crate) const ALL: [HandOver; 11] = [
+    pub(crate) const ALL: [HandOver; 12] = [
         Self::TrailingBody,
         Self::ChunkedBody,
         Self::BodyTooLarge,
+        Self::LargeBody,
         Self::Expect,
         Self::Upgrade,
         Self::Http10,
@@ -174,6 +182,7 @@ impl HandOver {
             Self::TrailingBody => "trailing_body",
             Self::ChunkedBody => "chunked_body",
             Self::BodyTooLarge => "body_too_large",
+            Self::LargeBody => "large_body",
             Self::Expect => "expect",
             Self::Upgrade => "upgrade",
             Self::Http10 => "http10",

@@ -15,7 +15,7 @@ use recovea_counters::{CapWindow, Counters, RateShare};
 use recovea_upstream::Upstream;
 
 use crate::config::GatewayConfig;
-use crate::{alarm, jobs, metering, metrics, ratelimit, spool, trace};
+use crate::{alarm, body_budget, jobs, metering, metrics, ratelimit, spool, trace};
 
 /// Whether a node can decide requests, and if not, what it waits for (its `/readyz`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) meter: metering::Meter,
     pub(crate) counters: Arc<Counters>,
     pub(crate) limiter: ratelimit::RateLimiter,
+    /// The memory request bodies are read into (`--body-memory`).
+    pub(crate) body_budget: body_budget::BodyBudget,
     pub(crate) alarm: alarm::Alarm,
     /// Set once the node was first ready: it then stays ready.
     pub(crate) ready: std::sync::atomic::AtomicBool,
@@ -89,6 +91,7 @@ impl Gateway {
         Self {
             shared: Arc::new(Shared {
                 snapshot: ArcSwapOption::empty(),
+                body_budget: body_budget::BodyBudget::new(config.body_memory),
                 config,
                 upstream,
                 metrics,

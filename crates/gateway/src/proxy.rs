@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use recovea_core::caps;
 use recovea_core::channel::{self, RequestLine};
+use recovea_core::ids::OrgId;
 use recovea_providers::rewrite::{self, InspectedRequest};
 use recovea_providers::usage::{Surface, Tapped};
 use recovea_upstream::{BoxError, ResponseBody, UpstreamError};
@@ -205,7 +206,8 @@ where
     };
 
     ctx.trace.end(Phase::Admit);
-    let mut body = read_body(shared, &parts.headers, body).await?;
+    let tenant = ctx.admitted.as_ref().map(|admitted| &admitted.org.id);
+    let mut body = read_body(shared, tenant, &parts.headers, body).await?;
     ctx.body_read = true;
     let endpoint = route.upstream_path.split_once('?').map_or(route.upstream_path, |(path, _)| path);
     let surface = Surface::of(target.kind, endpoint);
@@ -533,8 +535,14 @@ fn target_for(
     }
 }
 
-/// Phase read body: buffered, within the size limit and the time limit.
-async fn read_body<B>(shared: &Shared, request_headers: &HeaderMap, body: B) -> Result<Bytes, Refusal>
+/// Phase read body: buffered, within the size limit and the time limit, in room the node's body
+/// budget gives `tenant` ([`crate::body_budget`]).
+async fn read_body<B>(
+    shared: &Shared,
+    tenant: Option<&OrgId>,
+    request_headers: &HeaderMap,
+    body: B,
+) -> Result<Bytes, Refusal>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -547,8 +555,8 @@ where
     }
     let mut body = std::pin::pin!(Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)));
     // Most bodies come whole with the request's head (the gateway's own HTTP/1 server hands them
-    // over so): one frame, nothing to collect and no timer. A timer costs more than the read, and
-    // one due before the thread's next wake-up costs a system call to set.
+    // over so): one frame, nothing to collect, no room to hold and no timer. A timer costs more
+    // than the read, and one due before the thread's next wake-up costs a system call to set.
     let first = match std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await {
         Poll::Ready(None) => return Ok(Bytes::new()),
         Poll::Ready(Some(Err(e))) => return Err(body_refusal(&e, limit)),
@@ -559,13 +567,38 @@ where
         },
         Poll::Pending => Bytes::new(),
     };
-    let rest = match tokio::time::timeout(shared.config.body_read_timeout, body.collect()).await {
-        Ok(Ok(rest)) => rest.to_bytes(),
-        Ok(Err(e)) => return Err(body_refusal(&e, limit)),
-        Err(_) => return Err(Refusal::BodyTimeout),
+    let deadline = tokio::time::Instant::now() + shared.config.body_read_timeout;
+    let budget = &shared.body_budget;
+    let room_for = |bytes: u64| async move {
+        tokio::time::timeout_at(deadline, budget.hold(tenant, bytes))
+            .await
+            .map_err(|_| Refusal::BodyMemoryBusy)
     };
-    Ok(if first.is_empty() { rest } else { [first, rest].concat().into() })
+    // Room for the whole body when it says its length; else for what came and a step more.
+    let expected = declared.unwrap_or(first.len() as u64 + BODY_STEP).min(limit);
+    let mut room = room_for(expected).await?;
+    let mut buffer = Vec::with_capacity(usize::try_from(expected).unwrap_or(usize::MAX));
+    buffer.extend_from_slice(&first);
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(|e| body_refusal(&e, limit))?.into_data() else { continue };
+            let needed = (buffer.len() + data.len()) as u64;
+            if needed > room.bytes() {
+                let more = room_for((needed - room.bytes()).max(BODY_STEP)).await?;
+                room.merge(more);
+            }
+            buffer.extend_from_slice(&data);
+        }
+        Ok(())
+    };
+    // Waiting for room counts in the body's time: a body that finds none in it is refused as
+    // such (`room_for`'s own timeout is polled first), one that is not sent in it as late.
+    tokio::time::timeout_at(deadline, read).await.map_err(|_| Refusal::BodyTimeout)??;
+    Ok(room.keep(buffer))
 }
+
+/// How much more room a body that does not say its length asks for at a time.
+const BODY_STEP: u64 = 64 << 10;
 
 /// The refusal of a body that failed to read: too long, or cut.
 fn body_refusal(error: &BoxError, limit: u64) -> Refusal {

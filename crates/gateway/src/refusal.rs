@@ -18,6 +18,8 @@ pub(crate) enum Refusal {
     BodyTooLarge(u64),
     BodyTimeout,
     BodyUnreadable,
+    /// No room in the node's memory for request bodies within the body's time to be read.
+    BodyMemoryBusy,
     UpstreamUnreachable,
     UpstreamTimeout,
     /// An armed cap at its line (402), unable to confirm its spend (503), covering a request the
@@ -47,6 +49,7 @@ impl Refusal {
             Self::ProviderNotConfigured(_) => Outcome::ProviderNotConfigured,
             Self::BodyTooLarge(_) => Outcome::BodyTooLarge,
             Self::BodyTimeout | Self::BodyUnreadable => Outcome::BodyUnreadable,
+            Self::BodyMemoryBusy => Outcome::BodyMemoryBusy,
             Self::UpstreamUnreachable => Outcome::UpstreamUnreachable,
             Self::UpstreamTimeout => Outcome::UpstreamTimeout,
             Self::Budget(CapRefusal::Exceeded { .. } | CapRefusal::BatchExceeds { .. }) => {
@@ -81,6 +84,7 @@ impl Refusal {
             Self::ProviderNotConfigured(name) => Answer::provider_not_configured(name),
             Self::BodyTooLarge(limit) => Answer::request_too_large(*limit),
             Self::BodyTimeout => Answer::request_body_timeout(),
+            Self::BodyMemoryBusy => Answer::body_memory_busy(),
             Self::BodyUnreadable => Answer::request_body_unreadable(),
             Self::UpstreamUnreachable => Answer::upstream_unreachable(),
             Self::UpstreamTimeout => Answer::upstream_timeout(),

@@ -1505,3 +1505,57 @@ async fn an_http2_stream_its_client_gives_no_room_is_cut() {
     let (data, clean) = read_until_cut(response.into_body()).await;
     assert!(!clean && data.len() < 12 << 20, "cut after {} bytes", data.len());
 }
+
+/// A chat body of exactly `bytes` bytes.
+fn chat_of(bytes: usize) -> String {
+    let head = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":""#;
+    let tail = r#""}]}"#;
+    format!("{head}{}{tail}", "x".repeat(bytes - head.len() - tail.len()))
+}
+
+/// The node's memory for request bodies: an organization that holds its whole share makes its own
+/// next large body wait, unread, and answer `503 body_memory_busy` when no room comes in the body's
+/// time, while another organization's large body is read and answered meanwhile.
+#[tokio::test]
+async fn a_body_without_room_in_the_nodes_memory_is_503_while_another_organizations_is_read() {
+    let mock = MockProvider::start().await;
+    let settings =
+        GatewaySettings { body_read_timeout: Duration::from_secs(1), ..support::settings(&mock.url()) };
+    // 1 MiB bodies at most, 2 MiB for all of them: one organization may hold 1 MiB.
+    let config =
+        GatewayConfig::new(settings).and_then(|c| c.with_body_memory(2 << 20)).expect("valid config");
+    let h = Harness::with_config(mock, config, true).await;
+    // The first body holds org_acme's share while the provider takes 3 s to answer it.
+    h.mock.script(Behaviour::default().delay_ms(3000));
+    let holder = {
+        let request = h.post_as("/v1/chat/completions", KEY).body(Full::new(Bytes::from(chat_of(1 << 20))));
+        let client = h.client.clone();
+        tokio::spawn(async move { client.request(request.expect("request")).await.expect("answer").status() })
+    };
+    while h.mock.requests().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiter = {
+        let request = h.post_as("/v1/chat/completions", KEY).body(Full::new(Bytes::from(chat_of(100 << 10))));
+        let client = h.client.clone();
+        tokio::spawn(async move {
+            let response = client.request(request.expect("request")).await.expect("answer");
+            (response.status(), body_of(response).await)
+        })
+    };
+    let other = h
+        .send(
+            h.post("/v1/chat/completions")
+                .header("x-recovea-key", BYO_KEY)
+                .header("authorization", "Bearer sk-client-own"),
+            &chat_of(100 << 10),
+        )
+        .await;
+    assert_eq!(other.status(), StatusCode::OK, "another organization's body finds room");
+    assert!(!waiter.is_finished(), "org_acme's second body still waits for room");
+    let (status, body) = waiter.await.expect("join");
+    assert_answer(status, &body, &Answer::body_memory_busy());
+    assert_eq!(holder.await.expect("join"), StatusCode::OK);
+    assert_eq!(h.mock.requests().len(), 2, "the refused body never reached the provider");
+    assert!(h.metrics().await.contains(r#"outcome="body_memory_busy""#));
+}

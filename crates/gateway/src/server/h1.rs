@@ -51,6 +51,10 @@ const READ_BYTES: usize = 8 << 10;
 /// two separately (Python's httpx does) send the body within microseconds; one that waits for an
 /// answer first (a refusal comes before the body is read) gets it from hyper after this.
 const BODY_GRACE: Duration = Duration::from_millis(5);
+/// The largest body read before its request is admitted: a larger one goes to hyper, and the
+/// proxy reads it after admission, in room from the node's body budget (`crate::body_budget`), so
+/// that what a connection holds before anyone knows who sent it stays small.
+const MAX_UNADMITTED_BODY: u64 = 64 << 10;
 /// The most of a pipelined next request read while an answer is still being written.
 const MAX_PIPELINED: usize = 64 << 10;
 /// How an HTTP/2 connection with prior knowledge opens: not a request line httparse reads.
@@ -280,6 +284,9 @@ fn parse(buf: &mut BytesMut, max_body: u64) -> Parsed {
     }
     if declared > max_body {
         return Parsed::HandOver(HandOver::BodyTooLarge);
+    }
+    if declared > MAX_UNADMITTED_BODY {
+        return Parsed::HandOver(HandOver::LargeBody);
     }
     let arrived = (buf.len() - head.length) as u64;
     if arrived < declared {
