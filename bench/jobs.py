@@ -41,8 +41,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKEN = "jobs-bench-admin-token"
-NODE_TOKEN = "jobs-bench-node-token"
+TOKEN = "jobs-bench-admin-token-0123456789abcdef0123456789"
+NODE_TOKEN = "jobs-bench-node-token-0123456789abcdef0123456789"
 MASTER_KEY = "ab" * 32
 SPACING_MS = 200  # PER_CREDENTIAL in crates/control/src/jobs/poller.rs
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

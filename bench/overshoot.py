@@ -75,7 +75,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKEN = "overshoot-admin-token"
+TOKEN = "overshoot-admin-token-0123456789abcdef0123456789"
 MODEL = "overshoot-model"
 # gpt-4o-mini's list prices, set on a model of the bench's own so that the built-in table's
 # changes do not move the figures.

@@ -305,9 +305,9 @@ def test_a_credentials_price_namespace_and_fallback_show_and_fallback_receipts_a
     assert badge.attribute("title") == "No price: costed at fallback:credential"
 
 
-def test_wrong_tokens_are_limited_per_address(gateway) -> None:
-    # Last in the file: it spends this address's allowance, and no sign-in follows it for a while.
-    # Ten at once, one more every six seconds: the tests before used a few, and time gave some back.
+def test_wrong_tokens_are_limited_per_address_and_the_right_one_always_signs_in(gateway) -> None:
+    # Last in the file: it spends this address's allowance. Ten at once, one more every six
+    # seconds: the tests before used a few, and time gave some back.
     for _ in range(20):
         r = httpx.post(f"{gateway.admin_url}/sign-in", data={"token": "not-the-admin-token"})
         if r.status_code == 429:
@@ -317,6 +317,7 @@ def test_wrong_tokens_are_limited_per_address(gateway) -> None:
         pytest.fail("twenty more wrong tokens were all let through")
     assert 1 <= int(r.headers["retry-after"]) <= 6, r.headers
     assert "Too many wrong tokens from this address" in r.text and "set-cookie" not in r.headers
+    # Behind a proxy every client shares one address: a guesser there must not lock the operator out.
     r = httpx.post(f"{gateway.admin_url}/sign-in", data={"token": ADMIN_TOKEN})
-    assert r.status_code == 429 and "set-cookie" not in r.headers, "the right token waits too"
+    assert r.status_code == 303 and "recovea_session=" in r.headers["set-cookie"], (r.status_code, r.headers)
 

@@ -324,6 +324,11 @@ pub(crate) fn parse_master_key(hex: &str) -> Result<MasterKey, String> {
 }
 
 /// A secret given on the command line, trimmed; refused when blank.
+/// An operator's bearer token given to `flag` (`recovea_core::keys::operator_token`).
+pub(crate) fn operator_token(flag: &str, value: &str) -> Result<String, String> {
+    recovea_core::keys::operator_token(value).map(str::to_owned).map_err(|why| format!("{flag}: {why}"))
+}
+
 pub(crate) fn non_blank(flag: &str, value: &str) -> Result<String, String> {
     let value = value.trim();
     if value.is_empty() { Err(format!("{flag}: must not be empty")) } else { Ok(value.to_owned()) }

@@ -10,7 +10,7 @@ use recovea_control::ingest::LedgerSink;
 use recovea_control::jobs::Jobs;
 use tokio::net::TcpListener;
 
-use crate::args::{ControlArgs, init_logging, non_blank, parse_master_key, shutdown_signal};
+use crate::args::{ControlArgs, init_logging, operator_token, parse_master_key, shutdown_signal};
 use crate::data_dir;
 use crate::wiring::{Stop, admin_token, alert_signing_secret, open_stores, poller_settings};
 
@@ -43,7 +43,7 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
                     .with_limit(limit)
                     .with_jobs(Arc::clone(&jobs), poll_interval),
             );
-            control.serve_nodes(&non_blank("--node-token", token)?, sink);
+            control.serve_nodes(&operator_token("--node-token", token)?, sink);
         }
         None => tracing::warn!("no --node-token: no node can follow this control plane"),
     }

@@ -10,7 +10,7 @@ use recovea_gateway::spool::Keeps;
 use recovea_gateway::{ControlLink, Gateway, follow_book, follow_feed};
 use tokio::net::TcpListener;
 
-use crate::args::{NodeArgs, init_logging, non_blank, parse_master_key, shutdown_signal};
+use crate::args::{NodeArgs, init_logging, operator_token, parse_master_key, shutdown_signal};
 use crate::data_dir;
 use crate::wiring::{RATE_SHARE_INTERVAL, Stop, counters, open_spool, rate_share, serve_metrics_apart};
 
@@ -19,7 +19,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let shutdown = shutdown_signal();
     let config = args.gateway.config()?;
     let master_key = parse_master_key(&args.master_key)?;
-    let node_token = non_blank("--node-token", &args.node_token)?;
+    let node_token = operator_token("--node-token", &args.node_token)?;
     let link = Arc::new(ControlLink::new(&args.control_url, &node_token).map_err(|e| e.to_string())?);
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;

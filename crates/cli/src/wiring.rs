@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use recovea_control::jobs::{PollerSettings, ProviderDefaults};
 use recovea_upstream::Upstream;
 
-use crate::args::{AdminArgs, GatewayArgs, ProviderArgs, non_blank};
+use crate::args::{AdminArgs, GatewayArgs, ProviderArgs, non_blank, operator_token};
 use crate::data_dir;
 
 /// The control store, the receipt ledger and the jobs: one database behind the three traits.
@@ -81,7 +81,7 @@ pub(crate) fn open_stores(
 /// whether it was generated now.
 pub(crate) fn admin_token(admin: &AdminArgs, data_dir: &Path) -> Result<(String, bool), String> {
     match &admin.admin_token {
-        Some(token) => Ok((non_blank("--admin-token", token)?, false)),
+        Some(token) => Ok((operator_token("--admin-token", token)?, false)),
         None => data_dir::admin_token(data_dir).map(|saved| (saved.value, saved.generated)),
     }
 }

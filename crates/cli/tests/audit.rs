@@ -14,7 +14,7 @@ mod harness;
 
 use harness::{Serve, temp_dir};
 
-const TOKEN: &str = "audit-test-token";
+const TOKEN: &str = "audit-test-token-0123456789abcdef0123456";
 const PROVIDER_KEY: &str = "sk-managed-audit-0123456789abcdef";
 
 fn start(data_dir: &Path, mock_url: &str, log: &Path) -> Serve {

@@ -20,7 +20,7 @@ mod harness;
 
 use harness::{Serve, temp_dir};
 
-const TOKEN: &str = "caps-test-token";
+const TOKEN: &str = "caps-test-token-0123456789abcdef01234567";
 const SIGNING_SECRET: &str = "whsec_test_secret";
 
 fn start(data_dir: &Path, mock_url: &str) -> Serve {

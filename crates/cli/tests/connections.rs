@@ -12,7 +12,7 @@ mod harness;
 
 use harness::{Process, call, temp_dir};
 
-const TOKEN: &str = "test-admin-token";
+const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 /// What the node's default bound makes of 256 descriptors: (256 - 64) / 2.
 const BOUND: u64 = 96;
 

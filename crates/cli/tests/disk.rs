@@ -17,7 +17,7 @@ mod harness;
 
 use harness::{Serve, call, temp_dir};
 
-const TOKEN: &str = "test-admin-token";
+const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 
 /// A tmpfs mounted at a fresh directory, unmounted when dropped.
 struct Tmpfs(PathBuf);

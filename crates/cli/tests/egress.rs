@@ -18,7 +18,7 @@ mod harness;
 
 use harness::{Serve, call, http_client, temp_dir};
 
-const TOKEN: &str = "test-admin-token";
+const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 
 /// An organization with an openai credential and a key on `serve`: its id and the key's secret.
 async fn tenant(serve: &Serve) -> (String, String) {

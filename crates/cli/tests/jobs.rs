@@ -16,7 +16,7 @@ mod harness;
 
 use harness::{Answer, Serve, call, temp_dir};
 
-const TOKEN: &str = "jobs-test-token";
+const TOKEN: &str = "jobs-test-token-0123456789abcdef01234567";
 
 fn start(data_dir: &Path, mock_url: &str, poll_interval: &str) -> Serve {
     Serve::start(

@@ -14,7 +14,7 @@ mod harness;
 
 use harness::{Serve, call, temp_dir};
 
-const TOKEN: &str = "pricing-test-token";
+const TOKEN: &str = "pricing-test-token-0123456789abcdef01234";
 
 fn start(data_dir: &Path, mock_url: &str) -> Serve {
     Serve::start(data_dir, mock_url, &["--admin-token", TOKEN])

@@ -19,7 +19,7 @@ mod harness;
 
 use harness::{Serve, temp_dir};
 
-const TOKEN: &str = "receipts-test-token";
+const TOKEN: &str = "receipts-test-token-0123456789abcdef0123";
 
 async fn call(
     method: Method,

@@ -18,7 +18,7 @@ use harness::{Serve, temp_dir};
 mod own_redis;
 use own_redis::OwnRedis;
 
-const TOKEN: &str = "redis-test-token";
+const TOKEN: &str = "redis-test-token-0123456789abcdef0123456";
 
 fn start(data_dir: &Path, mock_url: &str, redis_port: u16) -> Serve {
     let redis_url = format!("redis://127.0.0.1:{redis_port}/");

@@ -14,7 +14,7 @@ mod harness;
 
 use harness::{BIN, Serve, temp_dir};
 
-const TOKEN: &str = "test-admin-token";
+const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 
 /// Every file below `dir`, at any depth.
 fn files_under(dir: &Path) -> Vec<PathBuf> {
@@ -318,8 +318,12 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     let dir = temp_dir("bad-flags");
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
     std::fs::write(dir.join("admin-token"), "\n").expect("an empty token file");
-    let cases: [Case<'_>; 11] = [
+    let cases: [Case<'_>; 14] = [
         (&[], &[], "admin-token is empty"),
+        // Bearer tokens an operator sets are long enough that guessing is out of reach.
+        (&["--admin-token", "guessable-token"], &[], "--admin-token: must be at least 32 characters, not 15"),
+        (&[], &[("RECOVEA_ADMIN_TOKEN", "x".repeat(31).leak())], "RECOVEA_ADMIN_TOKEN (the environment variable of --admin-token): must be at least 32 characters, not 31"),
+        (&["--metrics-token", "scrape"], &[], "--metrics-token: must be at least 32 characters, not 6"),
         (&["--master-key", "zz"], &[], "--master-key"),
         (&["--openai-base-url", "ftp://x"], &[], "--openai-base-url"),
         (&["--listen", "not-an-address"], &[], "--listen"),
@@ -349,6 +353,18 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
         assert!(!output.status.success(), "{args:?} {env:?} should fail");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(named), "{args:?} {env:?}: {stderr}");
+    }
+    // The node token, on both of its ends.
+    let short = "node-token-too-short";
+    for args in [
+        &["control", "--admin-token", TOKEN, "--master-key", &"11".repeat(32), "--node-token", short][..],
+        &["node", "--control-url", "http://127.0.0.1:9", "--master-key", &"11".repeat(32), "--node-token", short],
+    ] {
+        let output = Command::new(BIN).args(args).arg("--data-dir").arg(&dir).output().expect("runs");
+        assert!(!output.status.success(), "{args:?} should fail");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("--node-token: must be at least 32 characters, not 20"), "{args:?}: {stderr}");
+        assert!(!stderr.contains(short), "the token itself is never printed: {stderr}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

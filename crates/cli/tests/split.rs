@@ -12,7 +12,7 @@ mod deployment;
 #[path = "support/harness.rs"]
 mod harness;
 
-use deployment::{Control, MASTER_KEY, MODEL, NODE_TOKEN, Node, free_port, within};
+use deployment::{ADMIN_TOKEN, Control, MASTER_KEY, MODEL, NODE_TOKEN, Node, free_port, within};
 use harness::{Answer, Database, call, temp_dir};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -380,9 +380,12 @@ async fn a_key_rate_limit_is_shared_by_the_nodes_through_redis() {
 async fn the_feed_and_ingest_answer_only_the_node_token() {
     let dir = temp_dir("split-token");
     let database = Database::create();
-    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let log_path = dir.join("control.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let control = Control::start_logging(&database.url(), free_port(), &dir.join("control"), &[], log);
     let poll = json!({"node_id": "node_intruder", "version": null, "wait_ms": 0});
-    for token in ["Bearer wrong-token", "Bearer ", "Bearer split-admin-token"] {
+    let admin_bearer = format!("Bearer {ADMIN_TOKEN}");
+    for token in ["Bearer wrong-node-token-guessed-0123456789", "Bearer ", admin_bearer.as_str()] {
         for (path, body) in
             [("/feed/v1/poll", poll.clone()), ("/ingest/v1/receipts", json!({"receipts": []}))]
         {
@@ -402,6 +405,16 @@ async fn the_feed_and_ingest_answer_only_the_node_token() {
             );
         }
     }
+    // Each refusal is logged at `warn` with the address it came from, never with the token.
+    let refusals = |log: &str| log.lines().filter(|l| l.contains("a wrong node token was refused")).count();
+    within(Duration::from_secs(5), "six refusals logged", || async {
+        refusals(&std::fs::read_to_string(&log_path).expect("the log")) == 6
+    })
+    .await;
+    let log = std::fs::read_to_string(&log_path).expect("the log");
+    let refused: Vec<&str> = log.lines().filter(|l| l.contains("a wrong node token was refused")).collect();
+    assert!(refused.iter().all(|l| l.contains(" WARN ") && l.contains("client=127.0.0.1")), "{log}");
+    assert!(!log.contains("wrong-node-token-guessed") && !log.contains(ADMIN_TOKEN), "{log}");
     let auth = format!("Bearer {NODE_TOKEN}");
     let state = call(
         Method::POST,

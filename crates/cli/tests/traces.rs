@@ -14,7 +14,7 @@ mod harness;
 
 use harness::{Serve, call, temp_dir};
 
-const TOKEN: &str = "traces-test-token";
+const TOKEN: &str = "traces-test-token-0123456789abcdef012345";
 const MANAGED_KEY: &str = "sk-managed-traces-0123456789";
 const PROMPT: &str = "a prompt that must never reach a span";
 const WITHIN: Duration = Duration::from_secs(10);

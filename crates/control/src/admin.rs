@@ -82,6 +82,40 @@ impl Control {
         !presented.is_empty() && keys::hash_secret(presented) == self.inner.admin_token_hash
     }
 
+    /// Checks an admin bearer from `client` (on `path`): `Ok` for the right token, always;
+    /// otherwise the attempt is logged (the address, never the token) and counted against the
+    /// address, and `Err(Some(wait))` once the address has used its allowance (`429`), else
+    /// `Err(None)` (`401`).
+    pub(crate) fn check_admin_token(
+        &self,
+        authorization: Option<&str>,
+        client: Option<std::net::SocketAddr>,
+        path: &str,
+        now: std::time::Instant,
+    ) -> Result<(), Option<std::time::Duration>> {
+        if self.authorized(authorization) {
+            return Ok(());
+        }
+        let address = client.map(|c| c.ip());
+        let shown = address.map_or_else(|| "-".to_owned(), |a| a.to_string());
+        let wrong_tokens = &self.inner.wrong_tokens;
+        match wrong_tokens.may_try(address, now) {
+            Ok(()) => {
+                wrong_tokens.failed(address, now);
+                tracing::warn!(client = shown, path = %path.escape_debug(), "a wrong admin token was refused");
+                Err(None)
+            }
+            Err(wait) => {
+                tracing::warn!(
+                    client = shown,
+                    path = %path.escape_debug(),
+                    "a wrong admin token was refused: too many from this address"
+                );
+                Err(Some(wait))
+            }
+        }
+    }
+
     /// Routes one authorized admin request (`segments` follow `/admin/v1/`).
     pub(crate) async fn route(
         &self,

@@ -9,6 +9,8 @@ pub enum ApiError {
     BadRequest(String),
     /// A missing or wrong admin token.
     Unauthorized,
+    /// A wrong admin token from an address that has presented too many: retry after this long.
+    TooManyWrongTokens(std::time::Duration),
     /// A missing or wrong node token, on the node endpoints.
     NodeUnauthorized,
     /// The text names what was not found.
@@ -33,6 +35,12 @@ impl ApiError {
             }
             Self::Unauthorized => {
                 Answer::error(401, "invalid_request_error", "invalid_admin_token", "Invalid admin token.")
+            }
+            Self::TooManyWrongTokens(wait) => {
+                let seconds = crate::attempts::whole_seconds(*wait);
+                let message = format!("Too many wrong admin tokens from this address. Retry in {seconds} s.");
+                Answer::error(429, "invalid_request_error", "too_many_wrong_tokens", &message)
+                    .with_header("retry-after", seconds.to_string())
             }
             Self::NodeUnauthorized => {
                 Answer::error(401, "invalid_request_error", "invalid_node_token", "Invalid node token.")

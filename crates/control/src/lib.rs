@@ -6,6 +6,7 @@
 
 mod admin;
 pub mod alerts;
+mod attempts;
 mod bounded;
 pub mod client;
 mod console;
@@ -78,7 +79,8 @@ struct Inner {
     published: tokio::sync::Mutex<Option<u64>>,
     /// The signed-in sessions of the web console.
     console_sessions: console::Sessions,
-    console_sign_ins: console::SignInAttempts,
+    /// Wrong admin tokens by client address, from the API and the console's sign-in.
+    wrong_tokens: attempts::WrongTokens,
     /// Deferred jobs: their book and its store, when this control plane keeps them.
     jobs: std::sync::OnceLock<Arc<jobs::Jobs>>,
 }
@@ -127,7 +129,7 @@ impl Control {
                 nodes: std::sync::OnceLock::new(),
                 published: tokio::sync::Mutex::new(None),
                 console_sessions: console::Sessions::default(),
-                console_sign_ins: console::SignInAttempts::default(),
+                wrong_tokens: attempts::WrongTokens::default(),
                 jobs: std::sync::OnceLock::new(),
             }),
         }

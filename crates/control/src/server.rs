@@ -3,7 +3,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -119,6 +119,12 @@ impl Control {
                                 *response.status_mut() = StatusCode::NO_CONTENT;
                                 return response;
                             }
+                            Err(ApiError::NodeUnauthorized) => {
+                                // Who tried, never what they presented.
+                                let client = client.map_or_else(|| "-".to_owned(), |a| a.ip().to_string());
+                                tracing::warn!(client, path = %path.escape_debug(), "a wrong node token was refused");
+                                Err(ApiError::NodeUnauthorized)
+                            }
                             Err(e) => Err(e),
                         }
                     }
@@ -126,13 +132,9 @@ impl Control {
                 }
             }
             None => Err(ApiError::NotFound("Unknown admin path.".into())),
-            Some(_) if !self.authorized(authorization) => {
-                // Who tried, never what they presented.
-                let client = client.map(|a| a.ip().to_string()).unwrap_or_else(|| "-".to_owned());
-                tracing::warn!(client, path = %path.escape_debug(), "an admin API call without a valid token was refused");
-                Err(ApiError::Unauthorized)
-            }
-            Some(rest) => {
+            Some(rest) => match self.check_admin_token(authorization, client, &path, Instant::now()) {
+                Err(wait) => Err(wait.map_or(ApiError::Unauthorized, ApiError::TooManyWrongTokens)),
+                Ok(()) => {
                 let caller = Caller { auth: AuditAuth::AdminToken, client };
                 let method = request.method().clone();
                 let query = request.uri().query().unwrap_or("").to_owned();
@@ -154,7 +156,8 @@ impl Control {
                     }
                     Err(_) => Err(ApiError::BadRequest("body: unreadable or larger than 1 MiB".into())),
                 }
-            }
+                }
+            },
         };
         match result {
             Ok(Reply { status, body: ReplyBody::Json(body) }) => {

@@ -53,6 +53,24 @@ pub fn hash_secret(secret: &str) -> KeyHash {
     KeyHash(out)
 }
 
+/// The fewest characters an operator's bearer token (admin, node, metrics) may have: 32 random
+/// characters put guessing out of reach, which is what lets a wrong token be limited without ever
+/// refusing the right one.
+pub const MIN_TOKEN_CHARS: usize = 32;
+
+/// An operator's bearer token as configured, without surrounding blanks; why not when it is too
+/// short to be trusted.
+pub fn operator_token(token: &str) -> Result<&str, String> {
+    let token = token.trim();
+    match token.chars().count() {
+        0 => Err("must not be empty".to_owned()),
+        n if n < MIN_TOKEN_CHARS => Err(format!(
+            "must be at least {MIN_TOKEN_CHARS} characters, not {n} (for one: openssl rand -hex 32)"
+        )),
+        _ => Ok(token),
+    }
+}
+
 /// The first characters of a secret, safe to show in listings.
 pub fn shown_prefix(secret: &str) -> &str {
     secret.get(..SHOWN_PREFIX_LEN).unwrap_or(SECRET_PREFIX)
@@ -62,6 +80,18 @@ pub fn shown_prefix(secret: &str) -> &str {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn operator_tokens_are_long_enough() {
+        assert_eq!(operator_token("  "), Err("must not be empty".to_owned()));
+        let short = "a".repeat(MIN_TOKEN_CHARS - 1);
+        assert_eq!(
+            operator_token(&short),
+            Err("must be at least 32 characters, not 31 (for one: openssl rand -hex 32)".to_owned())
+        );
+        let long = "é".repeat(MIN_TOKEN_CHARS);
+        assert_eq!(operator_token(&format!(" {long}\n")), Ok(long.as_str()), "characters, not bytes; trimmed");
+    }
 
     #[test]
     fn minted_secrets_are_well_formed() {

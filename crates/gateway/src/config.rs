@@ -188,9 +188,9 @@ impl GatewayConfig {
 
     /// `/metrics` answers only a scrape that presents `Authorization: Bearer <token>`.
     pub fn with_metrics_token(mut self, token: Option<&str>) -> Result<Self, ConfigError> {
-        self.metrics_token_hash = match token.map(str::trim) {
-            Some("") => return Err(ConfigError("--metrics-token: must not be empty".into())),
-            Some(token) => Some(recovea_core::keys::hash_secret(token)),
+        self.metrics_token_hash = match token.map(recovea_core::keys::operator_token) {
+            Some(Err(why)) => return Err(ConfigError(format!("--metrics-token: {why}"))),
+            Some(Ok(token)) => Some(recovea_core::keys::hash_secret(token)),
             None => None,
         };
         Ok(self)

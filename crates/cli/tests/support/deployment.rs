@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use crate::harness::{Answer, Database, HttpClient, Process, call, call_on};
 
-pub const ADMIN_TOKEN: &str = "split-admin-token";
-pub const NODE_TOKEN: &str = "split-node-token";
+pub const ADMIN_TOKEN: &str = "split-admin-token-0123456789abcdef012345";
+pub const NODE_TOKEN: &str = "split-node-token-0123456789abcdef0123456";
 pub const MASTER_KEY: &str = "6b1f3c5e7a9d0b2e4f6a8c0e2b4d6f8a1c3e5a7b9d1f3a5c7e9b1d3f5a7c9e1b";
 pub const REDIS: &str = "127.0.0.1:6379";
 /// The model every chat request names: the tests price it themselves.
@@ -68,12 +68,23 @@ impl Control {
 
     /// A control plane on the database at `url`, with `extra` flags.
     pub fn start_at(url: &str, port: u16, data_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_logging(url, port, data_dir, extra, std::process::Stdio::null())
+    }
+
+    /// As [`Self::start_at`], its log (stderr) going to `log`.
+    pub fn start_logging(
+        url: &str,
+        port: u16,
+        data_dir: &Path,
+        extra: &[&str],
+        log: impl Into<std::process::Stdio>,
+    ) -> Self {
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec!["control", "--admin-listen", &listen, "--database-url"];
         args.extend([url, "--data-dir", data_dir.to_str().expect("utf-8")]);
         args.extend(extra);
         args.extend(["--admin-token", ADMIN_TOKEN, "--node-token", NODE_TOKEN, "--master-key", MASTER_KEY]);
-        let process = Process::start(&args, &[], "recovea admin:");
+        let process = Process::start_logging(&args, &[], "recovea admin:", log);
         let admin = process.url_after("recovea admin:");
         Self { process, admin }
     }

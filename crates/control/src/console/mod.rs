@@ -30,7 +30,7 @@ use crate::admin::Caller;
 use crate::admin::query::{Params, decode_path_segment};
 use api::ConsoleApi;
 
-pub(crate) use session::{Sessions, SignInAttempts};
+pub(crate) use session::Sessions;
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
@@ -169,19 +169,17 @@ impl Control {
         now: Instant,
         client: Option<SocketAddr>,
     ) -> Response<Full<Bytes>> {
-        // By the address the connection came from: behind a proxy, the proxy's, shared by all.
-        let address = client.map(|c| c.ip());
-        if let Err(wait) = self.inner.console_sign_ins.may_try(address, now) {
-            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        // The API's own check, as if the token came in an `Authorization` header: the right token
+        // is always let in, however many wrong ones came from its address.
+        if let Err(wait) = self.check_admin_token(Some(&format!("Bearer {}", token.trim())), client, "/sign-in", now) {
+            let Some(wait) = wait else {
+                return page(StatusCode::UNAUTHORIZED, pages::sign_in(Some("Wrong token.")));
+            };
+            let seconds = crate::attempts::whole_seconds(wait);
             let text = format!("Too many wrong tokens from this address: try again in {seconds} s.");
             let mut response = page(StatusCode::TOO_MANY_REQUESTS, pages::sign_in(Some(&text)));
             set_header(&mut response, header::RETRY_AFTER, &seconds.to_string());
             return response;
-        }
-        // The API's own check, as if the token came in an `Authorization` header.
-        if !self.authorized(Some(&format!("Bearer {}", token.trim()))) {
-            self.inner.console_sign_ins.failed(address, now);
-            return page(StatusCode::UNAUTHORIZED, pages::sign_in(Some("Wrong token.")));
         }
         let Ok((id, _)) = self.inner.console_sessions.open(now) else {
             return page(
