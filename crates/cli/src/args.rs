@@ -10,7 +10,7 @@ use recovea_core::crypto::MasterKey;
 use recovea_gateway::log_writer::{DEFAULT_LOG_QUEUE_LINES, LogFlusher, bounded_stderr};
 use recovea_gateway::spool::{DEFAULT_MEMORY_BOUND, MemoryBound};
 use recovea_gateway::{
-    DEFAULT_HTTP2_CONNECTIONS, Egress, GatewayConfig, GatewaySettings, ProviderNetwork,
+    DEFAULT_HTTP2_CONNECTIONS, Egress, GatewayConfig, GatewaySettings, PrivateNetworks, ProviderNetwork,
     default_max_connections,
 };
 
@@ -28,6 +28,12 @@ pub(crate) struct CommonArgs {
     /// `text` for people, `json` (one object per line) for log pipelines.
     #[arg(long, env = "RECOVEA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PrivateNetworksArg {
+    Allow,
+    Deny,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -144,6 +150,12 @@ pub(crate) struct ProviderArgs {
     /// many streams as the provider allows, and an extra one closes after 10 s unused.
     #[arg(long, env = "RECOVEA_UPSTREAM_HTTP2_CONNECTIONS", default_value_t = DEFAULT_HTTP2_CONNECTIONS)]
     pub(crate) upstream_http2_connections: usize,
+    /// Whether provider, proxy and webhook connections may go to private networks (10/8,
+    /// 172.16/12, 192.168/16, 100.64/10, fc00::/7, loopback): `allow` (self-hosted models live
+    /// there) or `deny`. Cloud metadata services (link-local addresses) and this process's own
+    /// listeners are never reached either way.
+    #[arg(long, env = "RECOVEA_UPSTREAM_PRIVATE_NETWORKS", value_enum, default_value = "allow")]
+    pub(crate) upstream_private_networks: PrivateNetworksArg,
 }
 
 impl ProviderArgs {
@@ -160,7 +172,12 @@ impl ProviderArgs {
             Egress::new(self.upstream_proxy.as_deref(), self.upstream_no_proxy.as_deref(), |name| {
                 std::env::var(name).ok()
             })?;
+        let private = match self.upstream_private_networks {
+            PrivateNetworksArg::Allow => PrivateNetworks::Allow,
+            PrivateNetworksArg::Deny => PrivateNetworks::Deny,
+        };
         ProviderNetwork::new(ca.as_deref(), self.upstream_ca_only, egress, self.upstream_http2_connections)
+            .map(|network| network.with_private_networks(private))
     }
 }
 

@@ -238,3 +238,47 @@ fn a_bad_proxy_or_ca_setting_stops_start_up_naming_it_and_never_its_password() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A credential whose base URL names the gateway itself (or its admin API) is refused at connect
+/// time, never a loop; with `--upstream-private-networks deny`, so is one on a private network,
+/// which is reached by default (self-hosted models live there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_provider_connection_goes_to_the_gateway_itself_nor_to_private_networks_when_denied() {
+    let mock = MockProvider::start().await;
+    mock.script(Behaviour::default().times(10));
+    let dir = temp_dir("egress-destinations");
+    let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
+    let (org_id, secret) = tenant(&serve).await;
+    let point_at = |base_url: String| {
+        let (serve, org_id) = (&serve, org_id.clone());
+        async move {
+            let provider =
+                json!({"kind": "openai", "api_key": "sk-managed-0123456789", "base_url": base_url});
+            let path = format!("/orgs/{org_id}/providers/openai");
+            let (status, body) = serve.admin_call(TOKEN, Method::PUT, &path, Some(provider)).await;
+            assert!(status.is_success(), "{status} {body}");
+        }
+    };
+    for itself in [serve.gateway.clone(), serve.admin.clone()] {
+        point_at(itself.clone()).await;
+        let (status, code) = chat_status(&serve, &secret).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::BAD_GATEWAY, Some("upstream_unreachable")),
+            "{itself}"
+        );
+    }
+    assert!(mock.requests().is_empty());
+    point_at(mock.url()).await;
+    assert_eq!(chat_status(&serve, &secret).await.0, StatusCode::OK, "loopback is allowed by default");
+    drop(serve);
+
+    let denying =
+        Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN, "--upstream-private-networks", "deny"]);
+    let (_, secret) = tenant(&denying).await;
+    let (status, code) = chat_status(&denying, &secret).await;
+    assert_eq!((status, code.as_str()), (StatusCode::BAD_GATEWAY, Some("upstream_unreachable")));
+    assert_eq!(mock.requests().len(), 1, "only the request sent while private networks were allowed");
+    drop(denying);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -281,7 +281,8 @@ async fn wrong_admin_tokens_are_logged_and_limited_per_address_and_the_right_one
     assert!(["5", "6"].contains(&seconds), "retry-after: {seconds}");
     assert_eq!(
         String::from_utf8_lossy(&answer.body),
-        "{\n  \"error\": {\n    \"message\": \"Too many wrong admin tokens from this address. Retry in ".to_owned()
+        "{\n  \"error\": {\n    \"message\": \"Too many wrong admin tokens from this address. Retry in "
+            .to_owned()
             + seconds
             + " s.\",\n    \"type\": \"invalid_request_error\",\n    \"param\": null,\n    \"code\": \"too_many_wrong_tokens\"\n  }\n}"
     );

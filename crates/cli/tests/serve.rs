@@ -322,7 +322,11 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
         (&[], &[], "admin-token is empty"),
         // Bearer tokens an operator sets are long enough that guessing is out of reach.
         (&["--admin-token", "guessable-token"], &[], "--admin-token: must be at least 32 characters, not 15"),
-        (&[], &[("RECOVEA_ADMIN_TOKEN", "x".repeat(31).leak())], "RECOVEA_ADMIN_TOKEN (the environment variable of --admin-token): must be at least 32 characters, not 31"),
+        (
+            &[],
+            &[("RECOVEA_ADMIN_TOKEN", "x".repeat(31).leak())],
+            "RECOVEA_ADMIN_TOKEN (the environment variable of --admin-token): must be at least 32 characters, not 31",
+        ),
         (&["--metrics-token", "scrape"], &[], "--metrics-token: must be at least 32 characters, not 6"),
         (&["--master-key", "zz"], &[], "--master-key"),
         (&["--openai-base-url", "ftp://x"], &[], "--openai-base-url"),
@@ -358,12 +362,23 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     let short = "node-token-too-short";
     for args in [
         &["control", "--admin-token", TOKEN, "--master-key", &"11".repeat(32), "--node-token", short][..],
-        &["node", "--control-url", "http://127.0.0.1:9", "--master-key", &"11".repeat(32), "--node-token", short],
+        &[
+            "node",
+            "--control-url",
+            "http://127.0.0.1:9",
+            "--master-key",
+            &"11".repeat(32),
+            "--node-token",
+            short,
+        ],
     ] {
         let output = Command::new(BIN).args(args).arg("--data-dir").arg(&dir).output().expect("runs");
         assert!(!output.status.success(), "{args:?} should fail");
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains("--node-token: must be at least 32 characters, not 20"), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("--node-token: must be at least 32 characters, not 20"),
+            "{args:?}: {stderr}"
+        );
         assert!(!stderr.contains(short), "the token itself is never printed: {stderr}");
     }
     let _ = std::fs::remove_dir_all(&dir);

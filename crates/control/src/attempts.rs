@@ -30,8 +30,7 @@ impl Default for WrongTokens {
     fn default() -> Self {
         Self {
             epoch: Instant::now(),
-            lane: Gcra::per_minute(WRONG_TOKENS_PER_MINUTE)
-                .unwrap_or_else(|| unreachable!("a rate above 0")),
+            lane: Gcra::per_minute(WRONG_TOKENS_PER_MINUTE).unwrap_or_else(|| unreachable!("a rate above 0")),
             by_client: Mutex::new(HashMap::new()),
         }
     }

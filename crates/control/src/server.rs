@@ -29,6 +29,8 @@ const MAX_NODE_BODY_BYTES: usize = 64 << 20;
 
 /// Serves the admin API on `listener` until `shutdown` resolves.
 pub async fn serve(control: Control, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    // A webhook or base URL naming the admin API itself would loop.
+    let _own = listener.local_addr().ok().map(recovea_upstream::listening_on);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
     let graceful = GracefulShutdown::new();
@@ -135,27 +137,27 @@ impl Control {
             Some(rest) => match self.check_admin_token(authorization, client, &path, Instant::now()) {
                 Err(wait) => Err(wait.map_or(ApiError::Unauthorized, ApiError::TooManyWrongTokens)),
                 Ok(()) => {
-                let caller = Caller { auth: AuditAuth::AdminToken, client };
-                let method = request.method().clone();
-                let query = request.uri().query().unwrap_or("").to_owned();
-                let segments: Option<Vec<String>> =
-                    rest.trim_end_matches('/').split('/').map(decode_path_segment).collect();
-                let Some(segments) = segments else {
-                    return error_response(ApiError::BadRequest("path: bad percent-escape".into()));
-                };
-                match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
-                    Ok(body) => {
-                        // A change and its publication run to the end even if the client hangs up:
-                        // a revocation saved but never served would be worse than none.
-                        let control = self.clone();
-                        let work = tokio::spawn(async move {
-                            let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
-                            control.route(caller, &method, &segments, &query, body.to_bytes()).await
-                        });
-                        work.await.unwrap_or_else(|e| Err(ApiError::internal(e)))
+                    let caller = Caller { auth: AuditAuth::AdminToken, client };
+                    let method = request.method().clone();
+                    let query = request.uri().query().unwrap_or("").to_owned();
+                    let segments: Option<Vec<String>> =
+                        rest.trim_end_matches('/').split('/').map(decode_path_segment).collect();
+                    let Some(segments) = segments else {
+                        return error_response(ApiError::BadRequest("path: bad percent-escape".into()));
+                    };
+                    match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
+                        Ok(body) => {
+                            // A change and its publication run to the end even if the client hangs up:
+                            // a revocation saved but never served would be worse than none.
+                            let control = self.clone();
+                            let work = tokio::spawn(async move {
+                                let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+                                control.route(caller, &method, &segments, &query, body.to_bytes()).await
+                            });
+                            work.await.unwrap_or_else(|e| Err(ApiError::internal(e)))
+                        }
+                        Err(_) => Err(ApiError::BadRequest("body: unreadable or larger than 1 MiB".into())),
                     }
-                    Err(_) => Err(ApiError::BadRequest("body: unreadable or larger than 1 MiB".into())),
-                }
                 }
             },
         };

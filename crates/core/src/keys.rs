@@ -90,7 +90,11 @@ mod tests {
             Err("must be at least 32 characters, not 31 (for one: openssl rand -hex 32)".to_owned())
         );
         let long = "é".repeat(MIN_TOKEN_CHARS);
-        assert_eq!(operator_token(&format!(" {long}\n")), Ok(long.as_str()), "characters, not bytes; trimmed");
+        assert_eq!(
+            operator_token(&format!(" {long}\n")),
+            Ok(long.as_str()),
+            "characters, not bytes; trimmed"
+        );
     }
 
     #[test]

@@ -38,7 +38,9 @@ pub use feed::book::follow_book;
 pub use feed::follow_feed;
 pub use metrics::Outcome;
 pub use node::{Gateway, Readiness};
-pub use recovea_upstream::{DEFAULT_HTTP2_CONNECTIONS, DEFAULT_STREAM_IDLE_TIMEOUT, Egress, ProviderNetwork};
+pub use recovea_upstream::{
+    DEFAULT_HTTP2_CONNECTIONS, DEFAULT_STREAM_IDLE_TIMEOUT, Egress, PrivateNetworks, ProviderNetwork,
+};
 pub use server::{Server, serve};
 pub use trace::DEFAULT_SERVICE_NAME;
 

@@ -96,6 +96,7 @@ impl Server {
     /// take the room of clients that send requests.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let Self { listener, mut workers, gateway } = self;
+        let _own = listener.local_addr().ok().map(recovea_upstream::listening_on);
         // Every connection holds a receiver: `true` asks it to finish its request in flight and
         // close; the sender's `closed` says when all have.
         let (drain, _) = watch::channel(false);
@@ -397,6 +398,7 @@ impl Gateway {
     /// Serves `GET /metrics`, and nothing else, on `listener` (`--metrics-listen`, an address of
     /// the operator's own) until `shutdown`.
     pub async fn serve_metrics(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        let _own = listener.local_addr().ok().map(recovea_upstream::listening_on);
         tokio::pin!(shutdown);
         loop {
             let stream = tokio::select! {

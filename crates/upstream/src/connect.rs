@@ -13,6 +13,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::body::BoxError;
+#[cfg(test)]
+use crate::destination::PrivateNetworks;
+use crate::destination::{self, Destinations};
 use crate::egress::{Egress, Proxy};
 use crate::h1::Io;
 use crate::{h1, h2};
@@ -42,6 +45,7 @@ pub(super) struct Connector {
     tls_http1: tokio_rustls::TlsConnector,
     limit: Duration,
     egress: Egress,
+    destinations: Destinations,
 }
 
 /// A connection opened for HTTP/1.1 alone, and whether it goes to an egress proxy in plain HTTP
@@ -65,7 +69,8 @@ impl std::error::Error for ConnectTimeout {}
 impl Connector {
     /// Checks certificates against `roots`; the whole set-up of a connection is bounded by `limit`:
     /// a provider that accepts but never completes a handshake is as unreachable as one that refuses.
-    pub(super) fn new(limit: Duration, roots: rustls::RootCertStore, egress: Egress) -> Self {
+    pub(super) fn new(limit: Duration, network: &crate::ProviderNetwork) -> Self {
+        let (roots, egress, destinations) = network.connector_parts();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -80,6 +85,7 @@ impl Connector {
             tls_http1: tokio_rustls::TlsConnector::from(Arc::new(http1)),
             limit,
             egress,
+            destinations,
         }
     }
 
@@ -139,10 +145,16 @@ impl Connector {
         let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
         let proxy = self.egress.proxy_for(scheme, host);
         let tcp = match proxy {
-            None => tcp(host, port).await?,
-            Some(proxy) => tcp(&proxy.host, proxy.port)
-                .await
-                .map_err(|e| format!("connecting to the egress proxy {}:{}: {e}", proxy.host, proxy.port))?,
+            None => tcp(host, port, self.destinations).await?,
+            // The proxy is the operator's, often on a private network: only its target is the
+            // client's to name, and the proxy resolves it. A target written as an address is
+            // checked here.
+            Some(proxy) => {
+                self.destinations.check_host(host)?;
+                tcp(&proxy.host, proxy.port, Destinations::default()).await.map_err(|e| {
+                    format!("connecting to the egress proxy {}:{}: {e}", proxy.host, proxy.port)
+                })?
+            }
         };
         if !tls {
             let via_proxy = proxy.map(|proxy| proxy.authorization.clone());
@@ -196,53 +208,15 @@ async fn tunnel(mut stream: TcpStream, host: &str, port: u16, proxy: &Proxy) -> 
     }
 }
 
-/// Names that lead to a cloud metadata service (Google's; the others are reached by address).
-const METADATA_HOSTS: [&str; 3] = ["metadata.google.internal", "metadata.goog", "metadata"];
-
-/// Whether a URL's host names a cloud metadata service: one of its names, or an address
-/// [`is_metadata_service`] refuses (a host name resolving there is refused when connecting).
-pub fn is_metadata_host(host: &str) -> bool {
-    let host = host.trim_end_matches('.').trim_start_matches('[').trim_end_matches(']');
-    METADATA_HOSTS.iter().any(|name| host.eq_ignore_ascii_case(name))
-        || host.parse::<std::net::IpAddr>().is_ok_and(is_metadata_service)
-}
-
-/// Whether an address is where cloud metadata services answer (link-local: 169.254.0.0/16, with
-/// 169.254.169.254; fe80::/10; and AWS's fd00:ec2::254): they hand out the machine's own cloud
-/// credentials, so no provider, proxy or webhook connection goes there, whatever a base URL says
-/// (checked on the resolved address, so no host name leads there either).
-pub fn is_metadata_service(ip: std::net::IpAddr) -> bool {
-    match ip {
-        std::net::IpAddr::V4(v4) => v4.is_link_local(),
-        std::net::IpAddr::V6(v6) => {
-            (v6.segments()[0] & 0xffc0) == 0xfe80
-                || v6 == std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)
-                || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_link_local())
-        }
-    }
-}
-
-/// A TCP connection to the first of `host`'s addresses that accepts one. Each address but the
-/// last gets [`NEXT_ADDRESS_AFTER`]: an address whose route drops packets (often IPv6) must not use
-/// the whole connect limit while the next one would answer at once.
-async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
+/// A TCP connection to the first of `host`'s addresses that accepts one, among those `allowed`
+/// lets the gateway reach ([`crate::destination`]). Each address but the last gets
+/// [`NEXT_ADDRESS_AFTER`]: an address whose route drops packets (often IPv6) must not use the
+/// whole connect limit while the next one would answer at once.
+async fn tcp(host: &str, port: u16, allowed: Destinations) -> io::Result<TcpStream> {
     let mut failed = None;
-    if is_metadata_host(host) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("{host} is a cloud metadata service: never connected to"),
-        ));
-    }
+    allowed.check_host(host)?;
     let resolved: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
-    let reachable: Vec<std::net::SocketAddr> =
-        resolved.iter().copied().filter(|a| !is_metadata_service(a.ip())).collect();
-    if reachable.is_empty() && !resolved.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("{host} resolves to a link-local address (a cloud metadata service): never connected to"),
-        ));
-    }
-    let mut addresses = reachable.into_iter().peekable();
+    let mut addresses = allowed.reachable(host, resolved)?.into_iter().peekable();
     while let Some(address) = addresses.next() {
         let connecting = TcpStream::connect(address);
         let connected = if addresses.peek().is_some() {
@@ -254,6 +228,7 @@ async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
         };
         match connected {
             Ok(stream) => {
+                destination::not_to_itself(&stream)?;
                 stream.set_nodelay(true)?;
                 let keepalive = socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE);
                 socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
@@ -267,44 +242,44 @@ async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
 
 #[cfg(test)]
 mod tests {
-    use std::net::IpAddr;
-
     use super::*;
 
-    #[test]
-    fn metadata_services_addresses_are_known_whatever_their_spelling() {
-        for ip in ["169.254.169.254", "169.254.0.1", "fe80::1", "fd00:ec2::254", "::ffff:169.254.169.254"] {
-            assert!(is_metadata_service(ip.parse::<IpAddr>().expect("an address")), "{ip}");
-        }
-        for ip in ["127.0.0.1", "10.0.0.8", "192.168.1.2", "8.8.8.8", "::1", "fd00::1", "2001:db8::1"] {
-            assert!(!is_metadata_service(ip.parse::<IpAddr>().expect("an address")), "{ip}");
-        }
-    }
-
-    #[test]
-    fn metadata_services_names_are_known() {
-        for host in [
-            "metadata.google.internal",
-            "METADATA.google.internal.",
-            "metadata",
-            "169.254.169.254",
-            "[fe80::1]",
-        ] {
-            assert!(is_metadata_host(host), "{host}");
-        }
-        for host in ["api.openai.com", "llm.internal", "10.0.0.8", "[::1]", "metadata.example.com"] {
-            assert!(!is_metadata_host(host), "{host}");
+    #[tokio::test]
+    async fn no_connection_goes_to_a_metadata_service() {
+        for allowed in [Destinations::default(), Destinations { private: PrivateNetworks::Deny }] {
+            let refused =
+                tcp("metadata.google.internal", 80, allowed).await.expect_err("refused before resolving");
+            assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
+            let refused = tcp("169.254.169.254", 80, allowed).await.expect_err("refused before connecting");
+            assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
+            assert!(refused.to_string().contains("metadata service"), "{refused}");
+            let refused = tcp("fe80::1", 443, allowed).await.expect_err("refused");
+            assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
         }
     }
 
     #[tokio::test]
-    async fn no_connection_goes_to_a_metadata_service() {
-        let refused = tcp("metadata.google.internal", 80).await.expect_err("refused before resolving");
+    async fn private_networks_are_reached_unless_denied() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tcp("127.0.0.1", port, Destinations::default()).await.expect("loopback is allowed by default");
+        let refused = tcp("localhost", port, Destinations { private: PrivateNetworks::Deny })
+            .await
+            .expect_err("denied");
         assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
-        let refused = tcp("169.254.169.254", 80).await.expect_err("refused before connecting");
+        assert!(refused.to_string().contains("private"), "{refused}");
+    }
+
+    #[tokio::test]
+    async fn no_connection_goes_to_one_of_this_process_listeners() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("addr");
+        tcp("127.0.0.1", address.port(), Destinations::default()).await.expect("not yet one of ours");
+        let listening = crate::listening_on(address);
+        let refused = tcp("127.0.0.1", address.port(), Destinations::default()).await.expect_err("a loop");
         assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
-        assert!(refused.to_string().contains("metadata service"), "{refused}");
-        let refused = tcp("fe80::1", 443).await.expect_err("refused");
-        assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
+        assert!(refused.to_string().contains("this process"), "{refused}");
+        drop(listening);
+        tcp("127.0.0.1", address.port(), Destinations::default()).await.expect("no longer one of ours");
     }
 }

@@ -16,6 +16,7 @@
 
 mod body;
 mod connect;
+mod destination;
 mod egress;
 mod h1;
 mod h2;
@@ -23,7 +24,9 @@ mod stall;
 mod upgrade;
 
 pub use body::{BoxError, ResponseBody, on_end};
-pub use connect::{is_metadata_host, is_metadata_service};
+pub use destination::{
+    Destinations, Listening, PrivateNetworks, is_metadata_host, is_metadata_service, listening_on,
+};
 pub use egress::Egress;
 pub use stall::{Stall, watch_unread};
 pub use upgrade::{Switched, UpgradedIo};
@@ -83,12 +86,18 @@ pub struct ProviderNetwork {
     roots: rustls::RootCertStore,
     egress: Egress,
     http2_connections: usize,
+    destinations: Destinations,
 }
 
 impl Default for ProviderNetwork {
     /// The public web's roots, no proxy, [`DEFAULT_HTTP2_CONNECTIONS`].
     fn default() -> Self {
-        Self { roots: web_roots(), egress: Egress::default(), http2_connections: DEFAULT_HTTP2_CONNECTIONS }
+        Self {
+            roots: web_roots(),
+            egress: Egress::default(),
+            http2_connections: DEFAULT_HTTP2_CONNECTIONS,
+            destinations: Destinations::default(),
+        }
     }
 }
 
@@ -98,6 +107,7 @@ impl fmt::Debug for ProviderNetwork {
             .field("roots", &self.roots.len())
             .field("egress", &self.egress)
             .field("http2_connections", &self.http2_connections)
+            .field("destinations", &self.destinations)
             .finish()
     }
 }
@@ -137,7 +147,18 @@ impl ProviderNetwork {
                 }
             }
         }
-        Ok(Self { roots, egress, http2_connections })
+        Ok(Self { roots, egress, http2_connections, destinations: Destinations::default() })
+    }
+
+    /// What a connector is made of: the trust, the way out, where it may go.
+    fn connector_parts(&self) -> (rustls::RootCertStore, Egress, Destinations) {
+        (self.roots.clone(), self.egress.clone(), self.destinations)
+    }
+
+    /// Whether connections may go to private networks (`--upstream-private-networks`).
+    pub fn with_private_networks(mut self, private: PrivateNetworks) -> Self {
+        self.destinations.private = private;
+        self
     }
 }
 
@@ -323,7 +344,7 @@ impl Upstream {
     pub fn new(connect_timeout: Duration, workers: usize, network: &ProviderNetwork) -> Self {
         let lanes = workers + 1;
         Self {
-            connector: Connector::new(connect_timeout, network.roots.clone(), network.egress.clone()),
+            connector: Connector::new(connect_timeout, network),
             lanes: (0..lanes).map(|_| Mutex::new(Vec::new())).collect(),
             http2_per_lane: network.http2_connections.div_ceil(workers.max(1)),
             idle_limit: DEFAULT_STREAM_IDLE_TIMEOUT,

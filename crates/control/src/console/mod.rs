@@ -171,7 +171,9 @@ impl Control {
     ) -> Response<Full<Bytes>> {
         // The API's own check, as if the token came in an `Authorization` header: the right token
         // is always let in, however many wrong ones came from its address.
-        if let Err(wait) = self.check_admin_token(Some(&format!("Bearer {}", token.trim())), client, "/sign-in", now) {
+        if let Err(wait) =
+            self.check_admin_token(Some(&format!("Bearer {}", token.trim())), client, "/sign-in", now)
+        {
             let Some(wait) = wait else {
                 return page(StatusCode::UNAUTHORIZED, pages::sign_in(Some("Wrong token.")));
             };

@@ -135,7 +135,6 @@ mod tests {
         assert!(sessions.get(&first, start).is_none(), "the session closest to its end went first");
     }
 
-
     #[test]
     fn the_csrf_token_must_match_exactly() {
         let sessions = Sessions::default();
