@@ -208,6 +208,10 @@ async fn every_answer_of_the_gateway_on_an_anthropic_route_carries_anthropics_en
     // 404: a path the gateway does not serve.
     let response = h.send(h.anthropic(http::Method::POST, "/v2/messages", OPEN_KEY), MESSAGES).await;
     assert_answer(response, &anthropic(Answer::unknown_route())).await;
+    // A path past 2 KiB is no route: the path reaches the receipt, the log and the span.
+    let long = format!("/v1/messages/{}", "x".repeat(2048));
+    let response = h.send(h.anthropic(http::Method::POST, &long, OPEN_KEY), MESSAGES).await;
+    assert_answer(response, &anthropic(Answer::unknown_route())).await;
     // 402: an armed cap at its line, its headers kept.
     let response = h.send(h.anthropic(http::Method::POST, "/v1/messages", CAPPED_KEY), MESSAGES).await;
     assert_answer(response, &anthropic(Answer::budget_exceeded("organization", "month", "Monthly"))).await;

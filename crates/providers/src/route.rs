@@ -35,7 +35,7 @@ pub fn route(path_and_query: &str) -> Option<Route<'_>> {
 /// Anthropic SDK sends it) goes to `anthropic` whatever its `/v1/...` path, `/v1/models`
 /// included: an Anthropic client pointed at the gateway speaks to Anthropic throughout.
 pub fn route_for(path_and_query: &str, carries_anthropic_version: bool) -> Option<Route<'_>> {
-    if escapes_its_root(path_and_query) {
+    if escapes_its_root(path_and_query) || !is_bounded(path_and_query) {
         return None;
     }
     if is_versioned(path_and_query) && !is_gemini_model_call(path_and_query) {
@@ -110,6 +110,18 @@ fn azure_deployment(upstream_path: &str) -> Option<&str> {
 pub fn body_is_a_file(upstream_path: &str) -> bool {
     let path = upstream_path.split_once('?').map_or(upstream_path, |(path, _)| path);
     path == "/upload/v1beta/files"
+}
+
+/// The longest path a route has: providers' paths are short (a file's or a deployment's id at
+/// most), and the path is the client's text that reaches a receipt, the log and a span.
+pub const MAX_PATH_BYTES: usize = 2048;
+/// The longest path and query together.
+pub const MAX_PATH_AND_QUERY_BYTES: usize = 8192;
+
+/// Whether a path and query fit [`MAX_PATH_BYTES`] and [`MAX_PATH_AND_QUERY_BYTES`].
+fn is_bounded(path_and_query: &str) -> bool {
+    let path = path_and_query.split_once('?').map_or(path_and_query, |(path, _)| path);
+    path.len() <= MAX_PATH_BYTES && path_and_query.len() <= MAX_PATH_AND_QUERY_BYTES
 }
 
 /// Whether the path could climb out of a credential's base URL once a server normalises it: a `.` or
@@ -226,6 +238,16 @@ mod tests {
     fn r(credential: &str, kind: Option<ProviderKind>, upstream_path: &str) -> Option<Route<'static>> {
         let leak = |s: &str| -> &'static str { Box::leak(s.to_owned().into_boxed_str()) };
         Some(Route { credential: leak(credential), fallback_kind: kind, upstream_path: leak(upstream_path) })
+    }
+
+    #[test]
+    fn paths_past_their_bound_are_not_routed() {
+        let file = |len: usize| format!("/v1/files/{}", "f".repeat(len - "/v1/files/".len()));
+        assert!(route(&file(MAX_PATH_BYTES)).is_some());
+        assert_eq!(route(&file(MAX_PATH_BYTES + 1)), None);
+        let query = |len: usize| format!("/v1/models?{}", "q".repeat(len - "/v1/models?".len()));
+        assert!(route(&query(MAX_PATH_AND_QUERY_BYTES)).is_some());
+        assert_eq!(route(&query(MAX_PATH_AND_QUERY_BYTES + 1)), None);
     }
 
     #[test]
