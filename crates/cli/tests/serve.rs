@@ -774,3 +774,55 @@ async fn model_allowlists_are_set_through_the_cli_and_refuse_other_models_with_4
     assert_eq!(unchanged["allowed_models"], Value::Null);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// A name a tenant gave is shown by the console as written, except what would hide or reorder
+/// text: a right-to-left override or a terminal escape is shown as its escape, never as itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_bidirectional_and_control_characters_as_their_escapes() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("console-bidi");
+    let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
+    let (status, org) =
+        serve.admin_call(TOKEN, Method::POST, "/orgs", Some(json!({"name": "invoice\u{202e}fdp.exe"}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{org}");
+    let org_id = org["id"].as_str().expect("id");
+    let path = format!("/orgs/{org_id}/keys");
+    let (status, key) =
+        serve.admin_call(TOKEN, Method::POST, &path, Some(json!({"name": "ci\u{1b}[31mred"}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{key}");
+
+    // Signed in as a browser is: the form, then the session cookie.
+    let signed_in = harness::call_bytes(
+        Method::POST,
+        &format!("{}/sign-in", serve.admin),
+        &[("content-type", "application/x-www-form-urlencoded")],
+        format!("token={TOKEN}").into_bytes(),
+    )
+    .await;
+    assert_eq!(signed_in.status, StatusCode::SEE_OTHER);
+    let cookie = signed_in.headers["set-cookie"]
+        .to_str()
+        .expect("ascii")
+        .split(';')
+        .next()
+        .expect("a pair")
+        .to_owned();
+    for page in ["/".to_owned(), format!("/orgs/{org_id}"), format!("/orgs/{org_id}/receipts")] {
+        let shown =
+            harness::call(Method::GET, &format!("{}{page}", serve.admin), &[("cookie", &cookie)], None).await;
+        assert_eq!(shown.status, StatusCode::OK, "{page}");
+        let html = String::from_utf8(shown.body.to_vec()).expect("utf-8");
+        if page != format!("/orgs/{org_id}/receipts") {
+            assert!(html.contains(r"invoice\u{202e}fdp.exe"), "{page}: the override shown as its escape");
+        }
+        for raw in ['\u{202e}', '\u{1b}'] {
+            let at = html.find(raw).map(|i| &html[i.saturating_sub(120)..(i + 40).min(html.len())]);
+            assert_eq!(at, None, "{page}: never as itself");
+        }
+        if page != "/" {
+            assert!(html.contains(r"ci\u{1b}[31mred"), "{page}: the escape sequence shown as its escape");
+        }
+    }
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -90,7 +90,7 @@ fn layout(title: &str, csrf: Option<&str>, current: &str, body: Markup) -> Marku
             head {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · Recovea console" }
+                title { (shown(title)) " · Recovea console" }
                 link rel="stylesheet" href="/assets/console.css";
                 script src="/assets/console.js" defer {}
             }
@@ -210,7 +210,7 @@ impl<'a> FormView<'a> {
                 label for=(id) { (label) }
                 select id=(id) name=(field) {
                     @for (value, text) in options {
-                        option value=(value) selected[*value == chosen] { (text) }
+                        option value=(value) selected[*value == chosen] { (shown(text)) }
                     }
                 }
                 (self.error(field))
