@@ -325,9 +325,15 @@ pub(crate) struct NodeArgs {
     pub(crate) common: CommonArgs,
     #[command(flatten)]
     pub(crate) gateway: GatewayArgs,
-    /// The control plane: where the node gets its feed and delivers its receipts.
-    #[arg(long, env = "RECOVEA_CONTROL_URL")]
-    pub(crate) control_url: String,
+    /// The control plane: where the node gets its feed and delivers its receipts. Several replicas
+    /// (the flag repeated, or a comma-separated list): each call goes to the one that answered last,
+    /// and to the next in order, round the list, while one cannot be reached or serve.
+    #[arg(long, env = "RECOVEA_CONTROL_URL", required = true, value_delimiter = ',')]
+    pub(crate) control_url: Vec<String>,
+    /// A PEM file of certificate authorities trusted for the control plane's TLS (a private CA in
+    /// front of the replicas), beside the public web's roots.
+    #[arg(long, env = "RECOVEA_CONTROL_CA_FILE")]
+    pub(crate) control_ca_file: Option<std::path::PathBuf>,
     /// The shared secret the node presents to the control plane.
     #[arg(long, env = "RECOVEA_NODE_TOKEN", hide_env_values = true)]
     pub(crate) node_token: String,

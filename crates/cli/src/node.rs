@@ -20,7 +20,15 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let config = args.gateway.config()?;
     let master_key = parse_master_key(&args.master_key)?;
     let node_token = operator_token("--node-token", &args.node_token)?;
-    let link = Arc::new(ControlLink::new(&args.control_url, &node_token).map_err(|e| e.to_string())?);
+    let ca = match &args.control_ca_file {
+        Some(path) => Some(
+            std::fs::read(path)
+                .map_err(|e| format!("--control-ca-file: cannot read {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    let link =
+        Arc::new(ControlLink::new(&args.control_url, &node_token, ca.as_deref()).map_err(|e| e.to_string())?);
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;
     let node_id = data_dir::node_id(data_dir)?;

@@ -847,3 +847,40 @@ async fn two_control_planes_poll_one_credential_at_one_rate_and_one_takes_over_f
     assert!(closest >= 180, "two polls {closest} ms apart: {at:?}");
     drop(second);
 }
+
+/// A node given several control-plane replicas moves past one that cannot be reached, and reaches
+/// one behind TLS with a private CA's certificate when given that CA (`--control-ca-file`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_moves_past_a_control_replica_that_is_down_and_trusts_a_private_ca() {
+    let dir = temp_dir("split-control-link");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let backend = control.admin.trim_start_matches("http://").parse().expect("an address");
+    let tls = recovea_testkit::tls::Terminator::start(backend).await;
+    let down = format!("http://127.0.0.1:{}", free_port());
+    let replicas = format!("{down},{}", tls.url());
+    let ca = recovea_testkit::tls::ca_file();
+    let ca = ca.to_str().expect("a UTF-8 path");
+
+    // Without the CA, the replica behind TLS is as unreachable as the one that is down.
+    let untrusting = Node::start(&dir.join("node-untrusting"), &replicas, &mock.url(), &[]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status = call(Method::GET, &format!("{}/readyz", untrusting.url), &[], None).await.status;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "never fed");
+    drop(untrusting);
+
+    let node = Node::start(&dir.join("node"), &replicas, &mock.url(), &["--control-ca-file", ca]);
+    node.ready().await;
+    let (org_id, _, secret) = control.tenant().await;
+    within(Duration::from_secs(5), "the new key is served", || async {
+        node.chat(&secret).await.status == StatusCode::OK
+    })
+    .await;
+    within(Duration::from_secs(10), "its receipt is delivered through TLS", || async {
+        control.receipts(&org_id).await.len() == 1
+    })
+    .await;
+    drop((node, tls, control));
+    let _ = std::fs::remove_dir_all(&dir);
+}

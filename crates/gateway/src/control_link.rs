@@ -3,6 +3,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,7 +15,7 @@ use recovea_core::money::Nanos;
 use recovea_core::receipt::{DeliveryError, ReceiptSink, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::{Rebuilt, SpendSource, Unseeded, WindowSpendFuture};
-use recovea_upstream::{ProviderNetwork, Upstream, UpstreamError};
+use recovea_upstream::{DEFAULT_HTTP2_CONNECTIONS, ProviderNetwork, Upstream, UpstreamError};
 use serde::Serialize;
 
 use crate::config::ConfigError;
@@ -22,32 +24,60 @@ use crate::config::ConfigError;
 const MAX_ANSWER_BYTES: usize = 2 << 30;
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The node's link to the control plane: one or more of its replicas, each call going to the one
+/// that answered last and, when it cannot be reached or answers that it cannot serve (`502`,
+/// `503`, `504`), to the next in the order given, round the list; so that nodes need no load
+/// balancer in front of the replicas.
 pub struct ControlLink {
-    base_url: String,
+    base_urls: Vec<String>,
+    /// The replica that answered last: where the next call goes first.
+    current: AtomicUsize,
     authorization: http::HeaderValue,
     client: Upstream,
 }
 
 impl std::fmt::Debug for ControlLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlLink").field("base_url", &self.base_url).finish_non_exhaustive()
+        f.debug_struct("ControlLink").field("base_urls", &self.base_urls).finish_non_exhaustive()
     }
 }
 
 impl ControlLink {
-    pub fn new(control_url: &str, node_token: &str) -> Result<Self, ConfigError> {
-        let base_url = recovea_providers::normalize_base_url(control_url)
-            .map_err(|why| ConfigError(format!("--control-url: {why}")))?;
+    /// A link to the replicas at `control_urls`, trusting the certificates of `ca_pem` (PEM)
+    /// beside the public web's roots for those behind TLS.
+    pub fn new(
+        control_urls: &[String],
+        node_token: &str,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Self, ConfigError> {
+        let base_urls = control_urls
+            .iter()
+            .map(|url| {
+                recovea_providers::normalize_base_url(url)
+                    .map_err(|why| ConfigError(format!("--control-url: {why}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if base_urls.is_empty() {
+            return Err(ConfigError("--control-url: at least one is needed".into()));
+        }
         if node_token.trim().is_empty() {
             return Err(ConfigError("--node-token: must not be empty".into()));
         }
         let mut authorization = http::HeaderValue::from_str(&format!("Bearer {}", node_token.trim()))
             .map_err(|_| ConfigError("--node-token: must be printable ASCII".into()))?;
         authorization.set_sensitive(true);
+        let network = ProviderNetwork::new(
+            ca_pem,
+            false,
+            recovea_upstream::Egress::default(),
+            DEFAULT_HTTP2_CONNECTIONS,
+        )
+        .map_err(|why| ConfigError(why.replace("--upstream-ca-file", "--control-ca-file")))?;
         Ok(Self {
-            base_url,
+            base_urls,
+            current: AtomicUsize::new(0),
             authorization,
-            client: Upstream::new(Duration::from_secs(5), 0, &ProviderNetwork::default()),
+            client: Upstream::new(Duration::from_secs(5), 0, &network),
         })
     }
 
@@ -63,17 +93,54 @@ impl ControlLink {
         self.send_json(path, body, timeout).await
     }
 
-    /// POSTs `body`, JSON text already, to `path`; as [`Self::post`].
+    /// POSTs `body`, JSON text already, to `path` at the replica that answered last, or the next
+    /// ones round the list while one cannot serve it; as [`Self::post`].
     async fn send_json(
         &self,
         path: &str,
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), String> {
-        let request = Request::post(format!("{}{path}", self.base_url))
+        let body = Bytes::from(body);
+        let first = self.current.load(Relaxed);
+        let mut last = Err("no control plane".to_owned());
+        for attempt in 0..self.base_urls.len() {
+            let at = (first + attempt) % self.base_urls.len();
+            last = self.send_to(&self.base_urls[at], path, body.clone(), timeout).await;
+            let unable = |status: &StatusCode| {
+                matches!(
+                    *status,
+                    StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+                )
+            };
+            match &last {
+                Ok((status, _)) if !unable(status) => {
+                    self.current.store(at, Relaxed);
+                    return last;
+                }
+                Ok((status, _)) => {
+                    tracing::debug!(replica = %self.base_urls[at], %status, "control plane replica cannot serve: trying the next")
+                }
+                Err(why) => {
+                    tracing::debug!(replica = %self.base_urls[at], why, "control plane replica unreachable: trying the next")
+                }
+            }
+        }
+        last
+    }
+
+    /// One POST to the replica at `base_url`.
+    async fn send_to(
+        &self,
+        base_url: &str,
+        path: &str,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let request = Request::post(format!("{base_url}{path}"))
             .header(header::AUTHORIZATION, self.authorization.clone())
             .header(header::CONTENT_TYPE, "application/json")
-            .body(Bytes::from(body))
+            .body(body)
             .map_err(|e| e.to_string())?;
         let response = self.client.send(request, timeout).await.map_err(|e| match e {
             UpstreamError::Unreachable(e) => format!("control plane unreachable: {e}"),

@@ -51,3 +51,49 @@ pub fn client_roots() -> rustls::RootCertStore {
     roots.add(CertificateDer::from_pem_slice(CA_PEM).expect("the built-in CA parses")).expect("a valid root");
     roots
 }
+
+/// TLS in front of a plain TCP service (a control plane behind a load balancer that terminates
+/// TLS with a private CA's certificate): each connection to [`Self::url`] is decrypted with
+/// [`CERT_PEM`] and relayed to the service, until dropped.
+pub struct Terminator {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Terminator {
+    /// Terminates TLS for the service at `backend`.
+    ///
+    /// # Panics
+    ///
+    /// When no loopback port can be bound.
+    pub async fn start(backend: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
+        let addr = listener.local_addr().expect("a bound address");
+        let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&[b"http/1.1"]));
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let (Ok(mut tls), Ok(mut service)) =
+                        (acceptor.accept(client).await, tokio::net::TcpStream::connect(backend).await)
+                    else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut service).await;
+                });
+            }
+        });
+        Self { addr, task }
+    }
+
+    /// `https://127.0.0.1:PORT`: the name [`CERT_PEM`] is for.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
+
+impl Drop for Terminator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
