@@ -8,8 +8,8 @@
 //! times `BIGINT` unix milliseconds. Every change bumps the state version in its own transaction, so a
 //! replica that polls [`ControlStore::version`] sees the changes any other replica made.
 //!
-//! **No TLS.** Connections are plain TCP or a Unix socket: run PostgreSQL on loopback or a trusted
-//! network (`sslmode=require` fails to connect).
+//! **TLS** with rustls, as libpq's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` (in the URL or
+//! the `PGSSL*` variables) say: see [`tls`].
 //!
 //! **Blocking.** Like the trait, every call blocks (the `postgres` client runs its own small runtime
 //! per connection): call [`PostgresStore::connect`] and the methods from a blocking thread
@@ -19,6 +19,7 @@ mod control;
 mod jobs;
 mod ledger;
 mod migrate;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -60,6 +61,8 @@ type Pool = r2d2::Pool<Connector>;
 /// Opens the pool's connections and tells the broken ones.
 struct Connector {
     config: postgres::Config,
+    /// `None`: `sslmode=disable`.
+    tls: Option<tls::MakeRustls>,
 }
 
 /// Why a connection could not be opened: the whole chain of causes (the server's message among
@@ -80,7 +83,11 @@ impl r2d2::ManageConnection for Connector {
     type Error = ConnectError;
 
     fn connect(&self) -> std::result::Result<Client, ConnectError> {
-        self.config.connect(NoTls).map_err(|e| ConnectError(chain(&e)))
+        match &self.tls {
+            Some(tls) => self.config.connect(tls.clone()),
+            None => self.config.connect(NoTls),
+        }
+        .map_err(|e| ConnectError(chain(&e)))
     }
 
     fn is_valid(&self, client: &mut Client) -> std::result::Result<(), ConnectError> {
@@ -106,6 +113,10 @@ impl PostgresStore {
 
     /// As [`connect`](Self::connect), within `bounds`.
     pub fn connect_bounded(url: &str, bounds: Bounds) -> Result<Self> {
+        let (url, settings) =
+            tls::split(url, |name| std::env::var(name).ok()).map_err(StoreError::Backend)?;
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+        let tls = tls::MakeRustls::new(&settings, home.as_deref()).map_err(StoreError::Backend)?;
         let mut config: postgres::Config = url.parse().map_err(backend)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT.min(bounds.pool_wait.max(Duration::from_secs(1))));
@@ -130,7 +141,7 @@ impl PostgresStore {
             .test_on_check_out(false)
             .idle_timeout(Some(IDLE_TIMEOUT))
             .error_handler(Box::new(LogErrors))
-            .build_unchecked(Connector { config });
+            .build_unchecked(Connector { config, tls });
         let store = Self { pool: Some(pool) };
         migrate::migrate(&mut *store.client()?)?;
         Ok(store)
