@@ -12,6 +12,7 @@ mod alarm;
 mod config;
 mod control_link;
 pub mod feed;
+mod inflight;
 mod jobs;
 mod line;
 pub mod log_writer;

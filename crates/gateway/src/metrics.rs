@@ -80,6 +80,10 @@ pub enum Outcome {
     UnsupportedTransferCoding,
     /// The key's or its organization's model allowlist does not list the model.
     ModelNotAllowed,
+    /// The key's or its organization's endpoint allowlist does not list the endpoint.
+    EndpointNotAllowed,
+    /// The key or its organization has its most requests in flight on this node.
+    ConcurrencyLimited,
     /// `x-recovea-tags` breaks the tag rules.
     InvalidTags,
     /// Admitted and sent, but its client went away before the provider's answer came (its
@@ -88,7 +92,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 18] = [
+    const ALL: [Outcome; 20] = [
         Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,
@@ -105,6 +109,8 @@ impl Outcome {
         Self::InvalidRequest,
         Self::UnsupportedTransferCoding,
         Self::ModelNotAllowed,
+        Self::EndpointNotAllowed,
+        Self::ConcurrencyLimited,
         Self::InvalidTags,
         Self::ClientClosed,
     ];
@@ -127,6 +133,8 @@ impl Outcome {
             Self::InvalidRequest => "invalid_request",
             Self::UnsupportedTransferCoding => "unsupported_transfer_coding",
             Self::ModelNotAllowed => "model_not_allowed",
+            Self::EndpointNotAllowed => "endpoint_not_allowed",
+            Self::ConcurrencyLimited => "concurrency_limited",
             Self::InvalidTags => "invalid_tags",
             Self::ClientClosed => "client_closed",
         }

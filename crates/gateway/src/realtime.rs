@@ -68,6 +68,8 @@ pub(crate) struct SessionFacts {
     pub(crate) model: Option<String>,
     pub(crate) prices: Prices,
     pub(crate) tags: Tags,
+    /// The session's place among the key's requests in flight, held until it closes.
+    pub(crate) _in_flight: Option<crate::inflight::Slot>,
 }
 
 /// Asks the provider to upgrade `request` and, when it does, answers the client's upgrade with
