@@ -121,6 +121,16 @@ struct Target {
     managed_key: Option<(ProviderKind, String)>,
 }
 
+impl Target {
+    /// Who pays the provider: the organization, when its managed key goes in, else the client.
+    fn provider_key(&self) -> recovea_core::receipt::ProviderKey {
+        match self.managed_key {
+            Some(_) => recovea_core::receipt::ProviderKey::Managed,
+            None => recovea_core::receipt::ProviderKey::Client,
+        }
+    }
+}
+
 /// The envelope of the gateway's own answers to `request`: its dialect's, so that its SDK shows
 /// their message.
 pub(crate) fn shape_of<B>(request: &Request<B>) -> WireShape {
@@ -324,6 +334,7 @@ where
         let session = realtime::SessionFacts {
             request_id: ctx.request_id.to_str().unwrap_or_default().to_owned(),
             provider: route.credential.to_owned(),
+            provider_key: target.provider_key(),
             kind: target.kind,
             scope: target.scope.clone(),
             endpoint: endpoint.to_owned(),
@@ -345,6 +356,7 @@ where
                 org_id: admitted.org.id.to_string(),
                 key_id: admitted.key_id.to_string(),
                 provider: route.credential.to_owned(),
+                provider_key: target.provider_key(),
                 endpoint: endpoint.to_owned(),
                 request_model: facts.model.clone(),
                 kind: target.kind,

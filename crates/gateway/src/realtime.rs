@@ -62,6 +62,7 @@ const UNKNOWN_MAX_OUTPUT: u64 = 4096;
 pub(crate) struct SessionFacts {
     pub(crate) request_id: String,
     pub(crate) provider: String,
+    pub(crate) provider_key: recovea_core::receipt::ProviderKey,
     pub(crate) kind: ProviderKind,
     pub(crate) scope: PriceScope,
     pub(crate) endpoint: String,
@@ -382,6 +383,7 @@ impl Session {
             org_id: self.admitted.org.id.to_string(),
             key_id: self.admitted.key_id.to_string(),
             provider: self.facts.provider.clone(),
+            provider_key: self.facts.provider_key,
             endpoint: self.facts.endpoint.clone(),
             request_model: self.facts.model.clone(),
             kind: self.facts.kind,
