@@ -186,6 +186,10 @@ struct ReceiptFilter {
     /// Only receipts whose usage the provider reported (`provider`) or was estimated (`estimated`).
     #[arg(long, env = "RECOVEA_RECEIPT_USAGE_SOURCE", value_parser = ["provider", "estimated", "unmetered"])]
     usage_source: Option<String>,
+    /// Only receipts whose provider was paid with the organization's key (`managed`) or the
+    /// client's own (`client`).
+    #[arg(long, env = "RECOVEA_RECEIPT_PROVIDER_KEY", value_parser = ["managed", "client"])]
+    provider_key: Option<String>,
 }
 
 impl ReceiptFilter {
@@ -198,6 +202,7 @@ impl ReceiptFilter {
             ("model", self.model.clone()),
             ("status", self.status.map(|s| s.to_string())),
             ("usage_source", self.usage_source.clone()),
+            ("provider_key", self.provider_key.clone()),
         ];
         let encoded: Vec<String> = pairs
             .iter()

@@ -481,6 +481,8 @@ pub struct ReceiptQuery {
     pub status: Option<u16>,
     /// Only receipts whose usage came from here (`Estimated`: the provider reported none).
     pub usage_source: Option<recovea_core::usage::UsageSource>,
+    /// Only receipts whose provider was paid with this key (`managed` or the `client`'s own).
+    pub provider_key: Option<recovea_core::receipt::ProviderKey>,
     pub limit: u32,
     /// Continue after this receipt: its `started_at` and id.
     pub after: Option<(Timestamp, String)>,

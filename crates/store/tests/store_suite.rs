@@ -17,7 +17,7 @@ use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
-use recovea_core::receipt::{Receipt, SerializedReceipt};
+use recovea_core::receipt::{ProviderKey, Receipt, SerializedReceipt};
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::UsageSource;
@@ -163,7 +163,7 @@ suite!(
     state_holds_every_table,
     receipts_insert_once_and_page_in_order,
     spend_summary_groups_by_day_key_and_model,
-    receipts_filter_by_model_status_and_usage_source,
+    receipts_filter_by_model_status_usage_source_and_provider_key,
     spend_sums_costs_in_a_window,
     daily_spend_answers_as_the_receipts_do_and_counts_a_replay_once,
     each_price_change_is_a_new_revision,
@@ -612,6 +612,7 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
         model: None,
         status: None,
         usage_source: None,
+        provider_key: None,
         limit: 2,
         after,
         tag: None,
@@ -673,6 +674,7 @@ fn receipts_keep_their_tags_and_filter_and_sum_by_them(db: &impl Backend) {
         model: None,
         status: None,
         usage_source: None,
+        provider_key: None,
         limit: 10,
         after: None,
         tag: None,
@@ -716,11 +718,15 @@ fn receipts_keep_their_tags_and_filter_and_sum_by_them(db: &impl Backend) {
     assert_eq!(values, [(None, 1), (Some("search".into()), 1)]);
 }
 
-fn receipts_filter_by_model_status_and_usage_source(db: &impl Backend) {
+fn receipts_filter_by_model_status_usage_source_and_provider_key(db: &impl Backend) {
     let store = db.open();
     let batch = [
-        receipt("rcpt_f1", "key_a", 1, 1),
-        Receipt { model: Some("claude-haiku-4-5".into()), ..receipt("rcpt_f2", "key_a", 2, 1) },
+        Receipt { provider_key: Some(ProviderKey::Managed), ..receipt("rcpt_f1", "key_a", 1, 1) },
+        Receipt {
+            model: Some("claude-haiku-4-5".into()),
+            provider_key: Some(ProviderKey::Client),
+            ..receipt("rcpt_f2", "key_a", 2, 1)
+        },
         Receipt { status: 500, ..receipt("rcpt_f3", "key_a", 3, 1) },
         Receipt { usage_source: UsageSource::Estimated, ..receipt("rcpt_f4", "key_a", 4, 1) },
         Receipt { model: None, ..receipt("rcpt_f5", "key_a", 5, 1) },
@@ -734,6 +740,7 @@ fn receipts_filter_by_model_status_and_usage_source(db: &impl Backend) {
         model: None,
         status: None,
         usage_source: None,
+        provider_key: None,
         limit: 100,
         after: None,
         tag: None,
@@ -741,7 +748,9 @@ fn receipts_filter_by_model_status_and_usage_source(db: &impl Backend) {
     let found = |q: ReceiptQuery| -> Vec<String> {
         store.receipts(&q).expect("receipts").into_iter().map(|r| r.id).collect()
     };
-    assert_eq!(found(all.clone()).len(), 5);
+    assert_eq!(store.receipts(&all).expect("all"), batch.to_vec(), "who paid reads back, unknown as unknown");
+    assert_eq!(found(ReceiptQuery { provider_key: Some(ProviderKey::Managed), ..all.clone() }), ["rcpt_f1"]);
+    assert_eq!(found(ReceiptQuery { provider_key: Some(ProviderKey::Client), ..all.clone() }), ["rcpt_f2"]);
     assert_eq!(
         found(ReceiptQuery { model: Some("gpt-4o".into()), ..all.clone() }),
         ["rcpt_f1", "rcpt_f3", "rcpt_f4"]

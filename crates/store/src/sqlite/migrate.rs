@@ -288,6 +288,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE keys ADD COLUMN allowed_endpoints TEXT;
     ALTER TABLE keys ADD COLUMN max_concurrent_requests INTEGER;
 ",
+    // Issue 34 (user_version 14): who paid the provider, `managed` or `client`; NULL on receipts
+    // written before it was recorded.
+    r"
+    ALTER TABLE receipts ADD COLUMN provider_key TEXT;
+",
 ];
 
 /// Applies each missing migration in a write transaction that reads the version itself, so that
