@@ -412,6 +412,31 @@ fn model_list(text: &str) -> Value {
     json!(models)
 }
 
+/// The endpoint allowlist and the limit of requests in flight of a new key or organization.
+fn rules_body(body: &mut Value, allowed_endpoints: Option<String>, max_concurrent_requests: Option<u32>) {
+    if let Some(text) = allowed_endpoints {
+        body["allowed_endpoints"] = model_list(&text);
+    }
+    if let Some(n) = max_concurrent_requests {
+        body["max_concurrent_requests"] = json!(n);
+    }
+}
+
+/// The rules of a key's or an organization's patch: its model and endpoint allowlists (each a
+/// list, or `true` to remove it) and its limit of requests in flight (`null` removes it).
+fn rules_patch(
+    body: &mut Value,
+    (allowed_models, allow_all_models): (Option<String>, bool),
+    (allowed_endpoints, allow_all_endpoints): (Option<String>, bool),
+    max_concurrent_requests: Option<Value>,
+) {
+    list_patch(body, "allowed_models", allowed_models, allow_all_models);
+    list_patch(body, "allowed_endpoints", allowed_endpoints, allow_all_endpoints);
+    if let Some(limit) = max_concurrent_requests {
+        body["max_concurrent_requests"] = limit;
+    }
+}
+
 /// An allowlist member of a patch (`allowed_models`, `allowed_endpoints`): a list, `null`
 /// (everything), or left out.
 fn list_patch(body: &mut Value, member: &str, list: Option<String>, allow_all: bool) {
@@ -536,12 +561,7 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             if let Some(text) = allowed_models {
                 body["allowed_models"] = model_list(&text);
             }
-            if let Some(text) = allowed_endpoints {
-                body["allowed_endpoints"] = model_list(&text);
-            }
-            if let Some(n) = max_concurrent_requests {
-                body["max_concurrent_requests"] = json!(n);
-            }
+            rules_body(&mut body, allowed_endpoints, max_concurrent_requests);
             (Method::POST, "/orgs".into(), Some(body))
         }
         Resource::Orgs(Orgs::Update {
@@ -553,11 +573,9 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             max_concurrent_requests,
         }) => {
             let mut body = json!({});
-            list_patch(&mut body, "allowed_models", allowed_models, allow_all_models);
-            list_patch(&mut body, "allowed_endpoints", allowed_endpoints, allow_all_endpoints);
-            if let Some(limit) = max_concurrent_requests {
-                body["max_concurrent_requests"] = limit;
-            }
+            let (models, endpoints) =
+                ((allowed_models, allow_all_models), (allowed_endpoints, allow_all_endpoints));
+            rules_patch(&mut body, models, endpoints, max_concurrent_requests);
             (Method::PATCH, format!("/orgs/{org}"), Some(body))
         }
         Resource::Orgs(Orgs::List) => (Method::GET, "/orgs".into(), None),
@@ -585,12 +603,7 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             if let Some(text) = allowed_models {
                 body["allowed_models"] = model_list(&text);
             }
-            if let Some(text) = allowed_endpoints {
-                body["allowed_endpoints"] = model_list(&text);
-            }
-            if let Some(n) = max_concurrent_requests {
-                body["max_concurrent_requests"] = json!(n);
-            }
+            rules_body(&mut body, allowed_endpoints, max_concurrent_requests);
             (Method::POST, format!("/orgs/{org}/keys"), Some(body))
         }
         Resource::Keys(Keys::List { org }) => (Method::GET, format!("/orgs/{org}/keys"), None),
@@ -611,11 +624,9 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             if let Some(limit) = tokens_per_minute {
                 body["tokens_per_minute"] = limit;
             }
-            if let Some(limit) = max_concurrent_requests {
-                body["max_concurrent_requests"] = limit;
-            }
-            list_patch(&mut body, "allowed_models", allowed_models, allow_all_models);
-            list_patch(&mut body, "allowed_endpoints", allowed_endpoints, allow_all_endpoints);
+            let (models, endpoints) =
+                ((allowed_models, allow_all_models), (allowed_endpoints, allow_all_endpoints));
+            rules_patch(&mut body, models, endpoints, max_concurrent_requests);
             (Method::PATCH, format!("/keys/{key}"), Some(body))
         }
         Resource::Keys(Keys::Get { key }) => (Method::GET, format!("/keys/{key}"), None),

@@ -9,7 +9,7 @@ use recovea_core::crypto::{self, MasterKey};
 use recovea_core::endpoints::EndpointAllowlist;
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys;
-use recovea_core::models::ModelAllowlist;
+use recovea_core::models::{ModelAllowlist, PatternError};
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
@@ -551,43 +551,38 @@ fn seal(master_key: &MasterKey, context: &[u8], plaintext: &[u8]) -> Result<Vec<
 
 /// A model allowlist given on creation: absent (every model) or a list of names and `prefix*`s.
 fn allowed_models(value: Option<Vec<String>>) -> Result<Option<ModelAllowlist>, ApiError> {
-    value
-        .map(ModelAllowlist::parse)
-        .transpose()
-        .map_err(|e| ApiError::BadRequest(format!("allowed_models: {e}")))
-}
-
-/// A model allowlist in a patch: `null` removes it (every model), a list of strings sets it.
-fn allowed_models_patch(value: Value) -> Result<Option<ModelAllowlist>, ApiError> {
-    if value.is_null() {
-        return Ok(None);
-    }
-    let list = serde_json::from_value::<Vec<String>>(value).map_err(|_| {
-        ApiError::BadRequest(
-            "allowed_models: expected a list of model names (or \"prefix*\"), or null".into(),
-        )
-    })?;
-    allowed_models(Some(list))
+    allowlist("allowed_models", value, ModelAllowlist::parse)
 }
 
 /// An endpoint allowlist given on creation: absent (every endpoint) or a list of paths and
 /// `/prefix*`s.
 fn allowed_endpoints(value: Option<Vec<String>>) -> Result<Option<EndpointAllowlist>, ApiError> {
-    value
-        .map(EndpointAllowlist::parse)
-        .transpose()
-        .map_err(|e| ApiError::BadRequest(format!("allowed_endpoints: {e}")))
+    allowlist("allowed_endpoints", value, EndpointAllowlist::parse)
 }
 
-/// An endpoint allowlist in a patch: `null` removes it (every endpoint), a list of strings sets it.
-fn allowed_endpoints_patch(value: Value) -> Result<Option<EndpointAllowlist>, ApiError> {
+/// A list given on creation, validated by `parse`; its errors name `member`.
+fn allowlist<T>(
+    member: &str,
+    value: Option<Vec<String>>,
+    parse: fn(Vec<String>) -> Result<T, PatternError>,
+) -> Result<Option<T>, ApiError> {
+    value.map(parse).transpose().map_err(|e| ApiError::BadRequest(format!("{member}: {e}")))
+}
+
+/// A list in a patch: `null` removes it (everything), a list of strings sets it; `entries` says
+/// what a list holds, for the message of anything else.
+fn allowlist_patch<T>(
+    member: &str,
+    value: Value,
+    entries: &str,
+    parse: fn(Vec<String>) -> Result<T, PatternError>,
+) -> Result<Option<T>, ApiError> {
     if value.is_null() {
         return Ok(None);
     }
-    let list = serde_json::from_value::<Vec<String>>(value).map_err(|_| {
-        ApiError::BadRequest("allowed_endpoints: expected a list of paths (or \"/prefix*\"), or null".into())
-    })?;
-    allowed_endpoints(Some(list))
+    let list = serde_json::from_value::<Vec<String>>(value)
+        .map_err(|_| ApiError::BadRequest(format!("{member}: expected a list of {entries}, or null")))?;
+    allowlist(member, Some(list), parse)
 }
 
 /// A key's or an organization's rules after a patch: each member left out keeps its value in
@@ -600,11 +595,21 @@ fn rules_patch(
 ) -> Result<AccessRules, ApiError> {
     Ok(AccessRules {
         allowed_models: match models {
-            Some(value) => allowed_models_patch(value)?,
+            Some(value) => allowlist_patch(
+                "allowed_models",
+                value,
+                "model names (or \"prefix*\")",
+                ModelAllowlist::parse,
+            )?,
             None => current.allowed_models,
         },
         allowed_endpoints: match endpoints {
-            Some(value) => allowed_endpoints_patch(value)?,
+            Some(value) => allowlist_patch(
+                "allowed_endpoints",
+                value,
+                "paths (or \"/prefix*\")",
+                EndpointAllowlist::parse,
+            )?,
             None => current.allowed_endpoints,
         },
         max_concurrent_requests: limit_patch(

@@ -13,10 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The most patterns one list may hold.
-pub const MAX_PATTERNS: usize = 256;
-/// The longest pattern, in bytes.
-pub const MAX_PATTERN_LEN: usize = 200;
+pub use crate::models::{MAX_PATTERN_LEN, MAX_PATTERNS, PatternError};
 
 /// A validated endpoint allowlist: every pattern starts with `/`, holds printable ASCII without
 /// spaces, no `?` or `#`, and at most one `*`, only at its end. Built by
@@ -27,16 +24,15 @@ pub struct EndpointAllowlist {
     patterns: Box<[String]>,
 }
 
-pub use crate::models::PatternError;
-
 impl EndpointAllowlist {
     pub fn parse(patterns: Vec<String>) -> Result<Self, PatternError> {
-        if patterns.len() > MAX_PATTERNS {
-            return Err(PatternError(format!("at most {MAX_PATTERNS} endpoints may be listed")));
+        if let Some(pattern) = patterns.iter().find(|pattern| !pattern.starts_with('/')) {
+            let shown: String = pattern.chars().take(MAX_PATTERN_LEN).collect();
+            return Err(PatternError(format!("endpoint pattern {shown:?} must start with '/'")));
         }
-        for pattern in &patterns {
-            check_pattern(pattern)?;
-        }
+        let byte_allowed = |b: u8| b.is_ascii_graphic() && b != b'?' && b != b'#';
+        let rule = "printable ASCII, without spaces, '?' or '#'";
+        crate::models::check_patterns(&patterns, "endpoint", byte_allowed, rule)?;
         Ok(Self { patterns: patterns.into() })
     }
 
@@ -47,30 +43,8 @@ impl EndpointAllowlist {
     /// Whether some pattern matches `endpoint` (a path without its query): equal to it, or,
     /// ending with `*`, a prefix of it.
     pub fn allows(&self, endpoint: &str) -> bool {
-        self.patterns.iter().any(|pattern| match pattern.strip_suffix('*') {
-            Some(prefix) => endpoint.starts_with(prefix),
-            None => pattern == endpoint,
-        })
+        crate::models::any_matches(&self.patterns, endpoint)
     }
-}
-
-fn check_pattern(pattern: &str) -> Result<(), PatternError> {
-    let shown: String = pattern.chars().take(MAX_PATTERN_LEN).collect();
-    if !pattern.starts_with('/') {
-        return Err(PatternError(format!("endpoint pattern {shown:?} must start with '/'")));
-    }
-    if pattern.len() > MAX_PATTERN_LEN {
-        return Err(PatternError(format!("endpoint pattern longer than {MAX_PATTERN_LEN} bytes: {shown:?}")));
-    }
-    if !pattern.bytes().all(|b| b.is_ascii_graphic() && b != b'?' && b != b'#') {
-        return Err(PatternError(format!(
-            "endpoint pattern {shown:?} may hold only printable ASCII, without spaces, '?' or '#'"
-        )));
-    }
-    if pattern.trim_end_matches('*').contains('*') || pattern.ends_with("**") {
-        return Err(PatternError(format!("endpoint pattern {shown:?} may hold one '*', only at its end")));
-    }
-    Ok(())
 }
 
 impl TryFrom<Vec<String>> for EndpointAllowlist {

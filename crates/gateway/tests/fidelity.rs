@@ -307,10 +307,7 @@ async fn a_key_has_at_most_its_limit_of_requests_in_flight_streams_until_their_e
     h.mock.script(Behaviour::default().stall_after_events(1));
     let stalled = h.send(h.post_as("/v1/chat/completions", PAIR_KEY), STREAM_MINI).await;
     assert_eq!(stalled.status(), StatusCode::OK);
-    let mut slow = Behaviour::default();
-    slow.chunk_delay_ms = Some(300);
-    slow.pieces = Some(3);
-    h.mock.script(slow);
+    h.mock.script(Behaviour { chunk_delay_ms: Some(300), pieces: Some(3), ..Behaviour::default() });
     let slow = h.send(h.post_as("/v1/chat/completions", PAIR_KEY), STREAM_MINI).await;
     assert_eq!(slow.status(), StatusCode::OK);
     // The third is refused, before the provider, with the exact answer; other keys go on.
