@@ -186,6 +186,10 @@ struct ReceiptFilter {
     /// Only receipts whose usage the provider reported (`provider`) or was estimated (`estimated`).
     #[arg(long, env = "RECOVEA_RECEIPT_USAGE_SOURCE", value_parser = ["provider", "estimated", "unmetered"])]
     usage_source: Option<String>,
+    /// Only receipts whose provider was paid with the organization's key (`managed`) or the
+    /// client's own (`client`).
+    #[arg(long, env = "RECOVEA_RECEIPT_PROVIDER_KEY", value_parser = ["managed", "client"])]
+    provider_key: Option<String>,
 }
 
 impl ReceiptFilter {
@@ -198,6 +202,7 @@ impl ReceiptFilter {
             ("model", self.model.clone()),
             ("status", self.status.map(|s| s.to_string())),
             ("usage_source", self.usage_source.clone()),
+            ("provider_key", self.provider_key.clone()),
         ];
         let encoded: Vec<String> = pairs
             .iter()
@@ -367,8 +372,15 @@ enum Orgs {
         /// (`gpt-4o-mini,claude-*`); left out, every model.
         #[arg(long, env = "RECOVEA_ORG_ALLOWED_MODELS")]
         allowed_models: Option<String>,
+        /// Comma-separated provider paths the organization's keys may call: exact paths and
+        /// `/prefix*` (`/v1/chat/completions,/v1/embeddings`); left out, every endpoint.
+        #[arg(long, env = "RECOVEA_ORG_ALLOWED_ENDPOINTS")]
+        allowed_endpoints: Option<String>,
+        /// The most requests of the organization's keys in flight at once on each node.
+        #[arg(long, env = "RECOVEA_ORG_MAX_CONCURRENT_REQUESTS")]
+        max_concurrent_requests: Option<u32>,
     },
-    /// Changes an organization's model allowlist.
+    /// Changes an organization's model and endpoint allowlists and its limit of requests in flight.
     Update {
         org: String,
         /// Comma-separated models the organization's keys may use (`""`: none).
@@ -377,6 +389,15 @@ enum Orgs {
         /// Removes the allowlist: every model.
         #[arg(long, env = "RECOVEA_ORG_ALLOW_ALL_MODELS")]
         allow_all_models: bool,
+        /// Comma-separated provider paths the organization's keys may call (`""`: none).
+        #[arg(long, env = "RECOVEA_ORG_ALLOWED_ENDPOINTS", conflicts_with = "allow_all_endpoints")]
+        allowed_endpoints: Option<String>,
+        /// Removes the endpoint allowlist: every endpoint.
+        #[arg(long, env = "RECOVEA_ORG_ALLOW_ALL_ENDPOINTS")]
+        allow_all_endpoints: bool,
+        /// The most requests in flight at once on each node (`none` removes the limit).
+        #[arg(long, env = "RECOVEA_ORG_MAX_CONCURRENT_REQUESTS", value_parser = limit_or_none)]
+        max_concurrent_requests: Option<Value>,
     },
     List,
     Get {
@@ -384,18 +405,45 @@ enum Orgs {
     },
 }
 
-/// `--allowed-models a,b*` as the admin API's list; `""` is the empty list (no model).
+/// `--allowed-models a,b*` (or `--allowed-endpoints /v1/a,/v1/b*`) as the admin API's list; `""` is
+/// the empty list (nothing).
 fn model_list(text: &str) -> Value {
     let models: Vec<&str> = text.split(',').map(str::trim).filter(|m| !m.is_empty()).collect();
     json!(models)
 }
 
-/// The `allowed_models` member of a patch: a list, `null` (every model), or left out.
-fn models_patch(body: &mut Value, allowed_models: Option<String>, allow_all_models: bool) {
-    if allow_all_models {
-        body["allowed_models"] = Value::Null;
-    } else if let Some(text) = allowed_models {
-        body["allowed_models"] = model_list(&text);
+/// The endpoint allowlist and the limit of requests in flight of a new key or organization.
+fn rules_body(body: &mut Value, allowed_endpoints: Option<String>, max_concurrent_requests: Option<u32>) {
+    if let Some(text) = allowed_endpoints {
+        body["allowed_endpoints"] = model_list(&text);
+    }
+    if let Some(n) = max_concurrent_requests {
+        body["max_concurrent_requests"] = json!(n);
+    }
+}
+
+/// The rules of a key's or an organization's patch: its model and endpoint allowlists (each a
+/// list, or `true` to remove it) and its limit of requests in flight (`null` removes it).
+fn rules_patch(
+    body: &mut Value,
+    (allowed_models, allow_all_models): (Option<String>, bool),
+    (allowed_endpoints, allow_all_endpoints): (Option<String>, bool),
+    max_concurrent_requests: Option<Value>,
+) {
+    list_patch(body, "allowed_models", allowed_models, allow_all_models);
+    list_patch(body, "allowed_endpoints", allowed_endpoints, allow_all_endpoints);
+    if let Some(limit) = max_concurrent_requests {
+        body["max_concurrent_requests"] = limit;
+    }
+}
+
+/// An allowlist member of a patch (`allowed_models`, `allowed_endpoints`): a list, `null`
+/// (everything), or left out.
+fn list_patch(body: &mut Value, member: &str, list: Option<String>, allow_all: bool) {
+    if allow_all {
+        body[member] = Value::Null;
+    } else if let Some(text) = list {
+        body[member] = model_list(&text);
     }
 }
 
@@ -420,8 +468,16 @@ enum Keys {
         /// (`gpt-4o-mini,claude-*`); left out, every model its organization allows.
         #[arg(long, env = "RECOVEA_KEY_ALLOWED_MODELS")]
         allowed_models: Option<String>,
+        /// Comma-separated provider paths this key may call: exact paths and `/prefix*`
+        /// (`/v1/chat/completions,/v1/embeddings`); left out, every endpoint its organization allows.
+        #[arg(long, env = "RECOVEA_KEY_ALLOWED_ENDPOINTS")]
+        allowed_endpoints: Option<String>,
+        /// The most requests of this key in flight at once on each node.
+        #[arg(long, env = "RECOVEA_KEY_MAX_CONCURRENT_REQUESTS")]
+        max_concurrent_requests: Option<u32>,
     },
-    /// Changes a key's rate limits (`none` removes one) and model allowlist.
+    /// Changes a key's rate limits and limit of requests in flight (`none` removes one) and its
+    /// model and endpoint allowlists.
     Update {
         key: String,
         #[arg(long, env = "RECOVEA_KEY_REQUESTS_PER_MINUTE", value_parser = limit_or_none)]
@@ -434,6 +490,14 @@ enum Keys {
         /// Removes the key's allowlist: every model its organization allows.
         #[arg(long, env = "RECOVEA_KEY_ALLOW_ALL_MODELS")]
         allow_all_models: bool,
+        /// Comma-separated provider paths this key may call (`""`: none).
+        #[arg(long, env = "RECOVEA_KEY_ALLOWED_ENDPOINTS", conflicts_with = "allow_all_endpoints")]
+        allowed_endpoints: Option<String>,
+        /// Removes the key's endpoint allowlist: every endpoint its organization allows.
+        #[arg(long, env = "RECOVEA_KEY_ALLOW_ALL_ENDPOINTS")]
+        allow_all_endpoints: bool,
+        #[arg(long, env = "RECOVEA_KEY_MAX_CONCURRENT_REQUESTS", value_parser = limit_or_none)]
+        max_concurrent_requests: Option<Value>,
     },
     List {
         #[arg(long, env = "RECOVEA_ORG")]
@@ -492,16 +556,26 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
     })?;
     let client = AdminClient::new(&args.admin_url, &token);
     let (method, path, body): (Method, String, Option<Value>) = match args.resource {
-        Resource::Orgs(Orgs::Create { name, allowed_models }) => {
+        Resource::Orgs(Orgs::Create { name, allowed_models, allowed_endpoints, max_concurrent_requests }) => {
             let mut body = json!({ "name": name });
             if let Some(text) = allowed_models {
                 body["allowed_models"] = model_list(&text);
             }
+            rules_body(&mut body, allowed_endpoints, max_concurrent_requests);
             (Method::POST, "/orgs".into(), Some(body))
         }
-        Resource::Orgs(Orgs::Update { org, allowed_models, allow_all_models }) => {
+        Resource::Orgs(Orgs::Update {
+            org,
+            allowed_models,
+            allow_all_models,
+            allowed_endpoints,
+            allow_all_endpoints,
+            max_concurrent_requests,
+        }) => {
             let mut body = json!({});
-            models_patch(&mut body, allowed_models, allow_all_models);
+            let (models, endpoints) =
+                ((allowed_models, allow_all_models), (allowed_endpoints, allow_all_endpoints));
+            rules_patch(&mut body, models, endpoints, max_concurrent_requests);
             (Method::PATCH, format!("/orgs/{org}"), Some(body))
         }
         Resource::Orgs(Orgs::List) => (Method::GET, "/orgs".into(), None),
@@ -513,6 +587,8 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             requests_per_minute,
             tokens_per_minute,
             allowed_models,
+            allowed_endpoints,
+            max_concurrent_requests,
         }) => {
             let mut body = json!({ "name": name });
             if let Some(at) = expires_at {
@@ -527,6 +603,7 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             if let Some(text) = allowed_models {
                 body["allowed_models"] = model_list(&text);
             }
+            rules_body(&mut body, allowed_endpoints, max_concurrent_requests);
             (Method::POST, format!("/orgs/{org}/keys"), Some(body))
         }
         Resource::Keys(Keys::List { org }) => (Method::GET, format!("/orgs/{org}/keys"), None),
@@ -536,6 +613,9 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             tokens_per_minute,
             allowed_models,
             allow_all_models,
+            allowed_endpoints,
+            allow_all_endpoints,
+            max_concurrent_requests,
         }) => {
             let mut body = json!({});
             if let Some(limit) = requests_per_minute {
@@ -544,7 +624,9 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
             if let Some(limit) = tokens_per_minute {
                 body["tokens_per_minute"] = limit;
             }
-            models_patch(&mut body, allowed_models, allow_all_models);
+            let (models, endpoints) =
+                ((allowed_models, allow_all_models), (allowed_endpoints, allow_all_endpoints));
+            rules_patch(&mut body, models, endpoints, max_concurrent_requests);
             (Method::PATCH, format!("/keys/{key}"), Some(body))
         }
         Resource::Keys(Keys::Get { key }) => (Method::GET, format!("/keys/{key}"), None),

@@ -285,6 +285,68 @@ async fn the_admin_cli_sets_prices_and_reads_receipts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_says_whether_the_organizations_key_or_the_clients_own_paid_the_provider() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("provider-key");
+    let serve = start(&dir, &mock.url());
+    let (org_id, secret) = tenant(&serve).await;
+    let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
+    let url = format!("{}/v1/chat/completions", serve.gateway);
+    // The organization's managed key, then the client's own beside its Recovea key.
+    let bearer = format!("Bearer {secret}");
+    let (status, _) = call(Method::POST, &url, &[("authorization", &bearer)], Some(chat.clone())).await;
+    assert_eq!(status, StatusCode::OK);
+    let own = [("x-recovea-key", secret.as_str()), ("authorization", "Bearer sk-client-own-0123456789")];
+    let (status, _) = call(Method::POST, &url, &own, Some(chat)).await;
+    assert_eq!(status, StatusCode::OK);
+    let sent: Vec<_> = mock.requests().iter().map(|r| r.header("authorization").map(str::to_owned)).collect();
+    assert_eq!(
+        sent,
+        [Some("Bearer sk-managed-0123456789".to_owned()), Some("Bearer sk-client-own-0123456789".to_owned())]
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let receipts = loop {
+        let receipts = all_receipts(&serve, &org_id).await;
+        if receipts.len() == 2 {
+            break receipts;
+        }
+        assert!(Instant::now() < deadline, "receipts did not arrive: {receipts:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let paid: Vec<&str> =
+        receipts.iter().map(|r| r["provider_key"].as_str().expect("provider_key")).collect();
+    assert_eq!(paid, ["managed", "client"]);
+    // A filter, through the API and the CLI, and the CSV export's last column.
+    let only = |value: &str| {
+        let path = format!("/orgs/{org_id}/receipts?provider_key={value}");
+        let serve = &serve;
+        async move { admin(serve, Method::GET, &path, None).await }
+    };
+    assert_eq!(only("client").await["receipts"][0]["id"], receipts[1]["id"]);
+    assert_eq!(only("client").await["receipts"].as_array().map(Vec::len), Some(1));
+    let managed: Value = serde_json::from_str(&admin_cli(
+        &serve,
+        &["receipts", "list", "--org", &org_id, "--provider-key", "managed"],
+    ))
+    .expect("JSON");
+    assert_eq!(managed["receipts"].as_array().map(Vec::len), Some(1));
+    assert_eq!(managed["receipts"][0]["id"], receipts[0]["id"]);
+    let csv = admin_cli(&serve, &["receipts", "export", "--org", &org_id]);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].ends_with(",job_id,held_usd,provider_key"), "{csv}");
+    assert!(lines[1].ends_with(",managed") && lines[2].ends_with(",client"), "{csv}");
+    let auth = format!("Bearer {TOKEN}");
+    let bad = format!("{}/admin/v1/orgs/{org_id}/receipts?provider_key=own", serve.admin);
+    let (status, body) = call(Method::GET, &bad, &[("authorization", &auth)], None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let body: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(body["error"]["message"], "provider_key: expected managed or client");
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tagged_receipts_are_filtered_exported_and_summed_by_tag() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("tags");
@@ -331,12 +393,12 @@ async fn tagged_receipts_are_filtered_exported_and_summed_by_tag() {
     assert_eq!(lines.len(), 2, "{csv}");
     assert!(
         lines[0].ends_with(
-            ",priced_as,tags,audio_input_tokens,cached_audio_input_tokens,audio_output_tokens,job_id,held_usd"
+            ",priced_as,tags,audio_input_tokens,cached_audio_input_tokens,audio_output_tokens,job_id,held_usd,provider_key"
         ),
         "{csv}"
     );
-    // No audio, no job: zeros, and two empty fields.
-    assert!(lines[1].ends_with(",team=ads,0,0,0,,"), "{csv}");
+    // No audio, no job: zeros, and two empty fields; then who paid.
+    assert!(lines[1].ends_with(",team=ads,0,0,0,,,managed"), "{csv}");
     let summary: Value = serde_json::from_str(&admin_cli(
         &serve,
         &["receipts", "summary", "--org", &org_id, "--group-by", "tag:team"],

@@ -826,3 +826,94 @@ async fn the_console_shows_bidirectional_and_control_characters_as_their_escapes
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_allowlists_and_concurrency_limits_are_set_through_the_cli() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("endpoints");
+    let serve = Serve::start(&dir, &mock.url(), &[]);
+    let create_org =
+        ["orgs", "create", "--name", "a", "--allowed-endpoints", "/v1/chat/completions, /v1/models*"];
+    let org = admin_cli(&serve, &dir, &[&create_org[..], &["--max-concurrent-requests", "8"]].concat());
+    assert_eq!(org["allowed_endpoints"], json!(["/v1/chat/completions", "/v1/models*"]));
+    assert_eq!(org["max_concurrent_requests"], 8);
+    let org_id = org["id"].as_str().expect("id").to_owned();
+    let provider = ["providers", "set", "--org", &org_id, "--name", "openai", "--kind", "openai"];
+    admin_cli(&serve, &dir, &[&provider[..], &["--api-key", "sk-managed-0123456789"]].concat());
+    let create_key = ["keys", "create", "--org", &org_id, "--name", "k", "--allowed-endpoints", "/v1/chat/*"];
+    let key = admin_cli(&serve, &dir, &[&create_key[..], &["--max-concurrent-requests", "1"]].concat());
+    assert_eq!(key["allowed_endpoints"], json!(["/v1/chat/*"]));
+    assert_eq!(key["max_concurrent_requests"], 1);
+    let key_id = key["id"].as_str().expect("id").to_owned();
+    let bearer = format!("Bearer {}", key["secret"].as_str().expect("secret"));
+    let models = format!("{}/v1/models", serve.gateway);
+    // Polls until a change has reached the gateway.
+    let until = |wanted: StatusCode| {
+        let (models, bearer) = (models.clone(), bearer.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                let (status, body) = call(Method::GET, &models, &[("authorization", &bearer)], None).await;
+                if status == wanted {
+                    return body;
+                }
+                assert!(Instant::now() < deadline, "still {status} {body}");
+            }
+        }
+    };
+    // The organization lists `/v1/models*`, the key only `/v1/chat/*`: refused.
+    let refused = until(StatusCode::FORBIDDEN).await;
+    assert_eq!(
+        refused,
+        json!({"error": {
+            "message": "Endpoint '/v1/models' is not allowed for this key.",
+            "type": "permission_error",
+            "param": null,
+            "code": "endpoint_not_allowed"
+        }})
+    );
+    assert!(mock.requests().is_empty(), "refused before the provider");
+    let widened = admin_cli(&serve, &dir, &["keys", "update", &key_id, "--allowed-endpoints", "/v1/*"]);
+    assert_eq!(widened["allowed_endpoints"], json!(["/v1/*"]));
+    assert_eq!(widened["max_concurrent_requests"], 1, "a member left out keeps its value");
+    until(StatusCode::OK).await;
+    let closed = admin_cli(&serve, &dir, &["orgs", "update", &org_id, "--allowed-endpoints", ""]);
+    assert_eq!(
+        (closed["allowed_endpoints"].clone(), closed["max_concurrent_requests"].clone()),
+        (json!([]), json!(8))
+    );
+    until(StatusCode::FORBIDDEN).await;
+    let opened = admin_cli(&serve, &dir, &["orgs", "update", &org_id, "--allow-all-endpoints"]);
+    assert_eq!(opened["allowed_endpoints"], Value::Null);
+    let key_open = ["keys", "update", &key_id, "--allow-all-endpoints", "--max-concurrent-requests", "none"];
+    let unlimited = admin_cli(&serve, &dir, &key_open);
+    assert_eq!(
+        (unlimited["allowed_endpoints"].clone(), unlimited["max_concurrent_requests"].clone()),
+        (Value::Null, Value::Null)
+    );
+    until(StatusCode::OK).await;
+
+    // A bad pattern or limit is a 400 naming the field, and changes nothing.
+    let token = std::fs::read_to_string(dir.join("admin-token")).expect("token").trim().to_owned();
+    let auth = format!("Bearer {token}");
+    let key_url = format!("{}/admin/v1/keys/{key_id}", serve.admin);
+    for (member, bad) in [
+        ("allowed_endpoints", json!(["v1/files"])),
+        ("allowed_endpoints", json!(["/v1/*/x"])),
+        ("allowed_endpoints", json!("/v1/files")),
+        ("max_concurrent_requests", json!(0)),
+        ("max_concurrent_requests", json!(-1)),
+    ] {
+        let (status, body) =
+            call(Method::PATCH, &key_url, &[("authorization", &auth)], Some(json!({ member: bad }))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.starts_with(&format!("{member}:")), "{body}");
+    }
+    let (_, unchanged) = call(Method::GET, &key_url, &[("authorization", &auth)], None).await;
+    assert_eq!(
+        (unchanged["allowed_endpoints"].clone(), unchanged["max_concurrent_requests"].clone()),
+        (Value::Null, Value::Null)
+    );
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -6,14 +6,15 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use recovea_core::crypto::{self, MasterKey};
+use recovea_core::endpoints::EndpointAllowlist;
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys;
-use recovea_core::models::ModelAllowlist;
+use recovea_core::models::{ModelAllowlist, PatternError};
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use recovea_store::{
-    AuditAuth, AuditContext, ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger,
+    AccessRules, AuditAuth, AuditContext, ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -220,6 +221,8 @@ impl Control {
             name: name_field("name", body.name)?,
             created_at: now(),
             allowed_models: allowed_models(body.allowed_models)?,
+            allowed_endpoints: allowed_endpoints(body.allowed_endpoints)?,
+            max_concurrent_requests: positive("max_concurrent_requests", body.max_concurrent_requests)?,
         };
         let (row, audit) = (org.clone(), caller.audit()?);
         self.store(move |s| s.create_org(&row, &audit)).await?;
@@ -237,12 +240,23 @@ impl Control {
 
     async fn update_org(&self, caller: Caller, id: OrgId, patch: OrgPatch) -> Result<Reply, ApiError> {
         let current = self.require_org(&id).await?;
-        let Some(value) = patch.allowed_models else { return ok(org_json(&current)) };
-        let models = allowed_models_patch(value)?;
+        if patch.allowed_models.is_none()
+            && patch.allowed_endpoints.is_none()
+            && patch.max_concurrent_requests.is_none()
+        {
+            return ok(org_json(&current));
+        }
+        // Validated before anything is saved, so that a bad member changes nothing.
+        let rules = rules_patch(
+            current.rules(),
+            patch.allowed_models,
+            patch.allowed_endpoints,
+            patch.max_concurrent_requests,
+        )?;
         let missing = format!("No organization {id}.");
         let audit = caller.audit()?;
         let org = self
-            .store(move |s| s.set_org_allowed_models(&id, models.as_ref(), &audit))
+            .store(move |s| s.set_org_rules(&id, &rules, &audit))
             .await?
             .ok_or(ApiError::NotFound(missing))?;
         ok(org_json(&org))
@@ -280,6 +294,8 @@ impl Control {
                 tokens_per_minute: positive("tokens_per_minute", body.tokens_per_minute)?,
             },
             allowed_models: allowed_models(body.allowed_models)?,
+            allowed_endpoints: allowed_endpoints(body.allowed_endpoints)?,
+            max_concurrent_requests: positive("max_concurrent_requests", body.max_concurrent_requests)?,
         };
         let (row, hash, audit) = (key.clone(), keys::hash_secret(&secret), caller.audit()?);
         self.store(move |s| s.create_key(&row, hash, &audit)).await?;
@@ -300,10 +316,12 @@ impl Control {
         let current =
             self.store(move |s| s.key(&lookup)).await?.ok_or_else(|| ApiError::NotFound(missing.clone()))?;
         // Validated before anything is saved, so that a bad member changes nothing.
-        let allowed_models = match patch.allowed_models {
-            Some(value) => allowed_models_patch(value)?,
-            None => current.allowed_models.clone(),
-        };
+        let rules = rules_patch(
+            current.rules(),
+            patch.allowed_models,
+            patch.allowed_endpoints,
+            patch.max_concurrent_requests,
+        )?;
         let limits = KeyLimits {
             requests_per_minute: limit_patch(
                 "requests_per_minute",
@@ -318,7 +336,7 @@ impl Control {
         };
         let audit = caller.audit()?;
         let key = self
-            .store(move |s| s.update_key(&owner, limits, allowed_models.as_ref(), &audit))
+            .store(move |s| s.update_key(&owner, limits, &rules, &audit))
             .await?
             .ok_or(ApiError::NotFound(missing))?;
         ok(key_json(&key))
@@ -443,6 +461,8 @@ impl Control {
 struct NewOrg {
     name: String,
     allowed_models: Option<Vec<String>>,
+    allowed_endpoints: Option<Vec<String>>,
+    max_concurrent_requests: Option<u32>,
 }
 
 /// `PATCH /orgs/{org}`: a member left out keeps its value; `null` removes the list.
@@ -451,6 +471,10 @@ struct NewOrg {
 struct OrgPatch {
     #[serde(default, deserialize_with = "present")]
     allowed_models: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    allowed_endpoints: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    max_concurrent_requests: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -461,6 +485,8 @@ struct NewKey {
     requests_per_minute: Option<u32>,
     tokens_per_minute: Option<u32>,
     allowed_models: Option<Vec<String>>,
+    allowed_endpoints: Option<Vec<String>>,
+    max_concurrent_requests: Option<u32>,
 }
 
 /// `PATCH /keys/{key}`: a member left out keeps its value; `null` removes the limit (or the list).
@@ -473,6 +499,10 @@ struct KeyPatch {
     tokens_per_minute: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     allowed_models: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    allowed_endpoints: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    max_concurrent_requests: Option<Value>,
 }
 
 /// For patch members: `Some(Value::Null)` for an explicit `null`, where a plain `Option` would
@@ -555,23 +585,73 @@ fn seal(master_key: &MasterKey, context: &[u8], plaintext: &[u8]) -> Result<Vec<
 
 /// A model allowlist given on creation: absent (every model) or a list of names and `prefix*`s.
 fn allowed_models(value: Option<Vec<String>>) -> Result<Option<ModelAllowlist>, ApiError> {
-    value
-        .map(ModelAllowlist::parse)
-        .transpose()
-        .map_err(|e| ApiError::BadRequest(format!("allowed_models: {e}")))
+    allowlist("allowed_models", value, ModelAllowlist::parse)
 }
 
-/// A model allowlist in a patch: `null` removes it (every model), a list of strings sets it.
-fn allowed_models_patch(value: Value) -> Result<Option<ModelAllowlist>, ApiError> {
+/// An endpoint allowlist given on creation: absent (every endpoint) or a list of paths and
+/// `/prefix*`s.
+fn allowed_endpoints(value: Option<Vec<String>>) -> Result<Option<EndpointAllowlist>, ApiError> {
+    allowlist("allowed_endpoints", value, EndpointAllowlist::parse)
+}
+
+/// A list given on creation, validated by `parse`; its errors name `member`.
+fn allowlist<T>(
+    member: &str,
+    value: Option<Vec<String>>,
+    parse: fn(Vec<String>) -> Result<T, PatternError>,
+) -> Result<Option<T>, ApiError> {
+    value.map(parse).transpose().map_err(|e| ApiError::BadRequest(format!("{member}: {e}")))
+}
+
+/// A list in a patch: `null` removes it (everything), a list of strings sets it; `entries` says
+/// what a list holds, for the message of anything else.
+fn allowlist_patch<T>(
+    member: &str,
+    value: Value,
+    entries: &str,
+    parse: fn(Vec<String>) -> Result<T, PatternError>,
+) -> Result<Option<T>, ApiError> {
     if value.is_null() {
         return Ok(None);
     }
-    let list = serde_json::from_value::<Vec<String>>(value).map_err(|_| {
-        ApiError::BadRequest(
-            "allowed_models: expected a list of model names (or \"prefix*\"), or null".into(),
-        )
-    })?;
-    allowed_models(Some(list))
+    let list = serde_json::from_value::<Vec<String>>(value)
+        .map_err(|_| ApiError::BadRequest(format!("{member}: expected a list of {entries}, or null")))?;
+    allowlist(member, Some(list), parse)
+}
+
+/// A key's or an organization's rules after a patch: each member left out keeps its value in
+/// `current`, `null` removes the rule.
+fn rules_patch(
+    current: AccessRules,
+    models: Option<Value>,
+    endpoints: Option<Value>,
+    max_concurrent: Option<Value>,
+) -> Result<AccessRules, ApiError> {
+    Ok(AccessRules {
+        allowed_models: match models {
+            Some(value) => allowlist_patch(
+                "allowed_models",
+                value,
+                "model names (or \"prefix*\")",
+                ModelAllowlist::parse,
+            )?,
+            None => current.allowed_models,
+        },
+        allowed_endpoints: match endpoints {
+            Some(value) => allowlist_patch(
+                "allowed_endpoints",
+                value,
+                "paths (or \"/prefix*\")",
+                EndpointAllowlist::parse,
+            )?,
+            None => current.allowed_endpoints,
+        },
+        max_concurrent_requests: limit_patch(
+            "max_concurrent_requests",
+            max_concurrent,
+            current.max_concurrent_requests,
+        )?,
+    })
 }
 
 /// A rate limit given on creation: absent or a positive number.

@@ -393,6 +393,8 @@ mod tests {
                     name: "a".into(),
                     created_at: Timestamp(0),
                     allowed_models: None,
+                    allowed_endpoints: None,
+                    max_concurrent_requests: None,
                 },
                 &audit(),
             )

@@ -105,6 +105,8 @@ mod tests {
                 requests_per_minute: None,
                 tokens_per_minute: None,
                 allowed_models: None,
+                allowed_endpoints: None,
+                max_concurrent_requests: None,
             };
             state.keys.insert(KeyHash([*n; 32]), key);
         }

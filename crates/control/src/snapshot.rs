@@ -9,7 +9,12 @@ use recovea_store::{PriceTarget, State};
 pub fn feed_state(state: &State) -> FeedState {
     let mut feed = FeedState { version: state.version, ..FeedState::default() };
     for org in &state.orgs {
-        let wire = OrgWire { allowed_models: org.allowed_models.clone(), ..OrgWire::default() };
+        let wire = OrgWire {
+            allowed_models: org.allowed_models.clone(),
+            allowed_endpoints: org.allowed_endpoints.clone(),
+            max_concurrent_requests: org.max_concurrent_requests,
+            ..OrgWire::default()
+        };
         feed.orgs.insert(org.id.clone(), wire);
     }
     for provider in &state.providers {
@@ -44,6 +49,8 @@ pub fn feed_state(state: &State) -> FeedState {
                     requests_per_minute: key.limits.requests_per_minute,
                     tokens_per_minute: key.limits.tokens_per_minute,
                     allowed_models: key.allowed_models.clone(),
+                    allowed_endpoints: key.allowed_endpoints.clone(),
+                    max_concurrent_requests: key.max_concurrent_requests,
                 },
             );
         }

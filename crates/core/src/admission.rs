@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::answer::Answer;
 use crate::credential::{Credential, CredentialHeader};
+use crate::endpoints::EndpointAllowlist;
 use crate::ids::KeyId;
 use crate::keys;
 use crate::models::ModelAllowlist;
@@ -44,12 +45,26 @@ pub struct Admitted {
     pub limits: KeyLimits,
     /// The key's own model allowlist (its organization's is on `org`).
     pub allowed_models: Option<Arc<ModelAllowlist>>,
+    /// The key's own endpoint allowlist (its organization's is on `org`).
+    pub allowed_endpoints: Option<Arc<EndpointAllowlist>>,
+    /// The key's own limit of requests in flight on a node (its organization's is on `org`).
+    pub max_concurrent_requests: Option<u32>,
 }
 
 impl Admitted {
     /// Whether the key and its organization both allow `model` (see [`crate::models::model_allowed`]).
     pub fn allows_model(&self, model: Option<&str>) -> bool {
         crate::models::model_allowed(self.allowed_models.as_deref(), self.org.allowed_models.as_ref(), model)
+    }
+
+    /// Whether the key and its organization both allow `endpoint`, the provider's path without
+    /// its query (see [`crate::endpoints::endpoint_allowed`]).
+    pub fn allows_endpoint(&self, endpoint: &str) -> bool {
+        crate::endpoints::endpoint_allowed(
+            self.allowed_endpoints.as_deref(),
+            self.org.allowed_endpoints.as_ref(),
+            endpoint,
+        )
     }
 }
 
@@ -83,6 +98,8 @@ pub fn admit(snapshot: Option<&Snapshot>, credential: Option<Credential<'_>>, no
         credential_header: credential.header,
         limits: entry.limits,
         allowed_models: entry.allowed_models.cloned(),
+        allowed_endpoints: entry.allowed_endpoints.cloned(),
+        max_concurrent_requests: entry.max_concurrent_requests,
     })
 }
 

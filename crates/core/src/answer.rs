@@ -141,6 +141,24 @@ impl Answer {
         Self::error(403, "permission_error", "model_not_allowed", &message)
     }
 
+    /// 403: the key's or its organization's `allowed_endpoints` does not list the endpoint (the
+    /// provider's path, without its query). Names it, cut to a readable length.
+    pub fn endpoint_not_allowed(endpoint: &str) -> Self {
+        let shown = shown(endpoint, REQUEST_SHOWN_CHARS);
+        let message = format!("Endpoint '{shown}' is not allowed for this key.");
+        Self::error(403, "permission_error", "endpoint_not_allowed", &message)
+    }
+
+    /// 429: the key (`"key"`) or its organization (`"organization"`) has `limit` requests in
+    /// flight on this node, its `max_concurrent_requests`. One ends soon: `retry-after: 1`.
+    pub fn concurrency_limit_exceeded(holder: &str, limit: u32) -> Self {
+        let message = format!(
+            "Too many requests in flight for this {holder}: at most {limit} at once. Retry when one ends."
+        );
+        Self::error(429, "rate_limit_error", "concurrency_limit_exceeded", &message)
+            .with_header("retry-after", "1")
+    }
+
     pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
         self.headers.push((name, value.into()));
         self
@@ -563,6 +581,31 @@ mod tests {
                 )
             );
         }
+    }
+
+    #[test]
+    fn endpoint_not_allowed_names_the_endpoint() {
+        let answer = Answer::endpoint_not_allowed("/v1/files");
+        assert_eq!(answer.status, 403);
+        assert!(answer.headers.is_empty());
+        assert_eq!(
+            String::from_utf8(answer.body).expect("utf-8"),
+            "{\n  \"error\": {\n    \"message\": \"Endpoint '/v1/files' is not allowed for this key.\",\n    \"type\": \"permission_error\",\n    \"param\": null,\n    \"code\": \"endpoint_not_allowed\"\n  }\n}"
+        );
+        let long = format!("/v1/{}", "f".repeat(500));
+        let answer = Answer::endpoint_not_allowed(&long);
+        assert!(answer.body.len() < 500, "the client's path is cut");
+    }
+
+    #[test]
+    fn concurrency_limit_exceeded_says_retry_in_a_second() {
+        let answer = Answer::concurrency_limit_exceeded("key", 2);
+        assert_eq!(answer.status, 429);
+        assert_eq!(answer.headers, vec![("retry-after", "1".to_owned())]);
+        assert_eq!(
+            String::from_utf8(answer.body).expect("utf-8"),
+            "{\n  \"error\": {\n    \"message\": \"Too many requests in flight for this key: at most 2 at once. Retry when one ends.\",\n    \"type\": \"rate_limit_error\",\n    \"param\": null,\n    \"code\": \"concurrency_limit_exceeded\"\n  }\n}"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::caps::{Cap, Scope};
 use crate::crypto::{MasterKey, NONCE_LEN, provider_key_context};
+use crate::endpoints::EndpointAllowlist;
 use crate::ids::{CapId, KeyId, OrgId};
 use crate::keys::KeyHash;
 use crate::models::ModelAllowlist;
@@ -41,6 +42,12 @@ pub struct OrgWire {
     /// The models the organization's keys may use; left out: every model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_models: Option<ModelAllowlist>,
+    /// The endpoints the organization's keys may call; left out: every endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_endpoints: Option<EndpointAllowlist>,
+    /// The most requests of its keys in flight at once on a node; left out: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_requests: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +94,12 @@ pub struct KeyWire {
     /// The models the key may use; left out: every model its organization allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_models: Option<ModelAllowlist>,
+    /// The endpoints the key may call; left out: every endpoint its organization allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_endpoints: Option<EndpointAllowlist>,
+    /// The most requests of the key in flight at once on a node; left out: no limit of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_requests: Option<u32>,
 }
 
 /// The operators' price overrides; the built-in table is compiled into every node.
@@ -312,6 +325,8 @@ impl OrgWire {
             providers: providers.into(),
             caps,
             allowed_models: self.allowed_models.clone(),
+            allowed_endpoints: self.allowed_endpoints.clone(),
+            max_concurrent_requests: self.max_concurrent_requests,
         })
     }
 }
@@ -327,6 +342,8 @@ impl KeyWire {
                 tokens_per_minute: self.tokens_per_minute,
             },
             allowed_models: self.allowed_models.as_ref(),
+            allowed_endpoints: self.allowed_endpoints.as_ref(),
+            max_concurrent_requests: self.max_concurrent_requests,
         }
     }
 }
@@ -512,6 +529,8 @@ mod tests {
             requests_per_minute: None,
             tokens_per_minute: None,
             allowed_models: None,
+            allowed_endpoints: None,
+            max_concurrent_requests: None,
         }
     }
 
@@ -643,7 +662,10 @@ mod tests {
                     org.caps.iter().map(|c| format!("{}:{}:{}", c.id, c.limit.0, c.hard_stop)).collect();
                 let mut providers: Vec<&String> = org.providers.iter().map(|p| &p.name).collect();
                 providers.sort();
-                format!("{} {caps:?} {providers:?} {:?}", org.id, org.allowed_models)
+                format!(
+                    "{} {caps:?} {providers:?} {:?} {:?} {:?}",
+                    org.id, org.allowed_models, org.allowed_endpoints, org.max_concurrent_requests
+                )
             })
             .collect();
         orgs.sort();
@@ -652,11 +674,13 @@ mod tests {
                 let entry = snapshot.key(&KeyHash([n; 32]))?;
                 let caps: Vec<i64> = entry.org.caps.iter().map(|c| c.limit.0).collect();
                 Some(format!(
-                    "{n} {} {} {:?} {caps:?} {:?}",
+                    "{n} {} {} {:?} {caps:?} {:?} {:?} {:?}",
                     entry.id(),
                     entry.org.id,
                     entry.limits,
-                    entry.allowed_models
+                    entry.allowed_models,
+                    entry.allowed_endpoints,
+                    entry.max_concurrent_requests
                 ))
             })
             .collect();
@@ -682,6 +706,10 @@ mod tests {
             0..3,
         );
         let lists = [models(&[]), models(&["gpt-*"]), models(&["gpt-4o", "claude-*"])];
+        let path = |p: &[&str]| {
+            EndpointAllowlist::parse(p.iter().map(|m| (*m).to_owned()).collect()).expect("valid")
+        };
+        let paths = [path(&[]), path(&["/v1/*"]), path(&["/v1/chat/completions", "/openai/*"])];
         (1u64..50, orgs, keys, 0u64..3).prop_map(move |(version, orgs, keys, revision)| FeedState {
             version,
             // The control plane never feeds a key of an organization it does not feed.
@@ -692,6 +720,8 @@ mod tests {
                     let mut wire = key(&format!("key_{n}"), org);
                     wire.requests_per_minute = rpm;
                     wire.allowed_models = list.map(|i| lists[i].clone());
+                    wire.allowed_endpoints = list.map(|i| paths[i].clone());
+                    wire.max_concurrent_requests = rpm.map(|n| n % 4);
                     (KeyHash([n; 32]), wire)
                 })
                 .collect(),
@@ -707,8 +737,14 @@ mod tests {
                         hard_stop,
                         alert_at_permille: Vec::new(),
                     };
-                    let allowed_models = list.map(|i| lists[i].clone());
-                    (org_id(id), OrgWire { providers: BTreeMap::new(), caps: vec![cap], allowed_models })
+                    let org = OrgWire {
+                        providers: BTreeMap::new(),
+                        caps: vec![cap],
+                        allowed_models: list.map(|i| lists[i].clone()),
+                        allowed_endpoints: list.map(|i| paths[(i + 1) % 3].clone()),
+                        max_concurrent_requests: hard_stop.then_some(limit as u32),
+                    };
+                    (org_id(id), org)
                 })
                 .collect(),
             prices: PricesWire { revision, ..PricesWire::default() },

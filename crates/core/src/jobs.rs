@@ -479,6 +479,8 @@ pub fn settle(
                 org_id: job.org_id.to_owned(),
                 key_id: job.key_id.to_owned(),
                 provider: job.provider.to_owned(),
+                // Only a job sent with the organization's key is polled: the gateway holds no other.
+                provider_key: Some(crate::receipt::ProviderKey::Managed),
                 model: model.clone().or_else(|| job.model.map(str::to_owned)),
                 endpoint: job.endpoint.to_owned(),
                 status: 200,

@@ -45,12 +45,7 @@ impl std::error::Error for PatternError {}
 
 impl ModelAllowlist {
     pub fn parse(patterns: Vec<String>) -> Result<Self, PatternError> {
-        if patterns.len() > MAX_PATTERNS {
-            return Err(PatternError(format!("at most {MAX_PATTERNS} models may be listed")));
-        }
-        for pattern in &patterns {
-            check_pattern(pattern)?;
-        }
+        check_patterns(&patterns, "model", |b| b.is_ascii_graphic(), "printable ASCII, without spaces")?;
         Ok(Self { patterns: patterns.into() })
     }
 
@@ -60,28 +55,47 @@ impl ModelAllowlist {
 
     /// Whether some pattern matches `model`: equal to it, or, ending with `*`, a prefix of it.
     pub fn allows(&self, model: &str) -> bool {
-        self.patterns.iter().any(|pattern| match pattern.strip_suffix('*') {
-            Some(prefix) => model.starts_with(prefix),
-            None => pattern == model,
-        })
+        any_matches(&self.patterns, model)
     }
 }
 
-fn check_pattern(pattern: &str) -> Result<(), PatternError> {
-    let shown: String = pattern.chars().take(MAX_PATTERN_LEN).collect();
-    if pattern.is_empty() {
-        return Err(PatternError("a model pattern may not be empty".into()));
+/// Whether some pattern of a list is `text`, or, ending with `*`, a prefix of it: the rule of
+/// model and endpoint allowlists alike.
+pub(crate) fn any_matches(patterns: &[String], text: &str) -> bool {
+    patterns.iter().any(|pattern| match pattern.strip_suffix('*') {
+        Some(prefix) => text.starts_with(prefix),
+        None => pattern == text,
+    })
+}
+
+/// The rules every allowlist's patterns keep: at most [`MAX_PATTERNS`] of them, each non-empty,
+/// at most [`MAX_PATTERN_LEN`] bytes, every byte passing `byte_allowed` (`bytes_rule` says which
+/// do), one `*` at most and only last. `noun` names the list's entries in the messages.
+pub(crate) fn check_patterns(
+    patterns: &[String],
+    noun: &str,
+    byte_allowed: fn(u8) -> bool,
+    bytes_rule: &str,
+) -> Result<(), PatternError> {
+    if patterns.len() > MAX_PATTERNS {
+        return Err(PatternError(format!("at most {MAX_PATTERNS} {noun}s may be listed")));
     }
-    if pattern.len() > MAX_PATTERN_LEN {
-        return Err(PatternError(format!("model pattern longer than {MAX_PATTERN_LEN} bytes: {shown:?}")));
-    }
-    if !pattern.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(PatternError(format!(
-            "model pattern {shown:?} may hold only printable ASCII, without spaces"
-        )));
-    }
-    if pattern.trim_end_matches('*').contains('*') || pattern.ends_with("**") {
-        return Err(PatternError(format!("model pattern {shown:?} may hold one '*', only at its end")));
+    for pattern in patterns {
+        let shown: String = pattern.chars().take(MAX_PATTERN_LEN).collect();
+        if pattern.is_empty() {
+            return Err(PatternError(format!("a {noun} pattern may not be empty")));
+        }
+        if pattern.len() > MAX_PATTERN_LEN {
+            return Err(PatternError(format!(
+                "{noun} pattern longer than {MAX_PATTERN_LEN} bytes: {shown:?}"
+            )));
+        }
+        if !pattern.bytes().all(byte_allowed) {
+            return Err(PatternError(format!("{noun} pattern {shown:?} may hold only {bytes_rule}")));
+        }
+        if pattern.trim_end_matches('*').contains('*') || pattern.ends_with("**") {
+            return Err(PatternError(format!("{noun} pattern {shown:?} may hold one '*', only at its end")));
+        }
     }
     Ok(())
 }

@@ -23,6 +23,10 @@ pub struct Receipt {
     pub key_id: String,
     /// The name of the credential the request went through (`openai`, `anthropic`, `groq`...).
     pub provider: String,
+    /// Who paid the provider: the organization's key held by Recovea, or the client's own. Left
+    /// out only on receipts written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_key: Option<ProviderKey>,
     pub model: Option<String>,
     /// The provider path without its query, such as `/v1/chat/completions`.
     pub endpoint: String,
@@ -94,6 +98,33 @@ pub struct Receipt {
     /// receipt without tags reads as it did before them, and defaulted, so that older ones read.
     #[serde(default, skip_serializing_if = "Tags::is_empty")]
     pub tags: Tags,
+}
+
+/// Whose provider key a request went with, and so whose provider account it was billed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKey {
+    /// The organization's credential, held by Recovea and swapped in by the gateway.
+    Managed,
+    /// A provider key the client sent itself, beside its Recovea key in `x-recovea-key`.
+    Client,
+}
+
+impl ProviderKey {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Managed => "managed",
+            Self::Client => "client",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "managed" => Some(Self::Managed),
+            "client" => Some(Self::Client),
+            _ => None,
+        }
+    }
 }
 
 /// The built-in tools' calls a receipt charged, by tool; left out when none ran.
@@ -202,6 +233,10 @@ impl Receipt {
         push_json_str(&mut out, &self.key_id);
         out.push_str(r#","provider":"#);
         push_json_str(&mut out, &self.provider);
+        if let Some(key) = self.provider_key {
+            out.push_str(r#","provider_key":"#);
+            push_json_str(&mut out, key.as_str());
+        }
         out.push_str(r#","model":"#);
         match &self.model {
             Some(model) => push_json_str(&mut out, model),
@@ -317,6 +352,7 @@ impl Receipt {
             org_id: "org_a".into(),
             key_id: "key_a".into(),
             provider: "openai".into(),
+            provider_key: None,
             model: Some("gpt-4o".into()),
             endpoint: "/v1/chat/completions".into(),
             status: 200,
@@ -689,6 +725,7 @@ mod tests {
             batch in proptest::option::of((any_text(), any_text(), any::<[u64; 4]>())),
             more in prop_oneof![Just([0u64; 10]), any::<[u64; 10]>()],
             tier in 0_u8..3,
+            provider_key in proptest::option::of(prop_oneof![Just(ProviderKey::Managed), Just(ProviderKey::Client)]),
         ) -> Receipt {
             let mut text = texts.into_iter();
             let mut next = || text.next().unwrap_or_default();
@@ -698,6 +735,7 @@ mod tests {
                 org_id: next(),
                 key_id: next(),
                 provider: next(),
+                provider_key,
                 model,
                 endpoint: next(),
                 status,
@@ -799,6 +837,21 @@ mod tests {
         let text = uploaded.to_json();
         assert!(text.contains(r#""batch_input":{"file_id":"file-1","input":{"models":{"gpt-4o":"#), "{text}");
         assert_eq!(SerializedReceipt::parse(&text).expect("reads").into_receipt(), uploaded);
+    }
+
+    /// Who paid the provider is said on every new receipt; older receipts read without it.
+    #[test]
+    fn the_provider_key_is_said_and_round_trips() {
+        let plain = sample().to_json();
+        assert!(!plain.contains("provider_key"), "{plain}");
+        for (key, text) in [(ProviderKey::Managed, "managed"), (ProviderKey::Client, "client")] {
+            let receipt = Receipt { provider_key: Some(key), ..sample() };
+            let json = receipt.to_json();
+            assert!(json.contains(&format!(r#""provider":"openai","provider_key":"{text}","#)), "{json}");
+            assert_eq!(SerializedReceipt::parse(&json).expect("reads").into_receipt(), receipt);
+            assert_eq!(ProviderKey::parse(key.as_str()), Some(key));
+        }
+        assert_eq!(ProviderKey::parse("own"), None);
     }
 
     #[test]

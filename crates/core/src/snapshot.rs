@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::caps::Cap;
+use crate::endpoints::EndpointAllowlist;
 use crate::ids::{KeyId, OrgId};
 use crate::keys::KeyHash;
 use crate::models::ModelAllowlist;
@@ -121,6 +122,10 @@ pub struct Org {
     pub caps: Box<[Cap]>,
     /// The models its keys may use; `None`: every model.
     pub allowed_models: Option<ModelAllowlist>,
+    /// The endpoints its keys may call; `None`: every endpoint.
+    pub allowed_endpoints: Option<EndpointAllowlist>,
+    /// The most requests of its keys in flight at once on a node; `None`: no limit.
+    pub max_concurrent_requests: Option<u32>,
 }
 
 impl Org {
@@ -138,6 +143,10 @@ pub struct KeyEntry<'a> {
     pub limits: KeyLimits,
     /// The models this key may use; `None`: every model its organization allows.
     pub allowed_models: Option<&'a Arc<ModelAllowlist>>,
+    /// The endpoints this key may call; `None`: every endpoint its organization allows.
+    pub allowed_endpoints: Option<&'a Arc<EndpointAllowlist>>,
+    /// The most requests of this key in flight at once on a node; `None`: no limit of its own.
+    pub max_concurrent_requests: Option<u32>,
     id: StoredId<'a>,
 }
 
@@ -234,6 +243,11 @@ const LONG_ID: u8 = 8;
 const REMOVED: u8 = 16;
 /// The key lists its models (kept beside the table: few keys do).
 const ALLOWED_MODELS: u8 = 32;
+/// The key lists its endpoints (kept beside the table).
+const ALLOWED_ENDPOINTS: u8 = 64;
+/// The key limits its requests in flight (kept beside the table). The last bit of `flags`: a
+/// further rule kept beside the table shares a map rather than take a bit.
+const MAX_CONCURRENT: u8 = 128;
 
 /// A key in the table: 80 bytes, no pointer to follow. `org` indexes the snapshot's organizations.
 #[derive(Clone, Copy)]
@@ -256,7 +270,9 @@ impl Row {
             | limits.requests_per_minute.map_or(0, |_| REQUESTS_PER_MINUTE)
             | limits.tokens_per_minute.map_or(0, |_| TOKENS_PER_MINUTE)
             | packed.map_or(LONG_ID, |_| 0)
-            | key.allowed_models.map_or(0, |_| ALLOWED_MODELS);
+            | key.allowed_models.map_or(0, |_| ALLOWED_MODELS)
+            | key.allowed_endpoints.map_or(0, |_| ALLOWED_ENDPOINTS)
+            | key.max_concurrent_requests.map_or(0, |_| MAX_CONCURRENT);
         let row = Row {
             hash,
             id: packed.unwrap_or(PackedId::LONG),
@@ -307,17 +323,65 @@ struct KeyTable {
     bits: u32,
     /// The ids too long to pack, by key.
     long_ids: HashMap<KeyHash, KeyId>,
-    /// The allowlists of the keys that have one.
+    /// The rules of the keys that have them, kept beside the table: few keys do.
+    beside: Beside,
+}
+
+/// What only some keys have, by key: their model and endpoint allowlists and their limit of
+/// requests in flight.
+#[derive(Clone, Default)]
+struct Beside {
     models: HashMap<KeyHash, Arc<ModelAllowlist>>,
+    endpoints: HashMap<KeyHash, Arc<EndpointAllowlist>>,
+    concurrency: HashMap<KeyHash, u32>,
+}
+
+impl Beside {
+    /// Sets (or clears) what the key of `hash` has beside the table.
+    fn put(&mut self, hash: KeyHash, key: &KeyParts<'_>) {
+        fn set<V>(map: &mut HashMap<KeyHash, V>, hash: KeyHash, value: Option<V>) {
+            match value {
+                Some(value) => {
+                    map.insert(hash, value);
+                }
+                None if !map.is_empty() => {
+                    map.remove(&hash);
+                }
+                None => {}
+            }
+        }
+        set(&mut self.models, hash, key.allowed_models.map(|list| Arc::new(list.clone())));
+        set(&mut self.endpoints, hash, key.allowed_endpoints.map(|list| Arc::new(list.clone())));
+        set(&mut self.concurrency, hash, key.max_concurrent_requests);
+    }
+
+    fn remove(&mut self, hash: &KeyHash) {
+        if !self.models.is_empty() {
+            self.models.remove(hash);
+        }
+        if !self.endpoints.is_empty() {
+            self.endpoints.remove(hash);
+        }
+        if !self.concurrency.is_empty() {
+            self.concurrency.remove(hash);
+        }
+    }
+
+    /// Only the entries of keys `kept` holds.
+    fn retain(&mut self, kept: impl Fn(&KeyHash) -> bool) {
+        self.models.retain(|hash, _| kept(hash));
+        self.endpoints.retain(|hash, _| kept(hash));
+        self.concurrency.retain(|hash, _| kept(hash));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.models.is_empty() && self.endpoints.is_empty() && self.concurrency.is_empty()
+    }
 }
 
 impl KeyTable {
     /// `rows` sorted by hash, each hash once.
-    fn from_sorted(
-        rows: Vec<Row>,
-        long_ids: HashMap<KeyHash, KeyId>,
-        models: HashMap<KeyHash, Arc<ModelAllowlist>>,
-    ) -> KeyTable {
+    fn from_sorted(rows: Vec<Row>, long_ids: HashMap<KeyHash, KeyId>, beside: Beside) -> KeyTable {
         let bits = bucket_bits(rows.len());
         let buckets = 1usize << bits;
         let shift = 64 - bits;
@@ -329,7 +393,7 @@ impl KeyTable {
             }
             dir.push(at as u32);
         }
-        KeyTable { rows, dir, bits, long_ids, models }
+        KeyTable { rows, dir, bits, long_ids, beside }
     }
 
     fn len(&self) -> usize {
@@ -348,7 +412,7 @@ impl KeyTable {
         &self,
         mut changes: Vec<Row>,
         long_ids: HashMap<KeyHash, KeyId>,
-        models: HashMap<KeyHash, Arc<ModelAllowlist>>,
+        beside: Beside,
         keep: impl Fn(&Row) -> bool,
     ) -> KeyTable {
         // Stable, so that the last change of a key is the last of its run.
@@ -388,14 +452,15 @@ impl KeyTable {
             rows.extend_from_slice(&kept[from..]);
             rows
         };
-        let mut table = KeyTable::from_sorted(rows, long_ids, models);
+        let mut table = KeyTable::from_sorted(rows, long_ids, beside);
         if !table.long_ids.is_empty() && matches!(kept, Cow::Owned(_)) {
             let long_ids = std::mem::take(&mut table.long_ids);
             table.long_ids = long_ids.into_iter().filter(|(hash, _)| table.get(hash).is_some()).collect();
         }
-        if !table.models.is_empty() && matches!(kept, Cow::Owned(_)) {
-            let models = std::mem::take(&mut table.models);
-            table.models = models.into_iter().filter(|(hash, _)| table.get(hash).is_some()).collect();
+        if !table.beside.is_empty() && matches!(kept, Cow::Owned(_)) {
+            let mut beside = std::mem::take(&mut table.beside);
+            beside.retain(|hash| table.get(hash).is_some());
+            table.beside = beside;
         }
         table
     }
@@ -455,7 +520,17 @@ impl Snapshot {
             allowed_models: if row.flags & ALLOWED_MODELS == 0 {
                 None
             } else {
-                self.keys.models.get(&row.hash)
+                self.keys.beside.models.get(&row.hash)
+            },
+            allowed_endpoints: if row.flags & ALLOWED_ENDPOINTS == 0 {
+                None
+            } else {
+                self.keys.beside.endpoints.get(&row.hash)
+            },
+            max_concurrent_requests: if row.flags & MAX_CONCURRENT == 0 {
+                None
+            } else {
+                self.keys.beside.concurrency.get(&row.hash).copied()
             },
             id,
         })
@@ -491,6 +566,8 @@ pub struct KeyParts<'a> {
     pub expires_at: Option<Timestamp>,
     pub limits: KeyLimits,
     pub allowed_models: Option<&'a ModelAllowlist>,
+    pub allowed_endpoints: Option<&'a EndpointAllowlist>,
+    pub max_concurrent_requests: Option<u32>,
 }
 
 impl Snapshot {
@@ -542,7 +619,7 @@ impl Snapshot {
         let changed_keys = changed_keys.into_iter();
         let mut changes = Vec::with_capacity(changed_keys.size_hint().0);
         let mut long_ids = self.keys.long_ids.clone();
-        let mut models = self.keys.models.clone();
+        let mut beside = self.keys.beside.clone();
         for (hash, key) in changed_keys {
             match key.and_then(|key| Some((key, *org_index.get(key.org)?))) {
                 Some((key, org)) => {
@@ -552,24 +629,14 @@ impl Snapshot {
                     } else if !long_ids.is_empty() {
                         long_ids.remove(&hash);
                     }
-                    match key.allowed_models {
-                        Some(list) => {
-                            models.insert(hash, Arc::new(list.clone()));
-                        }
-                        None if !models.is_empty() => {
-                            models.remove(&hash);
-                        }
-                        None => {}
-                    }
+                    beside.put(hash, &key);
                     changes.push(row);
                 }
                 None => {
                     if !long_ids.is_empty() {
                         long_ids.remove(&hash);
                     }
-                    if !models.is_empty() {
-                        models.remove(&hash);
-                    }
+                    beside.remove(&hash);
                     changes.push(Row::removal(hash));
                 }
             }
@@ -581,7 +648,7 @@ impl Snapshot {
         }
         let keys = self
             .keys
-            .changed(changes, long_ids, models, |row| !gone.get(row.org as usize).copied().unwrap_or(false));
+            .changed(changes, long_ids, beside, |row| !gone.get(row.org as usize).copied().unwrap_or(false));
         free_orgs.extend(removed);
         Snapshot {
             version,
@@ -613,9 +680,17 @@ pub struct SnapshotBuilder {
     version: u64,
     orgs: HashMap<OrgId, (Vec<ProviderCredential>, Vec<Cap>)>,
     keys: Vec<(KeyHash, KeyId, OrgId, Option<Timestamp>, KeyLimits)>,
-    key_models: HashMap<KeyHash, ModelAllowlist>,
-    org_models: HashMap<OrgId, ModelAllowlist>,
+    key_rules: HashMap<KeyHash, Rules>,
+    org_rules: HashMap<OrgId, Rules>,
     prices: Option<Prices>,
+}
+
+/// What a key or an organization may do beyond its caps and rate limits, as the builder gathers it.
+#[derive(Debug, Default)]
+struct Rules {
+    models: Option<ModelAllowlist>,
+    endpoints: Option<EndpointAllowlist>,
+    max_concurrent_requests: Option<u32>,
 }
 
 impl SnapshotBuilder {
@@ -664,13 +739,37 @@ impl SnapshotBuilder {
 
     /// The models the key of `hash` may use.
     pub fn key_allowed_models(&mut self, hash: KeyHash, list: ModelAllowlist) -> &mut Self {
-        self.key_models.insert(hash, list);
+        self.key_rules.entry(hash).or_default().models = Some(list);
         self
     }
 
     /// The models the keys of `org` may use.
     pub fn org_allowed_models(&mut self, org: OrgId, list: ModelAllowlist) -> &mut Self {
-        self.org_models.insert(org, list);
+        self.org_rules.entry(org).or_default().models = Some(list);
+        self
+    }
+
+    /// The endpoints the key of `hash` may call.
+    pub fn key_allowed_endpoints(&mut self, hash: KeyHash, list: EndpointAllowlist) -> &mut Self {
+        self.key_rules.entry(hash).or_default().endpoints = Some(list);
+        self
+    }
+
+    /// The endpoints the keys of `org` may call.
+    pub fn org_allowed_endpoints(&mut self, org: OrgId, list: EndpointAllowlist) -> &mut Self {
+        self.org_rules.entry(org).or_default().endpoints = Some(list);
+        self
+    }
+
+    /// The most requests of the key of `hash` in flight at once.
+    pub fn key_max_concurrent_requests(&mut self, hash: KeyHash, limit: u32) -> &mut Self {
+        self.key_rules.entry(hash).or_default().max_concurrent_requests = Some(limit);
+        self
+    }
+
+    /// The most requests of the keys of `org` in flight at once.
+    pub fn org_max_concurrent_requests(&mut self, org: OrgId, limit: u32) -> &mut Self {
+        self.org_rules.entry(org).or_default().max_concurrent_requests = Some(limit);
         self
     }
 
@@ -682,15 +781,32 @@ impl SnapshotBuilder {
 
     /// Keys of organizations the builder does not hold are dropped: they could not be served.
     pub fn build(self) -> Snapshot {
-        let key_models = &self.key_models;
+        let key_rules = &self.key_rules;
+        let none = Rules::default();
         let keys = self.keys.iter().map(|(hash, id, org, expires_at, limits)| {
-            let allowed_models = key_models.get(hash);
-            (*hash, Some(KeyParts { id, org, expires_at: *expires_at, limits: *limits, allowed_models }))
+            let rules = key_rules.get(hash).unwrap_or(&none);
+            let parts = KeyParts {
+                id,
+                org,
+                expires_at: *expires_at,
+                limits: *limits,
+                allowed_models: rules.models.as_ref(),
+                allowed_endpoints: rules.endpoints.as_ref(),
+                max_concurrent_requests: rules.max_concurrent_requests,
+            };
+            (*hash, Some(parts))
         });
-        let mut org_models = self.org_models;
+        let mut org_rules = self.org_rules;
         let orgs = self.orgs.into_iter().map(|(id, (providers, caps))| {
-            let allowed_models = org_models.remove(&id);
-            let org = Org { id: id.clone(), providers: providers.into(), caps: caps.into(), allowed_models };
+            let rules = org_rules.remove(&id).unwrap_or_default();
+            let org = Org {
+                id: id.clone(),
+                providers: providers.into(),
+                caps: caps.into(),
+                allowed_models: rules.models,
+                allowed_endpoints: rules.endpoints,
+                max_concurrent_requests: rules.max_concurrent_requests,
+            };
             (id, Some(org))
         });
         Snapshot::default().with_changes(self.version, orgs, keys, Some(self.prices.unwrap_or_default()))
@@ -727,6 +843,8 @@ mod tests {
             providers: Box::default(),
             caps: (0..caps).map(cap).collect(),
             allowed_models: None,
+            allowed_endpoints: None,
+            max_concurrent_requests: None,
         }
     }
 
@@ -798,13 +916,63 @@ mod tests {
             expires_at: None,
             limits: KeyLimits::default(),
             allowed_models: None,
+            allowed_endpoints: None,
+            max_concurrent_requests: None,
         };
         let second = first.with_changes(2, std::iter::empty(), [(hash(3, 1), Some(plain))], None);
         assert!(second.key(&hash(3, 1)).expect("served").allowed_models.is_none());
-        assert!(second.keys.models.is_empty());
+        assert!(second.keys.beside.is_empty());
         let third = first.with_changes(3, std::iter::empty(), [(hash(3, 1), None)], None);
-        assert!(third.keys.models.is_empty());
+        assert!(third.keys.beside.is_empty());
         assert!(first.key(&hash(3, 1)).expect("the old one is untouched").allowed_models.is_some());
+    }
+
+    #[test]
+    fn endpoint_lists_and_concurrency_limits_read_back_and_follow_changes() {
+        let endpoints = |p: &[&str]| {
+            EndpointAllowlist::parse(p.iter().map(|m| (*m).to_owned()).collect()).expect("valid")
+        };
+        let mut b = SnapshotBuilder::new(1);
+        b.org(org_id("org_a"))
+            .org_allowed_endpoints(org_id("org_a"), endpoints(&["/v1/*"]))
+            .org_max_concurrent_requests(org_id("org_a"), 10);
+        b.key(hash(4, 1), key_id("key_1"), org_id("org_a"), None);
+        b.key_allowed_endpoints(hash(4, 1), endpoints(&["/v1/chat/completions"]));
+        b.key_max_concurrent_requests(hash(4, 1), 2);
+        b.key(hash(4, 2), key_id("key_2"), org_id("org_a"), None);
+        b.key_max_concurrent_requests(hash(4, 2), 0);
+        let first = b.build();
+        let one = first.key(&hash(4, 1)).expect("served");
+        assert_eq!(
+            one.allowed_endpoints.map(|l| l.patterns().to_vec()),
+            Some(vec!["/v1/chat/completions".into()])
+        );
+        assert_eq!(one.max_concurrent_requests, Some(2));
+        assert!(one.allowed_models.is_none());
+        let two = first.key(&hash(4, 2)).expect("served");
+        assert!(two.allowed_endpoints.is_none());
+        assert_eq!(two.max_concurrent_requests, Some(0), "zero is a limit, not its absence");
+        assert_eq!(one.org.allowed_endpoints, Some(endpoints(&["/v1/*"])));
+        assert_eq!(one.org.max_concurrent_requests, Some(10));
+        let (id, org) = (key_id("key_1"), org_id("org_a"));
+        let plain = KeyParts {
+            id: &id,
+            org: &org,
+            expires_at: None,
+            limits: KeyLimits::default(),
+            allowed_models: None,
+            allowed_endpoints: None,
+            max_concurrent_requests: None,
+        };
+        let second = first.with_changes(2, std::iter::empty(), [(hash(4, 1), Some(plain))], None);
+        let one = second.key(&hash(4, 1)).expect("served");
+        assert!(one.allowed_endpoints.is_none() && one.max_concurrent_requests.is_none());
+        let third = second.with_changes(3, std::iter::empty(), [(hash(4, 2), None)], None);
+        assert!(third.keys.beside.is_empty());
+        assert_eq!(
+            first.key(&hash(4, 1)).expect("the old one is untouched").max_concurrent_requests,
+            Some(2)
+        );
     }
 
     #[test]
@@ -837,6 +1005,8 @@ mod tests {
             expires_at: None,
             limits: KeyLimits::default(),
             allowed_models: None,
+            allowed_endpoints: None,
+            max_concurrent_requests: None,
         };
         let fourth = third.with_changes(4, std::iter::empty(), [(hash(7, 3), Some(parts))], None);
         assert_eq!(fourth.key(&hash(7, 3)).expect("served").org.id.as_str(), "org_c");
@@ -854,6 +1024,8 @@ mod tests {
             expires_at: None,
             limits: KeyLimits::default(),
             allowed_models: None,
+            allowed_endpoints: None,
+            max_concurrent_requests: None,
         };
         let mut b = SnapshotBuilder::new(1);
         b.org(org.clone());
@@ -923,7 +1095,7 @@ mod tests {
                     Op::Remove(tag, n) => (self::hash(tag, n), None),
                 };
                 let parsed = id.as_deref().map(key_id);
-                let parts = parsed.as_ref().map(|id| KeyParts { id, org: &org, expires_at: None, limits: KeyLimits::default(), allowed_models: None });
+                let parts = parsed.as_ref().map(|id| KeyParts { id, org: &org, expires_at: None, limits: KeyLimits::default(), allowed_models: None, allowed_endpoints: None, max_concurrent_requests: None });
                 snapshot = snapshot.with_changes(step as u64, std::iter::empty(), [(hash, parts)], None);
                 match id {
                     Some(id) => model.insert(hash, id),

@@ -13,6 +13,7 @@ mod body_budget;
 mod config;
 mod control_link;
 pub mod feed;
+mod inflight;
 mod jobs;
 mod line;
 pub mod log_writer;

@@ -14,7 +14,7 @@ use recovea_core::jobs::{BatchInput, book_key};
 use recovea_core::media::MediaRequest;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceScope;
-use recovea_core::receipt::{self, BatchFile, Receipt, Settlement};
+use recovea_core::receipt::{self, BatchFile, ProviderKey, Receipt, Settlement};
 use recovea_core::snapshot::{Prices, ProviderKind};
 use recovea_core::tags::Tags;
 use recovea_core::usage::{Usage, UsageSource};
@@ -31,6 +31,8 @@ pub(crate) struct Metered {
     pub(crate) org_id: String,
     pub(crate) key_id: String,
     pub(crate) provider: String,
+    /// Whose provider key the request went with.
+    pub(crate) provider_key: ProviderKey,
     pub(crate) endpoint: String,
     pub(crate) request_model: Option<String>,
     /// The kind of the credential the request went through, for its metrics.
@@ -312,6 +314,7 @@ impl Meter {
             org_id: request.org_id,
             key_id: request.key_id,
             provider: request.provider,
+            provider_key: Some(request.provider_key),
             model,
             endpoint: request.endpoint,
             status,

@@ -82,6 +82,10 @@ pub enum Outcome {
     UnsupportedTransferCoding,
     /// The key's or its organization's model allowlist does not list the model.
     ModelNotAllowed,
+    /// The key's or its organization's endpoint allowlist does not list the endpoint.
+    EndpointNotAllowed,
+    /// The key or its organization has its most requests in flight on this node.
+    ConcurrencyLimited,
     /// `x-recovea-tags` breaks the tag rules.
     InvalidTags,
     /// Admitted and sent, but its client went away before the provider's answer came (its
@@ -90,7 +94,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 19] = [
+    const ALL: [Outcome; 21] = [
         Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,
@@ -108,6 +112,8 @@ impl Outcome {
         Self::InvalidRequest,
         Self::UnsupportedTransferCoding,
         Self::ModelNotAllowed,
+        Self::EndpointNotAllowed,
+        Self::ConcurrencyLimited,
         Self::InvalidTags,
         Self::ClientClosed,
     ];
@@ -131,6 +137,8 @@ impl Outcome {
             Self::InvalidRequest => "invalid_request",
             Self::UnsupportedTransferCoding => "unsupported_transfer_coding",
             Self::ModelNotAllowed => "model_not_allowed",
+            Self::EndpointNotAllowed => "endpoint_not_allowed",
+            Self::ConcurrencyLimited => "concurrency_limited",
             Self::InvalidTags => "invalid_tags",
             Self::ClientClosed => "client_closed",
         }

@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     /// Each Realtime session holds a receiver: `true` asks it to close, as the node stops; the
     /// sender's `closed` says when all have (see [`crate::realtime`]).
     pub(crate) sessions: tokio::sync::watch::Sender<bool>,
+    /// Requests in flight by key and organization, for `max_concurrent_requests`.
+    pub(crate) in_flight: Arc<crate::inflight::InFlight>,
 }
 
 impl Shared {
@@ -102,6 +104,7 @@ impl Gateway {
                 ready: std::sync::atomic::AtomicBool::new(false),
                 shed_idle: tokio::sync::Notify::new(),
                 sessions: tokio::sync::watch::Sender::new(false),
+                in_flight: Arc::default(),
                 tracer,
                 jobs,
             }),

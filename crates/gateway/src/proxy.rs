@@ -70,6 +70,8 @@ pub(crate) struct RequestContext {
     body_read: bool,
     /// The request's spans, when traces are on.
     trace: Trace,
+    /// Its place among the key's requests in flight (`max_concurrent_requests`), once admitted.
+    in_flight: Option<crate::inflight::Slot>,
 }
 
 impl RequestContext {
@@ -96,6 +98,7 @@ impl RequestContext {
             refused_model: None,
             body_read: false,
             trace: Trace::default(),
+            in_flight: None,
         }
     }
 }
@@ -117,6 +120,16 @@ struct Target {
     base_url: String,
     /// The managed key to inject, with its kind; `None` leaves the client's own auth in place.
     managed_key: Option<(ProviderKind, String)>,
+}
+
+impl Target {
+    /// Who pays the provider: the organization, when its managed key goes in, else the client.
+    fn provider_key(&self) -> recovea_core::receipt::ProviderKey {
+        match self.managed_key {
+            Some(_) => recovea_core::receipt::ProviderKey::Managed,
+            None => recovea_core::receipt::ProviderKey::Client,
+        }
+    }
 }
 
 /// The envelope of the gateway's own answers to `request`: its dialect's, so that its SDK shows
@@ -141,8 +154,10 @@ where
         || request.headers().get(header::CONTENT_LENGTH).is_some_and(|v| v != "0");
     ctx.trace = Trace::begin(shared.tracer.as_ref(), request.headers());
     let response = match run(shared, ctx, request).await {
-        Ok(response) => response,
+        // A slot is held until the answer's last byte, or its client leaving.
+        Ok(response) => response.map(|body| crate::inflight::held_by(body, ctx.in_flight.take())),
         Err(refusal) => {
+            ctx.in_flight = None;
             ctx.refused(&refusal);
             let mut response = answer_response(refusal.answer().shaped(shape));
             if http1 && has_body && !ctx.body_read {
@@ -321,12 +336,14 @@ where
         let session = realtime::SessionFacts {
             request_id: ctx.request_id.to_str().unwrap_or_default().to_owned(),
             provider: route.credential.to_owned(),
+            provider_key: target.provider_key(),
             kind: target.kind,
             scope: target.scope.clone(),
             endpoint: endpoint.to_owned(),
             model: recovea_providers::realtime::model_in_query(route.upstream_path).map(str::to_owned),
             prices,
             tags: std::mem::take(&mut ctx.tags),
+            _in_flight: ctx.in_flight.take(),
         };
         ctx.trace.start(Phase::Upstream);
         return realtime::open(shared, admitted.clone(), session, on_upgrade, upstream_request).await;
@@ -341,6 +358,7 @@ where
                 org_id: admitted.org.id.to_string(),
                 key_id: admitted.key_id.to_string(),
                 provider: route.credential.to_owned(),
+                provider_key: target.provider_key(),
                 endpoint: endpoint.to_owned(),
                 request_model: facts.model.clone(),
                 kind: target.kind,
@@ -406,6 +424,21 @@ fn plan<'p>(
     ctx.credential = Some(route.credential.to_owned());
     let target = match admission(shared, request_headers, ctx.started_at) {
         Admission::Admit(admitted) => {
+            // Before the credential, the body, the caps and the provider: nothing is read,
+            // reserved or sent for an endpoint the key may not call, nor past its requests in flight.
+            let endpoint = recovea_core::endpoints::endpoint_of(route.upstream_path);
+            if !admitted.allows_endpoint(endpoint) {
+                let refusal = Refusal::EndpointNotAllowed(endpoint.to_owned());
+                ctx.admitted = Some(admitted);
+                return Err(refusal);
+            }
+            match shared.in_flight.take(&admitted) {
+                Ok(slot) => ctx.in_flight = slot,
+                Err(full) => {
+                    ctx.admitted = Some(admitted);
+                    return Err(Refusal::ConcurrencyLimited(full));
+                }
+            }
             let target = target_for(shared, &route, &admitted, request_headers)?;
             // Only an admitted request has a receipt to carry them; a fail-open pass drops them unread.
             ctx.tags = tags::parse(request_headers.get_all(tags::HEADER).iter().map(HeaderValue::as_bytes))

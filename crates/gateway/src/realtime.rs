@@ -62,12 +62,15 @@ const UNKNOWN_MAX_OUTPUT: u64 = 4096;
 pub(crate) struct SessionFacts {
     pub(crate) request_id: String,
     pub(crate) provider: String,
+    pub(crate) provider_key: recovea_core::receipt::ProviderKey,
     pub(crate) kind: ProviderKind,
     pub(crate) scope: PriceScope,
     pub(crate) endpoint: String,
     pub(crate) model: Option<String>,
     pub(crate) prices: Prices,
     pub(crate) tags: Tags,
+    /// The session's place among the key's requests in flight, held until it closes.
+    pub(crate) _in_flight: Option<crate::inflight::Slot>,
 }
 
 /// Asks the provider to upgrade `request` and, when it does, answers the client's upgrade with
@@ -380,6 +383,7 @@ impl Session {
             org_id: self.admitted.org.id.to_string(),
             key_id: self.admitted.key_id.to_string(),
             provider: self.facts.provider.clone(),
+            provider_key: self.facts.provider_key,
             endpoint: self.facts.endpoint.clone(),
             request_model: self.facts.model.clone(),
             kind: self.facts.kind,

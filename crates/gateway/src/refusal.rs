@@ -29,6 +29,10 @@ pub(crate) enum Refusal {
     RateLimited(u64),
     /// The key's or its organization's `allowed_models` does not list this model.
     ModelNotAllowed(String),
+    /// The key's or its organization's `allowed_endpoints` does not list this endpoint.
+    EndpointNotAllowed(String),
+    /// The key (or its organization) has its `max_concurrent_requests` in flight on this node.
+    ConcurrencyLimited(crate::inflight::Full),
     /// A model name too long, or holding a control character (`core::models::is_well_formed_name`).
     ModelName,
     /// `x-recovea-tags` breaks the tag rules; why.
@@ -59,6 +63,8 @@ impl Refusal {
             Self::Budget(CapRefusal::Unmeterable { .. }) => Outcome::BudgetUnmeterable,
             Self::RateLimited(_) => Outcome::RateLimited,
             Self::ModelNotAllowed(_) => Outcome::ModelNotAllowed,
+            Self::EndpointNotAllowed(_) => Outcome::EndpointNotAllowed,
+            Self::ConcurrencyLimited(_) => Outcome::ConcurrencyLimited,
             Self::ModelName => Outcome::InvalidRequest,
             Self::InvalidTags(_) => Outcome::InvalidTags,
             Self::AmbiguousBody(_) => Outcome::InvalidRequest,
@@ -91,6 +97,14 @@ impl Refusal {
             Self::Budget(refusal) => refusal.answer(),
             Self::RateLimited(ms) => Answer::rate_limited(*ms),
             Self::ModelNotAllowed(model) => Answer::model_not_allowed(model),
+            Self::EndpointNotAllowed(endpoint) => Answer::endpoint_not_allowed(endpoint),
+            Self::ConcurrencyLimited(full) => {
+                let holder = match full.holder {
+                    recovea_core::concurrency::Holder::Key => "key",
+                    recovea_core::concurrency::Holder::Organization => "organization",
+                };
+                Answer::concurrency_limit_exceeded(holder, full.limit)
+            }
             Self::ModelName => Answer::invalid_model_name(),
             Self::InvalidTags(reason) => Answer::invalid_tags(reason),
             Self::AmbiguousBody(Ambiguity::RepeatedMember(path)) => Answer::repeated_member(path),

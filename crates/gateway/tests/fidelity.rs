@@ -7,6 +7,7 @@ use http_body_util::BodyExt;
 use recovea_core::Answer;
 use recovea_core::answer::WireShape;
 use recovea_core::caps::{Cap, Scope};
+use recovea_core::endpoints::EndpointAllowlist;
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
@@ -16,7 +17,7 @@ use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
 use recovea_counters::InProcess;
 use recovea_gateway::{GatewayConfig, GatewaySettings};
-use recovea_testkit::MockProvider;
+use recovea_testkit::{Behaviour, MockProvider};
 
 mod support;
 
@@ -35,6 +36,17 @@ const CAPPED_KEY: &str = "rk_capped00000000000000000000000000000000000005";
 /// org_acme, one request a minute.
 const SLOW_KEY: &str = "rk_slow0000000000000000000000000000000000000006";
 const UNKNOWN_KEY: &str = "rk_unknown00000000000000000000000000000000000007";
+/// org_acme; the key may call chat completions, messages and Gemini's model calls only.
+const INFERENCE_KEY: &str = "rk_inference0000000000000000000000000000000008";
+/// org_fenced lists `/v1/chat/*` and `/v1/embeddings`; this key lists nothing.
+const FENCED_KEY: &str = "rk_fenced00000000000000000000000000000000000009";
+/// org_fenced; the key lists `/v1/embeddings` and `/v1/files*`.
+const FENCED_FILES_KEY: &str = "rk_fencedfiles00000000000000000000000000000010";
+/// org_acme; at most two requests in flight.
+const PAIR_KEY: &str = "rk_pair0000000000000000000000000000000000000011";
+/// org_busy (at most two requests in flight across its keys), no limit of their own.
+const BUSY_A_KEY: &str = "rk_busya000000000000000000000000000000000000012";
+const BUSY_B_KEY: &str = "rk_busyb000000000000000000000000000000000000013";
 const MANAGED_OPENAI: &str = "sk-managed-openai-0123456789";
 const MANAGED_ANTHROPIC: &str = "sk-ant-managed-0123456789";
 const MANAGED_GEMINI: &str = "AIza-managed-0123456789";
@@ -77,12 +89,19 @@ fn models(patterns: &[&str]) -> ModelAllowlist {
     ModelAllowlist::parse(patterns.iter().map(|p| (*p).to_owned()).collect()).expect("valid list")
 }
 
+fn endpoints(patterns: &[&str]) -> EndpointAllowlist {
+    EndpointAllowlist::parse(patterns.iter().map(|p| (*p).to_owned()).collect()).expect("valid list")
+}
+
 fn snapshot() -> recovea_core::Snapshot {
     let (acme, strict, capped) = (org("org_acme"), org("org_strict"), org("org_capped"));
+    let (fenced, busy) = (org("org_fenced"), org("org_busy"));
     let mut b = SnapshotBuilder::new(1);
-    b.org(acme.clone()).org(strict.clone()).org(capped.clone());
+    b.org(acme.clone()).org(strict.clone()).org(capped.clone()).org(fenced.clone()).org(busy.clone());
     b.org_allowed_models(strict.clone(), models(&["gpt-4o-mini"]));
-    for org in [&acme, &strict, &capped] {
+    b.org_allowed_endpoints(fenced.clone(), endpoints(&["/v1/chat/*", "/v1/embeddings"]));
+    b.org_max_concurrent_requests(busy.clone(), 2);
+    for org in [&acme, &strict, &capped, &fenced, &busy] {
         b.provider(org, credential("openai", ProviderKind::OpenAi, MANAGED_OPENAI));
         b.provider(org, credential("anthropic", ProviderKind::Anthropic, MANAGED_ANTHROPIC));
         b.provider(org, credential("gemini", ProviderKind::Gemini, MANAGED_GEMINI));
@@ -106,7 +125,17 @@ fn snapshot() -> recovea_core::Snapshot {
     b.key_allowed_models(hash_secret(DISJOINT_KEY), models(&["claude-*"]));
     b.key(hash_secret(CAPPED_KEY), key("key_capped"), capped, None);
     let one_a_minute = KeyLimits { requests_per_minute: Some(1), tokens_per_minute: None };
-    b.key_with_limits(hash_secret(SLOW_KEY), key("key_slow"), acme, None, one_a_minute);
+    b.key_with_limits(hash_secret(SLOW_KEY), key("key_slow"), acme.clone(), None, one_a_minute);
+    b.key(hash_secret(INFERENCE_KEY), key("key_inference"), acme.clone(), None);
+    let inference = endpoints(&["/v1/chat/completions", "/v1/messages", "/v1beta/models/*"]);
+    b.key_allowed_endpoints(hash_secret(INFERENCE_KEY), inference);
+    b.key(hash_secret(FENCED_KEY), key("key_fenced"), fenced.clone(), None);
+    b.key(hash_secret(FENCED_FILES_KEY), key("key_fencedfiles"), fenced, None);
+    b.key_allowed_endpoints(hash_secret(FENCED_FILES_KEY), endpoints(&["/v1/embeddings", "/v1/files*"]));
+    b.key(hash_secret(PAIR_KEY), key("key_pair"), acme, None);
+    b.key_max_concurrent_requests(hash_secret(PAIR_KEY), 2);
+    b.key(hash_secret(BUSY_A_KEY), key("key_busya"), busy.clone(), None);
+    b.key(hash_secret(BUSY_B_KEY), key("key_busyb"), busy, None);
     b.build()
 }
 
@@ -185,6 +214,141 @@ async fn a_model_no_list_allows_is_refused_403_before_the_provider_and_without_a
     let mut keys: Vec<String> = h.receipts(5).await.iter().map(|r| r.key_id.to_string()).collect();
     keys.sort();
     assert_eq!(keys, ["key_listed", "key_listed", "key_listed", "key_open", "key_strict"]);
+}
+
+/// A GET with `secret` as a bearer key.
+fn get_as(h: &Harness, path: &str, secret: &str) -> http::request::Builder {
+    Request::get(format!("{}{path}", h.url)).header("authorization", format!("Bearer {secret}"))
+}
+
+#[tokio::test]
+async fn an_endpoint_no_list_allows_is_refused_403_before_the_provider_and_without_a_receipt() {
+    let h = Harness::start(1 << 20).await;
+    let refused = |endpoint: &str| Answer::endpoint_not_allowed(endpoint);
+    // The key's list keeps it to inference: the management paths beside it are refused, matched
+    // on the path without its query.
+    for path in ["/v1/files", "/v1/files?purpose=batch", "/v1/chat/completions/chatcmpl-1"] {
+        let expected = refused(path.split('?').next().expect("a path"));
+        assert_answer(h.send(get_as(&h, path, INFERENCE_KEY), "").await, &expected).await;
+    }
+    // A named route is matched on the path the provider is sent: `/openai/v1/files` is `/v1/files`.
+    assert_answer(h.send(get_as(&h, "/openai/v1/files", INFERENCE_KEY), "").await, &refused("/v1/files"))
+        .await;
+    // The organization's list refuses, the key having none; then each list allows a path the
+    // other does not: both must allow it.
+    assert_answer(
+        h.send(h.post_as("/v1/embeddings/x", FENCED_KEY), "{}").await,
+        &refused("/v1/embeddings/x"),
+    )
+    .await;
+    assert_answer(h.send(get_as(&h, "/v1/files", FENCED_FILES_KEY), "").await, &refused("/v1/files")).await;
+    assert_answer(
+        h.send(h.post_as("/v1/chat/completions", FENCED_FILES_KEY), CHAT_MINI).await,
+        &refused("/v1/chat/completions"),
+    )
+    .await;
+    // In Anthropic's envelope on an Anthropic route, in Google's on Gemini's own API.
+    assert_answer(
+        h.send(h.anthropic(http::Method::POST, "/v1/messages/batches", INFERENCE_KEY), MESSAGES).await,
+        &refused("/v1/messages/batches").shaped(WireShape::Anthropic),
+    )
+    .await;
+    let files = Request::get(format!("{}/v1beta/files", h.url)).header("x-goog-api-key", INFERENCE_KEY);
+    assert_answer(h.send(files, "").await, &refused("/v1beta/files").shaped(WireShape::Gemini)).await;
+    assert!(h.mock.requests().is_empty(), "a refused endpoint never reaches the provider");
+
+    // What the lists allow goes through: an exact path (by default and by name), a prefix.
+    ok(h.send(h.post_as("/v1/chat/completions", INFERENCE_KEY), CHAT_MINI).await).await;
+    ok(h.send(h.post_as("/openai/v1/chat/completions", INFERENCE_KEY), CHAT_MINI).await).await;
+    ok(h.send(h.anthropic(http::Method::POST, "/v1/messages", INFERENCE_KEY), MESSAGES).await).await;
+    let generate = Request::post(format!("{}/v1beta/models/gemini-2.5-flash:generateContent", h.url))
+        .header("content-type", "application/json")
+        .header("x-goog-api-key", INFERENCE_KEY);
+    ok(h.send(generate, r#"{"contents":[{"parts":[{"text":"Hi"}]}]}"#).await).await;
+    ok(h.send(h.post_as("/v1/chat/completions", FENCED_KEY), CHAT_MINI).await).await;
+    let embed = r#"{"model":"text-embedding-3-small","input":"Hi"}"#;
+    ok(h.send(h.post_as("/v1/embeddings", FENCED_FILES_KEY), embed).await).await;
+    assert_eq!(h.mock.requests().len(), 6);
+    // Six receipts, for the six admitted requests: the refused ones wrote none.
+    assert_eq!(h.receipts(6).await.len(), 6);
+    assert_eq!(h.metric(r#"recovea_requests_total{outcome="endpoint_not_allowed"}"#).await, 9);
+}
+
+const STREAM_MINI: &str =
+    r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
+
+/// The body of a refusal, as text.
+async fn text_of(response: Response<hyper::body::Incoming>) -> (StatusCode, String) {
+    let status = response.status();
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8(body.to_vec()).expect("utf-8"))
+}
+
+/// Sends `body` as `secret` until it is admitted, with a deadline: a slot given back when a
+/// client leaves is free once the node sees the connection go.
+async fn admitted_soon(h: &Harness, secret: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (status, body) =
+            text_of(h.send(h.post_as("/v1/chat/completions", secret), CHAT_MINI).await).await;
+        if status == StatusCode::OK {
+            return;
+        }
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert!(std::time::Instant::now() < deadline, "the slot was never given back");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_key_has_at_most_its_limit_of_requests_in_flight_streams_until_their_end() {
+    let h = Harness::start(1 << 20).await;
+    // Two streams in flight: one that stalls, one that ends after a few slow events.
+    h.mock.script(Behaviour::default().stall_after_events(1));
+    let stalled = h.send(h.post_as("/v1/chat/completions", PAIR_KEY), STREAM_MINI).await;
+    assert_eq!(stalled.status(), StatusCode::OK);
+    h.mock.script(Behaviour { chunk_delay_ms: Some(300), pieces: Some(3), ..Behaviour::default() });
+    let slow = h.send(h.post_as("/v1/chat/completions", PAIR_KEY), STREAM_MINI).await;
+    assert_eq!(slow.status(), StatusCode::OK);
+    // The third is refused, before the provider, with the exact answer; other keys go on.
+    let third = h.send(h.post_as("/v1/chat/completions", PAIR_KEY), CHAT_MINI).await;
+    assert_answer(third, &Answer::concurrency_limit_exceeded("key", 2)).await;
+    assert_eq!(h.mock.requests().len(), 2, "a refused request never reaches the provider");
+    ok(h.send(h.post_as("/v1/chat/completions", OPEN_KEY), CHAT_MINI).await).await;
+    // The slow stream holds its slot until its last event: once it has ended, one more goes.
+    let body = slow.into_body().collect().await.expect("the stream ends").to_bytes();
+    assert!(std::str::from_utf8(&body).expect("utf-8").contains("[DONE]"));
+    ok(h.send(h.post_as("/v1/chat/completions", PAIR_KEY), CHAT_MINI).await).await;
+    ok(h.send(h.post_as("/v1/chat/completions", PAIR_KEY), CHAT_MINI).await).await;
+    // The stalled one still holds its slot: a second stall fills the pair again.
+    h.mock.script(Behaviour::default().stall_after_events(1));
+    let second_stall = h.send(h.post_as("/v1/chat/completions", PAIR_KEY), STREAM_MINI).await;
+    assert_eq!(second_stall.status(), StatusCode::OK);
+    let (status, _) = text_of(h.send(h.post_as("/v1/chat/completions", PAIR_KEY), CHAT_MINI).await).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // A client that leaves gives its slot back.
+    drop(stalled);
+    admitted_soon(&h, PAIR_KEY).await;
+    drop(second_stall);
+    assert!(h.metric(r#"recovea_requests_total{outcome="concurrency_limited"}"#).await >= 2);
+}
+
+#[tokio::test]
+async fn an_organization_has_at_most_its_limit_of_requests_in_flight_across_its_keys() {
+    let h = Harness::start(1 << 20).await;
+    h.mock.script(Behaviour::default().stall_after_events(1).times(2));
+    let a = h.send(h.post_as("/v1/chat/completions", BUSY_A_KEY), STREAM_MINI).await;
+    let b = h.send(h.post_as("/v1/chat/completions", BUSY_B_KEY), STREAM_MINI).await;
+    assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
+    // Each key has one in flight, and neither has a limit of its own: the organization's refuses.
+    let refused = Answer::concurrency_limit_exceeded("organization", 2);
+    assert_answer(h.send(h.post_as("/v1/chat/completions", BUSY_A_KEY), CHAT_MINI).await, &refused).await;
+    let anthropic = h.send(h.anthropic(http::Method::POST, "/v1/messages", BUSY_B_KEY), MESSAGES).await;
+    assert_answer(anthropic, &refused.clone().shaped(WireShape::Anthropic)).await;
+    assert_eq!(h.mock.requests().len(), 2);
+    drop(a);
+    admitted_soon(&h, BUSY_B_KEY).await;
+    drop(b);
 }
 
 #[tokio::test]

@@ -35,12 +35,18 @@ const WS_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 type Ws = WebSocketStream<TcpStream>;
 
 async fn node(caps: Vec<Cap>) -> Harness {
-    node_with(caps, "openai", ProviderKind::OpenAi, None).await
+    node_with(caps, "openai", ProviderKind::OpenAi, None, None).await
 }
 
 /// A node whose organization's one credential is `name`, of `kind`, pointing at the mock; the
-/// key allowed only `allowed` models when given.
-async fn node_with(caps: Vec<Cap>, name: &str, kind: ProviderKind, allowed: Option<&[&str]>) -> Harness {
+/// key allowed only `allowed` models, and at most `in_flight` requests at once, when given.
+async fn node_with(
+    caps: Vec<Cap>,
+    name: &str,
+    kind: ProviderKind,
+    allowed: Option<&[&str]>,
+    in_flight: Option<u32>,
+) -> Harness {
     let mock = MockProvider::start().await;
     let config = GatewayConfig::new(support::settings(&mock.url())).expect("config");
     let org = OrgId::parse("org_acme").expect("id");
@@ -56,6 +62,9 @@ async fn node_with(caps: Vec<Cap>, name: &str, kind: ProviderKind, allowed: Opti
     if let Some(models) = allowed {
         let list = ModelAllowlist::parse(models.iter().map(|m| (*m).to_owned()).collect()).expect("list");
         b.key_allowed_models(hash_secret(KEY), list);
+    }
+    if let Some(limit) = in_flight {
+        b.key_max_concurrent_requests(hash_secret(KEY), limit);
     }
     let h = Harness::serve(mock, config, Some(b.build())).await;
     h.confirm(&InProcess::default()).await;
@@ -178,6 +187,32 @@ async fn a_session_is_relayed_and_each_response_metered_at_its_own_prices() {
 }
 
 #[tokio::test]
+async fn a_session_holds_its_place_among_the_keys_requests_in_flight_until_it_closes() {
+    let h = node_with(Vec::new(), "openai", ProviderKind::OpenAi, None, Some(1)).await;
+    let (status, _, ws) = upgrade(&h, "/v1/realtime?model=gpt-realtime").await;
+    assert_eq!(status, 101);
+    let mut ws = ws.expect("a socket");
+    next(&mut ws, "session.created").await.expect("the session is open");
+    // While it is open, the key's one place is taken: a second session is refused.
+    let (status, head, _) = upgrade(&h, "/v1/realtime?model=gpt-realtime").await;
+    assert_eq!(status, 429, "{head}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    ws.close(None).await.expect("close");
+    // Closed, it gives its place back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _, ws) = upgrade(&h, "/v1/realtime?model=gpt-realtime").await;
+        if status == 101 {
+            drop(ws);
+            break;
+        }
+        assert_eq!(status, 429);
+        assert!(std::time::Instant::now() < deadline, "the session's place was never given back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
 async fn at_the_line_the_next_response_create_is_not_forwarded_and_the_session_is_cut() {
     // The first response costs $1.04 (1,000 audio tokens in, 16,000 out at $64): past $1.00.
     let h = node(vec![cap("1.00")]).await;
@@ -257,7 +292,7 @@ async fn a_stopping_node_closes_its_sessions_going_away_and_bills_what_they_bega
 
 #[tokio::test]
 async fn an_azure_realtime_session_goes_to_the_resource_with_its_key_and_is_metered() {
-    let h = node_with(Vec::new(), "azure", ProviderKind::AzureOpenAi, None).await;
+    let h = node_with(Vec::new(), "azure", ProviderKind::AzureOpenAi, None, None).await;
     h.mock.queue_realtime_usage([RealtimeUsage::text(1_000, 100).to_json()]);
     let path = "/openai/realtime?api-version=2025-04-01-preview&deployment=gpt-realtime";
     let (status, head, ws) = upgrade(&h, path).await;
@@ -296,7 +331,7 @@ async fn a_websocket_upgrade_elsewhere_than_realtime_is_outside_sight() {
 
 #[tokio::test]
 async fn a_realtime_session_for_a_model_the_key_may_not_use_is_refused_403() {
-    let h = node_with(Vec::new(), "openai", ProviderKind::OpenAi, Some(&["gpt-4o-mini"])).await;
+    let h = node_with(Vec::new(), "openai", ProviderKind::OpenAi, Some(&["gpt-4o-mini"]), None).await;
     // The session's model is in its query: the allowlist holds it as it holds a body's.
     let (status, head, _) = upgrade(&h, "/v1/realtime?model=gpt-realtime").await;
     assert_eq!(status, 403, "{head}");

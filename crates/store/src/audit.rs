@@ -5,6 +5,7 @@
 //! holds no secret: a key without its hash, a provider credential with its hint only. The shapes
 //! are made here, from the store's records, so that a change and its row cannot disagree.
 
+use recovea_core::endpoints::EndpointAllowlist;
 use recovea_core::ids::OrgId;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::pricing::PriceWire;
@@ -148,6 +149,8 @@ pub fn org_json(org: &OrgRecord) -> Value {
         "name": org.name,
         "created_at": org.created_at,
         "allowed_models": org.allowed_models.as_ref().map(ModelAllowlist::patterns),
+        "allowed_endpoints": org.allowed_endpoints.as_ref().map(EndpointAllowlist::patterns),
+        "max_concurrent_requests": org.max_concurrent_requests,
     })
 }
 
@@ -164,6 +167,8 @@ pub fn key_json(key: &KeyRecord) -> Value {
         "expires_at": key.expires_at,
         "revoked_at": key.revoked_at,
         "allowed_models": key.allowed_models.as_ref().map(ModelAllowlist::patterns),
+        "allowed_endpoints": key.allowed_endpoints.as_ref().map(EndpointAllowlist::patterns),
+        "max_concurrent_requests": key.max_concurrent_requests,
     })
 }
 

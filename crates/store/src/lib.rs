@@ -10,6 +10,7 @@ mod rows;
 pub mod sqlite;
 
 use recovea_core::caps::Cap;
+use recovea_core::endpoints::EndpointAllowlist;
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
 use recovea_core::models::ModelAllowlist;
@@ -80,6 +81,29 @@ pub struct OrgRecord {
     pub created_at: Timestamp,
     /// The models the organization's keys may use; `None`: every model.
     pub allowed_models: Option<ModelAllowlist>,
+    /// The endpoints the organization's keys may call; `None`: every endpoint.
+    pub allowed_endpoints: Option<EndpointAllowlist>,
+    /// The most requests of its keys in flight at once on a node; `None`: no limit.
+    pub max_concurrent_requests: Option<u32>,
+}
+
+impl OrgRecord {
+    pub fn rules(&self) -> AccessRules {
+        AccessRules {
+            allowed_models: self.allowed_models.clone(),
+            allowed_endpoints: self.allowed_endpoints.clone(),
+            max_concurrent_requests: self.max_concurrent_requests,
+        }
+    }
+}
+
+/// What a key or an organization may do beyond its caps and rate limits (each `None`: no rule),
+/// set together by one admin change.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AccessRules {
+    pub allowed_models: Option<ModelAllowlist>,
+    pub allowed_endpoints: Option<EndpointAllowlist>,
+    pub max_concurrent_requests: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +118,20 @@ pub struct KeyRecord {
     pub limits: KeyLimits,
     /// The models the key may use; `None`: every model its organization allows.
     pub allowed_models: Option<ModelAllowlist>,
+    /// The endpoints the key may call; `None`: every endpoint its organization allows.
+    pub allowed_endpoints: Option<EndpointAllowlist>,
+    /// The most requests of the key in flight at once on a node; `None`: no limit of its own.
+    pub max_concurrent_requests: Option<u32>,
+}
+
+impl KeyRecord {
+    pub fn rules(&self) -> AccessRules {
+        AccessRules {
+            allowed_models: self.allowed_models.clone(),
+            allowed_endpoints: self.allowed_endpoints.clone(),
+            max_concurrent_requests: self.max_concurrent_requests,
+        }
+    }
 }
 
 /// A key that is not revoked, as nodes serve it. Nothing of it is only the admin API's (name,
@@ -107,6 +145,8 @@ pub struct ActiveKey {
     pub expires_at: Option<Timestamp>,
     pub limits: KeyLimits,
     pub allowed_models: Option<ModelAllowlist>,
+    pub allowed_endpoints: Option<EndpointAllowlist>,
+    pub max_concurrent_requests: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,12 +273,12 @@ pub trait ControlStore: Send + Sync + 'static {
     fn create_org(&self, org: &OrgRecord, audit: &AuditContext) -> Result<()>;
     fn list_orgs(&self) -> Result<Vec<OrgRecord>>;
     fn org(&self, id: &OrgId) -> Result<Option<OrgRecord>>;
-    /// Sets (`None`: clears) an organization's model allowlist and returns it; `None` for an
-    /// unknown id.
-    fn set_org_allowed_models(
+    /// Sets an organization's model and endpoint allowlists and its limit of requests in flight
+    /// (each `None`: cleared) in one change, and returns it; `None` for an unknown id.
+    fn set_org_rules(
         &self,
         id: &OrgId,
-        models: Option<&ModelAllowlist>,
+        rules: &AccessRules,
         audit: &AuditContext,
     ) -> Result<Option<OrgRecord>>;
 
@@ -246,13 +286,13 @@ pub trait ControlStore: Send + Sync + 'static {
     fn create_key(&self, key: &KeyRecord, hash: KeyHash, audit: &AuditContext) -> Result<()>;
     fn list_keys(&self, org: &OrgId) -> Result<Vec<KeyRecord>>;
     fn key(&self, id: &KeyId) -> Result<Option<KeyRecord>>;
-    /// Sets a key's rate limits and model allowlist (`None`: every model) in one change, and
-    /// returns it; `None` for an unknown id.
+    /// Sets a key's rate limits and its rules (allowlists, limit of requests in flight; each
+    /// `None`: no rule) in one change, and returns it; `None` for an unknown id.
     fn update_key(
         &self,
         id: &KeyId,
         limits: KeyLimits,
-        allowed_models: Option<&ModelAllowlist>,
+        rules: &AccessRules,
         audit: &AuditContext,
     ) -> Result<Option<KeyRecord>>;
     /// Revokes the key (keeping the first revocation time) and returns it; `None` for an unknown id.
@@ -441,6 +481,8 @@ pub struct ReceiptQuery {
     pub status: Option<u16>,
     /// Only receipts whose usage came from here (`Estimated`: the provider reported none).
     pub usage_source: Option<recovea_core::usage::UsageSource>,
+    /// Only receipts whose provider was paid with this key (`managed` or the `client`'s own).
+    pub provider_key: Option<recovea_core::receipt::ProviderKey>,
     pub limit: u32,
     /// Continue after this receipt: its `started_at` and id.
     pub after: Option<(Timestamp, String)>,

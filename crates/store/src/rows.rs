@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::channel::JobKind;
+use recovea_core::endpoints::EndpointAllowlist;
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::jobs::BatchInput;
 use recovea_core::keys::KeyHash;
@@ -103,7 +104,29 @@ pub(crate) fn allowed_models_text(models: Option<&ModelAllowlist>) -> Option<Str
     models.map(|list| serde_json::to_string(list.patterns()).unwrap_or_else(|_| "[]".into()))
 }
 
-pub(crate) const ORG_COLUMNS: &str = "id, name, created_at, allowed_models";
+/// An endpoint allowlist, stored as a model allowlist is.
+fn allowed_endpoints(row: &dyn Columns, index: usize) -> Result<Option<EndpointAllowlist>> {
+    row.optional_text(index)?
+        .map(|text| {
+            serde_json::from_str(text).map_err(|e| corrupt(format!("bad allowed_endpoints {text:?}: {e}")))
+        })
+        .transpose()
+}
+
+/// The text of an endpoint allowlist's column.
+pub(crate) fn allowed_endpoints_text(endpoints: Option<&EndpointAllowlist>) -> Option<String> {
+    endpoints.map(|list| serde_json::to_string(list.patterns()).unwrap_or_else(|_| "[]".into()))
+}
+
+/// A limit of requests in flight is a `u32`; the column is wider in PostgreSQL.
+fn max_concurrent(row: &dyn Columns, index: usize) -> Result<Option<u32>> {
+    row.optional_integer(index)?
+        .map(|n| u32::try_from(n).map_err(|_| corrupt(format!("max_concurrent_requests out of range: {n}"))))
+        .transpose()
+}
+
+pub(crate) const ORG_COLUMNS: &str =
+    "id, name, created_at, allowed_models, allowed_endpoints, max_concurrent_requests";
 
 /// An organization, from its [`ORG_COLUMNS`].
 pub(crate) fn org(row: &dyn Columns) -> Result<OrgRecord> {
@@ -112,11 +135,13 @@ pub(crate) fn org(row: &dyn Columns) -> Result<OrgRecord> {
         name: row.string(1)?,
         created_at: row.timestamp(2)?,
         allowed_models: allowed_models(row, 3)?,
+        allowed_endpoints: allowed_endpoints(row, 4)?,
+        max_concurrent_requests: max_concurrent(row, 5)?,
     })
 }
 
 pub(crate) const KEY_COLUMNS: &str = "id, org_id, name, prefix, created_at, expires_at, revoked_at, \
-     requests_per_minute, tokens_per_minute, allowed_models";
+     requests_per_minute, tokens_per_minute, allowed_models, allowed_endpoints, max_concurrent_requests";
 
 /// A key, from its [`KEY_COLUMNS`].
 pub(crate) fn key(row: &dyn Columns) -> Result<KeyRecord> {
@@ -133,12 +158,14 @@ pub(crate) fn key(row: &dyn Columns) -> Result<KeyRecord> {
             tokens_per_minute: rate_limit(row, 8)?,
         },
         allowed_models: allowed_models(row, 9)?,
+        allowed_endpoints: allowed_endpoints(row, 10)?,
+        max_concurrent_requests: max_concurrent(row, 11)?,
     })
 }
 
 /// What [`State::active_keys`](crate::State::active_keys) reads of a key.
-pub(crate) const ACTIVE_KEY_COLUMNS: &str =
-    "id, org_id, expires_at, requests_per_minute, tokens_per_minute, hash, allowed_models";
+pub(crate) const ACTIVE_KEY_COLUMNS: &str = "id, org_id, expires_at, requests_per_minute, tokens_per_minute, hash, allowed_models, \
+     allowed_endpoints, max_concurrent_requests";
 
 /// The organizations' ids by their text, so that the keys read after them share them.
 pub(crate) struct OrgIds<'a>(HashMap<&'a str, &'a OrgId>);
@@ -169,6 +196,8 @@ pub(crate) fn active_key(row: &dyn Columns, org_ids: &OrgIds<'_>) -> Result<Acti
             tokens_per_minute: rate_limit(row, 4)?,
         },
         allowed_models: allowed_models(row, 6)?,
+        allowed_endpoints: allowed_endpoints(row, 7)?,
+        max_concurrent_requests: max_concurrent(row, 8)?,
     })
 }
 

@@ -9,6 +9,7 @@ use std::sync::Barrier;
 
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::channel::JobKind;
+use recovea_core::endpoints::EndpointAllowlist;
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::jobs::BatchInput;
 use recovea_core::keys::hash_secret;
@@ -16,7 +17,7 @@ use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
-use recovea_core::receipt::{Receipt, SerializedReceipt};
+use recovea_core::receipt::{ProviderKey, Receipt, SerializedReceipt};
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::UsageSource;
@@ -24,10 +25,10 @@ use recovea_core::window::Window;
 use std::time::Duration;
 
 use recovea_store::{
-    ActiveKey, AlertRecord, AuditAuth, AuditContext, AuditEntry, AuditQuery, BookRows, CapRecord,
-    ControlStore, FileRecord, JobPoll, JobRecord, JobStore, KeyRecord, NodeRecord, OrgRecord, PostgresStore,
-    PriceChange, PriceOverride, PriceTarget, ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore,
-    StoreError,
+    AccessRules, ActiveKey, AlertRecord, AuditAuth, AuditContext, AuditEntry, AuditQuery, BookRows,
+    CapRecord, ControlStore, FileRecord, JobPoll, JobRecord, JobStore, KeyRecord, NodeRecord, OrgRecord,
+    PostgresStore, PriceChange, PriceOverride, PriceTarget, ProviderRecord, ReceiptLedger, ReceiptQuery,
+    SqliteStore, StoreError,
 };
 
 /// A fresh, empty database; `open` gives a new store instance on it each time it is called.
@@ -155,13 +156,14 @@ suite!(
     keys_revoke_once_and_leave_the_active_state,
     key_limits_are_kept_and_changed,
     model_allowlists_are_kept_and_changed,
+    endpoint_allowlists_and_concurrency_limits_are_kept_and_changed,
     receipts_keep_their_tags_and_filter_and_sum_by_them,
     children_of_unknown_orgs_are_refused,
     state_survives_reopening,
     state_holds_every_table,
     receipts_insert_once_and_page_in_order,
     spend_summary_groups_by_day_key_and_model,
-    receipts_filter_by_model_status_and_usage_source,
+    receipts_filter_by_model_status_usage_source_and_provider_key,
     spend_sums_costs_in_a_window,
     daily_spend_answers_as_the_receipts_do_and_counts_a_replay_once,
     each_price_change_is_a_new_revision,
@@ -237,7 +239,14 @@ fn cap_id(id: &str) -> CapId {
 }
 
 fn org(id: &str) -> OrgRecord {
-    OrgRecord { id: org_id(id), name: format!("{id} name"), created_at: Timestamp(1), allowed_models: None }
+    OrgRecord {
+        id: org_id(id),
+        name: format!("{id} name"),
+        created_at: Timestamp(1),
+        allowed_models: None,
+        allowed_endpoints: None,
+        max_concurrent_requests: None,
+    }
 }
 
 fn key(id: &str, org: &str) -> KeyRecord {
@@ -251,6 +260,8 @@ fn key(id: &str, org: &str) -> KeyRecord {
         revoked_at: None,
         limits: KeyLimits::default(),
         allowed_models: None,
+        allowed_endpoints: None,
+        max_concurrent_requests: None,
     }
 }
 
@@ -370,11 +381,17 @@ fn key_limits_are_kept_and_changed(db: &impl Backend) {
 
     let version = store.version().expect("version");
     let lifted = KeyLimits { requests_per_minute: None, tokens_per_minute: Some(1000) };
-    let changed = store.update_key(&key_id("key_a"), lifted, None, &audit()).expect("set").expect("known");
+    let changed = store
+        .update_key(&key_id("key_a"), lifted, &AccessRules::default(), &audit())
+        .expect("set")
+        .expect("known");
     assert_eq!(changed, KeyRecord { limits: lifted, ..record });
     assert!(store.version().expect("version") > version);
     assert_eq!(store.state().expect("state").active_keys[0].limits, lifted);
-    assert_eq!(store.update_key(&key_id("key_zz"), lifted, None, &audit()).expect("ok"), None);
+    assert_eq!(
+        store.update_key(&key_id("key_zz"), lifted, &AccessRules::default(), &audit()).expect("ok"),
+        None
+    );
 }
 
 fn model_allowlists_are_kept_and_changed(db: &impl Backend) {
@@ -395,7 +412,12 @@ fn model_allowlists_are_kept_and_changed(db: &impl Backend) {
     let version = store.version().expect("version");
     let empty = models(&[]);
     let changed = store
-        .update_key(&key_id("key_a"), record.limits, Some(&empty), &audit())
+        .update_key(
+            &key_id("key_a"),
+            record.limits,
+            &AccessRules { allowed_models: Some(empty.clone()), ..AccessRules::default() },
+            &audit(),
+        )
         .expect("set")
         .expect("known");
     assert_eq!(
@@ -404,17 +426,78 @@ fn model_allowlists_are_kept_and_changed(db: &impl Backend) {
         "an empty list is kept, not cleared"
     );
     assert!(store.version().expect("version") > version);
-    let cleared =
-        store.update_key(&key_id("key_a"), record.limits, None, &audit()).expect("set").expect("known");
+    let cleared = store
+        .update_key(&key_id("key_a"), record.limits, &AccessRules::default(), &audit())
+        .expect("set")
+        .expect("known");
     assert_eq!(cleared.allowed_models, None);
-    assert_eq!(store.update_key(&key_id("key_zz"), record.limits, None, &audit()).expect("ok"), None);
+    assert_eq!(
+        store.update_key(&key_id("key_zz"), record.limits, &AccessRules::default(), &audit()).expect("ok"),
+        None
+    );
 
     let version = store.version().expect("version");
-    let org = store.set_org_allowed_models(&org_id("org_a"), None, &audit()).expect("set").expect("known");
+    let org = store
+        .set_org_rules(&org_id("org_a"), &AccessRules::default(), &audit())
+        .expect("set")
+        .expect("known");
     assert_eq!(org, OrgRecord { allowed_models: None, ..listed });
     assert!(store.version().expect("version") > version);
     assert_eq!(store.state().expect("state").orgs[0].allowed_models, None);
-    assert_eq!(store.set_org_allowed_models(&org_id("org_zz"), Some(&empty), &audit()).expect("ok"), None);
+    let rules = AccessRules { allowed_models: Some(empty), ..AccessRules::default() };
+    assert_eq!(store.set_org_rules(&org_id("org_zz"), &rules, &audit()).expect("ok"), None);
+}
+
+fn endpoint_allowlists_and_concurrency_limits_are_kept_and_changed(db: &impl Backend) {
+    let store = db.open();
+    let endpoints =
+        |p: &[&str]| EndpointAllowlist::parse(p.iter().map(|m| (*m).to_owned()).collect()).expect("valid");
+    let listed = OrgRecord {
+        allowed_endpoints: Some(endpoints(&["/v1/chat/completions", "/v1/files*"])),
+        max_concurrent_requests: Some(20),
+        ..org("org_a")
+    };
+    store.create_org(&listed, &audit()).expect("org");
+    assert_eq!(store.org(&org_id("org_a")).expect("read"), Some(listed.clone()));
+    let mut record = key("key_a", "org_a");
+    record.allowed_endpoints = Some(endpoints(&["/v1/chat/completions"]));
+    record.max_concurrent_requests = Some(u32::MAX);
+    store.create_key(&record, hash_secret("rk_a"), &audit()).expect("key");
+    assert_eq!(store.key(&key_id("key_a")).expect("read"), Some(record.clone()));
+    let state = store.state().expect("state");
+    assert_eq!(state.orgs[0].allowed_endpoints, listed.allowed_endpoints);
+    assert_eq!(state.orgs[0].max_concurrent_requests, Some(20));
+    assert_eq!(state.active_keys[0].allowed_endpoints, record.allowed_endpoints);
+    assert_eq!(state.active_keys[0].max_concurrent_requests, Some(u32::MAX), "the whole range of a u32");
+
+    // One change sets every rule of the key; its audit row shows them.
+    let version = store.version().expect("version");
+    let rules = AccessRules {
+        allowed_models: None,
+        allowed_endpoints: Some(endpoints(&[])),
+        max_concurrent_requests: Some(0),
+    };
+    let changed =
+        store.update_key(&key_id("key_a"), record.limits, &rules, &audit()).expect("set").expect("known");
+    assert_eq!(changed.rules(), rules, "an empty list and a zero limit are kept, not cleared");
+    assert!(store.version().expect("version") > version);
+    let log = store.audit_log(&AuditQuery { limit: 1000, ..AuditQuery::default() }).expect("audit");
+    let last = log.last().expect("a row");
+    assert_eq!((last.action.as_str(), last.object_id.as_str()), ("update", "key_a"));
+    let shown: serde_json::Value = serde_json::from_str(last.after.as_deref().expect("after")).expect("json");
+    assert_eq!(shown["allowed_endpoints"], serde_json::json!([]));
+    assert_eq!(shown["max_concurrent_requests"], 0);
+
+    let org = store
+        .set_org_rules(&org_id("org_a"), &AccessRules::default(), &audit())
+        .expect("set")
+        .expect("known");
+    assert_eq!(org, OrgRecord { allowed_endpoints: None, max_concurrent_requests: None, ..listed });
+    let state = store.state().expect("state");
+    assert_eq!(
+        (state.orgs[0].allowed_endpoints.as_ref(), state.orgs[0].max_concurrent_requests),
+        (None, None)
+    );
 }
 
 fn children_of_unknown_orgs_are_refused(db: &impl Backend) {
@@ -485,6 +568,8 @@ fn state_holds_every_table(db: &impl Backend) {
             expires_at: None,
             limits: KeyLimits::default(),
             allowed_models: None,
+            allowed_endpoints: None,
+            max_concurrent_requests: None,
         }]
     );
     let org_a = state.orgs.iter().find(|o| o.id == org_id("org_a")).expect("org_a");
@@ -527,6 +612,7 @@ fn receipts_insert_once_and_page_in_order(db: &impl Backend) {
         model: None,
         status: None,
         usage_source: None,
+        provider_key: None,
         limit: 2,
         after,
         tag: None,
@@ -588,6 +674,7 @@ fn receipts_keep_their_tags_and_filter_and_sum_by_them(db: &impl Backend) {
         model: None,
         status: None,
         usage_source: None,
+        provider_key: None,
         limit: 10,
         after: None,
         tag: None,
@@ -631,11 +718,15 @@ fn receipts_keep_their_tags_and_filter_and_sum_by_them(db: &impl Backend) {
     assert_eq!(values, [(None, 1), (Some("search".into()), 1)]);
 }
 
-fn receipts_filter_by_model_status_and_usage_source(db: &impl Backend) {
+fn receipts_filter_by_model_status_usage_source_and_provider_key(db: &impl Backend) {
     let store = db.open();
     let batch = [
-        receipt("rcpt_f1", "key_a", 1, 1),
-        Receipt { model: Some("claude-haiku-4-5".into()), ..receipt("rcpt_f2", "key_a", 2, 1) },
+        Receipt { provider_key: Some(ProviderKey::Managed), ..receipt("rcpt_f1", "key_a", 1, 1) },
+        Receipt {
+            model: Some("claude-haiku-4-5".into()),
+            provider_key: Some(ProviderKey::Client),
+            ..receipt("rcpt_f2", "key_a", 2, 1)
+        },
         Receipt { status: 500, ..receipt("rcpt_f3", "key_a", 3, 1) },
         Receipt { usage_source: UsageSource::Estimated, ..receipt("rcpt_f4", "key_a", 4, 1) },
         Receipt { model: None, ..receipt("rcpt_f5", "key_a", 5, 1) },
@@ -649,6 +740,7 @@ fn receipts_filter_by_model_status_and_usage_source(db: &impl Backend) {
         model: None,
         status: None,
         usage_source: None,
+        provider_key: None,
         limit: 100,
         after: None,
         tag: None,
@@ -656,7 +748,9 @@ fn receipts_filter_by_model_status_and_usage_source(db: &impl Backend) {
     let found = |q: ReceiptQuery| -> Vec<String> {
         store.receipts(&q).expect("receipts").into_iter().map(|r| r.id).collect()
     };
-    assert_eq!(found(all.clone()).len(), 5);
+    assert_eq!(store.receipts(&all).expect("all"), batch.to_vec(), "who paid reads back, unknown as unknown");
+    assert_eq!(found(ReceiptQuery { provider_key: Some(ProviderKey::Managed), ..all.clone() }), ["rcpt_f1"]);
+    assert_eq!(found(ReceiptQuery { provider_key: Some(ProviderKey::Client), ..all.clone() }), ["rcpt_f2"]);
     assert_eq!(
         found(ReceiptQuery { model: Some("gpt-4o".into()), ..all.clone() }),
         ["rcpt_f1", "rcpt_f3", "rcpt_f4"]
@@ -1007,7 +1101,9 @@ fn the_state_version_grows_with_each_change(db: &impl Backend) {
     grew("create_org");
     store.create_key(&key("key_a", "org_a"), hash_secret("rk_a"), &audit()).expect("key");
     grew("create_key");
-    store.update_key(&key_id("key_a"), KeyLimits::default(), None, &audit()).expect("limits");
+    store
+        .update_key(&key_id("key_a"), KeyLimits::default(), &AccessRules::default(), &audit())
+        .expect("limits");
     grew("update_key");
     store.revoke_key(&key_id("key_a"), Timestamp(5), &audit()).expect("revoke");
     grew("revoke_key");
@@ -1292,7 +1388,7 @@ fn every_change_writes_its_audit_row(db: &impl Backend) {
     let hash = hash_secret("rk_the_secret_of_key_a");
     store.create_key(&key("key_a", "org_a"), hash, &audit()).expect("key");
     let limits = KeyLimits { requests_per_minute: Some(60), tokens_per_minute: None };
-    store.update_key(&key_id("key_a"), limits, None, &audit()).expect("limits");
+    store.update_key(&key_id("key_a"), limits, &AccessRules::default(), &audit()).expect("limits");
     store.revoke_key(&key_id("key_a"), Timestamp(9), &audit()).expect("revoke");
     store.put_provider(&provider("org_a"), &audit()).expect("provider");
     let replaced = ProviderRecord { key_hint: "sk-...wxyz".into(), ..provider("org_a") };
@@ -1327,9 +1423,9 @@ fn every_change_writes_its_audit_row(db: &impl Backend) {
         ("aud_0", Timestamp(1_000), AuditAuth::AdminToken, Some("10.0.0.7:51234")),
         "who and when, as given"
     );
-    let key_before = r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":null,"revoked_at":null,"tokens_per_minute":null}"#;
-    let key_limited = r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":null,"tokens_per_minute":null}"#;
-    let key_revoked = r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":"1970-01-01T00:00:00.009Z","tokens_per_minute":null}"#;
+    let key_before = r#"{"allowed_endpoints":null,"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","max_concurrent_requests":null,"name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":null,"revoked_at":null,"tokens_per_minute":null}"#;
+    let key_limited = r#"{"allowed_endpoints":null,"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","max_concurrent_requests":null,"name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":null,"tokens_per_minute":null}"#;
+    let key_revoked = r#"{"allowed_endpoints":null,"allowed_models":null,"created_at":"1970-01-01T00:00:00.002Z","expires_at":null,"id":"key_a","max_concurrent_requests":null,"name":"k","org_id":"org_a","prefix":"rk_abc","requests_per_minute":60,"revoked_at":"1970-01-01T00:00:00.009Z","tokens_per_minute":null}"#;
     let provider_first = r#"{"base_url":null,"fallback_input_per_mtok_usd":null,"fallback_output_per_mtok_usd":null,"key_hint":"...","kind":"openai","name":"openai","price_namespace":null}"#;
     let provider_second = r#"{"base_url":null,"fallback_input_per_mtok_usd":null,"fallback_output_per_mtok_usd":null,"key_hint":"sk-...wxyz","kind":"openai","name":"openai","price_namespace":null}"#;
     let cap_first = r#"{"alert_at":[0.5,0.8,1.0],"alert_webhook":"https://hooks.example/recovea","created_at":"1970-01-01T00:00:00.004Z","hard_stop":true,"id":"cap_a","key_id":null,"limit_usd":"1.00","org_id":"org_a","scope":"organization","window":"month"}"#;
@@ -1349,7 +1445,7 @@ fn every_change_writes_its_audit_row(db: &impl Backend) {
                 Some("org_a"),
                 None,
                 Some(
-                    r#"{"allowed_models":null,"created_at":"1970-01-01T00:00:00.001Z","id":"org_a","name":"org_a name"}"#
+                    r#"{"allowed_endpoints":null,"allowed_models":null,"created_at":"1970-01-01T00:00:00.001Z","id":"org_a","max_concurrent_requests":null,"name":"org_a name"}"#
                 )
             ),
             row("create", "key", "key_a", Some("org_a"), None, Some(key_before)),
@@ -1388,7 +1484,9 @@ fn refused_changes_write_no_audit_row(db: &impl Backend) {
     assert!(!store.delete_cap(&cap_id("cap_a"), &audit()).expect("delete"));
     assert_eq!(store.revoke_key(&key_id("key_a"), Timestamp(1), &audit()).expect("revoke"), None);
     assert_eq!(
-        store.update_key(&key_id("key_a"), KeyLimits::default(), None, &audit()).expect("limits"),
+        store
+            .update_key(&key_id("key_a"), KeyLimits::default(), &AccessRules::default(), &audit())
+            .expect("limits"),
         None
     );
     let removal = PriceChange { target: PriceTarget::Model("m".into()), kind: None, price: None };

@@ -2,7 +2,7 @@
 //! by day and the value of a tag.
 
 use recovea_core::ids::{KeyId, OrgId};
-use recovea_core::receipt::Receipt;
+use recovea_core::receipt::{ProviderKey, Receipt};
 use recovea_core::tags;
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::UsageSource;
@@ -18,7 +18,7 @@ const MAX_LIMIT: u32 = 1000;
 /// A CSV export is one answer: bounded so that it cannot exhaust the control plane's memory.
 const MAX_CSV_ROWS: u32 = 100_000;
 
-const CSV_COLUMNS: [&str; 28] = [
+const CSV_COLUMNS: [&str; 29] = [
     "id",
     "request_id",
     "org_id",
@@ -47,6 +47,7 @@ const CSV_COLUMNS: [&str; 28] = [
     "audio_output_tokens",
     "job_id",
     "held_usd",
+    "provider_key",
 ];
 
 impl Control {
@@ -82,6 +83,14 @@ impl Control {
                 .map(|s| {
                     UsageSource::parse(s).ok_or_else(|| {
                         ApiError::BadRequest("usage_source: expected provider, estimated or unmetered".into())
+                    })
+                })
+                .transpose()?,
+            provider_key: params
+                .get("provider_key")
+                .map(|s| {
+                    ProviderKey::parse(s).ok_or_else(|| {
+                        ApiError::BadRequest("provider_key: expected managed or client".into())
                     })
                 })
                 .transpose()?,
@@ -216,6 +225,7 @@ fn to_csv(receipts: &[Receipt]) -> String {
             r.audio_output_tokens.to_string(),
             r.job_id.clone().unwrap_or_default(),
             r.held_usd.map(|held| held.to_usd_string()).unwrap_or_default(),
+            r.provider_key.map(ProviderKey::as_str).unwrap_or_default().to_owned(),
         ];
         let escaped: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
         out.push_str(&escaped.join(","));

@@ -4,7 +4,6 @@
 use postgres::{GenericClient, Transaction};
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
-use recovea_core::models::ModelAllowlist;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::timestamp::Timestamp;
 
@@ -15,8 +14,8 @@ use crate::rows::{
     PRICE_COLUMNS, PROVIDER_COLUMNS, alert_at_text, corrupt, saturating_i64,
 };
 use crate::{
-    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PriceChange, PriceOverride,
-    ProviderRecord, Result, State, StoreError,
+    AccessRules, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PriceChange,
+    PriceOverride, ProviderRecord, Result, State, StoreError,
 };
 
 /// A cap's columns, in the order [`rows::cap`] reads them (`window` is a reserved word here).
@@ -31,12 +30,14 @@ impl ControlStore for PostgresStore {
     fn create_org(&self, org: &OrgRecord, audit: &AuditContext) -> Result<()> {
         self.change(audit, |tx| {
             tx.execute(
-                "INSERT INTO orgs (id, name, created_at, allowed_models) VALUES ($1, $2, $3, $4)",
+                &format!("INSERT INTO orgs ({ORG_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"),
                 &[
                     &org.id.as_str(),
                     &org.name,
                     &org.created_at.0,
                     &rows::allowed_models_text(org.allowed_models.as_ref()),
+                    &rows::allowed_endpoints_text(org.allowed_endpoints.as_ref()),
+                    &org.max_concurrent_requests.map(i64::from),
                 ],
             )
             .map_err(backend)?;
@@ -54,10 +55,10 @@ impl ControlStore for PostgresStore {
         select_optional(&mut *self.client()?, &sql, &[&id.as_str()], rows::org)
     }
 
-    fn set_org_allowed_models(
+    fn set_org_rules(
         &self,
         id: &OrgId,
-        models: Option<&ModelAllowlist>,
+        rules: &AccessRules,
         audit: &AuditContext,
     ) -> Result<Option<OrgRecord>> {
         self.change(audit, |tx| {
@@ -68,8 +69,14 @@ impl ControlStore for PostgresStore {
                 rows::org,
             )?;
             tx.execute(
-                "UPDATE orgs SET allowed_models = $2 WHERE id = $1",
-                &[&id.as_str(), &rows::allowed_models_text(models)],
+                "UPDATE orgs SET allowed_models = $2, allowed_endpoints = $3, max_concurrent_requests = $4 \
+                 WHERE id = $1",
+                &[
+                    &id.as_str(),
+                    &rows::allowed_models_text(rules.allowed_models.as_ref()),
+                    &rows::allowed_endpoints_text(rules.allowed_endpoints.as_ref()),
+                    &rules.max_concurrent_requests.map(i64::from),
+                ],
             )
             .map_err(backend)?;
             let after = select_optional(
@@ -93,7 +100,8 @@ impl ControlStore for PostgresStore {
             }
             tx.execute(
                 &format!(
-                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+                    "INSERT INTO keys ({KEY_COLUMNS}, hash) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
                 ),
                 &[
                     &key.id.as_str(),
@@ -106,6 +114,8 @@ impl ControlStore for PostgresStore {
                     &key.limits.requests_per_minute.map(i64::from),
                     &key.limits.tokens_per_minute.map(i64::from),
                     &rows::allowed_models_text(key.allowed_models.as_ref()),
+                    &rows::allowed_endpoints_text(key.allowed_endpoints.as_ref()),
+                    &key.max_concurrent_requests.map(i64::from),
                     &&hash.0[..],
                 ],
             )
@@ -127,19 +137,21 @@ impl ControlStore for PostgresStore {
         &self,
         id: &KeyId,
         limits: KeyLimits,
-        allowed_models: Option<&ModelAllowlist>,
+        rules: &AccessRules,
         audit: &AuditContext,
     ) -> Result<Option<KeyRecord>> {
         self.change(audit, |tx| {
             let before = key_by_id(tx, id)?;
             tx.execute(
-                "UPDATE keys SET requests_per_minute = $2, tokens_per_minute = $3, allowed_models = $4 \
-                 WHERE id = $1",
+                "UPDATE keys SET requests_per_minute = $2, tokens_per_minute = $3, allowed_models = $4, \
+                 allowed_endpoints = $5, max_concurrent_requests = $6 WHERE id = $1",
                 &[
                     &id.as_str(),
                     &limits.requests_per_minute.map(i64::from),
                     &limits.tokens_per_minute.map(i64::from),
-                    &rows::allowed_models_text(allowed_models),
+                    &rows::allowed_models_text(rules.allowed_models.as_ref()),
+                    &rows::allowed_endpoints_text(rules.allowed_endpoints.as_ref()),
+                    &rules.max_concurrent_requests.map(i64::from),
                 ],
             )
             .map_err(backend)?;

@@ -83,6 +83,7 @@ impl ReceiptLedger for PostgresStore {
                  AND ($9::TEXT IS NULL OR model = $9)
                  AND ($10::INT IS NULL OR (body::jsonb ->> 'status')::INT = $10)
                  AND ($11::TEXT IS NULL OR body::jsonb ->> 'usage_source' = $11)
+                 AND ($12::TEXT IS NULL OR body::jsonb ->> 'provider_key' = $12)
                  ORDER BY started_at, id LIMIT $7"
             ),
             &[
@@ -95,10 +96,11 @@ impl ReceiptLedger for PostgresStore {
                 &i64::from(q.limit),
                 &rows::tag_needle(&q.tag),
                 &q.model.as_deref(),
-                // Status and usage source are not columns here: read from the receipt's JSON, row
+                // Status, usage source and provider key are not columns here: read from the receipt's JSON, row
                 // by row in the (org, time) order of the index, until the page is full.
                 &q.status.map(i32::from),
                 &q.usage_source.map(UsageSource::as_str),
+                &q.provider_key.map(recovea_core::receipt::ProviderKey::as_str),
             ],
             |row| {
                 serde_json::from_str(row.text(0)?)

@@ -248,6 +248,15 @@ pub(super) const MIGRATIONS: &[&str] = &[
         lease_until BIGINT NOT NULL
     );
 "#,
+    // Issue 34 (version 9): endpoint allowlists of keys and organizations, a JSON array of
+    // patterns as `allowed_models` (NULL allows every endpoint), and their limits of requests in
+    // flight (NULL: none).
+    r#"
+    ALTER TABLE orgs ADD COLUMN allowed_endpoints TEXT;
+    ALTER TABLE orgs ADD COLUMN max_concurrent_requests BIGINT;
+    ALTER TABLE keys ADD COLUMN allowed_endpoints TEXT;
+    ALTER TABLE keys ADD COLUMN max_concurrent_requests BIGINT;
+"#,
 ];
 
 /// The advisory lock that serializes migrations across every process on the database ("recovea!").

@@ -3,7 +3,6 @@
 
 use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys::KeyHash;
-use recovea_core::models::ModelAllowlist;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::timestamp::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -12,11 +11,11 @@ use super::{SqliteStore, backend, select, select_optional};
 use crate::audit::{self, AUDIT_COLUMNS, AuditContext, AuditEntry, AuditQuery};
 use crate::rows::{
     self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, OrgIds, PRICE_COLUMNS,
-    PROVIDER_COLUMNS, alert_at_text, allowed_models_text, saturating_i64,
+    PROVIDER_COLUMNS, alert_at_text, allowed_endpoints_text, allowed_models_text, saturating_i64,
 };
 use crate::{
-    AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PriceChange, PriceOverride,
-    ProviderRecord, Result, State, StoreError,
+    AccessRules, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PriceChange,
+    PriceOverride, ProviderRecord, Result, State, StoreError,
 };
 
 /// A cap's columns, in the order [`rows::cap`] reads them.
@@ -34,12 +33,14 @@ impl ControlStore for SqliteStore {
     fn create_org(&self, org: &OrgRecord, audit: &AuditContext) -> Result<()> {
         self.change(audit, |tx| {
             tx.execute(
-                "INSERT INTO orgs (id, name, created_at, allowed_models) VALUES (?1, ?2, ?3, ?4)",
+                &format!("INSERT INTO orgs ({ORG_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"),
                 params![
                     org.id.as_str(),
                     org.name,
                     org.created_at.0,
-                    allowed_models_text(org.allowed_models.as_ref())
+                    allowed_models_text(org.allowed_models.as_ref()),
+                    allowed_endpoints_text(org.allowed_endpoints.as_ref()),
+                    org.max_concurrent_requests,
                 ],
             )
             .map_err(backend)?;
@@ -57,10 +58,10 @@ impl ControlStore for SqliteStore {
         select_optional(&self.conn(), &sql, [id.as_str()], rows::org)
     }
 
-    fn set_org_allowed_models(
+    fn set_org_rules(
         &self,
         id: &OrgId,
-        models: Option<&ModelAllowlist>,
+        rules: &AccessRules,
         audit: &AuditContext,
     ) -> Result<Option<OrgRecord>> {
         self.change(audit, |tx| {
@@ -71,8 +72,14 @@ impl ControlStore for SqliteStore {
                 rows::org,
             )?;
             tx.execute(
-                "UPDATE orgs SET allowed_models = ?2 WHERE id = ?1",
-                params![id.as_str(), allowed_models_text(models)],
+                "UPDATE orgs SET allowed_models = ?2, allowed_endpoints = ?3, max_concurrent_requests = ?4 \
+                 WHERE id = ?1",
+                params![
+                    id.as_str(),
+                    allowed_models_text(rules.allowed_models.as_ref()),
+                    allowed_endpoints_text(rules.allowed_endpoints.as_ref()),
+                    rules.max_concurrent_requests,
+                ],
             )
             .map_err(backend)?;
             let after = select_optional(
@@ -96,7 +103,8 @@ impl ControlStore for SqliteStore {
             }
             tx.execute(
                 &format!(
-                    "INSERT INTO keys ({KEY_COLUMNS}, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+                    "INSERT INTO keys ({KEY_COLUMNS}, hash) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
                 ),
                 params![
                     key.id.as_str(),
@@ -109,6 +117,8 @@ impl ControlStore for SqliteStore {
                     key.limits.requests_per_minute,
                     key.limits.tokens_per_minute,
                     allowed_models_text(key.allowed_models.as_ref()),
+                    allowed_endpoints_text(key.allowed_endpoints.as_ref()),
+                    key.max_concurrent_requests,
                     &hash.0[..],
                 ],
             )
@@ -130,19 +140,21 @@ impl ControlStore for SqliteStore {
         &self,
         id: &KeyId,
         limits: KeyLimits,
-        allowed_models: Option<&ModelAllowlist>,
+        rules: &AccessRules,
         audit: &AuditContext,
     ) -> Result<Option<KeyRecord>> {
         self.change(audit, |tx| {
             let before = key_by_id(tx, id)?;
             tx.execute(
-                "UPDATE keys SET requests_per_minute = ?2, tokens_per_minute = ?3, allowed_models = ?4 \
-                 WHERE id = ?1",
+                "UPDATE keys SET requests_per_minute = ?2, tokens_per_minute = ?3, allowed_models = ?4, \
+                 allowed_endpoints = ?5, max_concurrent_requests = ?6 WHERE id = ?1",
                 params![
                     id.as_str(),
                     limits.requests_per_minute,
                     limits.tokens_per_minute,
-                    allowed_models_text(allowed_models)
+                    allowed_models_text(rules.allowed_models.as_ref()),
+                    allowed_endpoints_text(rules.allowed_endpoints.as_ref()),
+                    rules.max_concurrent_requests,
                 ],
             )
             .map_err(backend)?;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::money::Nanos;
-use recovea_core::receipt::{Receipt, SerializedReceipt};
+use recovea_core::receipt::{ProviderKey, Receipt, SerializedReceipt};
 use recovea_core::timestamp::Timestamp;
 use recovea_core::usage::UsageSource;
 use rusqlite::{Connection, Transaction, params};
@@ -18,7 +18,7 @@ const RECEIPT_COLUMNS: &str = "id, request_id, org_id, key_id, provider, model, 
     input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens, reasoning_tokens,
     cost_nanos, usage_source, priced, price_revision, started_at, finished_at, node_id, priced_as, tags,
     job_id, held_nanos, batch_input, audio_input_tokens, cached_audio_input_tokens, audio_output_tokens,
-    quantities";
+    quantities, provider_key";
 
 fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
     let status = row.integer(7)?;
@@ -57,6 +57,12 @@ fn receipt_row(row: &dyn Columns) -> Result<Receipt> {
         audio_input_tokens: row.count(26)?,
         cached_audio_input_tokens: row.count(27)?,
         audio_output_tokens: row.count(28)?,
+        provider_key: row
+            .optional_string(30)?
+            .map(|text| {
+                ProviderKey::parse(&text).ok_or_else(|| corrupt(format!("bad provider key {text:?}")))
+            })
+            .transpose()?,
         ..Receipt::default()
     };
     if let Some(text) = row.optional_string(29)? {
@@ -76,7 +82,7 @@ pub(super) fn insert_receipts(tx: &Transaction<'_>, receipts: &[SerializedReceip
         .prepare_cached(&format!(
             "INSERT OR IGNORE INTO receipts ({RECEIPT_COLUMNS})
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                     ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)"
+                     ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)"
         ))
         .map_err(backend)?;
     for written in receipts {
@@ -113,6 +119,7 @@ pub(super) fn insert_receipts(tx: &Transaction<'_>, receipts: &[SerializedReceip
                 saturating_i64(r.cached_audio_input_tokens),
                 saturating_i64(r.audio_output_tokens),
                 rows::quantities_text(r),
+                r.provider_key.map(ProviderKey::as_str),
             ])
             .map_err(backend)?;
         if added > 0 {
@@ -176,6 +183,7 @@ impl ReceiptLedger for SqliteStore {
                  AND (?9 IS NULL OR model = ?9)
                  AND (?10 IS NULL OR status = ?10)
                  AND (?11 IS NULL OR usage_source = ?11)
+                 AND (?12 IS NULL OR provider_key = ?12)
                  ORDER BY started_at, id LIMIT ?7"
             ))
             .map_err(backend)?;
@@ -191,7 +199,8 @@ impl ReceiptLedger for SqliteStore {
                 rows::tag_needle(&q.tag),
                 q.model.as_deref(),
                 q.status,
-                q.usage_source.map(UsageSource::as_str)
+                q.usage_source.map(UsageSource::as_str),
+                q.provider_key.map(ProviderKey::as_str)
             ])
             .map_err(backend)?;
         records(found, receipt_row)

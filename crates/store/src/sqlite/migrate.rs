@@ -279,6 +279,20 @@ pub(super) const MIGRATIONS: &[&str] = &[
         lease_until INTEGER NOT NULL
     );
 ",
+    // Issue 34 (user_version 13): endpoint allowlists of keys and organizations, a JSON array of
+    // patterns as `allowed_models` (NULL allows every endpoint), and their limits of requests in
+    // flight (NULL: none).
+    r"
+    ALTER TABLE orgs ADD COLUMN allowed_endpoints TEXT;
+    ALTER TABLE orgs ADD COLUMN max_concurrent_requests INTEGER;
+    ALTER TABLE keys ADD COLUMN allowed_endpoints TEXT;
+    ALTER TABLE keys ADD COLUMN max_concurrent_requests INTEGER;
+",
+    // Issue 34 (user_version 14): who paid the provider, `managed` or `client`; NULL on receipts
+    // written before it was recorded.
+    r"
+    ALTER TABLE receipts ADD COLUMN provider_key TEXT;
+",
 ];
 
 /// Applies each missing migration in a write transaction that reads the version itself, so that

@@ -62,6 +62,7 @@ fn all_of_org_a(store: &SqliteStore) -> Vec<Receipt> {
         model: None,
         status: None,
         usage_source: None,
+        provider_key: None,
         limit: 100,
         after: None,
         tag: None,
