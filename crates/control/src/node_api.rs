@@ -100,7 +100,9 @@ impl Control {
         body: Bytes,
     ) -> Result<Option<Reply>, ApiError> {
         let Some(access) = self.inner.nodes.get() else {
-            return Err(ApiError::NotFound("This control plane serves no nodes (no --node-token).".into()));
+            return Err(ApiError::NotFound(
+                "This process serves no nodes: recovea serve runs its own node inside.".into(),
+            ));
         };
         let caller = self.node_caller(access, authorization).await?;
         match path {
