@@ -323,3 +323,25 @@ fn json_reply(body: Value) -> Reply {
 fn raw(body: Bytes) -> Reply {
     Reply { status: StatusCode::OK, body: ReplyBody::Raw(body) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: usize) -> KeyId {
+        KeyId::parse(&format!("key_{n}")).expect("key id")
+    }
+
+    #[test]
+    fn key_owners_are_remembered_and_forgotten_whole_past_the_bound() {
+        let owners = KeyOwners::default();
+        let org = OrgId::parse("org_a").expect("org id");
+        owners.remember(&[(key(1), org.clone())]);
+        let (known, missing) = owners.split(vec![key(1), key(2)]);
+        assert_eq!((known.get(&key(1)), missing), (Some(&org), vec![key(2)]));
+        let many: Vec<(KeyId, OrgId)> = (2..=MOST_KEY_OWNERS + 1).map(|n| (key(n), org.clone())).collect();
+        owners.remember(&many);
+        let (_, missing) = owners.split(vec![key(1), key(2)]);
+        assert_eq!(missing, vec![key(1)], "past the bound, the older owners are read again");
+    }
+}
