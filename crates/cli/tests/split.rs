@@ -528,8 +528,8 @@ async fn a_node_with_its_own_credential_serves_and_delivers_until_the_credential
     assert_refused_as_a_wrong_node_token(&polled, "a revoked credential's poll");
     let delivered = node_call(&control, "/ingest/v1/receipts", token, json!({"receipts": []})).await;
     assert_refused_as_a_wrong_node_token(&delivered, "a revoked credential's receipts");
-    let again = call(Method::DELETE, &url, &[("authorization", &auth)], None).await;
-    assert_eq!(again.json()["revoked_at"], revoked.json()["revoked_at"], "revoked once");
+    let again = admin_cli(&control, &["node-credentials", "revoke", id]).expect("revoked again");
+    assert_eq!(again["revoked_at"], revoked.json()["revoked_at"], "revoked once");
     let unknown = format!("{}/admin/v1/node-credentials/ncr_unknown", control.admin);
     assert_eq!(
         call(Method::DELETE, &unknown, &[("authorization", &auth)], None).await.status,
