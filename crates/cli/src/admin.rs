@@ -57,6 +57,9 @@ enum Resource {
     /// The nodes that reported to the control plane: feed version, snapshot age, counters
     /// confirmed at, fail-open passes, last seen.
     Nodes,
+    /// Node credentials: a token of its own for each node, revocable alone.
+    #[command(subcommand)]
+    NodeCredentials(NodeCredentials),
     /// The audit log: every admin change, oldest first, as a table or as the API's JSON.
     Audit(AuditArgs),
 }
@@ -72,7 +75,8 @@ struct AuditArgs {
     /// Only changes to this organization's objects.
     #[arg(long, env = "RECOVEA_ORG")]
     org: Option<String>,
-    /// Only changes to objects of this kind: org, key, provider, cap, price, fallback_price, prices.
+    /// Only changes to objects of this kind: org, key, provider, cap, price, fallback_price, prices,
+    /// node_credential.
     #[arg(long, env = "RECOVEA_AUDIT_OBJECT_KIND")]
     object_kind: Option<String>,
     /// Only changes of this action: create, update, revoke, delete, set, import.
@@ -513,6 +517,20 @@ enum Keys {
 }
 
 #[derive(Subcommand)]
+enum NodeCredentials {
+    /// Issues a credential and prints its token (shown only this once): give it to one node as
+    /// its --node-token.
+    Create {
+        #[arg(long, env = "RECOVEA_NODE_CREDENTIAL_NAME")]
+        name: String,
+    },
+    /// The credentials, revoked ones included (never their tokens).
+    List,
+    /// Revokes a credential: every control plane refuses its token from the next call on.
+    Revoke { credential: String },
+}
+
+#[derive(Subcommand)]
 enum Providers {
     /// Creates or replaces the organization's credential called NAME.
     Set {
@@ -717,6 +735,13 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
         Resource::Caps(Caps::Delete { cap }) => (Method::DELETE, format!("/caps/{cap}"), None),
         Resource::Spend { org } => (Method::GET, format!("/orgs/{org}/spend"), None),
         Resource::Nodes => (Method::GET, "/nodes".into(), None),
+        Resource::NodeCredentials(NodeCredentials::Create { name }) => {
+            (Method::POST, "/node-credentials".into(), Some(json!({ "name": name })))
+        }
+        Resource::NodeCredentials(NodeCredentials::List) => (Method::GET, "/node-credentials".into(), None),
+        Resource::NodeCredentials(NodeCredentials::Revoke { credential }) => {
+            (Method::DELETE, format!("/node-credentials/{}", encode(&credential)), None)
+        }
         Resource::Audit(audit) => {
             let answer = client.call(Method::GET, &audit.path(), None).await.map_err(|e| e.to_string())?;
             if audit.json {

@@ -314,7 +314,8 @@ pub(crate) struct ControlArgs {
     /// 64 hex characters that seal provider keys at rest and in the feed; the same on every node.
     #[arg(long, env = "RECOVEA_MASTER_KEY", hide_env_values = true)]
     pub(crate) master_key: String,
-    /// The shared secret nodes present; without it no node is served.
+    /// The shared secret every node may present, besides the node credentials issued through the
+    /// admin API (the stronger choice: each node its own, revocable alone).
     #[arg(long, env = "RECOVEA_NODE_TOKEN", hide_env_values = true)]
     pub(crate) node_token: Option<String>,
 }
@@ -334,7 +335,8 @@ pub(crate) struct NodeArgs {
     /// front of the replicas), beside the public web's roots.
     #[arg(long, env = "RECOVEA_CONTROL_CA_FILE")]
     pub(crate) control_ca_file: Option<std::path::PathBuf>,
-    /// The shared secret the node presents to the control plane.
+    /// What the node presents to the control plane: its own node credential's token (`rnt_...`,
+    /// from `recovea admin node-credentials create`), or the shared node token.
     #[arg(long, env = "RECOVEA_NODE_TOKEN", hide_env_values = true)]
     pub(crate) node_token: String,
     /// 64 hex characters: the control plane's master key, which opens provider keys from the feed.

@@ -36,17 +36,21 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
             .with_jobs(Arc::clone(&jobs));
     let alerts = Alerts::start(stores.store.clone(), stores.ledger.clone(), &alert_secret);
     let poll_interval = args.jobs.job_poll_interval;
-    match &args.node_token {
-        Some(token) => {
-            let sink = Arc::new(
-                LedgerSink::new(stores.ledger.clone(), Some(Arc::clone(&alerts)))
-                    .with_limit(limit)
-                    .with_jobs(Arc::clone(&jobs), poll_interval),
-            );
-            control.serve_nodes(&operator_token("--node-token", token)?, sink);
-        }
-        None => tracing::warn!("no --node-token: no node can follow this control plane"),
+    // Nodes are always served: each presents a node credential issued through the admin API, or
+    // the shared --node-token when one is set.
+    let node_token =
+        args.node_token.as_deref().map(|token| operator_token("--node-token", token)).transpose()?;
+    if node_token.is_none() {
+        tracing::info!(
+            "no --node-token: only nodes presenting a node credential can follow this control plane"
+        );
     }
+    let sink = Arc::new(
+        LedgerSink::new(stores.ledger.clone(), Some(Arc::clone(&alerts)))
+            .with_limit(limit)
+            .with_jobs(Arc::clone(&jobs), poll_interval),
+    );
+    control.serve_nodes(node_token.as_deref(), sink);
     let poller = poller_settings(poll_interval, &args.providers, Some(alerts))?;
     control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
     jobs.refresh().await.map_err(|e| format!("reading the book of jobs: {e}"))?;

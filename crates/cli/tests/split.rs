@@ -427,11 +427,208 @@ async fn the_feed_and_ingest_answer_only_the_node_token() {
     assert_eq!(state.json()["kind"], "state");
     within(Duration::from_secs(2), "the node with the token is listed", || async {
         let listed = control.admin(Method::GET, "/nodes", None).await;
-        listed["nodes"].as_array().is_some_and(|n| n.len() == 1 && n[0]["id"] == "node_intruder")
+        listed["nodes"].as_array().is_some_and(|n| {
+            n.len() == 1
+                && n[0]["id"] == "node_intruder"
+                && n[0]["credential_id"] == "shared"
+                && n[0]["credential_name"].is_null()
+        })
     })
     .await;
     drop(control);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `recovea admin ARGS` against `control`: its JSON answer, or its error text.
+fn admin_cli(control: &Control, args: &[&str]) -> Result<Value, String> {
+    let output = std::process::Command::new(harness::BIN)
+        .env_remove("RECOVEA_ADMIN_TOKEN")
+        .args(["admin", "--admin-url", &control.admin, "--admin-token", ADMIN_TOKEN])
+        .args(args)
+        .output()
+        .expect("recovea admin runs");
+    if output.status.success() {
+        serde_json::from_slice(&output.stdout).map_err(|e| format!("not JSON: {e}"))
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+/// A node call with `token`: the feed poll or receipt ingest.
+async fn node_call(control: &Control, path: &str, token: &str, body: Value) -> Answer {
+    let auth = format!("Bearer {token}");
+    call(Method::POST, &format!("{}{path}", control.admin), &[("authorization", &auth)], Some(body)).await
+}
+
+fn assert_refused_as_a_wrong_node_token(answer: &Answer, what: &str) {
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{what}");
+    let error = &answer.json()["error"];
+    assert_eq!(
+        (error["code"].as_str(), error["message"].as_str()),
+        (Some("invalid_node_token"), Some("Invalid node token.")),
+        "{what}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_its_own_credential_serves_and_delivers_until_the_credential_is_revoked() {
+    let dir = temp_dir("split-node-credential");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    let log_path = dir.join("control.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    // No shared node token at all: node credentials alone let nodes in.
+    let control = Control::start_with(&database.url(), free_port(), &dir.join("control"), &[], log, None);
+
+    // Issued through the CLI: the token is in this answer only.
+    let issued = admin_cli(&control, &["node-credentials", "create", "--name", "edge-1"]).expect("issued");
+    let (id, token) = (issued["id"].as_str().expect("id"), issued["token"].as_str().expect("token"));
+    assert!(id.starts_with("ncr_"), "{issued}");
+    assert!(token.starts_with("rnt_") && token.len() == 47, "{issued}");
+    assert_eq!((issued["name"].as_str(), issued["revoked_at"].is_null()), (Some("edge-1"), true));
+    let listed = admin_cli(&control, &["node-credentials", "list"]).expect("listed");
+    let text = listed.to_string();
+    assert!(!text.contains(token) && !text.contains("hash") && !text.contains("token"), "{listed}");
+    assert_eq!(listed["node_credentials"][0]["id"], id);
+
+    let node = Node::start_presenting(&dir.join("node"), &control.admin, &mock.url(), token);
+    node.ready().await;
+    let (org_id, _key_id, secret) = control.tenant().await;
+    let usage = json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2});
+    mock.script(Behaviour::default().usage(usage).times(10));
+    within(Duration::from_secs(2), "the node serves the new key", || async {
+        node.chat(&secret).await.status == StatusCode::OK
+    })
+    .await;
+    within(Duration::from_secs(10), "its receipt reaches the ledger", || async {
+        control.receipts(&org_id).await.len() == 1
+    })
+    .await;
+    // The node list names the credential the node presented, never its token.
+    within(Duration::from_secs(2), "the node is listed with its credential", || async {
+        let listed = control.admin(Method::GET, "/nodes", None).await;
+        listed["nodes"].as_array().is_some_and(|n| {
+            n.len() == 1 && n[0]["credential_id"] == id && n[0]["credential_name"] == "edge-1"
+        })
+    })
+    .await;
+    // The shared token is no way in where none is set.
+    let poll = json!({"node_id": "node_probe", "version": null, "wait_ms": 0});
+    let shared = node_call(&control, "/feed/v1/poll", NODE_TOKEN, poll.clone()).await;
+    assert_refused_as_a_wrong_node_token(&shared, "the shared token, none being set");
+
+    // Revoked through the API: its very next poll and delivery are refused.
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let url = format!("{}/admin/v1/node-credentials/{id}", control.admin);
+    let revoked = call(Method::DELETE, &url, &[("authorization", &auth)], None).await;
+    assert_eq!(revoked.status, StatusCode::OK);
+    assert!(revoked.json()["revoked_at"].is_string(), "{:?}", revoked.json());
+    assert!(revoked.json().get("token").is_none());
+    let polled = node_call(&control, "/feed/v1/poll", token, poll).await;
+    assert_refused_as_a_wrong_node_token(&polled, "a revoked credential's poll");
+    let delivered = node_call(&control, "/ingest/v1/receipts", token, json!({"receipts": []})).await;
+    assert_refused_as_a_wrong_node_token(&delivered, "a revoked credential's receipts");
+    let again = admin_cli(&control, &["node-credentials", "revoke", id]).expect("revoked again");
+    assert_eq!(again["revoked_at"], revoked.json()["revoked_at"], "revoked once");
+    let unknown = format!("{}/admin/v1/node-credentials/ncr_unknown", control.admin);
+    assert_eq!(
+        call(Method::DELETE, &unknown, &[("authorization", &auth)], None).await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // Both changes are in the audit log, without the token.
+    let audit = control.admin(Method::GET, "/audit?object_kind=node_credential", None).await;
+    let entries = audit["entries"].as_array().expect("entries");
+    let actions: Vec<&str> = entries.iter().filter_map(|e| e["action"].as_str()).collect();
+    assert_eq!(actions, ["create", "revoke", "revoke"], "{audit}");
+    assert!(entries.iter().all(|e| e["object_id"] == id));
+    assert!(!audit.to_string().contains(token));
+    // The refusals are logged as any wrong node token is, with the address and without the token.
+    let log = std::fs::read_to_string(&log_path).expect("the log");
+    assert!(
+        log.lines().any(|l| l.contains("a wrong node token was refused") && l.contains("client=127.0.0.1"))
+    );
+    assert!(!log.contains(token), "no token in the log");
+    drop((node, control));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A receipt as a node writes it, of `cost_usd`, made now.
+fn receipt_json(id: &str, org_id: &str, key_id: &str, cost_usd: &str) -> Value {
+    let now = recovea_core::timestamp::Timestamp::from_system_time(std::time::SystemTime::now());
+    let receipt = recovea_core::receipt::Receipt {
+        id: id.into(),
+        request_id: id.replace("rcpt_", "req_"),
+        org_id: org_id.into(),
+        key_id: key_id.into(),
+        provider: "openai".into(),
+        model: Some(MODEL.into()),
+        endpoint: "/v1/chat/completions".into(),
+        status: 200,
+        cost_usd: recovea_core::money::Nanos::parse_usd(cost_usd).expect("dollars"),
+        priced: true,
+        started_at: now,
+        finished_at: now,
+        node_id: "node_forger".into(),
+        ..recovea_core::receipt::Receipt::default()
+    };
+    serde_json::from_str(&receipt.to_json()).expect("a receipt's JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_naming_another_organization_than_its_keys_is_refused_and_moves_no_spend() {
+    let dir = temp_dir("split-forged-receipt");
+    let database = Database::create();
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let (org_a, key_a, _) = control.tenant().await;
+    let (org_b, _key_b, _) = control.tenant().await;
+    let cap = json!({"scope": "organization", "window": "month", "limit_usd": "10.00", "hard_stop": true});
+    control.admin(Method::POST, &format!("/orgs/{org_b}/caps"), Some(cap)).await;
+    let spend_of_b = || async {
+        let spend = control.admin(Method::GET, &format!("/orgs/{org_b}/spend"), None).await;
+        spend["spend"][0]["spend_usd"].as_str().expect("spend_usd").to_owned()
+    };
+    assert_eq!(nanos_of(&spend_of_b().await), 0);
+
+    // A's key, B's organization, a huge cost: refused as invalid, alone or in a batch.
+    let forged = receipt_json("rcpt_forged", &org_b, &key_a, "99999.00");
+    let valid = receipt_json("rcpt_valid", &org_a, &key_a, "1.00");
+    let unknown_key = receipt_json("rcpt_unknown", &org_b, "key_nobody", "5.00");
+    for (batch, what) in [
+        (vec![forged.clone()], "a forged receipt"),
+        (vec![valid.clone(), forged.clone()], "a batch holding a forged receipt"),
+        (vec![unknown_key], "a receipt of no known key"),
+    ] {
+        let answer = node_call(&control, "/ingest/v1/receipts", NODE_TOKEN, json!({"receipts": batch})).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{what}: {:?}", answer.json());
+        let message = answer.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+        assert!(message.starts_with("body: receipts["), "{what}: {message}");
+        assert!(!message.contains(&org_a), "the key's own organization is not told: {message}");
+    }
+    assert_eq!(nanos_of(&spend_of_b().await), 0, "B's spend did not move");
+    assert!(control.receipts(&org_b).await.is_empty(), "B has no receipt");
+    assert!(control.receipts(&org_a).await.is_empty(), "a refused batch writes nothing");
+
+    // The same shape with the key's own organization is taken, and so is a receipt of a key
+    // revoked since (made before its revocation reached the node).
+    let answer = node_call(&control, "/ingest/v1/receipts", NODE_TOKEN, json!({"receipts": [valid]})).await;
+    assert_eq!((answer.status, answer.json()["accepted"].as_u64()), (StatusCode::OK, Some(1)));
+    let old = control.admin(Method::POST, &format!("/orgs/{org_a}/keys"), Some(json!({"name": "old"}))).await;
+    let old_key = old["id"].as_str().expect("id");
+    control.admin(Method::POST, &format!("/keys/{old_key}/revoke"), None).await;
+    let late = receipt_json("rcpt_late", &org_a, old_key, "2.00");
+    let answer = node_call(&control, "/ingest/v1/receipts", NODE_TOKEN, json!({"receipts": [late]})).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
+    let ids: std::collections::BTreeSet<String> =
+        control.receipts(&org_a).await.iter().filter_map(|r| r["id"].as_str().map(str::to_owned)).collect();
+    assert_eq!(ids, ["rcpt_late".to_owned(), "rcpt_valid".to_owned()].into());
+    assert_eq!(nanos_of(&spend_of_b().await), 0, "B's spend still did not move");
+    drop(control);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn nanos_of(usd: &str) -> i128 {
+    deployment::nanos(usd)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

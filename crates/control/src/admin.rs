@@ -31,6 +31,7 @@ pub(crate) const OPENAPI: &str = include_str!("openapi.json");
 
 mod audit;
 pub(crate) mod caps;
+mod node_credentials;
 mod prices;
 pub(crate) mod query;
 pub(crate) mod receipts;
@@ -137,6 +138,9 @@ impl Control {
             }
             (["prices"], &Method::GET) => self.list_prices(),
             (["nodes"], &Method::GET) => self.list_nodes().await,
+            (["node-credentials"], &Method::POST) => self.create_node_credential(caller, parse(&body)?).await,
+            (["node-credentials"], &Method::GET) => self.list_node_credentials().await,
+            (["node-credentials", id], &Method::DELETE) => self.revoke_node_credential(caller, id).await,
             (["orgs", org, "caps"], &Method::POST) => {
                 self.create_cap(caller, org_id(org)?, parse(&body)?).await
             }
@@ -179,9 +183,8 @@ impl Control {
             | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _)
             | (["orgs", _, "receipts"] | ["orgs", _, "receipts", "summary"] | ["prices", ..], _)
             | (["orgs", _, "caps"] | ["caps", _] | ["orgs", _, "spend"] | ["orgs", _, "alerts"], _)
-            | (["nodes"] | ["price-imports"] | ["fallback-prices", _] | ["audit"], _) => {
-                Err(ApiError::MethodNotAllowed)
-            }
+            | (["nodes"] | ["price-imports"] | ["fallback-prices", _] | ["audit"], _)
+            | (["node-credentials"] | ["node-credentials", _], _) => Err(ApiError::MethodNotAllowed),
             _ => Err(ApiError::NotFound("Unknown admin path.".into())),
         }?;
         if method != Method::GET
@@ -738,6 +741,9 @@ mod openapi_tests {
         ("/orgs/{org}", "patch"),
         ("/orgs/{org}/providers", "get"),
         ("/orgs/{org}/providers/{name}", "put"),
+        ("/node-credentials", "post"),
+        ("/node-credentials", "get"),
+        ("/node-credentials/{credential}", "delete"),
     ];
 
     /// Served by the server itself, before authorization and `Control::route`.

@@ -63,8 +63,9 @@ struct Inner {
     publish: Publish,
     feed: feed::Feed,
     metrics: Metrics,
-    /// When each node's report was last stored, and the version it reported then.
-    node_reports: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, Option<u64>)>>,
+    /// When each node's report was last stored, the version it reported then and the credential it
+    /// presented.
+    node_reports: std::sync::Mutex<std::collections::HashMap<String, NodeReported>>,
     /// A state was published at least once: the control plane is ready while its store answers.
     loaded: std::sync::atomic::AtomicBool,
     /// The store answered the last look at it (`keep_published`'s, or a call's): cleared by a call
@@ -83,7 +84,12 @@ struct Inner {
     wrong_tokens: attempts::WrongTokens,
     /// Deferred jobs: their book and its store, when this control plane keeps them.
     jobs: std::sync::OnceLock<Arc<jobs::Jobs>>,
+    /// The organization of keys whose receipts were ingested (see [`node_api::KeyOwners`]).
+    key_owners: node_api::KeyOwners,
 }
+
+/// When a node's report was last stored, its version then and the credential it presented.
+type NodeReported = (std::time::Instant, Option<u64>, recovea_store::PresentedCredential);
 
 /// What `/metrics` counts besides the feed's version.
 #[derive(Default)]
@@ -98,8 +104,9 @@ struct Metrics {
 
 /// How nodes are let in and where their receipts go.
 struct NodeAccess {
-    /// Compared as hashes, like the admin token.
-    token_hash: recovea_core::keys::KeyHash,
+    /// The shared node token's hash, if one is set; compared as hashes, like the admin token.
+    /// Node credentials are looked up in the store.
+    shared_token_hash: Option<recovea_core::keys::KeyHash>,
     sink: Arc<dyn ReceiptSink>,
 }
 
@@ -131,6 +138,7 @@ impl Control {
                 console_sessions: console::Sessions::default(),
                 wrong_tokens: attempts::WrongTokens::default(),
                 jobs: std::sync::OnceLock::new(),
+                key_owners: node_api::KeyOwners::default(),
             }),
         }
     }
@@ -186,9 +194,10 @@ impl Control {
         }
     }
 
-    /// Serves nodes: the feed, and receipt ingest into `sink`, to those presenting `node_token`.
-    pub fn serve_nodes(&self, node_token: &str, sink: Arc<dyn ReceiptSink>) {
-        let access = NodeAccess { token_hash: recovea_core::keys::hash_secret(node_token), sink };
+    /// Serves nodes: the feed, and receipt ingest into `sink`, to those presenting a node
+    /// credential's token, or the shared `node_token` when one is given.
+    pub fn serve_nodes(&self, node_token: Option<&str>, sink: Arc<dyn ReceiptSink>) {
+        let access = NodeAccess { shared_token_hash: node_token.map(recovea_core::keys::hash_secret), sink };
         let _ = self.inner.nodes.set(access);
     }
 

@@ -1,5 +1,6 @@
-//! What nodes call, with the node token: the feed poll, receipt ingest, and spend rebuilds from
-//! the ledger. A node holds no database credentials: these are its only way to the store.
+//! What nodes call, with a node credential's token or the shared node token: the feed poll,
+//! receipt ingest, and spend rebuilds from the ledger. A node holds no database credentials: these
+//! are its only way to the store.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -8,24 +9,63 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use http::StatusCode;
 use recovea_core::feed::{NodeStatus, WindowSpend};
-use recovea_core::ids::CapId;
+use recovea_core::ids::{CapId, KeyId, OrgId};
 use recovea_core::keys;
+use recovea_core::node_access::{is_credential_token, key_to_look_up, may_deliver};
 use recovea_core::receipt::SerializedReceipt;
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::{CapWindow, Counted};
-use recovea_store::NodeRecord;
+use recovea_store::{NodeRecord, PresentedCredential};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::admin::{Reply, ReplyBody};
 use crate::rebuild::rebuild_window;
-use crate::{ApiError, Control};
+use crate::{ApiError, Control, NodeAccess};
 
 /// A node's report is stored at most this often while its version stays the same.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 /// A node that has not polled for this long is no longer listed: nodes come and go.
 const FORGET_NODES_AFTER: Duration = Duration::from_secs(60 * 60);
+/// The most key owners remembered; past it they are forgotten and read again. A key's
+/// organization never changes, so a remembered owner is right for ever: the bound is memory only.
+const MOST_KEY_OWNERS: usize = 100_000;
+
+/// The organization of each key whose receipts were ingested, read from the store the first time
+/// one of its receipts comes: a key created a moment ago through another replica, or revoked
+/// since (its receipts made before are still its organization's), is in the store, whatever this
+/// replica last published.
+#[derive(Default)]
+pub(crate) struct KeyOwners {
+    known: std::sync::Mutex<std::collections::HashMap<KeyId, OrgId>>,
+}
+
+impl KeyOwners {
+    /// The owners of `keys` remembered, and the keys whose owner is not.
+    fn split(&self, keys: Vec<KeyId>) -> (std::collections::HashMap<KeyId, OrgId>, Vec<KeyId>) {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let mut owners = std::collections::HashMap::new();
+        let mut missing = Vec::new();
+        for key in keys {
+            match known.get(&key) {
+                Some(org) => {
+                    owners.insert(key, org.clone());
+                }
+                None => missing.push(key),
+            }
+        }
+        (owners, missing)
+    }
+
+    fn remember(&self, found: &[(KeyId, OrgId)]) {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() + found.len() > MOST_KEY_OWNERS {
+            known.clear();
+        }
+        known.extend(found.iter().cloned());
+    }
+}
 
 /// The node paths, relative to the root.
 pub(crate) const POLL: &str = "/feed/v1/poll";
@@ -60,17 +100,16 @@ impl Control {
         body: Bytes,
     ) -> Result<Option<Reply>, ApiError> {
         let Some(access) = self.inner.nodes.get() else {
-            return Err(ApiError::NotFound("This control plane serves no nodes (no --node-token).".into()));
+            return Err(ApiError::NotFound(
+                "This process serves no nodes: recovea serve runs its own node inside.".into(),
+            ));
         };
-        let presented = authorization.and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).unwrap_or("");
-        if presented.is_empty() || keys::hash_secret(presented) != access.token_hash {
-            return Err(ApiError::NodeUnauthorized);
-        }
+        let caller = self.node_caller(access, authorization).await?;
         match path {
             POLL => {
                 let status: NodeStatus = parse(&body)?;
                 self.inner.metrics.polls.fetch_add(1, Relaxed);
-                self.remember_node(&status);
+                self.remember_node(&status, caller);
                 let wait = Duration::from_millis(status.wait_ms);
                 Ok(self.inner.feed.poll(status.version, wait).await.map(raw))
             }
@@ -85,6 +124,7 @@ impl Control {
                             .map_err(|e| ApiError::BadRequest(format!("body: receipts[{i}]: {e}")))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
+                self.check_owners(&receipts, &caller).await?;
                 let accepted = receipts.len();
                 // Whatever failed, the receipts stay in the node's spool: it sends them again.
                 access.sink.deliver(receipts).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
@@ -124,19 +164,81 @@ impl Control {
         }
     }
 
+    /// Who presents `authorization`: the shared node token (compared in memory), or a node
+    /// credential, looked up in the store at each call so that a revocation made through any
+    /// replica is refused at once. A token of neither kind costs no database read.
+    async fn node_caller(
+        &self,
+        access: &NodeAccess,
+        authorization: Option<&str>,
+    ) -> Result<PresentedCredential, ApiError> {
+        let presented = authorization.and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).unwrap_or("");
+        if presented.is_empty() {
+            return Err(ApiError::NodeUnauthorized);
+        }
+        // Comparing digests keeps the comparison's timing independent of the token's characters.
+        let hash = keys::hash_secret(presented);
+        if access.shared_token_hash == Some(hash) {
+            return Ok(PresentedCredential::Shared);
+        }
+        if !is_credential_token(presented) {
+            return Err(ApiError::NodeUnauthorized);
+        }
+        match self.store(move |s| s.node_credential_by_hash(hash)).await? {
+            Some(credential) if credential.revoked_at.is_none() => {
+                Ok(PresentedCredential::Own { id: credential.id, name: credential.name })
+            }
+            _ => Err(ApiError::NodeUnauthorized),
+        }
+    }
+
+    /// Refuses the batch (`400`, which the node takes as refused: it sends its receipts again one
+    /// at a time and sets aside the one refused alone) when a receipt may not be delivered
+    /// (`core::node_access::may_deliver`): its key is not a key of the organization it names.
+    async fn check_owners(
+        &self,
+        receipts: &[SerializedReceipt],
+        caller: &PresentedCredential,
+    ) -> Result<(), ApiError> {
+        let mut keys: Vec<KeyId> = receipts.iter().filter_map(|r| key_to_look_up(r.receipt())).collect();
+        keys.sort();
+        keys.dedup();
+        let (mut owners, missing) = self.inner.key_owners.split(keys);
+        if !missing.is_empty() {
+            let found = self.store(move |s| s.key_owners(&missing)).await?;
+            self.inner.key_owners.remember(&found);
+            owners.extend(found);
+        }
+        for (i, serialized) in receipts.iter().enumerate() {
+            let receipt = serialized.receipt();
+            let owner = key_to_look_up(receipt).and_then(|key| owners.get(&key));
+            if let Err(why) = may_deliver(receipt, owner) {
+                tracing::warn!(
+                    credential = %shown(caller),
+                    receipt_id = %receipt.id.escape_debug(),
+                    why = %why,
+                    "a node delivered a receipt it may not: the batch is refused"
+                );
+                return Err(ApiError::BadRequest(format!("body: receipts[{i}]: {why}")));
+            }
+        }
+        Ok(())
+    }
+
     /// Records a node's report in the store, where every replica reads it: at once when its
-    /// version changed, else at most every [`REPORT_EVERY`]. The poll does not wait for it.
-    fn remember_node(&self, status: &NodeStatus) {
+    /// version or its credential changed, else at most every [`REPORT_EVERY`]. The poll does not
+    /// wait for it.
+    fn remember_node(&self, status: &NodeStatus, credential: PresentedCredential) {
         {
             let mut reported = self.inner.node_reports.lock().unwrap_or_else(|p| p.into_inner());
-            let fresh = reported
-                .get(&status.node_id)
-                .is_some_and(|(at, version)| *version == status.version && at.elapsed() < REPORT_EVERY);
+            let fresh = reported.get(&status.node_id).is_some_and(|(at, version, presented)| {
+                *version == status.version && *presented == credential && at.elapsed() < REPORT_EVERY
+            });
             if fresh {
                 return;
             }
-            reported.retain(|_, (at, _)| at.elapsed() < FORGET_NODES_AFTER);
-            reported.insert(status.node_id.clone(), (Instant::now(), status.version));
+            reported.retain(|_, (at, _, _)| at.elapsed() < FORGET_NODES_AFTER);
+            reported.insert(status.node_id.clone(), (Instant::now(), status.version, credential.clone()));
         }
         let record = NodeRecord {
             id: status.node_id.clone(),
@@ -146,6 +248,7 @@ impl Control {
             fail_open_total: status.fail_open_total,
             seen_at: now(),
             clock_offset_ms: status.clock_offset_ms,
+            credential: Some(credential),
         };
         let store = Arc::clone(&self.inner.store);
         tokio::task::spawn_blocking(move || {
@@ -158,7 +261,7 @@ impl Control {
     /// How many nodes reported to this replica within the last hour.
     pub(crate) fn nodes_reporting(&self) -> usize {
         let reported = self.inner.node_reports.lock().unwrap_or_else(|p| p.into_inner());
-        reported.values().filter(|(at, _)| at.elapsed() < FORGET_NODES_AFTER).count()
+        reported.values().filter(|(at, _, _)| at.elapsed() < FORGET_NODES_AFTER).count()
     }
 
     /// `GET /admin/v1/nodes`: what each node seen within the last hour last reported, to any replica.
@@ -172,6 +275,11 @@ impl Control {
             .into_iter()
             .map(|node| {
                 let since_seen = u64::try_from(now.0.saturating_sub(node.seen_at.0)).unwrap_or(0);
+                let (credential_id, credential_name) = match &node.credential {
+                    None => (None, None),
+                    Some(PresentedCredential::Shared) => (Some("shared"), None),
+                    Some(PresentedCredential::Own { id, name }) => (Some(id.as_str()), Some(name.as_str())),
+                };
                 json!({
                     "id": node.id,
                     "feed_version": node.feed_version,
@@ -182,10 +290,21 @@ impl Control {
                     "last_seen_at": node.seen_at.to_rfc3339(),
                     "clock_offset_ms": node.clock_offset_ms,
                     "clock_drifted": node.clock_offset_ms.map(recovea_core::timestamp::clock_drifted),
+                    // The credential it presented last: its own (id and name), or `shared`.
+                    "credential_id": credential_id,
+                    "credential_name": credential_name,
                 })
             })
             .collect();
         Ok(json_reply(json!({ "nodes": nodes, "feed_version": self.inner.feed.version() })))
+    }
+}
+
+/// A credential as the log names it: its id, or `shared`.
+fn shown(credential: &PresentedCredential) -> &str {
+    match credential {
+        PresentedCredential::Shared => "shared",
+        PresentedCredential::Own { id, .. } => id.as_str(),
     }
 }
 
@@ -203,4 +322,26 @@ fn json_reply(body: Value) -> Reply {
 
 fn raw(body: Bytes) -> Reply {
     Reply { status: StatusCode::OK, body: ReplyBody::Raw(body) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: usize) -> KeyId {
+        KeyId::parse(&format!("key_{n}")).expect("key id")
+    }
+
+    #[test]
+    fn key_owners_are_remembered_and_forgotten_whole_past_the_bound() {
+        let owners = KeyOwners::default();
+        let org = OrgId::parse("org_a").expect("org id");
+        owners.remember(&[(key(1), org.clone())]);
+        let (known, missing) = owners.split(vec![key(1), key(2)]);
+        assert_eq!((known.get(&key(1)), missing), (Some(&org), vec![key(2)]));
+        let many: Vec<(KeyId, OrgId)> = (2..=MOST_KEY_OWNERS + 1).map(|n| (key(n), org.clone())).collect();
+        owners.remember(&many);
+        let (_, missing) = owners.split(vec![key(1), key(2)]);
+        assert_eq!(missing, vec![key(1)], "past the bound, the older owners are read again");
+    }
 }

@@ -163,6 +163,11 @@ id_type!(
     CapId,
     "cap_"
 );
+id_type!(
+    /// A node credential's public id (never its token).
+    NodeCredentialId,
+    "ncr_"
+);
 
 #[cfg(test)]
 mod tests {

@@ -21,6 +21,7 @@ pub mod keys;
 pub mod media;
 pub mod models;
 pub mod money;
+pub mod node_access;
 pub mod pricing;
 pub mod projection;
 pub mod ratelimit;

@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 
 use crate::rows::{Columns, corrupt};
 use crate::{
-    CapRecord, KeyRecord, OrgRecord, PriceChange, PriceOverride, PriceTarget, ProviderRecord, Result,
+    CapRecord, KeyRecord, NodeCredentialRecord, OrgRecord, PriceChange, PriceOverride, PriceTarget,
+    ProviderRecord, Result,
 };
 
 /// How the author of a change proved who they are. There is one admin identity today: the token
@@ -70,7 +71,8 @@ pub struct AuditEntry {
     pub client: Option<String>,
     /// `create`, `update`, `revoke`, `delete`, `set` (a credential or price put), `import`.
     pub action: String,
-    /// `org`, `key`, `provider`, `cap`, `price`, `fallback_price`, `prices` (an import).
+    /// `org`, `key`, `provider`, `cap`, `price`, `fallback_price`, `prices` (an import),
+    /// `node_credential`.
     pub object_kind: String,
     /// The object's id (a provider's and a price's name, a fallback price's kind, `import`).
     pub object_id: String,
@@ -183,6 +185,16 @@ pub fn provider_json(p: &ProviderRecord) -> Value {
         "price_namespace": p.price_namespace,
         "fallback_input_per_mtok_usd": p.fallback_price.map(|(input, _)| input.to_usd_string()),
         "fallback_output_per_mtok_usd": p.fallback_price.map(|(_, output)| output.to_usd_string()),
+    })
+}
+
+/// A node credential as the admin API shows it: never its token nor the token's hash.
+pub fn node_credential_json(credential: &NodeCredentialRecord) -> Value {
+    json!({
+        "id": credential.id,
+        "name": credential.name,
+        "created_at": credential.created_at,
+        "revoked_at": credential.revoked_at,
     })
 }
 
@@ -324,6 +336,22 @@ pub(crate) fn cap_change(before: Option<&CapRecord>, after: Option<&CapRecord>) 
         before: before.map(cap_json),
         after: after.map(cap_json),
     })
+}
+
+/// A node credential created (`before` is `None`) or revoked.
+pub(crate) fn node_credential_change(
+    action: &'static str,
+    before: Option<&NodeCredentialRecord>,
+    after: &NodeCredentialRecord,
+) -> Change {
+    Change {
+        action,
+        object_kind: "node_credential",
+        object_id: after.id.as_str().to_owned(),
+        org_id: None,
+        before: before.map(node_credential_json),
+        after: Some(node_credential_json(after)),
+    }
 }
 
 /// A row of the audit log, from its [`AUDIT_COLUMNS`].

@@ -11,7 +11,7 @@ pub mod sqlite;
 
 use recovea_core::caps::Cap;
 use recovea_core::endpoints::EndpointAllowlist;
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId};
 use recovea_core::keys::KeyHash;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
@@ -236,6 +236,28 @@ pub struct NodeRecord {
     pub seen_at: Timestamp,
     /// The shared counter store's clock less the node's, in milliseconds, as the node measured it.
     pub clock_offset_ms: Option<i64>,
+    /// What the node presented with its report: `None` when it reported before credentials were
+    /// recorded.
+    pub credential: Option<PresentedCredential>,
+}
+
+/// What a node presented to the control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PresentedCredential {
+    /// The shared `--node-token`.
+    Shared,
+    /// Its own node credential, by id, and its name when presented.
+    Own { id: NodeCredentialId, name: String },
+}
+
+/// A credential one node presents to the control plane instead of the shared node token. Its
+/// token is never stored, only its hash; revoked, it is refused at once by every replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeCredentialRecord {
+    pub id: NodeCredentialId,
+    pub name: String,
+    pub created_at: Timestamp,
+    pub revoked_at: Option<Timestamp>,
 }
 
 #[derive(Debug)]
@@ -337,6 +359,30 @@ pub trait ControlStore: Send + Sync + 'static {
     fn record_node(&self, node: &NodeRecord) -> Result<()>;
     /// The nodes seen at or after `since`, by id.
     fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>>;
+
+    /// Creates a node credential, stored with the hash of its token (never the token).
+    fn create_node_credential(
+        &self,
+        credential: &NodeCredentialRecord,
+        hash: KeyHash,
+        audit: &AuditContext,
+    ) -> Result<()>;
+    /// Every node credential, revoked ones included, oldest first.
+    fn node_credentials(&self) -> Result<Vec<NodeCredentialRecord>>;
+    /// Revokes a node credential (keeping the first revocation time) and returns it; `None` for an
+    /// unknown id.
+    fn revoke_node_credential(
+        &self,
+        id: &NodeCredentialId,
+        at: Timestamp,
+        audit: &AuditContext,
+    ) -> Result<Option<NodeCredentialRecord>>;
+    /// The node credential whose token hashes to `hash`, revoked or not. Read from the database at
+    /// each call, so that a revocation made through any replica is seen by all at once.
+    fn node_credential_by_hash(&self, hash: KeyHash) -> Result<Option<NodeCredentialRecord>>;
+    /// The organization each of these keys belongs to, for those that exist (revoked or not), in
+    /// no particular order. A key's organization never changes.
+    fn key_owners(&self, ids: &[KeyId]) -> Result<Vec<(KeyId, OrgId)>>;
 
     /// The rows of the audit log that `query` selects, oldest first.
     fn audit_log(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>>;

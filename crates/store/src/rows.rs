@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::channel::JobKind;
 use recovea_core::endpoints::EndpointAllowlist;
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId};
 use recovea_core::jobs::BatchInput;
 use recovea_core::keys::KeyHash;
 use recovea_core::models::ModelAllowlist;
@@ -19,8 +19,9 @@ use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
 
 use crate::{
-    ActiveKey, AlertRecord, CapRecord, FileRecord, JobRecord, KeyRecord, NodeRecord, OrgRecord, PriceChange,
-    PriceOverride, PriceTarget, ProviderRecord, Result, SpendRow, StoreError, TagSpendRow,
+    ActiveKey, AlertRecord, CapRecord, FileRecord, JobRecord, KeyRecord, NodeCredentialRecord, NodeRecord,
+    OrgRecord, PresentedCredential, PriceChange, PriceOverride, PriceTarget, ProviderRecord, Result,
+    SpendRow, StoreError, TagSpendRow,
 };
 
 /// A row as its driver reads it, one column at a time. Text and bytes are borrowed from the row:
@@ -277,8 +278,39 @@ pub(crate) fn alert(row: &dyn Columns) -> Result<AlertRecord> {
     })
 }
 
-pub(crate) const NODE_COLUMNS: &str =
-    "id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, seen_at, clock_offset_ms";
+pub(crate) const NODE_COLUMNS: &str = "id, feed_version, snapshot_age_ms, counters_confirmed_at, fail_open_total, \
+     seen_at, clock_offset_ms, credential_id, credential_name";
+
+/// The columns `credential_id` and `credential_name` of a node's report: `shared` and no name for
+/// the shared node token.
+pub(crate) fn presented_columns(presented: Option<&PresentedCredential>) -> (Option<&str>, Option<&str>) {
+    match presented {
+        None => (None, None),
+        Some(PresentedCredential::Shared) => (Some(SHARED_CREDENTIAL), None),
+        Some(PresentedCredential::Own { id, name }) => (Some(id.as_str()), Some(name.as_str())),
+    }
+}
+
+/// How a report made with the shared node token names it.
+const SHARED_CREDENTIAL: &str = "shared";
+
+pub(crate) const NODE_CREDENTIAL_COLUMNS: &str = "id, name, created_at, revoked_at";
+
+/// A node credential, from its [`NODE_CREDENTIAL_COLUMNS`].
+pub(crate) fn node_credential(row: &dyn Columns) -> Result<NodeCredentialRecord> {
+    let id = row.text(0)?;
+    Ok(NodeCredentialRecord {
+        id: NodeCredentialId::parse(id).ok_or_else(|| corrupt(format!("bad node credential id {id:?}")))?,
+        name: row.string(1)?,
+        created_at: row.timestamp(2)?,
+        revoked_at: row.optional_timestamp(3)?,
+    })
+}
+
+/// A key's id and its organization's, from `id, org_id`.
+pub(crate) fn key_owner(row: &dyn Columns) -> Result<(KeyId, OrgId)> {
+    Ok((key_id(row.text(0)?)?, org_id(row.text(1)?)?))
+}
 
 /// A node's report, from its [`NODE_COLUMNS`].
 pub(crate) fn node(row: &dyn Columns) -> Result<NodeRecord> {
@@ -291,6 +323,15 @@ pub(crate) fn node(row: &dyn Columns) -> Result<NodeRecord> {
         fail_open_total: row.count(4)?,
         seen_at: row.timestamp(5)?,
         clock_offset_ms: row.optional_integer(6)?,
+        credential: match (row.optional_text(7)?, row.optional_string(8)?) {
+            (None, _) => None,
+            (Some(SHARED_CREDENTIAL), _) => Some(PresentedCredential::Shared),
+            (Some(id), name) => Some(PresentedCredential::Own {
+                id: NodeCredentialId::parse(id)
+                    .ok_or_else(|| corrupt(format!("node report: bad credential id {id:?}")))?,
+                name: name.unwrap_or_default(),
+            }),
+        },
     })
 }
 

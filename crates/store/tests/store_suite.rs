@@ -10,7 +10,7 @@ use std::sync::Barrier;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::channel::JobKind;
 use recovea_core::endpoints::EndpointAllowlist;
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId};
 use recovea_core::jobs::BatchInput;
 use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
@@ -26,9 +26,9 @@ use std::time::Duration;
 
 use recovea_store::{
     AccessRules, ActiveKey, AlertRecord, AuditAuth, AuditContext, AuditEntry, AuditQuery, BookRows,
-    CapRecord, ControlStore, FileRecord, JobPoll, JobRecord, JobStore, KeyRecord, NodeRecord, OrgRecord,
-    PostgresStore, PriceChange, PriceOverride, PriceTarget, ProviderRecord, ReceiptLedger, ReceiptQuery,
-    SqliteStore, StoreError,
+    CapRecord, ControlStore, FileRecord, JobPoll, JobRecord, JobStore, KeyRecord, NodeCredentialRecord,
+    NodeRecord, OrgRecord, PostgresStore, PresentedCredential, PriceChange, PriceOverride, PriceTarget,
+    ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore, StoreError,
 };
 
 /// A fresh, empty database; `open` gives a new store instance on it each time it is called.
@@ -175,6 +175,9 @@ suite!(
     concurrent_changes_each_bump_the_version,
     concurrent_replays_insert_each_receipt_once,
     nodes_are_recorded_replaced_and_listed_since_a_time,
+    node_credentials_are_created_listed_looked_up_by_hash_and_revoked_once,
+    a_node_report_names_the_credential_it_presented,
+    key_owners_name_the_organization_of_every_key_revoked_or_not,
     every_change_writes_its_audit_row,
     refused_changes_write_no_audit_row,
     the_audit_log_is_filtered_and_paged,
@@ -202,6 +205,7 @@ fn nodes_are_recorded_replaced_and_listed_since_a_time(db: &impl Backend) {
         seen_at: Timestamp(seen_at),
         // A clock measured, and one not.
         clock_offset_ms: feed_version.map(|v| -30_000 - i64::try_from(v).unwrap_or(0)),
+        credential: None,
     };
     store.record_node(&node("node_b", None, 100)).expect("recorded");
     store.record_node(&node("node_a", Some(7), 100)).expect("recorded");
@@ -212,6 +216,130 @@ fn nodes_are_recorded_replaced_and_listed_since_a_time(db: &impl Backend) {
     );
     assert_eq!(store.nodes(Timestamp(150)).expect("nodes"), vec![node("node_b", Some(8), 200)]);
     assert_eq!(store.version().expect("version"), version, "nodes are not part of the state");
+}
+
+fn node_credential_id(id: &str) -> NodeCredentialId {
+    NodeCredentialId::parse(id).expect("node credential id")
+}
+
+fn node_credential(id: &str, name: &str, created_at: i64) -> NodeCredentialRecord {
+    NodeCredentialRecord {
+        id: node_credential_id(id),
+        name: name.into(),
+        created_at: Timestamp(created_at),
+        revoked_at: None,
+    }
+}
+
+fn node_credentials_are_created_listed_looked_up_by_hash_and_revoked_once(db: &impl Backend) {
+    let store = db.open();
+    let (edge_1, edge_2) = (node_credential("ncr_b1", "edge-1", 10), node_credential("ncr_a2", "edge-2", 20));
+    let (token_1, token_2) = (hash_secret("rnt_token_of_edge_1"), hash_secret("rnt_token_of_edge_2"));
+    store.create_node_credential(&edge_1, token_1, &audit()).expect("created");
+    store.create_node_credential(&edge_2, token_2, &audit()).expect("created");
+    assert!(
+        store.create_node_credential(&node_credential("ncr_c3", "copy", 30), token_1, &audit()).is_err(),
+        "one token, one credential"
+    );
+    assert_eq!(store.node_credentials().expect("listed"), [edge_1.clone(), edge_2.clone()], "oldest first");
+    assert_eq!(store.node_credential_by_hash(token_2).expect("looked up"), Some(edge_2.clone()));
+    assert_eq!(store.node_credential_by_hash(hash_secret("rnt_never_issued")).expect("looked up"), None);
+
+    let version = store.version().expect("version");
+    let revoked = store.revoke_node_credential(&edge_1.id, Timestamp(40), &audit()).expect("revoked");
+    let edge_1_revoked = NodeCredentialRecord { revoked_at: Some(Timestamp(40)), ..edge_1.clone() };
+    assert_eq!(revoked, Some(edge_1_revoked.clone()));
+    assert!(store.version().expect("version") > version, "a revocation is a change of the state");
+    let again = store.revoke_node_credential(&edge_1.id, Timestamp(50), &audit()).expect("revoked again");
+    assert_eq!(again, Some(edge_1_revoked.clone()), "the first revocation time is kept");
+    assert_eq!(
+        store
+            .revoke_node_credential(&node_credential_id("ncr_none"), Timestamp(50), &audit())
+            .expect("revoke"),
+        None
+    );
+    // Another store on the database (another replica) sees the revocation at its next lookup.
+    let replica = db.open();
+    assert_eq!(replica.node_credential_by_hash(token_1).expect("looked up"), Some(edge_1_revoked.clone()));
+    assert_eq!(replica.node_credentials().expect("listed"), [edge_1_revoked, edge_2]);
+
+    // Create and revoke are audited; nothing of the token's hash is in their rows.
+    let rows = audit_rows(&store);
+    let kinds: Vec<(&str, &str, &str)> =
+        rows.iter().map(|r| (r.action.as_str(), r.object_kind.as_str(), r.object_id.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("create", "node_credential", "ncr_b1"),
+            ("create", "node_credential", "ncr_a2"),
+            ("revoke", "node_credential", "ncr_b1"),
+            ("revoke", "node_credential", "ncr_b1"),
+        ]
+    );
+    assert_eq!(
+        rows[2].after.as_deref(),
+        Some(
+            r#"{"created_at":"1970-01-01T00:00:00.01Z","id":"ncr_b1","name":"edge-1","revoked_at":"1970-01-01T00:00:00.04Z"}"#
+        )
+    );
+    assert!(rows.iter().all(|r| r.org_id.is_none()), "a node credential is no organization's");
+    let hex: String = token_1.0.iter().map(|b| format!("{b:02x}")).collect();
+    for entry in &rows {
+        let text = format!("{:?} {:?}", entry.before, entry.after);
+        assert!(!text.contains(&hex) && !text.contains("hash") && !text.contains("token"), "{text}");
+    }
+}
+
+fn a_node_report_names_the_credential_it_presented(db: &impl Backend) {
+    let store = db.open();
+    let report = |id: &str, credential: Option<PresentedCredential>| NodeRecord {
+        id: id.into(),
+        feed_version: Some(1),
+        snapshot_age_ms: None,
+        counters_confirmed_at: None,
+        fail_open_total: 0,
+        seen_at: Timestamp(100),
+        clock_offset_ms: None,
+        credential,
+    };
+    let own = PresentedCredential::Own { id: node_credential_id("ncr_a1"), name: "edge-1".into() };
+    store.record_node(&report("node_a", Some(own.clone()))).expect("recorded");
+    store.record_node(&report("node_b", Some(PresentedCredential::Shared))).expect("recorded");
+    store.record_node(&report("node_c", None)).expect("recorded");
+    assert_eq!(
+        store.nodes(Timestamp(0)).expect("nodes"),
+        [
+            report("node_a", Some(own)),
+            report("node_b", Some(PresentedCredential::Shared)),
+            report("node_c", None)
+        ]
+    );
+    // A node restarted with another token is named by the one it presented last.
+    store.record_node(&report("node_a", Some(PresentedCredential::Shared))).expect("replaced");
+    assert_eq!(store.nodes(Timestamp(0)).expect("nodes")[0].credential, Some(PresentedCredential::Shared));
+}
+
+fn key_owners_name_the_organization_of_every_key_revoked_or_not(db: &impl Backend) {
+    let store = db.open();
+    store.create_org(&org("org_a"), &audit()).expect("org");
+    store.create_org(&org("org_b"), &audit()).expect("org");
+    store.create_key(&key("key_a", "org_a"), hash_secret("rk_a"), &audit()).expect("key");
+    store.create_key(&key("key_b", "org_b"), hash_secret("rk_b"), &audit()).expect("key");
+    store.create_key(&key("key_old", "org_b"), hash_secret("rk_old"), &audit()).expect("key");
+    store.revoke_key(&key_id("key_old"), Timestamp(5), &audit()).expect("revoked");
+    let mut owners = store
+        .key_owners(&[key_id("key_b"), key_id("key_nobody"), key_id("key_a"), key_id("key_old")])
+        .expect("owners");
+    owners.sort();
+    assert_eq!(
+        owners,
+        [
+            (key_id("key_a"), org_id("org_a")),
+            (key_id("key_b"), org_id("org_b")),
+            (key_id("key_old"), org_id("org_b")),
+        ]
+    );
+    assert_eq!(store.key_owners(&[]).expect("none asked"), []);
 }
 
 /// The audit context of a test's change: ids in the order they are made, an admin from nowhere.

@@ -79,11 +79,27 @@ impl Control {
         extra: &[&str],
         log: impl Into<std::process::Stdio>,
     ) -> Self {
+        Self::start_with(url, port, data_dir, extra, log, Some(NODE_TOKEN))
+    }
+
+    /// As [`Self::start_logging`], with `node_token` as the shared node token (`None`: none, only
+    /// node credentials let nodes in).
+    pub fn start_with(
+        url: &str,
+        port: u16,
+        data_dir: &Path,
+        extra: &[&str],
+        log: impl Into<std::process::Stdio>,
+        node_token: Option<&str>,
+    ) -> Self {
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec!["control", "--admin-listen", &listen, "--database-url"];
         args.extend([url, "--data-dir", data_dir.to_str().expect("utf-8")]);
         args.extend(extra);
-        args.extend(["--admin-token", ADMIN_TOKEN, "--node-token", NODE_TOKEN, "--master-key", MASTER_KEY]);
+        args.extend(["--admin-token", ADMIN_TOKEN, "--master-key", MASTER_KEY]);
+        if let Some(token) = node_token {
+            args.extend(["--node-token", token]);
+        }
         let process = Process::start_logging(&args, &[], "recovea admin:", log);
         let admin = process.url_after("recovea admin:");
         Self { process, admin }
@@ -143,9 +159,26 @@ impl Node {
         extra: &[&str],
         envs: &[(&str, &str)],
     ) -> Self {
+        Self::launch(data_dir, control_url, mock_url, redis, NODE_TOKEN, extra, envs)
+    }
+
+    /// A node presenting `token` (a node credential's) rather than the shared node token.
+    pub fn start_presenting(data_dir: &Path, control_url: &str, mock_url: &str, token: &str) -> Self {
+        Self::launch(data_dir, control_url, mock_url, REDIS, token, &[], &[])
+    }
+
+    fn launch(
+        data_dir: &Path,
+        control_url: &str,
+        mock_url: &str,
+        redis: &str,
+        token: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Self {
         let redis_url = format!("redis://{redis}/");
         let mut args = vec!["node", "--listen", "127.0.0.1:0", "--control-url", control_url];
-        args.extend(["--node-token", NODE_TOKEN, "--master-key", MASTER_KEY, "--redis-url", &redis_url]);
+        args.extend(["--node-token", token, "--master-key", MASTER_KEY, "--redis-url", &redis_url]);
         args.extend(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url]);
         args.extend(["--data-dir", data_dir.to_str().expect("utf-8")]);
         args.extend(extra);

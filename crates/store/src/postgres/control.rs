@@ -2,7 +2,7 @@
 //! and the state nodes are built from.
 
 use postgres::{GenericClient, Transaction};
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId};
 use recovea_core::keys::KeyHash;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::timestamp::Timestamp;
@@ -10,12 +10,13 @@ use recovea_core::timestamp::Timestamp;
 use super::{PostgresStore, backend, select, select_optional};
 use crate::audit::{self, AUDIT_COLUMNS, AuditContext, AuditEntry, AuditQuery};
 use crate::rows::{
-    self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, Columns, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, OrgIds,
-    PRICE_COLUMNS, PROVIDER_COLUMNS, alert_at_text, corrupt, saturating_i64,
+    self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, Columns, KEY_COLUMNS, NODE_COLUMNS, NODE_CREDENTIAL_COLUMNS,
+    ORG_COLUMNS, OrgIds, PRICE_COLUMNS, PROVIDER_COLUMNS, alert_at_text, corrupt, presented_columns,
+    saturating_i64,
 };
 use crate::{
-    AccessRules, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PriceChange,
-    PriceOverride, ProviderRecord, Result, State, StoreError,
+    AccessRules, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeCredentialRecord, NodeRecord,
+    OrgRecord, PriceChange, PriceOverride, ProviderRecord, Result, State, StoreError,
 };
 
 /// A cap's columns, in the order [`rows::cap`] reads them (`window` is a reserved word here).
@@ -396,14 +397,16 @@ impl ControlStore for PostgresStore {
     }
 
     fn record_node(&self, node: &NodeRecord) -> Result<()> {
+        let (credential_id, credential_name) = presented_columns(node.credential.as_ref());
         self.client()?
             .execute(
                 &format!(
-                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)
+                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
                      ON CONFLICT (id) DO UPDATE SET feed_version = EXCLUDED.feed_version,
                        snapshot_age_ms = EXCLUDED.snapshot_age_ms, counters_confirmed_at = EXCLUDED.counters_confirmed_at,
                        fail_open_total = EXCLUDED.fail_open_total, seen_at = EXCLUDED.seen_at,
-                       clock_offset_ms = EXCLUDED.clock_offset_ms"
+                       clock_offset_ms = EXCLUDED.clock_offset_ms, credential_id = EXCLUDED.credential_id,
+                       credential_name = EXCLUDED.credential_name"
                 ),
                 &[
                     &node.id,
@@ -413,10 +416,75 @@ impl ControlStore for PostgresStore {
                     &saturating_i64(node.fail_open_total),
                     &node.seen_at.0,
                     &node.clock_offset_ms,
+                    &credential_id,
+                    &credential_name,
                 ],
             )
             .map_err(backend)?;
         Ok(())
+    }
+
+    fn create_node_credential(
+        &self,
+        credential: &NodeCredentialRecord,
+        hash: KeyHash,
+        audit: &AuditContext,
+    ) -> Result<()> {
+        self.change(audit, |tx| {
+            tx.execute(
+                &format!("INSERT INTO node_credentials ({NODE_CREDENTIAL_COLUMNS}, hash) VALUES ($1, $2, $3, $4, $5)"),
+                &[
+                    &credential.id.as_str(),
+                    &credential.name,
+                    &credential.created_at.0,
+                    &credential.revoked_at.map(|t| t.0),
+                    &&hash.0[..],
+                ],
+            )
+            .map_err(backend)?;
+            Ok(((), Some(audit::node_credential_change("create", None, credential))))
+        })
+    }
+
+    fn node_credentials(&self) -> Result<Vec<NodeCredentialRecord>> {
+        let sql = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials ORDER BY created_at, id");
+        select(&mut *self.client()?, &sql, &[], rows::node_credential)
+    }
+
+    fn revoke_node_credential(
+        &self,
+        id: &NodeCredentialId,
+        at: Timestamp,
+        audit: &AuditContext,
+    ) -> Result<Option<NodeCredentialRecord>> {
+        self.change(audit, |tx| {
+            let by_id = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials WHERE id = $1");
+            let before = select_optional(tx, &by_id, &[&id.as_str()], rows::node_credential)?;
+            tx.execute(
+                "UPDATE node_credentials SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1",
+                &[&id.as_str(), &at.0],
+            )
+            .map_err(backend)?;
+            let after = select_optional(tx, &by_id, &[&id.as_str()], rows::node_credential)?;
+            let row =
+                after.as_ref().map(|after| audit::node_credential_change("revoke", before.as_ref(), after));
+            Ok((after, row))
+        })
+    }
+
+    fn node_credential_by_hash(&self, hash: KeyHash) -> Result<Option<NodeCredentialRecord>> {
+        let sql = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials WHERE hash = $1");
+        select_optional(&mut *self.client()?, &sql, &[&&hash.0[..]], rows::node_credential)
+    }
+
+    fn key_owners(&self, ids: &[KeyId]) -> Result<Vec<(KeyId, OrgId)>> {
+        let ids: Vec<&str> = ids.iter().map(KeyId::as_str).collect();
+        select(
+            &mut *self.client()?,
+            "SELECT id, org_id FROM keys WHERE id = ANY($1)",
+            &[&ids],
+            rows::key_owner,
+        )
     }
 
     fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>> {

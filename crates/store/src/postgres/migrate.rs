@@ -257,6 +257,20 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE keys ADD COLUMN allowed_endpoints TEXT;
     ALTER TABLE keys ADD COLUMN max_concurrent_requests BIGINT;
 "#,
+    // Issue 34 (version 10): node credentials: a token of its own for each node, stored as its hash, revoked
+    // rather than deleted so that the audit log and node reports keep naming it. A node's report
+    // names the credential it presented (`shared` for the shared node token).
+    r#"
+    CREATE TABLE node_credentials (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        name TEXT NOT NULL,
+        hash BYTEA NOT NULL UNIQUE,
+        created_at BIGINT NOT NULL,
+        revoked_at BIGINT
+    );
+    ALTER TABLE nodes ADD COLUMN credential_id TEXT;
+    ALTER TABLE nodes ADD COLUMN credential_name TEXT;
+"#,
 ];
 
 /// The advisory lock that serializes migrations across every process on the database ("recovea!").

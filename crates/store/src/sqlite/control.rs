@@ -1,7 +1,7 @@
 //! The control store on SQLite: organizations, keys, providers, prices, caps, alerts and nodes,
 //! and the state nodes are built from.
 
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId};
 use recovea_core::keys::KeyHash;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::timestamp::Timestamp;
@@ -10,12 +10,13 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{SqliteStore, backend, select, select_optional};
 use crate::audit::{self, AUDIT_COLUMNS, AuditContext, AuditEntry, AuditQuery};
 use crate::rows::{
-    self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, OrgIds, PRICE_COLUMNS,
-    PROVIDER_COLUMNS, alert_at_text, allowed_endpoints_text, allowed_models_text, saturating_i64,
+    self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, KEY_COLUMNS, NODE_COLUMNS, NODE_CREDENTIAL_COLUMNS, ORG_COLUMNS,
+    OrgIds, PRICE_COLUMNS, PROVIDER_COLUMNS, alert_at_text, allowed_endpoints_text, allowed_models_text,
+    presented_columns, saturating_i64,
 };
 use crate::{
-    AccessRules, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeRecord, OrgRecord, PriceChange,
-    PriceOverride, ProviderRecord, Result, State, StoreError,
+    AccessRules, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeCredentialRecord, NodeRecord,
+    OrgRecord, PriceChange, PriceOverride, ProviderRecord, Result, State, StoreError,
 };
 
 /// A cap's columns, in the order [`rows::cap`] reads them.
@@ -321,14 +322,16 @@ impl ControlStore for SqliteStore {
     }
 
     fn record_node(&self, node: &NodeRecord) -> Result<()> {
+        let (credential_id, credential_name) = presented_columns(node.credential.as_ref());
         self.conn()
             .execute(
                 &format!(
-                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
                      ON CONFLICT (id) DO UPDATE SET feed_version = excluded.feed_version,
                        snapshot_age_ms = excluded.snapshot_age_ms, counters_confirmed_at = excluded.counters_confirmed_at,
                        fail_open_total = excluded.fail_open_total, seen_at = excluded.seen_at,
-                       clock_offset_ms = excluded.clock_offset_ms"
+                       clock_offset_ms = excluded.clock_offset_ms, credential_id = excluded.credential_id,
+                       credential_name = excluded.credential_name"
                 ),
                 params![
                     node.id,
@@ -337,11 +340,80 @@ impl ControlStore for SqliteStore {
                     node.counters_confirmed_at.map(|t| t.0),
                     saturating_i64(node.fail_open_total),
                     node.seen_at.0,
-                    node.clock_offset_ms
+                    node.clock_offset_ms,
+                    credential_id,
+                    credential_name
                 ],
             )
             .map_err(backend)?;
         Ok(())
+    }
+
+    fn create_node_credential(
+        &self,
+        credential: &NodeCredentialRecord,
+        hash: KeyHash,
+        audit: &AuditContext,
+    ) -> Result<()> {
+        self.change(audit, |tx| {
+            tx.execute(
+                &format!("INSERT INTO node_credentials ({NODE_CREDENTIAL_COLUMNS}, hash) VALUES (?1, ?2, ?3, ?4, ?5)"),
+                params![
+                    credential.id.as_str(),
+                    credential.name,
+                    credential.created_at.0,
+                    credential.revoked_at.map(|t| t.0),
+                    &hash.0[..]
+                ],
+            )
+            .map_err(backend)?;
+            Ok(((), Some(audit::node_credential_change("create", None, credential))))
+        })
+    }
+
+    fn node_credentials(&self) -> Result<Vec<NodeCredentialRecord>> {
+        let sql = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials ORDER BY created_at, id");
+        select(&self.conn(), &sql, [], rows::node_credential)
+    }
+
+    fn revoke_node_credential(
+        &self,
+        id: &NodeCredentialId,
+        at: Timestamp,
+        audit: &AuditContext,
+    ) -> Result<Option<NodeCredentialRecord>> {
+        self.change(audit, |tx| {
+            let by_id = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials WHERE id = ?1");
+            let before = select_optional(tx, &by_id, [id.as_str()], rows::node_credential)?;
+            tx.execute(
+                "UPDATE node_credentials SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1",
+                params![id.as_str(), at.0],
+            )
+            .map_err(backend)?;
+            let after = select_optional(tx, &by_id, [id.as_str()], rows::node_credential)?;
+            let row =
+                after.as_ref().map(|after| audit::node_credential_change("revoke", before.as_ref(), after));
+            Ok((after, row))
+        })
+    }
+
+    fn node_credential_by_hash(&self, hash: KeyHash) -> Result<Option<NodeCredentialRecord>> {
+        let sql = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials WHERE hash = ?1");
+        select_optional(&self.conn(), &sql, [&hash.0[..]], rows::node_credential)
+    }
+
+    fn key_owners(&self, ids: &[KeyId]) -> Result<Vec<(KeyId, OrgId)>> {
+        let conn = self.conn();
+        let mut statement =
+            conn.prepare_cached("SELECT id, org_id FROM keys WHERE id = ?1").map_err(backend)?;
+        let mut owners = Vec::with_capacity(ids.len());
+        for id in ids {
+            let mut rows = statement.query([id.as_str()]).map_err(backend)?;
+            if let Some(row) = rows.next().map_err(backend)? {
+                owners.push(rows::key_owner(row)?);
+            }
+        }
+        Ok(owners)
     }
 
     fn nodes(&self, since: Timestamp) -> Result<Vec<NodeRecord>> {

@@ -293,6 +293,20 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r"
     ALTER TABLE receipts ADD COLUMN provider_key TEXT;
 ",
+    // Issue 34 (user_version 15): node credentials: a token of its own for each node, stored as its hash, revoked
+    // rather than deleted so that the audit log and node reports keep naming it. A node's report
+    // names the credential it presented (`shared` for the shared node token).
+    r"
+    CREATE TABLE node_credentials (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        hash BLOB NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL,
+        revoked_at INTEGER
+    );
+    ALTER TABLE nodes ADD COLUMN credential_id TEXT;
+    ALTER TABLE nodes ADD COLUMN credential_name TEXT;
+",
 ];
 
 /// Applies each missing migration in a write transaction that reads the version itself, so that
