@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use recovea_core::crypto::MasterKey;
+use recovea_counters::RedisTls;
 use recovea_gateway::log_writer::{DEFAULT_LOG_QUEUE_LINES, LogFlusher, bounded_stderr};
 use recovea_gateway::spool::{DEFAULT_MEMORY_BOUND, MemoryBound};
 use recovea_gateway::{
@@ -54,8 +55,8 @@ pub(crate) struct GatewayArgs {
     #[arg(long, env = "RECOVEA_MAX_BODY_SIZE", default_value = "32MiB", value_parser = size::parse_bytes)]
     max_body_size: u64,
     /// The memory every request body being read may take at once (bytes, or with a suffix): past
-    /// it a body waits, unread, for room, and gets 503 body_memory_busy if none comes within
-    /// --request-body-timeout. One organization may hold half of it.
+    /// it a body waits, unread, for room, and gets 503 body_memory_busy if none comes within the
+    /// request body timeout. One organization may hold half of it.
     #[arg(long, env = "RECOVEA_BODY_MEMORY", default_value = "256MiB", value_parser = size::parse_bytes)]
     body_memory: u64,
     /// How long to wait for a provider's response headers before answering 504.
@@ -72,9 +73,21 @@ pub(crate) struct GatewayArgs {
     /// An armed cap whose counters were not confirmed for longer than this answers 503.
     #[arg(long, env = "RECOVEA_COUNTER_MAX_AGE", default_value = "60s", value_parser = humantime::parse_duration)]
     counter_max_age: Duration,
-    /// Shared spend counters and rate limits (`redis://HOST:PORT/DB`); without it, they live in this process.
-    #[arg(long, env = "RECOVEA_REDIS_URL")]
-    pub(crate) redis_url: Option<String>,
+    /// Shared spend counters and rate limits (`redis://HOST:PORT/DB`, `rediss://` for TLS, an ACL
+    /// user and password as `rediss://USER:PASSWORD@HOST:PORT/DB`); without it, they live in this
+    /// process.
+    #[arg(long, env = "RECOVEA_REDIS_URL", hide_env_values = true)]
+    redis_url: Option<String>,
+    /// A PEM file of certificate authorities trusted for a `rediss://` Redis, instead of the public
+    /// web's roots.
+    #[arg(long, env = "RECOVEA_REDIS_CA_FILE")]
+    redis_ca_file: Option<std::path::PathBuf>,
+    /// A client certificate (PEM) for a `rediss://` Redis that asks for one; with its key.
+    #[arg(long, env = "RECOVEA_REDIS_CLIENT_CERT", requires = "redis_client_key")]
+    redis_client_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of the Redis client certificate.
+    #[arg(long, env = "RECOVEA_REDIS_CLIENT_KEY", requires = "redis_client_cert")]
+    redis_client_key: Option<std::path::PathBuf>,
     /// Where fail-open alarms are POSTed (JSON), besides the error log.
     #[arg(long, env = "RECOVEA_ALARM_WEBHOOK")]
     alarm_webhook: Option<String>,
@@ -211,6 +224,22 @@ impl GatewayArgs {
         })
         .map_err(|e| e.to_string())
         .and_then(|config| Ok(config.with_network(providers.network()?)))
+    }
+
+    /// The shared Redis, if any: its URL and the certificates read from their files.
+    pub(crate) fn redis(&self) -> Result<Option<(String, RedisTls)>, String> {
+        let Some(url) = &self.redis_url else { return Ok(None) };
+        let read = |flag: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| format!("{flag}: cannot read {}: {e}", path.display()))
+        };
+        let ca = self.redis_ca_file.as_deref().map(|path| read("--redis-ca-file", path)).transpose()?;
+        let client = match (&self.redis_client_cert, &self.redis_client_key) {
+            (Some(cert), Some(key)) => {
+                Some((read("--redis-client-cert", cert)?, read("--redis-client-key", key)?))
+            }
+            _ => None,
+        };
+        Ok(Some((url.clone(), RedisTls { ca, client })))
     }
 
     /// How many receipts the spool may hold in memory while the disk refuses them.

@@ -1081,3 +1081,52 @@ async fn a_node_moves_past_a_control_replica_that_is_down_and_trusts_a_private_c
     drop((node, tls, control));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A receipt in a node's spool that the control plane refuses as invalid (here one naming another
+/// organization than its key's) is set aside in the spool's dead-letter file, counted and alarmed,
+/// and never holds up the others: every other receipt, before and after it and made after it,
+/// reaches the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_receipt_in_a_nodes_spool_is_set_aside_and_every_other_is_delivered() {
+    let dir = temp_dir("split-poison");
+    let database = Database::create();
+    let mock = MockProvider::start().await;
+    mock.script(Behaviour::default().times(10));
+    let control = Control::start(&database, free_port(), &dir.join("control"));
+    let (org_a, key_a, secret) = control.tenant().await;
+    let (org_b, _, _) = control.tenant().await;
+    // Written before the node starts, as a spool left by a node that stopped: a valid receipt, the
+    // poison, another valid one.
+    let spool = dir.join("node").join("spool");
+    std::fs::create_dir_all(&spool).expect("a spool directory");
+    let lines: Vec<String> = [
+        receipt_json("rcpt_before", &org_a, &key_a, "1.00"),
+        receipt_json("rcpt_poison", &org_b, &key_a, "99999.00"),
+        receipt_json("rcpt_after", &org_a, &key_a, "1.00"),
+    ]
+    .iter()
+    .map(|receipt| format!("{receipt}\n"))
+    .collect();
+    std::fs::write(spool.join("seg-000000000001.jsonl"), lines.concat()).expect("a segment");
+
+    let node = Node::start(&dir.join("node"), &control.admin, &mock.url(), &[]);
+    node.ready().await;
+    within(Duration::from_secs(5), "a request through the node", || async {
+        node.chat(&secret).await.status == StatusCode::OK
+    })
+    .await;
+    within(Duration::from_secs(15), "every other receipt delivered", || async {
+        control.receipts(&org_a).await.len() == 3
+    })
+    .await;
+    let ids: std::collections::BTreeSet<String> =
+        control.receipts(&org_a).await.iter().filter_map(|r| r["id"].as_str().map(str::to_owned)).collect();
+    assert!(ids.contains("rcpt_before") && ids.contains("rcpt_after"), "{ids:?}");
+    assert!(control.receipts(&org_b).await.is_empty(), "the poison reached no ledger");
+    let dead = std::fs::read_to_string(spool.join("dead-letter")).expect("the dead-letter file");
+    assert_eq!(dead.lines().count(), 1, "{dead}");
+    assert!(dead.contains("rcpt_poison"), "{dead}");
+    assert_eq!(node.metric("recovea_receipts_dead_lettered_total ").await, Some(1.0));
+    drop((node, control));
+    let _ = std::fs::remove_dir_all(&dir);
+}
