@@ -34,8 +34,9 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let node_id = data_dir::node_id(data_dir)?;
     // The control plane's ingest is sent the receipts' text alone.
     let spool = open_spool(data_dir, args.gateway.spool_memory(), Keeps::Text)?;
-    let (counters, shared_counters) = counters(&node_id, args.gateway.redis_url.as_deref())?;
-    let rate_share = rate_share(args.gateway.redis_url.as_deref())?;
+    let redis = args.gateway.redis()?;
+    let (counters, shared_counters) = counters(&node_id, redis.as_ref())?;
+    let rate_share = rate_share(redis.as_ref())?;
     let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));
     let saved = gateway.boot_from_saved(data_dir, &master_key);
     gateway.boot_book_from_saved(data_dir);

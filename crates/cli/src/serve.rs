@@ -45,8 +45,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let alert_secret = alert_signing_secret(&args.admin, data_dir)?;
     let spool = open_spool(data_dir, args.gateway.spool_memory(), Keeps::Receipts)?;
 
-    let (counters, shared_counters) = counters(&node_id, args.gateway.redis_url.as_deref())?;
-    let rate_share = rate_share(args.gateway.redis_url.as_deref())?;
+    let redis = args.gateway.redis()?;
+    let (counters, shared_counters) = counters(&node_id, redis.as_ref())?;
+    let rate_share = rate_share(redis.as_ref())?;
     let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));
     let publish_to = gateway.clone();
     let opener = master_key.clone();

@@ -6,7 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use recovea_counters::{Counters, InProcess, RateShare, Redis, RedisRateShare, SharedCounters, StoreOptions};
+use recovea_counters::{
+    Counters, InProcess, RateShare, Redis, RedisRateShare, RedisTls, SharedCounters, StoreOptions,
+};
 use recovea_gateway::spool::{Keeps, MemoryBound, Spool};
 use recovea_store::{ControlStore, JobStore, PostgresStore, ReceiptLedger, SqliteStore};
 use tokio::sync::watch;
@@ -98,22 +100,25 @@ pub(crate) fn alert_signing_secret(admin: &AdminArgs, data_dir: &Path) -> Result
 /// caps' lines), else exact counters in this process.
 pub(crate) fn counters(
     node_id: &str,
-    redis_url: Option<&str>,
+    redis: Option<&(String, RedisTls)>,
 ) -> Result<(Arc<Counters>, Arc<dyn SharedCounters>), String> {
-    Ok(match redis_url {
+    Ok(match redis {
         None => (Counters::new(node_id), Arc::new(InProcess::new(StoreOptions::default()))),
-        Some(url) => {
-            let redis: Arc<dyn SharedCounters> =
-                Arc::new(Redis::new(url, StoreOptions::default()).map_err(|e| format!("--redis-url: {e}"))?);
+        Some((url, tls)) => {
+            let redis: Arc<dyn SharedCounters> = Arc::new(
+                Redis::with_tls(url, tls, StoreOptions::default())
+                    .map_err(|e| format!("--redis-url: {e}"))?,
+            );
             (Counters::shared(node_id, Arc::clone(&redis)), redis)
         }
     })
 }
 
 /// Rate limits shared through Redis when `--redis-url` is given; without it each node limits alone.
-pub(crate) fn rate_share(redis_url: Option<&str>) -> Result<Option<Arc<dyn RateShare>>, String> {
-    let Some(url) = redis_url else { return Ok(None) };
-    let share = RedisRateShare::new(url, "recovea:rate").map_err(|e| format!("--redis-url: {e}"))?;
+pub(crate) fn rate_share(redis: Option<&(String, RedisTls)>) -> Result<Option<Arc<dyn RateShare>>, String> {
+    let Some((url, tls)) = redis else { return Ok(None) };
+    let share =
+        RedisRateShare::with_tls(url, tls, "recovea:rate").map_err(|e| format!("--redis-url: {e}"))?;
     Ok(Some(Arc::new(share)))
 }
 

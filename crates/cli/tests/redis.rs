@@ -116,3 +116,35 @@ async fn redis_gone_means_503_for_armed_caps_only_and_it_clears_when_redis_is_ba
     serve.until(&armed, StatusCode::OK, Duration::from_secs(15)).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A Redis URL holds its ACL password: a node that cannot reach that Redis over TLS logs why, and
+/// never the URL or the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_password_is_never_logged() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("redis-password");
+    let port =
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").port();
+    let url = format!("rediss://recovea:s3cret-redis-password@127.0.0.1:{port}/0");
+    let log_path = dir.join("serve.log");
+    let log = std::fs::File::create(&log_path).expect("a log file");
+    let serve = Serve::start_logging(
+        &dir,
+        &mock.url(),
+        &["--admin-token", TOKEN, "--redis-url", &url, "--log", "debug"],
+        &[],
+        log,
+    );
+    let started = Instant::now();
+    let logged = loop {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if text.contains("counter store unavailable") || started.elapsed() > Duration::from_secs(10) {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(logged.contains("counter store unavailable"), "the failure is logged: {logged}");
+    assert!(!logged.contains("s3cret-redis-password"), "{logged}");
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -12,6 +12,7 @@ mod in_process;
 mod rate_share;
 mod rebuild;
 mod redis_store;
+mod redis_target;
 mod shared;
 mod sync_loop;
 
@@ -23,6 +24,7 @@ pub use in_process::InProcess;
 pub use rate_share::{InProcessRateShare, RATE_KEY_TTL, RateShare, RateTotals, RateUsage, RedisRateShare};
 pub use rebuild::{Rebuilt, SpendSource, WindowSpendFuture, rebuild_missing};
 pub use redis_store::Redis;
+pub use redis_target::RedisTls;
 pub use shared::{
     Counted, CounterError, FRESH, LineAsk, LineWindow, Seed, SharedCounters, StoreOptions, SyncPush,
     SyncRead, Unseeded, WindowPush, WindowRead,

@@ -275,13 +275,18 @@ impl RedisRateShare {
     /// The bound on connecting and on one sync's round trip unless [`with_timeout`](Self::with_timeout) says otherwise.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
-    /// Checks the URL (`redis://host:port/db`, no TLS) and the key prefix (no `{` or `}`); does
-    /// not connect.
+    /// Checks the URL (`redis://host:port/db`) and the key prefix (no `{` or `}`); does not
+    /// connect.
     pub fn new(url: &str, prefix: &str) -> Result<Self, CounterError> {
+        Self::with_tls(url, &crate::RedisTls::default(), prefix)
+    }
+
+    /// As [`Self::new`], `rediss://` URLs with `tls`'s certificates.
+    pub fn with_tls(url: &str, tls: &crate::RedisTls, prefix: &str) -> Result<Self, CounterError> {
         if prefix.contains(['{', '}']) {
             return Err(CounterError::Config("the key prefix must not contain '{' or '}'".to_owned()));
         }
-        let client = Client::open(url).map_err(|e| CounterError::Config(e.to_string()))?;
+        let client = crate::redis_target::client(url, tls)?;
         Ok(Self {
             client,
             prefix: prefix.to_owned(),

@@ -23,6 +23,8 @@ use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind};
+
+use crate::redis_target::RedisTls;
 use tokio::sync::Mutex;
 
 use crate::shared::{
@@ -54,12 +56,17 @@ impl std::fmt::Debug for Redis {
 }
 
 impl Redis {
-    /// Checks the URL (`redis://host:port/db`, no TLS) and the options; does not connect.
+    /// Checks the URL (`redis://host:port/db`) and the options; does not connect.
     pub fn new(url: &str, options: StoreOptions) -> Result<Self, CounterError> {
+        Self::with_tls(url, &RedisTls::default(), options)
+    }
+
+    /// As [`Self::new`], `rediss://` URLs with `tls`'s certificates.
+    pub fn with_tls(url: &str, tls: &RedisTls, options: StoreOptions) -> Result<Self, CounterError> {
         if options.prefix.contains(['{', '}']) {
             return Err(CounterError::Config("the key prefix must not contain '{' or '}'".to_owned()));
         }
-        let client = Client::open(url).map_err(|e| CounterError::Config(e.to_string()))?;
+        let client = crate::redis_target::client(url, tls)?;
         Ok(Self {
             client,
             options,

@@ -1,0 +1,176 @@
+//! The shared store and rate sharing over TLS, with an ACL user: a `redis-server` of this test's
+//! own listening with `tls-port` only, its certificate signed by a CA made here (`openssl`), asking
+//! every client for a certificate of that CA, and knowing one user (`recovea`) besides a disabled
+//! `default`. Fails, never skips, without `redis-server` or `openssl`.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use recovea_core::timestamp::Timestamp;
+use recovea_counters::{Redis, RedisRateShare, RedisTls, SharedCounters, StoreOptions, SyncPush};
+
+const PASSWORD: &str = "s3cret-acl-password";
+
+struct Server {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn run(command: &mut Command) {
+    let output = command.output().unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(output.status.success(), "{command:?}: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate it signed; and another CA.
+fn certificates(dir: &Path) {
+    let openssl = |args: &[&str]| run(Command::new("openssl").args(args).current_dir(dir));
+    let key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    for ca in ["ca", "other-ca"] {
+        let (subject, keyout, out) =
+            (format!("/CN=recovea test {ca}"), format!("{ca}.key"), format!("{ca}.pem"));
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &key,
+                &["-days", "2", "-subj", &subject, "-keyout", &keyout, "-out", &out],
+            ]
+            .concat(),
+        );
+    }
+    for (name, extension) in
+        [("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")]
+    {
+        let (subject, keyout, csr) =
+            (format!("/CN=recovea {name}"), format!("{name}.key"), format!("{name}.csr"));
+        openssl(&[&["req"][..], &key, &["-subj", &subject, "-keyout", &keyout, "-out", &csr]].concat());
+        std::fs::write(dir.join(format!("{name}.ext")), extension).expect("an extension file");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+            "-out",
+            &format!("{name}.pem"),
+        ]);
+    }
+}
+
+impl Server {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!("recovea-redis-tls-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a directory");
+        certificates(&dir);
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+        let file = |name: &str| dir.join(name).display().to_string();
+        let child = Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", "no", "--tls-auth-clients", "yes"])
+            .args(["--tls-cert-file", &file("server.pem"), "--tls-key-file", &file("server.key")])
+            .args(["--tls-ca-cert-file", &file("ca.pem")])
+            .args([
+                "--user",
+                "default",
+                "off",
+                "--user",
+                "recovea",
+                "on",
+                &format!(">{PASSWORD}"),
+                "~*",
+                "&*",
+                "+@all",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed to run this test");
+        let server = Self { child, dir, port };
+        std::thread::sleep(Duration::from_millis(300));
+        server
+    }
+
+    fn url(&self, password: &str) -> String {
+        format!("rediss://recovea:{password}@127.0.0.1:{}/0", self.port)
+    }
+
+    fn read(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.dir.join(name)).expect("a certificate")
+    }
+
+    fn tls(&self, ca: &str, client: bool) -> RedisTls {
+        RedisTls {
+            ca: Some(self.read(ca)),
+            client: client.then(|| (self.read("client.pem"), self.read("client.key"))),
+        }
+    }
+}
+
+/// One sync with nothing to push: the connection, the scripts loaded, the store's clock read.
+async fn sync(url: &str, tls: &RedisTls) -> Result<(), String> {
+    let options = StoreOptions { timeout: Duration::from_millis(1500), ..StoreOptions::default() };
+    let store = Redis::with_tls(url, tls, options).map_err(|e| e.to_string())?;
+    let push = SyncPush { seq: 1, node_id: "node-tls".into(), windows: Vec::new() };
+    let read = store
+        .sync("node-tls", &push, Timestamp::from_system_time(SystemTime::now()))
+        .await
+        .map_err(|e| e.to_string())?;
+    assert!(read.store_time.is_some(), "Redis's clock came back");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_store_reaches_redis_over_tls_as_an_acl_user_and_only_so() {
+    let server = Server::start();
+    let url = server.url(PASSWORD);
+    let mut last = Err(String::new());
+    for _ in 0..50 {
+        last = sync(&url, &server.tls("ca.pem", true)).await;
+        if last.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    last.expect("over TLS, trusting the test's CA, with a client certificate, as recovea");
+
+    // Rate sharing takes the same settings.
+    let share = RedisRateShare::with_tls(&url, &server.tls("ca.pem", true), "recovea:rate").expect("a share");
+    use recovea_counters::RateShare;
+    share.exchange(&[]).await.expect("an exchange over TLS");
+
+    for (what, url, tls) in [
+        ("another CA", url.clone(), server.tls("other-ca.pem", true)),
+        (
+            "the public web's roots",
+            url.clone(),
+            RedisTls { ca: None, client: Some((server.read("client.pem"), server.read("client.key"))) },
+        ),
+        ("no client certificate", url.clone(), server.tls("ca.pem", false)),
+        ("a wrong password", server.url("not-the-password"), server.tls("ca.pem", true)),
+    ] {
+        let refused = sync(&url, &tls).await.expect_err(what);
+        assert!(!refused.contains(PASSWORD) && !refused.contains("not-the-password"), "{what}: {refused}");
+    }
+    let plain = format!("redis://recovea:{PASSWORD}@127.0.0.1:{}/0", server.port);
+    let refused =
+        Redis::with_tls(&plain, &server.tls("ca.pem", true), StoreOptions::default()).expect_err("refused");
+    assert!(refused.to_string().contains("rediss://"), "{refused}");
+}
