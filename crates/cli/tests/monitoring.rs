@@ -619,3 +619,30 @@ fn the_alerting_rules_load_in_promtool_and_pass_their_unit_tests() {
         assert!(run.status.success(), "promtool {args:?}: {said}");
     }
 }
+
+/// A request whose body names no model (and whose answer names none either) has no price an
+/// operator could set: its receipt says so, and the log raises no alarm about a model without a
+/// price (a request naming an unknown model does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_naming_no_model_raises_no_price_alarm() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("no-model-alarm");
+    let (serve, log) = serve_logging(&dir, &mock.url(), &[]);
+    let (org_id, _, secret) = tenant(&serve).await;
+    let usage = json!({"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7});
+    let answer = json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [], "usage": usage});
+    mock.script(Behaviour::default().body(answer));
+    let (status, id) = ask(&serve, &secret, json!({"messages": [{"role": "user", "content": PROMPT}]})).await;
+    assert_eq!(status, StatusCode::OK);
+    let receipt = receipt_of(&serve, &org_id, &id).await;
+    assert_eq!(receipt["model"], Value::Null, "{receipt}");
+    lines_naming(&log, &id, 1).await;
+    let text = std::fs::read_to_string(&log).expect("the log");
+    assert!(!text.contains("ALARM"), "no alarm for a request without a model ({receipt}): {text}");
+    let (status, id) = ask(&serve, &secret, chat("a-model-nobody-priced", false)).await;
+    assert_eq!(status, StatusCode::OK);
+    lines_naming(&log, &id, 1).await;
+    lines_naming(&log, "ALARM: a model has no price", 1).await;
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -335,7 +335,12 @@ impl Meter {
     }
 
     fn alarm_unpriced(&self, model: Option<&str>, priced_as: Option<&str>) {
-        let model = model.unwrap_or("(no model)");
+        // A request that names no model has no price to set: nothing to alarm about (the receipt
+        // still says priced=false, and recovea_receipts_unpriced_total counts it).
+        let Some(model) = model else {
+            tracing::debug!(priced_as, "a receipt without a model is costed at the fallback price");
+            return;
+        };
         let first = {
             let mut alarmed = self.alarmed.lock().unwrap_or_else(|p| p.into_inner());
             // Model names come from clients: keep the set bounded (alarms then repeat, never stop).
