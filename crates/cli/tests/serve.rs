@@ -917,3 +917,20 @@ async fn endpoint_allowlists_and_concurrency_limits_are_set_through_the_cli() {
     );
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// `recovea admin` pointed at nothing says which URL it tried, and what to check.
+#[test]
+fn an_admin_call_that_reaches_nothing_names_the_url_it_tried() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").port();
+    let url = format!("http://127.0.0.1:{port}");
+    let output = Command::new(BIN)
+        .args(["admin", "--admin-url", &url, "--admin-token", TOKEN, "orgs", "list"])
+        .env_remove("RECOVEA_ADMIN_TOKEN")
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&format!("the admin API at {url}/admin/v1/orgs could not be reached")), "{stderr}");
+    assert!(stderr.contains("Connection refused") && stderr.contains("--admin-url"), "{stderr}");
+    assert!(!stderr.contains(TOKEN), "{stderr}");
+}

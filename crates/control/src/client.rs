@@ -16,7 +16,8 @@ pub struct AdminClient {
 #[derive(Debug)]
 pub enum ClientError {
     BadUrl(String),
-    Unreachable(String),
+    /// No answer from the admin API at `url`; why, with every cause.
+    Unreachable { url: String, why: String },
     /// The API answered with an error: its status and body.
     Api(StatusCode, Value),
 }
@@ -25,7 +26,10 @@ impl std::fmt::Display for ClientError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::BadUrl(url) => write!(f, "--admin-url {url:?} is not an http:// URL"),
-            Self::Unreachable(why) => write!(f, "the admin API could not be reached: {why}"),
+            Self::Unreachable { url, why } => write!(
+                f,
+                "the admin API at {url} could not be reached: {why} (is --admin-url right? `recovea serve` and `recovea control` print theirs as they start)"
+            ),
             Self::Api(status, body) => {
                 write!(f, "{status}: {}", serde_json::to_string_pretty(body).unwrap_or_default())
             }
@@ -81,19 +85,26 @@ impl AdminClient {
             .header(header::CONTENT_TYPE, "application/json")
             .body(Full::new(body))
             .map_err(|_| ClientError::BadUrl(self.base_url.clone()))?;
-        let response =
-            self.client.request(request).await.map_err(|e| ClientError::Unreachable(e.to_string()))?;
+        let unreachable = |e: &dyn std::error::Error| ClientError::Unreachable { url: url.clone(), why: causes(e) };
+        let response = self.client.request(request).await.map_err(|e| unreachable(&e))?;
         let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| ClientError::Unreachable(e.to_string()))?
-            .to_bytes();
+        let bytes = response.into_body().collect().await.map_err(|e| unreachable(&e))?.to_bytes();
         if status.is_success() {
             Ok(bytes)
         } else {
             Err(ClientError::Api(status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
         }
     }
+}
+
+/// An error and each of its causes, `: `-separated (hyper's own says only "client error (Connect)").
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
