@@ -28,6 +28,16 @@ pub(crate) fn cents(amount: Nanos) -> String {
     format!("{sign}${grouped}.{cents:02}")
 }
 
+/// A request's cost in a list: in cents, unless it is under a cent but not nothing, which cents
+/// would show as `$0.00`: then exactly (`$0.0033`).
+pub(crate) fn cost(amount: Nanos) -> String {
+    if amount.0 != 0 && u128::from(amount.0.unsigned_abs()) < NANOS_PER_CENT {
+        exact(amount)
+    } else {
+        cents(amount)
+    }
+}
+
 /// `$0.000153` exactly, as the ledger holds it.
 pub(crate) fn exact(amount: Nanos) -> String {
     if amount.0 < 0 {
@@ -86,6 +96,15 @@ pub(crate) fn field_from_rfc3339(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cost_under_a_cent_is_shown_exactly_and_never_as_nothing() {
+        assert_eq!(cost(nanos("0")), "$0.00");
+        assert_eq!(cost(nanos("0.0033")), "$0.0033");
+        assert_eq!(cost(nanos("0.000000001")), "$0.000000001");
+        assert_eq!(cost(nanos("0.01")), "$0.01");
+        assert_eq!(cost(nanos("1234.567")), "$1,234.57");
+    }
 
     #[test]
     fn lists_show_cents_rounded_half_up() {

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 
 use super::api::{Answered, ConsoleApi, Refusal, encode, query};
 use super::chart::{self, Bar};
-use super::format::{cents, exact, field_from_rfc3339, nanos, rfc3339_from_field, utc, utc_at, utc_minute};
+use super::format::{cents, cost, exact, field_from_rfc3339, nanos, rfc3339_from_field, utc, utc_at, utc_minute};
 use super::{Form, Visit, page, redirect, set_header};
 
 const MS_PER_DAY: i64 = 86_400_000;
@@ -136,7 +136,10 @@ pub(crate) fn sign_in(error: Option<&str>) -> Markup {
                     }
                     button type="submit" { "Sign in" }
                 }
-                p.hint { "The token given to " code { "--admin-token" } ". It stays on this server: the browser keeps only a session cookie." }
+                p.hint {
+                    "The admin token: the one given to " code { "--admin-token" } ", or else the one generated on the first start, printed then and saved in "
+                    code { "admin-token" } " in the data directory (" code { "./recovea-data/admin-token" } " by default). It stays on this server: the browser keeps only a session cookie."
+                }
             }
         },
     )
@@ -1001,7 +1004,7 @@ async fn receipts_page(control: &ConsoleApi<'_>, visit: &Visit, org: &str) -> Re
                             td { (shown(str_of(r, "endpoint"))) }
                             td.num { (r["status"]) }
                             td.num { (r["input_tokens"]) " / " (r["output_tokens"]) }
-                            td.num { (cents(nanos(str_of(r, "cost_usd")))) }
+                            td.num { (cost(nanos(str_of(r, "cost_usd")))) }
                             td {
                                 @match str_of(r, "usage_source") { "estimated" => { span.badge.soft { "estimated" } } "unmetered" => { span.badge.soft { "unmetered" } } _ => { "reported" } }
                                 @if r["priced"] == json!(false) {
