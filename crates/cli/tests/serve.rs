@@ -791,22 +791,7 @@ async fn the_console_shows_bidirectional_and_control_characters_as_their_escapes
         serve.admin_call(TOKEN, Method::POST, &path, Some(json!({"name": "ci\u{1b}[31mred"}))).await;
     assert_eq!(status, StatusCode::CREATED, "{key}");
 
-    // Signed in as a browser is: the form, then the session cookie.
-    let signed_in = harness::call_bytes(
-        Method::POST,
-        &format!("{}/sign-in", serve.admin),
-        &[("content-type", "application/x-www-form-urlencoded")],
-        format!("token={TOKEN}").into_bytes(),
-    )
-    .await;
-    assert_eq!(signed_in.status, StatusCode::SEE_OTHER);
-    let cookie = signed_in.headers["set-cookie"]
-        .to_str()
-        .expect("ascii")
-        .split(';')
-        .next()
-        .expect("a pair")
-        .to_owned();
+    let cookie = console_session(&serve).await;
     for page in ["/".to_owned(), format!("/orgs/{org_id}"), format!("/orgs/{org_id}/receipts")] {
         let shown =
             harness::call(Method::GET, &format!("{}{page}", serve.admin), &[("cookie", &cookie)], None).await;
@@ -921,7 +906,8 @@ async fn endpoint_allowlists_and_concurrency_limits_are_set_through_the_cli() {
 /// `recovea admin` pointed at nothing says which URL it tried, and what to check.
 #[test]
 fn an_admin_call_that_reaches_nothing_names_the_url_it_tried() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").port();
+    let port =
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").port();
     let url = format!("http://127.0.0.1:{port}");
     let output = Command::new(BIN)
         .args(["admin", "--admin-url", &url, "--admin-token", TOKEN, "orgs", "list"])
@@ -930,7 +916,55 @@ fn an_admin_call_that_reaches_nothing_names_the_url_it_tried() {
         .expect("runs");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains(&format!("the admin API at {url}/admin/v1/orgs could not be reached")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("the admin API at {url}/admin/v1/orgs could not be reached")),
+        "{stderr}"
+    );
     assert!(stderr.contains("Connection refused") && stderr.contains("--admin-url"), "{stderr}");
     assert!(!stderr.contains(TOKEN), "{stderr}");
+}
+
+/// Signed in to `serve`'s console as a browser is: the form, then the session cookie (`name=value`).
+async fn console_session(serve: &Serve) -> String {
+    let signed_in = harness::call_bytes(
+        Method::POST,
+        &format!("{}/sign-in", serve.admin),
+        &[("content-type", "application/x-www-form-urlencoded")],
+        format!("token={TOKEN}").into_bytes(),
+    )
+    .await;
+    assert_eq!(signed_in.status, StatusCode::SEE_OTHER);
+    signed_in.headers["set-cookie"].to_str().expect("ascii").split(';').next().expect("a pair").to_owned()
+}
+
+/// The prices page lists hundreds of models: a search keeps those whose name holds the words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prices_page_searches_models_by_name() {
+    let mock = MockProvider::start().await;
+    let dir = temp_dir("console-prices-search");
+    let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
+    let cookie = console_session(&serve).await;
+    let page = |query: &'static str| {
+        let (serve, cookie) = (&serve, cookie.clone());
+        async move {
+            let url = format!("{}/prices{query}", serve.admin);
+            let answer = harness::call(Method::GET, &url, &[("cookie", &cookie)], None).await;
+            assert_eq!(answer.status, StatusCode::OK, "{query}");
+            String::from_utf8(answer.body.to_vec()).expect("utf-8")
+        }
+    };
+    let rows = |html: &str| html.matches("<tr data-model=").count();
+    let all = page("").await;
+    let searched = page("?q=GPT-4o-MINI").await;
+    assert!(rows(&all) > 100, "the whole table: {} rows", rows(&all));
+    assert!((1..rows(&all)).contains(&rows(&searched)), "{} of {}", rows(&searched), rows(&all));
+    for row in searched.split("<tr data-model=\"").skip(1) {
+        let model = row.split('"').next().unwrap_or_default();
+        assert!(model.to_lowercase().contains("gpt-4o-mini"), "{model}");
+    }
+    assert!(searched.contains(&format!("{} of {} models", rows(&searched), rows(&all))));
+    let none = page("?q=no-such-model-anywhere").await;
+    assert_eq!(rows(&none), 0);
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
 }

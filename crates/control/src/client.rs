@@ -17,7 +17,10 @@ pub struct AdminClient {
 pub enum ClientError {
     BadUrl(String),
     /// No answer from the admin API at `url`; why, with every cause.
-    Unreachable { url: String, why: String },
+    Unreachable {
+        url: String,
+        why: String,
+    },
     /// The API answered with an error: its status and body.
     Api(StatusCode, Value),
 }
@@ -85,7 +88,8 @@ impl AdminClient {
             .header(header::CONTENT_TYPE, "application/json")
             .body(Full::new(body))
             .map_err(|_| ClientError::BadUrl(self.base_url.clone()))?;
-        let unreachable = |e: &dyn std::error::Error| ClientError::Unreachable { url: url.clone(), why: causes(e) };
+        let unreachable =
+            |e: &dyn std::error::Error| ClientError::Unreachable { url: url.clone(), why: causes(e) };
         let response = self.client.request(request).await.map_err(|e| unreachable(&e))?;
         let status = response.status();
         let bytes = response.into_body().collect().await.map_err(|e| unreachable(&e))?.to_bytes();

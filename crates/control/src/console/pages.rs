@@ -16,7 +16,9 @@ use serde_json::{Map, Value, json};
 
 use super::api::{Answered, ConsoleApi, Refusal, encode, query};
 use super::chart::{self, Bar};
-use super::format::{cents, cost, exact, field_from_rfc3339, nanos, rfc3339_from_field, utc, utc_at, utc_minute};
+use super::format::{
+    cents, cost, exact, field_from_rfc3339, nanos, rfc3339_from_field, utc, utc_at, utc_minute,
+};
 use super::{Form, Visit, page, redirect, set_header};
 
 const MS_PER_DAY: i64 = 86_400_000;
@@ -1169,6 +1171,13 @@ async fn prices_page(
         entry[field].as_str().map(|usd| exact(nanos(usd))).unwrap_or_else(|| "—".into())
     };
     let status = refused.map_or(StatusCode::OK, |r| r.refusal.status);
+    // Hundreds of models: a search on their names, as the URL's `q`.
+    let params = crate::admin::query::Params::parse(&visit.query).unwrap_or_default();
+    let searched = params.get("q").unwrap_or("").trim().to_owned();
+    let wanted = searched.to_lowercase();
+    let table = prices["prices"].as_object();
+    let shown: Vec<(&String, &Value)> =
+        table.into_iter().flatten().filter(|(model, _)| model.to_lowercase().contains(&wanted)).collect();
     let body = html! {
         h1 { "Prices" }
         p.muted { "Revision " strong { (prices["revision"]) } ". Dollars per million tokens, exact." }
@@ -1197,11 +1206,16 @@ async fn prices_page(
             }
         } }
         h2 { "The table in force" }
+        form.search method="get" action="/prices" {
+            input type="search" name="q" value=(searched) placeholder="Search models" aria-label="Search models";
+            button type="submit" { "Search" }
+        }
+        p.muted.count { (shown.len()) " of " (table.map_or(0, serde_json::Map::len)) " models" }
         div.scroll { table.prices {
             thead { tr { th { "Model" } th { "Kind" } @for (_, label) in PRICE_FIELDS { th.num { (label) } } th { "Source" } th {} } }
             tbody {
-                @if let Some(table) = prices["prices"].as_object() {
-                    @for (model, entry) in table {
+                {
+                    @for (model, entry) in &shown {
                         tr data-model=(model) {
                             td { code { (model) } }
                             td { (entry["kind"].as_str().unwrap_or("—")) }
