@@ -19,9 +19,9 @@ use crate::ids::{CapId, KeyId, OrgId};
 use crate::money::Nanos;
 use crate::pricing::{self, Price, PriceTable};
 use crate::receipt::{Receipt, receipt_id};
+use crate::timestamp::MS_PER_DAY;
 use crate::timestamp::Timestamp;
 use crate::usage::Usage;
-use crate::window::MS_PER_DAY;
 
 pub mod schedule;
 

@@ -2,7 +2,6 @@
 
 use time::OffsetDateTime;
 
-use crate::window::{MS_PER_DAY, civil_from_days};
 use time::format_description::well_known::Rfc3339;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -96,6 +95,25 @@ impl serde::Serialize for Timestamp {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.to_rfc3339())
     }
+}
+
+pub(crate) const MS_PER_DAY: i64 = 86_400_000;
+
+/// The proleptic Gregorian `(year, month 1..=12, day 1..=31)` of a day number.
+///
+/// Howard Hinnant's `civil_from_days`: days are counted in 400-year eras (146 097 days each) of
+/// years that start on March 1st, so that the leap day is the last day of its year.
+pub(crate) fn civil_from_days(day: i64) -> (i64, i64, i64) {
+    let shifted = day + 719_468; // from 1970-01-01 to 0000-03-01
+    let era = shifted.div_euclid(146_097);
+    let day_of_era = shifted.rem_euclid(146_097); // 0..=146_096
+    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100); // 0..=365
+    let march_based_month = (5 * day_of_year + 2) / 153; // 0 = March .. 11 = February
+    let day_of_month = day_of_year - (153 * march_based_month + 2) / 5 + 1;
+    let month = if march_based_month < 10 { march_based_month + 3 } else { march_based_month - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day_of_month)
 }
 
 #[cfg(test)]

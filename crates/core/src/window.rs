@@ -1,6 +1,6 @@
 //! Calendar windows of spend caps, in UTC: days, weeks starting Monday, months.
 
-use crate::timestamp::Timestamp;
+use crate::timestamp::{MS_PER_DAY, Timestamp, civil_from_days};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Window {
@@ -66,8 +66,6 @@ impl Window {
     }
 }
 
-pub(crate) const MS_PER_DAY: i64 = 86_400_000;
-
 /// The first millisecond of a day number, saturating at the ends of the representable range.
 fn day_start(day: i64) -> Timestamp {
     Timestamp(day.saturating_mul(MS_PER_DAY))
@@ -76,23 +74,6 @@ fn day_start(day: i64) -> Timestamp {
 /// 0 for a Monday through 6 for a Sunday. Day 0, 1970-01-01, was a Thursday.
 fn days_since_monday(day: i64) -> i64 {
     (day + 3).rem_euclid(7)
-}
-
-/// The proleptic Gregorian `(year, month 1..=12, day 1..=31)` of a day number.
-///
-/// Howard Hinnant's `civil_from_days`: days are counted in 400-year eras (146 097 days each) of
-/// years that start on March 1st, so that the leap day is the last day of its year.
-pub(crate) fn civil_from_days(day: i64) -> (i64, i64, i64) {
-    let shifted = day + 719_468; // from 1970-01-01 to 0000-03-01
-    let era = shifted.div_euclid(146_097);
-    let day_of_era = shifted.rem_euclid(146_097); // 0..=146_096
-    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100); // 0..=365
-    let march_based_month = (5 * day_of_year + 2) / 153; // 0 = March .. 11 = February
-    let day_of_month = day_of_year - (153 * march_based_month + 2) / 5 + 1;
-    let month = if march_based_month < 10 { march_based_month + 3 } else { march_based_month - 9 };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    (year, month, day_of_month)
 }
 
 fn is_leap_year(year: i64) -> bool {
