@@ -174,13 +174,7 @@ pub(crate) struct ProviderArgs {
 impl ProviderArgs {
     /// How providers are reached: the flags, then the proxy variables of the environment.
     pub(crate) fn network(&self) -> Result<ProviderNetwork, String> {
-        let ca = match &self.upstream_ca_file {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .map_err(|e| format!("--upstream-ca-file: cannot read {}: {e}", path.display()))?,
-            ),
-            None => None,
-        };
+        let ca = read_file("--upstream-ca-file", self.upstream_ca_file.as_deref())?;
         let egress =
             Egress::new(self.upstream_proxy.as_deref(), self.upstream_no_proxy.as_deref(), |name| {
                 std::env::var(name).ok()
@@ -229,16 +223,10 @@ impl GatewayArgs {
     /// The shared Redis, if any: its URL and the certificates read from their files.
     pub(crate) fn redis(&self) -> Result<Option<(String, RedisTls)>, String> {
         let Some(url) = &self.redis_url else { return Ok(None) };
-        let read = |flag: &str, path: &std::path::Path| {
-            std::fs::read(path).map_err(|e| format!("{flag}: cannot read {}: {e}", path.display()))
-        };
-        let ca = self.redis_ca_file.as_deref().map(|path| read("--redis-ca-file", path)).transpose()?;
-        let client = match (&self.redis_client_cert, &self.redis_client_key) {
-            (Some(cert), Some(key)) => {
-                Some((read("--redis-client-cert", cert)?, read("--redis-client-key", key)?))
-            }
-            _ => None,
-        };
+        let ca = read_file("--redis-ca-file", self.redis_ca_file.as_deref())?;
+        let cert = read_file("--redis-client-cert", self.redis_client_cert.as_deref())?;
+        let key = read_file("--redis-client-key", self.redis_client_key.as_deref())?;
+        let client = cert.zip(key);
         Ok(Some((url.clone(), RedisTls { ca, client })))
     }
 
@@ -378,6 +366,12 @@ pub(crate) fn parse_master_key(hex: &str) -> Result<MasterKey, String> {
 }
 
 /// A secret given on the command line, trimmed; refused when blank.
+/// The contents of the file given to `flag`, if one was.
+pub(crate) fn read_file(flag: &str, path: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, String> {
+    path.map(|path| std::fs::read(path).map_err(|e| format!("{flag}: cannot read {}: {e}", path.display())))
+        .transpose()
+}
+
 /// An operator's bearer token given to `flag` (`recovea_core::keys::operator_token`).
 pub(crate) fn operator_token(flag: &str, value: &str) -> Result<String, String> {
     recovea_core::keys::operator_token(value).map(str::to_owned).map_err(|why| format!("{flag}: {why}"))

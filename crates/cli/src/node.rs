@@ -10,7 +10,7 @@ use recovea_gateway::spool::Keeps;
 use recovea_gateway::{ControlLink, Gateway, follow_book, follow_feed};
 use tokio::net::TcpListener;
 
-use crate::args::{NodeArgs, init_logging, operator_token, parse_master_key, shutdown_signal};
+use crate::args::{NodeArgs, init_logging, operator_token, parse_master_key, read_file, shutdown_signal};
 use crate::data_dir;
 use crate::wiring::{RATE_SHARE_INTERVAL, Stop, counters, open_spool, rate_share, serve_metrics_apart};
 
@@ -20,13 +20,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let config = args.gateway.config()?;
     let master_key = parse_master_key(&args.master_key)?;
     let node_token = operator_token("--node-token", &args.node_token)?;
-    let ca = match &args.control_ca_file {
-        Some(path) => Some(
-            std::fs::read(path)
-                .map_err(|e| format!("--control-ca-file: cannot read {}: {e}", path.display()))?,
-        ),
-        None => None,
-    };
+    let ca = read_file("--control-ca-file", args.control_ca_file.as_deref())?;
     let link =
         Arc::new(ControlLink::new(&args.control_url, &node_token, ca.as_deref()).map_err(|e| e.to_string())?);
     let data_dir = &args.common.data_dir;

@@ -4,7 +4,7 @@
 //! `default`. Fails, never skips, without `redis-server` or `openssl`.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
@@ -27,60 +27,12 @@ impl Drop for Server {
     }
 }
 
-fn run(command: &mut Command) {
-    let output = command.output().unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    assert!(output.status.success(), "{command:?}: {}", String::from_utf8_lossy(&output.stderr));
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate it signed; and another CA.
-fn certificates(dir: &Path) {
-    let openssl = |args: &[&str]| run(Command::new("openssl").args(args).current_dir(dir));
-    let key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
-    for ca in ["ca", "other-ca"] {
-        let (subject, keyout, out) =
-            (format!("/CN=recovea test {ca}"), format!("{ca}.key"), format!("{ca}.pem"));
-        openssl(
-            &[
-                &["req", "-x509"][..],
-                &key,
-                &["-days", "2", "-subj", &subject, "-keyout", &keyout, "-out", &out],
-            ]
-            .concat(),
-        );
-    }
-    for (name, extension) in
-        [("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")]
-    {
-        let (subject, keyout, csr) =
-            (format!("/CN=recovea {name}"), format!("{name}.key"), format!("{name}.csr"));
-        openssl(&[&["req"][..], &key, &["-subj", &subject, "-keyout", &keyout, "-out", &csr]].concat());
-        std::fs::write(dir.join(format!("{name}.ext")), extension).expect("an extension file");
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-            "-out",
-            &format!("{name}.pem"),
-        ]);
-    }
-}
-
 impl Server {
     fn start() -> Self {
         let dir = std::env::temp_dir().join(format!("recovea-redis-tls-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a directory");
-        certificates(&dir);
+        recovea_testkit::pki::issue(&dir, &["IP:127.0.0.1"], "recovea");
         let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
         let file = |name: &str| dir.join(name).display().to_string();
         let child = Command::new("redis-server")

@@ -42,74 +42,12 @@ fn bin(program: &str) -> PathBuf {
     found.unwrap_or_else(|| panic!("no {program} under /usr/lib/postgresql/*/bin"))
 }
 
-/// A certificate authority, a server certificate signed by it for `127.0.0.1` and `pg.test`, and a
-/// client certificate for `certuser`; and another authority that signed nothing of these.
-fn certificates(dir: &Path) {
-    let openssl = |args: &[&str]| run(Command::new("openssl").args(args).current_dir(dir));
-    for ca in ["ca", "other-ca"] {
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN=recovea test {ca}"),
-            "-keyout",
-            &format!("{ca}.key"),
-            "-out",
-            &format!("{ca}.pem"),
-        ]);
-    }
-    for (name, subject, extension) in [
-        ("server", "/CN=pg.test", "subjectAltName=IP:127.0.0.1,DNS:pg.test"),
-        ("client", "/CN=certuser", "extendedKeyUsage=clientAuth"),
-    ] {
-        openssl(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-subj",
-            subject,
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-        ]);
-        std::fs::write(dir.join(format!("{name}.ext")), extension).expect("extension file");
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-            "-out",
-            &format!("{name}.pem"),
-        ]);
-    }
-}
-
 impl Cluster {
     fn start() -> Self {
         let dir = std::env::temp_dir().join(format!("recovea-pg-tls-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("certs")).expect("a directory");
-        certificates(&dir.join("certs"));
+        recovea_testkit::pki::issue(&dir.join("certs"), &["IP:127.0.0.1", "DNS:pg.test"], "certuser");
         run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir));
         let data = dir.join("data");
         run(Command::new("runuser")

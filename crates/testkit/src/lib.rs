@@ -246,6 +246,7 @@ mod media;
 mod multipart;
 mod openai;
 pub mod otlp;
+pub mod pki;
 pub mod proxy;
 pub mod realtime;
 mod request;
