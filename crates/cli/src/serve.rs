@@ -121,8 +121,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
         Duration::from_secs(1),
         stop.stopped(),
     ));
-    let rebuilder =
-        tokio::spawn(rebuild_missing(Arc::clone(&counters), Arc::new(LedgerSpend(sources)), stop.stopped()));
+    let ledger_spend = Arc::new(LedgerSpend::new(sources, args.admin.store_limit()));
+    let rebuilder = tokio::spawn(rebuild_missing(Arc::clone(&counters), ledger_spend, stop.stopped()));
     let book_keeper = tokio::spawn(Arc::clone(&jobs).keep_fresh(stop.stopped()));
     let job_poller = tokio::spawn(control.clone().poll_jobs(poller, stop.stopped()));
     let publisher = tokio::spawn(control.clone().keep_published(Duration::from_millis(250), stop.stopped()));
