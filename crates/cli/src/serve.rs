@@ -81,7 +81,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
     // The ledger first gets what the spool still holds, then every cap's current window is rebuilt
     // from it, so that no cap is enforced on a partial figure after a restart.
-    let alerts = Alerts::start(store.clone(), ledger.clone(), &alert_secret);
+    let alerts = Alerts::start(store.clone(), ledger.clone(), &alert_secret, args.admin.store_limit());
     let poll_interval = args.jobs.job_poll_interval;
     let sink = Arc::new(
         LedgerSink::new(ledger.clone(), Some(Arc::clone(&alerts)))
