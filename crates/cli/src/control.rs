@@ -34,7 +34,7 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
         Control::new(stores.store.clone(), stores.ledger.clone(), master_key, &admin_token, Arc::new(|_| {}))
             .with_store_limit(limit)
             .with_jobs(Arc::clone(&jobs));
-    let alerts = Alerts::start(stores.store.clone(), stores.ledger.clone(), &alert_secret);
+    let alerts = Alerts::start(stores.store.clone(), stores.ledger.clone(), &alert_secret, limit);
     let poll_interval = args.jobs.job_poll_interval;
     // Nodes are always served: each presents a node credential issued through the admin API, or
     // the shared --node-token when one is set.

@@ -81,7 +81,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
     // The ledger first gets what the spool still holds, then every cap's current window is rebuilt
     // from it, so that no cap is enforced on a partial figure after a restart.
-    let alerts = Alerts::start(store.clone(), ledger.clone(), &alert_secret);
+    let alerts = Alerts::start(store.clone(), ledger.clone(), &alert_secret, args.admin.store_limit());
     let poll_interval = args.jobs.job_poll_interval;
     let sink = Arc::new(
         LedgerSink::new(ledger.clone(), Some(Arc::clone(&alerts)))
@@ -121,8 +121,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
         Duration::from_secs(1),
         stop.stopped(),
     ));
-    let rebuilder =
-        tokio::spawn(rebuild_missing(Arc::clone(&counters), Arc::new(LedgerSpend(sources)), stop.stopped()));
+    let ledger_spend = Arc::new(LedgerSpend::new(sources, args.admin.store_limit()));
+    let rebuilder = tokio::spawn(rebuild_missing(Arc::clone(&counters), ledger_spend, stop.stopped()));
     let book_keeper = tokio::spawn(Arc::clone(&jobs).keep_fresh(stop.stopped()));
     let job_poller = tokio::spawn(control.clone().poll_jobs(poller, stop.stopped()));
     let publisher = tokio::spawn(control.clone().keep_published(Duration::from_millis(250), stop.stopped()));

@@ -68,15 +68,17 @@ impl WindowTotal {
 const RESUM_EVERY: Duration = Duration::from_secs(10);
 
 impl Alerts {
-    /// Starts the deliverer task; alerts are signed with `signing_secret`.
+    /// Starts the deliverer task; alerts are signed with `signing_secret`, and each delivery
+    /// attempt is recorded in the store within `limit` (the control plane's store limit).
     pub fn start(
         store: Arc<dyn ControlStore>,
         ledger: Arc<dyn ReceiptLedger>,
         signing_secret: &str,
+        limit: Duration,
     ) -> Arc<Self> {
         let (deliveries, queue) = mpsc::unbounded_channel();
         let key = hmac::Key::new(hmac::HMAC_SHA256, signing_secret.as_bytes());
-        tokio::spawn(deliver(Arc::clone(&store), queue, key));
+        tokio::spawn(deliver(Arc::clone(&store), queue, key, limit));
         // Alerts raised before a restart and not yet delivered resume their remaining attempts.
         let (undelivered, resume) = (Arc::clone(&store), deliveries.clone());
         tokio::task::spawn_blocking(move || match undelivered_alerts(undelivered.as_ref()) {
@@ -255,6 +257,7 @@ async fn deliver(
     store: Arc<dyn ControlStore>,
     mut queue: mpsc::UnboundedReceiver<(AlertRecord, CapRecord)>,
     key: hmac::Key,
+    limit: Duration,
 ) {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
@@ -288,8 +291,15 @@ async fn deliver(
                     Err(_) => false,
                 };
                 let at = delivered.then(|| Timestamp::from_system_time(SystemTime::now()));
+                // Recorded within the store limit: a frozen database costs the attempts that
+                // limit, never holds them up. An attempt it missed is not counted, and a delivery
+                // it missed leaves the alert undelivered in the store: the next start sends it
+                // again, as it sends any alert left undelivered.
                 let (store, id) = (Arc::clone(&store), alert.id.clone());
-                let _ = tokio::task::spawn_blocking(move || store.alert_delivery(&id, at)).await;
+                let recorded = crate::bounded::off_thread(limit, move || store.alert_delivery(&id, at));
+                if let Err(e) = recorded.await {
+                    tracing::warn!(alert_id = %alert.id, attempt, error = %e, "an alert's delivery attempt was not recorded");
+                }
                 if delivered {
                     return;
                 }
@@ -306,10 +316,12 @@ async fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bounded::frozen::FrozenStore;
     use crate::ingest::LedgerSink;
     use recovea_core::receipt::ReceiptSink;
     use recovea_core::window::Window;
     use recovea_store::{OrgRecord, SqliteStore};
+    use tokio::sync::oneshot;
 
     const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 
@@ -325,6 +337,20 @@ mod tests {
 
     /// A webhook receiver that answers 200 to every POST and hands over each request's text.
     async fn receiver() -> (String, mpsc::UnboundedReceiver<String>) {
+        let (url, mut held) = held_receiver().await;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some((request, answer)) = held.recv().await {
+                let _ = answer.send(200);
+                let _ = tx.send(request);
+            }
+        });
+        (url, rx)
+    }
+
+    /// A webhook receiver that hands over each request's text with the means to answer it: the
+    /// status the test sends back.
+    async fn held_receiver() -> (String, mpsc::UnboundedReceiver<(String, oneshot::Sender<u16>)>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
@@ -353,9 +379,11 @@ mod tests {
                                 .and_then(|v| v.parse::<usize>().ok())
                                 .unwrap_or(0);
                             if body.len() >= length {
-                                let _ =
-                                    stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
-                                let _ = tx.send(request);
+                                let (answer, status) = oneshot::channel();
+                                let _ = tx.send((request, answer));
+                                let status = status.await.unwrap_or(500);
+                                let head = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
+                                let _ = stream.write_all(head.as_bytes()).await;
                                 break;
                             }
                         }
@@ -440,7 +468,7 @@ mod tests {
             store.alert_delivery("alert_spent", None).expect("attempt");
         }
 
-        let _alerts = Alerts::start(store.clone(), store.clone(), "secret");
+        let _alerts = Alerts::start(store.clone(), store.clone(), "secret", crate::DEFAULT_STORE_LIMIT);
         let request = tokio::time::timeout(Duration::from_secs(10), posts.recv())
             .await
             .expect("posted")
@@ -458,9 +486,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_frozen_database_does_not_hold_up_a_webhooks_next_attempt() {
+        let (url, mut posts) = held_receiver().await;
+        let (dir, sqlite, org) = store_with_cap(Window::Month, vec![500], Some(url));
+        let pending = AlertRecord {
+            id: "alert_pending".into(),
+            cap_id: CapId::parse("cap_a").expect("id"),
+            org_id: org,
+            window_start: Timestamp(0),
+            threshold_permille: 500,
+            spend: Nanos::parse_usd("0.60").expect("usd"),
+            limit: Nanos::parse_usd("1.00").expect("usd"),
+            raised_at: Timestamp(1),
+            delivered_at: None,
+            attempts: 0,
+        };
+        sqlite.raise_alert(&pending).expect("raised");
+        let store = FrozenStore::new(sqlite.clone());
+        let limit = Duration::from_millis(100);
+        let _alerts = Alerts::start(store.clone(), sqlite.clone(), "secret", limit);
+        let (first, answer) = tokio::time::timeout(Duration::from_secs(10), posts.recv())
+            .await
+            .expect("posted")
+            .expect("a request");
+        assert!(first.contains("alert_pending"), "{first}");
+
+        // The database freezes before the failed attempt is recorded: the next attempt comes a
+        // second after the record gave up (the limit), not once the database answers again.
+        let thaw = store.freeze();
+        let _ = answer.send(500);
+        let (second, answer) = tokio::time::timeout(Duration::from_secs(5), posts.recv())
+            .await
+            .expect("the webhook is tried again while the database is frozen")
+            .expect("a request");
+        assert!(second.contains("alert_pending"), "{second}");
+        assert!(store.held() >= 1, "recording the first attempt asked the database");
+        let _ = answer.send(200);
+        drop(thaw);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
     async fn batches_raise_alerts_in_their_receipts_windows_once_each() {
         let (dir, store, org) = store_with_cap(Window::Day, vec![500], None);
-        let alerts = Alerts::start(store.clone(), store.clone(), "secret");
+        let alerts = Alerts::start(store.clone(), store.clone(), "secret", crate::DEFAULT_STORE_LIMIT);
         let sink = LedgerSink::new(store.clone(), Some(alerts));
         let today = Timestamp(Timestamp::from_system_time(SystemTime::now()).0 / DAY_MS * DAY_MS);
         let yesterday = Timestamp(today.0 - DAY_MS);

@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use recovea_store::{Result, StoreError};
 
+#[cfg(test)]
+pub(crate) mod frozen;
+
 /// How long a store call may take before its caller is answered, unless the control plane is told
 /// otherwise: past the store's own default bounds (a 2 s pool wait, a 5 s statement timeout), so
 /// that a slow statement is cancelled by the server first, and a frozen server is noticed all the

@@ -227,7 +227,8 @@ impl Control {
 
     /// Records a node's report in the store, where every replica reads it: at once when its
     /// version or its credential changed, else at most every [`REPORT_EVERY`]. The poll does not
-    /// wait for it.
+    /// wait for it; the write is bounded as every store call is: a database that does not answer
+    /// within the limit is logged and makes the control plane not ready, as an admin call would.
     fn remember_node(&self, status: &NodeStatus, credential: PresentedCredential) {
         {
             let mut reported = self.inner.node_reports.lock().unwrap_or_else(|p| p.into_inner());
@@ -250,10 +251,11 @@ impl Control {
             clock_offset_ms: status.clock_offset_ms,
             credential: Some(credential),
         };
-        let store = Arc::clone(&self.inner.store);
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = store.record_node(&record) {
-                tracing::warn!(node_id = %record.id, error = %e, "a node's report could not be stored");
+        let (control, store) = (self.clone(), Arc::clone(&self.inner.store));
+        tokio::spawn(async move {
+            let node_id = record.id.clone();
+            if let Err(e) = control.off_thread(move || store.record_node(&record)).await {
+                tracing::warn!(node_id = %node_id, error = ?e, "a node's report could not be stored");
             }
         });
     }
@@ -330,6 +332,39 @@ mod tests {
 
     fn key(n: usize) -> KeyId {
         KeyId::parse(&format!("key_{n}")).expect("key id")
+    }
+
+    #[tokio::test]
+    async fn a_report_the_frozen_database_does_not_take_is_known_within_the_limit() {
+        use crate::bounded::frozen::FrozenStore;
+        use recovea_store::SqliteStore;
+
+        let dir = std::env::temp_dir().join(format!("recovea-node-api-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let sqlite = Arc::new(SqliteStore::open(&dir.join("db")).expect("store"));
+        let store = FrozenStore::new(sqlite.clone());
+        let limit = Duration::from_millis(100);
+        let master_key = recovea_core::crypto::MasterKey::from_bytes([7; 32]);
+        let control = Control::new(store.clone(), sqlite.clone(), master_key, "admin", Arc::new(|_| {}))
+            .with_store_limit(limit);
+        control.serve_nodes(Some("node-token"), Arc::new(crate::ingest::LedgerSink::new(sqlite, None)));
+
+        let thaw = store.freeze();
+        let poll = Bytes::from_static(br#"{"node_id":"node-a","version":null,"wait_ms":0}"#);
+        let asked = Instant::now();
+        let answer = tokio::time::timeout(limit, control.node_call(POLL, Some("Bearer node-token"), poll))
+            .await
+            .expect("a poll does not wait on the report");
+        assert!(matches!(answer, Ok(None)), "nothing published yet: {:?}", answer.err());
+        // The report's write gives up within the limit: the control plane says it is not ready
+        // (`/readyz`) rather than wait on the database with it.
+        while control.inner.store_answers.load(std::sync::atomic::Ordering::Acquire) {
+            assert!(asked.elapsed() < limit * 20, "the report is still waiting on the frozen database");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(store.held(), 1, "the report asked the database");
+        drop(thaw);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
