@@ -617,8 +617,11 @@ where
             let Ok(data) = frame.map_err(|e| body_refusal(&e, limit))?.into_data() else { continue };
             let needed = (buffer.len() + data.len()) as u64;
             if needed > room.bytes() {
-                let more = room_for((needed - room.bytes()).max(BODY_STEP)).await?;
-                room.merge(more);
+                // Doubling, as a vector grows: the buffer is allocated to exactly the room held,
+                // so what the budget counts is what the body takes, copied O(n) times in all.
+                let grown = needed.max(room.bytes().saturating_mul(2)).min(limit.max(needed));
+                room.merge(room_for(grown - room.bytes()).await?);
+                buffer.reserve_exact(usize::try_from(room.bytes()).unwrap_or(usize::MAX) - buffer.len());
             }
             buffer.extend_from_slice(&data);
         }
@@ -630,7 +633,8 @@ where
     Ok(room.keep(buffer))
 }
 
-/// How much more room a body that does not say its length asks for at a time.
+/// The room a body that does not say its length asks for first, beyond what came with its head;
+/// it doubles from there.
 const BODY_STEP: u64 = 64 << 10;
 
 /// The refusal of a body that failed to read: too long, or cut.

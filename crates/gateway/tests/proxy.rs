@@ -1559,3 +1559,25 @@ async fn a_body_without_room_in_the_nodes_memory_is_503_while_another_organizati
     assert_eq!(h.mock.requests().len(), 2, "the refused body never reached the provider");
     assert!(h.metrics().await.contains(r#"outcome="body_memory_busy""#));
 }
+
+/// A body that does not say its length is read in room that grows as it comes (doubling from
+/// 64 KiB), and reaches the provider whole.
+#[tokio::test]
+async fn a_large_body_without_a_length_is_read_whole_in_growing_room() {
+    let h = Harness::start().await;
+    let body = chat_of(700 << 10);
+    let (mut sender, stream) = futures_channel_body();
+    let request = Request::post(format!("{}/v1/chat/completions", h.url))
+        .header("authorization", format!("Bearer {KEY}"))
+        .body(stream)
+        .expect("request");
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let pending = tokio::spawn(async move { client.request(request).await });
+    for piece in body.as_bytes().chunks(16 << 10) {
+        sender.send(Bytes::copy_from_slice(piece)).await;
+    }
+    drop(sender);
+    let response = pending.await.expect("join").expect("answer");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(h.mock.requests()[0].body, body, "the provider got the body as sent");
+}
