@@ -339,3 +339,86 @@ fn find_cycle(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Option<Vec<Module>>
     let mut marks = BTreeMap::new();
     graph.keys().find_map(|module| visit(module, graph, &mut marks, &mut Vec::new()))
 }
+
+/// ARCHITECTURE.md's table of the gateway's modules says, for each, the modules it imports: the
+/// table and the code must say the same. Each module of the code is counted under the row of its
+/// nearest ancestor the table names (`proxy::spend` under `proxy`; `server::h1` has a row of its
+/// own); an edge inside one row, and one into a leaf, need no mention.
+#[test]
+fn the_architecture_table_names_every_import_and_no_other() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("../../ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let (rows, leaves) = architecture_table(&text);
+    assert!(rows.len() > 10 && leaves.len() >= 3, "the table was not found: {rows:?} {leaves:?}");
+    let row_of = |module: &str| -> Option<String> {
+        let mut path = module.replace("::", "/");
+        loop {
+            if rows.contains_key(&path) {
+                return Some(path);
+            }
+            path = path.rsplit_once('/')?.0.to_owned();
+        }
+    };
+    let mut seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, targets) in module_graph(&root.join("src")) {
+        // The crate root only declares and re-exports (the other test holds it to that).
+        let Some(from_row) = row_of(&from).filter(|row| !row.is_empty()) else { continue };
+        for to in targets {
+            let Some(to_row) = row_of(&to) else {
+                assert!(leaves.contains(&to), "{from} imports {to}, which the table has no row for");
+                continue;
+            };
+            // A parent naming its own child that has a row (server -> server/h1) is listed too.
+            if to_row != from_row {
+                seen.entry(from_row.clone()).or_default().insert(to_row);
+            }
+        }
+    }
+    let mut wrong = Vec::new();
+    for (row, listed) in rows.iter().filter(|(row, _)| !row.is_empty()) {
+        let used = seen.get(row).cloned().unwrap_or_default();
+        let missing: Vec<_> = used.difference(listed).collect();
+        let extra: Vec<_> = listed.difference(&used).collect();
+        if !missing.is_empty() || !extra.is_empty() {
+            wrong.push(format!("{row}: imports {missing:?} too, and not {extra:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "ARCHITECTURE.md's module table:\n{}", wrong.join("\n"));
+}
+
+/// The rows of ARCHITECTURE.md's module table (module -> the modules it imports besides the
+/// leaves), and the leaves. An imports cell starts at column 50 or later; a row's cells may go on
+/// over the lines below it.
+fn architecture_table(text: &str) -> (BTreeMap<String, BTreeSet<String>>, BTreeSet<String>) {
+    let mut lines = text.lines().skip_while(|line| !line.starts_with("module        owns"));
+    lines.next();
+    let (mut rows, mut leaves) = (BTreeMap::<String, BTreeSet<String>>::new(), BTreeSet::new());
+    let mut current = None;
+    for line in lines.take_while(|line| !line.starts_with("```")) {
+        if let Some(listed) = line.strip_suffix(": the leaves") {
+            leaves.extend(listed.split(", ").map(str::to_owned));
+            continue;
+        }
+        let trimmed = line.trim_start();
+        if !trimmed.is_empty() && line.len() - trimmed.len() < 4 {
+            let name = trimmed.split_whitespace().next().unwrap_or_default();
+            let name = if name == "lib.rs" { String::new() } else { name.to_owned() };
+            rows.entry(name.clone()).or_default();
+            current = Some(name);
+        }
+        let Some(row) = &current else { continue };
+        // The cells are separated by two spaces or more; the imports are the last, from column 50.
+        let mut column = 0;
+        for cell in line.split("  ") {
+            let start = column;
+            column += cell.len() + 2;
+            let cell = cell.trim();
+            if cell.is_empty() || start < 50 || cell == "-" || cell.starts_with('(') {
+                continue;
+            }
+            let imports = rows.entry(row.clone()).or_default();
+            imports.extend(cell.split(',').map(str::trim).filter(|m| !m.is_empty()).map(str::to_owned));
+        }
+    }
+    (rows, leaves)
+}
