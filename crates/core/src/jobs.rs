@@ -520,7 +520,7 @@ pub fn fits(limit: Nanos, committed: Nanos, estimate: Nanos) -> Result<(), Nanos
 mod tests {
     use super::*;
     use crate::caps::Scope;
-    use crate::snapshot::ProviderKind;
+    use crate::provider_kind::ProviderKind;
     use crate::window::Window;
     use proptest::prelude::*;
 

@@ -24,6 +24,7 @@ pub mod money;
 pub mod node_access;
 pub mod pricing;
 pub mod projection;
+pub mod provider_kind;
 pub mod ratelimit;
 pub mod receipt;
 pub mod snapshot;

@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use crate::money::{MoneyError, Nanos};
-use crate::snapshot::ProviderKind;
+use crate::provider_kind::ProviderKind;
 use crate::usage::Usage;
 
 pub mod import;

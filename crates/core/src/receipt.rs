@@ -600,7 +600,7 @@ mod usage_source {
 mod tests {
     use super::*;
     use crate::pricing::{Price, PriceTable};
-    use crate::snapshot::ProviderKind;
+    use crate::provider_kind::ProviderKind;
     use proptest::prelude::*;
 
     fn table() -> PriceTable {
