@@ -1069,8 +1069,15 @@ async fn refusals_and_fail_open_passes_write_no_receipt_but_admitted_failures_do
         .await;
     assert_eq!(response.status(), StatusCode::OK);
     body_of(response).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(unready.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass writes no receipt");
+    // Then a state, and an admitted request: its receipt is the first delivered (the spool keeps
+    // the order receipts were written in), so the pass before it wrote none.
+    unready.gateway.install_snapshot(std::sync::Arc::new(snapshot(&unready.mock.url(), Vec::new())));
+    let response = unready.send(unready.post_as("/v1/chat/completions", KEY), CHAT).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let admitted = response.headers()["x-request-id"].to_str().expect("ascii").to_owned();
+    body_of(response).await;
+    let receipts = unready.receipts(1).await;
+    assert_eq!(receipts[0].request_id, admitted, "a fail-open pass writes no receipt: {receipts:?}");
 }
 
 // Caps: 402 at the line, 503 when spend cannot be confirmed, soft caps that never refuse.
