@@ -1060,9 +1060,17 @@ async fn a_node_moves_past_a_control_replica_that_is_down_and_trusts_a_private_c
     let ca = recovea_testkit::tls::ca_file();
     let ca = ca.to_str().expect("a UTF-8 path");
 
-    // Without the CA, the replica behind TLS is as unreachable as the one that is down.
-    let untrusting = Node::start(&dir.join("node-untrusting"), &replicas, &mock.url(), &[]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Without the CA, the replica behind TLS is as unreachable as the one that is down: once the
+    // node has tried both and said why, it is still not fed.
+    let log_path = dir.join("node-untrusting.log");
+    let log = std::fs::File::create(&log_path).expect("a log file");
+    let redis = deployment::REDIS;
+    let untrusting =
+        Node::start_logging(&dir.join("node-untrusting"), &replicas, &mock.url(), redis, &[], &[], log);
+    within(Duration::from_secs(10), "the node says why the TLS replica failed", || async {
+        std::fs::read_to_string(&log_path).unwrap_or_default().contains("UnknownIssuer")
+    })
+    .await;
     let status = call(Method::GET, &format!("{}/readyz", untrusting.url), &[], None).await.status;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "never fed");
     drop(untrusting);

@@ -159,22 +159,36 @@ impl Node {
         extra: &[&str],
         envs: &[(&str, &str)],
     ) -> Self {
-        Self::launch(data_dir, control_url, mock_url, redis, NODE_TOKEN, extra, envs)
+        Self::start_logging(data_dir, control_url, mock_url, redis, extra, envs, std::process::Stdio::null())
     }
 
-    /// A node presenting `token` (a node credential's) rather than the shared node token.
-    pub fn start_presenting(data_dir: &Path, control_url: &str, mock_url: &str, token: &str) -> Self {
-        Self::launch(data_dir, control_url, mock_url, REDIS, token, &[], &[])
-    }
-
-    fn launch(
+    /// As [`Self::start_with_redis`], its log (stderr) going to `log`.
+    pub fn start_logging(
         data_dir: &Path,
         control_url: &str,
         mock_url: &str,
         redis: &str,
-        token: &str,
         extra: &[&str],
         envs: &[(&str, &str)],
+        log: impl Into<std::process::Stdio>,
+    ) -> Self {
+        Self::launch(data_dir, control_url, mock_url, (redis, NODE_TOKEN), extra, envs, log)
+    }
+
+    /// A node presenting `token` (a node credential's) rather than the shared node token.
+    pub fn start_presenting(data_dir: &Path, control_url: &str, mock_url: &str, token: &str) -> Self {
+        Self::launch(data_dir, control_url, mock_url, (REDIS, token), &[], &[], std::process::Stdio::null())
+    }
+
+    /// A node on the Redis at `redis`, presenting `token`.
+    fn launch(
+        data_dir: &Path,
+        control_url: &str,
+        mock_url: &str,
+        (redis, token): (&str, &str),
+        extra: &[&str],
+        envs: &[(&str, &str)],
+        log: impl Into<std::process::Stdio>,
     ) -> Self {
         let redis_url = format!("redis://{redis}/");
         let mut args = vec!["node", "--listen", "127.0.0.1:0", "--control-url", control_url];
@@ -182,7 +196,7 @@ impl Node {
         args.extend(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url]);
         args.extend(["--data-dir", data_dir.to_str().expect("utf-8")]);
         args.extend(extra);
-        let process = Process::start(&args, envs, "recovea node");
+        let process = Process::start_logging(&args, envs, "recovea node", log);
         let url = process.url_after("recovea node");
         Self { process, url }
     }
