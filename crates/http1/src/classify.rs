@@ -110,6 +110,8 @@ pub fn classify<const LINES: usize>(buf: &[u8], limits: Limits) -> Classified {
             return Classified::HandOver(HandOver::TooManyLines);
         }
         Err(_) if buf.starts_with(HTTP2_PREFACE) => return Classified::HandOver(HandOver::Http2),
+        // `PRI * HTTP/2` fails to parse before the preface is whole: what it is, its rest says.
+        Err(_) if HTTP2_PREFACE.starts_with(buf) => return Classified::Partial,
         Err(_) => return Classified::HandOver(HandOver::Unparsable),
     };
     if head.version != Version::HTTP_11 {
@@ -160,6 +162,7 @@ pub fn classify<const LINES: usize>(buf: &[u8], limits: Limits) -> Classified {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
+    use proptest::prelude::*;
 
     use super::*;
     use crate::error::{FramingError, HostError};
@@ -283,6 +286,19 @@ mod tests {
         assert!(matches!(classified(most.as_bytes()), Classified::Request(_)));
     }
 
+    /// `httparse` refuses `PRI * HTTP/2` before the preface is whole: a cut preface is not yet
+    /// anything, and the reason is the same however it was cut.
+    #[test]
+    fn the_http2_preface_is_waited_for_whole() {
+        for cut in 0..HTTP2_PREFACE.len() {
+            assert_eq!(classified(&HTTP2_PREFACE[..cut]), Classified::Partial, "cut at {cut}");
+        }
+        assert_eq!(classified(HTTP2_PREFACE), Classified::HandOver(HandOver::Http2));
+        assert_eq!(classified(b"PRI * HTTP/2.1\r\n"), Classified::HandOver(HandOver::Unparsable));
+        let pri = whole(b"PRI * HTTP/1.1\r\nhost: h\r\n\r\n");
+        assert_eq!(pri.method.as_str(), "PRI", "an HTTP/1.1 request like any other");
+    }
+
     #[test]
     fn a_head_that_breaks_the_rules_is_refused_with_its_target_and_lines() {
         let cases: [(&[u8], RequestError); 4] = [
@@ -305,5 +321,62 @@ mod tests {
         let Classified::Refuse(refusal) = classified(wire) else { panic!("not refused") };
         assert_eq!(refusal.layout.raw_target(wire), b"http://h/v1/messages?x");
         assert_eq!(refusal.layout.names(wire).collect::<Vec<_>>(), [&b"Anthropic-Version"[..], b"x-a"]);
+    }
+
+    /// Any bytes, or a request made of likely parts.
+    fn wire() -> impl Strategy<Value = Vec<u8>> {
+        let line = (
+            prop_oneof![
+                Just("host"),
+                Just("content-length"),
+                Just("transfer-encoding"),
+                Just("connection"),
+                Just("expect"),
+                Just("x-a"),
+            ],
+            prop_oneof![
+                Just("h".to_owned()),
+                Just("close".to_owned()),
+                (0u32..100).prop_map(|n| n.to_string()),
+                "[ -~]{0,12}"
+            ],
+        );
+        let request = (
+            prop_oneof![Just("GET"), Just("POST"), Just("HEAD"), Just("PRI")],
+            prop_oneof![Just("/"), Just("*"), Just("/v1/x?y")],
+            prop_oneof![Just("HTTP/1.1"), Just("HTTP/1.0"), Just("HTTP/2.0")],
+            proptest::collection::vec(line, 0..10),
+            proptest::collection::vec(any::<u8>(), 0..120),
+        )
+            .prop_map(|(method, target, version, lines, tail)| {
+                let mut wire = format!("{method} {target} {version}\r\n").into_bytes();
+                for (name, value) in lines {
+                    wire.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+                }
+                wire.extend_from_slice(b"\r\n");
+                wire.extend_from_slice(&tail);
+                wire
+            });
+        prop_oneof![request, proptest::collection::vec(any::<u8>(), 0..300)]
+    }
+
+    proptest! {
+        /// However reads cut a request, what its first part is classified as is either "not yet"
+        /// or what the whole is: a decision once made does not change as bytes arrive. And a
+        /// whole request lies inside the buffer.
+        #[test]
+        fn a_decision_once_made_holds_however_the_bytes_were_cut(wire in wire()) {
+            let all = classified(&wire);
+            for cut in 0..=wire.len() {
+                let part = classified(&wire[..cut]);
+                prop_assert!(
+                    matches!(part, Classified::Partial | Classified::AwaitingBody) || part == all,
+                    "cut at {}: {:?}, whole: {:?}", cut, part, all
+                );
+            }
+            if let Classified::Request(request) = &all {
+                prop_assert!(request.head == request.body.start && request.body.end <= wire.len());
+            }
+        }
     }
 }

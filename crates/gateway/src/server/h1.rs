@@ -965,6 +965,19 @@ mod tests {
         assert_eq!(handed.reason, HandOver::TrailingBody);
     }
 
+    /// `PRI * HTTP/2` does not parse before the preface is whole: the reason is the same however
+    /// the network cut it.
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_http2_preface_is_waited_for_whole() {
+        let Served { mut client, server, drain: _drain, .. } = connect().await;
+        client.send(b"PRI * HTTP/2").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.send(b".0\r\n\r\nSM\r\n\r\n").await;
+        let handed = ended(server).await.expect("handed over");
+        assert_eq!(handed.reason, HandOver::Http2);
+        assert_eq!(handed.read, &b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..]);
+    }
+
     /// RFC 9112: one `Host`, one length, no coding but chunked. hyper would take these; here the
     /// answer is the gateway's, at once (the body is not waited for), and the connection ends.
     #[tokio::test(start_paused = true)]
