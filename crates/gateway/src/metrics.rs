@@ -147,6 +147,8 @@ impl Outcome {
 
 /// Why a client connection went to hyper's server, from the request that asked for what the
 /// gateway's own HTTP/1.1 does not serve; each is a label of `recovea_http1_handed_over_total`.
+/// Each of `recovea_http1::classify`'s reasons, and one of time that only the connection sees
+/// (`TrailingBody`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HandOver {
     /// The body did not follow its head within a moment.
@@ -199,6 +201,26 @@ impl HandOver {
             Self::HeadTooLong => "head_too_long",
             Self::TooManyLines => "too_many_lines",
             Self::Unparsable => "unparsable",
+        }
+    }
+}
+
+// Exhaustive, so that a reason the codec adds cannot be counted under another's label.
+impl From<recovea_http1::HandOver> for HandOver {
+    fn from(reason: recovea_http1::HandOver) -> Self {
+        use recovea_http1::HandOver as Codec;
+        match reason {
+            Codec::ChunkedBody => Self::ChunkedBody,
+            Codec::BodyTooLarge => Self::BodyTooLarge,
+            Codec::LargeBody => Self::LargeBody,
+            Codec::Expect => Self::Expect,
+            Codec::Upgrade => Self::Upgrade,
+            Codec::Http10 => Self::Http10,
+            Codec::HeadOrConnect => Self::HeadOrConnect,
+            Codec::Http2 => Self::Http2,
+            Codec::HeadTooLong => Self::HeadTooLong,
+            Codec::TooManyLines => Self::TooManyLines,
+            Codec::Unparsable => Self::Unparsable,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! HTTP/1.1 on the wire, without I/O: heads parsed into typed results, the rules both sides of the
 //! gateway hold messages to (exactly one `Host`, one `Content-Length`, no transfer coding but
-//! `chunked`), how a body is framed, and chunked bodies decoded and encoded.
+//! `chunked`), how a body is framed, chunked bodies decoded and encoded, and what to do with the
+//! request at the start of a client's buffer (`classify`).
 //!
 //! The gateway's client connections (a request head read in place, its header values sharing the
 //! read buffer) and its provider connections (a request head written, a response head and body
@@ -8,6 +9,7 @@
 //! here reads a clock or a socket: every function takes the bytes read so far, and gives the same
 //! answer however those bytes were cut.
 
+mod classify;
 mod error;
 mod framing;
 mod request;
@@ -15,6 +17,7 @@ mod response;
 
 use http::header::{HeaderMap, HeaderName};
 
+pub use classify::{Classified, HTTP2_PREFACE, HandOver, Limits, Refusal, WholeRequest, classify};
 pub use error::{ChunkError, Error, FramingError, HostError, RequestError};
 pub use framing::{ChunkState, Decoder, Framing, MAX_CHUNK_LINE_BYTES, chunk_size_line, content_length};
 pub use request::{

@@ -97,6 +97,17 @@ impl HeadLayout {
     pub fn headers(&self, head: &Bytes) -> Result<HeaderMap, Error> {
         header_map(head, &self.lines)
     }
+
+    /// The target's bytes in `head` (the bytes the layout was taken from, or a buffer that starts
+    /// with them), unchecked.
+    pub fn raw_target<'h>(&self, head: &'h [u8]) -> &'h [u8] {
+        &head[self.target.clone()]
+    }
+
+    /// The header lines' names in `head`, in order, unchecked.
+    pub fn names<'h>(&'h self, head: &'h [u8]) -> impl Iterator<Item = &'h [u8]> {
+        self.lines.iter().map(move |&[start, end, _, _]| &head[start..end])
+    }
 }
 
 /// The header lines at `spans` of `head`, their values sharing its bytes.

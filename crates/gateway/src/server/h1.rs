@@ -13,23 +13,26 @@
 //! head that does not parse or is long (hyper's `400` and `431`). A head that breaks the rules of
 //! [`recovea_http1::request_facts`] (its `Host`, its framing) is answered here and the connection
 //! closed: hyper would pass it on.
+//!
+//! Which of these a request is, [`recovea_http1::classify`] decides on the bytes read so far; this
+//! module reads them, times the body, builds the `http::Request`, and carries the decision out.
 
 use std::cell::RefCell;
 use std::future::{Future, poll_fn};
 use std::io::{self, IoSlice};
-use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header;
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::Full;
 use recovea_core::answer::WireShape;
 use recovea_http1::{
-    Error, Framing, RequestError, RequestHead, chunk_size_line, has_token, parse_request, response_head,
+    Classified, Framing, HeadLayout, Limits, Refusal, RequestError, WholeRequest, chunk_size_line, classify,
+    has_token, response_head,
 };
 use recovea_providers::headers::ANTHROPIC_VERSION;
 use recovea_upstream::{ResponseBody, Stall};
@@ -57,8 +60,6 @@ const BODY_GRACE: Duration = Duration::from_millis(5);
 const MAX_UNADMITTED_BODY: u64 = 64 << 10;
 /// The most of a pipelined next request read while an answer is still being written.
 const MAX_PIPELINED: usize = 64 << 10;
-/// How an HTTP/2 connection with prior knowledge opens: not a request line httparse reads.
-const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
 /// How long, and how much, of what a client sends after a refused head is read before its connection
 /// is closed.
 const LINGER: Duration = Duration::from_secs(1);
@@ -243,59 +244,21 @@ enum Parsed {
 }
 
 /// The request at the start of `buf`, taken off it once its head is whole and its body with it.
+/// What it is, `recovea_http1::classify` decides; here it is only built.
 fn parse(buf: &mut BytesMut, max_body: u64) -> Parsed {
-    if buf.is_empty() {
-        return Parsed::Partial;
-    }
-    let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-    let head = match parse_request(buf, &mut lines, MAX_HEAD_BYTES) {
-        Ok(Some(head)) => head,
-        Ok(None) => return Parsed::Partial,
-        Err(Error::HeadTooLong) => return Parsed::HandOver(HandOver::HeadTooLong),
-        Err(Error::Malformed(httparse::Error::TooManyHeaders)) => {
-            return Parsed::HandOver(HandOver::TooManyLines);
+    let limits = Limits { head_bytes: MAX_HEAD_BYTES, body: max_body, unadmitted_body: MAX_UNADMITTED_BODY };
+    let whole = match classify::<MAX_HEADERS>(buf, limits) {
+        Classified::Request(whole) => whole,
+        Classified::Partial => return Parsed::Partial,
+        Classified::AwaitingBody => return Parsed::AwaitingBody,
+        Classified::Refuse(Refusal { error, layout }) => {
+            return Parsed::Refuse(error, shape_of(buf, &layout));
         }
-        Err(_) if buf.starts_with(HTTP2_PREFACE) => return Parsed::HandOver(HandOver::Http2),
-        Err(_) => return Parsed::HandOver(HandOver::Unparsable),
+        Classified::HandOver(reason) => return Parsed::HandOver(reason.into()),
     };
-    if head.version != Version::HTTP_11 {
-        return Parsed::HandOver(HandOver::Http10);
-    }
-    let Ok(method) = Method::from_bytes(head.method.as_bytes()) else {
-        return Parsed::HandOver(HandOver::Unparsable);
-    };
-    if method == Method::HEAD || method == Method::CONNECT {
-        return Parsed::HandOver(HandOver::HeadOrConnect);
-    }
-    let facts = match head.facts() {
-        Ok(facts) => facts,
-        Err(error) => return Parsed::Refuse(error, shape_of(&head)),
-    };
-    let declared = match facts.framing {
-        Framing::Length(length) => length,
-        Framing::None | Framing::UntilClose => 0,
-        Framing::Chunked => return Parsed::HandOver(HandOver::ChunkedBody),
-    };
-    if facts.expect {
-        return Parsed::HandOver(HandOver::Expect);
-    }
-    if facts.upgrade {
-        return Parsed::HandOver(HandOver::Upgrade);
-    }
-    if declared > max_body {
-        return Parsed::HandOver(HandOver::BodyTooLarge);
-    }
-    if declared > MAX_UNADMITTED_BODY {
-        return Parsed::HandOver(HandOver::LargeBody);
-    }
-    let arrived = (buf.len() - head.length) as u64;
-    if arrived < declared {
-        return Parsed::AwaitingBody;
-    }
-    let (layout, length) = (head.layout(), head.length);
-    let head = buf.split_to(length).freeze();
-    // `declared` fits: it is at most `arrived`, a length in memory.
-    let body = buf.split_to(declared as usize).freeze();
+    let WholeRequest { method, layout, head, body, close } = whole;
+    let head = buf.split_to(head).freeze();
+    let body = buf.split_to(body.len()).freeze();
     let built = layout.target(&head).and_then(|uri| Ok((uri, layout.headers(&head)?)));
     let Ok((uri, headers)) = built else {
         // hyper answers what it cannot read: the request goes back in front of the rest.
@@ -311,15 +274,17 @@ fn parse(buf: &mut BytesMut, max_body: u64) -> Parsed {
     *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
-    Parsed::Request(request, facts.close)
+    Parsed::Request(request, close)
 }
 
-/// The envelope of the answer to a head refused after it was parsed: the one its path and
-/// `anthropic-version` ask for, as every other answer of the gateway's (`proxy::shape_of`).
-fn shape_of(head: &RequestHead<'_>) -> WireShape {
-    let anthropic = head.lines.iter().any(|line| line.name.eq_ignore_ascii_case(ANTHROPIC_VERSION.as_str()));
+/// The envelope of the answer to a head refused after it was parsed (`head`, laid out by
+/// `layout`): the one its path and `anthropic-version` ask for, as every other answer of the
+/// gateway's (`proxy::shape_of`).
+fn shape_of(head: &[u8], layout: &HeadLayout) -> WireShape {
+    let anthropic =
+        layout.names(head).any(|name| name.eq_ignore_ascii_case(ANTHROPIC_VERSION.as_str().as_bytes()));
     // An absolute-form target (`http://host/v1/messages`) names its path as hyper reads it.
-    let uri = http::Uri::try_from(head.target).ok();
+    let uri = http::Uri::try_from(layout.raw_target(head)).ok();
     WireShape::of_request(uri.as_ref().map_or("", http::Uri::path), anthropic)
 }
 
@@ -998,6 +963,19 @@ mod tests {
         client.send(b"POST /echo HTTP/1.1\r\nhost: h\r\ncontent-length: 11\r\n\r\nhel").await;
         let handed = ended(server).await.expect("handed over after a moment");
         assert_eq!(handed.reason, HandOver::TrailingBody);
+    }
+
+    /// `PRI * HTTP/2` does not parse before the preface is whole: the reason is the same however
+    /// the network cut it.
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_http2_preface_is_waited_for_whole() {
+        let Served { mut client, server, drain: _drain, .. } = connect().await;
+        client.send(b"PRI * HTTP/2").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.send(b".0\r\n\r\nSM\r\n\r\n").await;
+        let handed = ended(server).await.expect("handed over");
+        assert_eq!(handed.reason, HandOver::Http2);
+        assert_eq!(handed.read, &b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..]);
     }
 
     /// RFC 9112: one `Host`, one length, no coding but chunked. hyper would take these; here the
