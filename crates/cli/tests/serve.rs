@@ -437,7 +437,7 @@ fn every_flag_of_every_subcommand_names_its_environment_variable() {
         let flags: Vec<&String> =
             blocks.iter().filter(|b| !b.contains("--help") && !b.contains("--version")).collect();
         if args == ["serve"] {
-            assert_eq!(flags.len(), 39, "{help}");
+            assert_eq!(flags.len(), 42, "{help}");
         }
         for block in flags {
             assert!(block.contains("[env: RECOVEA_"), "{args:?}: {block}");
