@@ -455,12 +455,14 @@ def test_csv_export_matches_json(tenant, openai_client, anthropic_client, mock_p
     header, body = rows[0], rows[1:]
     # every receipt field, then the columns added since, in this order: `tags` (`key=value,...`; empty, and
     # absent from the JSON, without tags), the audio counts (0 and absent from the JSON without audio), and a
-    # deferred job's id and hold (empty, and absent, for other receipts)
-    later = ["tags", "audio_input_tokens", "cached_audio_input_tokens", "audio_output_tokens", "job_id", "held_usd"]
+    # deferred job's id and hold (empty, and absent, for other receipts), and who paid the provider (`managed` or
+    # `client`; empty for receipts written before it was recorded)
+    later = ["tags", "audio_input_tokens", "cached_audio_input_tokens", "audio_output_tokens", "job_id", "held_usd",
+             "provider_key"]
     assert set(header[:-len(later)]) == RECEIPT_FIELDS and header[-len(later):] == later, header
     assert len(body) == len(receipts), (len(body), len(receipts), r.text)
     absent = {"audio_input_tokens": "0", "cached_audio_input_tokens": "0", "audio_output_tokens": "0",
-              "job_id": "", "held_usd": ""}
+              "job_id": "", "held_usd": "", "provider_key": ""}
     for row, receipt in zip(body, receipts):  # same order: oldest first
         tags = ",".join(f"{k}={v}" for k, v in sorted(receipt.get("tags", {}).items()))
         expected = {k: _csv_value(receipt[k]) for k in header[:-len(later)]} | {"tags": tags}
