@@ -83,11 +83,11 @@ pub(crate) struct GatewayArgs {
     #[arg(long, env = "RECOVEA_REDIS_CA_FILE")]
     redis_ca_file: Option<std::path::PathBuf>,
     /// A client certificate (PEM) for a `rediss://` Redis that asks for one; with its key.
-    #[arg(long, env = "RECOVEA_REDIS_CLIENT_CERT", requires = "redis_client_key")]
-    redis_client_cert: Option<std::path::PathBuf>,
+    #[arg(long, env = "RECOVEA_REDIS_CERT_FILE", requires = "redis_key_file")]
+    redis_cert_file: Option<std::path::PathBuf>,
     /// The private key (PEM) of the Redis client certificate.
-    #[arg(long, env = "RECOVEA_REDIS_CLIENT_KEY", requires = "redis_client_cert")]
-    redis_client_key: Option<std::path::PathBuf>,
+    #[arg(long, env = "RECOVEA_REDIS_KEY_FILE", requires = "redis_cert_file")]
+    redis_key_file: Option<std::path::PathBuf>,
     /// Where fail-open alarms are POSTed (JSON), besides the error log.
     #[arg(long, env = "RECOVEA_ALARM_WEBHOOK")]
     alarm_webhook: Option<String>,
@@ -224,8 +224,8 @@ impl GatewayArgs {
     pub(crate) fn redis(&self) -> Result<Option<(String, RedisTls)>, String> {
         let Some(url) = &self.redis_url else { return Ok(None) };
         let ca = read_file("--redis-ca-file", self.redis_ca_file.as_deref())?;
-        let cert = read_file("--redis-client-cert", self.redis_client_cert.as_deref())?;
-        let key = read_file("--redis-client-key", self.redis_client_key.as_deref())?;
+        let cert = read_file("--redis-cert-file", self.redis_cert_file.as_deref())?;
+        let key = read_file("--redis-key-file", self.redis_key_file.as_deref())?;
         let client = cert.zip(key);
         Ok(Some((url.clone(), RedisTls { ca, client })))
     }

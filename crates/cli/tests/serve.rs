@@ -318,7 +318,7 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     let dir = temp_dir("bad-flags");
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
     std::fs::write(dir.join("admin-token"), "\n").expect("an empty token file");
-    let cases: [Case<'_>; 14] = [
+    let cases: [Case<'_>; 16] = [
         (&[], &[], "admin-token is empty"),
         // Bearer tokens an operator sets are long enough that guessing is out of reach.
         (&["--admin-token", "guessable-token"], &[], "--admin-token: must be at least 32 characters, not 15"),
@@ -328,6 +328,24 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
             "RECOVEA_ADMIN_TOKEN (the environment variable of --admin-token): must be at least 32 characters, not 31",
         ),
         (&["--metrics-token", "scrape"], &[], "--metrics-token: must be at least 32 characters, not 6"),
+        // Redis's TLS settings, named as the contract names them.
+        (
+            &[
+                "--admin-token",
+                TOKEN,
+                "--redis-url",
+                "rediss://127.0.0.1:1/0",
+                "--redis-ca-file",
+                "/no/such/ca.pem",
+            ],
+            &[],
+            "--redis-ca-file: cannot read /no/such/ca.pem",
+        ),
+        (
+            &["--redis-url", "rediss://127.0.0.1:1/0", "--redis-cert-file", "/no/such/cert.pem"],
+            &[],
+            "--redis-key-file",
+        ),
         (&["--master-key", "zz"], &[], "--master-key"),
         (&["--openai-base-url", "ftp://x"], &[], "--openai-base-url"),
         (&["--listen", "not-an-address"], &[], "--listen"),

@@ -34,6 +34,12 @@ impl RedisTls {
 /// A client for the Redis at `url`, not yet connected.
 pub(crate) fn client(url: &str, tls: &RedisTls) -> Result<Client, CounterError> {
     let refused = |e: redis::RedisError| CounterError::Config(format!("the Redis URL: {e}"));
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    if scheme.ends_with("+cluster") || scheme.ends_with("+sentinel") {
+        return Err(CounterError::Config(format!(
+            "{scheme}:// is not supported yet: give the primary's redis:// or rediss:// URL"
+        )));
+    }
     if tls.is_default() {
         if url.starts_with("rediss://") {
             use_ring();
@@ -73,6 +79,12 @@ mod tests {
             let refused = client(url, &RedisTls::default()).expect_err("refused").to_string();
             assert!(!refused.contains("s3cret-pw"), "{refused}");
         }
+        let cluster = client("redis+cluster://user:s3cret-pw@a:7000,b:7001", &RedisTls::default());
+        let refused = cluster.expect_err("refused").to_string();
+        assert!(
+            refused.contains("redis+cluster:// is not supported yet") && !refused.contains("s3cret-pw"),
+            "{refused}"
+        );
         let tls = RedisTls { ca: Some(b"pem".to_vec()), client: None };
         let refused = client("redis://user:s3cret-pw@host:6379/0", &tls).expect_err("refused").to_string();
         assert!(refused.contains("rediss:// URL only") && !refused.contains("s3cret-pw"), "{refused}");
