@@ -69,7 +69,7 @@ def test_every_flag_and_variable_set_exists(overlay: str) -> None:
     for doc, container in containers(render(KUBERNETES / "overlays" / overlay)):
         subcommand, *flags = container["args"]
         known = help_of(subcommand)
-        variables = set(re.findall(r"env: (RECOVEA_[A-Z0-9_]+)", known))
+        variables = set(re.findall(r"env:\s+(RECOVEA_[A-Z0-9_]+)", known))
         for env in container.get("env", []):
             assert env["name"] in variables, f"{doc['kind']}/{doc['metadata']['name']}: {env['name']}"
             seen += 1
