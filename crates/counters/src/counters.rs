@@ -1113,13 +1113,12 @@ mod deadline_tests {
 
 #[cfg(test)]
 mod tests {
-    use std::future::Future;
-    use std::pin::Pin;
     use std::time::Duration;
 
     use super::*;
+    use crate::fakes::{AnswerLost, Unreachable};
     use crate::in_process::InProcess;
-    use crate::shared::{Counted, StoreOptions, SyncRead};
+    use crate::shared::{Counted, StoreOptions};
     use crate::sync_loop::sync_loop_with_clock;
 
     const NOW: Timestamp = Timestamp(1_000_000);
@@ -1153,58 +1152,6 @@ mod tests {
 
     fn at(ms: i64) -> Timestamp {
         Timestamp(NOW.0 + ms)
-    }
-
-    /// A store that cannot be reached.
-    struct Down;
-
-    impl SharedCounters for Down {
-        fn sync<'a>(
-            &'a self,
-            _: &'a str,
-            _: &'a SyncPush,
-            _: Timestamp,
-        ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
-            Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
-        }
-
-        fn reserve_at_line<'a>(
-            &'a self,
-            _: &'a str,
-            _: &'a LineAsk,
-            _: Timestamp,
-        ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
-            Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
-        }
-    }
-
-    /// A store that applies the push, then loses the answer (the worst ambiguous failure).
-    struct LosesAnswer<'s>(&'s InProcess);
-
-    impl SharedCounters for LosesAnswer<'static> {
-        fn sync<'a>(
-            &'a self,
-            node_id: &'a str,
-            push: &'a SyncPush,
-            now: Timestamp,
-        ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
-            Box::pin(async move {
-                self.0.sync(node_id, push, now).await?;
-                Err(CounterError::Timeout)
-            })
-        }
-
-        fn reserve_at_line<'a>(
-            &'a self,
-            node_id: &'a str,
-            ask: &'a LineAsk,
-            now: Timestamp,
-        ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
-            Box::pin(async move {
-                self.0.reserve_at_line(node_id, ask, now).await?;
-                Err(CounterError::Timeout)
-            })
-        }
     }
 
     #[test]
@@ -1354,13 +1301,13 @@ mod tests {
         let counters = Counters::new("a");
         let w = window("x");
         counters.add(std::slice::from_ref(&w), Nanos(5), NOW);
-        assert!(counters.sync_with(&Down, NOW).await.is_err());
+        assert!(counters.sync_with(&Unreachable, NOW).await.is_err());
         assert_eq!(counters.confirmed_at(), None);
         counters.sync_with(&store, at(1_000)).await.expect("sync");
         assert_eq!(counters.confirmed_at(), Some(at(1_000)));
         assert_eq!(spend(&counters, &w).confirmed_at, Some(at(1_000)));
         counters.add(std::slice::from_ref(&w), Nanos(3), NOW);
-        assert!(counters.sync_with(&Down, at(2_000)).await.is_err());
+        assert!(counters.sync_with(&Unreachable, at(2_000)).await.is_err());
         assert_eq!(counters.confirmed_at(), Some(at(1_000)));
         assert_eq!(spend(&counters, &w).spent, Nanos(8), "pending spend still counts on this node");
     }
@@ -1371,10 +1318,10 @@ mod tests {
         let (a, b) = (Counters::new("a"), Counters::new("b"));
         let w = window("x");
         a.add(std::slice::from_ref(&w), Nanos(5), NOW);
-        assert!(a.sync_with(&Down, NOW).await.is_err());
-        assert!(a.sync_with(&LosesAnswer(store), at(1)).await.is_err(), "applied, answer lost");
+        assert!(a.sync_with(&Unreachable, NOW).await.is_err());
+        assert!(a.sync_with(&AnswerLost(store), at(1)).await.is_err(), "applied, answer lost");
         a.add(std::slice::from_ref(&w), Nanos(3), NOW);
-        assert!(a.sync_with(&LosesAnswer(store), at(2)).await.is_err(), "applied again, answer lost");
+        assert!(a.sync_with(&AnswerLost(store), at(2)).await.is_err(), "applied again, answer lost");
         assert_eq!(spend(&a, &w).spent, Nanos(8));
         a.sync_with(store, at(3)).await.expect("sync");
         a.sync_with(store, at(4)).await.expect("sync");
@@ -1431,19 +1378,19 @@ mod tests {
         let counters = Counters::new("a");
         let w = CapWindow { cap: cap("x"), start: Timestamp(0), end: at(100) };
         counters.add(std::slice::from_ref(&w), Nanos(5), NOW);
-        assert!(counters.sync_with(&Down, at(500)).await.is_err());
+        assert!(counters.sync_with(&Unreachable, at(500)).await.is_err());
         assert_eq!(counters.tracked(), 1);
         let held = counters.reserve(&soft(&[window("y")]), Nanos(1), NOW);
         for _ in 0..=3600 {
-            assert!(counters.sync_with(&Down, at(600)).await.is_err());
+            assert!(counters.sync_with(&Unreachable, at(600)).await.is_err());
         }
         assert_eq!(counters.tracked(), 2, "a live reservation keeps an idle window");
         drop(held);
-        assert!(counters.sync_with(&Down, at(700)).await.is_err());
+        assert!(counters.sync_with(&Unreachable, at(700)).await.is_err());
         assert_eq!(counters.tracked(), 2, "idle and clean, but not ended: kept, or it would read as zero");
-        assert!(counters.sync_with(&Down, Timestamp(10_000_000)).await.is_err());
+        assert!(counters.sync_with(&Unreachable, Timestamp(10_000_000)).await.is_err());
         assert_eq!(counters.tracked(), 1, "clean and ended: forgotten");
-        assert!(counters.sync_with(&Down, at(ABANDON_AFTER_END_MS + 100)).await.is_err());
+        assert!(counters.sync_with(&Unreachable, at(ABANDON_AFTER_END_MS + 100)).await.is_err());
         assert_eq!(counters.tracked(), 0, "abandoned a day after its end");
     }
 
@@ -1601,7 +1548,7 @@ mod tests {
     #[tokio::test]
     async fn a_store_that_does_not_answer_leaves_the_decision_to_the_view_and_its_record_is_removed() {
         let store: &'static InProcess = Box::leak(Box::new(InProcess::default()));
-        let lossy: Arc<dyn SharedCounters> = Arc::new(LosesAnswer(store));
+        let lossy: Arc<dyn SharedCounters> = Arc::new(AnswerLost(store));
         let a = Counters::shared("a", lossy);
         let w = window("x");
         seeded(store, &w).await;

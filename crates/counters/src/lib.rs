@@ -8,6 +8,8 @@
 //! [`SpendView`]: recovea_core::caps::SpendView
 
 mod counters;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fakes;
 mod in_process;
 mod rate_share;
 mod rebuild;

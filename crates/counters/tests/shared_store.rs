@@ -3,8 +3,6 @@
 //! Redis must be running: these tests fail, never skip, without it. Each test uses its own random
 //! key prefix and deletes its keys when done.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -14,9 +12,11 @@ use recovea_core::ids::CapId;
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::{
-    CapWindow, Counted, CounterError, Counters, Covered, InProcess, LineAsk, Rebuilt, Redis, STORE_REFILL,
-    SharedCounters, StoreOptions, SyncPush, SyncRead, Unseeded, WindowPush,
+    CapWindow, Counted, Counters, Covered, InProcess, Rebuilt, Redis, STORE_REFILL, SharedCounters,
+    StoreOptions, SyncPush, SyncRead, Unseeded, WindowPush,
 };
+
+use recovea_counters::fakes::{AnswerLost, Unreachable};
 
 #[path = "support/test_redis.rs"]
 mod test_redis;
@@ -87,58 +87,6 @@ impl Store {
         let mut connection = redis.client.get_multiplexed_async_connection().await.expect("connect");
         let [total, _, _] = store.window_keys(&w.cap, w.start);
         redis::cmd("HGET").arg(total).arg("total").query_async(&mut connection).await.expect("HGET")
-    }
-}
-
-/// Fails before anything reaches the store.
-struct Unreachable;
-
-impl SharedCounters for Unreachable {
-    fn sync<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a SyncPush,
-        _: Timestamp,
-    ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
-        Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
-    }
-
-    fn reserve_at_line<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a LineAsk,
-        _: Timestamp,
-    ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
-        Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
-    }
-}
-
-/// The store applies the push, then the answer is lost: the retry cannot know it was applied.
-struct AnswerLost(Arc<dyn SharedCounters>);
-
-impl SharedCounters for AnswerLost {
-    fn sync<'a>(
-        &'a self,
-        node_id: &'a str,
-        push: &'a SyncPush,
-        now: Timestamp,
-    ) -> Pin<Box<dyn Future<Output = Result<SyncRead, CounterError>> + Send + 'a>> {
-        Box::pin(async move {
-            self.0.sync(node_id, push, now).await.expect("the store applies the push");
-            Err(CounterError::Timeout)
-        })
-    }
-
-    fn reserve_at_line<'a>(
-        &'a self,
-        node_id: &'a str,
-        ask: &'a LineAsk,
-        now: Timestamp,
-    ) -> Pin<Box<dyn Future<Output = Result<LineAnswer, CounterError>> + Send + 'a>> {
-        Box::pin(async move {
-            self.0.reserve_at_line(node_id, ask, now).await.expect("the store answers");
-            Err(CounterError::Timeout)
-        })
     }
 }
 

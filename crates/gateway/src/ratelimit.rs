@@ -244,7 +244,6 @@ fn to_ms(wait_us: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use std::pin::Pin;
     use std::sync::Arc;
 
     use recovea_counters::InProcessRateShare;
@@ -342,18 +341,6 @@ mod tests {
         assert_eq!(admitted(&b, &key, TEN_A_MINUTE, 10), 3, "b still holds its 2 and a's 5");
     }
 
-    /// A store that cannot be reached.
-    struct Down;
-
-    impl RateShare for Down {
-        fn exchange<'a>(
-            &'a self,
-            _: &'a [(KeyId, RateUsage)],
-        ) -> Pin<Box<dyn Future<Output = Result<Vec<RateTotals>, CounterError>> + Send + 'a>> {
-            Box::pin(std::future::ready(Err(CounterError::Unavailable("connection refused".to_owned()))))
-        }
-    }
-
     #[test]
     fn a_store_down_leaves_each_node_enforcing_the_limit_alone() {
         let (store, a, b) = (store(), RateLimiter::default(), RateLimiter::default());
@@ -361,7 +348,8 @@ mod tests {
         assert_eq!(admitted(&b, &key, TEN_A_MINUTE, 1), 1);
         sync(&b, store.as_ref());
         assert_eq!(admitted(&a, &key, TEN_A_MINUTE, 4), 4);
-        let failed = futures_util::FutureExt::now_or_never(a.sync(&Down)).expect("at once");
+        let failed = futures_util::FutureExt::now_or_never(a.sync(&recovea_counters::fakes::Unreachable))
+            .expect("at once");
         assert!(matches!(failed, Err(CounterError::Unavailable(_))), "{failed:?}");
         assert_eq!(admitted(&a, &key, TEN_A_MINUTE, 20), 6, "a goes on deciding alone");
         // Back: what a admitted while the store was down is not pushed in one late lump, only
