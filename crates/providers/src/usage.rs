@@ -1,6 +1,7 @@
 //! Token usage read from a provider's answer as it passes, and estimated when it carries none.
 
 pub(crate) mod input;
+mod lenient;
 mod quick;
 mod wire;
 
@@ -12,10 +13,11 @@ use recovea_core::snapshot::ProviderKind;
 use recovea_core::usage::Usage;
 
 use crate::sse::{SseEvent, SseReader};
+use lenient::StrOrNothing;
 use quick::CompletionRead;
 use wire::{
     AnthropicEvent, AnthropicMessage, AnthropicUsage, GeminiGrounding, GeminiResponse, ImagesAnswer,
-    OpenAiCompletion, OpenAiEmbeddings, OutputChars, Response, ResponsesEvent, SpeechEvent, StrOrNothing,
+    OpenAiCompletion, OpenAiEmbeddings, OutputChars, Response, ResponsesEvent, SpeechEvent,
     TranscriptionAnswer,
 };
 

@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use recovea_core::pricing::ServiceTier;
 use recovea_core::usage::Usage;
 
-use super::wire::StrOrNothing;
+use super::lenient::StrOrNothing;
 use crate::walk::{Seen, Walk};
 
 /// What one completion tells.
