@@ -61,12 +61,10 @@ impl BodyBudget {
 
     fn pool(&self, tenant: Option<&OrgId>) -> Arc<Semaphore> {
         let mut tenants = self.tenants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(pool) = tenants.get(&tenant.cloned()) {
-            return Arc::clone(pool);
-        }
-        let pool = Arc::new(Semaphore::new(self.share_units as usize));
-        tenants.insert(tenant.cloned(), Arc::clone(&pool));
-        pool
+        let pool = tenants
+            .entry(tenant.cloned())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.share_units as usize)));
+        Arc::clone(pool)
     }
 }
 
