@@ -161,11 +161,14 @@ async fn seed_current_windows(counters: &Arc<Counters>, sources: &SpendSources) 
         for org in store.list_orgs().map_err(|e| e.to_string())? {
             for record in store.caps(&org.id).map_err(|e| e.to_string())? {
                 let window = CapWindow {
+                    org: org.id.clone(),
                     cap: record.cap.id.clone(),
                     start: record.cap.window.start(now),
                     end: record.cap.window.end(now),
                 };
-                if let Some(rebuilt) = rebuild_window(&sources, &window, &[]).map_err(|e| e.to_string())? {
+                if let Some(rebuilt) =
+                    rebuild_window(&sources, &window.cap, window.span(), &[]).map_err(|e| e.to_string())?
+                {
                     counters.seed(&Unseeded::fresh(window), rebuilt);
                 }
             }

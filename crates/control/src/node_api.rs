@@ -14,7 +14,7 @@ use recovea_core::keys;
 use recovea_core::node_access::{is_credential_token, key_to_look_up, may_deliver};
 use recovea_core::receipt::SerializedReceipt;
 use recovea_core::timestamp::Timestamp;
-use recovea_counters::{CapWindow, Counted};
+use recovea_counters::Counted;
 use recovea_store::{NodeRecord, PresentedCredential};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -145,15 +145,15 @@ impl Control {
                 for mut window in query.windows {
                     let cap = CapId::parse(&window.cap_id)
                         .ok_or_else(|| ApiError::BadRequest("windows: cap_id".into()))?;
-                    let wanted =
-                        CapWindow { cap, start: Timestamp(window.start_ms), end: Timestamp(window.end_ms) };
+                    let span = (Timestamp(window.start_ms), Timestamp(window.end_ms));
                     let counted: Vec<Counted> = window
                         .counted
                         .iter()
                         .map(|c| Counted { node_id: c.node_id.clone(), since: Timestamp(c.since_ms) })
                         .collect();
                     let sources = self.spend_sources();
-                    let total = self.off_thread(move || rebuild_window(&sources, &wanted, &counted)).await?;
+                    let total =
+                        self.off_thread(move || rebuild_window(&sources, &cap, span, &counted)).await?;
                     window.total_nanos = total.map(|t| t.total.0);
                     window.last_start_ms = total.and_then(|t| t.last_start).map(|at| at.0);
                     answered.push(window);

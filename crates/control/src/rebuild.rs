@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use recovea_counters::{CapWindow, Counted, Rebuilt, SpendSource, Unseeded, WindowSpendFuture};
+use recovea_core::ids::CapId;
+use recovea_core::timestamp::Timestamp;
+use recovea_counters::{Counted, Rebuilt, SpendSource, Unseeded, WindowSpendFuture};
 use recovea_store::{ControlStore, JobStore, ReceiptLedger};
 
 /// Where a window's spend is rebuilt from.
@@ -24,17 +26,18 @@ pub struct SpendSources {
 /// writers hold them). `None`: the cap no longer exists.
 pub fn rebuild_window(
     sources: &SpendSources,
-    window: &CapWindow,
+    cap: &CapId,
+    (start, end): (Timestamp, Timestamp),
     counted: &[Counted],
 ) -> recovea_store::Result<Option<Rebuilt>> {
-    let Some(record) = sources.store.cap(&window.cap)? else { return Ok(None) };
+    let Some(record) = sources.store.cap(cap)? else { return Ok(None) };
     let cap = record.cap;
     let (org, key) = (&cap.org_id, cap.key_id.as_ref());
     let counted: Vec<(&str, recovea_core::Timestamp)> =
         counted.iter().map(|c| (c.node_id.as_str(), c.since)).collect();
     let read = match &sources.jobs {
-        Some(jobs) => jobs.counted_spend(org, key, window.start, window.end, &counted)?,
-        None => sources.ledger.spend_uncounted(org, key, window.start, window.end, &counted)?,
+        Some(jobs) => jobs.counted_spend(org, key, start, end, &counted)?,
+        None => sources.ledger.spend_uncounted(org, key, start, end, &counted)?,
     };
     Ok(Some(Rebuilt { total: read.spend, last_start: read.last_start }))
 }
@@ -62,7 +65,7 @@ impl SpendSource for LedgerSpend {
             for unseeded in windows {
                 let (sources, unseeded) = (self.sources.clone(), unseeded.clone());
                 let window = crate::bounded::off_thread(self.limit, move || {
-                    rebuild_window(&sources, &unseeded.window, &unseeded.counted)
+                    rebuild_window(&sources, &unseeded.window.cap, unseeded.window.span(), &unseeded.counted)
                 })
                 .await
                 .map_err(|e| e.to_string())?;
@@ -77,8 +80,6 @@ impl SpendSource for LedgerSpend {
 mod tests {
     use super::*;
     use crate::bounded::frozen::FrozenStore;
-    use recovea_core::ids::CapId;
-    use recovea_core::timestamp::Timestamp;
     use recovea_counters::CapWindow;
     use recovea_store::SqliteStore;
 
@@ -91,8 +92,12 @@ mod tests {
         let sources = SpendSources { store: store.clone(), ledger: sqlite, jobs: None };
         let limit = Duration::from_millis(100);
         let spend = LedgerSpend::new(sources, limit);
-        let window =
-            CapWindow { cap: CapId::parse("cap_a").expect("id"), start: Timestamp(0), end: Timestamp(1) };
+        let window = CapWindow {
+            org: recovea_core::ids::OrgId::parse("org_a").expect("id"),
+            cap: CapId::parse("cap_a").expect("id"),
+            start: Timestamp(0),
+            end: Timestamp(1),
+        };
         let windows = [Unseeded { window, counted: Vec::new(), incarnation: 0 }];
 
         let thaw = store.freeze();

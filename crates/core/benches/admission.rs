@@ -134,7 +134,7 @@ fn admit_unknown_key(bencher: Bencher) {
 struct Fresh;
 
 impl SpendView for Fresh {
-    fn spend(&self, _cap: &CapId, _window_start: Timestamp) -> CapSpend {
+    fn spend(&self, _org: &OrgId, _cap: &CapId, _window_start: Timestamp) -> CapSpend {
         CapSpend { spent: Nanos(0), reserved: Nanos(0), confirmed_at: Some(NOW) }
     }
 }

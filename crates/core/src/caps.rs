@@ -76,7 +76,9 @@ pub struct CapSpend {
 
 /// The spend a decision reads: implemented by the node's counters.
 pub trait SpendView {
-    fn spend(&self, cap: &CapId, window_start: Timestamp) -> CapSpend;
+    /// The spend of `cap`'s window starting at `window_start`; `org` is the cap's organization
+    /// (a shared store keeps an organization's windows together).
+    fn spend(&self, org: &OrgId, cap: &CapId, window_start: Timestamp) -> CapSpend;
 }
 
 /// The refusal of one armed cap.
@@ -203,7 +205,7 @@ pub fn check_caps_counting<'c>(
     let mut unverifiable = None;
     for cap in caps.into_iter().filter(|cap| cap.hard_stop && cap.covers(org, key)) {
         let (scope, window) = (cap.scope, cap.window);
-        let spend = view.spend(&cap.id, window.start(now));
+        let spend = view.spend(&cap.org_id, &cap.id, window.start(now));
         let fresh = spend.confirmed_at.is_some_and(|at| now.0.saturating_sub(at.0) <= max_age_ms);
         let committed = match counting {
             Counting::Exact => spend.spent.saturating_add(spend.reserved),
@@ -308,7 +310,7 @@ pub fn check_fit<'c>(
     counting: Counting,
 ) -> Result<(), CapRefusal> {
     for cap in caps.into_iter().filter(|cap| cap.hard_stop && cap.covers(org, key)) {
-        let spend = view.spend(&cap.id, cap.window.start(now));
+        let spend = view.spend(&cap.org_id, &cap.id, cap.window.start(now));
         let committed = match counting {
             Counting::Exact => spend.spent.saturating_add(spend.reserved),
             Counting::Shared => spend.spent,
@@ -458,7 +460,7 @@ mod tests {
     }
 
     impl SpendView for View {
-        fn spend(&self, cap: &CapId, window_start: Timestamp) -> CapSpend {
+        fn spend(&self, _: &OrgId, cap: &CapId, window_start: Timestamp) -> CapSpend {
             self.reads.borrow_mut().push((cap.clone(), window_start));
             self.spend.get(&(cap.clone(), window_start)).copied().unwrap_or_default()
         }
@@ -813,7 +815,7 @@ mod tests {
     struct Fixed(CapSpend);
 
     impl SpendView for Fixed {
-        fn spend(&self, _: &CapId, _: Timestamp) -> CapSpend {
+        fn spend(&self, _: &OrgId, _: &CapId, _: Timestamp) -> CapSpend {
             self.0
         }
     }

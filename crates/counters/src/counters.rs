@@ -22,7 +22,7 @@ use foldhash::HashMap;
 use recovea_core::caps::{
     CapSpend, Counting, LineAnswer, LineCheck, SpendView, line_check, spare_ceiling, spare_wanted,
 };
-use recovea_core::ids::CapId;
+use recovea_core::ids::{CapId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 use tokio::sync::{Notify, watch};
@@ -86,9 +86,19 @@ fn asked_again_for(answer: LineAnswer, deadline: Duration) -> Duration {
 /// One cap's window, as the gateway names it for a request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CapWindow {
+    /// The cap's organization: a shared store keeps an organization's windows together, so that
+    /// one request's caps are checked in one step.
+    pub org: OrgId,
     pub cap: CapId,
     pub start: Timestamp,
     pub end: Timestamp,
+}
+
+impl CapWindow {
+    /// When the window starts and ends.
+    pub fn span(&self) -> (Timestamp, Timestamp) {
+        (self.start, self.end)
+    }
 }
 
 /// What one successful sync did.
@@ -162,6 +172,7 @@ pub fn line_deadline(round_trip: Duration) -> Duration {
 
 struct Entry {
     id: u64,
+    org: OrgId,
     cap: CapId,
     start: Timestamp,
     last_used: AtomicU64,
@@ -409,6 +420,7 @@ impl Counters {
             .map(|(entry, _)| {
                 let s = entry.state();
                 LineWindow {
+                    org: entry.org.clone(),
                     cap: entry.cap.clone(),
                     start: entry.start,
                     end: s.end.unwrap_or(entry.start),
@@ -693,7 +705,12 @@ impl Counters {
             s.missing = !read.seeded && s.seed.is_none() && s.end.is_some();
             if let (true, Some(end), false) = (s.missing, s.end, refilling) {
                 missing.push(Unseeded {
-                    window: CapWindow { cap: entry.cap.clone(), start: entry.start, end },
+                    window: CapWindow {
+                        org: entry.org.clone(),
+                        cap: entry.cap.clone(),
+                        start: entry.start,
+                        end,
+                    },
                     counted: read.counted,
                     incarnation: read.incarnation,
                 });
@@ -780,7 +797,7 @@ impl Counters {
         for w in windows {
             let entry = map.entry((w.cap.clone(), w.start)).or_insert_with(|| {
                 created = true;
-                self.new_entry(&w.cap, w.start)
+                self.new_entry(&w.org, &w.cap, w.start)
             });
             apply(entry, w);
         }
@@ -791,9 +808,10 @@ impl Counters {
         touched
     }
 
-    fn new_entry(&self, cap: &CapId, start: Timestamp) -> Arc<Entry> {
+    fn new_entry(&self, org: &OrgId, cap: &CapId, start: Timestamp) -> Arc<Entry> {
         Arc::new(Entry {
             id: self.next_entry.fetch_add(1, Ordering::Relaxed),
+            org: org.clone(),
             cap: cap.clone(),
             start,
             last_used: AtomicU64::new(self.syncs.load(Ordering::Relaxed)),
@@ -858,6 +876,7 @@ impl Entry {
             }
         };
         WindowPush {
+            org: self.org.clone(),
             cap: self.cap.clone(),
             start: self.start,
             end: s.end,
@@ -933,7 +952,7 @@ impl SpendView for Counters {
     /// live reservations plus the other nodes' as last read; `confirmed_at`: the last successful
     /// sync. A window seen for the first time reads as zero until the next sync, which it
     /// triggers at once.
-    fn spend(&self, cap: &CapId, window_start: Timestamp) -> CapSpend {
+    fn spend(&self, org: &OrgId, cap: &CapId, window_start: Timestamp) -> CapSpend {
         let confirmed_at = self.confirmed_at();
         let key = (cap.clone(), window_start);
         let entry = self.read_map().get(&key).cloned();
@@ -941,7 +960,8 @@ impl SpendView for Counters {
             Some(entry) => entry,
             None => {
                 let mut map = self.write_map();
-                let entry = Arc::clone(map.entry(key).or_insert_with(|| self.new_entry(cap, window_start)));
+                let entry =
+                    Arc::clone(map.entry(key).or_insert_with(|| self.new_entry(org, cap, window_start)));
                 drop(map);
                 self.sync_soon();
                 entry
@@ -1127,8 +1147,12 @@ mod tests {
         CapId::parse(&format!("cap_{name}")).expect("cap id")
     }
 
+    fn org() -> OrgId {
+        OrgId::parse("org_counted").expect("org id")
+    }
+
     fn window(name: &str) -> CapWindow {
-        CapWindow { cap: cap(name), start: Timestamp(0), end: Timestamp(10_000_000) }
+        CapWindow { org: org(), cap: cap(name), start: Timestamp(0), end: Timestamp(10_000_000) }
     }
 
     /// Seeds a window no writer counted in yet.
@@ -1147,7 +1171,7 @@ mod tests {
     }
 
     fn spend(counters: &Counters, w: &CapWindow) -> CapSpend {
-        counters.spend(&w.cap, w.start)
+        counters.spend(&w.org, &w.cap, w.start)
     }
 
     fn at(ms: i64) -> Timestamp {
@@ -1361,7 +1385,7 @@ mod tests {
     async fn ended_windows_are_forgotten_and_a_late_receipt_counts_once() {
         let store = InProcess::default();
         let (a, b) = (Counters::new("a"), Counters::new("b"));
-        let w = CapWindow { cap: cap("x"), start: Timestamp(0), end: at(100) };
+        let w = CapWindow { org: org(), cap: cap("x"), start: Timestamp(0), end: at(100) };
         a.add(std::slice::from_ref(&w), Nanos(5), NOW);
         a.sync_with(&store, NOW).await.expect("sync");
         a.sync_with(&store, at(100)).await.expect("sync after the end");
@@ -1376,7 +1400,7 @@ mod tests {
     #[tokio::test]
     async fn unconfirmed_windows_are_kept_until_acknowledged() {
         let counters = Counters::new("a");
-        let w = CapWindow { cap: cap("x"), start: Timestamp(0), end: at(100) };
+        let w = CapWindow { org: org(), cap: cap("x"), start: Timestamp(0), end: at(100) };
         counters.add(std::slice::from_ref(&w), Nanos(5), NOW);
         assert!(counters.sync_with(&Unreachable, at(500)).await.is_err());
         assert_eq!(counters.tracked(), 1);

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use recovea_core::caps::LineAnswer;
-use recovea_core::ids::CapId;
+use recovea_core::ids::{CapId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 
@@ -29,6 +29,8 @@ pub struct SyncPush {
 /// One window of a [`SyncPush`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowPush {
+    /// The cap's organization (see [`crate::CapWindow::org`]).
+    pub org: OrgId,
     pub cap: CapId,
     pub start: Timestamp,
     /// `None`: the node has only read this window and knows no end yet; the store writes nothing
@@ -185,6 +187,8 @@ pub struct LineAsk {
 /// One window of a [`LineAsk`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LineWindow {
+    /// The cap's organization (see [`crate::CapWindow::org`]).
+    pub org: OrgId,
     pub cap: CapId,
     pub start: Timestamp,
     pub end: Timestamp,

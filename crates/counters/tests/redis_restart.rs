@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use recovea_core::caps::SpendView;
-use recovea_core::ids::CapId;
+use recovea_core::ids::{CapId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::{CapWindow, Counted, Counters, Rebuilt, Redis, STORE_REFILL, StoreOptions, Unseeded};
@@ -56,6 +56,10 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
+fn org() -> OrgId {
+    OrgId::parse("org_restart").expect("org id")
+}
+
 fn wall() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
@@ -70,8 +74,12 @@ async fn a_restarted_redis_is_a_flush_and_pending_increments_count_once() {
     let (a, b) = (Counters::new("node-a"), Counters::new("node-b"));
     let now = wall();
     let cap = CapId::parse("cap_restart").expect("cap id");
-    let w =
-        CapWindow { cap: cap.clone(), start: Timestamp(now.0 - 60_000), end: Timestamp(now.0 + 3_600_000) };
+    let w = CapWindow {
+        org: org(),
+        cap: cap.clone(),
+        start: Timestamp(now.0 - 60_000),
+        end: Timestamp(now.0 + 3_600_000),
+    };
 
     // Rebuilt from the ledger (100, none of it this node's), then spend on top.
     a.seed(
@@ -90,7 +98,7 @@ async fn a_restarted_redis_is_a_flush_and_pending_increments_count_once() {
     for later in [1_000, 2_000] {
         assert!(a.sync_with(&store, Timestamp(now.0 + later)).await.is_err(), "redis is down");
         assert_eq!(a.confirmed_at(), Some(now), "confirmation stops advancing");
-        let spend = a.spend(&cap, w.start);
+        let spend = a.spend(&w.org, &cap, w.start);
         assert_eq!(
             (spend.spent, spend.confirmed_at),
             (Nanos(108), Some(now)),
@@ -105,7 +113,7 @@ async fn a_restarted_redis_is_a_flush_and_pending_increments_count_once() {
         outcome.missing.is_empty(),
         "the store lost its data: no window is rebuilt before every node has pushed again"
     );
-    assert_eq!(a.spend(&cap, w.start).spent, Nanos(108), "the view does not drop to the store's 8");
+    assert_eq!(a.spend(&w.org, &cap, w.start).spent, Nanos(108), "the view does not drop to the store's 8");
     tokio::time::sleep(STORE_REFILL).await;
     let outcome = a.sync_with(&store, recovered).await.expect("sync");
     let [lost] = &outcome.missing[..] else {
@@ -119,7 +127,7 @@ async fn a_restarted_redis_is_a_flush_and_pending_increments_count_once() {
     );
     assert_eq!(a.missing(), vec![lost.clone()]);
     assert_eq!(a.confirmed_at(), Some(recovered));
-    assert_eq!(a.spend(&cap, w.start).spent, Nanos(108));
+    assert_eq!(a.spend(&w.org, &cap, w.start).spent, Nanos(108));
 
     let client = redis::Client::open(url.as_str()).expect("url");
     let connection = client.get_multiplexed_async_connection().await.expect("connect");
@@ -140,10 +148,10 @@ async fn a_restarted_redis_is_a_flush_and_pending_increments_count_once() {
     let outcome = a.sync_with(&store, Timestamp(now.0 + 5_000)).await.expect("sync");
     assert!(outcome.missing.is_empty());
     assert_eq!(raw_total(connection.clone()).await, 108);
-    b.spend(&cap, w.start);
+    b.spend(&w.org, &cap, w.start);
     b.sync_with(&store, Timestamp(now.0 + 5_000)).await.expect("sync b");
-    assert_eq!(b.spend(&cap, w.start).spent, Nanos(108));
-    assert_eq!(a.spend(&cap, w.start).spent, Nanos(108));
+    assert_eq!(b.spend(&w.org, &cap, w.start).spent, Nanos(108));
+    assert_eq!(a.spend(&w.org, &cap, w.start).spent, Nanos(108));
 }
 
 #[tokio::test]
@@ -155,6 +163,7 @@ async fn scripts_flushed_from_the_server_are_loaded_again() {
     let a = Counters::new("node-a");
     let now = wall();
     let w = CapWindow {
+        org: org(),
         cap: CapId::parse("cap_scripts").expect("cap id"),
         start: Timestamp(now.0 - 60_000),
         end: Timestamp(now.0 + 3_600_000),

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use recovea_core::caps::LineAnswer;
 use recovea_core::caps::{CapSpend, SpendView};
-use recovea_core::ids::CapId;
+use recovea_core::ids::{CapId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::{
@@ -90,6 +90,10 @@ impl Store {
     }
 }
 
+fn org() -> OrgId {
+    OrgId::parse("org_shared").expect("org id")
+}
+
 fn wall() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
@@ -102,7 +106,7 @@ fn cap() -> CapId {
 /// A window that started a minute ago and ends in an hour.
 fn current_window() -> CapWindow {
     let now = wall();
-    CapWindow { cap: cap(), start: Timestamp(now.0 - 60_000), end: Timestamp(now.0 + 3_600_000) }
+    CapWindow { org: org(), cap: cap(), start: Timestamp(now.0 - 60_000), end: Timestamp(now.0 + 3_600_000) }
 }
 
 /// Windows of caps that do not refuse.
@@ -111,7 +115,7 @@ fn soft(windows: &[CapWindow]) -> Vec<Covered> {
 }
 
 fn spend(counters: &Counters, w: &CapWindow) -> CapSpend {
-    counters.spend(&w.cap, w.start)
+    counters.spend(&w.org, &w.cap, w.start)
 }
 
 async fn sync(counters: &Counters, store: &dyn SharedCounters, now: Timestamp) {
@@ -208,7 +212,8 @@ async fn keys_expire_after_the_window_ends(backend: Backend) {
     let store = Store::new(backend, StoreOptions { key_margin: margin, ..StoreOptions::default() }).await;
     let a = Counters::new("node-a");
     let now = wall();
-    let w = CapWindow { cap: cap(), start: Timestamp(now.0 - 1_000), end: Timestamp(now.0 + 300) };
+    let w =
+        CapWindow { org: org(), cap: cap(), start: Timestamp(now.0 - 1_000), end: Timestamp(now.0 + 300) };
     let _live = a.reserve(&soft(std::slice::from_ref(&w)), Nanos(1), wall());
     a.add(std::slice::from_ref(&w), Nanos(5), wall());
     sync(&a, store.shared.as_ref(), now).await;
@@ -253,6 +258,7 @@ async fn pushes_are_idempotent_by_sequence(backend: Backend) {
         seq,
         node_id: "n".to_owned(),
         windows: vec![WindowPush {
+            org: w.org.clone(),
             cap: w.cap.clone(),
             start: w.start,
             end: Some(w.end),
@@ -338,7 +344,7 @@ async fn a_seed_adds_the_ledgers_other_receipts_to_what_the_writers_hold(backend
     assert!(a.missing().is_empty() && b.missing().is_empty());
 
     // However late the ledger (c's receipts all still in its spool), nothing is lost or doubled.
-    let lagging = CapWindow { cap: CapId::parse("cap_lagging").expect("id"), ..w.clone() };
+    let lagging = CapWindow { org: org(), cap: CapId::parse("cap_lagging").expect("id"), ..w.clone() };
     let c = Counters::new("node-c");
     c.add(std::slice::from_ref(&lagging), Nanos(50), now);
     let read = unseeded(&c.sync_with(store.shared.as_ref(), now).await.expect("sync"));

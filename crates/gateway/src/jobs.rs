@@ -137,10 +137,13 @@ impl NodeJobs {
     pub(crate) fn count(&self, snapshot: Option<&Snapshot>, counters: &Counters) {
         let Some(snapshot) = snapshot else { return };
         let book = self.book.load();
-        let totals: Vec<(CapWindow, recovea_core::money::Nanos)> = book
-            .window_totals(snapshot.orgs().flat_map(|org| org.caps.iter()))
-            .into_iter()
-            .map(|t| (CapWindow { cap: t.cap, start: t.start, end: t.end }, t.total))
+        let totals: Vec<(CapWindow, recovea_core::money::Nanos)> = snapshot
+            .orgs()
+            .flat_map(|org| {
+                book.window_totals(org.caps.iter()).into_iter().map(|t| {
+                    (CapWindow { org: org.id.clone(), cap: t.cap, start: t.start, end: t.end }, t.total)
+                })
+            })
             .collect();
         counters.set_external(&totals);
     }
@@ -182,7 +185,7 @@ mod tests {
         let jobs = NodeJobs::default();
         let now = recovea_core::Timestamp::from_system_time(std::time::SystemTime::now());
         let window = crate::node::cap_window(&cap, now);
-        let spend = || SpendView::spend(counters.as_ref(), &cap.id, window.start);
+        let spend = || SpendView::spend(counters.as_ref(), &cap.org_id, &cap.id, window.start);
         let reservation =
             counters.reserve(&[Covered { window: window.clone(), line: Some(cap.limit) }], Nanos(300), now);
         let key = book_key(cap.org_id.as_str(), "openai", "batch_1");

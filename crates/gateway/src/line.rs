@@ -77,7 +77,7 @@ pub(crate) async fn check_caps(
             .into_iter()
             .filter_map(|(id, start)| {
                 let cap = covering.iter().find(|cap| cap.id == id)?;
-                let mut spend = caps::SpendView::spend(counters.as_ref(), &id, start);
+                let mut spend = caps::SpendView::spend(counters.as_ref(), &cap.org_id, &id, start);
                 // The view counts this request's own pending estimate: the rule reads the others'.
                 spend.reserved = Nanos(spend.reserved.0.saturating_sub(ask.estimate.0));
                 Some((*cap, spend))

@@ -212,5 +212,10 @@ pub(crate) fn connection_workers() -> usize {
 
 /// The window of `cap` that `at` falls in: where a request started then counts its spend.
 pub(crate) fn cap_window(cap: &Cap, at: Timestamp) -> CapWindow {
-    CapWindow { cap: cap.id.clone(), start: cap.window.start(at), end: cap.window.end(at) }
+    CapWindow {
+        org: cap.org_id.clone(),
+        cap: cap.id.clone(),
+        start: cap.window.start(at),
+        end: cap.window.end(at),
+    }
 }

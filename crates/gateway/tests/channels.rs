@@ -217,6 +217,7 @@ async fn without_an_armed_cap_requests_outside_sight_are_forwarded_and_counted_u
     // Nothing is reserved or counted on the cap for them.
     let spend = recovea_core::caps::SpendView::spend(
         h.counters.as_ref(),
+        &OrgId::parse("org_acme").expect("id"),
         &CapId::parse("cap_1").expect("id"),
         Window::Month.start(recovea_core::Timestamp::from_system_time(std::time::SystemTime::now())),
     );

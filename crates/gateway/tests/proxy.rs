@@ -1138,7 +1138,8 @@ async fn sequential_requests_are_refused_exactly_at_the_line() {
 fn reserved_on(h: &Harness, cap: &str, window: Window) -> Nanos {
     let now = Timestamp::from_system_time(std::time::SystemTime::now());
     let cap = CapId::parse(cap).expect("id");
-    recovea_core::caps::SpendView::spend(h.counters.as_ref(), &cap, window.start(now)).reserved
+    let org = OrgId::parse("org_acme").expect("id");
+    recovea_core::caps::SpendView::spend(h.counters.as_ref(), &org, &cap, window.start(now)).reserved
 }
 
 /// What `body` reserves while the provider holds it a second, on a gateway whose org has `caps`
@@ -1330,6 +1331,7 @@ async fn spend_already_in_flight_counts_against_a_cap_created_meanwhile() {
     let now = Timestamp::from_system_time(std::time::SystemTime::now());
     let spent = recovea_core::caps::SpendView::spend(
         h.counters.as_ref(),
+        &OrgId::parse("org_acme").expect("id"),
         &CapId::parse("cap_new").expect("id"),
         Window::Month.start(now),
     )

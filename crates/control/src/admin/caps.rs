@@ -162,7 +162,7 @@ impl Control {
             // Reconciliation: the counters are a cache of the ledger; receipts still on their way
             // from the spool make a small, passing drift.
             if let Some(counters) = self.inner.counters.get() {
-                let counted = counters.spend(&cap.id, start).spent;
+                let counted = counters.spend(&cap.org_id, &cap.id, start).spent;
                 row["counter_usd"] = json!(counted);
                 row["drift_usd"] = json!(format_signed(Nanos(counted.0.saturating_sub(spent.0))));
             }
@@ -182,10 +182,17 @@ impl Control {
     async fn seed_current_window(&self, cap: &Cap) -> Result<(), ApiError> {
         let Some(counters) = self.inner.counters.get() else { return Ok(()) };
         let at = now();
-        let window = CapWindow { cap: cap.id.clone(), start: cap.window.start(at), end: cap.window.end(at) };
+        let window = CapWindow {
+            org: cap.org_id.clone(),
+            cap: cap.id.clone(),
+            start: cap.window.start(at),
+            end: cap.window.end(at),
+        };
         let sources = self.spend_sources();
         let unseeded = Unseeded::fresh(window.clone());
-        let rebuilt = self.off_thread(move || crate::rebuild::rebuild_window(&sources, &window, &[])).await?;
+        let rebuilt = self
+            .off_thread(move || crate::rebuild::rebuild_window(&sources, &window.cap, window.span(), &[]))
+            .await?;
         counters.seed(&unseeded, rebuilt.unwrap_or(Rebuilt { total: Nanos::ZERO, last_start: None }));
         Ok(())
     }
