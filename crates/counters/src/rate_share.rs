@@ -18,10 +18,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use recovea_core::ids::KeyId;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::{ErrorKind, RedisError, Script};
 
 use crate::redis_store::counter_error;
+use crate::redis_target::Link;
 use crate::shared::CounterError;
 
 const MINUTE_MS: u64 = 60_000;
@@ -254,11 +254,10 @@ return { tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000),
 /// one pipeline. Connects lazily and reconnects after any failure, so a node starts and serves
 /// while Redis is down (each node then enforces the limits alone).
 pub struct RedisRateShare {
-    client: Client,
+    link: Link,
     prefix: String,
     timeout: Duration,
     script: Script,
-    connection: tokio::sync::Mutex<Option<MultiplexedConnection>>,
 }
 
 impl std::fmt::Debug for RedisRateShare {
@@ -286,13 +285,11 @@ impl RedisRateShare {
         if prefix.contains(['{', '}']) {
             return Err(CounterError::Config("the key prefix must not contain '{' or '}'".to_owned()));
         }
-        let client = crate::redis_target::client(url, tls)?;
         Ok(Self {
-            client,
+            link: Link::new(url, tls)?,
             prefix: prefix.to_owned(),
             timeout: Self::DEFAULT_TIMEOUT,
             script: Script::new(RATE_SCRIPT),
-            connection: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -308,22 +305,8 @@ impl RedisRateShare {
         format!("{}:{{{}}}", self.prefix, key.as_str())
     }
 
-    async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
-        let mut slot = self.connection.lock().await;
-        if let Some(connection) = slot.as_ref() {
-            return Ok(connection.clone());
-        }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        let mut connection = self.client.get_multiplexed_async_connection_with_config(&config).await?;
-        self.script.load_async(&mut connection).await?;
-        *slot = Some(connection.clone());
-        Ok(connection)
-    }
-
     async fn exchange_once(&self, push: &[(KeyId, RateUsage)]) -> Result<Vec<RateTotals>, RedisError> {
-        let mut connection = self.connection().await?;
+        let mut connection = self.link.connection(self.timeout, &[&self.script]).await?;
         if push.is_empty() {
             redis::cmd("PING").query_async::<()>(&mut connection).await?;
             return Ok(Vec::new());
@@ -339,20 +322,10 @@ impl RedisRateShare {
                 .arg(usage.tokens)
                 .arg(ttl_ms);
         }
-        let replies: Vec<Vec<i64>> = match pipe.query_async(&mut connection).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                // The server lost its scripts (SCRIPT FLUSH, a restart behind a proxy). Every
-                // command of the pipeline names that one script, so none ran: send it again.
-                self.script.load_async(&mut connection).await?;
-                pipe.query_async(&mut connection).await?
-            }
-            other => other?,
-        };
+        // A server that lost the script (SCRIPT FLUSH, a restart, a failover) ran none of the
+        // commands that name it: those are sent again.
+        let replies: Vec<Vec<i64>> = connection.each(&pipe, &[&self.script]).await?;
         replies.iter().map(|reply| parse_reply(reply)).collect()
-    }
-
-    async fn forget_connection(&self) {
-        *self.connection.lock().await = None;
     }
 }
 
@@ -380,7 +353,7 @@ impl RateShare for RedisRateShare {
                 Err(_) => CounterError::Timeout,
             };
             // Whatever went wrong, the next sync starts on a fresh connection.
-            self.forget_connection().await;
+            self.link.forget().await;
             Err(error)
         })
     }

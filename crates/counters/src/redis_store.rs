@@ -1,7 +1,11 @@
 //! The shared store in Redis: one atomic Lua script per window, all windows in one pipeline.
 //!
 //! Key layout for a window (cap `cap_x`, start `S` in unix ms), under the prefix `P`; the braces are
-//! a hash tag so that a window's four keys share a Redis Cluster slot:
+//! a hash tag. On one server (or through Sentinel) the tag is the window, `P:{cap_x:S}`; on a Redis
+//! Cluster it is the cap's organization, `P:{org_y}:cap_x:S`, so that every window one request is
+//! checked against at the line (its organization's caps and its key's) shares a slot and
+//! `admit.lua` stays one atomic step. A cluster spreads organizations, not windows, over its
+//! shards:
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
@@ -19,13 +23,12 @@ use std::pin::Pin;
 
 use recovea_core::caps::LineAnswer;
 use recovea_core::ids::CapId;
+use recovea_core::ids::OrgId;
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::{ErrorKind, RedisError, Script};
 
-use crate::redis_target::RedisTls;
-use tokio::sync::Mutex;
+use crate::redis_target::{Connection, Link, RedisTls};
 
 use crate::shared::{
     Counted, CounterError, LineAsk, Seed, SharedCounters, StoreOptions, SyncPush, SyncRead, WindowRead,
@@ -41,11 +44,10 @@ const CLOCK_SCRIPT: &str = include_str!("redis_store/clock.lua");
 /// Spend counters shared through Redis (or Valkey). Connects lazily and reconnects after any
 /// failure, so a node starts and serves while Redis is down (its counters are then unconfirmed).
 pub struct Redis {
-    client: Client,
+    link: Link,
     options: StoreOptions,
     script: Script,
     admit: Script,
-    connection: Mutex<Option<MultiplexedConnection>>,
 }
 
 impl std::fmt::Debug for Redis {
@@ -56,7 +58,8 @@ impl std::fmt::Debug for Redis {
 }
 
 impl Redis {
-    /// Checks the URL (`redis://host:port/db`) and the options; does not connect.
+    /// Checks the URL (`redis://host:port/db`, or a cluster's or sentinels', see
+    /// `redis_target.rs`) and the options; does not connect.
     pub fn new(url: &str, options: StoreOptions) -> Result<Self, CounterError> {
         Self::with_tls(url, &RedisTls::default(), options)
     }
@@ -66,57 +69,45 @@ impl Redis {
         if options.prefix.contains(['{', '}']) {
             return Err(CounterError::Config("the key prefix must not contain '{' or '}'".to_owned()));
         }
-        let client = crate::redis_target::client(url, tls)?;
         Ok(Self {
-            client,
+            link: Link::new(url, tls)?,
             options,
             script: Script::new(SYNC_SCRIPT),
             admit: Script::new(ADMIT_SCRIPT),
-            connection: Mutex::new(None),
         })
     }
 
     /// The window's keys: its total hash, its reservations hash, its reservation deadlines zset.
-    pub fn window_keys(&self, cap: &CapId, start: Timestamp) -> [String; 3] {
-        let base = self.window_base(cap, start);
+    pub fn window_keys(&self, org: &OrgId, cap: &CapId, start: Timestamp) -> [String; 3] {
+        let base = self.window_base(org, cap, start);
         [format!("{base}:t"), format!("{base}:r"), format!("{base}:x")]
     }
 
     /// The key of what a window's writers count (see `redis_store/sync.lua`).
-    fn counted_key(&self, cap: &CapId, start: Timestamp) -> String {
-        format!("{}:c", self.window_base(cap, start))
+    fn counted_key(&self, org: &OrgId, cap: &CapId, start: Timestamp) -> String {
+        format!("{}:c", self.window_base(org, cap, start))
     }
 
-    /// What a window's keys start with: one hash tag, so that a cluster holds them on one node.
-    fn window_base(&self, cap: &CapId, start: Timestamp) -> String {
-        format!("{}:{{{}:{}}}", self.options.prefix, cap.as_str(), start.0)
-    }
-
-    async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
-        let mut slot = self.connection.lock().await;
-        if let Some(connection) = slot.as_ref() {
-            return Ok(connection.clone());
+    /// What a window's keys start with (see the module's key layout).
+    fn window_base(&self, org: &OrgId, cap: &CapId, start: Timestamp) -> String {
+        let prefix = &self.options.prefix;
+        if self.link.is_cluster() {
+            format!("{prefix}:{{{org}}}:{cap}:{}", start.0)
+        } else {
+            format!("{prefix}:{{{cap}:{}}}", start.0)
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.options.timeout))
-            .set_response_timeout(Some(self.options.timeout));
-        let mut connection = self.client.get_multiplexed_async_connection_with_config(&config).await?;
-        self.script.load_async(&mut connection).await?;
-        self.admit.load_async(&mut connection).await?;
-        *slot = Some(connection.clone());
-        Ok(connection)
     }
 
-    async fn forget_connection(&self) {
-        *self.connection.lock().await = None;
+    async fn connection(&self) -> Result<Connection, RedisError> {
+        self.link.connection(self.options.timeout, &[&self.script, &self.admit]).await
     }
 
     /// One script a window, then the store's clock.
     fn pipeline(&self, node_id: &str, push: &SyncPush) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         for p in &push.windows {
-            let [total, reservations, deadlines] = self.window_keys(&p.cap, p.start);
-            let counted = self.counted_key(&p.cap, p.start);
+            let [total, reservations, deadlines] = self.window_keys(&p.org, &p.cap, p.start);
+            let counted = self.counted_key(&p.org, &p.cap, p.start);
             pipe.cmd("EVALSHA")
                 .arg(self.script.get_hash())
                 .arg(4)
@@ -151,7 +142,7 @@ impl Redis {
         let mut connection = self.connection().await?;
         let mut invocation = self.admit.prepare_invoke();
         for w in &ask.windows {
-            for key in self.window_keys(&w.cap, w.start) {
+            for key in self.window_keys(&w.org, &w.cap, w.start) {
                 invocation.key(key);
             }
         }
@@ -178,16 +169,9 @@ impl Redis {
     async fn sync_once(&self, node_id: &str, push: &SyncPush) -> Result<SyncRead, RedisError> {
         let mut connection = self.connection().await?;
         // With no window to push, the clock alone: a node is confirmed only by a store that answers.
-        let pipe = self.pipeline(node_id, push);
-        let mut replies: Vec<Vec<String>> = match pipe.query_async(&mut connection).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                // The server lost its scripts (SCRIPT FLUSH, a restart behind a proxy). The scripts
-                // that did run are idempotent, so the whole pipeline is sent again.
-                self.script.load_async(&mut connection).await?;
-                pipe.query_async(&mut connection).await?
-            }
-            other => other?,
-        };
+        // A window's script that lost the server's copy is sent again: it is idempotent.
+        let mut replies: Vec<Vec<String>> =
+            connection.each(&self.pipeline(node_id, push), &[&self.script, &self.admit]).await?;
         let (store_time, store_began) = parse_clock(&replies.pop().unwrap_or_default())?;
         Ok(SyncRead {
             windows: replies.iter().map(|reply| parse_reply(reply)).collect::<Result<_, _>>()?,
@@ -273,7 +257,7 @@ impl SharedCounters for Redis {
                 Err(_) => CounterError::Timeout,
             };
             // Whatever went wrong, the next sync starts on a fresh connection.
-            self.forget_connection().await;
+            self.link.forget().await;
             Err(error)
         })
     }

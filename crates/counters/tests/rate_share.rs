@@ -14,12 +14,15 @@ mod test_redis;
 use recovea_counters::{
     CounterError, InProcessRateShare, RATE_KEY_TTL, RateShare, RateTotals, RateUsage, RedisRateShare,
 };
-use test_redis::TestRedis;
+use test_redis::{Deployment, Inspect, TestRedis};
+
+#[path = "support/redis_topologies.rs"]
+mod redis_topologies;
 
 #[derive(Debug, Clone, Copy)]
 enum Backend {
     InProcess,
-    Redis,
+    Redis(&'static Deployment),
 }
 
 /// A rate share under test, and a way to reach behind it.
@@ -36,8 +39,8 @@ impl Store {
                 let store = Arc::new(InProcessRateShare::new());
                 Self { share: Arc::clone(&store) as Arc<dyn RateShare>, in_process: Some(store), redis: None }
             }
-            Backend::Redis => {
-                let redis = TestRedis::connect().await;
+            Backend::Redis(deployment) => {
+                let redis = TestRedis::on(deployment).await;
                 let store = Arc::new(RedisRateShare::new(&redis.url, &redis.prefix).expect("share"));
                 Self {
                     share: Arc::clone(&store) as Arc<dyn RateShare>,
@@ -112,15 +115,9 @@ async fn two_nodes_see_each_others_consumption_and_not_their_own(backend: Backen
     let seen = a.sync(&store, &[(unused.clone(), RateUsage::ZERO)]).await;
     assert_eq!(seen, vec![RateUsage::ZERO]);
     if let Some((share, redis)) = &store.redis {
-        let mut connection = redis.client.get_multiplexed_async_connection().await.expect("connect");
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg(share.key_for(&unused))
-            .query_async(&mut connection)
-            .await
-            .expect("EXISTS");
+        let exists: i64 = redis.query(redis::cmd("EXISTS").arg(share.key_for(&unused))).expect("EXISTS");
         assert_eq!(exists, 0, "a read creates no key");
-        let ttl_ms: i64 =
-            redis::cmd("PTTL").arg(share.key_for(&k1)).query_async(&mut connection).await.expect("PTTL");
+        let ttl_ms: i64 = redis.query(redis::cmd("PTTL").arg(share.key_for(&k1))).expect("PTTL");
         let max = i64::try_from(RATE_KEY_TTL.as_millis()).expect("ms");
         assert!(ttl_ms > 0 && ttl_ms <= max, "a used key expires after {max} ms idle, not {ttl_ms}");
     }
@@ -142,7 +139,7 @@ async fn in_process_two_nodes_see_each_others_consumption_and_not_their_own() {
 
 #[tokio::test]
 async fn redis_two_nodes_see_each_others_consumption_and_not_their_own() {
-    two_nodes_see_each_others_consumption_and_not_their_own(Backend::Redis).await;
+    two_nodes_see_each_others_consumption_and_not_their_own(Backend::Redis(test_redis::local())).await;
 }
 
 async fn many_keys_in_one_sync_keep_their_order(backend: Backend) {
@@ -162,7 +159,16 @@ async fn in_process_many_keys_in_one_sync_keep_their_order() {
 
 #[tokio::test]
 async fn redis_many_keys_in_one_sync_keep_their_order() {
-    many_keys_in_one_sync_keep_their_order(Backend::Redis).await;
+    many_keys_in_one_sync_keep_their_order(Backend::Redis(test_redis::local())).await;
+}
+
+/// Each key's counts live in its own slot; one sync names many keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_on_a_redis_cluster() {
+    let cluster = tokio::task::spawn_blocking(redis_topologies::Cluster::start).await.expect("cluster");
+    let deployment = test_redis::leak(cluster.url(), Inspect::Cluster(cluster.server_urls()));
+    two_nodes_see_each_others_consumption_and_not_their_own(Backend::Redis(deployment)).await;
+    many_keys_in_one_sync_keep_their_order(Backend::Redis(deployment)).await;
 }
 
 #[tokio::test]

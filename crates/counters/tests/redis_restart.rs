@@ -131,7 +131,7 @@ async fn a_restarted_redis_is_a_flush_and_pending_increments_count_once() {
 
     let client = redis::Client::open(url.as_str()).expect("url");
     let connection = client.get_multiplexed_async_connection().await.expect("connect");
-    let [total_key, _, _] = store.window_keys(&cap, w.start);
+    let [total_key, _, _] = store.window_keys(&w.org, &cap, w.start);
     let raw_total = |mut connection: redis::aio::MultiplexedConnection| {
         let key = total_key.clone();
         async move {
@@ -176,7 +176,7 @@ async fn scripts_flushed_from_the_server_are_loaded_again() {
     a.add(std::slice::from_ref(&w), Nanos(2), wall());
     a.sync_with(&store, Timestamp(now.0 + 1_000)).await.expect("sync after SCRIPT FLUSH");
     assert_eq!(a.confirmed_at(), Some(Timestamp(now.0 + 1_000)));
-    let [total_key, _, _] = store.window_keys(&w.cap, w.start);
+    let [total_key, _, _] = store.window_keys(&w.org, &w.cap, w.start);
     let total: i64 =
         redis::cmd("HGET").arg(total_key).arg("total").query_async(&mut connection).await.expect("HGET");
     assert_eq!(total, 7);

@@ -1,7 +1,9 @@
-//! One suite, two stores: `InProcess` and `Redis` (127.0.0.1:6379, or `RECOVEA_TEST_REDIS_URL`).
+//! One suite, every store: `InProcess`, and `Redis` on one server (127.0.0.1:6379, or
+//! `RECOVEA_TEST_REDIS_URL`), on a Redis Cluster of three primaries and through Sentinel (both
+//! started by the test, on loopback ports).
 //!
-//! Redis must be running: these tests fail, never skip, without it. Each test uses its own random
-//! key prefix and deletes its keys when done.
+//! Redis must be installed and the local one running: these tests fail, never skip, without it.
+//! Each test uses its own random key prefix and deletes its keys when done.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -20,12 +22,16 @@ use recovea_counters::fakes::{AnswerLost, Unreachable};
 
 #[path = "support/test_redis.rs"]
 mod test_redis;
-use test_redis::TestRedis;
+use test_redis::{Deployment, Inspect, TestRedis};
+
+#[path = "support/redis_topologies.rs"]
+mod redis_topologies;
+use redis_topologies::{Cluster, Sentinels};
 
 #[derive(Debug, Clone, Copy)]
 enum Backend {
     InProcess,
-    Redis,
+    Redis(&'static Deployment),
 }
 
 /// A store under test, and a way to look at it from outside.
@@ -46,8 +52,8 @@ impl Store {
                     redis: None,
                 }
             }
-            Backend::Redis => {
-                let redis = TestRedis::connect().await;
+            Backend::Redis(deployment) => {
+                let redis = TestRedis::on(deployment).await;
                 let options = StoreOptions { prefix: redis.prefix.clone(), ..options };
                 let store = Arc::new(Redis::new(&redis.url, options).expect("store"));
                 Self {
@@ -65,12 +71,11 @@ impl Store {
             return store.contains(&w.cap, w.start, now);
         }
         let (store, redis) = self.redis.as_ref().expect("a backend");
-        let mut connection = redis.client.get_multiplexed_async_connection().await.expect("connect");
         let mut exists = redis::cmd("EXISTS");
-        for key in store.window_keys(&w.cap, w.start) {
+        for key in store.window_keys(&w.org, &w.cap, w.start) {
             exists.arg(key);
         }
-        exists.query_async::<i64>(&mut connection).await.expect("EXISTS") > 0
+        redis.query::<i64>(&exists).expect("EXISTS") > 0
     }
 
     /// Loses every window, as a flushed or restarted store does.
@@ -84,9 +89,8 @@ impl Store {
 
     async fn raw_total(&self, w: &CapWindow) -> Option<i64> {
         let (store, redis) = self.redis.as_ref()?;
-        let mut connection = redis.client.get_multiplexed_async_connection().await.expect("connect");
-        let [total, _, _] = store.window_keys(&w.cap, w.start);
-        redis::cmd("HGET").arg(total).arg("total").query_async(&mut connection).await.expect("HGET")
+        let [total, _, _] = store.window_keys(&w.org, &w.cap, w.start);
+        redis.query(redis::cmd("HGET").arg(total).arg("total")).expect("HGET")
     }
 }
 
@@ -485,6 +489,45 @@ async fn at_the_line_a_request_is_checked_and_reserved_in_one_step(backend: Back
     assert_eq!(b.ask_at_line(&mut fourth, now).await, Some(LineAnswer::Reserved), "settled below the line");
 }
 
+/// A request meets its organization's cap and its key's: both lines are checked, and both
+/// reserved or neither, in one step (on a cluster, both windows share a slot).
+async fn one_request_is_checked_at_every_line_it_meets_in_one_step(backend: Backend) {
+    let store = Store::new(backend, StoreOptions::default()).await;
+    let (a, b) = (
+        Counters::shared("node-a", Arc::clone(&store.shared)),
+        Counters::shared("node-b", Arc::clone(&store.shared)),
+    );
+    let base = 1_000;
+    let (org_window, key_window) = (seeded(&store, base).await, seeded(&store, base).await);
+    assert_ne!(org_window.cap, key_window.cap);
+    let lines = || {
+        vec![
+            Covered { window: org_window.clone(), line: Some(Nanos(base + 100)) },
+            Covered { window: key_window.clone(), line: Some(Nanos(base + 40)) },
+        ]
+    };
+    let now = wall();
+    let mut first = a.reserve(&lines(), Nanos(60), wall());
+    assert_eq!(a.ask_at_line(&mut first, now).await, Some(LineAnswer::Reserved));
+    first.hold_at_line();
+    let mut second = b.reserve(&lines(), Nanos(30), wall());
+    assert_eq!(
+        b.ask_at_line(&mut second, now).await,
+        Some(LineAnswer::AtLine(1)),
+        "the key's line is reached"
+    );
+    drop(second);
+    for node in [&a, &b] {
+        sync(node, store.shared.as_ref(), now).await;
+    }
+    assert_eq!(
+        spend(&b, &org_window).reserved,
+        Nanos(60),
+        "the refused request reserved nothing at the other line"
+    );
+    assert_eq!(spend(&b, &key_window).reserved, Nanos(60));
+}
+
 async fn at_an_unseeded_window_a_request_waits_for_the_ledgers_total(backend: Backend) {
     let store = Store::new(backend, StoreOptions::default()).await;
     let a = Counters::shared("node-a", Arc::clone(&store.shared));
@@ -625,7 +668,14 @@ macro_rules! suite {
             $(#[tokio::test] async fn $name() { super::$name(super::Backend::InProcess).await })*
         }
         mod redis_store {
-            $(#[tokio::test] async fn $name() { super::$name(super::Backend::Redis).await })*
+            $(#[tokio::test] async fn $name() { super::$name(super::Backend::Redis(super::test_redis::local())).await })*
+        }
+
+        /// Every case, one after the other, on one deployment (a cluster or sentinels take seconds
+        /// to start: one of each serves the whole suite), the store's own clock included.
+        async fn every_case(backend: Backend) {
+            $($name(backend).await;)*
+            reservations_are_dated_on_the_stores_clock(backend).await;
         }
     };
 }
@@ -633,7 +683,22 @@ macro_rules! suite {
 /// Only a store with a clock of its own (not the in-process one, which is the node's).
 #[tokio::test]
 async fn redis_dates_reservations_on_its_own_clock() {
-    reservations_are_dated_on_the_stores_clock(Backend::Redis).await;
+    reservations_are_dated_on_the_stores_clock(Backend::Redis(test_redis::local())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_on_a_redis_cluster() {
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.expect("cluster");
+    let deployment = test_redis::leak(cluster.url(), Inspect::Cluster(cluster.server_urls()));
+    every_case(Backend::Redis(deployment)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_through_sentinel() {
+    let sentinels = tokio::task::spawn_blocking(Sentinels::start).await.expect("sentinels");
+    let primary = sentinels.servers[0].url();
+    let deployment = test_redis::leak(sentinels.url(), Inspect::Server(primary));
+    every_case(Backend::Redis(deployment)).await;
 }
 
 suite!(
@@ -649,6 +714,7 @@ suite!(
     a_window_only_read_creates_nothing,
     a_node_with_nothing_to_push_is_confirmed,
     at_the_line_a_request_is_checked_and_reserved_in_one_step,
+    one_request_is_checked_at_every_line_it_meets_in_one_step,
     at_an_unseeded_window_a_request_waits_for_the_ledgers_total,
     spare_stops_at_the_ceiling_and_contends_until_given_back,
     a_batch_must_fit_and_the_books_spend_counts_at_the_line,
