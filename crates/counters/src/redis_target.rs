@@ -203,9 +203,15 @@ impl Link {
         Ok(connection)
     }
 
-    /// Drops the connection: the next call connects again.
+    /// After a failure: drops a server's connection, so that the next call connects again (through
+    /// Sentinel, to the primary of the moment). A cluster's connection is kept: it reconnects to
+    /// each server and follows the slots on its own, while building a new one would wait on every
+    /// dead seed.
     pub(crate) async fn forget(&self) {
-        *self.connection.lock().await = None;
+        let mut slot = self.connection.lock().await;
+        if matches!(*slot, Some(Connection::Server(_))) {
+            *slot = None;
+        }
     }
 }
 
@@ -238,7 +244,11 @@ fn target(url: &str, tls: &RedisTls) -> Result<Target, CounterError> {
             .map_err(|e| CounterError::Config(format!("the Redis TLS settings: {e}"))),
         "cluster" => {
             let seeds = servers(data_scheme, rest, false)?;
-            let mut builder = ClusterClientBuilder::new(seeds);
+            // A command to a dead primary is retried soon and briefly (the client's defaults wait
+            // seconds, then minutes): the caller's own bound gives up first, and the slot map the
+            // retries read shows the replica promoted as soon as the cluster does.
+            let mut builder =
+                ClusterClientBuilder::new(seeds).retries(5).min_retry_wait(10).max_retry_wait(250);
             if secure && !tls.is_default() {
                 builder = builder.certs(tls.certificates());
             }

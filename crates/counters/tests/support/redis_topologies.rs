@@ -117,6 +117,10 @@ impl Cluster {
                         // A primary that stops answering is replaced by its replica this soon.
                         "--cluster-node-timeout",
                         "1000",
+                        // A replica takes over however long ago it last heard from its primary
+                        // (the default refuses one idle for a while, as a test's may be).
+                        "--cluster-replica-validity-factor",
+                        "0",
                     ]
                     .map(str::to_owned),
                 );
