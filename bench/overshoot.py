@@ -40,13 +40,20 @@ the nodes and Redis): `slow:MS` adds MS to every node's round trip to Redis for 
 `cut:SECONDS` cuts the first node off from Redis (packets dropped) for SECONDS from the start of
 each race's line; `clock:SECONDS` starts the first node with its clock SECONDS ahead (libfaketime);
 `wipe:PERCENT` runs a Redis of the bench's own and flushes it (FLUSHALL) in each race once the
-requests admitted reach PERCENT of the limit, receipts still on their way to the ledger.
+requests admitted reach PERCENT of the limit, receipts still on their way to the ledger;
+`kill:PERCENT` (with `--redis-cluster`) kills, in the first race, the cluster's primary that holds
+the race's organization once the requests admitted reach PERCENT of the limit (its replica takes
+over in about two seconds; the other races run on the cluster left).
+
+With `--redis-cluster`, the nodes share a Redis Cluster of the bench's own (three primaries, each
+with a replica, on loopback ports; `redis+cluster://` with every server as a seed) instead of the
+local Redis.
 A `503 budget_unverifiable` (a request the node could not confirm) is counted and retried 100 ms
 later; the bound is the same.
 
 Usage: bench/overshoot.py [--nodes 2] [--clients-per-node 32] [--races 100] [--limit-requests 40]
                           [--latency-ms 0] [--far-requests 3] [--refusals 5] [--seconds 15] [--uncapped]
-                          [--fault slow:MS|cut:SECONDS|clock:SECONDS|wipe:PERCENT]
+                          [--redis-cluster] [--fault slow:MS|cut:SECONDS|clock:SECONDS|wipe:PERCENT|kill:PERCENT]
 Exit status 1 when a race broke the bound, ended with room left for a whole request after
 refusing (a phantom refusal; with `--uncapped` they are counted and reported instead), or a node
 did not admit again once the limit was raised.
@@ -265,8 +272,8 @@ def parse_fault(text: str | None) -> tuple[str, int] | None:
     if text is None:
         return None
     kind, _, amount = text.partition(":")
-    if kind not in ("slow", "cut", "clock", "wipe") or not amount.isdigit():
-        sys.exit(f"--fault: slow:MS, cut:SECONDS, clock:SECONDS or wipe:PERCENT, not {text!r}")
+    if kind not in ("slow", "cut", "clock", "wipe", "kill") or not amount.isdigit():
+        sys.exit(f"--fault: slow:MS, cut:SECONDS, clock:SECONDS, wipe:PERCENT or kill:PERCENT, not {text!r}")
     return kind, int(amount)
 
 
@@ -296,11 +303,79 @@ class OwnRedis:
             assert conn.recv(16).startswith(b"+OK"), "FLUSHALL"
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def redis_cli(port: int, *args: str) -> str:
+    return subprocess.run(["redis-cli", "-p", str(port), *args], check=True, capture_output=True, text=True).stdout
+
+
+class RedisCluster:
+    """A Redis Cluster of the bench's own: three primaries, each with a replica, keeping nothing on disk."""
+
+    def __init__(self, work: Path) -> None:
+        self.ports = [free_port() for _ in range(6)]
+        self.procs = {port: subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(work), "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+             "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for port in self.ports}
+        for port in self.ports:
+            wait_for_port(port, "redis-server")
+        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                        "--cluster-replicas", "1", "--cluster-yes"], check=True, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not all("cluster_state:ok" in redis_cli(p, "cluster", "info") for p in self.ports):
+            if time.monotonic() > deadline:
+                sys.exit("the bench's Redis Cluster did not settle")
+            time.sleep(0.05)
+        self.killed: list[int] = []
+
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def kill_primary_of(self, org: str) -> int:
+        """Kills the primary serving `org`'s windows (their hash tag is the org id): its port."""
+        alive = next(p for p in self.ports if p not in self.killed)
+        slot = int(redis_cli(alive, "cluster", "keyslot", org))
+        for line in redis_cli(alive, "cluster", "nodes").splitlines():
+            fields = line.split()
+            addr, flags, ranges = fields[1], fields[2], fields[8:]
+            if "master" not in flags or "fail" in flags:
+                continue
+            for r in ranges:
+                low, _, high = r.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    port = int(addr.split("@")[0].rsplit(":", 1)[1])
+                    self.procs[port].kill()
+                    self.killed.append(port)
+                    return port
+        sys.exit(f"no primary serves slot {slot}")
+
+
+def wait_for_port(port: int, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                sys.exit(f"{what} did not come up on {port}")
+            time.sleep(0.02)
+
+
 class Bench:
     def __init__(self, opts: argparse.Namespace, admin: httpx.Client, nodes: list[str],
-                 proxy: FaultProxy | None = None, own_redis: OwnRedis | None = None):
+                 proxy: FaultProxy | None = None, own_redis: OwnRedis | None = None,
+                 cluster: RedisCluster | None = None):
         self.opts, self.admin, self.nodes, self.proxy, self.own_redis = opts, admin, nodes, proxy, own_redis
+        self.cluster = cluster
         self.wipes = 0
+        self.killed_at: float | None = None
         self.latencies = Latencies()
         self.limit = opts.limit_requests * COST
 
@@ -372,7 +447,7 @@ class Bench:
         await self.clients(secret, client)
         return self.opts.far_requests * self.opts.clients_per_node * len(self.nodes)
 
-    async def line(self, secret: str) -> tuple[list[int], int, dict[int, int], int]:
+    async def line(self, org: str, secret: str) -> tuple[list[int], int, dict[int, int], int]:
         """Every client at the race's cap until refused `--refusals` times in a row (with
         `--uncapped`, in a row once the answered spend leaves no room for a request's real cost);
         the phantom refusals (`--uncapped`)."""
@@ -391,9 +466,11 @@ class Bench:
                 self.proxy.set("pass")
             restore = asyncio.create_task(after())
         wipe_at = self.opts.limit_requests * fault[1] / 100 if fault and fault[0] == "wipe" else None
+        kill_at = (self.opts.limit_requests * fault[1] / 100
+                   if fault and fault[0] == "kill" and self.cluster and not self.cluster.killed else None)
 
         async def client(node: int, connection: Connection) -> None:
-            nonlocal in_flight, refused, phantom, wipe_at
+            nonlocal in_flight, refused, phantom, wipe_at, kill_at
             in_a_row = 0
             while in_a_row < self.opts.refusals and time.monotonic() < stop_at:
                 # The admitted and the in-flight requests, as the nodes count them: spend and reservations.
@@ -413,6 +490,11 @@ class Bench:
                         wipe_at = None
                         self.own_redis.flushall()
                         self.wipes += 1
+                    if kill_at is not None and sum(admitted) >= kill_at and self.cluster:
+                        kill_at = None
+                        port = self.cluster.kill_primary_of(org)
+                        self.killed_at = time.monotonic()
+                        print(f"  killed the primary on {port}, which holds {org}")
                 elif status == 402 and self.opts.uncapped:
                     refused += 1
                     # Room for this request's real cost, had every request in flight been
@@ -471,7 +553,7 @@ class Bench:
         await self.far(far_secret)
         org, cap, secret = self.tenant(self.limit)
         started = time.monotonic()
-        admitted, refused, other, phantom = await self.line(secret)
+        admitted, refused, other, phantom = await self.line(org, secret)
         seconds = time.monotonic() - started
         spend = self.ledger(org, sum(admitted))
         # Room for one more request on each node: every node admits again once the limit is known.
@@ -589,6 +671,8 @@ def main() -> None:
     args.add_argument("--near", type=int, default=8,
                       help="requests sent within this many requests' cost of the line (admitted and in flight) are near it")
     args.add_argument("--seconds", type=float, default=15, help="a race's longest time")
+    args.add_argument("--redis-cluster", action="store_true",
+                      help="share a Redis Cluster of the bench's own (three primaries with replicas)")
     args.add_argument("--uncapped", action="store_true",
                       help="every request sets no output limit and the mock writes 20 x 1,024 output tokens")
     args.add_argument("--fault", help="slow:MS (Redis's round trip + MS), cut:SECONDS (the first node cut off "
@@ -625,7 +709,12 @@ def main() -> None:
         price = {"input_per_mtok_usd": str(INPUT_PER_MTOK), "output_per_mtok_usd": str(OUTPUT_PER_MTOK),
                  "max_output_tokens": MAX_OUTPUT_TOKENS}
         admin.put(f"/prices/{MODEL}", json=price).raise_for_status()
-        proxy, own_redis = None, None
+        proxy, own_redis, cluster = None, None, None
+        if fault and fault[0] == "kill" and not opts.redis_cluster:
+            sys.exit("--fault kill is for --redis-cluster")
+        if opts.redis_cluster:
+            cluster = RedisCluster(work)
+            procs.extend(cluster.procs.values())
         if fault and fault[0] == "wipe":
             own_redis = OwnRedis(work)
             procs.append(own_redis.proc)
@@ -639,6 +728,7 @@ def main() -> None:
             redis = f"127.0.0.1:{own_redis.port}" if own_redis else "127.0.0.1:6379"
             if proxy and (fault[0] == "slow" or n == 0):
                 redis = proxy.addr
+            redis_url = cluster.url() if cluster else f"redis://{redis}/"
             env = dict(os.environ)
             if fault and fault[0] == "clock" and n == 0:
                 env.update({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
@@ -646,13 +736,13 @@ def main() -> None:
             proc = subprocess.Popen(
                 [binary("recovea"), "node", "--listen", "127.0.0.1:0", "--data-dir", str(work / f"node-{n}"),
                  "--control-url", control_url, "--node-token", node_token, "--master-key", master_key,
-                 "--redis-url", f"redis://{redis}/", "--openai-base-url", mock_url,
+                 "--redis-url", redis_url, "--openai-base-url", mock_url,
                  "--anthropic-base-url", mock_url, "--log", "warn"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
             procs.append(proc)
             nodes.append(read_banner(proc, r"recovea node \S+:\s+(http://\S+)")["url"])
 
-        bench = Bench(opts, admin, nodes, proxy, own_redis)
+        bench = Bench(opts, admin, nodes, proxy, own_redis, cluster)
         races = asyncio.run(run(bench, opts))
         ok = report(races, bench.latencies, opts, line_answers(nodes))
         if own_redis:

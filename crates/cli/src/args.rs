@@ -74,8 +74,9 @@ pub(crate) struct GatewayArgs {
     #[arg(long, env = "RECOVEA_COUNTER_MAX_AGE", default_value = "60s", value_parser = humantime::parse_duration)]
     counter_max_age: Duration,
     /// Shared spend counters and rate limits (`redis://HOST:PORT/DB`, `rediss://` for TLS, an ACL
-    /// user and password as `rediss://USER:PASSWORD@HOST:PORT/DB`); without it, they live in this
-    /// process.
+    /// user and password as `rediss://USER:PASSWORD@HOST:PORT/DB`; a Redis Cluster as
+    /// `redis+cluster://HOST:PORT,HOST:PORT`; a primary found through Sentinel as
+    /// `redis+sentinel://HOST:PORT,HOST:PORT/MASTER_NAME`); without it, they live in this process.
     #[arg(long, env = "RECOVEA_REDIS_URL", hide_env_values = true)]
     redis_url: Option<String>,
     /// A PEM file of certificate authorities trusted for a `rediss://` Redis, instead of the public

@@ -16,9 +16,6 @@ use recovea_counters::{
 };
 use test_redis::{Deployment, Inspect, TestRedis};
 
-#[path = "support/redis_topologies.rs"]
-mod redis_topologies;
-
 #[derive(Debug, Clone, Copy)]
 enum Backend {
     InProcess,
@@ -165,7 +162,9 @@ async fn redis_many_keys_in_one_sync_keep_their_order() {
 /// Each key's counts live in its own slot; one sync names many keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_suite_on_a_redis_cluster() {
-    let cluster = tokio::task::spawn_blocking(redis_topologies::Cluster::start).await.expect("cluster");
+    let cluster = tokio::task::spawn_blocking(recovea_testkit::redis_topologies::Cluster::start)
+        .await
+        .expect("cluster");
     let deployment = test_redis::leak(cluster.url(), Inspect::Cluster(cluster.server_urls()));
     two_nodes_see_each_others_consumption_and_not_their_own(Backend::Redis(deployment)).await;
     many_keys_in_one_sync_keep_their_order(Backend::Redis(deployment)).await;

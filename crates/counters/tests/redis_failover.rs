@@ -13,9 +13,7 @@ use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::{CapWindow, Counters, Rebuilt, Redis, StoreOptions, Unseeded};
 
-#[path = "support/redis_topologies.rs"]
-mod redis_topologies;
-use redis_topologies::{Cluster, Sentinels};
+use recovea_testkit::redis_topologies::{Cluster, Sentinels};
 
 /// How long after the kill the counters must be exact again: the cluster's node timeout and the
 /// sentinels' down-after are a second, an election a few more.

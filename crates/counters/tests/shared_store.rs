@@ -24,9 +24,7 @@ use recovea_counters::fakes::{AnswerLost, Unreachable};
 mod test_redis;
 use test_redis::{Deployment, Inspect, TestRedis};
 
-#[path = "support/redis_topologies.rs"]
-mod redis_topologies;
-use redis_topologies::{Cluster, Sentinels};
+use recovea_testkit::redis_topologies::{Cluster, Sentinels};
 
 #[derive(Debug, Clone, Copy)]
 enum Backend {

@@ -249,6 +249,7 @@ pub mod otlp;
 pub mod pki;
 pub mod proxy;
 pub mod realtime;
+pub mod redis_topologies;
 mod request;
 mod script;
 mod server;

@@ -150,7 +150,8 @@ impl Node {
         Self::start_with_redis(data_dir, control_url, mock_url, REDIS, extra, envs)
     }
 
-    /// A node whose shared counters are the Redis at `redis` (`HOST:PORT`, a fault proxy's).
+    /// A node whose shared counters are the Redis at `redis` (`HOST:PORT`, a fault proxy's, or a
+    /// whole URL: a cluster's).
     pub fn start_with_redis(
         data_dir: &Path,
         control_url: &str,
@@ -190,7 +191,7 @@ impl Node {
         envs: &[(&str, &str)],
         log: impl Into<std::process::Stdio>,
     ) -> Self {
-        let redis_url = format!("redis://{redis}/");
+        let redis_url = if redis.contains("://") { redis.to_owned() } else { format!("redis://{redis}/") };
         let mut args = vec!["node", "--listen", "127.0.0.1:0", "--control-url", control_url];
         args.extend(["--node-token", token, "--master-key", MASTER_KEY, "--redis-url", &redis_url]);
         args.extend(["--openai-base-url", mock_url, "--anthropic-base-url", mock_url]);

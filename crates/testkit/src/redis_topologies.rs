@@ -1,9 +1,7 @@
 //! Redis topologies of a test's own, on loopback ports: a Redis Cluster (three primaries, each with
 //! a replica) and a primary with a replica watched by three sentinels. Every process is killed when
 //! the value is dropped. `redis-server` and `redis-cli` must be installed: the tests fail, never
-//! skip, without them. Included with `#[path]`.
-
-#![allow(dead_code)]
+//! skip, without them.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -67,7 +65,7 @@ fn ping(port: u16) -> bool {
     redis::cmd("PING").query::<String>(&mut connection).is_ok()
 }
 
-pub fn free_port() -> u16 {
+fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
