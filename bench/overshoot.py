@@ -309,6 +309,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def free_cluster_port() -> int:
+    """A free port for a cluster's server, whose bus listens 10,000 higher: at most 55,535, both free."""
+    while True:
+        port = free_port()
+        if port <= 55_535:
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port + 10_000))
+                    return port
+                except OSError:
+                    pass
+
+
 def redis_cli(port: int, *args: str) -> str:
     return subprocess.run(["redis-cli", "-p", str(port), *args], check=True, capture_output=True, text=True).stdout
 
@@ -317,7 +330,7 @@ class RedisCluster:
     """A Redis Cluster of the bench's own: three primaries, each with a replica, keeping nothing on disk."""
 
     def __init__(self, work: Path) -> None:
-        self.ports = [free_port() for _ in range(6)]
+        self.ports = [free_cluster_port() for _ in range(6)]
         self.procs = {port: subprocess.Popen(
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(work), "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",

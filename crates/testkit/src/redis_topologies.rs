@@ -69,6 +69,16 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
+/// A free port for a cluster's server, whose bus listens 10,000 ports higher: at most 55,535, both free.
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// A directory of the test's own for the servers' files (cluster and sentinel state).
 fn scratch(what: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("recovea-{what}-{}", fastrand::u64(..)));
@@ -104,7 +114,7 @@ impl Cluster {
         let dir = scratch("cluster");
         let servers: Vec<Process> = (0..6)
             .map(|_| {
-                let port = free_port();
+                let port = free_cluster_port();
                 let mut args = data_server_args(port, &dir);
                 args.extend(
                     [
