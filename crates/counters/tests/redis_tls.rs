@@ -126,3 +126,66 @@ async fn the_store_reaches_redis_over_tls_as_an_acl_user_and_only_so() {
         Redis::with_tls(&plain, &server.tls("ca.pem", true), StoreOptions::default()).expect_err("refused");
     assert!(refused.to_string().contains("rediss://"), "{refused}");
 }
+
+/// A Redis Cluster that speaks only TLS (to clients, between its servers and to its replicas),
+/// asks for a client certificate and knows one ACL user: `rediss+cluster://` with the same
+/// certificate options reaches it, counts a window on one of its shards and shares rate limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_reaches_a_redis_cluster_over_tls_as_an_acl_user() {
+    let dir = std::env::temp_dir().join(format!("recovea-redis-tls-cluster-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a directory");
+    recovea_testkit::pki::issue(&dir, &["IP:127.0.0.1"], "recovea");
+    let tls = recovea_testkit::redis_topologies::ClusterTls {
+        dir: dir.clone(),
+        user: "recovea".to_owned(),
+        password: PASSWORD.to_owned(),
+    };
+    let cluster =
+        tokio::task::spawn_blocking(move || recovea_testkit::redis_topologies::Cluster::start_tls(&tls))
+            .await
+            .expect("a TLS cluster");
+    let read = |name: &str| std::fs::read(dir.join(name)).expect("a certificate");
+    let certificates =
+        RedisTls { ca: Some(read("ca.pem")), client: Some((read("client.pem"), read("client.key"))) };
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+cluster://recovea:"), "{url}");
+
+    let options = StoreOptions { timeout: Duration::from_millis(1500), ..StoreOptions::default() };
+    let store = Redis::with_tls(&url, &certificates, options).expect("a store");
+    let now = Timestamp::from_system_time(SystemTime::now());
+    let window = recovea_counters::CapWindow {
+        org: recovea_core::ids::OrgId::parse("org_tls").expect("id"),
+        cap: recovea_core::ids::CapId::parse("cap_tls").expect("id"),
+        start: Timestamp(now.0 - 1_000),
+        end: Timestamp(now.0 + 60_000),
+    };
+    let node = recovea_counters::Counters::new("node-tls");
+    node.seed(
+        &recovea_counters::Unseeded::fresh(window.clone()),
+        recovea_counters::Rebuilt { total: recovea_core::money::Nanos::ZERO, last_start: None },
+    );
+    node.add(std::slice::from_ref(&window), recovea_core::money::Nanos(5), now);
+    node.sync_with(&store, now).await.expect("a sync over TLS");
+    let other = recovea_counters::Counters::new("node-other");
+    other.sync_with(&store, now).await.expect("a sync");
+    let spend = recovea_core::caps::SpendView::spend(other.as_ref(), &window.org, &window.cap, window.start);
+    other.sync_with(&store, now).await.expect("a sync");
+    let seen = recovea_core::caps::SpendView::spend(other.as_ref(), &window.org, &window.cap, window.start);
+    assert_eq!((spend.spent.0, seen.spent.0), (0, 5), "another node reads the window through the cluster");
+
+    use recovea_counters::RateShare;
+    let share = RedisRateShare::with_tls(&url, &certificates, "recovea:rate").expect("a share");
+    let key = recovea_core::ids::KeyId::parse("key_tls").expect("id");
+    share
+        .exchange(&[(key, recovea_counters::RateUsage { requests: 1, tokens: 2 })])
+        .await
+        .expect("an exchange");
+
+    let wrong = url.replace(PASSWORD, "not-the-password");
+    let store = Redis::with_tls(&wrong, &certificates, StoreOptions::default()).expect("a store");
+    let refused = node.sync_with(&store, now).await.expect_err("a wrong password").to_string();
+    assert!(!refused.contains(PASSWORD) && !refused.contains("not-the-password"), "{refused}");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,10 +1,11 @@
 //! Redis topologies of a test's own, on loopback ports: a Redis Cluster (three primaries, each with
-//! a replica) and a primary with a replica watched by three sentinels. Every process is killed when
-//! the value is dropped. `redis-server` and `redis-cli` must be installed: the tests fail, never
-//! skip, without them.
+//! a replica; over TLS with an ACL user if asked) and a primary with a replica watched by three
+//! sentinels. Every process is killed when the value is dropped. `redis-server` and `redis-cli` must
+//! be installed: the tests fail, never skip, without them. The servers are asked with `redis-cli`,
+//! which speaks TLS as the servers do.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,14 +16,14 @@ pub struct Process {
 }
 
 impl Process {
-    fn start(port: u16, args: &[String]) -> Self {
+    fn start(port: u16, args: &[String], cli: &Cli) -> Self {
         let child = Command::new("redis-server")
             .args(args)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server must be installed to run this test");
         let process = Self { port, child: Some(child) };
-        process.wait_until(|| ping(port), "answer PING");
+        process.wait_until(|| cli.ask(port, &["PING"]).trim() == "PONG", "answer PING");
         process
     }
 
@@ -57,12 +58,22 @@ impl Drop for Process {
     }
 }
 
-fn ping(port: u16) -> bool {
-    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) else { return false };
-    let Ok(mut connection) = client.get_connection_with_timeout(Duration::from_millis(200)) else {
-        return false;
-    };
-    redis::cmd("PING").query::<String>(&mut connection).is_ok()
+/// How `redis-cli` reaches the servers: its connection flags (TLS, user and password).
+#[derive(Default, Clone)]
+struct Cli(Vec<String>);
+
+impl Cli {
+    /// `command`'s answer from the server on `port`; empty if it does not answer.
+    fn ask(&self, port: u16, command: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args(&self.0)
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(command)
+            .stderr(Stdio::null())
+            .output()
+            .expect("redis-cli must be installed to run this test");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
 }
 
 fn free_port() -> u16 {
@@ -86,10 +97,11 @@ fn scratch(what: &str) -> PathBuf {
     dir
 }
 
-fn data_server_args(port: u16, dir: &std::path::Path) -> Vec<String> {
+fn data_server_args(port: u16, dir: &Path) -> Vec<String> {
+    let port = port.to_string();
     [
         "--port",
-        &port.to_string(),
+        &port,
         "--bind",
         "127.0.0.1",
         "--save",
@@ -103,19 +115,86 @@ fn data_server_args(port: u16, dir: &std::path::Path) -> Vec<String> {
     .to_vec()
 }
 
+/// TLS for a cluster: every port TLS only (clients, replication and the cluster bus), the
+/// certificates of `testkit::pki::issue` in `dir` (clients must show one), and one ACL user besides
+/// a disabled `default`.
+pub struct ClusterTls {
+    pub dir: PathBuf,
+    pub user: String,
+    pub password: String,
+}
+
+impl ClusterTls {
+    fn file(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    fn server_args(&self, port: u16) -> Vec<String> {
+        let mut args: Vec<String> =
+            ["--port", "0", "--tls-port", &port.to_string()].map(str::to_owned).to_vec();
+        for (flag, value) in [
+            ("--tls-cluster", "yes".to_owned()),
+            ("--tls-replication", "yes".to_owned()),
+            ("--tls-auth-clients", "yes".to_owned()),
+            ("--tls-cert-file", self.file("server.pem")),
+            ("--tls-key-file", self.file("server.key")),
+            ("--tls-ca-cert-file", self.file("ca.pem")),
+            ("--masteruser", self.user.clone()),
+            ("--masterauth", self.password.clone()),
+        ] {
+            args.extend([flag.to_owned(), value]);
+        }
+        args.extend(["--user", "default", "off", "--user", &self.user, "on"].map(str::to_owned));
+        args.extend([format!(">{}", self.password), "~*".into(), "&*".into(), "+@all".into()]);
+        args
+    }
+
+    fn cli(&self) -> Cli {
+        Cli(vec![
+            "--tls".into(),
+            "--cacert".into(),
+            self.file("ca.pem"),
+            "--cert".into(),
+            self.file("client.pem"),
+            "--key".into(),
+            self.file("client.key"),
+            "--user".into(),
+            self.user.clone(),
+            "--pass".into(),
+            self.password.clone(),
+        ])
+    }
+}
+
 /// A Redis Cluster of three primaries, each with one replica.
 pub struct Cluster {
     pub servers: Vec<Process>,
     pub dir: PathBuf,
+    cli: Cli,
+    scheme: &'static str,
+    credentials: String,
 }
 
 impl Cluster {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// A cluster that speaks only TLS, to clients with a certificate and `tls`'s user.
+    pub fn start_tls(tls: &ClusterTls) -> Self {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<&ClusterTls>) -> Self {
         let dir = scratch("cluster");
+        let cli = tls.map(ClusterTls::cli).unwrap_or_default();
         let servers: Vec<Process> = (0..6)
             .map(|_| {
                 let port = free_cluster_port();
                 let mut args = data_server_args(port, &dir);
+                if let Some(tls) = tls {
+                    args.extend(tls.server_args(port));
+                }
                 args.extend(
                     [
                         "--cluster-enabled",
@@ -132,29 +211,34 @@ impl Cluster {
                     ]
                     .map(str::to_owned),
                 );
-                Process::start(port, &args)
+                Process::start(port, &args, &cli)
             })
             .collect();
         let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
+        create.args(&cli.0).arg("--cluster").arg("create");
         for server in &servers {
             create.arg(format!("127.0.0.1:{}", server.port));
         }
         let status = create
             .args(["--cluster-replicas", "1", "--cluster-yes"])
             .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .status()
             .expect("redis-cli must be installed to run this test");
         assert!(status.success(), "redis-cli --cluster create failed");
-        let cluster = Self { servers, dir };
+        let (scheme, credentials) = match tls {
+            Some(tls) => ("rediss", format!("{}:{}@", tls.user, tls.password)),
+            None => ("redis", String::new()),
+        };
+        let cluster = Self { servers, dir, cli, scheme, credentials };
         cluster.wait_until_ok();
         cluster
     }
 
-    /// `redis+cluster://` with every server as a seed.
+    /// `redis+cluster://` (`rediss+cluster://` over TLS, with the user) with every server as a seed.
     pub fn url(&self) -> String {
         let seeds: Vec<String> = self.servers.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
-        format!("redis+cluster://{}", seeds.join(","))
+        format!("{}+cluster://{}{}", self.scheme, self.credentials, seeds.join(","))
     }
 
     /// Plain URLs of the servers that still run.
@@ -167,7 +251,7 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let ok = self.servers.iter().filter(|s| s.is_running()).all(|server| {
-                let info = info(server.port, "CLUSTER", "INFO");
+                let info = self.cli.ask(server.port, &["CLUSTER", "INFO"]);
                 info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
             });
             if ok {
@@ -180,28 +264,22 @@ impl Cluster {
 
     /// The server that serves `key`'s slot as primary now.
     pub fn primary_of(&self, key: &str) -> usize {
-        let slot: i64 = query(self.servers[0].port, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key));
-        let shards: redis::Value = query(self.servers[0].port, redis::cmd("CLUSTER").arg("SLOTS"));
-        let redis::Value::Array(ranges) = shards else { panic!("CLUSTER SLOTS: {shards:?}") };
-        for range in ranges {
-            let redis::Value::Array(parts) = range else { continue };
-            let (
-                Some(redis::Value::Int(from)),
-                Some(redis::Value::Int(to)),
-                Some(redis::Value::Array(primary)),
-            ) = (parts.first(), parts.get(1), parts.get(2))
-            else {
+        let asked = self.servers.iter().find(|s| s.is_running()).expect("a running server").port;
+        let slot: u16 = self.cli.ask(asked, &["CLUSTER", "KEYSLOT", key]).trim().parse().expect("a slot");
+        for line in self.cli.ask(asked, &["CLUSTER", "NODES"]).lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(address), Some(flags)) = (fields.get(1), fields.get(2)) else { continue };
+            if !flags.contains("master") || flags.contains("fail") {
                 continue;
-            };
-            if (*from..=*to).contains(&slot) {
-                let Some(redis::Value::Int(port)) = primary.get(1) else {
-                    panic!("CLUSTER SLOTS: {primary:?}")
-                };
-                return self
-                    .servers
-                    .iter()
-                    .position(|s| i64::from(s.port) == *port)
-                    .expect("a server of the cluster");
+            }
+            let serves = fields.iter().skip(8).any(|range| {
+                let (low, high) = range.split_once('-').unwrap_or((range, range));
+                matches!((low.parse::<u16>(), high.parse::<u16>()), (Ok(low), Ok(high)) if (low..=high).contains(&slot))
+            });
+            if serves {
+                let port = address.split('@').next().and_then(|a| a.rsplit(':').next());
+                let port: u16 = port.and_then(|p| p.parse().ok()).expect("a server's port");
+                return self.servers.iter().position(|s| s.port == port).expect("a server of the cluster");
             }
         }
         panic!("no primary serves slot {slot}")
@@ -219,15 +297,15 @@ pub const SENTINEL_MASTER: &str = "recovea";
 
 impl Sentinels {
     pub fn start() -> Self {
-        let dir = scratch("sentinel");
+        let (dir, cli) = (scratch("sentinel"), Cli::default());
         let primary_port = free_port();
-        let primary = Process::start(primary_port, &data_server_args(primary_port, &dir));
+        let primary = Process::start(primary_port, &data_server_args(primary_port, &dir), &cli);
         let replica_port = free_port();
         let mut args = data_server_args(replica_port, &dir);
         args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), primary_port.to_string()]);
-        let replica = Process::start(replica_port, &args);
+        let replica = Process::start(replica_port, &args, &cli);
         replica.wait_until(
-            || info(replica_port, "INFO", "replication").contains("master_link_status:up"),
+            || cli.ask(replica_port, &["INFO", "replication"]).contains("master_link_status:up"),
             "sync",
         );
         let sentinels = (0..3)
@@ -245,7 +323,7 @@ impl Sentinels {
                     ),
                 )
                 .expect("sentinel config");
-                Process::start(port, &[config.display().to_string(), "--sentinel".to_owned()])
+                Process::start(port, &[config.display().to_string(), "--sentinel".to_owned()], &cli)
             })
             .collect();
         let topology = Self { servers: vec![primary, replica], sentinels, dir };
@@ -265,11 +343,9 @@ impl Sentinels {
             .sentinels
             .iter()
             .map(|sentinel| {
-                let reply: Vec<String> = query(
-                    sentinel.port,
-                    redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(SENTINEL_MASTER),
-                );
-                reply.get(1).and_then(|port| port.parse().ok())
+                let answer = Cli::default()
+                    .ask(sentinel.port, &["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER]);
+                answer.lines().nth(1).and_then(|port| port.trim().parse().ok())
             })
             .collect();
         named.windows(2).all(|pair| pair[0] == pair[1]).then(|| named[0]).flatten()
@@ -278,7 +354,8 @@ impl Sentinels {
     /// Waits until every sentinel names `port` the primary, and it says so itself.
     pub fn wait_until_primary_is(&self, port: u16) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while self.primary_port() != Some(port) || !info(port, "INFO", "replication").contains("role:master")
+        while self.primary_port() != Some(port)
+            || !Cli::default().ask(port, &["INFO", "replication"]).contains("role:master")
         {
             assert!(Instant::now() < deadline, "the sentinels do not agree on 127.0.0.1:{port}");
             std::thread::sleep(Duration::from_millis(50));
@@ -289,19 +366,4 @@ impl Sentinels {
     pub fn server(&mut self, port: u16) -> &mut Process {
         self.servers.iter_mut().find(|s| s.port == port).expect("a data server")
     }
-}
-
-fn query<T: redis::FromRedisValue>(port: u16, command: &mut redis::Cmd) -> T {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("url");
-    let mut connection =
-        client.get_connection_with_timeout(Duration::from_secs(2)).expect("connect to a test server");
-    command.query(&mut connection).expect("a test server's answer")
-}
-
-fn info(port: u16, command: &str, section: &str) -> String {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("url");
-    let Ok(mut connection) = client.get_connection_with_timeout(Duration::from_millis(500)) else {
-        return String::new();
-    };
-    redis::cmd(command).arg(section).query(&mut connection).unwrap_or_default()
 }
