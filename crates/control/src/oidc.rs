@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 
 pub use access::{Access, AccessRules, Refusal, Role};
 pub use config::{OidcConfig, OidcSettings};
-pub use flow::{CallbackError, LoginAttempt};
+pub use flow::{Callback, CallbackError, LoginAttempt};
 pub use jwt::TokenError;
 pub use pending::LOGIN_TTL;
 pub use provider::RelyingParty;
@@ -166,8 +166,10 @@ impl SignOn {
     }
 
     /// Finishes the login that `binding` (the [`LOGIN_COOKIE`] the browser sent, if any) started,
-    /// with the callback's query string, verifying the ID token at `now`. The login is used up
-    /// whatever the outcome: a second callback for it finds [`SignInError::NoLoginWaiting`]. An
+    /// with the callback's query string, verifying the ID token at `now`. A callback that carries
+    /// this browser's state uses the login up, whatever the outcome: a second one finds
+    /// [`SignInError::NoLoginWaiting`]. One that does not (another browser's, or a link from
+    /// another site, which the `Lax` cookie goes with) is refused and leaves the login waiting. An
     /// [`Access::Org`] names an organization the caller must still find in the store.
     pub async fn callback(
         &self,
@@ -175,9 +177,12 @@ impl SignOn {
         binding: Option<&str>,
         now: SystemTime,
     ) -> Result<SignedIn, SignInError> {
-        let attempt = binding
-            .and_then(|binding| self.pending.take(binding, Instant::now()))
-            .ok_or(SignInError::NoLoginWaiting)?;
+        let binding = binding.ok_or(SignInError::NoLoginWaiting)?;
+        let callback = Callback::parse(callback_query).map_err(SignInError::Callback)?;
+        if !callback.state().is_some_and(|state| flow::same_secret(state, binding)) {
+            return Err(SignInError::Callback(CallbackError::WrongState));
+        }
+        let attempt = self.pending.take(binding, Instant::now()).ok_or(SignInError::NoLoginWaiting)?;
         let person = self.party.finish(&attempt, callback_query, now).await?;
         let access = access::decide(&person.claims, &self.party.config().access);
         Ok(SignedIn { person, access })
@@ -244,6 +249,8 @@ mod tests {
             let refused = sign_on.callback("code=c&state=never-issued", binding, now).await;
             assert!(matches!(refused, Err(SignInError::NoLoginWaiting)), "{refused:?}");
         }
+        let refused = sign_on.callback("code=c&state=another", Some("never-issued"), now).await;
+        assert!(matches!(refused, Err(SignInError::Callback(CallbackError::WrongState))), "{refused:?}");
     }
 
     #[test]

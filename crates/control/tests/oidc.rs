@@ -14,10 +14,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
-use recovea_control::oidc::flow::Callback;
 use recovea_control::oidc::{
-    Access, CallbackError, OidcConfig, OidcSettings, Refusal, RelyingParty, Role, SignInError, SignOn,
-    TokenError,
+    Access, Callback, CallbackError, OidcConfig, OidcSettings, Refusal, RelyingParty, Role, SignInError,
+    SignOn, TokenError,
 };
 use recovea_upstream::{ProviderNetwork, Upstream};
 use ring::rand::SystemRandom;
@@ -353,6 +352,11 @@ async fn a_callback_for_another_login_or_browser_is_refused() {
     // Without the login cookie at all.
     let refused = sign_on.callback(&query, None, SystemTime::now()).await;
     assert!(matches!(refused, Err(SignInError::NoLoginWaiting)), "{refused:?}");
+    // Neither used a login up: the second still signs its own browser in.
+    let query = Browser::new().sign_in(&second.location, "victor").await;
+    let signed_in =
+        sign_on.callback(&query, Some(&second.binding), SystemTime::now()).await.expect("signed in");
+    assert_eq!(signed_in.person.subject, "victor");
 }
 
 #[tokio::test]

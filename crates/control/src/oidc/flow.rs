@@ -95,6 +95,9 @@ impl LoginAttempt {
         iss_required: bool,
     ) -> Result<&'a str, CallbackError> {
         match callback {
+            Callback::Denied { state: Some(state), .. } if !same_secret(state, &self.state) => {
+                Err(CallbackError::WrongState)
+            }
             Callback::Denied { error, .. } => Err(CallbackError::Denied(error.clone())),
             Callback::Code { code, state, iss } => {
                 if !same_secret(state, &self.state) {
@@ -148,6 +151,14 @@ pub enum CallbackError {
 }
 
 impl Callback {
+    /// The state the callback carries, if any.
+    pub fn state(&self) -> Option<&str> {
+        match self {
+            Callback::Code { state, .. } => Some(state),
+            Callback::Denied { state, .. } => state.as_deref(),
+        }
+    }
+
     /// Reads the callback's query string.
     pub fn parse(query: &str) -> Result<Self, CallbackError> {
         let (mut code, mut state, mut iss, mut error) = (None, None, None, None);
@@ -262,12 +273,19 @@ mod tests {
 
     #[test]
     fn a_refusal_or_a_broken_callback_gives_no_code() {
-        let denied = Callback::parse("error=access_denied&error_description=no&state=s").expect("parses");
-        assert_eq!(denied, Callback::Denied { error: "access_denied".into(), state: Some("s".into()) });
+        let attempt = attempt();
+        let query = format!("error=access_denied&error_description=no&state={}", attempt.state());
+        let denied = Callback::parse(&query).expect("parses");
         assert_eq!(
-            attempt().code_from(&denied, "i", false),
+            denied,
+            Callback::Denied { error: "access_denied".into(), state: Some(attempt.state().into()) }
+        );
+        assert_eq!(
+            attempt.code_from(&denied, "i", false),
             Err(CallbackError::Denied("access_denied".into()))
         );
+        let forged = Callback::parse("error=access_denied&state=another").expect("parses");
+        assert_eq!(attempt.code_from(&forged, "i", false), Err(CallbackError::WrongState));
         for broken in
             ["", "code=abc", "state=s", "code=&state=s", "code=a&code=b&state=s", "code=a&state=s&state=t"]
         {
