@@ -71,9 +71,29 @@ impl<T: Clone> Cached<T> {
         self.asked_at.is_none_or(|asked| now.saturating_duration_since(asked) >= interval)
     }
 
+    /// What serves without asking the provider: the value while fresh, or a stale one while the
+    /// provider was asked within `interval`.
+    fn without_asking(&self, now: Instant, interval: Duration) -> Option<T> {
+        self.fresh(now, DOCUMENT_MAX_AGE)
+            .or_else(|| self.value.clone().filter(|_| !self.may_ask(now, interval)))
+    }
+
     fn record(&mut self, value: T, now: Instant) {
         self.value = Some(value);
         self.fetched_at = Some(now);
+    }
+
+    /// What was just `fetched`, or when that failed, the value held: a provider down for a while
+    /// signs people in with what it last said.
+    fn or_held(&self, fetched: Result<T, SignInError>, what: &str) -> Result<T, SignInError> {
+        match (fetched, &self.value) {
+            (Ok(value), _) => Ok(value),
+            (Err(e), Some(held)) => {
+                tracing::warn!(error = %e, what, "single sign-on: the provider could not be asked again; what it said last still serves");
+                Ok(held.clone())
+            }
+            (Err(e), None) => Err(e),
+        }
     }
 }
 
@@ -295,54 +315,31 @@ impl RelyingParty {
     async fn discovery(&self) -> Result<Arc<Discovery>, SignInError> {
         let mut cached = self.discovery.lock().await;
         let now = Instant::now();
-        if let Some(discovery) = cached.fresh(now, DOCUMENT_MAX_AGE) {
+        if let Some(discovery) = cached.without_asking(now, self.refetch_interval) {
             return Ok(discovery);
-        }
-        if let Some(stale) = cached.value.clone().filter(|_| !cached.may_ask(now, self.refetch_interval)) {
-            return Ok(stale);
         }
         cached.asked_at = Some(now);
         let fetched = async {
             let url = Url::parse(&self.config.discovery_url())
                 .map_err(|_| SignInError::Provider("--oidc-issuer gives no discovery URL".into()))?;
             let body = self.get(&url, "discovery document").await?;
-            Discovery::read(&body, &self.config.issuer).map_err(SignInError::Provider)
+            Discovery::read(&body, &self.config.issuer).map(Arc::new).map_err(SignInError::Provider)
         };
-        match fetched.await {
-            Ok(discovery) => {
-                let discovery = Arc::new(discovery);
-                cached.record(Arc::clone(&discovery), now);
-                Ok(discovery)
-            }
-            Err(e) => match cached.value.clone() {
-                Some(stale) => {
-                    tracing::warn!(error = %e, "single sign-on: the discovery document could not be fetched again; the one held still serves");
-                    Ok(stale)
-                }
-                None => Err(e),
-            },
+        let fetched = fetched.await;
+        if let Ok(discovery) = &fetched {
+            cached.record(Arc::clone(discovery), now);
         }
+        cached.or_held(fetched, "discovery document")
     }
 
     async fn keys(&self) -> Result<Arc<KeySet>, SignInError> {
         let mut cached = self.keys.lock().await;
         let now = Instant::now();
-        if let Some(keys) = cached.fresh(now, DOCUMENT_MAX_AGE) {
+        if let Some(keys) = cached.without_asking(now, self.refetch_interval) {
             return Ok(keys);
         }
-        if let Some(stale) = cached.value.clone().filter(|_| !cached.may_ask(now, self.refetch_interval)) {
-            return Ok(stale);
-        }
-        match self.fetch_keys(&mut cached, now).await {
-            Ok(keys) => Ok(keys),
-            Err(e) => match cached.value.clone() {
-                Some(stale) => {
-                    tracing::warn!(error = %e, "single sign-on: the provider's keys could not be fetched again; those held still serve");
-                    Ok(stale)
-                }
-                None => Err(e),
-            },
-        }
+        let fetched = self.fetch_keys(&mut cached, now).await;
+        cached.or_held(fetched, "keys")
     }
 
     /// The keys fetched again after `seen` lacked a token's key: those another sign-in fetched
@@ -511,6 +508,15 @@ mod tests {
             !cached.may_ask(start + MIN_REFETCH_INTERVAL - Duration::from_millis(1), MIN_REFETCH_INTERVAL)
         );
         assert!(cached.may_ask(start + MIN_REFETCH_INTERVAL, MIN_REFETCH_INTERVAL));
+        // Stale, it still serves without asking while the provider was asked within the interval.
+        let stale = start + DOCUMENT_MAX_AGE;
+        cached.asked_at = Some(stale);
+        assert_eq!(cached.without_asking(stale + Duration::from_secs(1), MIN_REFETCH_INTERVAL), Some(1));
+        assert_eq!(cached.without_asking(stale + MIN_REFETCH_INTERVAL, MIN_REFETCH_INTERVAL), None);
+        let failed = cached.or_held(Err(SignInError::Provider("down".into())), "keys");
+        assert_eq!(failed.ok(), Some(1), "what the provider said last still serves");
+        let empty: Cached<u32> = Cached::default();
+        assert!(empty.or_held(Err(SignInError::Provider("down".into())), "keys").is_err());
     }
 
     #[test]
