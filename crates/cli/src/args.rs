@@ -268,6 +268,79 @@ pub(crate) struct AdminArgs {
     /// is unreachable, before the admin API answers 503.
     #[arg(long, env = "RECOVEA_DATABASE_POOL_WAIT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub(crate) database_pool_wait: Duration,
+    /// Boxed: ten flags that most deployments leave unset would make `serve`'s and `control`'s
+    /// flags far larger than the other commands'.
+    #[command(flatten)]
+    pub(crate) oidc: Box<OidcArgs>,
+}
+
+/// Single sign-on to the console through an OpenID Connect provider (`serve`, `control`).
+#[derive(Args)]
+pub(crate) struct OidcArgs {
+    /// Signs people in to the console through this OpenID Connect provider: its issuer URL, exactly
+    /// as its discovery document names it (https, or http to localhost). Off without it.
+    #[arg(
+        long,
+        env = "RECOVEA_OIDC_ISSUER",
+        requires = "oidc_client_id",
+        requires = "oidc_client_secret",
+        requires = "oidc_redirect_url"
+    )]
+    pub(crate) oidc_issuer: Option<String>,
+    /// The client id Recovea's console has at the provider.
+    #[arg(long, env = "RECOVEA_OIDC_CLIENT_ID", requires = "oidc_issuer")]
+    pub(crate) oidc_client_id: Option<String>,
+    /// The client secret Recovea's console has at the provider.
+    #[arg(long, env = "RECOVEA_OIDC_CLIENT_SECRET", hide_env_values = true, requires = "oidc_issuer")]
+    pub(crate) oidc_client_secret: Option<String>,
+    /// Where the provider sends people back: the console's address followed by
+    /// /console/oidc/callback, as registered with the provider.
+    #[arg(long, env = "RECOVEA_OIDC_REDIRECT_URL", requires = "oidc_issuer")]
+    pub(crate) oidc_redirect_url: Option<String>,
+    /// The scopes asked of the provider, space- or comma-separated (openid is always asked): those
+    /// that put the claims below in the ID token.
+    #[arg(long, env = "RECOVEA_OIDC_SCOPES", default_value = recovea_control::oidc::config::DEFAULT_SCOPES)]
+    pub(crate) oidc_scopes: String,
+    /// The ID token claim that holds a person's organization id (org_...): they sign in to that
+    /// organization alone.
+    #[arg(long, env = "RECOVEA_OIDC_ORG_CLAIM", requires = "oidc_issuer")]
+    pub(crate) oidc_org_claim: Option<String>,
+    /// The ID token claim that holds a person's role in their organization, admin or viewer.
+    /// Without it, everyone signed in to an organization is a viewer.
+    #[arg(long, env = "RECOVEA_OIDC_ROLE_CLAIM", requires = "oidc_org_claim")]
+    pub(crate) oidc_role_claim: Option<String>,
+    /// The ID token claim that lists a person's groups.
+    #[arg(long, env = "RECOVEA_OIDC_GROUPS_CLAIM", default_value = recovea_control::oidc::config::DEFAULT_GROUPS_CLAIM)]
+    pub(crate) oidc_groups_claim: String,
+    /// The group whose members sign in as the operator (everything the admin token reaches),
+    /// whatever organization their account names.
+    #[arg(long, env = "RECOVEA_OIDC_OPERATOR_GROUP", requires = "oidc_issuer")]
+    pub(crate) oidc_operator_group: Option<String>,
+    /// A PEM file of certificate authorities trusted for the provider beside the public web's
+    /// roots: a provider behind a private CA.
+    #[arg(long, env = "RECOVEA_OIDC_CA_FILE", requires = "oidc_issuer")]
+    pub(crate) oidc_ca_file: Option<PathBuf>,
+}
+
+impl OidcArgs {
+    /// The validated sign-on settings, when an issuer is given.
+    pub(crate) fn config(&self) -> Result<Option<recovea_control::oidc::OidcConfig>, String> {
+        let Some(issuer) = &self.oidc_issuer else { return Ok(None) };
+        let given = |value: &Option<String>| value.clone().unwrap_or_default();
+        recovea_control::oidc::OidcConfig::new(recovea_control::oidc::OidcSettings {
+            issuer: issuer.clone(),
+            client_id: given(&self.oidc_client_id),
+            client_secret: given(&self.oidc_client_secret),
+            redirect_url: given(&self.oidc_redirect_url),
+            scopes: self.oidc_scopes.clone(),
+            org_claim: self.oidc_org_claim.clone(),
+            role_claim: self.oidc_role_claim.clone(),
+            groups_claim: self.oidc_groups_claim.clone(),
+            operator_group: self.oidc_operator_group.clone(),
+            ca_pem: read_file("--oidc-ca-file", self.oidc_ca_file.as_deref())?,
+        })
+        .map(Some)
+    }
 }
 
 impl AdminArgs {

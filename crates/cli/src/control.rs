@@ -12,12 +12,13 @@ use tokio::net::TcpListener;
 
 use crate::args::{ControlArgs, init_logging, operator_token, parse_master_key, shutdown_signal};
 use crate::data_dir;
-use crate::wiring::{Stop, admin_token, alert_signing_secret, open_stores, poller_settings};
+use crate::wiring::{Stop, admin_token, alert_signing_secret, open_stores, poller_settings, sign_on};
 
 pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
     let _log = init_logging(&args.common)?;
     let shutdown = shutdown_signal();
     let master_key = parse_master_key(&args.master_key)?;
+    let sign_on = sign_on(&args.admin.oidc)?;
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;
     let (admin_token, token_generated) = admin_token(&args.admin, data_dir)?;
@@ -34,6 +35,10 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
         Control::new(stores.store.clone(), stores.ledger.clone(), master_key, &admin_token, Arc::new(|_| {}))
             .with_store_limit(limit)
             .with_jobs(Arc::clone(&jobs));
+    let control = match sign_on {
+        Some(sign_on) => control.with_sign_on(sign_on),
+        None => control,
+    };
     let alerts = Alerts::start(stores.store.clone(), stores.ledger.clone(), &alert_secret, limit);
     let poll_interval = args.jobs.job_poll_interval;
     // Nodes are always served: each presents a node credential issued through the admin API, or

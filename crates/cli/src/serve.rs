@@ -19,13 +19,14 @@ use crate::args::{ServeArgs, init_logging, parse_master_key, shutdown_signal};
 use crate::data_dir;
 use crate::wiring::{
     RATE_SHARE_INTERVAL, Stop, Stores, admin_token, alert_signing_secret, counters, open_spool, open_stores,
-    poller_settings, rate_share, serve_metrics_apart,
+    poller_settings, rate_share, serve_metrics_apart, sign_on,
 };
 
 pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let _log = init_logging(&args.common)?;
     let shutdown = shutdown_signal();
     let config = args.gateway.config()?;
+    let sign_on = sign_on(&args.admin.oidc)?;
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;
     let master_key = match &args.master_key {
@@ -67,6 +68,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     )
     .with_store_limit(args.admin.store_limit())
     .with_jobs(Arc::clone(&jobs));
+    let control = match sign_on {
+        Some(sign_on) => control.with_sign_on(sign_on),
+        None => control,
+    };
     control.reconcile_with(counters.clone());
     // The node in this process counts every new book of jobs at once.
     let book_to = gateway.clone();

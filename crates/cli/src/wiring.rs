@@ -14,9 +14,10 @@ use recovea_store::{ControlStore, JobStore, PostgresStore, ReceiptLedger, Sqlite
 use tokio::sync::watch;
 
 use recovea_control::jobs::{PollerSettings, ProviderDefaults};
+use recovea_control::oidc::SignOn;
 use recovea_upstream::Upstream;
 
-use crate::args::{AdminArgs, GatewayArgs, ProviderArgs, non_blank, operator_token};
+use crate::args::{AdminArgs, GatewayArgs, OidcArgs, ProviderArgs, non_blank, operator_token};
 use crate::data_dir;
 
 /// The control store, the receipt ledger and the jobs: one database behind the three traits.
@@ -44,6 +45,31 @@ pub(crate) fn poller_settings(
         },
         alerts,
     })
+}
+
+/// Single sign-on from the `--oidc-*` flags, when an issuer is given. Its provider's documents are
+/// fetched at once in the background, so that a provider set up wrong shows in the log at start;
+/// the control plane starts all the same (the admin token still signs in).
+pub(crate) fn sign_on(args: &OidcArgs) -> Result<Option<Arc<SignOn>>, String> {
+    let Some(config) = args.config()? else { return Ok(None) };
+    let sign_on = Arc::new(SignOn::new(config));
+    let warming = Arc::clone(&sign_on);
+    tokio::spawn(async move {
+        let issuer = warming.party().config().issuer();
+        match warming.party().warm_up().await {
+            Ok(keys) => tracing::info!(
+                issuer,
+                keys,
+                "single sign-on: the provider's discovery document and keys are read"
+            ),
+            Err(e) => tracing::warn!(
+                issuer,
+                error = %e,
+                "single sign-on: the provider cannot be used yet; each sign-in tries again"
+            ),
+        }
+    });
+    Ok(Some(sign_on))
 }
 
 /// Opens `--database-url` (`sqlite://PATH`, `postgres://...`) or the SQLite file in the data dir.

@@ -318,7 +318,42 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     let dir = temp_dir("bad-flags");
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
     std::fs::write(dir.join("admin-token"), "\n").expect("an empty token file");
-    let cases: [Case<'_>; 16] = [
+    // Single sign-on: a setting that cannot work stops the start, never printing the secret.
+    let oidc =
+        |issuer: &'static str, redirect: &'static str, claim: &'static str| -> &'static [&'static str] {
+            vec![
+                "--admin-token",
+                TOKEN,
+                "--oidc-issuer",
+                issuer,
+                "--oidc-client-id",
+                "recovea",
+                "--oidc-client-secret",
+                "oidc-secret-never-printed",
+                "--oidc-redirect-url",
+                redirect,
+                claim,
+                "org",
+            ]
+            .leak()
+        };
+    let callback = "https://recovea.example.com/console/oidc/callback";
+    let cases: [Case<'_>; 19] = [
+        (
+            oidc("http://login.example.com", callback, "--oidc-org-claim"),
+            &[],
+            "--oidc-issuer: \"http://login.example.com\" must be https",
+        ),
+        (
+            oidc("https://login.example.com", "https://recovea.example.com/callback", "--oidc-org-claim"),
+            &[],
+            "--oidc-redirect-url: must be the console's address followed by /console/oidc/callback",
+        ),
+        (
+            oidc("https://login.example.com", callback, "--oidc-groups-claim"),
+            &[],
+            "single sign-on needs --oidc-org-claim or --oidc-operator-group",
+        ),
         (&[], &[], "admin-token is empty"),
         // Bearer tokens an operator sets are long enough that guessing is out of reach.
         (&["--admin-token", "guessable-token"], &[], "--admin-token: must be at least 32 characters, not 15"),
@@ -375,6 +410,7 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
         assert!(!output.status.success(), "{args:?} {env:?} should fail");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(named), "{args:?} {env:?}: {stderr}");
+        assert!(!stderr.contains("oidc-secret-never-printed"), "{stderr}");
     }
     // The node token, on both of its ends.
     let short = "node-token-too-short";
@@ -455,7 +491,7 @@ fn every_flag_of_every_subcommand_names_its_environment_variable() {
         let flags: Vec<&String> =
             blocks.iter().filter(|b| !b.contains("--help") && !b.contains("--version")).collect();
         if args == ["serve"] {
-            assert_eq!(flags.len(), 42, "{help}");
+            assert_eq!(flags.len(), 52, "{help}");
         }
         for block in flags {
             assert!(block.contains("[env: RECOVEA_"), "{args:?}: {block}");

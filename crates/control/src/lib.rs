@@ -15,6 +15,7 @@ mod feed;
 pub mod ingest;
 pub mod jobs;
 mod node_api;
+pub mod oidc;
 pub mod random;
 pub mod rebuild;
 mod server;
@@ -86,6 +87,8 @@ struct Inner {
     jobs: std::sync::OnceLock<Arc<jobs::Jobs>>,
     /// The organization of keys whose receipts were ingested (see [`node_api::KeyOwners`]).
     key_owners: node_api::KeyOwners,
+    /// Single sign-on through an OpenID Connect provider, when one is configured.
+    sign_on: std::sync::OnceLock<Arc<oidc::SignOn>>,
 }
 
 /// When a node's report was last stored, its version then and the credential it presented.
@@ -139,6 +142,7 @@ impl Control {
                 wrong_tokens: attempts::WrongTokens::default(),
                 jobs: std::sync::OnceLock::new(),
                 key_owners: node_api::KeyOwners::default(),
+                sign_on: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -183,6 +187,17 @@ impl Control {
     pub fn with_jobs(self, jobs: Arc<jobs::Jobs>) -> Self {
         let _ = self.inner.jobs.set(jobs);
         self
+    }
+
+    /// Signs people in to the console through `sign_on`'s provider.
+    pub fn with_sign_on(self, sign_on: Arc<oidc::SignOn>) -> Self {
+        let _ = self.inner.sign_on.set(sign_on);
+        self
+    }
+
+    /// Single sign-on, when it is configured.
+    pub fn sign_on(&self) -> Option<&Arc<oidc::SignOn>> {
+        self.inner.sign_on.get()
     }
 
     /// Where counter windows are rebuilt from.
