@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 runs=${1:-5}
 cargo test -q -p recovea-counters --test redis_failover --no-run
 lines=$(for _ in $(seq "$runs"); do
-  cargo test -q -p recovea-counters --test redis_failover -- --nocapture --test-threads 1 2>/dev/null | grep '^failover:'
+  cargo test -q -p recovea-counters --test redis_failover -- --nocapture --test-threads 1 2>/dev/null | grep -o 'failover:.*'
 done)
 echo "$lines"
 echo
