@@ -73,7 +73,14 @@ impl Caller {
         recovea_core::ids::push_time_ordered(&mut id, u64::try_from(at.0).unwrap_or(0), 12, || {
             random.next().unwrap_or(0)
         });
-        Ok(AuditContext { id, at, auth: self.auth, client: self.client.map(|addr| addr.to_string()) })
+        // One admin identity so far: the operator's.
+        Ok(AuditContext {
+            id,
+            at,
+            auth: self.auth,
+            actor: recovea_store::AuditActor::Operator,
+            client: self.client.map(|addr| addr.to_string()),
+        })
     }
 }
 
