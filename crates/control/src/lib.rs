@@ -15,6 +15,7 @@ mod feed;
 pub mod ingest;
 pub mod jobs;
 mod node_api;
+pub mod principal;
 pub mod random;
 pub mod rebuild;
 mod server;
