@@ -17,6 +17,10 @@ impl Control {
     /// The whole log, or `org`'s trail alone (its path's organization: an `org_id` in the query
     /// is not read there).
     pub(crate) async fn list_audit(&self, org: Option<OrgId>, query: &str) -> Result<Reply, ApiError> {
+        if let Some(org) = &org {
+            // An organization's trail is its path's: an unknown one is a 404, as on every such path.
+            self.require_org(org).await?;
+        }
         let params = Params::parse(query)?;
         let limit = parse_limit(&params, DEFAULT_LIMIT, MAX_LIMIT)?;
         // Kinds and actions are lowercase words; anything else selects nothing and is a mistake.
