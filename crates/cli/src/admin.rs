@@ -14,7 +14,8 @@ pub(crate) struct AdminArgs {
     /// Where the admin API listens.
     #[arg(long, env = "RECOVEA_ADMIN_URL", default_value = "http://127.0.0.1:8081")]
     admin_url: String,
-    /// Bearer token of the admin API; when not given, the one saved in the data dir.
+    /// Bearer token of the admin API (the admin token, or an organization token); when not given,
+    /// the one saved in the data dir.
     #[arg(long, env = "RECOVEA_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// Where `recovea serve` saved its admin token.
@@ -60,6 +61,10 @@ enum Resource {
     /// Node credentials: a token of its own for each node, revocable alone.
     #[command(subcommand)]
     NodeCredentials(NodeCredentials),
+    /// Organization tokens: bearers of this API that reach one organization alone, as its admin
+    /// or as a viewer.
+    #[command(subcommand)]
+    OrgTokens(OrgTokens),
     /// The audit log: every admin change, oldest first, as a table or as the API's JSON.
     Audit(AuditArgs),
 }
@@ -72,11 +77,12 @@ struct AuditArgs {
     /// RFC 3339 time: changes made before it.
     #[arg(long, env = "RECOVEA_TO")]
     to: Option<String>,
-    /// Only changes to this organization's objects.
+    /// Only changes to this organization's objects: its own trail, which an organization token
+    /// may read.
     #[arg(long, env = "RECOVEA_ORG")]
     org: Option<String>,
     /// Only changes to objects of this kind: org, key, provider, cap, price, fallback_price, prices,
-    /// node_credential.
+    /// node_credential, org_token.
     #[arg(long, env = "RECOVEA_AUDIT_OBJECT_KIND")]
     object_kind: Option<String>,
     /// Only changes of this action: create, update, revoke, delete, set, import.
@@ -94,11 +100,12 @@ struct AuditArgs {
 }
 
 impl AuditArgs {
+    /// An organization's own trail (`/orgs/{org}/audit`, which its tokens may read too) with
+    /// `--org`, the whole log otherwise.
     fn path(&self) -> String {
         let pairs = [
             ("from", &self.from),
             ("to", &self.to),
-            ("org_id", &self.org),
             ("object_kind", &self.object_kind),
             ("action", &self.action),
             ("limit", &self.limit.map(|l| l.to_string())),
@@ -108,15 +115,35 @@ impl AuditArgs {
             .iter()
             .filter_map(|(name, value)| value.as_ref().map(|v| format!("{name}={}", encode(v))))
             .collect();
-        if encoded.is_empty() { "/audit".into() } else { format!("/audit?{}", encoded.join("&")) }
+        let path = self
+            .org
+            .as_ref()
+            .map_or_else(|| "/audit".to_owned(), |org| format!("/orgs/{}/audit", encode(org)));
+        if encoded.is_empty() { path } else { format!("{path}?{}", encoded.join("&")) }
+    }
+}
+
+/// Who made a change, in a table's cell: `operator`, `org_token:ID(NAME)`, `person:EMAIL` (its
+/// subject when it has no email).
+fn actor_cell(actor: &Value) -> String {
+    let text = |v: &Value| v.as_str().unwrap_or("-").to_owned();
+    match actor["type"].as_str() {
+        Some("org_token") => format!("org_token:{}({})", text(&actor["id"]), text(&actor["name"])),
+        Some("person") => {
+            format!(
+                "person:{}",
+                actor["email"].as_str().map_or_else(|| text(&actor["subject"]), str::to_owned)
+            )
+        }
+        other => other.unwrap_or("-").to_owned(),
     }
 }
 
 /// The audit log's answer as a table: one line per change, then how to get the next page.
 fn audit_table(answer: &Value) -> String {
-    const HEADER: [&str; 7] = ["AT", "ACTION", "KIND", "OBJECT", "ORG", "AUTH", "CLIENT"];
+    const HEADER: [&str; 8] = ["AT", "ACTION", "KIND", "OBJECT", "ORG", "ACTOR", "AUTH", "CLIENT"];
     let text = |v: &Value| v.as_str().unwrap_or("-").to_owned();
-    let rows: Vec<[String; 7]> = answer["entries"]
+    let rows: Vec<[String; 8]> = answer["entries"]
         .as_array()
         .into_iter()
         .flatten()
@@ -127,6 +154,7 @@ fn audit_table(answer: &Value) -> String {
                 text(&e["object_kind"]),
                 text(&e["object_id"]),
                 text(&e["org_id"]),
+                actor_cell(&e["actor"]),
                 text(&e["auth"]),
                 text(&e["client"]),
             ]
@@ -531,6 +559,31 @@ enum NodeCredentials {
 }
 
 #[derive(Subcommand)]
+enum OrgTokens {
+    /// Issues a token and prints its secret (shown only this once): the organization's bearer of
+    /// the admin API, as this command's --admin-token.
+    Create {
+        #[arg(long, env = "RECOVEA_ORG")]
+        org: String,
+        #[arg(long, env = "RECOVEA_ORG_TOKEN_NAME")]
+        name: String,
+        /// admin: everything of its organization that is not the operator's; viewer: reads only.
+        #[arg(long, env = "RECOVEA_ORG_TOKEN_ROLE", value_parser = ["admin", "viewer"])]
+        role: String,
+        /// RFC 3339 time from which the token no longer opens the API.
+        #[arg(long, env = "RECOVEA_ORG_TOKEN_EXPIRES_AT")]
+        expires_at: Option<String>,
+    },
+    /// The organization's tokens, revoked ones included (never their secrets).
+    List {
+        #[arg(long, env = "RECOVEA_ORG")]
+        org: String,
+    },
+    /// Revokes a token: every control plane refuses it from the next call on.
+    Revoke { token: String },
+}
+
+#[derive(Subcommand)]
 enum Providers {
     /// Creates or replaces the organization's credential called NAME.
     Set {
@@ -741,6 +794,19 @@ pub(crate) async fn run(args: AdminArgs) -> Result<(), String> {
         Resource::NodeCredentials(NodeCredentials::List) => (Method::GET, "/node-credentials".into(), None),
         Resource::NodeCredentials(NodeCredentials::Revoke { credential }) => {
             (Method::DELETE, format!("/node-credentials/{}", encode(&credential)), None)
+        }
+        Resource::OrgTokens(OrgTokens::Create { org, name, role, expires_at }) => {
+            let mut body = json!({ "name": name, "role": role });
+            if let Some(at) = expires_at {
+                body["expires_at"] = Value::String(at);
+            }
+            (Method::POST, format!("/orgs/{}/tokens", encode(&org)), Some(body))
+        }
+        Resource::OrgTokens(OrgTokens::List { org }) => {
+            (Method::GET, format!("/orgs/{}/tokens", encode(&org)), None)
+        }
+        Resource::OrgTokens(OrgTokens::Revoke { token }) => {
+            (Method::POST, format!("/tokens/{}/revoke", encode(&token)), None)
         }
         Resource::Audit(audit) => {
             let answer = client.call(Method::GET, &audit.path(), None).await.map_err(|e| e.to_string())?;

@@ -24,17 +24,23 @@ use recovea_store::audit::{key_json, org_json, provider_json};
 
 use crate::Control;
 use crate::error::ApiError;
+use crate::principal::Principal;
 use crate::random;
+use access::{Access, Scope};
 use recovea_core::crypto::provider_key_context;
+use routes::Route;
 
 pub(crate) const OPENAPI: &str = include_str!("openapi.json");
 
+mod access;
 mod audit;
 pub(crate) mod caps;
 mod node_credentials;
+mod org_tokens;
 mod prices;
 pub(crate) mod query;
 pub(crate) mod receipts;
+mod routes;
 
 /// A successful admin answer: its status and body.
 pub(crate) struct Reply {
@@ -57,9 +63,11 @@ fn created(body: Value) -> Result<Reply, ApiError> {
     Ok(Reply { status: StatusCode::CREATED, body: ReplyBody::Json(body) })
 }
 
-/// Who is calling: how they authenticated and where from, recorded with each change they make.
-#[derive(Debug, Clone, Copy)]
+/// Who is calling, how they authenticated and where from: what they may reach is decided from the
+/// principal, and each change they make is recorded with all three.
+#[derive(Debug, Clone)]
 pub(crate) struct Caller {
+    pub(crate) principal: Principal,
     pub(crate) auth: AuditAuth,
     pub(crate) client: Option<std::net::SocketAddr>,
 }
@@ -73,52 +81,19 @@ impl Caller {
         recovea_core::ids::push_time_ordered(&mut id, u64::try_from(at.0).unwrap_or(0), 12, || {
             random.next().unwrap_or(0)
         });
-        Ok(AuditContext { id, at, auth: self.auth, client: self.client.map(|addr| addr.to_string()) })
+        Ok(AuditContext {
+            id,
+            at,
+            auth: self.auth,
+            actor: self.principal.actor(),
+            client: self.client.map(|addr| addr.to_string()),
+        })
     }
 }
 
 impl Control {
-    pub(crate) fn authorized(&self, authorization: Option<&str>) -> bool {
-        let presented = authorization.and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).unwrap_or("");
-        // Comparing digests keeps the comparison's timing independent of the token's characters.
-        !presented.is_empty() && keys::hash_secret(presented) == self.inner.admin_token_hash
-    }
-
-    /// Checks an admin bearer from `client` (on `path`): `Ok` for the right token, always;
-    /// otherwise the attempt is logged (the address, never the token) and counted against the
-    /// address, and `Err(Some(wait))` once the address has used its allowance (`429`), else
-    /// `Err(None)` (`401`).
-    pub(crate) fn check_admin_token(
-        &self,
-        authorization: Option<&str>,
-        client: Option<std::net::SocketAddr>,
-        path: &str,
-        now: std::time::Instant,
-    ) -> Result<(), Option<std::time::Duration>> {
-        if self.authorized(authorization) {
-            return Ok(());
-        }
-        let address = client.map(|c| c.ip());
-        let shown = address.map_or_else(|| "-".to_owned(), |a| a.to_string());
-        let wrong_tokens = &self.inner.wrong_tokens;
-        match wrong_tokens.may_try(address, now) {
-            Ok(()) => {
-                wrong_tokens.failed(address, now);
-                tracing::warn!(client = shown, path = %path.escape_debug(), "a wrong admin token was refused");
-                Err(None)
-            }
-            Err(wait) => {
-                tracing::warn!(
-                    client = shown,
-                    path = %path.escape_debug(),
-                    "a wrong admin token was refused: too many from this address"
-                );
-                Err(Some(wait))
-            }
-        }
-    }
-
-    /// Routes one authorized admin request (`segments` follow `/admin/v1/`).
+    /// Runs one authenticated admin request (`segments` follow `/admin/v1/`): the operation is read
+    /// from the path, the caller held to what it may reach (`access`), then the operation runs.
     pub(crate) async fn route(
         &self,
         caller: Caller,
@@ -127,65 +102,53 @@ impl Control {
         query: &str,
         body: Bytes,
     ) -> Result<Reply, ApiError> {
-        let reply = match (segments, method) {
-            (["audit"], &Method::GET) => self.list_audit(query).await,
-            (["orgs", org, "receipts"], &Method::GET) => self.list_receipts(org_id(org)?, query).await,
-            (["orgs", org, "receipts", "summary"], &Method::GET) => {
-                self.spend_summary(org_id(org)?, query).await
+        let route = Route::parse(method, segments)?;
+        let scope = access::decide(&caller.principal.reach(), route.access())?;
+        if let Access::Of { target, .. } = route.access() {
+            self.check_target(&scope, target).await?;
+        }
+        let reply = match route {
+            Route::Audit => self.list_audit(None, query).await,
+            Route::OrgAudit { org } => self.list_audit(Some(org_id(org)?), query).await,
+            Route::ListReceipts { org } => self.list_receipts(org_id(org)?, query).await,
+            Route::ReceiptSummary { org } => self.spend_summary(org_id(org)?, query).await,
+            Route::GetReceipt { org, receipt } => self.get_receipt(org_id(org)?, receipt).await,
+            Route::ListPrices => self.list_prices(),
+            Route::ListNodes => self.list_nodes().await,
+            Route::CreateNodeCredential => self.create_node_credential(caller, parse(&body)?).await,
+            Route::ListNodeCredentials => self.list_node_credentials().await,
+            Route::RevokeNodeCredential { credential } => {
+                self.revoke_node_credential(caller, credential).await
             }
-            (["orgs", org, "receipts", receipt], &Method::GET) => {
-                self.get_receipt(org_id(org)?, receipt).await
+            Route::CreateCap { org } => self.create_cap(caller, org_id(org)?, parse(&body)?).await,
+            Route::ListCaps { org } => self.list_caps(org_id(org)?).await,
+            Route::GetCap { cap } => self.get_cap(cap_id(cap)?).await,
+            Route::UpdateCap { cap } => self.update_cap(caller, cap_id(cap)?, parse(&body)?).await,
+            Route::DeleteCap { cap } => self.delete_cap(caller, cap_id(cap)?).await,
+            Route::Spend { org } => self.spend(org_id(org)?).await,
+            Route::ListAlerts { org } => self.list_alerts(org_id(org)?).await,
+            Route::PutPrice { model } => self.put_price(caller, &model, parse(&body)?).await,
+            Route::GetPrice { model } => self.get_price(&model, query).await,
+            Route::DeletePrice { model } => self.delete_price(caller, &model).await,
+            Route::ImportPrices => self.import_prices(caller, &body).await,
+            Route::PutFallbackPrice { kind } => self.put_fallback_price(caller, kind, parse(&body)?).await,
+            Route::DeleteFallbackPrice { kind } => self.delete_fallback_price(caller, kind).await,
+            Route::CreateOrg => self.create_org(caller, parse(&body)?).await,
+            Route::ListOrgs => self.list_orgs(&scope).await,
+            Route::GetOrg { org } => self.get_org(org_id(org)?).await,
+            Route::UpdateOrg { org } => self.update_org(caller, &scope, org_id(org)?, parse(&body)?).await,
+            Route::CreateKey { org } => self.create_key(caller, org_id(org)?, parse(&body)?).await,
+            Route::ListKeys { org } => self.list_keys(org_id(org)?).await,
+            Route::RevokeKey { key } => self.revoke_key(caller, key_id(key)?).await,
+            Route::GetKey { key } => self.get_key(key_id(key)?).await,
+            Route::UpdateKey { key } => self.update_key(caller, key_id(key)?, parse(&body)?).await,
+            Route::ListProviders { org } => self.list_providers(org_id(org)?).await,
+            Route::PutProvider { org, name } => {
+                self.put_provider(caller, &scope, org_id(org)?, name, parse(&body)?).await
             }
-            (["prices"], &Method::GET) => self.list_prices(),
-            (["nodes"], &Method::GET) => self.list_nodes().await,
-            (["node-credentials"], &Method::POST) => self.create_node_credential(caller, parse(&body)?).await,
-            (["node-credentials"], &Method::GET) => self.list_node_credentials().await,
-            (["node-credentials", id], &Method::DELETE) => self.revoke_node_credential(caller, id).await,
-            (["orgs", org, "caps"], &Method::POST) => {
-                self.create_cap(caller, org_id(org)?, parse(&body)?).await
-            }
-            (["orgs", org, "caps"], &Method::GET) => self.list_caps(org_id(org)?).await,
-            (["caps", cap], &Method::GET) => self.get_cap(cap_id(cap)?).await,
-            (["caps", cap], &Method::PATCH) => self.update_cap(caller, cap_id(cap)?, parse(&body)?).await,
-            (["caps", cap], &Method::DELETE) => self.delete_cap(caller, cap_id(cap)?).await,
-            (["orgs", org, "spend"], &Method::GET) => self.spend(org_id(org)?).await,
-            (["orgs", org, "alerts"], &Method::GET) => self.list_alerts(org_id(org)?).await,
-            (["prices", model @ ..], &Method::PUT) if !model.is_empty() => {
-                self.put_price(caller, &model.join("/"), parse(&body)?).await
-            }
-            (["prices", model @ ..], &Method::GET) if !model.is_empty() => {
-                self.get_price(&model.join("/"), query).await
-            }
-            (["prices", model @ ..], &Method::DELETE) if !model.is_empty() => {
-                self.delete_price(caller, &model.join("/")).await
-            }
-            (["price-imports"], &Method::POST) => self.import_prices(caller, &body).await,
-            (["fallback-prices", kind], &Method::PUT) => {
-                self.put_fallback_price(caller, kind, parse(&body)?).await
-            }
-            (["fallback-prices", kind], &Method::DELETE) => self.delete_fallback_price(caller, kind).await,
-            (["orgs"], &Method::POST) => self.create_org(caller, parse(&body)?).await,
-            (["orgs"], &Method::GET) => self.list_orgs().await,
-            (["orgs", org], &Method::GET) => self.get_org(org_id(org)?).await,
-            (["orgs", org], &Method::PATCH) => self.update_org(caller, org_id(org)?, parse(&body)?).await,
-            (["orgs", org, "keys"], &Method::POST) => {
-                self.create_key(caller, org_id(org)?, parse(&body)?).await
-            }
-            (["orgs", org, "keys"], &Method::GET) => self.list_keys(org_id(org)?).await,
-            (["keys", key, "revoke"], &Method::POST) => self.revoke_key(caller, key_id(key)?).await,
-            (["keys", key], &Method::GET) => self.get_key(key_id(key)?).await,
-            (["keys", key], &Method::PATCH) => self.update_key(caller, key_id(key)?, parse(&body)?).await,
-            (["orgs", org, "providers"], &Method::GET) => self.list_providers(org_id(org)?).await,
-            (["orgs", org, "providers", name], &Method::PUT) => {
-                self.put_provider(caller, org_id(org)?, name, parse(&body)?).await
-            }
-            (["orgs"] | ["orgs", _] | ["orgs", _, "keys"] | ["keys", _, "revoke"] | ["keys", _], _)
-            | (["orgs", _, "providers"] | ["orgs", _, "providers", _], _)
-            | (["orgs", _, "receipts"] | ["orgs", _, "receipts", "summary"] | ["prices", ..], _)
-            | (["orgs", _, "caps"] | ["caps", _] | ["orgs", _, "spend"] | ["orgs", _, "alerts"], _)
-            | (["nodes"] | ["price-imports"] | ["fallback-prices", _] | ["audit"], _)
-            | (["node-credentials"] | ["node-credentials", _], _) => Err(ApiError::MethodNotAllowed),
-            _ => Err(ApiError::NotFound("Unknown admin path.".into())),
+            Route::CreateOrgToken { org } => self.create_org_token(caller, org_id(org)?, parse(&body)?).await,
+            Route::ListOrgTokens { org } => self.list_org_tokens(org_id(org)?).await,
+            Route::RevokeOrgToken { token } => self.revoke_org_token(caller, token).await,
         }?;
         if method != Method::GET
             && let Err(e) = self.publish_latest().await
@@ -214,8 +177,8 @@ impl Control {
 
     pub(crate) async fn require_org(&self, id: &OrgId) -> Result<OrgRecord, ApiError> {
         let id = id.clone();
-        let missing = format!("No organization {id}.");
-        self.store(move |s| s.org(&id)).await?.ok_or(ApiError::NotFound(missing))
+        let missing = no_org(&id);
+        self.store(move |s| s.org(&id)).await?.ok_or(missing)
     }
 
     async fn create_org(&self, caller: Caller, body: NewOrg) -> Result<Reply, ApiError> {
@@ -232,8 +195,15 @@ impl Control {
         created(org_json(&org))
     }
 
-    async fn list_orgs(&self) -> Result<Reply, ApiError> {
-        let orgs = self.store(|s| s.list_orgs()).await?;
+    /// The organizations `scope` reaches: every one, or its own alone.
+    async fn list_orgs(&self, scope: &Scope) -> Result<Reply, ApiError> {
+        let orgs = match scope {
+            Scope::Everything => self.store(|s| s.list_orgs()).await?,
+            Scope::Org(id) => {
+                let id = id.clone();
+                self.store(move |s| s.org(&id)).await?.into_iter().collect()
+            }
+        };
         ok(json!({ "orgs": orgs.iter().map(org_json).collect::<Vec<_>>() }))
     }
 
@@ -241,7 +211,14 @@ impl Control {
         ok(org_json(&self.require_org(&id).await?))
     }
 
-    async fn update_org(&self, caller: Caller, id: OrgId, patch: OrgPatch) -> Result<Reply, ApiError> {
+    async fn update_org(
+        &self,
+        caller: Caller,
+        scope: &Scope,
+        id: OrgId,
+        patch: OrgPatch,
+    ) -> Result<Reply, ApiError> {
+        access::org_patch(scope, patch.max_concurrent_requests.is_some())?;
         let current = self.require_org(&id).await?;
         if patch.allowed_models.is_none()
             && patch.allowed_endpoints.is_none()
@@ -256,32 +233,16 @@ impl Control {
             patch.allowed_endpoints,
             patch.max_concurrent_requests,
         )?;
-        let missing = format!("No organization {id}.");
+        let missing = no_org(&id);
         let audit = caller.audit()?;
-        let org = self
-            .store(move |s| s.set_org_rules(&id, &rules, &audit))
-            .await?
-            .ok_or(ApiError::NotFound(missing))?;
+        let org = self.store(move |s| s.set_org_rules(&id, &rules, &audit)).await?.ok_or(missing)?;
         ok(org_json(&org))
     }
 
     async fn create_key(&self, caller: Caller, org_id: OrgId, body: NewKey) -> Result<Reply, ApiError> {
         self.require_org(&org_id).await?;
         let created_at = now();
-        let expires_at = match body.expires_at {
-            None => None,
-            Some(text) => {
-                let at = Timestamp::parse_rfc3339(&text).ok_or_else(|| {
-                    ApiError::BadRequest(
-                        "expires_at: expected an RFC 3339 time such as 2027-01-01T00:00:00Z".into(),
-                    )
-                })?;
-                if at <= created_at {
-                    return Err(ApiError::BadRequest("expires_at: must be in the future".into()));
-                }
-                Some(at)
-            }
-        };
+        let expires_at = expiry(body.expires_at.as_deref(), created_at)?;
         let secret =
             random::token(keys::SECRET_PREFIX, keys::SECRET_RANDOM_LEN).map_err(ApiError::internal)?;
         let key = KeyRecord {
@@ -314,10 +275,8 @@ impl Control {
     }
 
     async fn update_key(&self, caller: Caller, id: KeyId, patch: KeyPatch) -> Result<Reply, ApiError> {
-        let missing = format!("No key {id}.");
         let (lookup, owner) = (id.clone(), id.clone());
-        let current =
-            self.store(move |s| s.key(&lookup)).await?.ok_or_else(|| ApiError::NotFound(missing.clone()))?;
+        let current = self.store(move |s| s.key(&lookup)).await?.ok_or_else(|| no_key(&id))?;
         // Validated before anything is saved, so that a bad member changes nothing.
         let rules = rules_patch(
             current.rules(),
@@ -341,23 +300,20 @@ impl Control {
         let key = self
             .store(move |s| s.update_key(&owner, limits, &rules, &audit))
             .await?
-            .ok_or(ApiError::NotFound(missing))?;
+            .ok_or_else(|| no_key(&id))?;
         ok(key_json(&key))
     }
 
     async fn get_key(&self, id: KeyId) -> Result<Reply, ApiError> {
-        let missing = format!("No key {id}.");
-        let key = self.store(move |s| s.key(&id)).await?.ok_or(ApiError::NotFound(missing))?;
+        let missing = no_key(&id);
+        let key = self.store(move |s| s.key(&id)).await?.ok_or(missing)?;
         ok(key_json(&key))
     }
 
     async fn revoke_key(&self, caller: Caller, id: KeyId) -> Result<Reply, ApiError> {
-        let missing = format!("No key {id}.");
+        let missing = no_key(&id);
         let audit = caller.audit()?;
-        let key = self
-            .store(move |s| s.revoke_key(&id, audit.at, &audit))
-            .await?
-            .ok_or(ApiError::NotFound(missing))?;
+        let key = self.store(move |s| s.revoke_key(&id, audit.at, &audit)).await?.ok_or(missing)?;
         ok(key_json(&key))
     }
 
@@ -367,9 +323,12 @@ impl Control {
         ok(json!({ "providers": providers.iter().map(provider_json).collect::<Vec<_>>() }))
     }
 
+    /// Creates or replaces a credential: whole by the operator; within an organization, only its
+    /// API key (`access::credential_settings`).
     async fn put_provider(
         &self,
         caller: Caller,
+        scope: &Scope,
         org_id: OrgId,
         name: &str,
         body: ProviderBody,
@@ -389,12 +348,6 @@ impl Control {
             .map(|url| crate::admin::outbound_url(&url))
             .transpose()
             .map_err(|why| ApiError::BadRequest(format!("base_url: {why}")))?;
-        if kind == ProviderKind::AzureOpenAi && base_url.is_none() {
-            // Each Azure resource has its own endpoint: there is no default to fall back on.
-            return Err(ApiError::BadRequest(
-                "base_url: an azure_openai credential needs its resource endpoint, such as https://NAME.openai.azure.com".into(),
-            ));
-        }
         let api_key = body.api_key.trim();
         if api_key.is_empty() || !api_key.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(ApiError::BadRequest(
@@ -438,6 +391,27 @@ impl Control {
             }
         };
         self.require_org(&org_id).await?;
+        let asked = access::CredentialSettings { kind, base_url, price_namespace, fallback_price };
+        let current = match scope {
+            Scope::Everything => None,
+            Scope::Org(_) => {
+                let (org, name) = (org_id.clone(), name.to_owned());
+                let providers = self.store(move |s| s.list_providers(&org)).await?;
+                providers.into_iter().find(|p| p.name == name).map(|p| access::CredentialSettings {
+                    kind: p.kind,
+                    base_url: p.base_url,
+                    price_namespace: p.price_namespace,
+                    fallback_price: p.fallback_price,
+                })
+            }
+        };
+        let settings = access::credential_settings(scope, current, asked)?;
+        if settings.kind == ProviderKind::AzureOpenAi && settings.base_url.is_none() {
+            // Each Azure resource has its own endpoint: there is no default to fall back on.
+            return Err(ApiError::BadRequest(
+                "base_url: an azure_openai credential needs its resource endpoint, such as https://NAME.openai.azure.com".into(),
+            ));
+        }
         let record = ProviderRecord {
             sealed_key: seal(
                 &self.inner.master_key,
@@ -447,11 +421,11 @@ impl Control {
             key_hint: crypto::key_hint(api_key),
             org_id,
             name: name.to_owned(),
-            kind,
-            base_url,
+            kind: settings.kind,
+            base_url: settings.base_url,
             updated_at: now(),
-            price_namespace,
-            fallback_price,
+            price_namespace: settings.price_namespace,
+            fallback_price: settings.fallback_price,
         };
         let (row, audit) = (record.clone(), caller.audit()?);
         self.store(move |s| s.put_provider(&row, &audit)).await?;
@@ -560,16 +534,49 @@ fn name_field(field: &str, value: String) -> Result<String, ApiError> {
     Ok(value)
 }
 
+/// The answer for an organization id that names none (or none the caller reaches: the same
+/// bytes, so that no caller learns whether another organization's id exists).
+pub(crate) fn no_org(id: impl std::fmt::Display) -> ApiError {
+    ApiError::NotFound(format!("No organization {id}."))
+}
+
+/// As [`no_org`], for a key.
+pub(crate) fn no_key(id: impl std::fmt::Display) -> ApiError {
+    ApiError::NotFound(format!("No key {id}."))
+}
+
+/// As [`no_org`], for a cap.
+pub(crate) fn no_cap(id: impl std::fmt::Display) -> ApiError {
+    ApiError::NotFound(format!("No cap {id}."))
+}
+
+/// As [`no_org`], for an organization token.
+pub(crate) fn no_org_token(id: impl std::fmt::Display) -> ApiError {
+    ApiError::NotFound(format!("No token {id}."))
+}
+
 pub(crate) fn org_id(s: &str) -> Result<OrgId, ApiError> {
-    OrgId::parse(s).ok_or_else(|| ApiError::NotFound(format!("No organization {s}.")))
+    OrgId::parse(s).ok_or_else(|| no_org(s))
 }
 
 fn cap_id(s: &str) -> Result<CapId, ApiError> {
-    CapId::parse(s).ok_or_else(|| ApiError::NotFound(format!("No cap {s}.")))
+    CapId::parse(s).ok_or_else(|| no_cap(s))
 }
 
 fn key_id(s: &str) -> Result<KeyId, ApiError> {
-    KeyId::parse(s).ok_or_else(|| ApiError::NotFound(format!("No key {s}.")))
+    KeyId::parse(s).ok_or_else(|| no_key(s))
+}
+
+/// An optional expiry given on creation (a key's, a token's): an RFC 3339 time after `created_at`.
+pub(crate) fn expiry(text: Option<&str>, created_at: Timestamp) -> Result<Option<Timestamp>, ApiError> {
+    let Some(text) = text else { return Ok(None) };
+    let at = Timestamp::parse_rfc3339(text).ok_or_else(|| {
+        ApiError::BadRequest("expires_at: expected an RFC 3339 time such as 2027-01-01T00:00:00Z".into())
+    })?;
+    if at <= created_at {
+        return Err(ApiError::BadRequest("expires_at: must be in the future".into()));
+    }
+    Ok(Some(at))
 }
 
 pub(crate) fn now() -> Timestamp {
@@ -708,8 +715,8 @@ mod openapi_tests {
     use serde_json::Value;
 
     /// Every (path, method) that `Control::route` answers, as the OpenAPI document spells it.
-    /// This table mirrors the match in `Control::route`: a route added, removed or changed there
-    /// must change here too, and in `openapi.json`.
+    /// This table mirrors `Route::parse`: a route added, removed or changed there must change here
+    /// too, and in `openapi.json`.
     const ROUTES: &[(&str, &str)] = &[
         ("/audit", "get"),
         ("/orgs/{org}/receipts", "get"),
@@ -744,6 +751,10 @@ mod openapi_tests {
         ("/node-credentials", "post"),
         ("/node-credentials", "get"),
         ("/node-credentials/{credential}", "delete"),
+        ("/orgs/{org}/audit", "get"),
+        ("/orgs/{org}/tokens", "post"),
+        ("/orgs/{org}/tokens", "get"),
+        ("/tokens/{token}/revoke", "post"),
     ];
 
     /// Served by the server itself, before authorization and `Control::route`.
@@ -809,6 +820,54 @@ mod openapi_tests {
         }
         let retry = &doc["components"]["responses"]["Unavailable"]["headers"]["retry-after"];
         assert!(retry.is_object(), "the 503 answer names its retry-after header");
+    }
+
+    /// Each documented route as `Route::parse` reads it, its parameters given sample ids.
+    fn parsed(path: &str, method: &str) -> super::Route<'static> {
+        let segments: Vec<&'static str> = path
+            .trim_start_matches('/')
+            .split('/')
+            .map(|segment| match segment {
+                "{org}" => "org_a",
+                "{key}" => "key_a",
+                "{cap}" => "cap_a",
+                "{token}" => "tok_a",
+                "{receipt}" => "rcpt_a",
+                "{credential}" => "ncr_a",
+                "{model}" | "{kind}" | "{name}" => "openai",
+                literal => literal.to_owned().leak(),
+            })
+            .collect();
+        let method = http::Method::from_bytes(method.to_uppercase().as_bytes()).expect("a method");
+        super::Route::parse(&method, segments.leak())
+            .unwrap_or_else(|_| panic!("{method} {path} is not routed"))
+    }
+
+    #[test]
+    fn every_operation_lists_the_refusals_an_organizations_caller_may_get() {
+        use super::access::{Access, Target};
+        let doc = document();
+        for (path, method) in ROUTES {
+            let responses = &doc["paths"][path][method]["responses"];
+            let (forbidden, not_found) = match parsed(path, method).access() {
+                Access::Operator => (true, false),
+                Access::Of { target, write } => (write, target != Target::Orgs),
+            };
+            let listed = |status: &str| responses[status].is_object();
+            let shown = method.to_uppercase();
+            if forbidden {
+                assert_eq!(
+                    responses["403"]["$ref"].as_str(),
+                    Some("#/components/responses/Forbidden"),
+                    "{shown} {path} lacks its 403"
+                );
+            } else {
+                assert!(!listed("403"), "{shown} {path} lists a 403 it never answers");
+            }
+            if not_found {
+                assert!(listed("404"), "{shown} {path} lacks its 404");
+            }
+        }
     }
 
     #[test]

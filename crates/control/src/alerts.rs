@@ -399,6 +399,7 @@ mod tests {
             id: format!("aud_{:016x}", fastrand::u64(..)),
             at: Timestamp(0),
             auth: recovea_store::AuditAuth::AdminToken,
+            actor: recovea_store::AuditActor::Operator,
             client: None,
         }
     }

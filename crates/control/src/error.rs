@@ -7,12 +7,16 @@ use recovea_store::StoreError;
 pub enum ApiError {
     /// The request body (or a parameter) is invalid; the text names the field.
     BadRequest(String),
-    /// A missing or wrong admin token.
+    /// A missing or wrong admin token (or an organization token that is wrong, expired or revoked).
     Unauthorized,
     /// A wrong admin token from an address that has presented too many: retry after this long.
     TooManyWrongTokens(std::time::Duration),
     /// A missing or wrong node token, on the node endpoints.
     NodeUnauthorized,
+    /// The caller is who it says, but may not do this (an organization's token or role on what is
+    /// the operator's, a viewer's change); the text says why, naming the member refused when one
+    /// is.
+    PermissionDenied(&'static str),
     /// The text names what was not found.
     NotFound(String),
     MethodNotAllowed,
@@ -44,6 +48,9 @@ impl ApiError {
             }
             Self::NodeUnauthorized => {
                 Answer::error(401, "invalid_request_error", "invalid_node_token", "Invalid node token.")
+            }
+            Self::PermissionDenied(message) => {
+                Answer::error(403, "permission_error", "permission_denied", message)
             }
             Self::NotFound(message) => Answer::error(404, "invalid_request_error", "not_found", message),
             Self::MethodNotAllowed => Answer::error(

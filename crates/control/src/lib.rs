@@ -16,6 +16,7 @@ pub mod ingest;
 pub mod jobs;
 mod node_api;
 pub mod oidc;
+pub mod principal;
 pub mod random;
 pub mod rebuild;
 mod server;

@@ -14,7 +14,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use recovea_store::AuditAuth;
 use tokio::net::TcpListener;
 
 use crate::admin::query::decode_path_segment;
@@ -134,10 +133,10 @@ impl Control {
                 }
             }
             None => Err(ApiError::NotFound("Unknown admin path.".into())),
-            Some(rest) => match self.check_admin_token(authorization, client, &path, Instant::now()) {
-                Err(wait) => Err(wait.map_or(ApiError::Unauthorized, ApiError::TooManyWrongTokens)),
-                Ok(()) => {
-                    let caller = Caller { auth: AuditAuth::AdminToken, client };
+            Some(rest) => match self.authenticate(authorization, client, &path, Instant::now()).await {
+                Err(refused) => Err(refused),
+                Ok((principal, auth)) => {
+                    let caller = Caller { principal, auth, client };
                     let method = request.method().clone();
                     let query = request.uri().query().unwrap_or("").to_owned();
                     let segments: Option<Vec<String>> =

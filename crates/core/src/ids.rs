@@ -65,6 +65,13 @@ pub fn is_base62(s: &str) -> bool {
     s.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
+/// Whether `token` has the shape of a secret minted as `prefix` and `random_len` base62
+/// characters: only such a token is worth looking up in a store, so that a wrong token of any
+/// other shape costs no database read.
+pub fn has_minted_shape(token: &str, prefix: &str, random_len: usize) -> bool {
+    token.strip_prefix(prefix).is_some_and(|rest| rest.len() == random_len && is_base62(rest))
+}
+
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
         $(#[$doc])*
@@ -167,6 +174,11 @@ id_type!(
     /// A node credential's public id (never its token).
     NodeCredentialId,
     "ncr_"
+);
+id_type!(
+    /// An organization token's public id (never its secret).
+    OrgTokenId,
+    "tok_"
 );
 
 #[cfg(test)]

@@ -10,8 +10,9 @@ pub const SECRET_PREFIX: &str = "rk_";
 pub const SECRET_RANDOM_LEN: usize = 43;
 /// The shortest random part accepted from clients; keys are never shorter than this.
 const MIN_RANDOM_LEN: usize = 40;
-/// How much of the secret the listing shows, so people can tell their keys apart.
-const SHOWN_PREFIX_LEN: usize = SECRET_PREFIX.len() + 6;
+/// How many random characters a listing shows after a secret's prefix, so people can tell their
+/// keys (and tokens) apart: too few to help a guesser.
+const SHOWN_RANDOM_LEN: usize = 6;
 
 /// SHA-256 of a key secret: the only form in which a key is stored or looked up.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -71,9 +72,14 @@ pub fn operator_token(token: &str) -> Result<&str, String> {
     }
 }
 
-/// The first characters of a secret, safe to show in listings.
+/// The first characters of a key's secret, safe to show in listings.
 pub fn shown_prefix(secret: &str) -> &str {
-    secret.get(..SHOWN_PREFIX_LEN).unwrap_or(SECRET_PREFIX)
+    shown_start(secret, SECRET_PREFIX)
+}
+
+/// The first characters of a secret minted with `prefix`: the prefix and a few random characters.
+pub fn shown_start<'a>(secret: &'a str, prefix: &'a str) -> &'a str {
+    secret.get(..prefix.len() + SHOWN_RANDOM_LEN).unwrap_or(prefix)
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ pub mod media;
 pub mod models;
 pub mod money;
 pub mod node_access;
+pub mod org_tokens;
 pub mod pricing;
 pub mod projection;
 pub mod provider_kind;

@@ -17,9 +17,7 @@ pub const TOKEN_RANDOM_LEN: usize = 43;
 /// Whether `token` has the shape of a node credential's token, as minted: only such a token is
 /// looked up in the store, so that a wrong token of any other shape costs no database read.
 pub fn is_credential_token(token: &str) -> bool {
-    token
-        .strip_prefix(TOKEN_PREFIX)
-        .is_some_and(|rest| rest.len() == TOKEN_RANDOM_LEN && ids::is_base62(rest))
+    ids::has_minted_shape(token, TOKEN_PREFIX, TOKEN_RANDOM_LEN)
 }
 
 /// Why a node may not deliver a receipt. Sent again, it would be refused again.

@@ -6,27 +6,30 @@
 //! are made here, from the store's records, so that a change and its row cannot disagree.
 
 use recovea_core::endpoints::EndpointAllowlist;
-use recovea_core::ids::OrgId;
+use recovea_core::ids::{OrgId, OrgTokenId};
 use recovea_core::models::ModelAllowlist;
 use recovea_core::pricing::PriceWire;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::rows::{Columns, corrupt};
 use crate::{
-    CapRecord, KeyRecord, NodeCredentialRecord, OrgRecord, PriceChange, PriceOverride, PriceTarget,
-    ProviderRecord, Result,
+    CapRecord, KeyRecord, NodeCredentialRecord, OrgRecord, OrgTokenRecord, PriceChange, PriceOverride,
+    PriceTarget, ProviderRecord, Result,
 };
 
-/// How the author of a change proved who they are. There is one admin identity today: the token
-/// says which of the two shared secrets was presented.
+/// How the author of a change proved who they are: which secret they presented. Who they are is
+/// the [`AuditActor`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuditAuth {
     AdminToken,
     NodeToken,
-    /// A console session, which was opened with the admin token.
+    /// A console session, opened with a token or through single sign-on.
     ConsoleSession,
+    /// An organization token, as a bearer of the admin API.
+    OrgToken,
 }
 
 impl AuditAuth {
@@ -35,6 +38,7 @@ impl AuditAuth {
             Self::AdminToken => "admin_token",
             Self::NodeToken => "node_token",
             Self::ConsoleSession => "console_session",
+            Self::OrgToken => "org_token",
         }
     }
 
@@ -43,8 +47,41 @@ impl AuditAuth {
             "admin_token" => Some(Self::AdminToken),
             "node_token" => Some(Self::NodeToken),
             "console_session" => Some(Self::ConsoleSession),
+            "org_token" => Some(Self::OrgToken),
             _ => None,
         }
+    }
+}
+
+/// Who made a change, as every audit entry names them (the contract's `actor`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AuditActor {
+    /// The operator: the admin token, or a console session opened with it. Every change recorded
+    /// before actors were is the operator's: there was no other identity.
+    Operator,
+    /// An organization token, by its id and its name when the change was made.
+    OrgToken { id: OrgTokenId, name: String },
+    /// A person signed in through single sign-on: the identity provider's subject, and the email
+    /// it gave, if any.
+    Person { subject: String, email: Option<String> },
+}
+
+impl AuditActor {
+    /// As the API shows it and the `actor` column keeps it: `{"type": "operator"}`,
+    /// `{"type": "org_token", "id", "name"}` or `{"type": "person", "subject", "email"}`.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_else(|_| json!({ "type": "operator" }))
+    }
+
+    /// The `actor` column's text.
+    pub(crate) fn to_text(&self) -> String {
+        self.to_json().to_string()
+    }
+
+    /// From the `actor` column's text; `None` for text no writer of ours makes.
+    pub(crate) fn from_text(text: &str) -> Option<Self> {
+        serde_json::from_str(text).ok()
     }
 }
 
@@ -55,6 +92,7 @@ pub struct AuditContext {
     pub id: String,
     pub at: Timestamp,
     pub auth: AuditAuth,
+    pub actor: AuditActor,
     /// The address the change came from (`ip:port`), when known.
     pub client: Option<String>,
 }
@@ -68,11 +106,12 @@ pub struct AuditEntry {
     pub version: u64,
     pub at: Timestamp,
     pub auth: AuditAuth,
+    pub actor: AuditActor,
     pub client: Option<String>,
     /// `create`, `update`, `revoke`, `delete`, `set` (a credential or price put), `import`.
     pub action: String,
     /// `org`, `key`, `provider`, `cap`, `price`, `fallback_price`, `prices` (an import),
-    /// `node_credential`.
+    /// `node_credential`, `org_token`.
     pub object_kind: String,
     /// The object's id (a provider's and a price's name, a fallback price's kind, `import`).
     pub object_id: String,
@@ -99,7 +138,7 @@ pub struct AuditQuery {
 
 /// The columns of the `audit_log` table, in the order [`AuditEntry`] is read from them.
 pub(crate) const AUDIT_COLUMNS: &str =
-    "id, version, at, auth, client, action, object_kind, object_id, org_id, before_json, after_json";
+    "id, version, at, auth, client, action, object_kind, object_id, org_id, before_json, after_json, actor";
 
 /// What a change did to one object, made into its row once the change is known.
 pub(crate) struct Change {
@@ -119,6 +158,7 @@ impl Change {
             version,
             at: context.at,
             auth: context.auth,
+            actor: context.actor.clone(),
             client: context.client.clone(),
             action: self.action.to_owned(),
             object_kind: self.object_kind.to_owned(),
@@ -140,6 +180,7 @@ pub(crate) fn log(entry: &AuditEntry) {
         object_id = %entry.object_id,
         org_id = entry.org_id.as_ref().map(tracing::field::display),
         auth = %entry.auth.as_str(),
+        actor = %entry.actor.to_text(),
         client = entry.client.as_deref().map(tracing::field::display),
         "admin change"
     );
@@ -195,6 +236,20 @@ pub fn node_credential_json(credential: &NodeCredentialRecord) -> Value {
         "name": credential.name,
         "created_at": credential.created_at,
         "revoked_at": credential.revoked_at,
+    })
+}
+
+/// An organization token as the admin API shows it: never its secret nor the secret's hash.
+pub fn org_token_json(token: &OrgTokenRecord) -> Value {
+    json!({
+        "id": token.id,
+        "org_id": token.org_id,
+        "name": token.name,
+        "role": token.role.as_str(),
+        "prefix": token.prefix,
+        "created_at": token.created_at,
+        "expires_at": token.expires_at,
+        "revoked_at": token.revoked_at,
     })
 }
 
@@ -354,9 +409,26 @@ pub(crate) fn node_credential_change(
     }
 }
 
+/// An organization token created (`before` is `None`) or revoked.
+pub(crate) fn org_token_change(
+    action: &'static str,
+    before: Option<&OrgTokenRecord>,
+    after: &OrgTokenRecord,
+) -> Change {
+    Change {
+        action,
+        object_kind: "org_token",
+        object_id: after.id.as_str().to_owned(),
+        org_id: Some(after.org_id.clone()),
+        before: before.map(org_token_json),
+        after: Some(org_token_json(after)),
+    }
+}
+
 /// A row of the audit log, from its [`AUDIT_COLUMNS`].
 pub(crate) fn entry(row: &dyn Columns) -> Result<AuditEntry> {
     let auth = row.text(3)?;
+    let actor = row.text(11)?;
     let org_id = row
         .optional_text(8)?
         .map(|text| OrgId::parse(text).ok_or_else(|| corrupt(format!("audit row: bad org id {text:?}"))))
@@ -366,6 +438,8 @@ pub(crate) fn entry(row: &dyn Columns) -> Result<AuditEntry> {
         version: row.count(1)?,
         at: row.timestamp(2)?,
         auth: AuditAuth::parse(auth).ok_or_else(|| corrupt(format!("audit row: bad auth {auth:?}")))?,
+        actor: AuditActor::from_text(actor)
+            .ok_or_else(|| corrupt(format!("audit row: bad actor {actor:?}")))?,
         client: row.optional_string(4)?,
         action: row.string(5)?,
         object_kind: row.string(6)?,

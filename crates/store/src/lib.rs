@@ -11,17 +11,18 @@ pub mod sqlite;
 
 use recovea_core::caps::Cap;
 use recovea_core::endpoints::EndpointAllowlist;
-use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId};
+use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId, OrgTokenId};
 use recovea_core::keys::KeyHash;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
+use recovea_core::org_tokens::OrgRole;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::receipt::{Receipt, SerializedReceipt};
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::timestamp::Timestamp;
 
-pub use audit::{AuditAuth, AuditContext, AuditEntry, AuditQuery};
+pub use audit::{AuditActor, AuditAuth, AuditContext, AuditEntry, AuditQuery};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -260,6 +261,22 @@ pub struct NodeCredentialRecord {
     pub revoked_at: Option<Timestamp>,
 }
 
+/// An organization token: a bearer of the admin API that reaches its organization alone, with
+/// its role. Its secret is never stored, only its hash; revoked, it is refused at once by every
+/// replica (nothing caches it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrgTokenRecord {
+    pub id: OrgTokenId,
+    pub org_id: OrgId,
+    pub name: String,
+    pub role: OrgRole,
+    /// The secret's first characters, so that people can tell their tokens apart.
+    pub prefix: String,
+    pub created_at: Timestamp,
+    pub expires_at: Option<Timestamp>,
+    pub revoked_at: Option<Timestamp>,
+}
+
 #[derive(Debug)]
 pub enum StoreError {
     /// The row the change refers to does not exist.
@@ -380,6 +397,24 @@ pub trait ControlStore: Send + Sync + 'static {
     /// The node credential whose token hashes to `hash`, revoked or not. Read from the database at
     /// each call, so that a revocation made through any replica is seen by all at once.
     fn node_credential_by_hash(&self, hash: KeyHash) -> Result<Option<NodeCredentialRecord>>;
+    /// Creates an organization token, stored with the hash of its secret (never the secret);
+    /// `NotFound` when the organization does not exist.
+    fn create_org_token(&self, token: &OrgTokenRecord, hash: KeyHash, audit: &AuditContext) -> Result<()>;
+    /// An organization's tokens, revoked ones included, oldest first.
+    fn org_tokens(&self, org: &OrgId) -> Result<Vec<OrgTokenRecord>>;
+    fn org_token(&self, id: &OrgTokenId) -> Result<Option<OrgTokenRecord>>;
+    /// Revokes an organization token (keeping the first revocation time) and returns it; `None`
+    /// for an unknown id.
+    fn revoke_org_token(
+        &self,
+        id: &OrgTokenId,
+        at: Timestamp,
+        audit: &AuditContext,
+    ) -> Result<Option<OrgTokenRecord>>;
+    /// The organization token whose secret hashes to `hash`, revoked or expired or not. Read from
+    /// the database at each call, so that a revocation made through any replica is seen by all at
+    /// once.
+    fn org_token_by_hash(&self, hash: KeyHash) -> Result<Option<OrgTokenRecord>>;
     /// The organization each of these keys belongs to, for those that exist (revoked or not), in
     /// no particular order. A key's organization never changes.
     fn key_owners(&self, ids: &[KeyId]) -> Result<Vec<(KeyId, OrgId)>>;

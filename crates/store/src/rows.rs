@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::channel::JobKind;
 use recovea_core::endpoints::EndpointAllowlist;
-use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId};
+use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId, OrgTokenId};
 use recovea_core::jobs::BatchInput;
 use recovea_core::keys::KeyHash;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
+use recovea_core::org_tokens::OrgRole;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::tags::{self, Tags};
@@ -20,8 +21,8 @@ use recovea_core::window::Window;
 
 use crate::{
     ActiveKey, AlertRecord, CapRecord, FileRecord, JobRecord, KeyRecord, NodeCredentialRecord, NodeRecord,
-    OrgRecord, PresentedCredential, PriceChange, PriceOverride, PriceTarget, ProviderRecord, Result,
-    SpendRow, StoreError, TagSpendRow,
+    OrgRecord, OrgTokenRecord, PresentedCredential, PriceChange, PriceOverride, PriceTarget, ProviderRecord,
+    Result, SpendRow, StoreError, TagSpendRow,
 };
 
 /// A row as its driver reads it, one column at a time. Text and bytes are borrowed from the row:
@@ -304,6 +305,24 @@ pub(crate) fn node_credential(row: &dyn Columns) -> Result<NodeCredentialRecord>
         name: row.string(1)?,
         created_at: row.timestamp(2)?,
         revoked_at: row.optional_timestamp(3)?,
+    })
+}
+
+pub(crate) const ORG_TOKEN_COLUMNS: &str =
+    "id, org_id, name, role, prefix, created_at, expires_at, revoked_at";
+
+/// An organization token, from its [`ORG_TOKEN_COLUMNS`].
+pub(crate) fn org_token(row: &dyn Columns) -> Result<OrgTokenRecord> {
+    let (id, role) = (row.text(0)?, row.text(3)?);
+    Ok(OrgTokenRecord {
+        id: OrgTokenId::parse(id).ok_or_else(|| corrupt(format!("bad organization token id {id:?}")))?,
+        org_id: org_id(row.text(1)?)?,
+        name: row.string(2)?,
+        role: OrgRole::parse(role).ok_or_else(|| corrupt(format!("bad organization token role {role:?}")))?,
+        prefix: row.string(4)?,
+        created_at: row.timestamp(5)?,
+        expires_at: row.optional_timestamp(6)?,
+        revoked_at: row.optional_timestamp(7)?,
     })
 }
 

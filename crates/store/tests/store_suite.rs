@@ -10,11 +10,12 @@ use std::sync::Barrier;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::channel::JobKind;
 use recovea_core::endpoints::EndpointAllowlist;
-use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId};
+use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId, OrgTokenId};
 use recovea_core::jobs::BatchInput;
 use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
+use recovea_core::org_tokens::OrgRole;
 use recovea_core::pricing::PriceWire;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::receipt::{ProviderKey, Receipt, SerializedReceipt};
@@ -25,10 +26,11 @@ use recovea_core::window::Window;
 use std::time::Duration;
 
 use recovea_store::{
-    AccessRules, ActiveKey, AlertRecord, AuditAuth, AuditContext, AuditEntry, AuditQuery, BookRows,
-    CapRecord, ControlStore, FileRecord, JobPoll, JobRecord, JobStore, KeyRecord, NodeCredentialRecord,
-    NodeRecord, OrgRecord, PostgresStore, PresentedCredential, PriceChange, PriceOverride, PriceTarget,
-    ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore, StoreError,
+    AccessRules, ActiveKey, AlertRecord, AuditActor, AuditAuth, AuditContext, AuditEntry, AuditQuery,
+    BookRows, CapRecord, ControlStore, FileRecord, JobPoll, JobRecord, JobStore, KeyRecord,
+    NodeCredentialRecord, NodeRecord, OrgRecord, OrgTokenRecord, PostgresStore, PresentedCredential,
+    PriceChange, PriceOverride, PriceTarget, ProviderRecord, ReceiptLedger, ReceiptQuery, SqliteStore,
+    StoreError,
 };
 
 /// A fresh, empty database; `open` gives a new store instance on it each time it is called.
@@ -38,6 +40,9 @@ trait Backend {
     /// Makes the database refuse to insert the receipt `id` (the schema must exist: open a store
     /// first), so that a transaction inserting it fails part way.
     fn refuse_receipt(&self, id: &str);
+    /// Runs `sql` on the database under the store, as another program (an older control plane)
+    /// would.
+    fn run_sql(&self, sql: &str);
 }
 
 struct Sqlite {
@@ -64,12 +69,22 @@ impl Backend for Sqlite {
     }
 
     fn refuse_receipt(&self, id: &str) {
-        let conn = rusqlite::Connection::open(self.dir.join("control.db")).expect("open SQLite");
-        conn.execute_batch(&format!(
-            "CREATE TRIGGER refuse_{id} BEFORE INSERT ON receipts WHEN NEW.id = '{id}'
+        self.connection()
+            .execute_batch(&format!(
+                "CREATE TRIGGER refuse_{id} BEFORE INSERT ON receipts WHEN NEW.id = '{id}'
              BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
-        ))
-        .expect("trigger");
+            ))
+            .expect("trigger");
+    }
+
+    fn run_sql(&self, sql: &str) {
+        self.connection().execute_batch(sql).expect("SQL runs");
+    }
+}
+
+impl Sqlite {
+    fn connection(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.dir.join("control.db")).expect("open SQLite")
     }
 }
 
@@ -128,6 +143,10 @@ impl Backend for Postgres {
             ))
             .expect("trigger");
     }
+
+    fn run_sql(&self, sql: &str) {
+        self.client().batch_execute(sql).expect("SQL runs");
+    }
 }
 
 impl Drop for Postgres {
@@ -176,6 +195,9 @@ suite!(
     concurrent_replays_insert_each_receipt_once,
     nodes_are_recorded_replaced_and_listed_since_a_time,
     node_credentials_are_created_listed_looked_up_by_hash_and_revoked_once,
+    org_tokens_are_created_listed_looked_up_by_hash_and_revoked_once,
+    every_audit_row_names_its_actor,
+    a_row_written_without_an_actor_is_the_operators,
     a_node_report_names_the_credential_it_presented,
     key_owners_name_the_organization_of_every_key_revoked_or_not,
     every_change_writes_its_audit_row,
@@ -290,6 +312,176 @@ fn node_credentials_are_created_listed_looked_up_by_hash_and_revoked_once(db: &i
     }
 }
 
+fn org_token(id: &str, org: &str, role: OrgRole, created_at: i64) -> OrgTokenRecord {
+    OrgTokenRecord {
+        id: OrgTokenId::parse(id).expect("token id"),
+        org_id: org_id(org),
+        name: format!("{id} name"),
+        role,
+        prefix: "rot_abcdef".into(),
+        created_at: Timestamp(created_at),
+        expires_at: (role == OrgRole::Viewer).then_some(Timestamp(created_at + 1_000)),
+        revoked_at: None,
+    }
+}
+
+fn org_tokens_are_created_listed_looked_up_by_hash_and_revoked_once(db: &impl Backend) {
+    let store = db.open();
+    store.create_org(&org("org_a"), &audit()).expect("org");
+    store.create_org(&org("org_b"), &audit()).expect("org");
+    let admin = org_token("tok_b1", "org_a", OrgRole::Admin, 10);
+    let viewer = org_token("tok_a2", "org_a", OrgRole::Viewer, 20);
+    let other = org_token("tok_c3", "org_b", OrgRole::Admin, 5);
+    let (secret_1, secret_2, secret_3) =
+        (hash_secret("rot_secret_1"), hash_secret("rot_secret_2"), hash_secret("rot_secret_3"));
+    store.create_org_token(&admin, secret_1, &audit()).expect("created");
+    store.create_org_token(&viewer, secret_2, &audit()).expect("created");
+    store.create_org_token(&other, secret_3, &audit()).expect("created");
+    assert!(
+        store
+            .create_org_token(&org_token("tok_d4", "org_a", OrgRole::Admin, 30), secret_1, &audit())
+            .is_err(),
+        "one secret, one token"
+    );
+    assert!(
+        matches!(
+            store.create_org_token(
+                &org_token("tok_e5", "org_x", OrgRole::Admin, 30),
+                hash_secret("x"),
+                &audit()
+            ),
+            Err(StoreError::NotFound)
+        ),
+        "no token of an unknown organization"
+    );
+    assert_eq!(
+        store.org_tokens(&org_id("org_a")).expect("listed"),
+        [admin.clone(), viewer.clone()],
+        "oldest first"
+    );
+    assert_eq!(
+        store.org_tokens(&org_id("org_b")).expect("listed"),
+        std::slice::from_ref(&other),
+        "its own alone"
+    );
+    assert_eq!(store.org_token(&viewer.id).expect("read"), Some(viewer.clone()));
+    assert_eq!(store.org_token_by_hash(secret_3).expect("looked up"), Some(other.clone()));
+    assert_eq!(store.org_token_by_hash(hash_secret("rot_never_issued")).expect("looked up"), None);
+
+    let version = store.version().expect("version");
+    let revoked = store.revoke_org_token(&admin.id, Timestamp(40), &audit()).expect("revoked");
+    let admin_revoked = OrgTokenRecord { revoked_at: Some(Timestamp(40)), ..admin.clone() };
+    assert_eq!(revoked, Some(admin_revoked.clone()));
+    assert!(store.version().expect("version") > version, "a revocation is a change");
+    let again = store.revoke_org_token(&admin.id, Timestamp(50), &audit()).expect("revoked again");
+    assert_eq!(again, Some(admin_revoked.clone()), "the first revocation time is kept");
+    let unknown = OrgTokenId::parse("tok_none").expect("token id");
+    assert_eq!(store.revoke_org_token(&unknown, Timestamp(50), &audit()).expect("revoke"), None);
+    // Another store on the database (another replica) sees the revocation at its next lookup.
+    assert_eq!(db.open().org_token_by_hash(secret_1).expect("looked up"), Some(admin_revoked));
+
+    // Create and revoke are audited as the organization's; nothing of the secret's hash is kept.
+    let rows: Vec<AuditEntry> =
+        audit_rows(&store).into_iter().filter(|r| r.object_kind == "org_token").collect();
+    let kinds: Vec<(&str, &str, Option<&str>)> = rows
+        .iter()
+        .map(|r| (r.action.as_str(), r.object_id.as_str(), r.org_id.as_ref().map(OrgId::as_str)))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("create", "tok_b1", Some("org_a")),
+            ("create", "tok_a2", Some("org_a")),
+            ("create", "tok_c3", Some("org_b")),
+            ("revoke", "tok_b1", Some("org_a")),
+            ("revoke", "tok_b1", Some("org_a")),
+        ]
+    );
+    assert_eq!(
+        rows[1].after.as_deref(),
+        Some(
+            r#"{"created_at":"1970-01-01T00:00:00.02Z","expires_at":"1970-01-01T00:00:01.02Z","id":"tok_a2","name":"tok_a2 name","org_id":"org_a","prefix":"rot_abcdef","revoked_at":null,"role":"viewer"}"#
+        )
+    );
+    let hex: String = secret_1.0.iter().map(|b| format!("{b:02x}")).collect();
+    for entry in &rows {
+        let text = format!("{:?} {:?}", entry.before, entry.after);
+        assert!(!text.contains(&hex) && !text.contains("hash") && !text.contains("secret"), "{text}");
+    }
+}
+
+fn every_audit_row_names_its_actor(db: &impl Backend) {
+    let store = db.open();
+    let by = |id: &str, auth: AuditAuth, actor: AuditActor| AuditContext {
+        id: id.into(),
+        at: Timestamp(1_000),
+        auth,
+        actor,
+        client: None,
+    };
+    let token =
+        AuditActor::OrgToken { id: OrgTokenId::parse("tok_a").expect("id"), name: "ci deploys".into() };
+    let person =
+        AuditActor::Person { subject: "248289761001".into(), email: Some("jane@example.com".into()) };
+    let anonymous = AuditActor::Person { subject: "sub|7".into(), email: None };
+    store.create_org(&org("org_a"), &by("aud_1", AuditAuth::AdminToken, AuditActor::Operator)).expect("org");
+    store
+        .create_key(
+            &key("key_a", "org_a"),
+            hash_secret("a"),
+            &by("aud_2", AuditAuth::OrgToken, token.clone()),
+        )
+        .expect("key");
+    store
+        .create_key(
+            &key("key_b", "org_a"),
+            hash_secret("b"),
+            &by("aud_3", AuditAuth::ConsoleSession, person.clone()),
+        )
+        .expect("key");
+    store
+        .revoke_key(
+            &key_id("key_b"),
+            Timestamp(5),
+            &by("aud_4", AuditAuth::ConsoleSession, anonymous.clone()),
+        )
+        .expect("revoke");
+    let rows = audit_rows(&store);
+    let who: Vec<(AuditAuth, AuditActor)> = rows.iter().map(|r| (r.auth, r.actor.clone())).collect();
+    assert_eq!(
+        who,
+        [
+            (AuditAuth::AdminToken, AuditActor::Operator),
+            (AuditAuth::OrgToken, token.clone()),
+            (AuditAuth::ConsoleSession, person.clone()),
+            (AuditAuth::ConsoleSession, anonymous.clone()),
+        ]
+    );
+    // The contract's shapes, byte for byte.
+    let shapes: Vec<String> = rows.iter().map(|r| r.actor.to_json().to_string()).collect();
+    assert_eq!(
+        shapes,
+        [
+            r#"{"type":"operator"}"#,
+            r#"{"id":"tok_a","name":"ci deploys","type":"org_token"}"#,
+            r#"{"email":"jane@example.com","subject":"248289761001","type":"person"}"#,
+            r#"{"email":null,"subject":"sub|7","type":"person"}"#,
+        ]
+    );
+}
+
+fn a_row_written_without_an_actor_is_the_operators(db: &impl Backend) {
+    let store = db.open();
+    store.create_org(&org("org_a"), &audit()).expect("org");
+    // As a control plane from before actors writes it: every column but `actor`.
+    db.run_sql(
+        "INSERT INTO audit_log (id, version, at, auth, client, action, object_kind, object_id, org_id, before_json, after_json)
+         VALUES ('aud_old', 1000, 5, 'console_session', NULL, 'create', 'org', 'org_z', 'org_z', NULL, '{}')",
+    );
+    let old = audit_rows(&store).into_iter().find(|r| r.id == "aud_old").expect("the older writer's row");
+    assert_eq!((old.auth, old.actor), (AuditAuth::ConsoleSession, AuditActor::Operator));
+}
+
 fn a_node_report_names_the_credential_it_presented(db: &impl Backend) {
     let store = db.open();
     let report = |id: &str, credential: Option<PresentedCredential>| NodeRecord {
@@ -350,6 +542,7 @@ fn audit() -> AuditContext {
         id: format!("aud_{n:08}"),
         at: Timestamp(1_000),
         auth: AuditAuth::AdminToken,
+        actor: AuditActor::Operator,
         client: None,
     }
 }
@@ -1510,6 +1703,7 @@ fn every_change_writes_its_audit_row(db: &impl Backend) {
         id: "aud_0".into(),
         at: Timestamp(1_000),
         auth: AuditAuth::AdminToken,
+        actor: AuditActor::Operator,
         client: Some("10.0.0.7:51234".into()),
     };
     store.create_org(&org("org_a"), &by).expect("org");
@@ -1634,6 +1828,7 @@ fn the_audit_log_is_filtered_and_paged(db: &impl Backend) {
         id: id.into(),
         at: Timestamp(ms),
         auth: AuditAuth::AdminToken,
+        actor: AuditActor::Operator,
         client: None,
     };
     store.create_org(&org("org_a"), &at("aud_1", 10)).expect("org");

@@ -1,5 +1,5 @@
-//! `GET /audit`: the audit log, filtered and paged as the receipts are (the cursor is the last
-//! entry's state version).
+//! `GET /audit` and `GET /orgs/{org}/audit`: the audit log, or one organization's trail in it,
+//! filtered and paged as the receipts are (the cursor is the last entry's state version).
 
 use recovea_core::ids::OrgId;
 use recovea_store::{AuditEntry, AuditQuery};
@@ -14,7 +14,13 @@ const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 1000;
 
 impl Control {
-    pub(crate) async fn list_audit(&self, query: &str) -> Result<Reply, ApiError> {
+    /// The whole log, or `org`'s trail alone (its path's organization: an `org_id` in the query
+    /// is not read there).
+    pub(crate) async fn list_audit(&self, org: Option<OrgId>, query: &str) -> Result<Reply, ApiError> {
+        if let Some(org) = &org {
+            // An organization's trail is its path's: an unknown one is a 404, as on every such path.
+            self.require_org(org).await?;
+        }
         let params = Params::parse(query)?;
         let limit = parse_limit(&params, DEFAULT_LIMIT, MAX_LIMIT)?;
         // Kinds and actions are lowercase words; anything else selects nothing and is a mistake.
@@ -32,12 +38,15 @@ impl Control {
         let query = AuditQuery {
             from: params.time("from")?,
             to: params.time("to")?,
-            org_id: params
-                .get("org_id")
-                .map(|id| {
-                    OrgId::parse(id).ok_or_else(|| ApiError::BadRequest("org_id: not an org id".into()))
-                })
-                .transpose()?,
+            org_id: match org {
+                Some(org) => Some(org),
+                None => params
+                    .get("org_id")
+                    .map(|id| {
+                        OrgId::parse(id).ok_or_else(|| ApiError::BadRequest("org_id: not an org id".into()))
+                    })
+                    .transpose()?,
+            },
             object_kind: word("object_kind", "key")?,
             action: word("action", "create")?,
             // One more than asked tells whether another page follows.
@@ -68,6 +77,7 @@ fn entry_json(entry: &AuditEntry) -> Result<Value, ApiError> {
         "version": entry.version,
         "at": entry.at,
         "auth": entry.auth.as_str(),
+        "actor": entry.actor.to_json(),
         "client": entry.client,
         "action": entry.action,
         "object_kind": entry.object_kind,

@@ -10,7 +10,7 @@ use recovea_store::{AlertRecord, CapRecord};
 use serde::Deserialize;
 use serde_json::{Number, Value, json};
 
-use crate::admin::{Caller, Reply, created, now, ok};
+use crate::admin::{Caller, Reply, created, no_cap, now, ok};
 use crate::{ApiError, Control};
 
 /// Alerts at half, four fifths and all of the limit unless told otherwise.
@@ -127,10 +127,9 @@ impl Control {
     }
 
     pub(crate) async fn delete_cap(&self, caller: Caller, id: CapId) -> Result<Reply, ApiError> {
-        let missing = format!("No cap {id}.");
         let (cap, audit) = (id.clone(), caller.audit()?);
         if !self.store(move |s| s.delete_cap(&cap, &audit)).await? {
-            return Err(ApiError::NotFound(missing));
+            return Err(no_cap(&id));
         }
         ok(json!({ "id": id, "deleted": true }))
     }
@@ -198,8 +197,8 @@ impl Control {
     }
 
     async fn require_cap(&self, id: CapId) -> Result<CapRecord, ApiError> {
-        let missing = format!("No cap {id}.");
-        self.store(move |s| s.cap(&id)).await?.ok_or(ApiError::NotFound(missing))
+        let missing = no_cap(&id);
+        self.store(move |s| s.cap(&id)).await?.ok_or(missing)
     }
 
     fn new_id<T>(&self, prefix: &str, parse: fn(&str) -> Option<T>) -> Result<T, ApiError> {

@@ -5,13 +5,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
-use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId};
+use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId, OrgTokenId};
 use recovea_core::keys::KeyHash;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::timestamp::Timestamp;
 use recovea_store::{
     AccessRules, AlertRecord, AuditContext, AuditEntry, AuditQuery, CapRecord, ControlStore, KeyRecord,
-    NodeCredentialRecord, NodeRecord, OrgRecord, PriceChange, ProviderRecord, Result, State,
+    NodeCredentialRecord, NodeRecord, OrgRecord, OrgTokenRecord, PriceChange, ProviderRecord, Result, State,
 };
 
 pub(crate) struct FrozenStore {
@@ -220,6 +220,36 @@ impl ControlStore for FrozenStore {
     fn node_credential_by_hash(&self, hash: KeyHash) -> Result<Option<NodeCredentialRecord>> {
         self.gate();
         self.inner.node_credential_by_hash(hash)
+    }
+
+    fn create_org_token(&self, token: &OrgTokenRecord, hash: KeyHash, audit: &AuditContext) -> Result<()> {
+        self.gate();
+        self.inner.create_org_token(token, hash, audit)
+    }
+
+    fn org_tokens(&self, org: &OrgId) -> Result<Vec<OrgTokenRecord>> {
+        self.gate();
+        self.inner.org_tokens(org)
+    }
+
+    fn org_token(&self, id: &OrgTokenId) -> Result<Option<OrgTokenRecord>> {
+        self.gate();
+        self.inner.org_token(id)
+    }
+
+    fn revoke_org_token(
+        &self,
+        id: &OrgTokenId,
+        at: Timestamp,
+        audit: &AuditContext,
+    ) -> Result<Option<OrgTokenRecord>> {
+        self.gate();
+        self.inner.revoke_org_token(id, at, audit)
+    }
+
+    fn org_token_by_hash(&self, hash: KeyHash) -> Result<Option<OrgTokenRecord>> {
+        self.gate();
+        self.inner.org_token_by_hash(hash)
     }
 
     fn key_owners(&self, ids: &[KeyId]) -> Result<Vec<(KeyId, OrgId)>> {

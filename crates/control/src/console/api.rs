@@ -40,7 +40,7 @@ impl ConsoleApi<'_> {
         let body = body.map_or_else(Bytes::new, |v| Bytes::from(v.to_string()));
         let segments: Vec<String> = segments.iter().map(|s| (*s).to_owned()).collect();
         let query = query.to_owned();
-        let (control, caller) = (self.control.clone(), self.caller);
+        let (control, caller) = (self.control.clone(), self.caller.clone());
         // As in the API's server: a change and its publication run to the end even if the browser
         // goes away.
         let work = tokio::spawn(async move {

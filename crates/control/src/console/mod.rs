@@ -28,6 +28,7 @@ use recovea_store::AuditAuth;
 use crate::Control;
 use crate::admin::Caller;
 use crate::admin::query::{Params, decode_path_segment};
+use crate::principal::Principal;
 use api::ConsoleApi;
 
 pub(crate) use session::Sessions;
@@ -158,7 +159,9 @@ impl Control {
         };
         let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
         let visit = Visit { csrf: session.csrf, query };
-        let api = ConsoleApi { control: self, caller: Caller { auth: AuditAuth::ConsoleSession, client } };
+        // A session is opened with the admin token alone: its visitor is the operator.
+        let caller = Caller { principal: Principal::Operator, auth: AuditAuth::ConsoleSession, client };
+        let api = ConsoleApi { control: self, caller };
         pages::dispatch(&api, &method, &segments, &visit, &form).await
     }
 

@@ -271,6 +271,25 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE nodes ADD COLUMN credential_id TEXT;
     ALTER TABLE nodes ADD COLUMN credential_name TEXT;
 "#,
+    // Issue 35 (version 11): organization tokens, stored as the hash of their secret and revoked
+    // rather than deleted, as node credentials are, so that the audit log keeps naming them. And
+    // who made each change (`actor`, JSON): every row written before was the operator's, the one
+    // identity there was, as is any row a control plane that predates actors writes.
+    r#"
+    CREATE TABLE org_tokens (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        org_id TEXT COLLATE "C" NOT NULL REFERENCES orgs(id),
+        name TEXT NOT NULL,
+        role TEXT NOT NULL,
+        prefix TEXT NOT NULL,
+        hash BYTEA NOT NULL UNIQUE,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT,
+        revoked_at BIGINT
+    );
+    CREATE INDEX org_tokens_by_org ON org_tokens(org_id, created_at, id);
+    ALTER TABLE audit_log ADD COLUMN actor TEXT NOT NULL DEFAULT '{"type":"operator"}';
+"#,
 ];
 
 /// The advisory lock that serializes migrations across every process on the database ("recovea!").

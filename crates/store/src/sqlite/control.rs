@@ -1,7 +1,7 @@
 //! The control store on SQLite: organizations, keys, providers, prices, caps, alerts and nodes,
 //! and the state nodes are built from.
 
-use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId};
+use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId, OrgTokenId};
 use recovea_core::keys::KeyHash;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::timestamp::Timestamp;
@@ -11,12 +11,12 @@ use super::{SqliteStore, backend, select, select_optional};
 use crate::audit::{self, AUDIT_COLUMNS, AuditContext, AuditEntry, AuditQuery};
 use crate::rows::{
     self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, KEY_COLUMNS, NODE_COLUMNS, NODE_CREDENTIAL_COLUMNS, ORG_COLUMNS,
-    OrgIds, PRICE_COLUMNS, PROVIDER_COLUMNS, alert_at_text, allowed_endpoints_text, allowed_models_text,
-    presented_columns, saturating_i64,
+    ORG_TOKEN_COLUMNS, OrgIds, PRICE_COLUMNS, PROVIDER_COLUMNS, alert_at_text, allowed_endpoints_text,
+    allowed_models_text, presented_columns, saturating_i64,
 };
 use crate::{
     AccessRules, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeCredentialRecord, NodeRecord,
-    OrgRecord, PriceChange, PriceOverride, ProviderRecord, Result, State, StoreError,
+    OrgRecord, OrgTokenRecord, PriceChange, PriceOverride, ProviderRecord, Result, State, StoreError,
 };
 
 /// A cap's columns, in the order [`rows::cap`] reads them.
@@ -402,6 +402,66 @@ impl ControlStore for SqliteStore {
         select_optional(&self.conn(), &sql, [&hash.0[..]], rows::node_credential)
     }
 
+    fn create_org_token(&self, token: &OrgTokenRecord, hash: KeyHash, audit: &AuditContext) -> Result<()> {
+        self.change(audit, |tx| {
+            if !org_exists(tx, &token.org_id)? {
+                return Err(StoreError::NotFound);
+            }
+            tx.execute(
+                &format!(
+                    "INSERT INTO org_tokens ({ORG_TOKEN_COLUMNS}, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                ),
+                params![
+                    token.id.as_str(),
+                    token.org_id.as_str(),
+                    token.name,
+                    token.role.as_str(),
+                    token.prefix,
+                    token.created_at.0,
+                    token.expires_at.map(|t| t.0),
+                    token.revoked_at.map(|t| t.0),
+                    &hash.0[..]
+                ],
+            )
+            .map_err(backend)?;
+            Ok(((), Some(audit::org_token_change("create", None, token))))
+        })
+    }
+
+    fn org_tokens(&self, org: &OrgId) -> Result<Vec<OrgTokenRecord>> {
+        let sql =
+            format!("SELECT {ORG_TOKEN_COLUMNS} FROM org_tokens WHERE org_id = ?1 ORDER BY created_at, id");
+        select(&self.conn(), &sql, [org.as_str()], rows::org_token)
+    }
+
+    fn org_token(&self, id: &OrgTokenId) -> Result<Option<OrgTokenRecord>> {
+        org_token_by_id(&self.conn(), id)
+    }
+
+    fn revoke_org_token(
+        &self,
+        id: &OrgTokenId,
+        at: Timestamp,
+        audit: &AuditContext,
+    ) -> Result<Option<OrgTokenRecord>> {
+        self.change(audit, |tx| {
+            let before = org_token_by_id(tx, id)?;
+            tx.execute(
+                "UPDATE org_tokens SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1",
+                params![id.as_str(), at.0],
+            )
+            .map_err(backend)?;
+            let after = org_token_by_id(tx, id)?;
+            let row = after.as_ref().map(|after| audit::org_token_change("revoke", before.as_ref(), after));
+            Ok((after, row))
+        })
+    }
+
+    fn org_token_by_hash(&self, hash: KeyHash) -> Result<Option<OrgTokenRecord>> {
+        let sql = format!("SELECT {ORG_TOKEN_COLUMNS} FROM org_tokens WHERE hash = ?1");
+        select_optional(&self.conn(), &sql, [&hash.0[..]], rows::org_token)
+    }
+
     fn key_owners(&self, ids: &[KeyId]) -> Result<Vec<(KeyId, OrgId)>> {
         let conn = self.conn();
         let mut statement =
@@ -505,7 +565,7 @@ impl ControlStore for SqliteStore {
 pub(super) fn insert_audit(tx: &rusqlite::Transaction<'_>, entry: &AuditEntry) -> Result<()> {
     tx.execute(
         &format!(
-            "INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            "INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
         ),
         params![
             entry.id,
@@ -518,7 +578,8 @@ pub(super) fn insert_audit(tx: &rusqlite::Transaction<'_>, entry: &AuditEntry) -
             entry.object_id,
             entry.org_id.as_ref().map(OrgId::as_str),
             entry.before,
-            entry.after
+            entry.after,
+            entry.actor.to_text()
         ],
     )
     .map_err(backend)?;
@@ -527,6 +588,11 @@ pub(super) fn insert_audit(tx: &rusqlite::Transaction<'_>, entry: &AuditEntry) -
 
 fn cap_by_id(conn: &Connection, id: &CapId) -> Result<Option<CapRecord>> {
     select_optional(conn, &format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = ?1"), [id.as_str()], rows::cap)
+}
+
+fn org_token_by_id(conn: &Connection, id: &OrgTokenId) -> Result<Option<OrgTokenRecord>> {
+    let sql = format!("SELECT {ORG_TOKEN_COLUMNS} FROM org_tokens WHERE id = ?1");
+    select_optional(conn, &sql, [id.as_str()], rows::org_token)
 }
 
 fn key_by_id(conn: &Connection, id: &KeyId) -> Result<Option<KeyRecord>> {

@@ -307,6 +307,25 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE nodes ADD COLUMN credential_id TEXT;
     ALTER TABLE nodes ADD COLUMN credential_name TEXT;
 ",
+    // Issue 35 (user_version 16): organization tokens, stored as the hash of their secret and
+    // revoked rather than deleted, as node credentials are, so that the audit log keeps naming
+    // them. And who made each change (`actor`, JSON): every row written before was the operator's,
+    // the one identity there was, as is any row a control plane that predates actors writes.
+    r#"
+    CREATE TABLE org_tokens (
+        id TEXT PRIMARY KEY,
+        org_id TEXT NOT NULL REFERENCES orgs(id),
+        name TEXT NOT NULL,
+        role TEXT NOT NULL,
+        prefix TEXT NOT NULL,
+        hash BLOB NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER,
+        revoked_at INTEGER
+    );
+    CREATE INDEX org_tokens_by_org ON org_tokens(org_id, created_at, id);
+    ALTER TABLE audit_log ADD COLUMN actor TEXT NOT NULL DEFAULT '{"type":"operator"}';
+"#,
 ];
 
 /// Applies each missing migration in a write transaction that reads the version itself, so that

@@ -11,7 +11,7 @@ use rusqlite::{Connection, params};
 use super::SqliteStore;
 use super::migrate::MIGRATIONS;
 use crate::rows::saturating_i64;
-use crate::{AuditAuth, AuditContext, ControlStore, ReceiptLedger, ReceiptQuery};
+use crate::{AuditActor, AuditAuth, AuditContext, ControlStore, ReceiptLedger, ReceiptQuery};
 
 /// Every field set to something other than `Receipt::example`'s, so that a field lost or
 /// swapped on the way shows.
@@ -153,8 +153,13 @@ fn price_revisions_become_the_price_log() {
         .map(|o| (format!("{:?}", o.target), o.price.input_per_mtok_usd.clone(), o.revision))
         .collect();
     assert_eq!(kept, [(r#"Model("m")"#.into(), "2".into(), 2), (r#"Model("n")"#.into(), "3".into(), 3)]);
-    let audit =
-        AuditContext { id: "aud_a".into(), at: Timestamp(4), auth: AuditAuth::AdminToken, client: None };
+    let audit = AuditContext {
+        id: "aud_a".into(),
+        at: Timestamp(4),
+        auth: AuditAuth::AdminToken,
+        actor: AuditActor::Operator,
+        client: None,
+    };
     assert_eq!(store.put_price("n", &state.price_overrides[0].price, Timestamp(4), &audit).expect("put"), 4);
 }
 
@@ -220,4 +225,24 @@ fn the_daily_spend_is_built_from_the_receipts_already_stored() {
     let after =
         store.spend_summary(&org, None, Some(Timestamp(2 * day)), Some(Timestamp(3 * day))).expect("summary");
     assert_eq!((after.len(), after[0].requests, after[0].cost), (1, 3, Nanos(3 * 123_456_789)));
+}
+
+#[test]
+fn audit_rows_from_before_actors_are_the_operators() {
+    // The schema before migration 16 (at index 15) had no `actor`: every change was the operator's.
+    let conn = Connection::open_in_memory().expect("open");
+    for sql in &MIGRATIONS[..15] {
+        conn.execute_batch(sql).expect("an earlier migration");
+    }
+    conn.pragma_update(None, "user_version", 15).expect("version");
+    conn.execute(
+        "INSERT INTO audit_log (id, version, at, auth, client, action, object_kind, object_id, org_id, before_json, after_json)
+         VALUES ('aud_old', 1, 5, 'admin_token', '10.0.0.1:5', 'create', 'org', 'org_a', 'org_a', NULL, '{}')",
+        [],
+    )
+    .expect("a row as written before");
+    let store = SqliteStore::with_connection(conn).expect("migrated");
+    let rows = store.audit_log(&crate::AuditQuery { limit: 10, ..Default::default() }).expect("audit log");
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].auth, &rows[0].actor), (AuditAuth::AdminToken, &AuditActor::Operator));
 }
