@@ -170,6 +170,16 @@ async fn the_suite_on_a_redis_cluster() {
     many_keys_in_one_sync_keep_their_order(Backend::Redis(deployment)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_through_sentinel() {
+    let sentinels = tokio::task::spawn_blocking(recovea_testkit::redis_topologies::Sentinels::start)
+        .await
+        .expect("sentinels");
+    let deployment = test_redis::leak(sentinels.url(), Inspect::Server(sentinels.servers[0].url()));
+    two_nodes_see_each_others_consumption_and_not_their_own(Backend::Redis(deployment)).await;
+    many_keys_in_one_sync_keep_their_order(Backend::Redis(deployment)).await;
+}
+
 #[tokio::test]
 async fn redis_down_fails_the_sync_within_its_timeout() {
     let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
