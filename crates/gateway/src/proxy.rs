@@ -8,16 +8,16 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderMap, Request, Response, Uri, Version};
 use http_body::Body as _;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use recovea_core::admission::{Admitted, Decision, FailOpenReason};
 use recovea_core::answer::WireShape;
 use recovea_core::models;
 use recovea_core::pricing::PriceScope;
 use recovea_core::snapshot::ProviderKind;
 use recovea_core::tags::{self, Tags};
-use recovea_core::{Answer, Snapshot, Timestamp, credential};
+use recovea_core::{Snapshot, Timestamp, credential};
 use recovea_http1::RequestError;
 use recovea_providers::{Route, headers};
 
@@ -37,7 +37,7 @@ use crate::metering::{Metered, Timing};
 use crate::metrics::{Finished, Outcome};
 use crate::node::Shared;
 use crate::realtime;
-use crate::refusal::Refusal;
+use crate::refusal::{BodyLeft, Refusal, Refused};
 use crate::trace::{Phase, Trace};
 
 mod spend;
@@ -65,9 +65,6 @@ pub(crate) struct RequestContext {
     /// The model a request refused after its body was read asked for, for its access-log line
     /// (an admitted request's receipt names its own).
     refused_model: Option<String>,
-    /// Whether the request body was read to its end: a connection whose request body is left
-    /// unread cannot carry another request.
-    body_read: bool,
     /// The request's spans, when traces are on.
     trace: Trace,
     /// Its place among the key's requests in flight (`max_concurrent_requests`), once admitted.
@@ -96,7 +93,6 @@ impl RequestContext {
             outcome: Outcome::Forwarded,
             cap_refusal: None,
             refused_model: None,
-            body_read: false,
             trace: Trace::default(),
             in_flight: None,
         }
@@ -150,22 +146,14 @@ where
 {
     let http1 = request.version() <= Version::HTTP_11;
     let shape = shape_of(&request);
-    let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
-        || request.headers().get(header::CONTENT_LENGTH).is_some_and(|v| v != "0");
     ctx.trace = Trace::begin(shared.tracer.as_ref(), request.headers());
     let response = match run(shared, ctx, request).await {
         // A slot is held until the answer's last byte, or its client leaving.
         Ok(response) => response.map(|body| crate::inflight::held_by(body, ctx.in_flight.take())),
-        Err(refusal) => {
+        Err(refused) => {
             ctx.in_flight = None;
-            ctx.refused(&refusal);
-            let mut response = answer_response(refusal.answer().shaped(shape));
-            if http1 && has_body && !ctx.body_read {
-                // Refused before its body was read: say that the connection ends here, so that
-                // the client does not send its next request down it.
-                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            response
+            ctx.refused(&refused.refusal);
+            refused.response(shape, http1)
         }
     };
     let response = respond(shared, ctx, response);
@@ -203,27 +191,32 @@ async fn run<B>(
     shared: &Arc<Shared>,
     ctx: &mut RequestContext,
     request: Request<B>,
-) -> Result<Response<ResponseBody>, Refusal>
+) -> Result<Response<ResponseBody>, Refused>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     let (mut parts, body) = request.into_parts();
+    let has_body = parts.headers.contains_key(header::TRANSFER_ENCODING)
+        || parts.headers.get(header::CONTENT_LENGTH).is_some_and(|v| v != "0");
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
     ctx.trace.start(Phase::Admit);
     let (route, target) = match plan(shared, ctx, &parts.headers, &path_and_query) {
         Ok(planned) => planned,
         Err(refusal) => {
             // A small body is read and dropped so that the connection can carry the next request.
-            ctx.body_read = discard(body).await;
-            return Err(refusal);
+            let read = discard(body).await;
+            return Err(Refused::new(refusal, BodyLeft::of(has_body, read)));
         }
     };
 
     ctx.trace.end(Phase::Admit);
     let tenant = ctx.admitted.as_ref().map(|admitted| &admitted.org.id);
-    let mut body = read_body(shared, tenant, &parts.headers, body).await?;
-    ctx.body_read = true;
+    // Refused before its body was read: the connection ends with the answer. From here on a
+    // refusal leaves nothing of the request on the connection (`Refused::from`).
+    let mut body = read_body(shared, tenant, &parts.headers, body)
+        .await
+        .map_err(|refusal| Refused::new(refusal, BodyLeft::of(has_body, false)))?;
     let endpoint = route.upstream_path.split_once('?').map_or(route.upstream_path, |(path, _)| path);
     let surface = Surface::of(target.kind, endpoint);
     // One parse gives the facts and the input estimate that the caps and the receipt both need,
@@ -237,7 +230,7 @@ where
         // stream, its limits) may not be what the provider runs. A fail-open pass reads nothing
         // and goes as sent.
         ctx.trace.request(endpoint, None);
-        return Err(Refusal::AmbiguousBody(ambiguity));
+        return Err(Refusal::AmbiguousBody(ambiguity).into());
     }
     let content_type = || parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     if let Some(media) = recovea_providers::media::read(surface, content_type, &body) {
@@ -266,7 +259,7 @@ where
         if facts.model.iter().map(String::as_str).chain(runs).any(|m| !models::is_well_formed_name(m)) {
             facts.model = None;
             ctx.trace.request(endpoint, None);
-            return Err(Refusal::ModelName);
+            return Err(Refusal::ModelName.into());
         }
     }
     ctx.trace.request(endpoint, facts.model.as_deref());
@@ -278,7 +271,7 @@ where
             // Before the caps and the provider: nothing is reserved, called or metered.
             let refused = runs.unwrap_or_default().to_owned();
             ctx.refused_model = Some(refused.clone());
-            return Err(Refusal::ModelNotAllowed(refused));
+            return Err(Refusal::ModelNotAllowed(refused).into());
         }
     }
     let channel = channel::classify(RequestLine {
@@ -312,7 +305,7 @@ where
                 }
                 Err(refusal) => {
                     ctx.refused_model = facts.model.take();
-                    return Err(refusal);
+                    return Err(refusal.into());
                 }
             }
         }
@@ -346,7 +339,7 @@ where
             _in_flight: ctx.in_flight.take(),
         };
         ctx.trace.start(Phase::Upstream);
-        return realtime::open(shared, admitted.clone(), session, on_upgrade, upstream_request).await;
+        return Ok(realtime::open(shared, admitted.clone(), session, on_upgrade, upstream_request).await?);
     }
     let metered = ctx.admitted.as_ref().map(|admitted| {
         // From here the provider is called: the receipt is written however the request ends, a
@@ -384,7 +377,7 @@ where
         ctx.trace.end(Phase::Upstream);
         shared.metrics.upstream_answered(target.kind, response.status().as_u16());
     }
-    let Some(metered) = metered else { return result };
+    let Some(metered) = metered else { return Ok(result?) };
     match result {
         Ok(response) => {
             let (mut parts, body) = response.into_parts();
@@ -406,7 +399,7 @@ where
         Err(refusal) => {
             // Admitted but never answered: the receipt says so.
             shared.meter.record(&shared.metrics, metered.take(), refusal.answer().status, Tapped::default());
-            Err(refusal)
+            Err(refusal.into())
         }
     }
 }
@@ -686,29 +679,6 @@ async fn forward(
     }
 }
 
-/// Turns one of the gateway's own answers into a response.
-pub(crate) fn answer_response(answer: Answer) -> Response<ResponseBody> {
-    let mut response =
-        Response::new(Full::new(Bytes::from(answer.body)).map_err(BoxError::from).boxed_unsync());
-    *response.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    for (name, value) in answer.headers {
-        if let Ok(value) = HeaderValue::try_from(value) {
-            headers.insert(name, value);
-        }
-    }
-    response
-}
-
-/// The answer to a request whose HTTP/1 head breaks the rules, in `shape`, with `connection:
-/// close`: what follows such a head cannot be trusted to be the next request.
-pub(crate) fn head_refusal(error: RequestError, shape: WireShape) -> Response<ResponseBody> {
-    let mut response = answer_response(Refusal::Head(error).answer().shaped(shape));
-    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
-}
-
 /// Answers a request refused for its head before any phase ran (no route, no admission, no
 /// receipt), counted and logged as every answer is.
 pub(crate) fn refuse_head(
@@ -718,7 +688,7 @@ pub(crate) fn refuse_head(
 ) -> Response<ResponseBody> {
     let mut ctx = RequestContext::new(shared.now());
     ctx.outcome = Refusal::Head(error).outcome();
-    respond(shared, &ctx, head_refusal(error, shape))
+    respond(shared, &ctx, crate::refusal::head_refusal(error, shape))
 }
 
 /// Phase respond: every answer carries the gateway's request id; the outcome is counted and logged.
