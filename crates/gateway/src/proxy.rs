@@ -21,7 +21,7 @@ use recovea_providers::headers;
 use recovea_providers::usage::Surface;
 use recovea_upstream::{BoxError, ResponseBody};
 
-use crate::access_log;
+use crate::access_log::{self, FinishAt};
 use crate::metrics::{Finished, Outcome};
 use crate::node::Shared;
 use crate::refusal::{BodyLeft, Refusal, Refused};
@@ -269,15 +269,12 @@ impl RequestContext {
         }
     }
 
-    /// The access-log line and metrics of a request the meter does not finish (the meter
-    /// finishes every request it writes a receipt for): now for an answer of the gateway's own,
-    /// at the end of its body for a fail-open pass.
+    /// The request's end: [`access_log::finish`] now for an answer of the gateway's own, when
+    /// its body ends for a fail-open pass, and nothing here for a request the meter writes a
+    /// receipt for, which finishes with it ([`FinishAt`]).
     fn finish(&self, shared: &Arc<Shared>, response: Response<ResponseBody>) -> Response<ResponseBody> {
-        let sent = matches!(
-            self.outcome,
-            Outcome::Forwarded | Outcome::UpstreamUnreachable | Outcome::UpstreamTimeout
-        );
-        if self.admitted.is_some() && sent {
+        let at = FinishAt::of(self.outcome, self.admitted.is_some());
+        if at == FinishAt::Receipt {
             return response;
         }
         let route = self.credential.as_deref();
@@ -301,16 +298,18 @@ impl RequestContext {
             fail_open: self.fail_open.map(FailOpenReason::label),
             cap: self.cap_refusal.clone(),
             metered: None,
-            ttfb: (self.outcome == Outcome::FailOpen).then_some(elapsed),
+            // A pass's answer is the provider's: its head came now.
+            ttfb: (at == FinishAt::BodyEnd).then_some(elapsed),
             total: elapsed,
         };
-        if self.outcome == Outcome::FailOpen {
+        let log = shared.config.access_log;
+        if at == FinishAt::BodyEnd {
             let shared = Arc::clone(shared);
             return access_log::when_body_ends(&request, self.received_at, response, move |request| {
-                access_log::finished(&shared.metrics, shared.config.access_log, request);
+                access_log::finish(&shared.metrics, log, request);
             });
         }
-        access_log::finished(&shared.metrics, shared.config.access_log, &request);
+        access_log::finish(&shared.metrics, log, &request);
         response
     }
 }
