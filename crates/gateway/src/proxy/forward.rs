@@ -122,7 +122,7 @@ async fn answered(
 /// pass, which has none.
 fn metered(shared: &Arc<Shared>, ctx: &mut RequestContext, outbound: Outbound<'_>) -> Option<Metered> {
     let admitted = ctx.admitted.as_ref()?;
-    let Outbound { route, target, endpoint, surface, mut facts, input_tokens, prices, spend } = outbound;
+    let Outbound { route, target, endpoint, surface, facts, input_tokens, prices, spend } = outbound;
     Some(Metered {
         request_id: ctx.request_id.to_str().unwrap_or_default().to_owned(),
         org_id: admitted.org.id.to_string(),
@@ -130,13 +130,13 @@ fn metered(shared: &Arc<Shared>, ctx: &mut RequestContext, outbound: Outbound<'_
         provider: route.credential.to_owned(),
         provider_key: target.provider_key(),
         endpoint: endpoint.to_owned(),
-        request_model: facts.model.clone(),
+        request_model: facts.model,
         kind: target.kind,
         scope: target.scope,
         stream: facts.stream || recovea_providers::usage::streams_by_path(endpoint),
         surface,
         input_tokens,
-        media: facts.media.take(),
+        media: facts.media,
         started_at: ctx.started_at,
         prices,
         tags: std::mem::take(&mut ctx.tags),
