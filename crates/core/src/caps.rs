@@ -287,6 +287,17 @@ pub fn decide_at_line(asked: &[(&Cap, CapSpend)], answer: Option<LineAnswer>) ->
     }
 }
 
+/// One armed cap's spend as a decision at the line reads it ([`decide_at_line`],
+/// [`decide_fit_at_line`]): `view`'s spend of the cap's window starting at `window_start`, its
+/// reservations without the asking request's own `estimate`. A request waiting on the store at the
+/// line is already pending in the node's view, so the view counts its estimate among the
+/// reservations; the rules read the other requests' (a batch is checked against the room the others
+/// left, and never finds its own estimate in the way). Reservations never read below zero.
+pub fn spend_at_line(view: &dyn SpendView, cap: &Cap, window_start: Timestamp, estimate: Nanos) -> CapSpend {
+    let spend = view.spend(&cap.org_id, &cap.id, window_start);
+    CapSpend { reserved: Nanos(spend.reserved.0.saturating_sub(estimate.0).max(0)), ..spend }
+}
+
 /// The refusal of a request at the line whose spend could not be confirmed: named after the first
 /// cap it asked about.
 fn unconfirmed(asked: &[(&Cap, CapSpend)]) -> CapRefusal {
@@ -797,6 +808,31 @@ mod tests {
     }
 
     #[test]
+    fn at_the_line_a_request_reads_the_reservations_of_the_others() {
+        let day = armed("cap_day", Scope::Key, Window::Day, 1_000);
+        // 300 reserved in the node's view: 100 of it the asking request's own, pending.
+        let view = View::default().with(&day, confirmed(500, 300, 0));
+        let spend = spend_at_line(&view, &day, day.window.start(NOW), Nanos(100));
+        assert_eq!(spend, confirmed(500, 200, 0), "spend and confirmation as the view has them");
+        assert_eq!(*view.reads.borrow(), [(day.id.clone(), day.window.start(NOW))], "the cap's own window");
+        // A batch of 300 fits the room the others left (1000 - 500 - 200); counting its own 100
+        // twice would have found 200 and refused it.
+        assert_eq!(
+            decide_fit_at_line(&[(&day, spend)], Some(LineAnswer::AtLine(0)), Nanos(300)),
+            Err(CapRefusal::BatchExceeds {
+                scope: Scope::Key,
+                window: Window::Day,
+                estimate: Nanos(300),
+                room: Nanos(300)
+            }),
+            "the store saw the line; the room told is the others'"
+        );
+        // A view that somehow lost the estimate reads no reservations, never fewer than none.
+        let lost = View::default().with(&day, confirmed(500, 40, 0));
+        assert_eq!(spend_at_line(&lost, &day, day.window.start(NOW), Nanos(100)), confirmed(500, 0, 0));
+    }
+
+    #[test]
     fn spare_is_held_only_far_from_the_line() {
         let limit = Nanos(1_000_000);
         assert_eq!(spare_ceiling(limit), Nanos(800_000));
@@ -881,6 +917,44 @@ mod tests {
                 Some((cap, _)) => prop_assert_eq!(seen(verdict), Some((cap.scope, cap.window))),
                 None => prop_assert_eq!(verdict, Err(unanswered)),
             }
+        }
+    }
+
+    proptest! {
+        /// Whatever the view says, a decision at the line reads the view's spend and
+        /// confirmation as they are and reservations between none and the view's.
+        #[test]
+        fn spend_at_the_line_takes_only_the_estimate_away(spend in any_spend(), estimate in 0_i64..=i64::MAX) {
+            let day = armed("cap_day", Scope::Key, Window::Day, 1_000);
+            let read = spend_at_line(&Fixed(spend), &day, day.window.start(NOW), Nanos(estimate));
+            prop_assert_eq!(read.spent, spend.spent);
+            prop_assert_eq!(read.confirmed_at, spend.confirmed_at);
+            prop_assert!(read.reserved >= Nanos::ZERO);
+            prop_assert!(read.reserved <= spend.reserved.max(Nanos::ZERO));
+        }
+
+        /// A request pending at the line is in the view's reservations: what the rules read is
+        /// the others' reservations exactly, so that a batch the store found at the line is told
+        /// the room the others left, never that room less its own estimate.
+        #[test]
+        fn a_request_at_the_line_is_never_in_its_own_way(
+            limit in 0_i64..1 << 60,
+            spent in 0_i64..1 << 60,
+            others in 0_i64..1 << 60,
+            estimate in 0_i64..1 << 60,
+            age in 0_i64..MAX_AGE,
+        ) {
+            let cap = armed("cap_p", Scope::Organization, Window::Month, limit);
+            let view = Fixed(confirmed(spent, others + estimate, age));
+            let read = spend_at_line(&view, &cap, cap.window.start(NOW), Nanos(estimate));
+            prop_assert_eq!(read, confirmed(spent, others, age));
+            let room = Nanos((limit - spent - others).max(0));
+            let verdict = decide_fit_at_line(&[(&cap, read)], Some(LineAnswer::AtLine(0)), Nanos(estimate));
+            let told = match verdict {
+                Err(CapRefusal::BatchExceeds { room, .. }) => room,
+                other => return Err(TestCaseError::fail(format!("{other:?}"))),
+            };
+            prop_assert_eq!(told, room);
         }
     }
 

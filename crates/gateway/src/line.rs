@@ -77,10 +77,7 @@ pub(crate) async fn check_caps(
             .into_iter()
             .filter_map(|(id, start)| {
                 let cap = covering.iter().find(|cap| cap.id == id)?;
-                let mut spend = caps::SpendView::spend(counters.as_ref(), &cap.org_id, &id, start);
-                // The view counts this request's own pending estimate: the rule reads the others'.
-                spend.reserved = Nanos(spend.reserved.0.saturating_sub(ask.estimate.0));
-                Some((*cap, spend))
+                Some((*cap, caps::spend_at_line(counters.as_ref(), cap, start, ask.estimate)))
             })
             .collect();
         // Refused: the reservation is dropped, and with it the request's pending estimate.

@@ -262,7 +262,7 @@ impl Meter {
         receipt
     }
 
-    /// The request's access-log line and metrics, from its receipt: the one place that knows
+    /// The request's end ([`access_log::finish`]), from its receipt: the one place that knows
     /// everything of a metered request, its outcome final.
     fn finished(&self, metrics: &Metrics, receipt: &Receipt, kind: ProviderKind, timing: &Timing) {
         let outcome = match (timing.first_byte, receipt.status) {
@@ -271,10 +271,6 @@ impl Meter {
             (None, CLIENT_CLOSED) => Outcome::ClientClosed,
             (None, _) => Outcome::UpstreamUnreachable,
         };
-        if outcome == Outcome::ClientClosed {
-            // No answer was made, so the proxy's last phase never counted it.
-            metrics.request(outcome);
-        }
         let usage = receipt.usage();
         let request = Finished {
             request_id: &receipt.request_id,
@@ -296,7 +292,7 @@ impl Meter {
             ttfb: timing.first_byte,
             total: timing.received_at.elapsed(),
         };
-        access_log::finished(metrics, self.access_log, &request);
+        access_log::finish(metrics, self.access_log, &request);
     }
 
     /// The receipt, taking the request's strings rather than copying them.

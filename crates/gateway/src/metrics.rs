@@ -94,7 +94,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 21] = [
+    pub(crate) const ALL: [Outcome; 21] = [
         Self::RateLimited,
         Self::BudgetExceeded,
         Self::BudgetUnverifiable,

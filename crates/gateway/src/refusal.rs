@@ -1,10 +1,17 @@
 //! Every way the gateway itself answers a proxied request instead of the provider, and the one
-//! place each becomes an outcome label and an answer.
+//! place each becomes an outcome label, an answer, and a decision on the connection: a refusal is
+//! answered as [`Refused`], which carries whether the connection ends with it.
 
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Full};
 use recovea_core::Answer;
+use recovea_core::answer::WireShape;
 use recovea_core::caps::CapRefusal;
 use recovea_http1::{FramingError, RequestError};
 use recovea_providers::rewrite::Ambiguity;
+use recovea_upstream::{BoxError, ResponseBody};
 
 use crate::metrics::Outcome;
 
@@ -120,5 +127,169 @@ impl Refusal {
                 Answer::unsupported_transfer_coding()
             }
         }
+    }
+}
+
+/// What a refused request left of its body on its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyLeft {
+    /// Nothing: the body was read to its end, or there was none.
+    Nothing,
+    /// Some of it, unread: what comes next on the connection is not the next request's head.
+    Unread,
+}
+
+impl BodyLeft {
+    /// What a request left that said it had a body (`has_body`), once it was `read_to_end` or not.
+    pub(crate) fn of(has_body: bool, read_to_end: bool) -> Self {
+        if has_body && !read_to_end { Self::Unread } else { Self::Nothing }
+    }
+}
+
+/// A refusal as it is answered (as linkerd's `SyntheticHttpResponse`): the refusal, and whether the
+/// connection ends with its answer. It does when the next request cannot be found on the
+/// connection: after a head that broke the rules (where its body ends cannot be trusted), or
+/// after a body left unread.
+#[derive(Debug)]
+pub(crate) struct Refused {
+    pub(crate) refusal: Refusal,
+    pub(crate) close_connection: bool,
+}
+
+impl Refused {
+    /// `refusal` of a request that left `body` on its connection.
+    pub(crate) fn new(refusal: Refusal, body: BodyLeft) -> Self {
+        let close_connection = matches!(refusal, Refusal::Head(_)) || body == BodyLeft::Unread;
+        Self { refusal, close_connection }
+    }
+
+    /// The answer, in `shape` (its request's dialect). On HTTP/1 (`http1`) one that ends the
+    /// connection says `connection: close`, so that the client sends its next request on another;
+    /// on HTTP/2 the answer ends the request's stream alone.
+    pub(crate) fn response(&self, shape: WireShape, http1: bool) -> Response<ResponseBody> {
+        let mut response = answer_response(self.refusal.answer().shaped(shape));
+        if http1 && self.close_connection {
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+}
+
+impl From<Refusal> for Refused {
+    /// A refusal once the request's body is read: the connection carries the next request.
+    fn from(refusal: Refusal) -> Self {
+        Self::new(refusal, BodyLeft::Nothing)
+    }
+}
+
+/// Turns one of the gateway's own answers into a response.
+pub(crate) fn answer_response(answer: Answer) -> Response<ResponseBody> {
+    let mut response =
+        Response::new(Full::new(Bytes::from(answer.body)).map_err(BoxError::from).boxed_unsync());
+    *response.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    for (name, value) in answer.headers {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(name, value);
+        }
+    }
+    response
+}
+
+/// The answer to a request whose HTTP/1 head breaks the rules, in `shape`: it ends the connection,
+/// since what follows such a head cannot be trusted to be the next request.
+pub(crate) fn head_refusal(error: RequestError, shape: WireShape) -> Response<ResponseBody> {
+    Refused::new(Refusal::Head(error), BodyLeft::Unread).response(shape, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use recovea_core::concurrency::Holder;
+    use recovea_http1::HostError;
+
+    /// One refusal of each kind a request can meet, from its head to the provider.
+    fn every_refusal() -> Vec<Refusal> {
+        vec![
+            Refusal::UnknownRoute,
+            Refusal::Admission(Answer::invalid_api_key()),
+            Refusal::ProviderNotConfigured("openai".into()),
+            Refusal::BodyTooLarge(10),
+            Refusal::BodyTimeout,
+            Refusal::BodyUnreadable,
+            Refusal::BodyMemoryBusy,
+            Refusal::UpstreamUnreachable,
+            Refusal::UpstreamTimeout,
+            Refusal::Budget(CapRefusal::Exceeded {
+                scope: recovea_core::caps::Scope::Key,
+                window: recovea_core::window::Window::Day,
+            }),
+            Refusal::RateLimited(1_500),
+            Refusal::ModelNotAllowed("gpt-4o".into()),
+            Refusal::EndpointNotAllowed("embeddings".into()),
+            Refusal::ConcurrencyLimited(crate::inflight::Full { holder: Holder::Key, limit: 2 }),
+            Refusal::ModelName,
+            Refusal::InvalidTags("too many".into()),
+            Refusal::AmbiguousBody(Ambiguity::ByteOrderMark),
+        ]
+    }
+
+    fn heads() -> [Refusal; 2] {
+        [
+            Refusal::Head(RequestError::Host(HostError::Missing)),
+            Refusal::Head(RequestError::Framing(FramingError::CodingUnsupported)),
+        ]
+    }
+
+    #[test]
+    fn a_refusal_ends_its_connection_when_its_body_is_left_unread_or_its_head_broke_the_rules() {
+        for refusal in every_refusal() {
+            let name = format!("{refusal:?}");
+            assert!(!Refused::new(refusal, BodyLeft::Nothing).close_connection, "{name}");
+        }
+        for refusal in every_refusal() {
+            let name = format!("{refusal:?}");
+            assert!(Refused::new(refusal, BodyLeft::Unread).close_connection, "{name}");
+        }
+        for refusal in heads() {
+            let name = format!("{refusal:?}");
+            assert!(Refused::new(refusal, BodyLeft::Nothing).close_connection, "{name}");
+        }
+        for refusal in every_refusal() {
+            let name = format!("{refusal:?}");
+            assert!(!Refused::from(refusal).close_connection, "after the body, {name}");
+        }
+    }
+
+    #[test]
+    fn only_a_body_said_and_not_read_to_its_end_is_left() {
+        assert_eq!(BodyLeft::of(true, false), BodyLeft::Unread);
+        assert_eq!(BodyLeft::of(true, true), BodyLeft::Nothing);
+        assert_eq!(BodyLeft::of(false, false), BodyLeft::Nothing);
+        assert_eq!(BodyLeft::of(false, true), BodyLeft::Nothing);
+    }
+
+    #[test]
+    fn an_answer_that_ends_the_connection_says_so_on_http1_only() {
+        let connection =
+            |response: &Response<ResponseBody>| response.headers().get(header::CONNECTION).cloned();
+        let closing = Refused::new(Refusal::BodyTooLarge(10), BodyLeft::Unread);
+        let response = closing.response(WireShape::OpenAi, true);
+        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(connection(&response), Some(HeaderValue::from_static("close")));
+        // HTTP/2 has no `connection` header: the answer ends the request's stream alone.
+        assert_eq!(connection(&closing.response(WireShape::OpenAi, false)), None);
+        let keeping = Refused::new(Refusal::RateLimited(1_500), BodyLeft::Nothing);
+        let response = keeping.response(WireShape::Anthropic, true);
+        assert_eq!(connection(&response), None);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+        assert_eq!(response.headers()["retry-after"], "2", "the answer's own headers go too");
+        let head = head_refusal(RequestError::Host(HostError::Missing), WireShape::OpenAi);
+        assert_eq!(
+            (head.status(), connection(&head)),
+            (StatusCode::BAD_REQUEST, Some(HeaderValue::from_static("close")))
+        );
     }
 }

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 use super::{Answerer, Limits, hyper_builder, serve_connection};
 use crate::metrics::HandOver;
-use crate::proxy::head_refusal;
+use crate::refusal::head_refusal;
 
 const LIMITS: Limits = Limits { max_body: 1024, idle: Duration::from_secs(5) };
 /// How long a connection must stay silent after its last expected answer to count as open.

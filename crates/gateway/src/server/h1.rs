@@ -621,7 +621,7 @@ mod tests {
         }
 
         fn refuse(&self, error: RequestError, shape: WireShape) -> Response<ResponseBody> {
-            crate::proxy::head_refusal(error, shape)
+            crate::refusal::head_refusal(error, shape)
         }
 
         fn handed_over(&self, _: HandOver) {}
