@@ -5,6 +5,7 @@ mod allocator;
 mod args;
 mod control;
 mod data_dir;
+mod lifecycle;
 mod log_fields;
 mod node;
 mod serve;
@@ -66,7 +67,10 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("error: {}", naming_the_variable(message, &matches));
+            // One line a problem: a configuration names every wrong setting at once.
+            for line in message.lines() {
+                eprintln!("error: {}", naming_the_variable(line.to_owned(), &matches));
+            }
             ExitCode::FAILURE
         }
     }

@@ -3,16 +3,16 @@
 //! saved), its receipts go to the control plane's ingest, and its counters to Redis.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use recovea_counters::{rebuild_missing, sync_loop};
+use recovea_core::receipt::ReceiptSink;
 use recovea_gateway::spool::Keeps;
 use recovea_gateway::{ControlLink, Gateway, follow_book, follow_feed};
 use tokio::net::TcpListener;
 
 use crate::args::{NodeArgs, init_logging, operator_token, parse_master_key, read_file, shutdown_signal};
 use crate::data_dir;
-use crate::wiring::{RATE_SHARE_INTERVAL, Stop, counters, open_spool, rate_share, serve_metrics_apart};
+use crate::lifecycle::{Lifecycle, NodeParts};
+use crate::wiring::{counters, open_spool, rate_share, serve_metrics_apart};
 
 pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let _log = init_logging(&args.common)?;
@@ -40,51 +40,28 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!("recovea node {node_id}: http://{addr}");
 
-    let stop = Stop::new();
-    serve_metrics_apart(&args.gateway, &gateway, stop.stopped()).await?;
-    // The shipper stops last, once the server has drained and the spool is synced.
-    let stop_shipping = Stop::new();
-    let shipper = {
-        let (spool, link, stopped) = (Arc::clone(&spool), Arc::clone(&link), stop_shipping.stopped());
-        tokio::spawn(async move { spool.ship(link, stopped).await })
-    };
-    let feed = tokio::spawn(follow_feed(
+    let mut life = Lifecycle::new();
+    serve_metrics_apart(&args.gateway, &gateway, life.stopped()).await?;
+    life.spawn(follow_feed(
         gateway.clone(),
         Arc::clone(&link),
         master_key,
         node_id,
         data_dir.clone(),
         saved,
-        stop.stopped(),
+        life.stopped(),
     ));
-    let book =
-        tokio::spawn(follow_book(gateway.clone(), Arc::clone(&link), data_dir.clone(), stop.stopped()));
-    let syncer = tokio::spawn(sync_loop(
-        Arc::clone(&counters),
+    life.spawn(follow_book(gateway.clone(), Arc::clone(&link), data_dir.clone(), life.stopped()));
+    let parts = NodeParts {
+        gateway,
+        spool,
+        counters,
         shared_counters,
-        Duration::from_secs(1),
-        stop.stopped(),
-    ));
-    let rebuilder = tokio::spawn(rebuild_missing(Arc::clone(&counters), link, stop.stopped()));
-    let rate_sharer = rate_share
-        .map(|share| tokio::spawn(gateway.share_rate_limits(share, RATE_SHARE_INTERVAL, stop.stopped())));
-    let server = recovea_gateway::Server::start(&gateway, listener)
-        .map_err(|e| format!("starting the gateway's connection threads: {e}"))?;
-    let server = tokio::spawn(server.serve(stop.stopped()));
-    // Stops with the shipper, after the drained requests queued their spans.
-    let tracer = gateway.export_traces(stop_shipping.stopped()).map(tokio::spawn);
-    shutdown.await;
-    tracing::info!("shutting down: draining in-flight requests");
-    stop.stop();
-    if let Some(rate_sharer) = rate_sharer {
-        let _ = rate_sharer.await;
-    }
-    let _ = tokio::join!(server, feed, book, syncer, rebuilder);
-    spool.sync().await;
-    stop_shipping.stop();
-    let _ = shipper.await;
-    if let Some(tracer) = tracer {
-        let _ = tracer.await;
-    }
+        rate_share,
+        sink: Arc::clone(&link) as Arc<dyn ReceiptSink>,
+        spend: link,
+    };
+    life.start_node(parts, listener)?;
+    life.run_until(shutdown).await;
     Ok(())
 }

@@ -9,7 +9,7 @@ use recovea_control::jobs::Jobs;
 use recovea_control::rebuild::{LedgerSpend, SpendSources, rebuild_window};
 use recovea_control::{Control, Publication};
 use recovea_core::crypto::MasterKey;
-use recovea_counters::{CapWindow, Counters, Unseeded, rebuild_missing, sync_loop};
+use recovea_counters::{CapWindow, Counters, Unseeded};
 use recovea_gateway::Gateway;
 use recovea_gateway::spool::Keeps;
 use tokio::net::TcpListener;
@@ -17,9 +17,10 @@ use tokio::net::TcpListener;
 use crate::allocator;
 use crate::args::{ServeArgs, init_logging, parse_master_key, shutdown_signal};
 use crate::data_dir;
+use crate::lifecycle::{Lifecycle, NodeParts};
 use crate::wiring::{
-    RATE_SHARE_INTERVAL, Stop, Stores, admin_token, alert_signing_secret, counters, open_spool, open_stores,
-    poller_settings, rate_share, serve_metrics_apart, sign_on,
+    Stores, admin_token, alert_signing_secret, counters, open_spool, open_stores, poller_settings,
+    rate_share, serve_metrics_apart, sign_on,
 };
 
 pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
@@ -109,50 +110,26 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
             data_dir.join(data_dir::ADMIN_TOKEN_FILE).display()
         );
     }
-    let stop = Stop::new();
-    serve_metrics_apart(&args.gateway, &gateway, stop.stopped()).await?;
+    let mut life = Lifecycle::new();
+    serve_metrics_apart(&args.gateway, &gateway, life.stopped()).await?;
     // The admin URL comes last: scripts wait for it as the sign that both servers are up.
     println!("recovea admin:   http://{admin_addr}/admin/v1");
 
-    // The shipper stops last, once the servers have drained and the spool is synced.
-    let stop_shipping = Stop::new();
-    let shipper = {
-        let (spool, stopped) = (Arc::clone(&spool), stop_shipping.stopped());
-        tokio::spawn(async move { spool.ship(sink, stopped).await })
-    };
-    let syncer = tokio::spawn(sync_loop(
-        Arc::clone(&counters),
+    life.spawn(Arc::clone(&jobs).keep_fresh(life.stopped()));
+    life.spawn(control.clone().poll_jobs(poller, life.stopped()));
+    life.spawn(control.clone().keep_published(Duration::from_millis(250), life.stopped()));
+    life.spawn(recovea_control::serve(control, admin_listener, life.stopped()));
+    let parts = NodeParts {
+        gateway,
+        spool,
+        counters,
         shared_counters,
-        Duration::from_secs(1),
-        stop.stopped(),
-    ));
-    let ledger_spend = Arc::new(LedgerSpend::new(sources, args.admin.store_limit()));
-    let rebuilder = tokio::spawn(rebuild_missing(Arc::clone(&counters), ledger_spend, stop.stopped()));
-    let book_keeper = tokio::spawn(Arc::clone(&jobs).keep_fresh(stop.stopped()));
-    let job_poller = tokio::spawn(control.clone().poll_jobs(poller, stop.stopped()));
-    let publisher = tokio::spawn(control.clone().keep_published(Duration::from_millis(250), stop.stopped()));
-    let admin = tokio::spawn(recovea_control::serve(control, admin_listener, stop.stopped()));
-    let rate_sharer = rate_share
-        .map(|share| tokio::spawn(gateway.share_rate_limits(share, RATE_SHARE_INTERVAL, stop.stopped())));
-    let node = recovea_gateway::Server::start(&gateway, gateway_listener)
-        .map_err(|e| format!("starting the gateway's connection threads: {e}"))?;
-    let node = tokio::spawn(node.serve(stop.stopped()));
-    // Stops with the shipper, after the drained requests queued their spans.
-    let tracer = gateway.export_traces(stop_shipping.stopped()).map(tokio::spawn);
-    shutdown.await;
-    tracing::info!("shutting down: draining in-flight requests");
-    stop.stop();
-    if let Some(rate_sharer) = rate_sharer {
-        let _ = rate_sharer.await;
-    }
-    let _ = tokio::join!(admin, node, publisher, syncer, rebuilder, book_keeper, job_poller);
-    // Every response is done: write out what they left in the spool's queue, then deliver it.
-    spool.sync().await;
-    stop_shipping.stop();
-    let _ = shipper.await;
-    if let Some(tracer) = tracer {
-        let _ = tracer.await;
-    }
+        rate_share,
+        sink,
+        spend: Arc::new(LedgerSpend::new(sources, args.admin.store_limit())),
+    };
+    life.start_node(parts, gateway_listener)?;
+    life.run_until(shutdown).await;
     Ok(())
 }
 
