@@ -11,8 +11,8 @@ use recovea_counters::RedisTls;
 use recovea_gateway::log_writer::{DEFAULT_LOG_QUEUE_LINES, LogFlusher, bounded_stderr};
 use recovea_gateway::spool::{DEFAULT_MEMORY_BOUND, MemoryBound};
 use recovea_gateway::{
-    DEFAULT_HTTP2_CONNECTIONS, Egress, GatewayConfig, GatewaySettings, PrivateNetworks, ProviderNetwork,
-    default_max_connections,
+    ConfigError, DEFAULT_HTTP2_CONNECTIONS, Egress, GatewayConfig, GatewaySettings, PrivateNetworks,
+    ProviderNetwork, default_max_connections,
 };
 
 use crate::size;
@@ -190,9 +190,12 @@ impl ProviderArgs {
 }
 
 impl GatewayArgs {
+    /// The node's configuration, every setting checked: a start-up that fails names every wrong
+    /// setting at once, one a line.
     pub(crate) fn config(&self) -> Result<GatewayConfig, String> {
         let providers = &self.providers;
-        GatewayConfig::new(GatewaySettings {
+        let mut problems = Problems::default();
+        let settings = GatewaySettings {
             openai_base_url: providers.openai_base_url.clone(),
             anthropic_base_url: providers.anthropic_base_url.clone(),
             max_body_bytes: self.max_body_size,
@@ -200,25 +203,27 @@ impl GatewayArgs {
             connect_timeout: providers.connect_timeout,
             body_read_timeout: self.request_body_timeout,
             counter_max_age: self.counter_max_age,
-        })
-        .and_then(|config| config.with_gemini_base_url(&providers.gemini_base_url))
-        .and_then(|config| config.with_alarm(self.alarm_webhook.as_deref(), self.alarm_interval))
-        .and_then(|config| config.with_stream_idle_timeout(self.stream_idle_timeout))
-        .and_then(|config| config.with_body_memory(self.body_memory))
-        .and_then(|config| {
-            let max = self.max_connections.unwrap_or_else(|| default_max_connections(descriptor_limit()));
-            config.with_max_connections(max)
-        })
-        .map(|config| config.with_memory_release(crate::allocator::release_freed_memory))
-        .map(|config| config.with_access_log(self.access_log))
-        .and_then(|config| config.with_metrics_token(self.metrics_token.as_deref()))
-        .map(|config| config.with_metrics_elsewhere(self.metrics_listen.is_some()))
-        .and_then(|config| match self.otlp_endpoint.as_deref() {
-            Some(endpoint) => config.with_traces(endpoint, Some(&self.otlp_service_name)),
-            None => Ok(config),
-        })
-        .map_err(|e| e.to_string())
-        .and_then(|config| Ok(config.with_network(providers.network()?)))
+        };
+        let built = problems.check(GatewayConfig::new(settings.clone()));
+        // Wrong base settings still leave the others to check: against a stand-in with valid ones.
+        let mut config = built.clone().unwrap_or_else(|| stand_in(settings));
+        let max_connections =
+            self.max_connections.unwrap_or_else(|| default_max_connections(descriptor_limit()));
+        problems.apply(&mut config, |c| c.with_gemini_base_url(&providers.gemini_base_url));
+        problems.apply(&mut config, |c| c.with_alarm(self.alarm_webhook.as_deref(), self.alarm_interval));
+        problems.apply(&mut config, |c| c.with_stream_idle_timeout(self.stream_idle_timeout));
+        problems.apply(&mut config, |c| c.with_body_memory(self.body_memory));
+        problems.apply(&mut config, |c| c.with_max_connections(max_connections));
+        problems.apply(&mut config, |c| c.with_metrics_token(self.metrics_token.as_deref()));
+        if let Some(endpoint) = self.otlp_endpoint.as_deref() {
+            problems.apply(&mut config, |c| c.with_traces(endpoint, Some(&self.otlp_service_name)));
+        }
+        let network = problems.check(providers.network());
+        let config = config
+            .with_memory_release(crate::allocator::release_freed_memory)
+            .with_access_log(self.access_log)
+            .with_metrics_elsewhere(self.metrics_listen.is_some());
+        problems.into_result(built.and(network).map(|network| config.with_network(network)))
     }
 
     /// The shared Redis, if any: its URL and the certificates read from their files.
@@ -235,6 +240,55 @@ impl GatewayArgs {
     pub(crate) fn spool_memory(&self) -> MemoryBound {
         let bytes = usize::try_from(self.spool_memory_bytes).unwrap_or(usize::MAX);
         MemoryBound { receipts: self.spool_memory_receipts, bytes }
+    }
+}
+
+/// A configuration with valid base settings in place of `given`'s, only to check the other settings
+/// against when the base ones are wrong; never served.
+fn stand_in(given: GatewaySettings) -> GatewayConfig {
+    let second = Duration::from_secs(1);
+    let valid = GatewaySettings {
+        openai_base_url: "https://api.openai.com".to_owned(),
+        anthropic_base_url: "https://api.anthropic.com".to_owned(),
+        upstream_timeout: second,
+        connect_timeout: second,
+        body_read_timeout: second,
+        counter_max_age: second,
+        ..given
+    };
+    match GatewayConfig::new(valid) {
+        Ok(config) => config,
+        Err(e) => unreachable!("the stand-in's settings are valid: {e}"),
+    }
+}
+
+/// Every problem of a set of settings, kept to be reported together.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn check<T>(&mut self, result: Result<T, impl std::fmt::Display>) -> Option<T> {
+        result.map_err(|e| self.0.push(e.to_string())).ok()
+    }
+
+    /// Applies `step` to `config`; a step that fails is noted and leaves `config` as it was, so
+    /// that the next steps are checked too.
+    fn apply(
+        &mut self,
+        config: &mut GatewayConfig,
+        step: impl FnOnce(GatewayConfig) -> Result<GatewayConfig, ConfigError>,
+    ) {
+        if let Some(stepped) = self.check(step(config.clone())) {
+            *config = stepped;
+        }
+    }
+
+    /// `value` when nothing was wrong, else every problem, one a line.
+    fn into_result<T>(self, value: Option<T>) -> Result<T, String> {
+        match value {
+            Some(value) if self.0.is_empty() => Ok(value),
+            _ => Err(self.0.join("\n")),
+        }
     }
 }
 

@@ -412,6 +412,32 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
         assert!(stderr.contains(named), "{args:?} {env:?}: {stderr}");
         assert!(!stderr.contains("oidc-secret-never-printed"), "{stderr}");
     }
+    // Every wrong setting of the node's configuration is named at once, one a line, the one from
+    // the environment under its variable's name.
+    let output = Command::new(BIN)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&dir)
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--upstream-timeout", "0s", "--stream-idle-timeout", "0s", "--alarm-interval", "0s"])
+        .args(["--max-connections", "0", "--alarm-webhook", "ftp://x"])
+        .env("RECOVEA_ANTHROPIC_BASE_URL", "nowhere")
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|line| line.starts_with("error: ")).collect();
+    for named in [
+        "error: --upstream-timeout must be greater than zero",
+        "error: RECOVEA_ANTHROPIC_BASE_URL (the environment variable of --anthropic-base-url): ",
+        "error: --alarm-interval must be greater than zero",
+        "error: --stream-idle-timeout must be greater than zero",
+        "error: --max-connections must be greater than zero",
+    ] {
+        assert!(errors.iter().any(|line| line.starts_with(named)), "{named} in:\n{stderr}");
+    }
+    assert_eq!(errors.len(), 5, "each once:\n{stderr}");
+
     // The node token, on both of its ends.
     let short = "node-token-too-short";
     for args in [

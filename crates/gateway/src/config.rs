@@ -73,23 +73,33 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl GatewayConfig {
+    /// The configuration of `settings`, or every setting that is wrong, one a line.
     pub fn new(settings: GatewaySettings) -> Result<Self, ConfigError> {
-        for (flag, value) in [
+        let mut wrong: Vec<String> = [
             ("--upstream-timeout", settings.upstream_timeout),
             ("--connect-timeout", settings.connect_timeout),
             ("--request-body-timeout", settings.body_read_timeout),
             ("--counter-max-age", settings.counter_max_age),
-        ] {
-            if value.is_zero() {
-                return Err(ConfigError(format!("{flag} must be greater than zero")));
-            }
-        }
-        let base_url = |flag: &str, url: &str| {
-            recovea_providers::normalize_base_url(url).map_err(|why| ConfigError(format!("{flag}: {why}")))
+        ]
+        .into_iter()
+        .filter(|(_, value)| value.is_zero())
+        .map(|(flag, _)| format!("{flag} must be greater than zero"))
+        .collect();
+        let mut base_url = |flag: &str, url: &str| {
+            recovea_providers::normalize_base_url(url)
+                .map_err(|why| wrong.push(format!("{flag}: {why}")))
+                .ok()
+        };
+        let openai_base_url = base_url("--openai-base-url", &settings.openai_base_url);
+        let anthropic_base_url = base_url("--anthropic-base-url", &settings.anthropic_base_url);
+        let (Some(openai_base_url), Some(anthropic_base_url), true) =
+            (openai_base_url, anthropic_base_url, wrong.is_empty())
+        else {
+            return Err(ConfigError(wrong.join("\n")));
         };
         Ok(Self {
-            openai_base_url: base_url("--openai-base-url", &settings.openai_base_url)?,
-            anthropic_base_url: base_url("--anthropic-base-url", &settings.anthropic_base_url)?,
+            openai_base_url,
+            anthropic_base_url,
             gemini_base_url: DEFAULT_GEMINI_BASE_URL.to_owned(),
             max_body_bytes: settings.max_body_bytes,
             body_memory: DEFAULT_BODY_MEMORY.max(2 * settings.max_body_bytes),
