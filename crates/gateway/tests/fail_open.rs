@@ -263,13 +263,11 @@ async fn the_next_alarm_after_the_interval_counts_the_passes_kept_quiet() {
     let webhook = webhook().await;
     let interval = Duration::from_secs(1);
     let node = Harness::start(&format!("{}/alarm", webhook.url()), interval).await;
-    let started = Instant::now();
     for _ in 0..3 {
         let response = node.chat(&[("x-recovea-key", KEY), ("authorization", "Bearer sk-own")]).await;
         assert_eq!(response.status(), StatusCode::OK);
         body_of(response).await;
     }
-    let within_one_interval = started.elapsed() < interval;
     alarms(&webhook, 1).await;
     tokio::time::sleep(interval + Duration::from_millis(100)).await;
     let response = node.chat(&[("x-recovea-key", KEY), ("authorization", "Bearer sk-own")]).await;
@@ -285,10 +283,12 @@ async fn the_next_alarm_after_the_interval_counts_the_passes_kept_quiet() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    // How many alarms the first three passes make depends on how long they took (the rule itself,
+    // with an interval no machine is slow enough to pass, is `alarm::tests`'s): the first pass
+    // alarms alone, the fourth counts those kept quiet before it, and none is lost or counted twice.
+    assert_eq!(counts.first(), Some(&1), "the first pass alarms at once: {counts:?}");
+    assert!(counts.len() >= 2, "the pass after the interval alarms: {counts:?}");
     assert_eq!(counts.iter().sum::<u64>(), 4, "every pass is in exactly one alarm: {counts:?}");
-    if within_one_interval {
-        assert_eq!(counts, [1, 3], "two passes kept quiet, then counted by the next alarm");
-    }
     scenario.teardown();
 }
 
