@@ -7,6 +7,7 @@ mod operator;
 mod org;
 mod orgs;
 mod receipts;
+mod tokens;
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
@@ -15,13 +16,16 @@ use maud::{DOCTYPE, Markup, html};
 use recovea_core::timestamp::Timestamp;
 use serde_json::{Map, Value, json};
 
-use super::api::{ConsoleApi, Refusal};
-use super::{Form, Visit, page};
+use super::api::{ConsoleApi, Refusal, encode};
+use super::{Form, Visit, page, redirect};
+use crate::admin::routes::Route;
+use crate::principal::Reach;
 use changes::{cap_action, create_cap, create_key, key_action, put_provider};
 use operator::{nodes_page, prices_page, put_price, remove_price};
 use org::org_page;
 use orgs::{create_org, orgs_page};
 use receipts::{receipt_page, receipts_csv, receipts_page};
+use tokens::{create_token, revoke_token};
 
 /// A form the API refused: which form, what it sent, and what the API said.
 pub(crate) struct Refused {
@@ -38,6 +42,8 @@ impl Refused {
 
 /// A freshly created key's secret: shown on the page that answers the form, and never again.
 struct NewSecret {
+    /// What was created: "Key", "Token".
+    what: &'static str,
     name: String,
     secret: String,
 }
@@ -50,7 +56,11 @@ pub(crate) async fn dispatch(
     form: &Form,
 ) -> Response<Full<Bytes>> {
     match (method, segments) {
-        (&Method::GET, []) => orgs_page(control, visit, None).await,
+        // A visitor within one organization has one to see: theirs.
+        (&Method::GET, []) => match visit.principal.reach() {
+            Reach::Everything => orgs_page(control, visit, None).await,
+            Reach::Org { org, .. } => redirect(&format!("/orgs/{}", encode(org.as_str()))),
+        },
         (&Method::POST, ["orgs"]) => create_org(control, visit, form).await,
         (&Method::GET, ["orgs", org]) => org_page(control, visit, org, None, None).await,
         (&Method::POST, ["orgs", org, "caps"]) => create_cap(control, visit, org, form).await,
@@ -64,11 +74,13 @@ pub(crate) async fn dispatch(
         (&Method::POST, ["caps", cap]) => cap_action(control, visit, cap, None, form).await,
         (&Method::POST, ["caps", cap, action]) => cap_action(control, visit, cap, Some(action), form).await,
         (&Method::POST, ["keys", key, action]) => key_action(control, visit, key, action, form).await,
+        (&Method::POST, ["orgs", org, "tokens"]) => create_token(control, visit, org, form).await,
+        (&Method::POST, ["tokens", token, "revoke"]) => revoke_token(control, visit, token).await,
         (&Method::GET, ["nodes"]) => nodes_page(control, visit).await,
         (&Method::GET, ["prices"]) => prices_page(control, visit, None).await,
         (&Method::POST, ["prices"]) => put_price(control, visit, form).await,
         (&Method::POST, ["prices", "remove"]) => remove_price(control, visit, form).await,
-        _ => page(StatusCode::NOT_FOUND, message("No such page.", Some(&visit.csrf))),
+        _ => page(StatusCode::NOT_FOUND, message("No such page.", Some(visit))),
     }
 }
 
@@ -76,7 +88,7 @@ pub(crate) async fn dispatch(
 // Layout and form pieces
 // ------------------------------------------------------------------------------------------------
 
-fn layout(title: &str, csrf: Option<&str>, current: &str, body: Markup) -> Markup {
+pub(super) fn layout(title: &str, visit: Option<&Visit>, current: &str, body: Markup) -> Markup {
     let link = |href: &str, name: &str, text: &str| {
         html! { a href=(href) aria-current=[(current == name).then_some("page")] { (text) } }
     };
@@ -93,14 +105,21 @@ fn layout(title: &str, csrf: Option<&str>, current: &str, body: Markup) -> Marku
             body {
                 header.top {
                     a.brand href="/" { "Recovea" }
-                    @if let Some(csrf) = csrf {
+                    @if let Some(visit) = visit {
+                        // Only what the visitor may open: the API's own decision for each page.
                         nav {
-                            (link("/", "orgs", "Organizations"))
-                            (link("/nodes", "nodes", "Nodes"))
-                            (link("/prices", "prices", "Prices"))
+                            @match visit.principal.reach() {
+                                Reach::Everything => { (link("/", "orgs", "Organizations")) }
+                                Reach::Org { org, .. } => {
+                                    (link(&format!("/orgs/{}", encode(org.as_str())), "orgs", "Organization"))
+                                }
+                            }
+                            @if visit.may(Route::ListNodes) { (link("/nodes", "nodes", "Nodes")) }
+                            @if visit.may(Route::ListPrices) { (link("/prices", "prices", "Prices")) }
                         }
+                        span.who { "Signed in as " strong { (shown(&visit.who())) } }
                         form.sign-out method="post" action="/sign-out" {
-                            (csrf_field(csrf))
+                            (csrf_field(&visit.csrf))
                             button type="submit" { "Sign out" }
                         }
                     }
@@ -116,7 +135,10 @@ fn csrf_field(csrf: &str) -> Markup {
     html! { input type="hidden" name="csrf" value=(csrf); }
 }
 
-pub(crate) fn sign_in(error: Option<&str>) -> Markup {
+/// The sign-in page: a token, and a link to the provider when single sign-on is configured (a
+/// link, not a form: the login leaves for the provider's site, where `form-action 'self'` would
+/// stop a form).
+pub(crate) fn sign_in(error: Option<&str>, sign_on: bool) -> Markup {
     layout(
         "Sign in",
         None,
@@ -124,29 +146,51 @@ pub(crate) fn sign_in(error: Option<&str>) -> Markup {
         html! {
             section.sign-in {
                 h1 { "Sign in" }
+                @if sign_on {
+                    p { a.button #sign-on href=(super::sign_on::LOGIN_PATH) { "Sign in with single sign-on" } }
+                    p.muted { "Or with a token:" }
+                }
                 form method="post" action="/sign-in" {
-                    label for="token" { "Admin token" }
-                    input #token type="password" name="token" autocomplete="current-password" required autofocus;
+                    label for="token" { "Admin or organization token" }
+                    input #token type="password" name="token" autocomplete="current-password" required autofocus[!sign_on];
                     @if let Some(error) = error {
                         p.form-error role="alert" { (error) }
                     }
                     button type="submit" { "Sign in" }
                 }
                 p.hint {
-                    "The admin token: the one given to " code { "--admin-token" } ", or else the one generated on the first start, printed then and saved in "
-                    code { "admin-token" } " in the data directory (" code { "./recovea-data/admin-token" } " by default). It stays on this server: the browser keeps only a session cookie."
+                    "The operator's admin token: the one given to " code { "--admin-token" } ", or else the one generated on the first start, printed then and saved in "
+                    code { "admin-token" } " in the data directory (" code { "./recovea-data/admin-token" } " by default). "
+                    "Or an organization token (" code { "rot_..." } "), which opens its organization alone. "
+                    "It stays on this server: the browser keeps only a session cookie."
                 }
             }
         },
     )
 }
 
-pub(crate) fn message(text: &str, csrf: Option<&str>) -> Markup {
+/// A page of single sign-on that signed no one in: why, and the way back to the sign-in page.
+pub(crate) fn sign_on_refused(text: &str) -> Markup {
+    layout(
+        "Sign in",
+        None,
+        "",
+        html! {
+            section.sign-in {
+                h1 { "Not signed in" }
+                p.form-error #sign-on-error role="alert" { (text) }
+                p { a href="/sign-in" { "Back to the sign-in page" } }
+            }
+        },
+    )
+}
+
+pub(crate) fn message(text: &str, visit: Option<&Visit>) -> Markup {
     layout(
         "Console",
-        csrf,
+        visit,
         "",
-        html! { p.form-error role="alert" { (text) } p { a href="/" { "Back to the organizations" } } },
+        html! { p.form-error role="alert" { (text) } p { a href="/" { "Back to the console" } } },
     )
 }
 
@@ -241,7 +285,7 @@ fn str_of<'a>(value: &'a Value, field: &str) -> &'a str {
 /// Text a tenant or a client wrote (a name, a model, a path), as a page shows it: a control
 /// character or a bidirectional mark or override (which would show `gpt-4o` for `o4-tpg`, or hide
 /// text) is shown as its escape, `\u{202e}`; HTML escaping is maud's.
-fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+pub(super) fn shown(text: &str) -> std::borrow::Cow<'_, str> {
     let hidden = |c: char| {
         c.is_control()
             || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
@@ -261,7 +305,7 @@ fn list<'a>(value: &'a Value, field: &str) -> &'a [Value] {
 }
 
 fn refused_page(refusal: &Refusal, visit: &Visit) -> Response<Full<Bytes>> {
-    page(refusal.status, message(&refusal.message, Some(&visit.csrf)))
+    page(refusal.status, message(&refusal.message, Some(visit)))
 }
 
 fn now() -> Timestamp {

@@ -23,10 +23,24 @@ async fn back_to_org(
 ) -> Response<Full<Bytes>> {
     match result {
         Ok(_) => redirect(&format!("/orgs/{}#{section}", encode(org))),
-        Err(refusal) => {
-            org_page(control, visit, org, Some(&Refused::new(form_name, form, refusal)), None).await
-        }
+        Err(refusal) => refused_on_org(control, visit, org, (form_name, form), refusal).await,
     }
+}
+
+/// The answer to a form of `org`'s page the API refused: the page again with the API's message on
+/// the form, or, for a `403` (what the page does not offer this visitor: a viewer's change, the
+/// operator's setting), the message alone, as no form of the page may be there to show it.
+pub(super) async fn refused_on_org(
+    control: &ConsoleApi<'_>,
+    visit: &Visit,
+    org: &str,
+    (form_name, form): (&str, &Form),
+    refusal: Refusal,
+) -> Response<Full<Bytes>> {
+    if refusal.status == StatusCode::FORBIDDEN {
+        return refused_page(&refusal, visit);
+    }
+    org_page(control, visit, org, Some(&Refused::new(form_name, form, refusal)), None).await
 }
 
 pub(super) async fn create_cap(
@@ -82,7 +96,7 @@ pub(super) async fn cap_action(
             control.api_json(Method::PATCH, &["caps", cap], "", Some(json!({ "hard_stop": false }))).await
         }
         Some("delete") => control.api_json(Method::DELETE, &["caps", cap], "", None).await,
-        Some(_) => return page(StatusCode::NOT_FOUND, message("No such page.", Some(&visit.csrf))),
+        Some(_) => return page(StatusCode::NOT_FOUND, message("No such page.", Some(visit))),
     };
     back_to_org(control, visit, &org, "caps", (cap, form), result).await
 }
@@ -106,14 +120,13 @@ pub(super) async fn create_key(
     match control.api_json(Method::POST, &["orgs", org, "keys"], "", Some(Value::Object(body))).await {
         Ok(key) => {
             let secret = NewSecret {
+                what: "Key",
                 name: str_of(&key, "name").to_owned(),
                 secret: str_of(&key, "secret").to_owned(),
             };
             org_page(control, visit, org, None, Some(secret)).await
         }
-        Err(refusal) => {
-            org_page(control, visit, org, Some(&Refused::new("new-key", form, refusal)), None).await
-        }
+        Err(refusal) => refused_on_org(control, visit, org, ("new-key", form), refusal).await,
     }
 }
 
@@ -138,14 +151,14 @@ pub(super) async fn key_action(
             });
             control.api_json(Method::PATCH, &["keys", key], "", Some(body)).await
         }
-        _ => return page(StatusCode::NOT_FOUND, message("No such page.", Some(&visit.csrf))),
+        _ => return page(StatusCode::NOT_FOUND, message("No such page.", Some(visit))),
     };
     match result {
         Ok(answer) => redirect(&format!("/orgs/{}#keys", encode(str_of(&answer, "org_id")))),
         Err(refusal) => match control.api_json(Method::GET, &["keys", key], "", None).await {
             Ok(current) => {
                 let org = str_of(&current, "org_id").to_owned();
-                org_page(control, visit, &org, Some(&Refused::new(key, form, refusal)), None).await
+                refused_on_org(control, visit, &org, (key, form), refusal).await
             }
             Err(_) => refused_page(&refusal, visit),
         },

@@ -53,7 +53,7 @@ pub(super) async fn nodes_page(control: &ConsoleApi<'_>, visit: &Visit) -> Respo
             } }
         }
     };
-    page(StatusCode::OK, layout("Nodes", Some(&visit.csrf), "nodes", body))
+    page(StatusCode::OK, layout("Nodes", Some(visit), "nodes", body))
 }
 
 const PRICE_FIELDS: [(&str, &str); 4] = [
@@ -136,7 +136,7 @@ pub(super) async fn prices_page(
             }
         } }
     };
-    page(status, layout("Prices", Some(&visit.csrf), "prices", body))
+    page(status, layout("Prices", Some(visit), "prices", body))
 }
 
 pub(super) async fn put_price(control: &ConsoleApi<'_>, visit: &Visit, form: &Form) -> Response<Full<Bytes>> {

@@ -12,9 +12,12 @@ use recovea_core::window::Window;
 use serde_json::Value;
 
 use super::orgs::cap_bar;
+use super::tokens::tokens_section;
 use super::{
     FormView, NewSecret, Refused, action_button, csrf_field, layout, list, now, refused_page, shown, str_of,
 };
+use crate::admin::access;
+use crate::admin::routes::Route;
 use crate::console::api::{ConsoleApi, Refusal, encode, query};
 use crate::console::chart::{self, Bar};
 use crate::console::format::{cents, nanos, utc};
@@ -32,6 +35,7 @@ struct OrgData {
     keys: Value,
     providers: Value,
     alerts: Value,
+    tokens: Value,
     summary: Value,
     month: Nanos,
 }
@@ -58,6 +62,7 @@ async fn org_data(control: &ConsoleApi<'_>, org: &str, at: Timestamp) -> Result<
         keys: read(get(vec!["keys"]), String::new()).await?,
         providers: read(get(vec!["providers"]), String::new()).await?,
         alerts: read(get(vec!["alerts"]), String::new()).await?,
+        tokens: read(get(vec!["tokens"]), String::new()).await?,
         summary,
         month,
     })
@@ -102,7 +107,7 @@ pub(super) async fn org_page(
             a href={ "/orgs/" (encode(org)) "/receipts" } { "Receipts" } }
         @if let Some(secret) = &secret {
             section.panel.new-secret #new-secret role="status" {
-                h2 { "Key " (secret.name) " created" }
+                h2 { (secret.what) " " (shown(&secret.name)) " created" }
                 p { "Its secret is shown this once. Copy it now: it is stored only as a hash." }
                 p.secret { code #secret-value { (secret.secret) } button.copy type="button" data-copy="secret-value" hidden { "Copy" } }
             }
@@ -117,8 +122,9 @@ pub(super) async fn org_page(
         (providers_section(org, &data, visit, refused))
         (charts_section(&data, at))
         (alerts_section(&data))
+        (tokens_section(org, &data.tokens, visit, refused))
     };
-    page(status, layout(&name, Some(&visit.csrf), "orgs", body))
+    page(status, layout(&name, Some(visit), "orgs", body))
 }
 
 fn caps_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&Refused>) -> Markup {
@@ -142,41 +148,56 @@ fn caps_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&Refus
                         @if armed { span.badge.armed { "armed" } } @else { span.badge.soft { "soft" } }
                         span.muted { "alerts at " (alert_at.join(", ")) }
                     }
-                    form.row method="post" action={ "/caps/" (encode(id)) } {
-                        (csrf_field(&visit.csrf))
-                        (edit.input("limit_usd", "Limit (USD)", "text", str_of(cap, "limit_usd"), true))
-                        (edit.input("alert_webhook", "Alert webhook", "url", str_of(cap, "alert_webhook"), false))
-                        (edit.general(&["limit_usd", "alert_webhook"]))
-                        button type="submit" { "Save" }
+                    @if visit.may(Route::UpdateCap { cap: id }) {
+                        form.row method="post" action={ "/caps/" (encode(id)) } {
+                            (csrf_field(&visit.csrf))
+                            (edit.input("limit_usd", "Limit (USD)", "text", str_of(cap, "limit_usd"), true))
+                            (edit.input("alert_webhook", "Alert webhook", "url", str_of(cap, "alert_webhook"), false))
+                            (edit.general(&["limit_usd", "alert_webhook"]))
+                            button type="submit" { "Save" }
+                        }
+                    } @else {
+                        p.cap-settings { "Limit " strong.cap-limit { "$" (str_of(cap, "limit_usd")) }
+                            @if let Some(hook) = cap["alert_webhook"].as_str() { " · alerts to " code { (shown(hook)) } } }
                     }
                     div.actions {
-                        @if armed {
-                            (action_button(&format!("/caps/{}/disarm", encode(id)), &visit.csrf, "Disarm", None, &[]))
-                        } @else {
-                            (action_button(&format!("/caps/{}/arm", encode(id)), &visit.csrf, "Arm", None, &[]))
+                        @if visit.may(Route::UpdateCap { cap: id }) {
+                            @if armed {
+                                (action_button(&format!("/caps/{}/disarm", encode(id)), &visit.csrf, "Disarm", None, &[]))
+                            } @else {
+                                (action_button(&format!("/caps/{}/arm", encode(id)), &visit.csrf, "Arm", None, &[]))
+                            }
                         }
-                        (action_button(&format!("/caps/{}/delete", encode(id)), &visit.csrf, "Delete",
-                            Some("Delete this cap?"), &[]))
+                        @if visit.may(Route::DeleteCap { cap: id }) {
+                            (action_button(&format!("/caps/{}/delete", encode(id)), &visit.csrf, "Delete",
+                                Some("Delete this cap?"), &[]))
+                        }
                     }
                 }
             }
-            h3 { "New cap" }
-            form #new-cap.grid method="post" action={ "/orgs/" (encode(org)) "/caps" } {
-                (csrf_field(&visit.csrf))
-                (form.select("scope", "Scope", &[("organization", "Organization"), ("key", "One key")], "organization"))
-                (form.select("key_id", "Key (scope: one key)", &key_options, ""))
-                (form.select("window", "Window", &[("day", "Day"), ("week", "Week"), ("month", "Month")], "month"))
-                (form.input("limit_usd", "Limit (USD)", "text", "", true))
-                div.field.check {
-                    input #new-cap-hard_stop type="checkbox" name="hard_stop" value="true"
-                        checked[form.value("hard_stop", "true") == "true"];
-                    label for="new-cap-hard_stop" { "Armed: refuse requests at the line (402)" }
-                }
-                (form.input("alert_at", "Alert at (fractions of the limit)", "text", "0.5, 0.8, 1", false))
-                (form.input("alert_webhook", "Alert webhook (optional)", "url", "", false))
-                (form.general(&["scope", "key_id", "window", "limit_usd", "alert_at", "alert_webhook"]))
-                button type="submit" { "Create cap" }
+            @if visit.may(Route::CreateCap { org }) { (new_cap_form(org, visit, &key_options, &form)) }
+        }
+    }
+}
+
+fn new_cap_form(org: &str, visit: &Visit, key_options: &[(&str, &str)], form: &FormView<'_>) -> Markup {
+    html! {
+        h3 { "New cap" }
+        form #new-cap.grid method="post" action={ "/orgs/" (encode(org)) "/caps" } {
+            (csrf_field(&visit.csrf))
+            (form.select("scope", "Scope", &[("organization", "Organization"), ("key", "One key")], "organization"))
+            (form.select("key_id", "Key (scope: one key)", key_options, ""))
+            (form.select("window", "Window", &[("day", "Day"), ("week", "Week"), ("month", "Month")], "month"))
+            (form.input("limit_usd", "Limit (USD)", "text", "", true))
+            div.field.check {
+                input #new-cap-hard_stop type="checkbox" name="hard_stop" value="true"
+                    checked[form.value("hard_stop", "true") == "true"];
+                label for="new-cap-hard_stop" { "Armed: refuse requests at the line (402)" }
             }
+            (form.input("alert_at", "Alert at (fractions of the limit)", "text", "0.5, 0.8, 1", false))
+            (form.input("alert_webhook", "Alert webhook (optional)", "url", "", false))
+            (form.general(&["scope", "key_id", "window", "limit_usd", "alert_at", "alert_webhook"]))
+            button type="submit" { "Create cap" }
         }
     }
 }
@@ -201,7 +222,7 @@ fn keys_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&Refus
                     }
                     p.muted { "Created " (utc(str_of(key, "created_at")))
                         @if let Some(at) = key["expires_at"].as_str() { " · expires " (utc(at)) } }
-                    @if revoked.is_none() {
+                    @if revoked.is_none() && visit.may(Route::UpdateKey { key: id }) {
                         form.row method="post" action={ "/keys/" (encode(id)) "/limits" } {
                             (csrf_field(&visit.csrf))
                             (edit.input("requests_per_minute", "Requests / minute", "text", &limit(key, "requests_per_minute"), false))
@@ -209,6 +230,11 @@ fn keys_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&Refus
                             (edit.general(&["requests_per_minute", "tokens_per_minute"]))
                             button type="submit" { "Save limits" }
                         }
+                    } @else if revoked.is_none() {
+                        p.muted { "Requests / minute " (or_none(&limit(key, "requests_per_minute")))
+                            " · tokens / minute " (or_none(&limit(key, "tokens_per_minute"))) }
+                    }
+                    @if revoked.is_none() && visit.may(Route::RevokeKey { key: id }) {
                         div.actions {
                             (action_button(&format!("/keys/{}/revoke", encode(id)), &visit.csrf, "Revoke",
                                 Some("Revoke this key? Requests with it are refused at once."), &[]))
@@ -216,16 +242,27 @@ fn keys_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&Refus
                     }
                 }
             }
-            h3 { "New key" }
-            form #new-key.grid method="post" action={ "/orgs/" (encode(org)) "/keys" } {
-                (csrf_field(&visit.csrf))
-                (form.input("name", "Name", "text", "", true))
-                (form.input("requests_per_minute", "Requests / minute (optional)", "text", "", false))
-                (form.input("tokens_per_minute", "Tokens / minute (optional)", "text", "", false))
-                (form.input("expires_at", "Expires at, UTC (optional)", "datetime-local", "", false))
-                (form.general(&["name", "requests_per_minute", "tokens_per_minute", "expires_at"]))
-                button type="submit" { "Create key" }
-            }
+            @if visit.may(Route::CreateKey { org }) { (new_key_form(org, visit, &form)) }
+        }
+    }
+}
+
+/// A limit as a page shows it: "no limit" when there is none.
+fn or_none(limit: &str) -> &str {
+    if limit.is_empty() { "no limit" } else { limit }
+}
+
+fn new_key_form(org: &str, visit: &Visit, form: &FormView<'_>) -> Markup {
+    html! {
+        h3 { "New key" }
+        form #new-key.grid method="post" action={ "/orgs/" (encode(org)) "/keys" } {
+            (csrf_field(&visit.csrf))
+            (form.input("name", "Name", "text", "", true))
+            (form.input("requests_per_minute", "Requests / minute (optional)", "text", "", false))
+            (form.input("tokens_per_minute", "Tokens / minute (optional)", "text", "", false))
+            (form.input("expires_at", "Expires at, UTC (optional)", "datetime-local", "", false))
+            (form.general(&["name", "requests_per_minute", "tokens_per_minute", "expires_at"]))
+            button type="submit" { "Create key" }
         }
     }
 }
@@ -247,13 +284,18 @@ fn pricing_of(provider: &Value) -> Markup {
 
 fn providers_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&Refused>) -> Markup {
     let form = FormView::new("provider", refused);
+    // The operator sets a credential whole; an organization's admin replaces its API key alone
+    // (`access::credential_settings`), which leaving the other settings out keeps.
+    let scope = visit.scope(Route::PutProvider { org, name: "" });
+    let whole = scope.as_ref().is_some_and(access::sets_whole_credentials);
+    let key_alone = scope.is_some() && !whole;
     html! {
         section.panel #providers {
             h2 { "Provider credentials" }
             @if list(&data.providers, "providers").is_empty() { p.muted { "None: requests use the client's own provider key." } }
             @else {
                 div.scroll { table {
-                    thead { tr { th { "Name" } th { "Kind" } th { "Base URL" } th { "Key" } th { "Priced" } } }
+                    thead { tr { th { "Name" } th { "Kind" } th { "Base URL" } th { "Key" } th { "Priced" } @if key_alone { th { "Replace the API key" } } } }
                     tbody {
                         @for p in list(&data.providers, "providers") {
                             tr data-provider=(str_of(p, "name")) {
@@ -261,28 +303,50 @@ fn providers_section(org: &str, data: &OrgData, visit: &Visit, refused: Option<&
                                 td { (p["base_url"].as_str().unwrap_or("(default)")) }
                                 td { code.hint { (str_of(p, "key_hint")) } }
                                 td.pricing { (pricing_of(p)) }
+                                @if key_alone { td { (replace_key_form(org, p, visit)) } }
                             }
                         }
                     }
                 } }
             }
-            h3 { "Set or replace a credential" }
-            form #provider.grid method="post" action={ "/orgs/" (encode(org)) "/providers" } {
-                (csrf_field(&visit.csrf))
-                (form.input("name", "Name", "text", "openai", true))
-                (form.select("kind", "Kind", &[("openai", "OpenAI-compatible"), ("anthropic", "Anthropic")], "openai"))
-                (form.input("base_url", "Base URL (optional)", "url", "", false))
-                (form.input("price_namespace", "Price namespace (optional: its name's)", "text", "", false))
-                (form.input("fallback_input_per_mtok_usd", "Fallback input $/Mtok (optional)", "text", "", false))
-                (form.input("fallback_output_per_mtok_usd", "Fallback output $/Mtok (optional)", "text", "", false))
-                div.field {
-                    label for="provider-api_key" { "API key" }
-                    input #provider-api_key type="password" name="api_key" autocomplete="off" required;
-                    (form.error("api_key"))
-                }
-                (form.general(&["name", "kind", "base_url", "api_key", "price_namespace", "fallback_input_per_mtok_usd", "fallback_output_per_mtok_usd"]))
-                button type="submit" { "Save credential" }
+            @if whole { (credential_form(org, visit, &form)) }
+        }
+    }
+}
+
+/// A credential's API key replaced, its other settings kept (an organization admin's form).
+fn replace_key_form(org: &str, provider: &Value, visit: &Visit) -> Markup {
+    let name = str_of(provider, "name");
+    html! {
+        form.inline.replace-key method="post" action={ "/orgs/" (encode(org)) "/providers" } {
+            (csrf_field(&visit.csrf))
+            input type="hidden" name="name" value=(name);
+            input type="hidden" name="kind" value=(str_of(provider, "kind"));
+            input type="password" name="api_key" autocomplete="off" required aria-label={ "New API key of " (name) };
+            button type="submit" { "Replace" }
+        }
+    }
+}
+
+/// A credential set whole: the operator's form.
+fn credential_form(org: &str, visit: &Visit, form: &FormView<'_>) -> Markup {
+    html! {
+        h3 { "Set or replace a credential" }
+        form #provider.grid method="post" action={ "/orgs/" (encode(org)) "/providers" } {
+            (csrf_field(&visit.csrf))
+            (form.input("name", "Name", "text", "openai", true))
+            (form.select("kind", "Kind", &[("openai", "OpenAI-compatible"), ("anthropic", "Anthropic")], "openai"))
+            (form.input("base_url", "Base URL (optional)", "url", "", false))
+            (form.input("price_namespace", "Price namespace (optional: its name's)", "text", "", false))
+            (form.input("fallback_input_per_mtok_usd", "Fallback input $/Mtok (optional)", "text", "", false))
+            (form.input("fallback_output_per_mtok_usd", "Fallback output $/Mtok (optional)", "text", "", false))
+            div.field {
+                label for="provider-api_key" { "API key" }
+                input #provider-api_key type="password" name="api_key" autocomplete="off" required;
+                (form.error("api_key"))
             }
+            (form.general(&["name", "kind", "base_url", "api_key", "price_namespace", "fallback_input_per_mtok_usd", "fallback_output_per_mtok_usd"]))
+            button type="submit" { "Save credential" }
         }
     }
 }

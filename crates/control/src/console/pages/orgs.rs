@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::org::spend_since;
 use super::{FormView, Refused, csrf_field, layout, list, now, refused_page, shown, str_of};
+use crate::admin::routes::Route;
 use crate::console::api::{ConsoleApi, Refusal, encode, query};
 use crate::console::chart;
 use crate::console::format::{cents, nanos, utc_at, utc_minute};
@@ -117,20 +118,22 @@ pub(super) async fn orgs_page(
         status,
         layout(
             "Organizations",
-            Some(&visit.csrf),
+            Some(visit),
             "orgs",
             html! {
                 h1 { "Organizations" }
                 p.muted { "Spend as of " (utc_at(at)) "." }
                 @for card in &cards { (card) }
                 @if cards.is_empty() { p { "No organizations yet." } }
-                section.panel {
-                    h2 { "New organization" }
-                    form #new-org method="post" action="/orgs" {
-                        (csrf_field(&visit.csrf))
-                        (form.input("name", "Name", "text", "", true))
-                        (form.general(&["name"]))
-                        button type="submit" { "Create organization" }
+                @if visit.may(Route::CreateOrg) {
+                    section.panel {
+                        h2 { "New organization" }
+                        form #new-org method="post" action="/orgs" {
+                            (csrf_field(&visit.csrf))
+                            (form.input("name", "Name", "text", "", true))
+                            (form.general(&["name"]))
+                            button type="submit" { "Create organization" }
+                        }
                     }
                 }
             },
@@ -146,6 +149,8 @@ pub(super) async fn create_org(
     let body = json!({ "name": form.text("name") });
     match control.api_json(Method::POST, &["orgs"], "", Some(body)).await {
         Ok(org) => redirect(&format!("/orgs/{}", encode(str_of(&org, "id")))),
+        // Only the operator is offered the form: anyone else's is the API's 403 alone.
+        Err(refusal) if refusal.status == StatusCode::FORBIDDEN => refused_page(&refusal, visit),
         Err(refusal) => orgs_page(control, visit, Some(&Refused::new("new-org", form, refusal))).await,
     }
 }

@@ -121,7 +121,7 @@ pub(super) async fn receipts_page(
             p { a.button #next-page href={ (base) "?" (query(&[pairs(&filters).as_slice(), &[("cursor", next)]].concat())) } { "Next page" } }
         }
     };
-    page(status, layout("Receipts", Some(&visit.csrf), "orgs", body))
+    page(status, layout("Receipts", Some(visit), "orgs", body))
 }
 
 pub(super) async fn receipts_csv(
@@ -143,7 +143,7 @@ pub(super) async fn receipts_csv(
             response
         }
         Ok(Answered::Json(_)) => {
-            page(StatusCode::INTERNAL_SERVER_ERROR, message("The export was not CSV.", Some(&visit.csrf)))
+            page(StatusCode::INTERNAL_SERVER_ERROR, message("The export was not CSV.", Some(visit)))
         }
         Err(refusal) => refused_page(&refusal, visit),
     }
@@ -207,5 +207,5 @@ pub(super) async fn receipt_page(
             }
         }
     };
-    page(StatusCode::OK, layout("Receipt", Some(&visit.csrf), "orgs", body))
+    page(StatusCode::OK, layout("Receipt", Some(visit), "orgs", body))
 }
