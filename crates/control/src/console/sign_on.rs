@@ -77,6 +77,8 @@ impl Control {
         let binding = session::cookie_value(cookies, oidc::LOGIN_COOKIE);
         let outcome = sign_on.callback(query, binding, SystemTime::now()).await;
         let used_up = uses_up_the_login(&outcome);
+        // The redirect URL says the browser comes over TLS even where no proxy header does.
+        let secure = secure || sign_on.party().config().console_over_tls();
         let mut response = match outcome {
             Ok(signed_in) => self.open_person_session(signed_in, secure, now).await,
             Err(error) => {
@@ -111,11 +113,11 @@ impl Control {
                 Err(_) => return unavailable(),
             }
         }
-        let principal = Principal::Person { subject: person.subject, email: person.email, reach };
         tracing::info!(
-            subject = %principal_subject(&principal).escape_debug(),
+            subject = %person.subject.escape_debug(),
             "single sign-on: a person signed in to the console"
         );
+        let principal = Principal::Person { subject: person.subject, email: person.email, reach };
         let landing = page(StatusCode::OK, landing(&who(&principal)));
         self.with_new_session(principal, secure, now, landing)
     }
@@ -165,13 +167,6 @@ fn status_of(error: &SignInError) -> StatusCode {
         | SignInError::Callback(_)
         | SignInError::NoLoginWaiting
         | SignInError::IdToken(_) => StatusCode::BAD_REQUEST,
-    }
-}
-
-fn principal_subject(principal: &Principal) -> &str {
-    match principal {
-        Principal::Person { subject, .. } => subject,
-        Principal::Operator | Principal::OrgToken { .. } => "",
     }
 }
 
