@@ -13,7 +13,9 @@
 // the claims below. `GET /_test/stats` answers how many times the keys (`/jwks`) were fetched.
 //
 // OIDC_TEST_PROVIDER (JSON, optional) overrides `redirectUris` and `accounts`, for tests that
-// need a real console's callback or an organization created in its store.
+// need a real console's callback or an organization created in its store. `POST /_test/accounts`
+// (a JSON object, as `accounts`) replaces the accounts while it runs: a console's organizations get
+// their ids only once the console runs, and the console must know the issuer before it starts.
 import { generateKeyPairSync } from 'node:crypto';
 import { createServer } from 'node:http';
 
@@ -21,7 +23,7 @@ import Provider from 'oidc-provider';
 
 const overrides = JSON.parse(process.env.OIDC_TEST_PROVIDER || '{}');
 const redirectUris = overrides.redirectUris || ['http://127.0.0.1:9/console/oidc/callback'];
-const accounts = overrides.accounts || {
+let accounts = overrides.accounts || {
   alice: {
     email: 'alice@acme.example', email_verified: true, recovea_org: 'org_acme', recovea_role: 'admin', groups: ['staff'],
   },
@@ -99,6 +101,16 @@ server.listen(0, '127.0.0.1', () => {
     if (req.method === 'GET' && req.url === '/_test/stats') {
       res.setHeader('content-type', 'application/json');
       res.end(JSON.stringify({ jwks: jwksFetches }));
+      return;
+    }
+    if (req.method === 'POST' && req.url === '/_test/accounts') {
+      let body = '';
+      req.on('data', (chunk) => { body += chunk; });
+      req.on('end', () => {
+        accounts = JSON.parse(body);
+        res.statusCode = 204;
+        res.end();
+      });
       return;
     }
     if (req.url.split('?')[0] === '/jwks') jwksFetches += 1;

@@ -232,8 +232,11 @@ def gateway(mock_provider: MockProvider, tmp_path_factory) -> Iterable[Gateway]:
     yield from launch_serve(mock_provider, tmp_path_factory.mktemp("gateway"), "gateway")
 
 
-def launch_serve(mock_provider: MockProvider, workdir: Path, log_name: str, *extra: str) -> Iterable[Gateway]:
-    """Starts `recovea serve` with `extra` arguments in `workdir`, yields it once ready, stops it after."""
+def launch_serve(mock_provider: MockProvider, workdir: Path, log_name: str, *extra: str,
+                 admin_listen: str = "127.0.0.1:0") -> Iterable[Gateway]:
+    """Starts `recovea serve` with `extra` arguments in `workdir`, yields it once ready, stops it after.
+    `admin_listen` is the admin listener's address (a port the OS picks unless a test needs to know it
+    before the start, as single sign-on's redirect URL does)."""
     binary = _binary("RECOVEA_BIN", "recovea")
     data_dir = workdir / "data"
     data_dir.mkdir()
@@ -243,7 +246,7 @@ def launch_serve(mock_provider: MockProvider, workdir: Path, log_name: str, *ext
     cmd = [
         str(binary), "serve",
         "--listen", "127.0.0.1:0",
-        "--admin-listen", "127.0.0.1:0",
+        "--admin-listen", admin_listen,
         "--data-dir", str(data_dir),
         "--admin-token", ADMIN_TOKEN,
         "--openai-base-url", mock_provider.url,

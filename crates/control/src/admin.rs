@@ -32,7 +32,7 @@ use routes::Route;
 
 pub(crate) const OPENAPI: &str = include_str!("openapi.json");
 
-mod access;
+pub(crate) mod access;
 mod audit;
 pub(crate) mod caps;
 mod node_credentials;
@@ -40,7 +40,7 @@ mod org_tokens;
 mod prices;
 pub(crate) mod query;
 pub(crate) mod receipts;
-mod routes;
+pub(crate) mod routes;
 
 /// A successful admin answer: its status and body.
 pub(crate) struct Reply {

@@ -1,7 +1,8 @@
-//! Wrong tokens by client address, for the admin API and the console's sign-in alike: a guesser is
-//! answered `429` after a few, without any work or log line being spared for the right token, which
-//! is always let in (behind a proxy every client shares its address: one guesser there must not
-//! lock the operator out).
+//! Attempts by client address, each kind in its own allowance: wrong tokens, for the admin API and
+//! the console's sign-in alike (a guesser is answered `429` after a few, without any work or log
+//! line being spared for the right token, which is always let in: behind a proxy every client shares
+//! its address, and one guesser there must not lock the operator out), and single sign-on's logins
+//! started (each holds a waiting login in memory, which a flood from one address must not evict).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -14,38 +15,41 @@ use recovea_core::ratelimit::Gcra;
 /// Enough for a person who mistypes; a guesser of a 32-character token gets nowhere either way,
 /// but need not be given the CPU and the log lines.
 pub(crate) const WRONG_TOKENS_PER_MINUTE: u32 = 10;
-/// Bounds the memory wrong tokens can take: past this the address closest to a full allowance is
+/// Logins through single sign-on a client address may start a minute: thirty at once, then one
+/// every two seconds. A person starts one; a team behind one proxy signing in at nine starts a few;
+/// evicting the 4,096 logins that wait (`oidc::pending`) from one address takes over two hours.
+pub(crate) const SIGN_ON_STARTS_PER_MINUTE: u32 = 30;
+/// Bounds the memory attempts can take: past this the address closest to a full allowance is
 /// forgotten.
 const MAX_CLIENTS: usize = 4096;
 
-/// Wrong tokens by client address (`None`: a client whose address is unknown), each a GCRA
-/// lane's arrival time in microseconds since `epoch`. Only wrong tokens count.
-pub(crate) struct WrongTokens {
+/// Attempts of one kind by client address (`None`: a client whose address is unknown), each a GCRA
+/// lane's arrival time in microseconds since `epoch`. Only what the caller counts counts.
+pub(crate) struct Attempts {
     epoch: Instant,
     lane: Gcra,
     by_client: Mutex<HashMap<Option<IpAddr>, u64>>,
 }
 
-impl Default for WrongTokens {
-    fn default() -> Self {
+impl Attempts {
+    /// `per_minute` attempts a minute from each address, as many of them at once.
+    pub(crate) fn per_minute(per_minute: u32) -> Self {
         Self {
             epoch: Instant::now(),
-            lane: Gcra::per_minute(WRONG_TOKENS_PER_MINUTE).unwrap_or_else(|| unreachable!("a rate above 0")),
+            lane: Gcra::per_minute(per_minute.max(1)).unwrap_or_else(|| unreachable!("a rate above 0")),
             by_client: Mutex::new(HashMap::new()),
         }
     }
-}
 
-impl WrongTokens {
-    /// `Err(wait)` when `client` has used up its wrong tokens: how long until it may try again.
+    /// `Err(wait)` when `client` has used up its attempts: how long until it may try again.
     pub(crate) fn may_try(&self, client: Option<IpAddr>, now: Instant) -> Result<(), Duration> {
         let now_us = self.micros(now);
         let tat = self.lock().get(&client).copied().unwrap_or(0);
         self.lane.check(tat, now_us, 1).map(|_| ()).map_err(Duration::from_micros)
     }
 
-    /// Counts a wrong token from `client`.
-    pub(crate) fn failed(&self, client: Option<IpAddr>, now: Instant) {
+    /// Counts an attempt from `client`.
+    pub(crate) fn count(&self, client: Option<IpAddr>, now: Instant) {
         let now_us = self.micros(now);
         let mut clients = self.lock();
         if !clients.contains_key(&client) && clients.len() >= MAX_CLIENTS {
@@ -80,12 +84,12 @@ mod tests {
 
     #[test]
     fn wrong_tokens_are_limited_per_client_address() {
-        let attempts = WrongTokens::default();
+        let attempts = Attempts::per_minute(WRONG_TOKENS_PER_MINUTE);
         let now = Instant::now();
         let (a, b) = (Some(IpAddr::from([192, 0, 2, 1])), Some(IpAddr::from([192, 0, 2, 2])));
         for n in 0..WRONG_TOKENS_PER_MINUTE {
             assert_eq!(attempts.may_try(a, now), Ok(()), "attempt {n}");
-            attempts.failed(a, now);
+            attempts.count(a, now);
         }
         let wait = attempts.may_try(a, now).expect_err("the eleventh wrong token waits");
         assert_eq!(wait, Duration::from_secs(6), "a minute over ten");
@@ -95,11 +99,23 @@ mod tests {
     }
 
     #[test]
+    fn sign_on_starts_have_their_own_allowance() {
+        let starts = Attempts::per_minute(SIGN_ON_STARTS_PER_MINUTE);
+        let now = Instant::now();
+        let a = Some(IpAddr::from([192, 0, 2, 1]));
+        for n in 0..SIGN_ON_STARTS_PER_MINUTE {
+            assert_eq!(starts.may_try(a, now), Ok(()), "start {n}");
+            starts.count(a, now);
+        }
+        assert_eq!(starts.may_try(a, now), Err(Duration::from_secs(2)), "then one every two seconds");
+    }
+
+    #[test]
     fn clients_are_bounded() {
-        let attempts = WrongTokens::default();
+        let attempts = Attempts::per_minute(WRONG_TOKENS_PER_MINUTE);
         let now = Instant::now();
         for i in 0..=MAX_CLIENTS as u32 {
-            attempts.failed(Some(IpAddr::from(i.to_be_bytes())), now + Duration::from_millis(u64::from(i)));
+            attempts.count(Some(IpAddr::from(i.to_be_bytes())), now + Duration::from_millis(u64::from(i)));
         }
         assert_eq!(attempts.lock().len(), MAX_CLIENTS);
         assert!(!attempts.lock().contains_key(&Some(IpAddr::from(0_u32.to_be_bytes()))), "the oldest went");

@@ -83,7 +83,9 @@ struct Inner {
     /// The signed-in sessions of the web console.
     console_sessions: console::Sessions,
     /// Wrong admin tokens by client address, from the API and the console's sign-in.
-    wrong_tokens: attempts::WrongTokens,
+    wrong_tokens: attempts::Attempts,
+    /// Logins started through single sign-on, by client address.
+    sign_on_starts: attempts::Attempts,
     /// Deferred jobs: their book and its store, when this control plane keeps them.
     jobs: std::sync::OnceLock<Arc<jobs::Jobs>>,
     /// The organization of keys whose receipts were ingested (see [`node_api::KeyOwners`]).
@@ -140,7 +142,8 @@ impl Control {
                 nodes: std::sync::OnceLock::new(),
                 published: tokio::sync::Mutex::new(None),
                 console_sessions: console::Sessions::default(),
-                wrong_tokens: attempts::WrongTokens::default(),
+                wrong_tokens: attempts::Attempts::per_minute(attempts::WRONG_TOKENS_PER_MINUTE),
+                sign_on_starts: attempts::Attempts::per_minute(attempts::SIGN_ON_STARTS_PER_MINUTE),
                 jobs: std::sync::OnceLock::new(),
                 key_owners: node_api::KeyOwners::default(),
                 sign_on: std::sync::OnceLock::new(),

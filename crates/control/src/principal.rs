@@ -109,20 +109,15 @@ impl Control {
         Err(self.wrong_token(client, path, now).map_or(ApiError::Unauthorized, ApiError::TooManyWrongTokens))
     }
 
-    /// Checks the admin token itself (the console's sign-in, which only the operator opens today):
-    /// `Ok` for the right token, always; otherwise as [`Self::wrong_token`].
-    pub(crate) fn check_admin_token(
-        &self,
-        authorization: Option<&str>,
-        client: Option<SocketAddr>,
-        path: &str,
-        now: Instant,
-    ) -> Result<(), Option<std::time::Duration>> {
-        let presented = bearer(authorization);
-        if !presented.is_empty() && keys::hash_secret(presented) == self.inner.admin_token_hash {
-            return Ok(());
-        }
-        Err(self.wrong_token(client, path, now))
+    /// Whether a console session opened as `principal` still stands: an organization token
+    /// revoked or expired since the sign-in ends its sessions at their next request, as the API
+    /// refuses the token at once. The operator's session and a person's stand until they end (a
+    /// person's claims are read again at their next sign-in).
+    pub(crate) async fn still_stands(&self, principal: &Principal) -> Result<bool, ApiError> {
+        let Principal::OrgToken { id, .. } = principal else { return Ok(true) };
+        let id = id.clone();
+        let token = self.store(move |s| s.org_token(&id)).await?;
+        Ok(token.and_then(|token| Principal::of_org_token(token, crate::admin::now())).is_some())
     }
 
     /// Counts a wrong token from `client` (on `path`) and logs it: `Some(wait)` once the address
@@ -138,7 +133,7 @@ impl Control {
         let wrong_tokens = &self.inner.wrong_tokens;
         match wrong_tokens.may_try(address, now) {
             Ok(()) => {
-                wrong_tokens.failed(address, now);
+                wrong_tokens.count(address, now);
                 tracing::warn!(client = shown, path = %path.escape_debug(), "a wrong admin token was refused");
                 None
             }

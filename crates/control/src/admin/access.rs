@@ -186,7 +186,9 @@ pub(crate) fn credential_settings(
     current: Option<CredentialSettings>,
     asked: CredentialSettings,
 ) -> Result<CredentialSettings, Denied> {
-    let Scope::Org(_) = scope else { return Ok(asked) };
+    if sets_whole_credentials(scope) {
+        return Ok(asked);
+    }
     let current = current.ok_or(Denied::NewCredential)?;
     if asked.kind != current.kind {
         Err(Denied::CredentialKind)
@@ -198,6 +200,15 @@ pub(crate) fn credential_settings(
         Err(Denied::CredentialFallbackPrice)
     } else {
         Ok(current)
+    }
+}
+
+/// Whether `scope` sets a credential whole (its kind, base URL and prices), or adds one: the
+/// operator's alone. Within an organization only a credential's API key is replaced.
+pub(crate) fn sets_whole_credentials(scope: &Scope) -> bool {
+    match scope {
+        Scope::Everything => true,
+        Scope::Org(_) => false,
     }
 }
 

@@ -5,15 +5,24 @@
 //! answers. Validation, error messages and whatever else the API does apply here unchanged; a
 //! refused form shows the API's message beside the field it names.
 //!
-//! Security: sign-in with the admin token opens a server-side session ([`session`]); every POST
-//! carries the session's CSRF token; every answer carries a strict Content-Security-Policy and is
-//! never cached. The assets (one CSS file, one small script) are compiled into the binary.
+//! Who signs in decides what the pages show and do: the admin token opens the operator's console,
+//! an organization token its organization's, and single sign-on ([`sign_on`]) whatever the
+//! provider's claims map the person to. The session keeps that [`Principal`]; every page calls the
+//! API as it, so what a visitor may reach is decided by the API's own `admin::access`, and a page
+//! offers only what that decision lets through ([`Visit::may`]).
+//!
+//! Security: sign-in opens a server-side session ([`session`]); every POST carries the session's
+//! CSRF token; every answer carries a strict Content-Security-Policy and is never cached. The
+//! assets (one CSS file, one small script) are compiled into the binary.
 
+#[cfg(test)]
+mod access_tests;
 mod api;
 mod chart;
 mod format;
 mod pages;
 mod session;
+mod sign_on;
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -25,10 +34,12 @@ use http_body_util::{BodyExt, Full, Limited};
 
 use recovea_store::AuditAuth;
 
-use crate::Control;
 use crate::admin::Caller;
+use crate::admin::access::{self, Scope};
 use crate::admin::query::{Params, decode_path_segment};
-use crate::principal::Principal;
+use crate::admin::routes::Route;
+use crate::principal::{Principal, Reach};
+use crate::{ApiError, Control};
 use api::ConsoleApi;
 
 pub(crate) use session::Sessions;
@@ -76,6 +87,43 @@ impl Form {
 pub(crate) struct Visit {
     pub(crate) csrf: String,
     pub(crate) query: String,
+    /// Who signed in: the pages call the API as them.
+    pub(crate) principal: Principal,
+}
+
+impl Visit {
+    /// What the visitor may reach in `route`, by the admin API's own decision (`access::decide`),
+    /// so that a page offers what the API would let through and nothing more; `None` where the API
+    /// answers `403`. Whose an id is, is checked when the API runs the route.
+    pub(crate) fn scope(&self, route: Route<'_>) -> Option<Scope> {
+        access::decide(&self.principal.reach(), route.access()).ok()
+    }
+
+    /// Whether the visitor may do `route` at all (see [`Self::scope`]).
+    pub(crate) fn may(&self, route: Route<'_>) -> bool {
+        self.scope(route).is_some()
+    }
+
+    /// Who is signed in, as the page's header says it.
+    pub(crate) fn who(&self) -> String {
+        who(&self.principal)
+    }
+}
+
+/// `principal` as a page names it: the operator, a token by its name, a person by their email (or
+/// the provider's subject); with the role they hold.
+pub(crate) fn who(principal: &Principal) -> String {
+    let role = |reach: &Reach| match reach {
+        Reach::Everything => "operator",
+        Reach::Org { role, .. } => role.as_str(),
+    };
+    match principal {
+        Principal::Operator => "the operator".to_owned(),
+        Principal::OrgToken { name, role, .. } => format!("token {name} ({})", role.as_str()),
+        Principal::Person { subject, email, reach } => {
+            format!("{} ({})", email.as_deref().unwrap_or(subject), role(reach))
+        }
+    }
 }
 
 impl Control {
@@ -121,28 +169,51 @@ impl Control {
         let cookie = parts.headers.get(header::COOKIE).and_then(|v| v.to_str().ok()).unwrap_or("");
         let session_id = session::cookie_value(cookie, session::COOKIE).unwrap_or("").to_owned();
         let now = Instant::now();
-        let session = self.inner.console_sessions.get(&session_id, now);
+        if method == Method::GET {
+            match path.as_str() {
+                sign_on::LOGIN_PATH => return self.sign_on_login(client, now).await,
+                crate::oidc::CALLBACK_PATH => {
+                    return self.sign_on_callback(&query, cookie, secure, now).await;
+                }
+                _ => {}
+            }
+        }
+        let session = match self.inner.console_sessions.get(&session_id, now) {
+            Some(session) => match self.still_stands(&session.principal).await {
+                Ok(true) => Some(session),
+                Ok(false) => {
+                    self.inner.console_sessions.close(&session_id);
+                    None
+                }
+                Err(_) => return unavailable(),
+            },
+            None => None,
+        };
 
         if path == "/sign-in" {
             return match (&method, session) {
                 (&Method::GET, Some(_)) => redirect("/"),
-                (&Method::GET, None) => page(StatusCode::OK, pages::sign_in(None)),
-                _ => self.sign_in(form.get("token").unwrap_or(""), secure, now, client),
+                (&Method::GET, None) => page(StatusCode::OK, pages::sign_in(None, self.sign_on().is_some())),
+                _ => self.sign_in(form.get("token").unwrap_or(""), secure, now, client).await,
             };
         }
         let Some(session) = session else {
             return if method == Method::GET {
                 redirect("/sign-in")
             } else {
-                page(StatusCode::UNAUTHORIZED, pages::sign_in(Some("Your session has ended: sign in again.")))
+                page(
+                    StatusCode::UNAUTHORIZED,
+                    pages::sign_in(Some("Your session has ended: sign in again."), self.sign_on().is_some()),
+                )
             };
         };
+        let visit = Visit { csrf: session.csrf.clone(), query, principal: session.principal.clone() };
         if method == Method::POST && !session.csrf_matches(form.get("csrf")) {
             return page(
                 StatusCode::FORBIDDEN,
                 pages::message(
                     "This form did not come from this console's current session. Reload the page and submit it again.",
-                    Some(&session.csrf),
+                    Some(&visit),
                 ),
             );
         }
@@ -155,47 +226,83 @@ impl Control {
         let segments: Option<Vec<String>> =
             path.trim_matches('/').split('/').filter(|s| !s.is_empty()).map(decode_path_segment).collect();
         let Some(segments) = segments else {
-            return page(StatusCode::BAD_REQUEST, pages::message("Bad path.", Some(&session.csrf)));
+            return page(StatusCode::BAD_REQUEST, pages::message("Bad path.", Some(&visit)));
         };
         let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
-        let visit = Visit { csrf: session.csrf, query };
-        // A session is opened with the admin token alone: its visitor is the operator.
-        let caller = Caller { principal: Principal::Operator, auth: AuditAuth::ConsoleSession, client };
+        // Every change is audited as the session's principal's, made through a console session.
+        let caller = Caller { principal: session.principal, auth: AuditAuth::ConsoleSession, client };
         let api = ConsoleApi { control: self, caller };
         pages::dispatch(&api, &method, &segments, &visit, &form).await
     }
 
-    fn sign_in(
+    /// Signs in with a token, as the API would take it in an `Authorization` header: the admin
+    /// token opens the operator's session, an organization token (neither revoked nor expired)
+    /// its organization's. The right token is always let in, however many wrong ones came from
+    /// its address.
+    async fn sign_in(
         &self,
         token: &str,
         secure: bool,
         now: Instant,
         client: Option<SocketAddr>,
     ) -> Response<Full<Bytes>> {
-        // The API's own check, as if the token came in an `Authorization` header: the right token
-        // is always let in, however many wrong ones came from its address.
-        if let Err(wait) =
-            self.check_admin_token(Some(&format!("Bearer {}", token.trim())), client, "/sign-in", now)
-        {
-            let Some(wait) = wait else {
-                return page(StatusCode::UNAUTHORIZED, pages::sign_in(Some("Wrong token.")));
-            };
-            let seconds = crate::attempts::whole_seconds(wait);
-            let text = format!("Too many wrong tokens from this address: try again in {seconds} s.");
-            let mut response = page(StatusCode::TOO_MANY_REQUESTS, pages::sign_in(Some(&text)));
-            set_header(&mut response, header::RETRY_AFTER, &seconds.to_string());
-            return response;
-        }
-        let Ok((id, _)) = self.inner.console_sessions.open(now) else {
-            return page(
+        let sign_on = self.sign_on().is_some();
+        let authorization = format!("Bearer {}", token.trim());
+        let principal = match self.authenticate(Some(&authorization), client, "/sign-in", now).await {
+            Ok((principal, _)) => principal,
+            Err(ApiError::Unauthorized) => {
+                return page(StatusCode::UNAUTHORIZED, pages::sign_in(Some("Wrong token."), sign_on));
+            }
+            Err(ApiError::TooManyWrongTokens(wait)) => {
+                let seconds = crate::attempts::whole_seconds(wait);
+                let text = format!("Too many wrong tokens from this address: try again in {seconds} s.");
+                let mut response = page(StatusCode::TOO_MANY_REQUESTS, pages::sign_in(Some(&text), sign_on));
+                set_header(&mut response, header::RETRY_AFTER, &seconds.to_string());
+                return response;
+            }
+            Err(
+                ApiError::Unavailable(_)
+                | ApiError::Internal(_)
+                | ApiError::BadRequest(_)
+                | ApiError::NodeUnauthorized
+                | ApiError::PermissionDenied(_)
+                | ApiError::NotFound(_)
+                | ApiError::MethodNotAllowed,
+            ) => return unavailable(),
+        };
+        self.with_new_session(principal, secure, now, redirect("/"))
+    }
+
+    /// `response` with the cookie of a new session for `principal`; the page that says why instead,
+    /// when none could be opened.
+    fn with_new_session(
+        &self,
+        principal: Principal,
+        secure: bool,
+        now: Instant,
+        mut response: Response<Full<Bytes>>,
+    ) -> Response<Full<Bytes>> {
+        match self.inner.console_sessions.open(now, principal) {
+            Ok((id, _)) => {
+                set_header(&mut response, header::SET_COOKIE, &session::set_cookie(&id, secure));
+                response
+            }
+            Err(_) => page(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 pages::message("The operating system's random generator failed.", None),
-            );
-        };
-        let mut response = redirect("/");
-        set_header(&mut response, header::SET_COOKIE, &session::set_cookie(&id, secure));
-        response
+            ),
+        }
     }
+}
+
+/// The page of a store that did not answer (the cause is in the log).
+fn unavailable() -> Response<Full<Bytes>> {
+    let mut response = page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        pages::message("The control plane's store did not answer: try again in a moment.", None),
+    );
+    set_header(&mut response, header::RETRY_AFTER, "1");
+    response
 }
 
 /// Whether the browser reached us over TLS: the admin listener speaks plain HTTP, so only a TLS

@@ -1,7 +1,7 @@
 //! Console sessions: a random id in an `HttpOnly; SameSite=Strict` cookie, mapped in memory to its
-//! expiry and its CSRF token.
+//! expiry, its CSRF token and who signed in (the [`Principal`] every page calls the API as).
 //!
-//! The admin token itself never leaves the sign-in form: the cookie holds a random id that means
+//! The token itself never leaves the sign-in form: the cookie holds a random id that means
 //! nothing outside this process, so a restart signs everyone out, and signing out forgets the id
 //! at once (an HMAC-signed cookie could not be withdrawn before it expires).
 
@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::principal::Principal;
 use crate::random;
 
 pub(crate) const COOKIE: &str = "recovea_session";
@@ -22,6 +23,8 @@ const ID_LEN: usize = 32;
 #[derive(Clone)]
 pub(crate) struct Session {
     pub(crate) csrf: String,
+    /// Who signed in: the operator, an organization token, or a person through single sign-on.
+    pub(crate) principal: Principal,
     expires: Instant,
 }
 
@@ -31,10 +34,15 @@ pub(crate) struct Sessions {
 }
 
 impl Sessions {
-    /// Opens a session; returns its id (for the cookie) and CSRF token (for the forms).
-    pub(crate) fn open(&self, now: Instant) -> Result<(String, Session), random::RandomUnavailable> {
+    /// Opens a session for `principal`; returns its id (for the cookie) and the session (its CSRF
+    /// token, for the forms).
+    pub(crate) fn open(
+        &self,
+        now: Instant,
+        principal: Principal,
+    ) -> Result<(String, Session), random::RandomUnavailable> {
         let id = random::token("", ID_LEN)?;
-        let session = Session { csrf: random::token("", ID_LEN)?, expires: now + LIFETIME };
+        let session = Session { csrf: random::token("", ID_LEN)?, principal, expires: now + LIFETIME };
         let mut sessions = self.lock();
         sessions.retain(|_, s| s.expires > now);
         if sessions.len() >= MAX_SESSIONS
@@ -111,25 +119,38 @@ mod tests {
     fn a_session_lives_until_it_expires_or_is_closed() {
         let sessions = Sessions::default();
         let now = Instant::now();
-        let (id, session) = sessions.open(now).expect("random");
+        let (id, session) = sessions.open(now, Principal::Operator).expect("random");
         assert_eq!(id.len(), ID_LEN);
         assert_ne!(id, session.csrf, "the id and the CSRF token are drawn separately");
         assert_eq!(sessions.get(&id, now).map(|s| s.csrf), Some(session.csrf.clone()));
         assert!(sessions.get(&id, now + LIFETIME).is_none(), "expired at its lifetime");
         assert!(sessions.get(&id, now).is_none(), "an expired session is forgotten");
-        let (id, _) = sessions.open(now).expect("random");
+        let (id, _) = sessions.open(now, Principal::Operator).expect("random");
         sessions.close(&id);
         assert!(sessions.get(&id, now).is_none());
         assert!(sessions.get("not-a-session", now).is_none());
     }
 
     #[test]
+    fn a_session_keeps_who_opened_it() {
+        let sessions = Sessions::default();
+        let now = Instant::now();
+        let person = Principal::Person {
+            subject: "s1".into(),
+            email: None,
+            reach: crate::principal::Reach::Everything,
+        };
+        let (id, _) = sessions.open(now, person.clone()).expect("random");
+        assert_eq!(sessions.get(&id, now).map(|s| s.principal), Some(person));
+    }
+
+    #[test]
     fn sessions_are_bounded() {
         let sessions = Sessions::default();
         let start = Instant::now();
-        let (first, _) = sessions.open(start).expect("random");
+        let (first, _) = sessions.open(start, Principal::Operator).expect("random");
         for i in 1..=MAX_SESSIONS as u64 {
-            sessions.open(start + Duration::from_millis(i)).expect("random");
+            sessions.open(start + Duration::from_millis(i), Principal::Operator).expect("random");
         }
         assert_eq!(sessions.lock().len(), MAX_SESSIONS);
         assert!(sessions.get(&first, start).is_none(), "the session closest to its end went first");
@@ -138,7 +159,7 @@ mod tests {
     #[test]
     fn the_csrf_token_must_match_exactly() {
         let sessions = Sessions::default();
-        let (_, session) = sessions.open(Instant::now()).expect("random");
+        let (_, session) = sessions.open(Instant::now(), Principal::Operator).expect("random");
         assert!(session.csrf_matches(Some(&session.csrf)));
         assert!(!session.csrf_matches(None));
         assert!(!session.csrf_matches(Some("")));

@@ -239,11 +239,20 @@ impl RelyingParty {
     /// the client secret.
     pub async fn exchange_code(&self, code: &str, attempt: &LoginAttempt) -> Result<String, SignInError> {
         let discovery = self.discovery().await?;
-        let mut form = url::form_urlencoded::Serializer::new(String::new());
-        form.append_pair("grant_type", "authorization_code")
-            .append_pair("code", code)
-            .append_pair("redirect_uri", &self.config.redirect_url)
-            .append_pair("code_verifier", attempt.verifier());
+        // The form is finished before any await: its serializer is not `Send`, and the console
+        // calls this from a connection's task.
+        let form = {
+            let mut form = url::form_urlencoded::Serializer::new(String::new());
+            form.append_pair("grant_type", "authorization_code")
+                .append_pair("code", code)
+                .append_pair("redirect_uri", &self.config.redirect_url)
+                .append_pair("code_verifier", attempt.verifier());
+            if let ClientAuth::Post = discovery.client_auth {
+                form.append_pair("client_id", &self.config.client_id)
+                    .append_pair("client_secret", self.config.client_secret.expose());
+            }
+            form.finish()
+        };
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(discovery.token_endpoint.as_str())
@@ -251,13 +260,10 @@ impl RelyingParty {
             .header(header::ACCEPT, "application/json");
         match discovery.client_auth {
             ClientAuth::Basic => request = request.header(header::AUTHORIZATION, self.basic_authorization()?),
-            ClientAuth::Post => {
-                form.append_pair("client_id", &self.config.client_id)
-                    .append_pair("client_secret", self.config.client_secret.expose());
-            }
+            ClientAuth::Post => {}
         }
         let request = request
-            .body(Bytes::from(form.finish()))
+            .body(Bytes::from(form))
             .map_err(|_| SignInError::Provider("its token endpoint is not a URL we can call".into()))?;
         let (status, body) = self.call(request, "token endpoint").await?;
         #[derive(Deserialize)]
