@@ -114,19 +114,32 @@ pub(super) async fn create_key(
             body.insert(field.into(), number_or_text(form.text(field)));
         }
     }
+    create_with_secret(control, visit, (org, "keys"), ("Key", "new-key"), form, body).await
+}
+
+/// `POST /orgs/{org}/{what}` with `body` (and the form's expiry, if any): the organization's page
+/// showing the new secret (a key's, a token's) once, or the form again with the refusal.
+pub(super) async fn create_with_secret(
+    control: &ConsoleApi<'_>,
+    visit: &Visit,
+    (org, collection): (&str, &str),
+    (what, form_id): (&'static str, &'static str),
+    form: &Form,
+    mut body: Map<String, Value>,
+) -> Response<Full<Bytes>> {
     if !form.text("expires_at").is_empty() {
         body.insert("expires_at".into(), json!(rfc3339_from_field(form.text("expires_at"))));
     }
-    match control.api_json(Method::POST, &["orgs", org, "keys"], "", Some(Value::Object(body))).await {
-        Ok(key) => {
+    match control.api_json(Method::POST, &["orgs", org, collection], "", Some(Value::Object(body))).await {
+        Ok(created) => {
             let secret = NewSecret {
-                what: "Key",
-                name: str_of(&key, "name").to_owned(),
-                secret: str_of(&key, "secret").to_owned(),
+                what,
+                name: str_of(&created, "name").to_owned(),
+                secret: str_of(&created, "secret").to_owned(),
             };
             org_page(control, visit, org, None, Some(secret)).await
         }
-        Err(refusal) => refused_on_org(control, visit, org, ("new-key", form), refusal).await,
+        Err(refusal) => refused_on_org(control, visit, org, (form_id, form), refusal).await,
     }
 }
 

@@ -7,12 +7,11 @@ use http_body_util::Full;
 use maud::{Markup, html};
 use serde_json::{Map, Value, json};
 
-use super::changes::refused_on_org;
-use super::org::org_page;
-use super::{FormView, NewSecret, Refused, action_button, csrf_field, list, refused_page, shown, str_of};
+use super::changes::create_with_secret;
+use super::{FormView, Refused, action_button, csrf_field, list, refused_page, shown, str_of};
 use crate::admin::routes::Route;
 use crate::console::api::{ConsoleApi, encode};
-use crate::console::format::{rfc3339_from_field, utc};
+use crate::console::format::utc;
 use crate::console::{Form, Visit, redirect};
 
 /// The tokens of `org` (`GET /orgs/{org}/tokens`'s answer), with what the visitor may do to them.
@@ -69,20 +68,7 @@ pub(super) async fn create_token(
     let mut body = Map::new();
     body.insert("name".into(), json!(form.text("name")));
     body.insert("role".into(), json!(form.text("role")));
-    if !form.text("expires_at").is_empty() {
-        body.insert("expires_at".into(), json!(rfc3339_from_field(form.text("expires_at"))));
-    }
-    match control.api_json(Method::POST, &["orgs", org, "tokens"], "", Some(Value::Object(body))).await {
-        Ok(token) => {
-            let secret = NewSecret {
-                what: "Token",
-                name: str_of(&token, "name").to_owned(),
-                secret: str_of(&token, "secret").to_owned(),
-            };
-            org_page(control, visit, org, None, Some(secret)).await
-        }
-        Err(refusal) => refused_on_org(control, visit, org, ("new-token", form), refusal).await,
-    }
+    create_with_secret(control, visit, (org, "tokens"), ("Token", "new-token"), form, body).await
 }
 
 /// `POST /tokens/{token}/revoke`, back to its organization's page.
