@@ -30,8 +30,7 @@ pub(crate) enum FinishAt {
     BodyEnd,
     /// With its receipt, written by the meter however the request ends: an admitted request sent
     /// to the provider, answered or not. A Realtime session finishes with each response's receipt
-    /// instead; an upgrade the provider does not switch writes none, and so has no line (a gap
-    /// kept as it was, not a rule).
+    /// instead (an upgrade the provider does not switch has one receipt, free).
     Receipt,
 }
 

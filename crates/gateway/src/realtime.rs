@@ -82,15 +82,31 @@ pub(crate) async fn open(
     on_upgrade: OnUpgrade,
     request: Request<Bytes>,
 ) -> Result<Response<ResponseBody>, Refusal> {
-    let switched = shared.upstream.upgrade(request, shared.config.upstream_timeout).await.map_err(|e| match e {
-        UpstreamError::Unreachable(e) => {
-            tracing::warn!(request_id = %facts.request_id, error = %e, "provider unreachable for a Realtime session");
-            Refusal::UpstreamUnreachable
-        }
-        UpstreamError::Timeout => Refusal::UpstreamTimeout,
+    // An upgrade the provider does not switch (it refuses it, or never answers) is a request like
+    // any other: its receipt, free, at the status the client gets.
+    let unswitched = |status: u16| {
+        let held = Held { reservation: None, at: shared.now() };
+        shared.meter.record(
+            &shared.metrics,
+            metered(shared, &admitted, &facts, None, held),
+            status,
+            Tapped::default(),
+        );
+    };
+    let switched = shared.upstream.upgrade(request, shared.config.upstream_timeout).await.map_err(|e| {
+        let refusal = match e {
+            UpstreamError::Unreachable(e) => {
+                tracing::warn!(request_id = %facts.request_id, error = %e, "provider unreachable for a Realtime session");
+                Refusal::UpstreamUnreachable
+            }
+            UpstreamError::Timeout => Refusal::UpstreamTimeout,
+        };
+        unswitched(refusal.answer().status);
+        refusal
     })?;
     match switched {
         Switched::Answered(answer) => {
+            unswitched(answer.status().as_u16());
             let (mut parts, body) = answer.into_parts();
             recovea_providers::headers::for_client(&mut parts.headers);
             Ok(Response::from_parts(parts, Full::new(body).map_err(BoxError::from).boxed_unsync()))
@@ -374,33 +390,7 @@ impl Session {
 
     /// The receipt of response `n` (`None`: of a session that made none).
     fn metered(&self, n: Option<u64>, held: Held) -> Metered {
-        let mut request_id = self.facts.request_id.clone();
-        if let Some(n) = n {
-            request_id.push_str(&format!(".r{n}"));
-        }
-        Metered {
-            request_id,
-            org_id: self.admitted.org.id.to_string(),
-            key_id: self.admitted.key_id.to_string(),
-            provider: self.facts.provider.clone(),
-            provider_key: self.facts.provider_key,
-            endpoint: self.facts.endpoint.clone(),
-            request_model: self.facts.model.clone(),
-            kind: self.facts.kind,
-            scope: self.facts.scope.clone(),
-            stream: true,
-            surface: Surface::Other,
-            input_tokens: 0,
-            media: None,
-            started_at: held.at,
-            prices: self.facts.prices.clone(),
-            tags: self.facts.tags.clone(),
-            charge: if n.is_some() { Charge::Metered } else { Charge::Free },
-            creating: None,
-            settle: Some(line::settle(&self.shared, &self.admitted, held.reservation)),
-            timing: Timing::since(Instant::now()),
-            trace: None,
-        }
+        metered(&self.shared, &self.admitted, &self.facts, n, held)
     }
 
     /// Tells the client why its session ends, and closes it: the contract's `error` event, then a
@@ -442,6 +432,44 @@ impl Session {
                 Tapped::default(),
             );
         }
+    }
+}
+
+/// The receipt of a session's response `n`, or (`None`) of a session, or an upgrade, that made
+/// none: free.
+fn metered(
+    shared: &Arc<Shared>,
+    admitted: &Admitted,
+    facts: &SessionFacts,
+    n: Option<u64>,
+    held: Held,
+) -> Metered {
+    let mut request_id = facts.request_id.clone();
+    if let Some(n) = n {
+        request_id.push_str(&format!(".r{n}"));
+    }
+    Metered {
+        request_id,
+        org_id: admitted.org.id.to_string(),
+        key_id: admitted.key_id.to_string(),
+        provider: facts.provider.clone(),
+        provider_key: facts.provider_key,
+        endpoint: facts.endpoint.clone(),
+        request_model: facts.model.clone(),
+        kind: facts.kind,
+        scope: facts.scope.clone(),
+        stream: true,
+        surface: Surface::Other,
+        input_tokens: 0,
+        media: None,
+        started_at: held.at,
+        prices: facts.prices.clone(),
+        tags: facts.tags.clone(),
+        charge: if n.is_some() { Charge::Metered } else { Charge::Free },
+        creating: None,
+        settle: Some(line::settle(shared, admitted, held.reservation)),
+        timing: Timing::since(Instant::now()),
+        trace: None,
     }
 }
 

@@ -315,6 +315,22 @@ async fn an_azure_realtime_session_goes_to_the_resource_with_its_key_and_is_mete
 }
 
 #[tokio::test]
+async fn an_upgrade_the_provider_refuses_goes_back_as_it_came_with_a_free_receipt() {
+    let h = node_with(Vec::new(), "azure", ProviderKind::AzureOpenAi, None, None).await;
+    // Azure's legacy path without its api-version: the provider answers 404, switching nothing.
+    let (status, head, ws) = upgrade(&h, "/openai/realtime?deployment=gpt-realtime").await;
+    assert_eq!(status, 404, "{head}");
+    assert!(ws.is_none());
+    let receipts = h.receipts(1).await;
+    assert_eq!(
+        (receipts[0].status, receipts[0].endpoint.as_str(), receipts[0].cost_usd),
+        (404, "/openai/realtime", Nanos::ZERO),
+        "a request like any other: its receipt, free"
+    );
+    assert_eq!(h.metric("recovea_realtime_sessions").await, 0, "no session was opened");
+}
+
+#[tokio::test]
 async fn a_websocket_upgrade_elsewhere_than_realtime_is_outside_sight() {
     let h = node(vec![cap("1000.00")]).await;
     let (status, head, _) = upgrade(&h, "/v1/responses").await;
