@@ -1,4 +1,5 @@
-//! The shared store in Redis: one atomic Lua script per window, all windows in one pipeline.
+//! The shared store in Redis: one atomic Lua script per window, all windows in one pipeline (on a
+//! cluster, one command per window, all at once).
 //!
 //! Key layout for a window (cap `cap_x`, start `S` in unix ms), under the prefix `P`; the braces are
 //! a hash tag. On one server (or through Sentinel) the tag is the window, `P:{cap_x:S}`; on a Redis
@@ -22,8 +23,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use recovea_core::caps::LineAnswer;
-use recovea_core::ids::CapId;
-use recovea_core::ids::OrgId;
+use recovea_core::ids::{CapId, OrgId};
 use recovea_core::money::Nanos;
 use recovea_core::timestamp::Timestamp;
 use redis::{ErrorKind, RedisError, Script};
