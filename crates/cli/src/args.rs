@@ -15,6 +15,7 @@ use recovea_gateway::{
     ProviderNetwork, default_max_connections,
 };
 
+use crate::failure::{Failure, Problems};
 use crate::size;
 
 /// What every long-running command takes.
@@ -174,8 +175,8 @@ pub(crate) struct ProviderArgs {
 
 impl ProviderArgs {
     /// How providers are reached: the flags, then the proxy variables of the environment.
-    pub(crate) fn network(&self) -> Result<ProviderNetwork, String> {
-        let ca = read_file("--upstream-ca-file", self.upstream_ca_file.as_deref())?;
+    pub(crate) fn network(&self) -> Result<ProviderNetwork, ConfigError> {
+        let ca = read_file("upstream-ca-file", self.upstream_ca_file.as_deref())?;
         let egress =
             Egress::new(self.upstream_proxy.as_deref(), self.upstream_no_proxy.as_deref(), |name| {
                 std::env::var(name).ok()
@@ -192,7 +193,7 @@ impl ProviderArgs {
 impl GatewayArgs {
     /// The node's configuration, every setting checked: a start-up that fails names every wrong
     /// setting at once, one a line.
-    pub(crate) fn config(&self) -> Result<GatewayConfig, String> {
+    pub(crate) fn config(&self) -> Result<GatewayConfig, Failure> {
         let providers = &self.providers;
         let mut problems = Problems::default();
         let settings = GatewaySettings {
@@ -227,11 +228,11 @@ impl GatewayArgs {
     }
 
     /// The shared Redis, if any: its URL and the certificates read from their files.
-    pub(crate) fn redis(&self) -> Result<Option<(String, RedisTls)>, String> {
+    pub(crate) fn redis(&self) -> Result<Option<(String, RedisTls)>, ConfigError> {
         let Some(url) = &self.redis_url else { return Ok(None) };
-        let ca = read_file("--redis-ca-file", self.redis_ca_file.as_deref())?;
-        let cert = read_file("--redis-cert-file", self.redis_cert_file.as_deref())?;
-        let key = read_file("--redis-key-file", self.redis_key_file.as_deref())?;
+        let ca = read_file("redis-ca-file", self.redis_ca_file.as_deref())?;
+        let cert = read_file("redis-cert-file", self.redis_cert_file.as_deref())?;
+        let key = read_file("redis-key-file", self.redis_key_file.as_deref())?;
         let client = cert.zip(key);
         Ok(Some((url.clone(), RedisTls { ca, client })))
     }
@@ -258,37 +259,7 @@ fn stand_in(given: GatewaySettings) -> GatewayConfig {
     };
     match GatewayConfig::new(valid) {
         Ok(config) => config,
-        Err(e) => unreachable!("the stand-in's settings are valid: {e}"),
-    }
-}
-
-/// Every problem of a set of settings, kept to be reported together.
-#[derive(Default)]
-struct Problems(Vec<String>);
-
-impl Problems {
-    fn check<T>(&mut self, result: Result<T, impl std::fmt::Display>) -> Option<T> {
-        result.map_err(|e| self.0.push(e.to_string())).ok()
-    }
-
-    /// Applies `step` to `config`; a step that fails is noted and leaves `config` as it was, so
-    /// that the next steps are checked too.
-    fn apply(
-        &mut self,
-        config: &mut GatewayConfig,
-        step: impl FnOnce(GatewayConfig) -> Result<GatewayConfig, ConfigError>,
-    ) {
-        if let Some(stepped) = self.check(step(config.clone())) {
-            *config = stepped;
-        }
-    }
-
-    /// `value` when nothing was wrong, else every problem, one a line.
-    fn into_result<T>(self, value: Option<T>) -> Result<T, String> {
-        match value {
-            Some(value) if self.0.is_empty() => Ok(value),
-            _ => Err(self.0.join("\n")),
-        }
+        Err(e) => unreachable!("the stand-in's settings are valid: {e:?}"),
     }
 }
 
@@ -378,7 +349,7 @@ pub(crate) struct OidcArgs {
 
 impl OidcArgs {
     /// The validated sign-on settings, when an issuer is given.
-    pub(crate) fn config(&self) -> Result<Option<recovea_control::oidc::OidcConfig>, String> {
+    pub(crate) fn config(&self) -> Result<Option<recovea_control::oidc::OidcConfig>, ConfigError> {
         let Some(issuer) = &self.oidc_issuer else { return Ok(None) };
         let given = |value: &Option<String>| value.clone().unwrap_or_default();
         recovea_control::oidc::OidcConfig::new(recovea_control::oidc::OidcSettings {
@@ -391,7 +362,7 @@ impl OidcArgs {
             role_claim: self.oidc_role_claim.clone(),
             groups_claim: self.oidc_groups_claim.clone(),
             operator_group: self.oidc_operator_group.clone(),
-            ca_pem: read_file("--oidc-ca-file", self.oidc_ca_file.as_deref())?,
+            ca_pem: read_file("oidc-ca-file", self.oidc_ca_file.as_deref())?,
         })
         .map(Some)
     }
@@ -399,13 +370,15 @@ impl OidcArgs {
 
 impl AdminArgs {
     /// The PostgreSQL store's bounds.
-    pub(crate) fn database_bounds(&self) -> Result<recovea_store::postgres::Bounds, String> {
-        for (flag, value) in
-            [("--database-timeout", self.database_timeout), ("--database-pool-wait", self.database_pool_wait)]
-        {
-            if value.is_zero() {
-                return Err(format!("{flag} must be greater than zero"));
-            }
+    pub(crate) fn database_bounds(&self) -> Result<recovea_store::postgres::Bounds, Vec<ConfigError>> {
+        let wrong: Vec<ConfigError> =
+            [("database-timeout", self.database_timeout), ("database-pool-wait", self.database_pool_wait)]
+                .into_iter()
+                .filter(|(_, value)| value.is_zero())
+                .map(|(flag, _)| ConfigError::zero(flag))
+                .collect();
+        if !wrong.is_empty() {
+            return Err(wrong);
         }
         Ok(recovea_store::postgres::Bounds {
             statement_timeout: self.database_timeout,
@@ -489,33 +462,39 @@ pub(crate) struct NodeArgs {
     pub(crate) master_key: String,
 }
 
-pub(crate) fn parse_master_key(hex: &str) -> Result<MasterKey, String> {
-    MasterKey::parse_hex(hex).map_err(|e| format!("--master-key: {e}"))
+pub(crate) fn parse_master_key(hex: &str) -> Result<MasterKey, ConfigError> {
+    MasterKey::parse_hex(hex).map_err(|e| ConfigError::flag("master-key", e.to_string()))
 }
 
 /// A secret given on the command line, trimmed; refused when blank.
 /// The contents of the file given to `flag`, if one was.
-pub(crate) fn read_file(flag: &str, path: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, String> {
-    path.map(|path| std::fs::read(path).map_err(|e| format!("{flag}: cannot read {}: {e}", path.display())))
-        .transpose()
+pub(crate) fn read_file(
+    flag: &'static str,
+    path: Option<&std::path::Path>,
+) -> Result<Option<Vec<u8>>, ConfigError> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| ConfigError::flag(flag, format!("cannot read {}: {e}", path.display())))
+    };
+    path.map(read).transpose()
 }
 
 /// An operator's bearer token given to `flag` (`recovea_core::keys::operator_token`).
-pub(crate) fn operator_token(flag: &str, value: &str) -> Result<String, String> {
-    recovea_core::keys::operator_token(value).map(str::to_owned).map_err(|why| format!("{flag}: {why}"))
+pub(crate) fn operator_token(flag: &'static str, value: &str) -> Result<String, ConfigError> {
+    recovea_core::keys::operator_token(value).map(str::to_owned).map_err(|why| ConfigError::flag(flag, why))
 }
 
-pub(crate) fn non_blank(flag: &str, value: &str) -> Result<String, String> {
+pub(crate) fn non_blank(flag: &'static str, value: &str) -> Result<String, ConfigError> {
     let value = value.trim();
-    if value.is_empty() { Err(format!("{flag}: must not be empty")) } else { Ok(value.to_owned()) }
+    if value.is_empty() { Err(ConfigError::flag(flag, "must not be empty")) } else { Ok(value.to_owned()) }
 }
 
 /// Installs the log subscriber: text or JSON lines on stderr, through a bounded queue that drops
 /// (and counts) lines rather than make a request wait for a slow stderr. The log is written out
 /// when the returned flusher drops.
-pub(crate) fn init_logging(common: &CommonArgs) -> Result<LogFlusher, String> {
+pub(crate) fn init_logging(common: &CommonArgs) -> Result<LogFlusher, Failure> {
     let filter = tracing_subscriber::EnvFilter::try_new(&common.log)
-        .map_err(|e| format!("--log {:?}: {e}", common.log))?;
+        .map_err(|e| ConfigError::flag("log", format!("{:?}: {e}", common.log)))?;
     // Colour codes only for a person at a terminal: in a file or a pipeline they are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let (writer, flusher) = bounded_stderr(DEFAULT_LOG_QUEUE_LINES)

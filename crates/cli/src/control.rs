@@ -8,24 +8,33 @@ use recovea_control::Control;
 use recovea_control::alerts::Alerts;
 use recovea_control::ingest::LedgerSink;
 use recovea_control::jobs::Jobs;
-use tokio::net::TcpListener;
 
 use crate::args::{ControlArgs, init_logging, operator_token, parse_master_key, shutdown_signal};
 use crate::data_dir;
-use crate::wiring::{Stop, admin_token, alert_signing_secret, open_stores, poller_settings, sign_on};
+use crate::failure::{Failure, Problems};
+use crate::wiring::{AdminSettings, Stop, bind, open_stores, poller_settings, sign_on};
 
-pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
+pub(crate) async fn run(args: ControlArgs) -> Result<(), Failure> {
     let _log = init_logging(&args.common)?;
     let shutdown = shutdown_signal();
-    let master_key = parse_master_key(&args.master_key)?;
-    let sign_on = sign_on(&args.admin.oidc)?;
+    // Every setting is checked before anything starts: a start-up that fails names each wrong one.
+    let mut problems = Problems::default();
+    let master_key = problems.check(parse_master_key(&args.master_key));
+    let admin = problems.check(AdminSettings::check(&args.admin));
+    let node_token = problems
+        .check(args.node_token.as_deref().map(|token| operator_token("node-token", token)).transpose());
+    let network = problems.check(args.providers.network());
+    let (Some(master_key), Some(admin), Some(node_token), Some(_)) = (master_key, admin, node_token, network)
+    else {
+        return Err(problems.into());
+    };
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;
-    let (admin_token, token_generated) = admin_token(&args.admin, data_dir)?;
-    let alert_secret = alert_signing_secret(&args.admin, data_dir)?;
+    let (admin_token, token_generated) = admin.admin_token(data_dir)?;
+    let alert_secret = admin.alert_signing_secret(data_dir)?;
     let url = args.admin.database_url.clone();
     let data = data_dir.clone();
-    let bounds = args.admin.database_bounds()?;
+    let bounds = admin.bounds;
     let stores = tokio::task::spawn_blocking(move || open_stores(url.as_deref(), &data, true, bounds))
         .await
         .map_err(|e| e.to_string())??;
@@ -35,7 +44,7 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
         Control::new(stores.store.clone(), stores.ledger.clone(), master_key, &admin_token, Arc::new(|_| {}))
             .with_store_limit(limit)
             .with_jobs(Arc::clone(&jobs));
-    let control = match sign_on {
+    let control = match sign_on(admin.sign_on) {
         Some(sign_on) => control.with_sign_on(sign_on),
         None => control,
     };
@@ -43,8 +52,6 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
     let poll_interval = args.jobs.job_poll_interval;
     // Nodes are always served: each presents a node credential issued through the admin API, or
     // the shared --node-token when one is set.
-    let node_token =
-        args.node_token.as_deref().map(|token| operator_token("--node-token", token)).transpose()?;
     if node_token.is_none() {
         tracing::info!(
             "no --node-token: only nodes presenting a node credential can follow this control plane"
@@ -59,9 +66,7 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), String> {
     let poller = poller_settings(poll_interval, &args.providers, Some(alerts))?;
     control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
     jobs.refresh().await.map_err(|e| format!("reading the book of jobs: {e}"))?;
-    let listener = TcpListener::bind(args.admin.admin_listen)
-        .await
-        .map_err(|e| format!("--admin-listen {}: {e}", args.admin.admin_listen))?;
+    let listener = bind("admin-listen", args.admin.admin_listen).await?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     if token_generated {
         println!(

@@ -25,11 +25,11 @@ pub(crate) fn private_files() {
 
 /// Creates the data directory, or closes an existing one to all but its owner (`0700`): files an
 /// older version left readable (`0644`) are then out of others' reach too.
-pub(crate) fn create(dir: &Path) -> Result<(), String> {
+pub(crate) fn create(dir: &Path) -> Result<(), recovea_core::ConfigError> {
     use std::os::unix::fs::PermissionsExt;
     fs::create_dir_all(dir)
         .and_then(|()| fs::set_permissions(dir, fs::Permissions::from_mode(0o700)))
-        .map_err(|e| format!("--data-dir {}: {e}", dir.display()))
+        .map_err(|e| recovea_core::ConfigError::flag("data-dir", format!("{}: {e}", dir.display())))
 }
 
 pub(crate) fn admin_token(dir: &Path) -> Result<Secret, String> {

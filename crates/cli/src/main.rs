@@ -5,6 +5,7 @@ mod allocator;
 mod args;
 mod control;
 mod data_dir;
+mod failure;
 mod lifecycle;
 mod log_fields;
 mod node;
@@ -16,6 +17,9 @@ use std::process::ExitCode;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
+use recovea_core::ConfigError;
+
+use crate::failure::Failure;
 
 #[derive(Parser)]
 #[command(
@@ -62,14 +66,16 @@ fn main() -> ExitCode {
         Command::Serve(args) => runtime.block_on(serve::run(args)),
         Command::Control(args) => runtime.block_on(control::run(args)),
         Command::Node(args) => runtime.block_on(node::run(args)),
-        Command::Admin(args) => runtime.block_on(admin::run(args)),
+        Command::Admin(args) => runtime.block_on(admin::run(args)).map_err(Failure::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
+        Err(Failure(problems)) => {
             // One line a problem: a configuration names every wrong setting at once.
-            for line in message.lines() {
-                eprintln!("error: {}", naming_the_variable(line.to_owned(), &matches));
+            for problem in problems {
+                for line in naming_the_variable(&problem, &matches).lines() {
+                    eprintln!("error: {line}");
+                }
             }
             ExitCode::FAILURE
         }
@@ -100,19 +106,16 @@ fn variable_of_bad_value(error: &clap::Error) -> Option<String> {
     (!given && std::env::var_os(&variable).is_some()).then_some(variable)
 }
 
-/// A start-up error about `--flag` whose value came from its environment variable names the
-/// variable first: that is where the operator must look.
-fn naming_the_variable(message: String, matches: &ArgMatches) -> String {
-    let Some(flag) = message.strip_prefix("--").and_then(|rest| rest.split([':', ' ']).next()) else {
-        return message;
-    };
-    let Some((_, given)) = matches.subcommand() else { return message };
+/// A problem with `--flag` whose value came from its environment variable names the variable
+/// first: that is where the operator must look.
+fn naming_the_variable(problem: &ConfigError, matches: &ArgMatches) -> String {
+    let Some(flag) = problem.flag else { return problem.to_string() };
+    let Some((_, given)) = matches.subcommand() else { return problem.to_string() };
     let from_environment = given.value_source(&flag.replace('-', "_")) == Some(ValueSource::EnvVariable);
     match variable_of(flag) {
         Some(variable) if from_environment => {
-            let rest = &message[2 + flag.len()..];
-            format!("{variable} (the environment variable of --{flag}){rest}")
+            format!("{variable} (the environment variable of --{flag}): {}", problem.why)
         }
-        _ => message,
+        _ => problem.to_string(),
     }
 }

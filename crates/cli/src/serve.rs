@@ -12,42 +12,47 @@ use recovea_core::crypto::MasterKey;
 use recovea_counters::{CapWindow, Counters, Unseeded};
 use recovea_gateway::Gateway;
 use recovea_gateway::spool::Keeps;
-use tokio::net::TcpListener;
 
 use crate::allocator;
 use crate::args::{ServeArgs, init_logging, parse_master_key, shutdown_signal};
 use crate::data_dir;
+use crate::failure::{Failure, Problems};
 use crate::lifecycle::{Lifecycle, NodeParts};
 use crate::wiring::{
-    Stores, admin_token, alert_signing_secret, counters, open_spool, open_stores, poller_settings,
-    rate_share, serve_metrics_apart, sign_on,
+    AdminSettings, Stores, bind, counters, open_spool, open_stores, poller_settings, rate_share,
+    serve_metrics_apart, sign_on,
 };
 
-pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
+pub(crate) async fn run(args: ServeArgs) -> Result<(), Failure> {
     let _log = init_logging(&args.common)?;
     let shutdown = shutdown_signal();
-    let config = args.gateway.config()?;
-    let sign_on = sign_on(&args.admin.oidc)?;
+    // Every setting is checked before anything starts: a start-up that fails names each wrong one.
+    let mut problems = Problems::default();
+    let config = problems.check(args.gateway.config());
+    let admin = problems.check(AdminSettings::check(&args.admin));
+    let given_key = problems.check(args.master_key.as_deref().map(parse_master_key).transpose());
+    let redis = problems.check(args.gateway.redis());
+    let (Some(config), Some(admin), Some(given_key), Some(redis)) = (config, admin, given_key, redis) else {
+        return Err(problems.into());
+    };
     let data_dir = &args.common.data_dir;
     data_dir::create(data_dir)?;
-    let master_key = match &args.master_key {
-        Some(hex) => parse_master_key(hex)?,
+    let master_key = match given_key {
+        Some(key) => key,
         None => {
             let saved = data_dir::master_key(data_dir)?;
             MasterKey::parse_hex(&saved.value)
                 .map_err(|e| format!("the master key saved in the data dir: {e}"))?
         }
     };
-    let stores =
-        open_stores(args.admin.database_url.as_deref(), data_dir, false, args.admin.database_bounds()?)?;
+    let stores = open_stores(args.admin.database_url.as_deref(), data_dir, false, admin.bounds)?;
     let jobs = Jobs::new(Arc::clone(&stores.jobs), args.admin.store_limit());
     let Stores { store, ledger, .. } = stores;
-    let (admin_token, token_generated) = admin_token(&args.admin, data_dir)?;
+    let (admin_token, token_generated) = admin.admin_token(data_dir)?;
     let node_id = data_dir::node_id(data_dir)?;
-    let alert_secret = alert_signing_secret(&args.admin, data_dir)?;
+    let alert_secret = admin.alert_signing_secret(data_dir)?;
     let spool = open_spool(data_dir, args.gateway.spool_memory(), Keeps::Receipts)?;
 
-    let redis = args.gateway.redis()?;
     let (counters, shared_counters) = counters(&node_id, redis.as_ref())?;
     let rate_share = rate_share(redis.as_ref())?;
     let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));
@@ -69,7 +74,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     )
     .with_store_limit(args.admin.store_limit())
     .with_jobs(Arc::clone(&jobs));
-    let control = match sign_on {
+    let control = match sign_on(admin.sign_on) {
         Some(sign_on) => control.with_sign_on(sign_on),
         None => control,
     };
@@ -78,12 +83,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), String> {
     let book_to = gateway.clone();
     jobs.install_into(Arc::new(move |book| book_to.install_book(book)));
     jobs.refresh().await.map_err(|e| format!("reading the book of jobs: {e}"))?;
-    let gateway_listener = TcpListener::bind(args.gateway.listen)
-        .await
-        .map_err(|e| format!("--listen {}: {e}", args.gateway.listen))?;
-    let admin_listener = TcpListener::bind(args.admin.admin_listen)
-        .await
-        .map_err(|e| format!("--admin-listen {}: {e}", args.admin.admin_listen))?;
+    let gateway_listener = bind("listen", args.gateway.listen).await?;
+    let admin_listener = bind("admin-listen", args.admin.admin_listen).await?;
     control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
     // The ledger first gets what the spool still holds, then every cap's current window is rebuilt
     // from it, so that no cap is enforced on a partial figure after a restart.

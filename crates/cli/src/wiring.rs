@@ -14,11 +14,14 @@ use recovea_store::{ControlStore, JobStore, PostgresStore, ReceiptLedger, Sqlite
 use tokio::sync::watch;
 
 use recovea_control::jobs::{PollerSettings, ProviderDefaults};
-use recovea_control::oidc::SignOn;
+use recovea_control::oidc::{OidcConfig, SignOn};
+use recovea_core::ConfigError;
+use recovea_store::postgres::Bounds;
 use recovea_upstream::Upstream;
 
-use crate::args::{AdminArgs, GatewayArgs, OidcArgs, ProviderArgs, non_blank, operator_token};
+use crate::args::{AdminArgs, GatewayArgs, ProviderArgs, non_blank, operator_token};
 use crate::data_dir;
+use crate::failure::{Failure, Problems};
 
 /// The control store, the receipt ledger and the jobs: one database behind the three traits.
 pub(crate) struct Stores {
@@ -33,7 +36,7 @@ pub(crate) fn poller_settings(
     interval: Duration,
     providers: &ProviderArgs,
     alerts: Option<Arc<recovea_control::alerts::Alerts>>,
-) -> Result<PollerSettings, String> {
+) -> Result<PollerSettings, ConfigError> {
     let network = providers.network()?;
     Ok(PollerSettings {
         interval,
@@ -47,11 +50,58 @@ pub(crate) fn poller_settings(
     })
 }
 
-/// Single sign-on from the `--oidc-*` flags, when an issuer is given. Its provider's documents are
-/// fetched at once in the background, so that a provider set up wrong shows in the log at start;
-/// the control plane starts all the same (the admin token still signs in).
-pub(crate) fn sign_on(args: &OidcArgs) -> Result<Option<Arc<SignOn>>, String> {
-    let Some(config) = args.config()? else { return Ok(None) };
+/// The admin API's settings (`serve`, `control`), every one checked before anything starts.
+pub(crate) struct AdminSettings {
+    pub(crate) bounds: Bounds,
+    pub(crate) sign_on: Option<OidcConfig>,
+    admin_token: Option<String>,
+    alert_signing_secret: Option<String>,
+}
+
+impl AdminSettings {
+    /// The settings of `admin`, or each one that is wrong.
+    pub(crate) fn check(admin: &AdminArgs) -> Result<Self, Failure> {
+        let mut problems = Problems::default();
+        let bounds = problems.check(admin.database_bounds());
+        let sign_on = problems.check(admin.oidc.config());
+        let given = |value: &Option<String>, check: &dyn Fn(&str) -> Result<String, ConfigError>| {
+            value.as_deref().map(check).transpose()
+        };
+        let admin_token =
+            problems.check(given(&admin.admin_token, &|token| operator_token("admin-token", token)));
+        let alert_signing_secret = problems
+            .check(given(&admin.alert_signing_secret, &|secret| non_blank("alert-signing-secret", secret)));
+        let (Some(bounds), Some(sign_on), Some(admin_token), Some(alert_signing_secret)) =
+            (bounds, sign_on, admin_token, alert_signing_secret)
+        else {
+            return Err(problems.into());
+        };
+        Ok(Self { bounds, sign_on, admin_token, alert_signing_secret })
+    }
+
+    /// The admin token given, else the one saved in (or generated into) the data dir, and whether
+    /// it was generated now.
+    pub(crate) fn admin_token(&self, data_dir: &Path) -> Result<(String, bool), String> {
+        match &self.admin_token {
+            Some(token) => Ok((token.clone(), false)),
+            None => data_dir::admin_token(data_dir).map(|saved| (saved.value, saved.generated)),
+        }
+    }
+
+    /// The alert signing secret given, else the one saved in (or generated into) the data dir.
+    pub(crate) fn alert_signing_secret(&self, data_dir: &Path) -> Result<String, String> {
+        match &self.alert_signing_secret {
+            Some(secret) => Ok(secret.clone()),
+            None => data_dir::alert_signing_secret(data_dir),
+        }
+    }
+}
+
+/// Single sign-on, when an issuer is given. Its provider's documents are fetched at once in the
+/// background, so that a provider set up wrong shows in the log at start; the control plane
+/// starts all the same (the admin token still signs in).
+pub(crate) fn sign_on(config: Option<OidcConfig>) -> Option<Arc<SignOn>> {
+    let config = config?;
     let sign_on = Arc::new(SignOn::new(config));
     let warming = Arc::clone(&sign_on);
     tokio::spawn(async move {
@@ -69,7 +119,7 @@ pub(crate) fn sign_on(args: &OidcArgs) -> Result<Option<Arc<SignOn>>, String> {
             ),
         }
     });
-    Ok(Some(sign_on))
+    Some(sign_on)
 }
 
 /// Opens `--database-url` (`sqlite://PATH`, `postgres://...`) or the SQLite file in the data dir.
@@ -78,14 +128,16 @@ pub(crate) fn open_stores(
     url: Option<&str>,
     data_dir: &Path,
     postgres_allowed: bool,
-    bounds: recovea_store::postgres::Bounds,
-) -> Result<Stores, String> {
+    bounds: Bounds,
+) -> Result<Stores, ConfigError> {
     fn both<S: ControlStore + ReceiptLedger + JobStore>(store: S) -> Stores {
         let store = Arc::new(store);
         Stores { store: store.clone(), ledger: store.clone(), jobs: store }
     }
     let sqlite = |path: &Path| {
-        SqliteStore::open(path).map(both).map_err(|e| format!("--database-url {}: {e}", path.display()))
+        SqliteStore::open(path)
+            .map(both)
+            .map_err(|e| ConfigError::flag("database-url", format!("{}: {e}", path.display())))
     };
     match url {
         None => sqlite(&data_dir.join("recovea.db")),
@@ -95,29 +147,16 @@ pub(crate) fn open_stores(
                 // The URL may carry a password: errors name the scheme only.
                 PostgresStore::connect_bounded(url, bounds)
                     .map(both)
-                    .map_err(|e| format!("--database-url (postgres): {e}"))
+                    .map_err(|e| ConfigError::flag("database-url", format!("(postgres) {e}")))
             }
             _ if postgres_allowed => {
-                Err("--database-url: expected sqlite://PATH or postgres://...".to_owned())
+                Err(ConfigError::flag("database-url", "expected sqlite://PATH or postgres://..."))
             }
-            _ => Err("--database-url: `serve` takes sqlite://PATH; run `control` for PostgreSQL".to_owned()),
+            _ => Err(ConfigError::flag(
+                "database-url",
+                "`serve` takes sqlite://PATH; run `control` for PostgreSQL",
+            )),
         },
-    }
-}
-
-/// The admin token from the flag, else the one saved in (or generated into) the data dir, and
-/// whether it was generated now.
-pub(crate) fn admin_token(admin: &AdminArgs, data_dir: &Path) -> Result<(String, bool), String> {
-    match &admin.admin_token {
-        Some(token) => Ok((operator_token("--admin-token", token)?, false)),
-        None => data_dir::admin_token(data_dir).map(|saved| (saved.value, saved.generated)),
-    }
-}
-
-pub(crate) fn alert_signing_secret(admin: &AdminArgs, data_dir: &Path) -> Result<String, String> {
-    match &admin.alert_signing_secret {
-        Some(secret) => non_blank("--alert-signing-secret", secret),
-        None => data_dir::alert_signing_secret(data_dir),
     }
 }
 
@@ -127,13 +166,13 @@ pub(crate) fn alert_signing_secret(admin: &AdminArgs, data_dir: &Path) -> Result
 pub(crate) fn counters(
     node_id: &str,
     redis: Option<&(String, RedisTls)>,
-) -> Result<(Arc<Counters>, Arc<dyn SharedCounters>), String> {
+) -> Result<(Arc<Counters>, Arc<dyn SharedCounters>), ConfigError> {
     Ok(match redis {
         None => (Counters::new(node_id), Arc::new(InProcess::new(StoreOptions::default()))),
         Some((url, tls)) => {
             let redis: Arc<dyn SharedCounters> = Arc::new(
                 Redis::with_tls(url, tls, StoreOptions::default())
-                    .map_err(|e| format!("--redis-url: {e}"))?,
+                    .map_err(|e| ConfigError::flag("redis-url", e.to_string()))?,
             );
             (Counters::shared(node_id, Arc::clone(&redis)), redis)
         }
@@ -141,10 +180,12 @@ pub(crate) fn counters(
 }
 
 /// Rate limits shared through Redis when `--redis-url` is given; without it each node limits alone.
-pub(crate) fn rate_share(redis: Option<&(String, RedisTls)>) -> Result<Option<Arc<dyn RateShare>>, String> {
+pub(crate) fn rate_share(
+    redis: Option<&(String, RedisTls)>,
+) -> Result<Option<Arc<dyn RateShare>>, ConfigError> {
     let Some((url, tls)) = redis else { return Ok(None) };
-    let share =
-        RedisRateShare::with_tls(url, tls, "recovea:rate").map_err(|e| format!("--redis-url: {e}"))?;
+    let share = RedisRateShare::with_tls(url, tls, "recovea:rate")
+        .map_err(|e| ConfigError::flag("redis-url", e.to_string()))?;
     Ok(Some(Arc::new(share)))
 }
 
@@ -184,12 +225,16 @@ pub(crate) async fn serve_metrics_apart(
     args: &GatewayArgs,
     gateway: &recovea_gateway::Gateway,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let Some(addr) = args.metrics_listen else { return Ok(()) };
-    let listener =
-        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
+    let listener = bind("metrics-listen", addr).await?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     println!("recovea metrics: http://{bound}/metrics");
     tokio::spawn(gateway.clone().serve_metrics(listener, shutdown));
     Ok(())
+}
+
+/// A listener on `addr`, given by `flag`.
+pub(crate) async fn bind(flag: &'static str, addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener, ConfigError> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| ConfigError::flag(flag, format!("{addr}: {e}")))
 }

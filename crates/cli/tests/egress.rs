@@ -215,7 +215,7 @@ fn a_bad_proxy_or_ca_setting_stops_start_up_naming_it_and_never_its_password() {
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
     let cases: [Case; 4] = [
         (&["--upstream-ca-file", empty], &[], "--upstream-ca-file: the file holds no PEM certificate"),
-        (&["--upstream-ca-only"], &[], "--upstream-ca-only needs --upstream-ca-file"),
+        (&["--upstream-ca-only"], &[], "--upstream-ca-only: needs --upstream-ca-file"),
         (
             &[],
             &[("HTTPS_PROXY", "socks5://u:hunter2@proxy:1080")],

@@ -428,15 +428,41 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let errors: Vec<&str> = stderr.lines().filter(|line| line.starts_with("error: ")).collect();
     for named in [
-        "error: --upstream-timeout must be greater than zero",
+        "error: --upstream-timeout: must be greater than zero",
         "error: RECOVEA_ANTHROPIC_BASE_URL (the environment variable of --anthropic-base-url): ",
-        "error: --alarm-interval must be greater than zero",
-        "error: --stream-idle-timeout must be greater than zero",
-        "error: --max-connections must be greater than zero",
+        "error: --alarm-interval: must be greater than zero",
+        "error: --stream-idle-timeout: must be greater than zero",
+        "error: --max-connections: must be greater than zero",
+        "error: --alarm-webhook: ",
+    ] {
+        assert!(errors.iter().any(|line| line.starts_with(named)), "{named} in:\n{stderr}");
+    }
+    assert_eq!(errors.len(), 6, "each once:\n{stderr}");
+    // The admin API's settings are checked with the node's, before anything starts: no data dir
+    // is made for a start-up that fails.
+    let fresh = dir.join("never-made");
+    let output = Command::new(BIN)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&fresh)
+        .args(["--admin-token", "guessable-token", "--database-timeout", "0s", "--master-key", "zz"])
+        .args(["--alert-signing-secret", " ", "--upstream-timeout", "0s"])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|line| line.starts_with("error: ")).collect();
+    for named in [
+        "error: --upstream-timeout: must be greater than zero",
+        "error: --database-timeout: must be greater than zero",
+        "error: --admin-token: must be at least 32 characters, not 15",
+        "error: --alert-signing-secret: must not be empty",
+        "error: --master-key: ",
     ] {
         assert!(errors.iter().any(|line| line.starts_with(named)), "{named} in:\n{stderr}");
     }
     assert_eq!(errors.len(), 5, "each once:\n{stderr}");
+    assert!(!fresh.exists(), "a start-up that fails makes nothing");
 
     // The node token, on both of its ends.
     let short = "node-token-too-short";

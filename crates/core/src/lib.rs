@@ -9,6 +9,7 @@ pub mod answer;
 pub mod caps;
 pub mod channel;
 pub mod concurrency;
+pub mod config_error;
 pub mod credential;
 pub mod crypto;
 pub mod endpoints;
@@ -36,6 +37,7 @@ pub mod window;
 
 pub use admission::{Admitted, Decision, FailOpenReason, admit};
 pub use answer::Answer;
+pub use config_error::ConfigError;
 pub use credential::{Credential, CredentialHeader};
 pub use snapshot::Snapshot;
 pub use timestamp::Timestamp;

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+pub use recovea_core::ConfigError;
 use recovea_core::snapshot::ProviderKind;
 use recovea_upstream::{DEFAULT_STREAM_IDLE_TIMEOUT, ProviderNetwork};
 
@@ -61,41 +62,28 @@ pub const DEFAULT_BODY_MEMORY: u64 = 256 << 20;
 /// says otherwise.
 pub const DEFAULT_ALARM_INTERVAL: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError(pub String);
-
-impl std::fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
 impl GatewayConfig {
-    /// The configuration of `settings`, or every setting that is wrong, one a line.
-    pub fn new(settings: GatewaySettings) -> Result<Self, ConfigError> {
-        let mut wrong: Vec<String> = [
-            ("--upstream-timeout", settings.upstream_timeout),
-            ("--connect-timeout", settings.connect_timeout),
-            ("--request-body-timeout", settings.body_read_timeout),
-            ("--counter-max-age", settings.counter_max_age),
+    /// The configuration of `settings`, or every setting that is wrong.
+    pub fn new(settings: GatewaySettings) -> Result<Self, Vec<ConfigError>> {
+        let mut wrong: Vec<ConfigError> = [
+            ("upstream-timeout", settings.upstream_timeout),
+            ("connect-timeout", settings.connect_timeout),
+            ("request-body-timeout", settings.body_read_timeout),
+            ("counter-max-age", settings.counter_max_age),
         ]
         .into_iter()
         .filter(|(_, value)| value.is_zero())
-        .map(|(flag, _)| format!("{flag} must be greater than zero"))
+        .map(|(flag, _)| ConfigError::zero(flag))
         .collect();
-        let mut base_url = |flag: &str, url: &str| {
-            recovea_providers::normalize_base_url(url)
-                .map_err(|why| wrong.push(format!("{flag}: {why}")))
-                .ok()
+        let mut base_url = |flag: &'static str, url: &str| {
+            base_url(flag, url).map_err(|e| wrong.push(e)).ok()
         };
-        let openai_base_url = base_url("--openai-base-url", &settings.openai_base_url);
-        let anthropic_base_url = base_url("--anthropic-base-url", &settings.anthropic_base_url);
+        let openai_base_url = base_url("openai-base-url", &settings.openai_base_url);
+        let anthropic_base_url = base_url("anthropic-base-url", &settings.anthropic_base_url);
         let (Some(openai_base_url), Some(anthropic_base_url), true) =
             (openai_base_url, anthropic_base_url, wrong.is_empty())
         else {
-            return Err(ConfigError(wrong.join("\n")));
+            return Err(wrong);
         };
         Ok(Self {
             openai_base_url,
@@ -124,7 +112,7 @@ impl GatewayConfig {
     /// `endpoint` (`http://collector:4318`, or the full URL of its traces endpoint), under
     /// `service_name` ([`crate::DEFAULT_SERVICE_NAME`] by default).
     pub fn with_traces(mut self, endpoint: &str, service_name: Option<&str>) -> Result<Self, ConfigError> {
-        self.traces = Some(crate::trace::TraceSettings::new(endpoint, service_name).map_err(ConfigError)?);
+        self.traces = Some(crate::trace::TraceSettings::new(endpoint, service_name)?);
         Ok(self)
     }
 
@@ -137,14 +125,18 @@ impl GatewayConfig {
     }
 
     /// Fail-open passes alarm at most once per reason per `interval`, in the log and, when
-    /// `webhook` is given, by a POST to it.
-    pub fn with_alarm(mut self, webhook: Option<&str>, interval: Duration) -> Result<Self, ConfigError> {
-        if interval.is_zero() {
-            return Err(ConfigError("--alarm-interval must be greater than zero".into()));
+    /// `webhook` is given, by a POST to it. Both settings are checked: an error names each wrong one.
+    pub fn with_alarm(mut self, webhook: Option<&str>, interval: Duration) -> Result<Self, Vec<ConfigError>> {
+        let webhook = webhook.map(|url| parse_webhook(url).map_err(|why| ConfigError::flag("alarm-webhook", why)));
+        let wrong: Vec<ConfigError> = [interval.is_zero().then(|| ConfigError::zero("alarm-interval"))]
+            .into_iter()
+            .flatten()
+            .chain(webhook.clone().and_then(Result::err))
+            .collect();
+        if !wrong.is_empty() {
+            return Err(wrong);
         }
-        self.alarm_webhook = webhook
-            .map(|url| parse_webhook(url).map_err(|why| ConfigError(format!("--alarm-webhook: {why}"))))
-            .transpose()?;
+        self.alarm_webhook = webhook.and_then(Result::ok);
         self.alarm_interval = interval;
         Ok(self)
     }
@@ -153,7 +145,7 @@ impl GatewayConfig {
     /// its receipt is written from what passed, and its cap reservation settled by it.
     pub fn with_stream_idle_timeout(mut self, limit: Duration) -> Result<Self, ConfigError> {
         if limit.is_zero() {
-            return Err(ConfigError("--stream-idle-timeout must be greater than zero".into()));
+            return Err(ConfigError::zero("stream-idle-timeout"));
         }
         self.stream_idle_timeout = limit;
         Ok(self)
@@ -163,7 +155,7 @@ impl GatewayConfig {
     /// near it idle ones are closed first (see [`crate::server`]).
     pub fn with_max_connections(mut self, max: usize) -> Result<Self, ConfigError> {
         if max == 0 {
-            return Err(ConfigError("--max-connections must be greater than zero".into()));
+            return Err(ConfigError::zero("max-connections"));
         }
         self.max_connections = max;
         Ok(self)
@@ -173,9 +165,9 @@ impl GatewayConfig {
     /// for room. One organization may hold half of it, so it must hold two of the largest bodies.
     pub fn with_body_memory(mut self, bytes: u64) -> Result<Self, ConfigError> {
         if bytes < 2 * self.max_body_bytes {
-            return Err(ConfigError(
-                "--body-memory must be at least twice --max-body-size (one organization may hold half of it)"
-                    .into(),
+            return Err(ConfigError::flag(
+                "body-memory",
+                "must be at least twice --max-body-size (one organization may hold half of it)",
             ));
         }
         self.body_memory = bytes;
@@ -199,7 +191,7 @@ impl GatewayConfig {
     /// `/metrics` answers only a scrape that presents `Authorization: Bearer <token>`.
     pub fn with_metrics_token(mut self, token: Option<&str>) -> Result<Self, ConfigError> {
         self.metrics_token_hash = match token.map(recovea_core::keys::operator_token) {
-            Some(Err(why)) => return Err(ConfigError(format!("--metrics-token: {why}"))),
+            Some(Err(why)) => return Err(ConfigError::flag("metrics-token", why)),
             Some(Ok(token)) => Some(recovea_core::keys::hash_secret(token)),
             None => None,
         };
@@ -215,8 +207,7 @@ impl GatewayConfig {
 
     /// Credentials of kind `gemini` without a base URL of their own are sent here.
     pub fn with_gemini_base_url(mut self, url: &str) -> Result<Self, ConfigError> {
-        self.gemini_base_url = recovea_providers::normalize_base_url(url)
-            .map_err(|why| ConfigError(format!("--gemini-base-url: {why}")))?;
+        self.gemini_base_url = base_url("gemini-base-url", url)?;
         Ok(self)
     }
 
@@ -230,6 +221,11 @@ impl GatewayConfig {
             ProviderKind::AzureOpenAi => None,
         }
     }
+}
+
+/// A provider's base URL as `flag` gives it, normalized.
+fn base_url(flag: &'static str, url: &str) -> Result<String, ConfigError> {
+    recovea_providers::normalize_base_url(url).map_err(|why| ConfigError::flag(flag, why))
 }
 
 /// Descriptors a node keeps for itself beyond its connections: listeners, the spool's files, the

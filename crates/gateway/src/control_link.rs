@@ -18,7 +18,7 @@ use recovea_counters::{Rebuilt, SpendSource, Unseeded, WindowSpendFuture};
 use recovea_upstream::{DEFAULT_HTTP2_CONNECTIONS, ProviderNetwork, Upstream, UpstreamError};
 use serde::Serialize;
 
-use crate::config::ConfigError;
+use recovea_core::ConfigError;
 
 /// The largest answer accepted from the control plane: a whole state of millions of keys.
 const MAX_ANSWER_BYTES: usize = 2 << 30;
@@ -53,18 +53,17 @@ impl ControlLink {
         let base_urls = control_urls
             .iter()
             .map(|url| {
-                recovea_providers::normalize_base_url(url)
-                    .map_err(|why| ConfigError(format!("--control-url: {why}")))
+                recovea_providers::normalize_base_url(url).map_err(|why| ConfigError::flag("control-url", why))
             })
             .collect::<Result<Vec<_>, _>>()?;
         if base_urls.is_empty() {
-            return Err(ConfigError("--control-url: at least one is needed".into()));
+            return Err(ConfigError::flag("control-url", "at least one is needed"));
         }
         if node_token.trim().is_empty() {
-            return Err(ConfigError("--node-token: must not be empty".into()));
+            return Err(ConfigError::flag("node-token", "must not be empty"));
         }
         let mut authorization = http::HeaderValue::from_str(&format!("Bearer {}", node_token.trim()))
-            .map_err(|_| ConfigError("--node-token: must be printable ASCII".into()))?;
+            .map_err(|_| ConfigError::flag("node-token", "must be printable ASCII"))?;
         authorization.set_sensitive(true);
         let network = ProviderNetwork::new(
             ca_pem,
@@ -72,7 +71,7 @@ impl ControlLink {
             recovea_upstream::Egress::default(),
             DEFAULT_HTTP2_CONNECTIONS,
         )
-        .map_err(|why| ConfigError(why.replace("--upstream-ca-file", "--control-ca-file")))?;
+        .map_err(|e| e.as_flag("upstream-ca-file", "control-ca-file"))?;
         Ok(Self {
             base_urls,
             current: AtomicUsize::new(0),

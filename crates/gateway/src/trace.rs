@@ -25,7 +25,7 @@ use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter, SpanLinks};
-use recovea_core::FailOpenReason;
+use recovea_core::{ConfigError, FailOpenReason};
 use recovea_core::money::Nanos;
 use recovea_upstream::{ProviderNetwork, ResponseBody, Upstream, on_end};
 use tokio::sync::mpsc;
@@ -57,18 +57,18 @@ pub(crate) struct TraceSettings {
 impl TraceSettings {
     /// `endpoint` is the collector's OTLP/HTTP URL: `http://collector:4318` (the traces path
     /// `/v1/traces` is added) or the full URL of its traces endpoint.
-    pub(crate) fn new(endpoint: &str, service_name: Option<&str>) -> Result<Self, String> {
-        let mut endpoint =
-            crate::alarm::parse_webhook(endpoint).map_err(|e| format!("--otlp-endpoint: {e}"))?;
+    pub(crate) fn new(endpoint: &str, service_name: Option<&str>) -> Result<Self, ConfigError> {
+        let refused = |why: String| ConfigError::flag("otlp-endpoint", why);
+        let mut endpoint = crate::alarm::parse_webhook(endpoint).map_err(refused)?;
         if endpoint.path() == "/" && endpoint.query().is_none() {
             let base = endpoint.to_string();
             endpoint = format!("{}{TRACES_PATH}", base.trim_end_matches('/'))
                 .parse()
-                .map_err(|_| "--otlp-endpoint: not a URL".to_owned())?;
+                .map_err(|_| refused("not a URL".to_owned()))?;
         }
         let service_name = service_name.map_or(DEFAULT_SERVICE_NAME, str::trim);
         if service_name.is_empty() {
-            return Err("--otlp-service-name must not be blank".to_owned());
+            return Err(ConfigError::flag("otlp-service-name", "must not be blank"));
         }
         Ok(Self { endpoint, service_name: service_name.to_owned() })
     }

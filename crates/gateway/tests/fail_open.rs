@@ -19,7 +19,7 @@ use recovea_core::keys::hash_secret;
 use recovea_core::money::Nanos;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
-use recovea_gateway::{GatewayConfig, GatewaySettings};
+use recovea_gateway::{ConfigError, GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider};
 use serde_json::{Value, json};
 
@@ -325,7 +325,11 @@ fn alarm_settings_are_checked() {
     assert!(config().with_alarm(None, second).is_ok());
     assert!(config().with_alarm(Some("https://hooks.example.com/recovea?token=t"), second).is_ok());
     let error = config().with_alarm(Some("hooks.example.com"), second).expect_err("no scheme");
-    assert!(error.0.starts_with("--alarm-webhook: "), "{error}");
+    assert!(matches!(&error[..], [e] if e.flag == Some("alarm-webhook")), "{error:?}");
     let error = config().with_alarm(None, Duration::ZERO).expect_err("zero interval");
-    assert_eq!(error.0, "--alarm-interval must be greater than zero");
+    assert_eq!(error, [ConfigError::zero("alarm-interval")]);
+    // Both wrong: both named, the interval's problem first.
+    let error = config().with_alarm(Some("hooks.example.com"), Duration::ZERO).expect_err("both");
+    let flags: Vec<_> = error.iter().map(|e| e.flag).collect();
+    assert_eq!(flags, [Some("alarm-interval"), Some("alarm-webhook")]);
 }

@@ -65,8 +65,9 @@ impl Harness {
     async fn start_confirmed(max_body_bytes: u64, confirmed: bool) -> Self {
         let mock = MockProvider::start().await;
         let config = GatewayConfig::new(GatewaySettings { max_body_bytes, ..support::settings(&mock.url()) })
-            .and_then(|config| config.with_gemini_base_url(&mock.url()))
-            .expect("valid config");
+            .expect("valid config")
+            .with_gemini_base_url(&mock.url())
+            .expect("the mock's URL");
         let h = Self::serve(mock, config, Some(snapshot())).await;
         if confirmed {
             h.confirm(&InProcess::default()).await;

@@ -14,6 +14,7 @@ use std::net::IpAddr;
 use base64::Engine;
 use http::HeaderValue;
 use http::uri::Scheme;
+use recovea_core::ConfigError;
 
 /// The proxies chosen, and the hosts that bypass them.
 #[derive(Clone, Default)]
@@ -30,6 +31,22 @@ pub(crate) struct Proxy {
     pub(crate) port: u16,
     /// `Basic …` from the URL's user and password.
     pub(crate) authorization: Option<HeaderValue>,
+}
+
+/// Where an egress setting came from: its flag, or a variable of the environment curl reads too.
+#[derive(Clone, Copy)]
+enum Given {
+    Flag(&'static str),
+    Variable(&'static str),
+}
+
+impl Given {
+    fn refused(self, why: String) -> ConfigError {
+        match self {
+            Given::Flag(flag) => ConfigError::flag(flag, why),
+            Given::Variable(name) => ConfigError::general(format!("{name}: {why}")),
+        }
+    }
 }
 
 /// A host reached without the proxy.
@@ -50,22 +67,23 @@ impl Egress {
         proxy: Option<&str>,
         no_proxy: Option<&str>,
         env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ConfigError> {
         let set = |value: Option<String>| value.filter(|v| !v.trim().is_empty());
-        let first =
-            |names: &[&str]| names.iter().find_map(|name| set(env(name)).map(|v| (name.to_string(), v)));
-        let flag = set(proxy.map(str::to_owned)).map(|v| ("--upstream-proxy".to_owned(), v));
+        let first = |names: &[&'static str]| {
+            names.iter().find_map(|&name| set(env(name)).map(|v| (Given::Variable(name), v)))
+        };
+        let flag = set(proxy.map(str::to_owned)).map(|v| (Given::Flag("upstream-proxy"), v));
         let all = first(&["all_proxy", "ALL_PROXY"]);
         let https = flag.clone().or_else(|| first(&["https_proxy", "HTTPS_PROXY"])).or_else(|| all.clone());
         let http = flag.or_else(|| first(&["http_proxy", "HTTP_PROXY"])).or(all);
-        let parse = |chosen: Option<(String, String)>| {
-            chosen.map(|(name, url)| Proxy::parse(&url).map_err(|why| format!("{name}: {why}"))).transpose()
+        let parse = |chosen: Option<(Given, String)>| {
+            chosen.map(|(given, url)| Proxy::parse(&url).map_err(|why| given.refused(why))).transpose()
         };
         let bypass = set(no_proxy.map(str::to_owned))
-            .map(|v| ("--upstream-no-proxy".to_owned(), v))
+            .map(|v| (Given::Flag("upstream-no-proxy"), v))
             .or_else(|| first(&["no_proxy", "NO_PROXY"]));
         let bypass = match bypass {
-            Some((name, list)) => parse_bypass(&list).map_err(|why| format!("{name}: {why}"))?,
+            Some((given, list)) => parse_bypass(&list).map_err(|why| given.refused(why))?,
             None => Vec::new(),
         };
         Ok(Self { http: parse(http)?, https: parse(https)?, bypass })
@@ -200,6 +218,7 @@ mod tests {
     fn egress(proxy: Option<&str>, no_proxy: Option<&str>, env: &[(&str, &str)]) -> Result<Egress, String> {
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Egress::new(proxy, no_proxy, move |name| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+            .map_err(|e| e.to_string())
     }
 
     fn via(egress: &Egress, scheme: Scheme, host: &str) -> Option<String> {

@@ -6,6 +6,8 @@ use std::fmt;
 use crate::destination::{Destinations, PrivateNetworks};
 use crate::{DEFAULT_HTTP2_CONNECTIONS, Egress};
 
+use recovea_core::ConfigError;
+
 /// How providers are reached: the certificates trusted, the egress proxy, and how many HTTP/2
 /// connections may be opened to one provider.
 #[derive(Clone)]
@@ -48,29 +50,30 @@ impl ProviderNetwork {
         ca_only: bool,
         egress: Egress,
         http2_connections: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ConfigError> {
         use rustls::pki_types::CertificateDer;
         use rustls::pki_types::pem::PemObject;
 
         if http2_connections == 0 {
-            return Err("--upstream-http2-connections must be greater than zero".into());
+            return Err(ConfigError::zero("upstream-http2-connections"));
         }
         let mut roots = if ca_only { rustls::RootCertStore::empty() } else { web_roots() };
         match ca_pem {
-            None if ca_only => return Err("--upstream-ca-only needs --upstream-ca-file".into()),
+            None if ca_only => return Err(ConfigError::flag("upstream-ca-only", "needs --upstream-ca-file")),
             None => {}
             Some(pem) => {
                 let mut added = 0;
                 for certificate in CertificateDer::pem_slice_iter(pem) {
-                    let certificate = certificate
-                        .map_err(|e| format!("--upstream-ca-file: not a PEM certificate ({e})"))?;
+                    let refused = |why: String| ConfigError::flag("upstream-ca-file", why);
+                    let certificate =
+                        certificate.map_err(|e| refused(format!("not a PEM certificate ({e})")))?;
                     roots
                         .add(certificate)
-                        .map_err(|e| format!("--upstream-ca-file: a certificate cannot be trusted ({e})"))?;
+                        .map_err(|e| refused(format!("a certificate cannot be trusted ({e})")))?;
                     added += 1;
                 }
                 if added == 0 {
-                    return Err("--upstream-ca-file: the file holds no PEM certificate".into());
+                    return Err(ConfigError::flag("upstream-ca-file", "the file holds no PEM certificate"));
                 }
             }
         }

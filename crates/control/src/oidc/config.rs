@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use recovea_core::ConfigError;
 use recovea_upstream::{Egress, ProviderNetwork};
 use url::{Host, Url};
 
@@ -76,42 +77,49 @@ impl fmt::Debug for OidcConfig {
 
 impl OidcConfig {
     /// Checks `settings`. An error names the flag at fault and never holds the client secret.
-    pub fn new(settings: OidcSettings) -> Result<Self, String> {
+    pub fn new(settings: OidcSettings) -> Result<Self, ConfigError> {
         let issuer = settings.issuer.trim().to_owned();
-        let issuer_url = secure_url(&issuer).map_err(|why| format!("--oidc-issuer: {why}"))?;
+        let issuer_url = secure_url(&issuer).map_err(|why| ConfigError::flag("oidc-issuer", why))?;
         if issuer_url.query().is_some() || issuer_url.fragment().is_some() {
-            return Err("--oidc-issuer: an issuer has no query or fragment".into());
+            return Err(ConfigError::flag("oidc-issuer", "an issuer has no query or fragment"));
         }
-        let client_id = non_blank("--oidc-client-id", &settings.client_id)?;
-        let client_secret = ClientSecret(non_blank("--oidc-client-secret", &settings.client_secret)?);
+        let client_id = non_blank("oidc-client-id", &settings.client_id)?;
+        let client_secret = ClientSecret(non_blank("oidc-client-secret", &settings.client_secret)?);
         let redirect_url = settings.redirect_url.trim().to_owned();
-        let redirect = secure_url(&redirect_url).map_err(|why| format!("--oidc-redirect-url: {why}"))?;
+        let redirect = secure_url(&redirect_url).map_err(|why| ConfigError::flag("oidc-redirect-url", why))?;
         if redirect.path() != CALLBACK_PATH || redirect.query().is_some() || redirect.fragment().is_some() {
-            return Err(format!(
-                "--oidc-redirect-url: must be the console's address followed by {CALLBACK_PATH} \
-                 (https://recovea.example.com{CALLBACK_PATH})"
+            return Err(ConfigError::flag(
+                "oidc-redirect-url",
+                format!(
+                    "must be the console's address followed by {CALLBACK_PATH} \
+                     (https://recovea.example.com{CALLBACK_PATH})"
+                ),
             ));
         }
         let scopes = scopes(&settings.scopes)?;
-        let claim = |flag: &str, name: Option<&str>| -> Result<Option<String>, String> {
+        let claim = |flag: &'static str, name: Option<&str>| -> Result<Option<String>, ConfigError> {
             name.map(|name| non_blank(flag, name)).transpose()
         };
         let access = AccessRules {
-            org_claim: claim("--oidc-org-claim", settings.org_claim.as_deref())?,
-            role_claim: claim("--oidc-role-claim", settings.role_claim.as_deref())?,
-            groups_claim: non_blank("--oidc-groups-claim", &settings.groups_claim)?,
-            operator_group: claim("--oidc-operator-group", settings.operator_group.as_deref())?,
+            org_claim: claim("oidc-org-claim", settings.org_claim.as_deref())?,
+            role_claim: claim("oidc-role-claim", settings.role_claim.as_deref())?,
+            groups_claim: non_blank("oidc-groups-claim", &settings.groups_claim)?,
+            operator_group: claim("oidc-operator-group", settings.operator_group.as_deref())?,
         };
         if access.org_claim.is_none() && access.operator_group.is_none() {
-            return Err("single sign-on needs --oidc-org-claim or --oidc-operator-group (or both): \
-                        otherwise no one could sign in"
-                .into());
+            return Err(ConfigError::general(
+                "single sign-on needs --oidc-org-claim or --oidc-operator-group (or both): \
+                 otherwise no one could sign in",
+            ));
         }
         if access.role_claim.is_some() && access.org_claim.is_none() {
-            return Err("--oidc-role-claim needs --oidc-org-claim: a role is held in an organization".into());
+            return Err(ConfigError::flag(
+                "oidc-role-claim",
+                "needs --oidc-org-claim: a role is held in an organization",
+            ));
         }
         let network = ProviderNetwork::new(settings.ca_pem.as_deref(), false, Egress::default(), 1)
-            .map_err(|why| why.replace("--upstream-ca-file", "--oidc-ca-file"))?;
+            .map_err(|e| e.as_flag("upstream-ca-file", "oidc-ca-file"))?;
         Ok(Self { issuer, client_id, client_secret, redirect_url, scopes, access, network })
     }
 
@@ -155,19 +163,19 @@ pub(crate) fn secure_url(url: &str) -> Result<Url, String> {
     }
 }
 
-fn non_blank(flag: &str, value: &str) -> Result<String, String> {
+fn non_blank(flag: &'static str, value: &str) -> Result<String, ConfigError> {
     let value = value.trim();
-    if value.is_empty() { Err(format!("{flag}: must not be empty")) } else { Ok(value.to_owned()) }
+    if value.is_empty() { Err(ConfigError::flag(flag, "must not be empty")) } else { Ok(value.to_owned()) }
 }
 
 /// `--oidc-scopes` as the authorization request sends it: `openid` first (without it the
 /// provider answers no ID token), each scope once.
-fn scopes(given: &str) -> Result<String, String> {
+fn scopes(given: &str) -> Result<String, ConfigError> {
     let mut scopes = vec!["openid"];
     for scope in given.split([' ', ',']).filter(|s| !s.is_empty()) {
         // RFC 6749, section 3.3: printable ASCII but space, `"` and `\`.
         if !scope.bytes().all(|b| matches!(b, 0x21 | 0x23..=0x5B | 0x5D..=0x7E)) {
-            return Err(format!("--oidc-scopes: {scope:?} is not a scope"));
+            return Err(ConfigError::flag("oidc-scopes", format!("{scope:?} is not a scope")));
         }
         if !scopes.contains(&scope) {
             scopes.push(scope);
@@ -198,7 +206,7 @@ mod tests {
     fn refused(change: impl FnOnce(&mut OidcSettings)) -> String {
         let mut settings = settings();
         change(&mut settings);
-        let error = OidcConfig::new(settings).expect_err("refused");
+        let error = OidcConfig::new(settings).expect_err("refused").to_string();
         assert!(!error.contains("s3cret-value"), "{error}");
         error
     }
