@@ -66,6 +66,13 @@ impl Admitted {
             endpoint,
         )
     }
+
+    /// Whether an armed cap (one that refuses at its line) covers the request's key: the request
+    /// then reserves its worst case, since only a reservation that large keeps the line exact.
+    pub fn under_armed_cap(&self) -> bool {
+        let (org, key) = (&self.org.id, &self.key_id);
+        self.org.caps.iter().any(|cap| cap.hard_stop && cap.covers(org, key))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -134,6 +141,43 @@ mod tests {
         };
         assert_eq!(admitted.key_id.as_str(), "key_live");
         assert_eq!(admitted.org.id.as_str(), "org_a");
+    }
+
+    #[test]
+    fn only_an_armed_cap_covering_the_key_asks_for_the_worst_case() {
+        use crate::caps::{Cap, Scope};
+        use crate::ids::CapId;
+        use crate::window::Window;
+        let org = OrgId::parse("org_a").expect("valid id");
+        let cap = |id: &str, scope: Scope, key: Option<&str>, hard_stop: bool| Cap {
+            id: CapId::parse(id).expect("id"),
+            org_id: org.clone(),
+            scope,
+            key_id: key.map(|key| KeyId::parse(key).expect("id")),
+            window: Window::Month,
+            limit: crate::money::Nanos(1_000),
+            hard_stop,
+            alert_at_permille: Vec::new(),
+            alert_webhook: None,
+        };
+        let admitted_under = |caps: Vec<Cap>| {
+            let mut b = SnapshotBuilder::new(1);
+            b.org(org.clone());
+            b.key(keys::hash_secret(LIVE), KeyId::parse("key_live").expect("id"), org.clone(), None);
+            for c in caps {
+                b.cap(c);
+            }
+            let snap = b.build();
+            let Decision::Admit(admitted) = admit(Some(&snap), bearer(LIVE), Timestamp(0)) else {
+                panic!("expected admission");
+            };
+            admitted.under_armed_cap()
+        };
+        assert!(!admitted_under(Vec::new()));
+        assert!(!admitted_under(vec![cap("cap_soft", Scope::Organization, None, false)]));
+        assert!(!admitted_under(vec![cap("cap_other", Scope::Key, Some("key_other"), true)]));
+        assert!(admitted_under(vec![cap("cap_org", Scope::Organization, None, true)]));
+        assert!(admitted_under(vec![cap("cap_mine", Scope::Key, Some("key_live"), true)]));
     }
 
     #[test]

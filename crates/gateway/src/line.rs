@@ -16,7 +16,7 @@ use crate::node::{Shared, cap_window};
 use crate::refusal::Refusal;
 
 /// What a request asks of the caps: the estimate it reserves (its worst case while an armed cap
-/// covers it, [`under_armed_cap`]; its typical estimate otherwise), and whether the estimate must
+/// covers it, [`Admitted::under_armed_cap`]; its typical estimate otherwise), and whether the estimate must
 /// fit below each armed line (a batch) rather than find the line not yet reached (a request).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ask {
@@ -92,12 +92,6 @@ pub(crate) async fn check_caps(
     }
     let reserved = covering.iter().map(|cap| cap.id.clone()).collect();
     Ok(Some((reservation, reserved)))
-}
-
-/// Whether an armed cap covers the request's key: it then reserves its worst case.
-pub(crate) fn under_armed_cap(admitted: &Admitted) -> bool {
-    let (org, key) = (&admitted.org.id, &admitted.key_id);
-    admitted.org.caps.iter().any(|cap| cap.hard_stop && cap.covers(org, key))
 }
 
 /// What a finished request's receipt settles: its cap reservation; the caps that cover it but

@@ -71,7 +71,7 @@ pub(crate) async fn decide(
     match request.channel {
         Channel::Immediate => {
             let ask =
-                Ask { estimate: request_estimate(&request, line::under_armed_cap(admitted)), fit: false };
+                Ask { estimate: request_estimate(&request, admitted.under_armed_cap()), fit: false };
             Ok(Spend {
                 reservation: line::check_caps(shared, admitted, ask, request.now).await?,
                 ..Spend::default()
@@ -198,7 +198,7 @@ async fn job_estimate(
     let input = match kind {
         // Held at what a request in the foreground reserves.
         JobKind::BackgroundResponse => {
-            return Some(request_estimate(request, line::under_armed_cap(admitted)));
+            return Some(request_estimate(request, admitted.under_armed_cap()));
         }
         JobKind::OpenAiBatch => {
             let file = provider_jobs::batch_input_file(request.body)?;
