@@ -117,9 +117,7 @@ where
             refused.response(shape, http1)
         }
     };
-    let response = respond(shared, ctx, response);
-    let mut trace = std::mem::take(&mut ctx.trace);
-    trace.finish(|| ctx.trace_facts(), response)
+    respond(shared, ctx, response)
 }
 
 impl Drop for RequestContext {
@@ -242,13 +240,13 @@ pub(crate) fn refuse_head(
 ) -> Response<ResponseBody> {
     let mut ctx = RequestContext::new(shared.now());
     ctx.outcome = Refusal::Head(error).outcome();
-    respond(shared, &ctx, crate::refusal::head_refusal(error, shape))
+    respond(shared, &mut ctx, crate::refusal::head_refusal(error, shape))
 }
 
 /// Phase respond: every answer carries the gateway's request id; the outcome is counted and logged.
 fn respond(
     shared: &Arc<Shared>,
-    ctx: &RequestContext,
+    ctx: &mut RequestContext,
     mut response: Response<ResponseBody>,
 ) -> Response<ResponseBody> {
     let headers = response.headers_mut();
@@ -269,10 +267,18 @@ impl RequestContext {
         }
     }
 
-    /// The request's end: [`access_log::finish`] now for an answer of the gateway's own, when
-    /// its body ends for a fail-open pass, and nothing here for a request the meter writes a
-    /// receipt for, which finishes with it ([`FinishAt`]).
-    fn finish(&self, shared: &Arc<Shared>, response: Response<ResponseBody>) -> Response<ResponseBody> {
+    /// The request's one end: its log line and counts ([`Self::logged`]), and its trace, which
+    /// follows the answer's body to its last byte.
+    fn finish(&mut self, shared: &Arc<Shared>, response: Response<ResponseBody>) -> Response<ResponseBody> {
+        let response = self.logged(shared, response);
+        let mut trace = std::mem::take(&mut self.trace);
+        trace.finish(|| self.trace_facts(), response)
+    }
+
+    /// [`access_log::finish`] now for an answer of the gateway's own, when its body ends for a
+    /// fail-open pass, and nothing here for a request the meter writes a receipt for, which
+    /// finishes with it ([`FinishAt`]).
+    fn logged(&self, shared: &Arc<Shared>, response: Response<ResponseBody>) -> Response<ResponseBody> {
         let at = FinishAt::of(self.outcome, self.admitted.is_some());
         if at == FinishAt::Receipt {
             return response;
