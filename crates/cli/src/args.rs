@@ -466,7 +466,6 @@ pub(crate) fn parse_master_key(hex: &str) -> Result<MasterKey, ConfigError> {
     MasterKey::parse_hex(hex).map_err(|e| ConfigError::flag("master-key", e.to_string()))
 }
 
-/// A secret given on the command line, trimmed; refused when blank.
 /// The contents of the file given to `flag`, if one was.
 pub(crate) fn read_file(
     flag: &'static str,
@@ -482,11 +481,6 @@ pub(crate) fn read_file(
 /// An operator's bearer token given to `flag` (`recovea_core::keys::operator_token`).
 pub(crate) fn operator_token(flag: &'static str, value: &str) -> Result<String, ConfigError> {
     recovea_core::keys::operator_token(value).map(str::to_owned).map_err(|why| ConfigError::flag(flag, why))
-}
-
-pub(crate) fn non_blank(flag: &'static str, value: &str) -> Result<String, ConfigError> {
-    let value = value.trim();
-    if value.is_empty() { Err(ConfigError::flag(flag, "must not be empty")) } else { Ok(value.to_owned()) }
 }
 
 /// Installs the log subscriber: text or JSON lines on stderr, through a bounded queue that drops

@@ -16,10 +16,11 @@ use tokio::sync::watch;
 use recovea_control::jobs::{PollerSettings, ProviderDefaults};
 use recovea_control::oidc::{OidcConfig, SignOn};
 use recovea_core::ConfigError;
+use recovea_core::config_error::non_blank;
 use recovea_store::postgres::Bounds;
 use recovea_upstream::Upstream;
 
-use crate::args::{AdminArgs, GatewayArgs, ProviderArgs, non_blank, operator_token};
+use crate::args::{AdminArgs, GatewayArgs, ProviderArgs, operator_token};
 use crate::data_dir;
 use crate::failure::{Failure, Problems};
 
@@ -235,6 +236,9 @@ pub(crate) async fn serve_metrics_apart(
 }
 
 /// A listener on `addr`, given by `flag`.
-pub(crate) async fn bind(flag: &'static str, addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener, ConfigError> {
+pub(crate) async fn bind(
+    flag: &'static str,
+    addr: std::net::SocketAddr,
+) -> Result<tokio::net::TcpListener, ConfigError> {
     tokio::net::TcpListener::bind(addr).await.map_err(|e| ConfigError::flag(flag, format!("{addr}: {e}")))
 }

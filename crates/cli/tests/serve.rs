@@ -313,6 +313,27 @@ fn help_works_on_every_subcommand() {
     }
 }
 
+/// `serve` with `args` and `env` fails, its errors one a line, each of `named` (a line's start) once
+/// and nothing else.
+fn each_named_once(data_dir: &Path, args: &[&str], env: &[(&str, &str)], named: &[&str]) {
+    let output = Command::new(BIN)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|line| line.starts_with("error: ")).collect();
+    for named in named {
+        assert!(errors.iter().any(|line| line.starts_with(named)), "{named} in:\n{stderr}");
+    }
+    assert_eq!(errors.len(), named.len(), "each once:\n{stderr}");
+}
+
 #[test]
 fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     let dir = temp_dir("bad-flags");
@@ -414,55 +435,51 @@ fn bad_flags_and_environment_stop_start_up_naming_the_setting() {
     }
     // Every wrong setting of the node's configuration is named at once, one a line, the one from
     // the environment under its variable's name.
-    let output = Command::new(BIN)
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(&dir)
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .args(["--upstream-timeout", "0s", "--stream-idle-timeout", "0s", "--alarm-interval", "0s"])
-        .args(["--max-connections", "0", "--alarm-webhook", "ftp://x"])
-        .env("RECOVEA_ANTHROPIC_BASE_URL", "nowhere")
-        .output()
-        .expect("runs");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let errors: Vec<&str> = stderr.lines().filter(|line| line.starts_with("error: ")).collect();
-    for named in [
-        "error: --upstream-timeout: must be greater than zero",
-        "error: RECOVEA_ANTHROPIC_BASE_URL (the environment variable of --anthropic-base-url): ",
-        "error: --alarm-interval: must be greater than zero",
-        "error: --stream-idle-timeout: must be greater than zero",
-        "error: --max-connections: must be greater than zero",
-        "error: --alarm-webhook: ",
-    ] {
-        assert!(errors.iter().any(|line| line.starts_with(named)), "{named} in:\n{stderr}");
-    }
-    assert_eq!(errors.len(), 6, "each once:\n{stderr}");
+    let node_settings = [
+        "--upstream-timeout",
+        "0s",
+        "--stream-idle-timeout",
+        "0s",
+        "--alarm-interval",
+        "0s",
+        "--max-connections",
+        "0",
+        "--alarm-webhook",
+        "ftp://x",
+    ];
+    let environment = [("RECOVEA_ANTHROPIC_BASE_URL", "nowhere")];
+    each_named_once(
+        &dir,
+        &node_settings,
+        &environment,
+        &[
+            "error: --upstream-timeout: must be greater than zero",
+            "error: RECOVEA_ANTHROPIC_BASE_URL (the environment variable of --anthropic-base-url): ",
+            "error: --alarm-interval: must be greater than zero",
+            "error: --stream-idle-timeout: must be greater than zero",
+            "error: --max-connections: must be greater than zero",
+            "error: --alarm-webhook: ",
+        ],
+    );
     // The admin API's settings are checked with the node's, before anything starts: no data dir
-    // is made for a start-up that fails.
+    // is made for a start-up whose settings are wrong.
     let fresh = dir.join("never-made");
-    let output = Command::new(BIN)
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(&fresh)
-        .args(["--admin-token", "guessable-token", "--database-timeout", "0s", "--master-key", "zz"])
-        .args(["--alert-signing-secret", " ", "--upstream-timeout", "0s"])
-        .output()
-        .expect("runs");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let errors: Vec<&str> = stderr.lines().filter(|line| line.starts_with("error: ")).collect();
-    for named in [
-        "error: --upstream-timeout: must be greater than zero",
-        "error: --database-timeout: must be greater than zero",
-        "error: --admin-token: must be at least 32 characters, not 15",
-        "error: --alert-signing-secret: must not be empty",
-        "error: --master-key: ",
-    ] {
-        assert!(errors.iter().any(|line| line.starts_with(named)), "{named} in:\n{stderr}");
-    }
-    assert_eq!(errors.len(), 5, "each once:\n{stderr}");
-    assert!(!fresh.exists(), "a start-up that fails makes nothing");
+    let admin_settings =
+        ["--admin-token", "guessable-token", "--database-timeout", "0s", "--master-key", "zz"];
+    let more = ["--alert-signing-secret", " ", "--upstream-timeout", "0s"];
+    each_named_once(
+        &fresh,
+        &[&admin_settings[..], &more[..]].concat(),
+        &[],
+        &[
+            "error: --upstream-timeout: must be greater than zero",
+            "error: --database-timeout: must be greater than zero",
+            "error: --admin-token: must be at least 32 characters, not 15",
+            "error: --alert-signing-secret: must not be empty",
+            "error: --master-key: ",
+        ],
+    );
+    assert!(!fresh.exists(), "a start-up whose settings are wrong makes nothing");
 
     // The node token, on both of its ends.
     let short = "node-token-too-short";

@@ -35,6 +35,12 @@ impl ConfigError {
     }
 }
 
+/// `value` trimmed, refused when blank: a name or secret of blanks is a mistake, never a choice.
+pub fn non_blank(flag: &'static str, value: &str) -> Result<String, ConfigError> {
+    let value = value.trim();
+    if value.is_empty() { Err(ConfigError::flag(flag, "must not be empty")) } else { Ok(value.to_owned()) }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.flag {
@@ -59,7 +65,10 @@ mod tests {
 
     #[test]
     fn a_flags_problem_opens_with_the_flag() {
-        assert_eq!(ConfigError::zero("upstream-timeout").to_string(), "--upstream-timeout: must be greater than zero");
+        assert_eq!(
+            ConfigError::zero("upstream-timeout").to_string(),
+            "--upstream-timeout: must be greater than zero"
+        );
         assert_eq!(ConfigError::general("two settings disagree").to_string(), "two settings disagree");
     }
 

@@ -75,9 +75,8 @@ impl GatewayConfig {
         .filter(|(_, value)| value.is_zero())
         .map(|(flag, _)| ConfigError::zero(flag))
         .collect();
-        let mut base_url = |flag: &'static str, url: &str| {
-            base_url(flag, url).map_err(|e| wrong.push(e)).ok()
-        };
+        let mut base_url =
+            |flag: &'static str, url: &str| base_url(flag, url).map_err(|e| wrong.push(e)).ok();
         let openai_base_url = base_url("openai-base-url", &settings.openai_base_url);
         let anthropic_base_url = base_url("anthropic-base-url", &settings.anthropic_base_url);
         let (Some(openai_base_url), Some(anthropic_base_url), true) =
@@ -127,7 +126,8 @@ impl GatewayConfig {
     /// Fail-open passes alarm at most once per reason per `interval`, in the log and, when
     /// `webhook` is given, by a POST to it. Both settings are checked: an error names each wrong one.
     pub fn with_alarm(mut self, webhook: Option<&str>, interval: Duration) -> Result<Self, Vec<ConfigError>> {
-        let webhook = webhook.map(|url| parse_webhook(url).map_err(|why| ConfigError::flag("alarm-webhook", why)));
+        let webhook =
+            webhook.map(|url| parse_webhook(url).map_err(|why| ConfigError::flag("alarm-webhook", why)));
         let wrong: Vec<ConfigError> = [interval.is_zero().then(|| ConfigError::zero("alarm-interval"))]
             .into_iter()
             .flatten()

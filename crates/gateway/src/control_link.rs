@@ -53,7 +53,8 @@ impl ControlLink {
         let base_urls = control_urls
             .iter()
             .map(|url| {
-                recovea_providers::normalize_base_url(url).map_err(|why| ConfigError::flag("control-url", why))
+                recovea_providers::normalize_base_url(url)
+                    .map_err(|why| ConfigError::flag("control-url", why))
             })
             .collect::<Result<Vec<_>, _>>()?;
         if base_urls.is_empty() {

@@ -25,8 +25,8 @@ use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter, SpanLinks};
-use recovea_core::{ConfigError, FailOpenReason};
 use recovea_core::money::Nanos;
+use recovea_core::{ConfigError, FailOpenReason};
 use recovea_upstream::{ProviderNetwork, ResponseBody, Upstream, on_end};
 use tokio::sync::mpsc;
 

@@ -1531,7 +1531,8 @@ async fn a_body_without_room_in_the_nodes_memory_is_503_while_another_organizati
     let settings =
         GatewaySettings { body_read_timeout: Duration::from_secs(1), ..support::settings(&mock.url()) };
     // 1 MiB bodies at most, 2 MiB for all of them: one organization may hold 1 MiB.
-    let config = GatewayConfig::new(settings).expect("valid config").with_body_memory(2 << 20).expect("twice");
+    let config =
+        GatewayConfig::new(settings).expect("valid config").with_body_memory(2 << 20).expect("twice");
     let h = Harness::with_config(mock, config, true).await;
     // The first body holds org_acme's share while the provider takes 3 s to answer it.
     h.mock.script(Behaviour::default().delay_ms(3000));

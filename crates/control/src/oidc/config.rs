@@ -4,6 +4,7 @@
 use std::fmt;
 
 use recovea_core::ConfigError;
+use recovea_core::config_error::non_blank;
 use recovea_upstream::{Egress, ProviderNetwork};
 use url::{Host, Url};
 
@@ -86,7 +87,8 @@ impl OidcConfig {
         let client_id = non_blank("oidc-client-id", &settings.client_id)?;
         let client_secret = ClientSecret(non_blank("oidc-client-secret", &settings.client_secret)?);
         let redirect_url = settings.redirect_url.trim().to_owned();
-        let redirect = secure_url(&redirect_url).map_err(|why| ConfigError::flag("oidc-redirect-url", why))?;
+        let redirect =
+            secure_url(&redirect_url).map_err(|why| ConfigError::flag("oidc-redirect-url", why))?;
         if redirect.path() != CALLBACK_PATH || redirect.query().is_some() || redirect.fragment().is_some() {
             return Err(ConfigError::flag(
                 "oidc-redirect-url",
@@ -161,11 +163,6 @@ pub(crate) fn secure_url(url: &str) -> Result<Url, String> {
         "http" => Err(format!("{url:?} must be https (plain http only to localhost)")),
         _ => Err(format!("{url:?} must start with https://")),
     }
-}
-
-fn non_blank(flag: &'static str, value: &str) -> Result<String, ConfigError> {
-    let value = value.trim();
-    if value.is_empty() { Err(ConfigError::flag(flag, "must not be empty")) } else { Ok(value.to_owned()) }
 }
 
 /// `--oidc-scopes` as the authorization request sends it: `openid` first (without it the

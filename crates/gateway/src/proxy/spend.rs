@@ -70,8 +70,7 @@ pub(crate) async fn decide(
 ) -> Result<Spend, Refusal> {
     match request.channel {
         Channel::Immediate => {
-            let ask =
-                Ask { estimate: request_estimate(&request, admitted.under_armed_cap()), fit: false };
+            let ask = Ask { estimate: request_estimate(&request, admitted.under_armed_cap()), fit: false };
             Ok(Spend {
                 reservation: line::check_caps(shared, admitted, ask, request.now).await?,
                 ..Spend::default()
