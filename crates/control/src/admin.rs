@@ -334,25 +334,22 @@ impl Control {
         body: ProviderBody,
     ) -> Result<Reply, ApiError> {
         if !recovea_providers::is_credential_name(name) {
-            return Err(ApiError::BadRequest(
-                "name: a provider name is 1 to 64 characters of a-z, 0-9, '-' and '_'".into(),
+            return Err(ApiError::bad_field(
+                "name",
+                "a provider name is 1 to 64 characters of a-z, 0-9, '-' and '_'",
             ));
         }
         let kind = ProviderKind::parse(&body.kind).ok_or_else(|| {
-            ApiError::BadRequest(
-                "kind: expected \"openai\", \"anthropic\", \"azure_openai\" or \"gemini\"".into(),
-            )
+            ApiError::bad_field("kind", "expected \"openai\", \"anthropic\", \"azure_openai\" or \"gemini\"")
         })?;
         let base_url = body
             .base_url
             .map(|url| crate::admin::outbound_url(&url))
             .transpose()
-            .map_err(|why| ApiError::BadRequest(format!("base_url: {why}")))?;
+            .map_err(|why| ApiError::bad_field("base_url", why))?;
         let api_key = body.api_key.trim();
         if api_key.is_empty() || !api_key.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(ApiError::BadRequest(
-                "api_key: expected a non-empty key of printable characters".into(),
-            ));
+            return Err(ApiError::bad_field("api_key", "expected a non-empty key of printable characters"));
         }
         let price_namespace = body
             .price_namespace
@@ -362,8 +359,9 @@ impl Control {
                     .bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
                 if namespace.is_empty() || namespace.len() > 64 || !plain {
-                    return Err(ApiError::BadRequest(
-                        "price_namespace: 1 to 64 characters of a-z, 0-9, '-', '_' and '.'".into(),
+                    return Err(ApiError::bad_field(
+                        "price_namespace",
+                        "1 to 64 characters of a-z, 0-9, '-', '_' and '.'",
                     ));
                 }
                 Ok(namespace)
@@ -373,9 +371,7 @@ impl Control {
             recovea_core::money::Nanos::parse_usd(usd)
                 .ok()
                 .filter(|amount| *amount >= recovea_core::money::Nanos::ZERO)
-                .ok_or_else(|| {
-                    ApiError::BadRequest(format!("{field}: expected dollars per million tokens, 0 or more"))
-                })
+                .ok_or_else(|| ApiError::bad_field(field, "expected dollars per million tokens, 0 or more"))
         };
         let fallback_price = match (&body.fallback_input_per_mtok_usd, &body.fallback_output_per_mtok_usd) {
             (None, None) => None,
@@ -384,9 +380,8 @@ impl Control {
                 amount("fallback_output_per_mtok_usd", output)?,
             )),
             _ => {
-                return Err(ApiError::BadRequest(
-                    "fallback_input_per_mtok_usd and fallback_output_per_mtok_usd: give both, or neither"
-                        .into(),
+                return Err(ApiError::bad_request(
+                    "fallback_input_per_mtok_usd and fallback_output_per_mtok_usd: give both, or neither",
                 ));
             }
         };
@@ -408,8 +403,9 @@ impl Control {
         let settings = access::credential_settings(scope, current, asked)?;
         if settings.kind == ProviderKind::AzureOpenAi && settings.base_url.is_none() {
             // Each Azure resource has its own endpoint: there is no default to fall back on.
-            return Err(ApiError::BadRequest(
-                "base_url: an azure_openai credential needs its resource endpoint, such as https://NAME.openai.azure.com".into(),
+            return Err(ApiError::bad_field(
+                "base_url",
+                "an azure_openai credential needs its resource endpoint, such as https://NAME.openai.azure.com",
             ));
         }
         let record = ProviderRecord {
@@ -510,14 +506,13 @@ pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        let message = if inner.is_syntax() || inner.is_eof() {
-            "body: expected a JSON object".to_owned()
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::bad_request("body: expected a JSON object")
         } else if path == "." {
-            format!("body: {}", strip_position(&inner.to_string()))
+            ApiError::bad_request(format!("body: {}", strip_position(&inner.to_string())))
         } else {
-            format!("{path}: {}", strip_position(&inner.to_string()))
-        };
-        ApiError::BadRequest(message)
+            ApiError::bad_field(path, strip_position(&inner.to_string()))
+        }
     })
 }
 
@@ -529,7 +524,7 @@ fn strip_position(message: &str) -> &str {
 fn name_field(field: &str, value: String) -> Result<String, ApiError> {
     let value = value.trim().to_owned();
     if value.is_empty() || value.chars().count() > 200 {
-        return Err(ApiError::BadRequest(format!("{field}: expected 1 to 200 characters")));
+        return Err(ApiError::bad_field(field, "expected 1 to 200 characters"));
     }
     Ok(value)
 }
@@ -571,10 +566,10 @@ fn key_id(s: &str) -> Result<KeyId, ApiError> {
 pub(crate) fn expiry(text: Option<&str>, created_at: Timestamp) -> Result<Option<Timestamp>, ApiError> {
     let Some(text) = text else { return Ok(None) };
     let at = Timestamp::parse_rfc3339(text).ok_or_else(|| {
-        ApiError::BadRequest("expires_at: expected an RFC 3339 time such as 2027-01-01T00:00:00Z".into())
+        ApiError::bad_field("expires_at", "expected an RFC 3339 time such as 2027-01-01T00:00:00Z")
     })?;
     if at <= created_at {
-        return Err(ApiError::BadRequest("expires_at: must be in the future".into()));
+        return Err(ApiError::bad_field("expires_at", "must be in the future"));
     }
     Ok(Some(at))
 }
@@ -610,7 +605,7 @@ fn allowlist<T>(
     value: Option<Vec<String>>,
     parse: fn(Vec<String>) -> Result<T, PatternError>,
 ) -> Result<Option<T>, ApiError> {
-    value.map(parse).transpose().map_err(|e| ApiError::BadRequest(format!("{member}: {e}")))
+    value.map(parse).transpose().map_err(|e| ApiError::bad_field(member, e))
 }
 
 /// A list in a patch: `null` removes it (everything), a list of strings sets it; `entries` says
@@ -625,7 +620,7 @@ fn allowlist_patch<T>(
         return Ok(None);
     }
     let list = serde_json::from_value::<Vec<String>>(value)
-        .map_err(|_| ApiError::BadRequest(format!("{member}: expected a list of {entries}, or null")))?;
+        .map_err(|_| ApiError::bad_field(member, format_args!("expected a list of {entries}, or null")))?;
     allowlist(member, Some(list), parse)
 }
 
@@ -667,7 +662,7 @@ fn rules_patch(
 /// A rate limit given on creation: absent or a positive number.
 fn positive(field: &str, value: Option<u32>) -> Result<Option<u32>, ApiError> {
     match value {
-        Some(0) => Err(ApiError::BadRequest(format!("{field}: expected a positive number or no limit"))),
+        Some(0) => Err(ApiError::bad_field(field, "expected a positive number or no limit")),
         other => Ok(other),
     }
 }
@@ -682,7 +677,7 @@ fn limit_patch(field: &str, value: Option<Value>, current: Option<u32>) -> Resul
             .and_then(|n| u32::try_from(n).ok())
             .filter(|n| *n > 0)
             .map(Some)
-            .ok_or_else(|| ApiError::BadRequest(format!("{field}: expected a positive number or null"))),
+            .ok_or_else(|| ApiError::bad_field(field, "expected a positive number or null")),
     }
 }
 
@@ -692,20 +687,19 @@ mod tests {
 
     #[test]
     fn body_errors_name_the_field() {
-        let message = |body: &str| match parse::<ProviderBody>(body.as_bytes()) {
-            Err(ApiError::BadRequest(m)) => m,
+        let refused = |body: &str| match parse::<ProviderBody>(body.as_bytes()) {
+            Err(ApiError::BadRequest { field, message }) => (field, message),
             _ => panic!("expected a bad request"),
         };
-        assert_eq!(message(r#"{"kind":"openai"}"#), "body: missing field `api_key`");
+        assert_eq!(refused(r#"{"kind":"openai"}"#), (None, "body: missing field `api_key`".into()));
         assert_eq!(
-            message(r#"{"kind":1,"api_key":"x"}"#),
-            "kind: invalid type: integer `1`, expected a string"
+            refused(r#"{"kind":1,"api_key":"x"}"#),
+            (Some("kind".into()), "kind: invalid type: integer `1`, expected a string".into())
         );
-        assert!(
-            message(r#"{"kind":"openai","api_key":"x","extra":1}"#)
-                .starts_with("extra: unknown field `extra`")
-        );
-        assert_eq!(message("not json"), "body: expected a JSON object");
+        let (field, message) = refused(r#"{"kind":"openai","api_key":"x","extra":1}"#);
+        assert_eq!(field.as_deref(), Some("extra"));
+        assert!(message.starts_with("extra: unknown field `extra`"));
+        assert_eq!(refused("not json"), (None, "body: expected a JSON object".into()));
     }
 }
 

@@ -30,7 +30,7 @@ impl Control {
     ) -> Result<Reply, ApiError> {
         self.require_org(&org_id).await?;
         let role = OrgRole::parse(&body.role)
-            .ok_or_else(|| ApiError::BadRequest("role: expected \"admin\" or \"viewer\"".into()))?;
+            .ok_or_else(|| ApiError::bad_field("role", "expected \"admin\" or \"viewer\""))?;
         let created_at = now();
         let secret = random::token(TOKEN_PREFIX, TOKEN_RANDOM_LEN).map_err(ApiError::internal)?;
         let token = OrgTokenRecord {
