@@ -16,7 +16,6 @@ use recovea_core::timestamp::Timestamp;
 use recovea_store::{
     AccessRules, AuditAuth, AuditContext, ControlStore, KeyRecord, OrgRecord, ProviderRecord, ReceiptLedger,
 };
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -26,6 +25,7 @@ use crate::Control;
 use crate::error::ApiError;
 use crate::principal::Principal;
 use crate::random;
+use requests::{Change, KeyPatch, NewKey, NewOrg, OrgPatch, ProviderBody};
 use access::{Access, Scope};
 use recovea_core::crypto::provider_key_context;
 use routes::Route;
@@ -40,6 +40,7 @@ mod org_tokens;
 mod prices;
 pub(crate) mod query;
 pub(crate) mod receipts;
+pub mod requests;
 pub(crate) mod routes;
 
 /// A successful admin answer: its status and body.
@@ -216,7 +217,7 @@ impl Control {
         caller: Caller,
         scope: &Scope,
         id: OrgId,
-        patch: OrgPatch,
+        patch: OrgPatch<Value, Value>,
     ) -> Result<Reply, ApiError> {
         access::org_patch(scope, patch.max_concurrent_requests.is_some())?;
         let current = self.require_org(&id).await?;
@@ -274,7 +275,12 @@ impl Control {
         ok(json!({ "keys": keys.iter().map(key_json).collect::<Vec<_>>() }))
     }
 
-    async fn update_key(&self, caller: Caller, id: KeyId, patch: KeyPatch) -> Result<Reply, ApiError> {
+    async fn update_key(
+        &self,
+        caller: Caller,
+        id: KeyId,
+        patch: KeyPatch<Value, Value>,
+    ) -> Result<Reply, ApiError> {
         let (lookup, owner) = (id.clone(), id.clone());
         let current = self.store(move |s| s.key(&lookup)).await?.ok_or_else(|| no_key(&id))?;
         // Validated before anything is saved, so that a bad member changes nothing.
@@ -429,77 +435,6 @@ impl Control {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewOrg {
-    name: String,
-    allowed_models: Option<Vec<String>>,
-    allowed_endpoints: Option<Vec<String>>,
-    max_concurrent_requests: Option<u32>,
-}
-
-/// `PATCH /orgs/{org}`: a member left out keeps its value; `null` removes the list.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OrgPatch {
-    #[serde(default, deserialize_with = "present")]
-    allowed_models: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    allowed_endpoints: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    max_concurrent_requests: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewKey {
-    name: String,
-    expires_at: Option<String>,
-    requests_per_minute: Option<u32>,
-    tokens_per_minute: Option<u32>,
-    allowed_models: Option<Vec<String>>,
-    allowed_endpoints: Option<Vec<String>>,
-    max_concurrent_requests: Option<u32>,
-}
-
-/// `PATCH /keys/{key}`: a member left out keeps its value; `null` removes the limit (or the list).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct KeyPatch {
-    #[serde(default, deserialize_with = "present")]
-    requests_per_minute: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    tokens_per_minute: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    allowed_models: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    allowed_endpoints: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    max_concurrent_requests: Option<Value>,
-}
-
-/// For patch members: `Some(Value::Null)` for an explicit `null`, where a plain `Option` would
-/// read it as left out.
-pub(crate) fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ProviderBody {
-    kind: String,
-    base_url: Option<String>,
-    api_key: String,
-    /// The price namespace its models resolve in first (`groq`); left out: its name's.
-    #[serde(default)]
-    price_namespace: Option<String>,
-    /// Its own fallback price for models no entry prices: both, or neither.
-    #[serde(default)]
-    fallback_input_per_mtok_usd: Option<String>,
-    #[serde(default)]
-    fallback_output_per_mtok_usd: Option<String>,
-}
-
 /// Parses a JSON body; the error names the offending field, never echoes a value.
 pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
@@ -612,13 +547,11 @@ fn allowlist<T>(
 /// what a list holds, for the message of anything else.
 fn allowlist_patch<T>(
     member: &str,
-    value: Value,
+    change: Change<Value>,
     entries: &str,
     parse: fn(Vec<String>) -> Result<T, PatternError>,
 ) -> Result<Option<T>, ApiError> {
-    if value.is_null() {
-        return Ok(None);
-    }
+    let Change::Set(value) = change else { return Ok(None) };
     let list = serde_json::from_value::<Vec<String>>(value)
         .map_err(|_| ApiError::bad_field(member, format_args!("expected a list of {entries}, or null")))?;
     allowlist(member, Some(list), parse)
@@ -628,24 +561,24 @@ fn allowlist_patch<T>(
 /// `current`, `null` removes the rule.
 fn rules_patch(
     current: AccessRules,
-    models: Option<Value>,
-    endpoints: Option<Value>,
-    max_concurrent: Option<Value>,
+    models: Option<Change<Value>>,
+    endpoints: Option<Change<Value>>,
+    max_concurrent: Option<Change<Value>>,
 ) -> Result<AccessRules, ApiError> {
     Ok(AccessRules {
         allowed_models: match models {
-            Some(value) => allowlist_patch(
+            Some(change) => allowlist_patch(
                 "allowed_models",
-                value,
+                change,
                 "model names (or \"prefix*\")",
                 ModelAllowlist::parse,
             )?,
             None => current.allowed_models,
         },
         allowed_endpoints: match endpoints {
-            Some(value) => allowlist_patch(
+            Some(change) => allowlist_patch(
                 "allowed_endpoints",
-                value,
+                change,
                 "paths (or \"/prefix*\")",
                 EndpointAllowlist::parse,
             )?,
@@ -668,11 +601,15 @@ fn positive(field: &str, value: Option<u32>) -> Result<Option<u32>, ApiError> {
 }
 
 /// A rate limit in a patch: left out keeps `current`, `null` removes it, a positive number sets it.
-fn limit_patch(field: &str, value: Option<Value>, current: Option<u32>) -> Result<Option<u32>, ApiError> {
-    match value {
+fn limit_patch(
+    field: &str,
+    change: Option<Change<Value>>,
+    current: Option<u32>,
+) -> Result<Option<u32>, ApiError> {
+    match change {
         None => Ok(current),
-        Some(Value::Null) => Ok(None),
-        Some(v) => v
+        Some(Change::Remove) => Ok(None),
+        Some(Change::Set(v)) => v
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
             .filter(|n| *n > 0)

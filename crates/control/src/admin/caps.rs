@@ -7,37 +7,14 @@ use recovea_core::window::Window;
 use recovea_counters::{CapWindow, Rebuilt, Unseeded};
 use recovea_store::audit::{cap_json, permille_number};
 use recovea_store::{AlertRecord, CapRecord};
-use serde::Deserialize;
 use serde_json::{Number, Value, json};
 
+use crate::admin::requests::{CapPatch, Change, NewCap};
 use crate::admin::{Caller, Reply, created, no_cap, now, ok};
 use crate::{ApiError, Control};
 
 /// Alerts at half, four fifths and all of the limit unless told otherwise.
 const DEFAULT_ALERT_AT: [u32; 3] = [500, 800, 1000];
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NewCap {
-    scope: String,
-    key_id: Option<String>,
-    window: String,
-    limit_usd: String,
-    hard_stop: bool,
-    alert_at: Option<Vec<Number>>,
-    alert_webhook: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CapPatch {
-    limit_usd: Option<String>,
-    hard_stop: Option<bool>,
-    alert_at: Option<Vec<Number>>,
-    /// `null` removes the webhook.
-    #[serde(default, deserialize_with = "crate::admin::present")]
-    alert_webhook: Option<Value>,
-}
 
 impl Control {
     pub(crate) async fn create_cap(
@@ -103,7 +80,7 @@ impl Control {
         &self,
         caller: Caller,
         id: CapId,
-        patch: CapPatch,
+        patch: CapPatch<Value>,
     ) -> Result<Reply, ApiError> {
         let mut record = self.require_cap(id).await?;
         let cap = &mut record.cap;
@@ -118,9 +95,9 @@ impl Control {
         }
         match patch.alert_webhook {
             None => {}
-            Some(Value::Null) => cap.alert_webhook = None,
-            Some(Value::String(url)) => cap.alert_webhook = Some(webhook(&url)?),
-            Some(_) => return Err(ApiError::bad_field("alert_webhook", "expected a URL or null")),
+            Some(Change::Remove) => cap.alert_webhook = None,
+            Some(Change::Set(Value::String(url))) => cap.alert_webhook = Some(webhook(&url)?),
+            Some(Change::Set(_)) => return Err(ApiError::bad_field("alert_webhook", "expected a URL or null")),
         }
         let (row, audit) = (record.clone(), caller.audit()?);
         self.store(move |s| s.update_cap(&row, &audit)).await?;

@@ -7,19 +7,11 @@ use recovea_core::keys;
 use recovea_core::org_tokens::{self, OrgRole, TOKEN_PREFIX, TOKEN_RANDOM_LEN};
 use recovea_store::OrgTokenRecord;
 use recovea_store::audit::org_token_json;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::admin::requests::NewOrgToken;
 use crate::admin::{Caller, Reply, created, expiry, name_field, new_id, no_org_token, now, ok};
 use crate::{ApiError, Control, random};
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NewOrgToken {
-    name: String,
-    role: String,
-    expires_at: Option<String>,
-}
 
 impl Control {
     pub(crate) async fn create_org_token(
