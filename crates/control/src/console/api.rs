@@ -15,6 +15,16 @@ pub(crate) struct Refusal {
     pub(crate) param: Option<String>,
 }
 
+/// A request body, written from one of the API's own request types (`admin::requests`).
+pub(crate) struct Body(Bytes);
+
+impl Body {
+    pub(crate) fn of(request: &impl serde::Serialize) -> Self {
+        // The request types are strings, numbers and lists: they always serialise.
+        Self(serde_json::to_vec(request).map(Bytes::from).unwrap_or_default())
+    }
+}
+
 /// What the API answered: JSON, or the CSV of a receipts export.
 pub(crate) enum Answered {
     Json(Value),
@@ -35,9 +45,9 @@ impl ConsoleApi<'_> {
         method: Method,
         segments: &[&str],
         query: &str,
-        body: Option<Value>,
+        body: Option<Body>,
     ) -> Result<Answered, Refusal> {
-        let body = body.map_or_else(Bytes::new, |v| Bytes::from(v.to_string()));
+        let body = body.map_or_else(Bytes::new, |Body(bytes)| bytes);
         let segments: Vec<String> = segments.iter().map(|s| (*s).to_owned()).collect();
         let query = query.to_owned();
         let (control, caller) = (self.control.clone(), self.caller.clone());
@@ -65,7 +75,7 @@ impl ConsoleApi<'_> {
         method: Method,
         segments: &[&str],
         query: &str,
-        body: Option<Value>,
+        body: Option<Body>,
     ) -> Result<Value, Refusal> {
         match self.api(method, segments, query, body).await? {
             Answered::Json(value) => Ok(value),
