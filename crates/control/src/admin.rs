@@ -25,9 +25,9 @@ use crate::Control;
 use crate::error::ApiError;
 use crate::principal::Principal;
 use crate::random;
-use requests::{Change, KeyPatch, NewKey, NewOrg, OrgPatch, ProviderBody};
 use access::{Access, Scope};
 use recovea_core::crypto::provider_key_context;
+use requests::{Change, KeyPatch, NewKey, NewOrg, OrgPatch, ProviderBody};
 use routes::Route;
 
 pub(crate) const OPENAPI: &str = include_str!("openapi.json");

@@ -97,7 +97,9 @@ impl Control {
             None => {}
             Some(Change::Remove) => cap.alert_webhook = None,
             Some(Change::Set(Value::String(url))) => cap.alert_webhook = Some(webhook(&url)?),
-            Some(Change::Set(_)) => return Err(ApiError::bad_field("alert_webhook", "expected a URL or null")),
+            Some(Change::Set(_)) => {
+                return Err(ApiError::bad_field("alert_webhook", "expected a URL or null"));
+            }
         }
         let (row, audit) = (record.clone(), caller.audit()?);
         self.store(move |s| s.update_cap(&row, &audit)).await?;

@@ -7,9 +7,7 @@ use maud::html;
 use recovea_core::timestamp::Timestamp;
 use serde_json::Value;
 
-use super::{
-    FormView, Refused, action_button, csrf_field, given, layout, list, now, refused_page, str_of,
-};
+use super::{FormView, Refused, action_button, csrf_field, given, layout, list, now, refused_page, str_of};
 use crate::admin::requests::PriceWire;
 use crate::console::api::{Body, ConsoleApi};
 use crate::console::format::{exact, nanos, utc, utc_at};
