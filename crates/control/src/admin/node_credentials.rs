@@ -8,8 +8,9 @@ use recovea_store::NodeCredentialRecord;
 use recovea_store::audit::node_credential_json;
 use serde_json::{Value, json};
 
+use crate::admin::members::name_field;
 use crate::admin::requests::NewNodeCredential;
-use crate::admin::{Caller, Reply, created, name_field, new_id, now, ok};
+use crate::admin::{Caller, Reply, created, new_id, now, ok};
 use crate::{ApiError, Control, random};
 
 impl Control {

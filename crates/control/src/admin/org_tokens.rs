@@ -9,8 +9,9 @@ use recovea_store::OrgTokenRecord;
 use recovea_store::audit::org_token_json;
 use serde_json::{Value, json};
 
+use crate::admin::members::{expiry, name_field};
 use crate::admin::requests::NewOrgToken;
-use crate::admin::{Caller, Reply, created, expiry, name_field, new_id, no_org_token, now, ok};
+use crate::admin::{Caller, Reply, created, new_id, no_org_token, now, ok};
 use crate::{ApiError, Control, random};
 
 impl Control {
