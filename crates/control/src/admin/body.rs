@@ -28,7 +28,9 @@ fn strip_position(message: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admin::requests::ProviderBody;
+    use serde_json::Value;
+
+    use crate::admin::requests::{KeyPatch, ProviderBody};
 
     #[test]
     fn body_errors_name_the_field() {
@@ -45,5 +47,21 @@ mod tests {
         assert_eq!(field.as_deref(), Some("extra"));
         assert!(message.starts_with("extra: unknown field `extra`"));
         assert_eq!(refused("not json"), (None, "body: expected a JSON object".into()));
+    }
+
+    /// A patch's members, read as JSON where the API checks them by hand, are still named as the
+    /// API has always named them.
+    #[test]
+    fn an_unknown_member_of_a_patch_lists_the_members() {
+        let Err(ApiError::BadRequest { field, message }) = parse::<KeyPatch<Value, Value>>(br#"{"rpm":1}"#)
+        else {
+            panic!("expected a bad request")
+        };
+        assert_eq!(field.as_deref(), Some("rpm"));
+        assert_eq!(
+            message,
+            "rpm: unknown field `rpm`, expected one of `requests_per_minute`, `tokens_per_minute`, \
+             `allowed_models`, `allowed_endpoints`, `max_concurrent_requests`"
+        );
     }
 }
