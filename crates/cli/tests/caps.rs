@@ -107,7 +107,30 @@ async fn caps_are_created_validated_changed_and_deleted() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
         let message = answer["error"]["message"].as_str().expect("message");
         assert!(message.starts_with(field), "{body}: {message}");
+        // `param` names the field; a refusal of the body as a whole (`body: ...`) names none.
+        assert_eq!(answer["error"]["param"].as_str(), field.strip_suffix(':'), "{body}");
     }
+    let year = json!({"scope": "organization", "window": "year", "limit_usd": "1", "hard_stop": true});
+    let auth = format!("Bearer {TOKEN}");
+    let (status, bytes) = call(
+        Method::POST,
+        &format!("{}/admin/v1{caps}", serve.admin),
+        &[("authorization", &auth)],
+        Some(year),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        String::from_utf8_lossy(&bytes),
+        r#"{
+  "error": {
+    "message": "window: expected \"day\", \"week\" or \"month\"",
+    "type": "invalid_request_error",
+    "param": "window",
+    "code": "invalid_request"
+  }
+}"#
+    );
 
     let org_cap = serve
         .ok(

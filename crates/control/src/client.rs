@@ -51,42 +51,16 @@ impl AdminClient {
         }
     }
 
-    /// Sends one request to `/admin/v1{path}` and returns the JSON answer of a 2xx.
-    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value, ClientError> {
-        let bytes = self.call_raw(method, path, body).await?;
-        Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-    }
-
-    /// Like [`AdminClient::call`], for answers that are not JSON (a CSV export).
-    pub async fn call_raw(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> Result<Bytes, ClientError> {
-        self.send(method, path, body.map(|b| Bytes::from(b.to_string())).unwrap_or_default()).await
-    }
-
-    /// Like [`AdminClient::call`], with a body sent as it is: a price file, whose numbers must
-    /// reach the server as written rather than through a JSON value's floats.
-    pub async fn call_with_text(
-        &self,
-        method: Method,
-        path: &str,
-        body: Bytes,
-    ) -> Result<Value, ClientError> {
-        let bytes = self.send(method, path, body).await?;
-        Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-    }
-
-    async fn send(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes, ClientError> {
+    /// Sends one request to `/admin/v1{path}` with `body` (JSON, or nothing) and returns the answer
+    /// of a 2xx as it came: JSON, or the CSV of an export.
+    pub async fn call(&self, method: Method, path: &str, body: Vec<u8>) -> Result<Bytes, ClientError> {
         let url = format!("{}/admin/v1{path}", self.base_url);
         let request = Request::builder()
             .method(method)
             .uri(&url)
             .header(header::AUTHORIZATION, format!("Bearer {}", self.token))
             .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body))
+            .body(Full::new(Bytes::from(body)))
             .map_err(|_| ClientError::BadUrl(self.base_url.clone()))?;
         let unreachable =
             |e: &dyn std::error::Error| ClientError::Unreachable { url: url.clone(), why: causes(e) };

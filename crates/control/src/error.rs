@@ -5,8 +5,13 @@ use recovea_store::StoreError;
 
 #[derive(Debug)]
 pub enum ApiError {
-    /// The request body (or a parameter) is invalid; the text names the field.
-    BadRequest(String),
+    /// The request body (or a parameter) is invalid. `message` is the whole text the client reads;
+    /// `field` is the member or parameter it is about, when one alone is (the answer's `param`),
+    /// so that no caller has to read it back out of the text.
+    BadRequest {
+        field: Option<String>,
+        message: String,
+    },
     /// A missing or wrong admin token (or an organization token that is wrong, expired or revoked).
     Unauthorized,
     /// A wrong admin token from an address that has presented too many: retry after this long.
@@ -32,10 +37,34 @@ impl ApiError {
         Self::Internal(e.to_string())
     }
 
+    /// A refusal of one field: the message `{field}: {why}`, and `param` naming the field.
+    pub(crate) fn bad_field(field: impl Into<String>, why: impl std::fmt::Display) -> Self {
+        let field = field.into();
+        let message = format!("{field}: {why}");
+        Self::BadRequest { field: Some(field), message }
+    }
+
+    /// A refusal no single field carries (the body as a whole, two fields at once): `param` null.
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::BadRequest { field: None, message: message.into() }
+    }
+
+    /// The field a bad request is about, if one alone is.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::BadRequest { field, .. } => field.as_deref(),
+            _ => None,
+        }
+    }
+
     pub fn answer(&self) -> Answer {
         match self {
-            Self::BadRequest(message) => {
-                Answer::error(400, "invalid_request_error", "invalid_request", message)
+            Self::BadRequest { field, message } => {
+                let answer = Answer::error(400, "invalid_request_error", "invalid_request", message);
+                match field {
+                    Some(field) => with_param(answer, field, message),
+                    None => answer,
+                }
             }
             Self::Unauthorized => {
                 Answer::error(401, "invalid_request_error", "invalid_admin_token", "Invalid admin token.")
@@ -82,6 +111,38 @@ impl ApiError {
     }
 }
 
+/// `answer` with its body's `param` naming `field`. Core's `Answer` writes `param` null (no answer
+/// of the gateway's is about one field), so the admin API writes its 400's body here, in the same
+/// shape and printing; a test holds the two to the same bytes.
+fn with_param(mut answer: Answer, field: &str, message: &str) -> Answer {
+    answer.body = error_body(message, Some(field));
+    answer
+}
+
+fn error_body(message: &str, param: Option<&str>) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct Envelope<'a> {
+        error: Body<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct Body<'a> {
+        message: &'a str,
+        #[serde(rename = "type")]
+        kind: &'static str,
+        param: Option<&'a str>,
+        code: &'static str,
+    }
+    let error = Body { message, kind: "invalid_request_error", param, code: "invalid_request" };
+    serde_json::to_vec_pretty(&Envelope { error }).expect("a struct of strings always serialises")
+}
+
+impl From<recovea_core::pricing::PriceError> for ApiError {
+    /// Its message names the field already (`input_per_mtok_usd: ...`).
+    fn from(e: recovea_core::pricing::PriceError) -> Self {
+        Self::BadRequest { field: Some(e.field().to_owned()), message: e.to_string() }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
@@ -89,5 +150,36 @@ impl From<StoreError> for ApiError {
             StoreError::Backend(cause) => Self::Internal(cause),
             StoreError::Unavailable(cause) => Self::Unavailable(cause),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(error: &ApiError) -> String {
+        let answer = error.answer();
+        assert_eq!(answer.status, 400);
+        String::from_utf8(answer.body).expect("UTF-8")
+    }
+
+    #[test]
+    fn a_bad_field_is_named_in_param() {
+        assert_eq!(
+            body(&ApiError::bad_field("limit_usd", "not a decimal amount")),
+            "{\n  \"error\": {\n    \"message\": \"limit_usd: not a decimal amount\",\n    \"type\": \"invalid_request_error\",\n    \"param\": \"limit_usd\",\n    \"code\": \"invalid_request\"\n  }\n}"
+        );
+        assert_eq!(
+            body(&ApiError::bad_request("body: expected a JSON object")),
+            "{\n  \"error\": {\n    \"message\": \"body: expected a JSON object\",\n    \"type\": \"invalid_request_error\",\n    \"param\": null,\n    \"code\": \"invalid_request\"\n  }\n}"
+        );
+    }
+
+    /// The body written here is core's, `param` aside: the same bytes when there is none.
+    #[test]
+    fn the_body_with_a_param_is_cores_shape() {
+        let message = "a \"quoted\" \u{1f600} message\n";
+        let core = Answer::error(400, "invalid_request_error", "invalid_request", message);
+        assert_eq!(error_body(message, None), core.body);
     }
 }

@@ -30,6 +30,7 @@ use recovea_core::receipt::ReceiptSink;
 use recovea_core::snapshot::Prices;
 use recovea_store::{ControlStore, ReceiptLedger};
 
+pub use admin::requests;
 pub use bounded::DEFAULT_STORE_LIMIT;
 pub use error::ApiError;
 pub use server::serve;

@@ -121,7 +121,7 @@ impl Control {
                     .enumerate()
                     .map(|(i, text)| {
                         SerializedReceipt::parse(text.get())
-                            .map_err(|e| ApiError::BadRequest(format!("body: receipts[{i}]: {e}")))
+                            .map_err(|e| ApiError::bad_request(format!("body: receipts[{i}]: {e}")))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 self.check_owners(&receipts, &caller).await?;
@@ -144,7 +144,7 @@ impl Control {
                 let mut answered = Vec::with_capacity(query.windows.len());
                 for mut window in query.windows {
                     let cap = CapId::parse(&window.cap_id)
-                        .ok_or_else(|| ApiError::BadRequest("windows: cap_id".into()))?;
+                        .ok_or_else(|| ApiError::bad_field("windows", "cap_id"))?;
                     let span = (Timestamp(window.start_ms), Timestamp(window.end_ms));
                     let counted: Vec<Counted> = window
                         .counted
@@ -219,7 +219,7 @@ impl Control {
                     why = %why,
                     "a node delivered a receipt it may not: the batch is refused"
                 );
-                return Err(ApiError::BadRequest(format!("body: receipts[{i}]: {why}")));
+                return Err(ApiError::bad_request(format!("body: receipts[{i}]: {why}")));
             }
         }
         Ok(())
@@ -315,7 +315,7 @@ fn now() -> Timestamp {
 }
 
 fn parse<'a, T: Deserialize<'a>>(body: &'a Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("body: {e}")))
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("body: {e}")))
 }
 
 fn json_reply(body: Value) -> Reply {

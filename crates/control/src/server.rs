@@ -129,7 +129,7 @@ impl Control {
                             Err(e) => Err(e),
                         }
                     }
-                    Err(_) => Err(ApiError::BadRequest("body: unreadable or larger than 64 MiB".into())),
+                    Err(_) => Err(ApiError::bad_request("body: unreadable or larger than 64 MiB")),
                 }
             }
             None => Err(ApiError::NotFound("Unknown admin path.".into())),
@@ -142,7 +142,7 @@ impl Control {
                     let segments: Option<Vec<String>> =
                         rest.trim_end_matches('/').split('/').map(decode_path_segment).collect();
                     let Some(segments) = segments else {
-                        return error_response(ApiError::BadRequest("path: bad percent-escape".into()));
+                        return error_response(ApiError::bad_request("path: bad percent-escape"));
                     };
                     match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
                         Ok(body) => {
@@ -155,7 +155,7 @@ impl Control {
                             });
                             work.await.unwrap_or_else(|e| Err(ApiError::internal(e)))
                         }
-                        Err(_) => Err(ApiError::BadRequest("body: unreadable or larger than 1 MiB".into())),
+                        Err(_) => Err(ApiError::bad_request("body: unreadable or larger than 1 MiB")),
                     }
                 }
             },

@@ -32,7 +32,7 @@ impl Control {
                 {
                     Ok(Some(text.to_owned()))
                 }
-                Some(_) => Err(ApiError::BadRequest(format!("{name}: expected a word such as {example}"))),
+                Some(_) => Err(ApiError::bad_field(name, format_args!("expected a word such as {example}"))),
             }
         };
         let query = AuditQuery {
@@ -42,9 +42,7 @@ impl Control {
                 Some(org) => Some(org),
                 None => params
                     .get("org_id")
-                    .map(|id| {
-                        OrgId::parse(id).ok_or_else(|| ApiError::BadRequest("org_id: not an org id".into()))
-                    })
+                    .map(|id| OrgId::parse(id).ok_or_else(|| ApiError::bad_field("org_id", "not an org id")))
                     .transpose()?,
             },
             object_kind: word("object_kind", "key")?,
@@ -53,9 +51,7 @@ impl Control {
             limit: limit + 1,
             after_version: params
                 .get("cursor")
-                .map(|c| {
-                    c.parse().map_err(|_| ApiError::BadRequest("cursor: not a cursor this API gave".into()))
-                })
+                .map(|c| c.parse().map_err(|_| ApiError::bad_field("cursor", "not a cursor this API gave")))
                 .transpose()?,
         };
         let mut entries = self.store(move |s| s.audit_log(&query)).await?;

@@ -7,37 +7,14 @@ use recovea_core::window::Window;
 use recovea_counters::{CapWindow, Rebuilt, Unseeded};
 use recovea_store::audit::{cap_json, permille_number};
 use recovea_store::{AlertRecord, CapRecord};
-use serde::Deserialize;
 use serde_json::{Number, Value, json};
 
+use crate::admin::requests::{CapPatch, Change, NewCap};
 use crate::admin::{Caller, Reply, created, no_cap, now, ok};
 use crate::{ApiError, Control};
 
 /// Alerts at half, four fifths and all of the limit unless told otherwise.
 const DEFAULT_ALERT_AT: [u32; 3] = [500, 800, 1000];
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NewCap {
-    scope: String,
-    key_id: Option<String>,
-    window: String,
-    limit_usd: String,
-    hard_stop: bool,
-    alert_at: Option<Vec<Number>>,
-    alert_webhook: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CapPatch {
-    limit_usd: Option<String>,
-    hard_stop: Option<bool>,
-    alert_at: Option<Vec<Number>>,
-    /// `null` removes the webhook.
-    #[serde(default, deserialize_with = "crate::admin::present")]
-    alert_webhook: Option<Value>,
-}
 
 impl Control {
     pub(crate) async fn create_cap(
@@ -48,22 +25,24 @@ impl Control {
     ) -> Result<Reply, ApiError> {
         self.require_org(&org_id).await?;
         let scope = Scope::parse(&body.scope)
-            .ok_or_else(|| ApiError::BadRequest("scope: expected \"organization\" or \"key\"".into()))?;
+            .ok_or_else(|| ApiError::bad_field("scope", "expected \"organization\" or \"key\""))?;
         let key_id = match (scope, body.key_id) {
             (Scope::Organization, None) => None,
             (Scope::Organization, Some(_)) => {
-                return Err(ApiError::BadRequest("key_id: only a cap of scope \"key\" names a key".into()));
+                return Err(ApiError::bad_field("key_id", "only a cap of scope \"key\" names a key"));
             }
             (Scope::Key, None) => {
-                return Err(ApiError::BadRequest("key_id: a cap of scope \"key\" names its key".into()));
+                return Err(ApiError::bad_field("key_id", "a cap of scope \"key\" names its key"));
             }
             (Scope::Key, Some(text)) => {
-                let key =
-                    KeyId::parse(&text).ok_or_else(|| ApiError::BadRequest("key_id: not a key id".into()))?;
+                let key = KeyId::parse(&text).ok_or_else(|| ApiError::bad_field("key_id", "not a key id"))?;
                 let owner = org_id.clone();
                 let keys = self.store(move |s| s.list_keys(&owner)).await?;
                 if !keys.iter().any(|k| k.id == key) {
-                    return Err(ApiError::BadRequest(format!("key_id: {key} is not a key of {org_id}")));
+                    return Err(ApiError::bad_field(
+                        "key_id",
+                        format_args!("{key} is not a key of {org_id}"),
+                    ));
                 }
                 Some(key)
             }
@@ -73,9 +52,8 @@ impl Control {
             org_id,
             scope,
             key_id,
-            window: Window::parse(&body.window).ok_or_else(|| {
-                ApiError::BadRequest("window: expected \"day\", \"week\" or \"month\"".into())
-            })?,
+            window: Window::parse(&body.window)
+                .ok_or_else(|| ApiError::bad_field("window", "expected \"day\", \"week\" or \"month\""))?,
             limit: limit(&body.limit_usd)?,
             hard_stop: body.hard_stop,
             alert_at_permille: body.alert_at.as_deref().map_or(Ok(DEFAULT_ALERT_AT.to_vec()), alert_at)?,
@@ -102,7 +80,7 @@ impl Control {
         &self,
         caller: Caller,
         id: CapId,
-        patch: CapPatch,
+        patch: CapPatch<Value>,
     ) -> Result<Reply, ApiError> {
         let mut record = self.require_cap(id).await?;
         let cap = &mut record.cap;
@@ -117,9 +95,11 @@ impl Control {
         }
         match patch.alert_webhook {
             None => {}
-            Some(Value::Null) => cap.alert_webhook = None,
-            Some(Value::String(url)) => cap.alert_webhook = Some(webhook(&url)?),
-            Some(_) => return Err(ApiError::BadRequest("alert_webhook: expected a URL or null".into())),
+            Some(Change::Remove) => cap.alert_webhook = None,
+            Some(Change::Set(Value::String(url))) => cap.alert_webhook = Some(webhook(&url)?),
+            Some(Change::Set(_)) => {
+                return Err(ApiError::bad_field("alert_webhook", "expected a URL or null"));
+            }
         }
         let (row, audit) = (record.clone(), caller.audit()?);
         self.store(move |s| s.update_cap(&row, &audit)).await?;
@@ -216,13 +196,12 @@ fn format_signed(amount: Nanos) -> String {
 }
 
 fn limit(text: &str) -> Result<Nanos, ApiError> {
-    Nanos::parse_usd(text).map_err(|e| ApiError::BadRequest(format!("limit_usd: {e}")))
+    Nanos::parse_usd(text).map_err(|e| ApiError::bad_field("limit_usd", e))
 }
 
 /// Thresholds as fractions of the limit (`0.8`), kept as exact thousandths.
 fn alert_at(values: &[Number]) -> Result<Vec<u32>, ApiError> {
-    let bad =
-        || ApiError::BadRequest("alert_at: expected fractions of the limit such as [0.5, 0.8, 1.0]".into());
+    let bad = || ApiError::bad_field("alert_at", "expected fractions of the limit such as [0.5, 0.8, 1.0]");
     let mut permille = values
         .iter()
         .map(|n| {
@@ -246,7 +225,7 @@ fn alert_at(values: &[Number]) -> Result<Vec<u32>, ApiError> {
 fn webhook(url: &str) -> Result<String, ApiError> {
     crate::admin::outbound_url(url)
         .map(|_| url.trim().to_owned())
-        .map_err(|why| ApiError::BadRequest(format!("alert_webhook: {why}")))
+        .map_err(|why| ApiError::bad_field("alert_webhook", why))
 }
 
 pub(crate) fn alert_json(alert: &AlertRecord) -> Value {

@@ -6,17 +6,12 @@ use recovea_core::keys;
 use recovea_core::node_access::{TOKEN_PREFIX, TOKEN_RANDOM_LEN};
 use recovea_store::NodeCredentialRecord;
 use recovea_store::audit::node_credential_json;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::admin::{Caller, Reply, created, name_field, new_id, now, ok};
+use crate::admin::members::name_field;
+use crate::admin::requests::NewNodeCredential;
+use crate::admin::{Caller, Reply, created, new_id, now, ok};
 use crate::{ApiError, Control, random};
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NewNodeCredential {
-    name: String,
-}
 
 impl Control {
     pub(crate) async fn create_node_credential(

@@ -7,19 +7,12 @@ use recovea_core::keys;
 use recovea_core::org_tokens::{self, OrgRole, TOKEN_PREFIX, TOKEN_RANDOM_LEN};
 use recovea_store::OrgTokenRecord;
 use recovea_store::audit::org_token_json;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::admin::{Caller, Reply, created, expiry, name_field, new_id, no_org_token, now, ok};
+use crate::admin::members::{expiry, name_field};
+use crate::admin::requests::NewOrgToken;
+use crate::admin::{Caller, Reply, created, new_id, no_org_token, now, ok};
 use crate::{ApiError, Control, random};
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NewOrgToken {
-    name: String,
-    role: String,
-    expires_at: Option<String>,
-}
 
 impl Control {
     pub(crate) async fn create_org_token(
@@ -30,7 +23,7 @@ impl Control {
     ) -> Result<Reply, ApiError> {
         self.require_org(&org_id).await?;
         let role = OrgRole::parse(&body.role)
-            .ok_or_else(|| ApiError::BadRequest("role: expected \"admin\" or \"viewer\"".into()))?;
+            .ok_or_else(|| ApiError::bad_field("role", "expected \"admin\" or \"viewer\""))?;
         let created_at = now();
         let secret = random::token(TOKEN_PREFIX, TOKEN_RANDOM_LEN).map_err(ApiError::internal)?;
         let token = OrgTokenRecord {

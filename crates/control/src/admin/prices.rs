@@ -57,7 +57,7 @@ impl Control {
                     providers.into_iter().find(|p| p.name == name).ok_or(ApiError::NotFound(missing))?;
                 Some(record)
             }
-            _ => return Err(ApiError::BadRequest("org and provider: give both, or neither".into())),
+            _ => return Err(ApiError::bad_request("org and provider: give both, or neither")),
         };
         let scope = credential.as_ref().map(recovea_store::ProviderRecord::scope);
         let resolution = match &scope {
@@ -121,7 +121,7 @@ impl Control {
         wire: PriceWire,
     ) -> Result<Reply, ApiError> {
         let model = model_name(model)?;
-        let (kind, _) = wire.parse().map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let (kind, _) = wire.parse()?;
         let change = PriceChange {
             target: PriceTarget::Model(model.to_owned()),
             kind,
@@ -145,16 +145,16 @@ impl Control {
 
     /// Imports a price file (the built-in table's format or LiteLLM's) as one revision.
     pub(crate) async fn import_prices(&self, caller: Caller, body: &[u8]) -> Result<Reply, ApiError> {
-        let text = std::str::from_utf8(body)
-            .map_err(|_| ApiError::BadRequest("body: expected UTF-8 JSON".into()))?;
-        let import = pricing::import::parse(text).map_err(|e| ApiError::BadRequest(format!("body: {e}")))?;
+        let text =
+            std::str::from_utf8(body).map_err(|_| ApiError::bad_request("body: expected UTF-8 JSON"))?;
+        let import = pricing::import::parse(text).map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
         if import.entries.is_empty() {
-            return Err(ApiError::BadRequest("body: the file prices no model of a served provider".into()));
+            return Err(ApiError::bad_request("body: the file prices no model of a served provider"));
         }
         let mut changes = Vec::with_capacity(import.entries.len());
         for (model, entry) in &import.entries {
             let model = model_name(model)?;
-            let (kind, _) = entry.parse().map_err(|e| ApiError::BadRequest(format!("{model}: {e}")))?;
+            let (kind, _) = entry.parse().map_err(|e| ApiError::bad_request(format!("{model}: {e}")))?;
             changes.push(PriceChange {
                 target: PriceTarget::Model(model.to_owned()),
                 kind,
@@ -173,7 +173,7 @@ impl Control {
         wire: PriceWire,
     ) -> Result<Reply, ApiError> {
         let kind = fallback_kind(kind)?;
-        Price::try_from(&wire).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        Price::try_from(&wire)?;
         let change =
             PriceChange { target: PriceTarget::Fallback(kind), kind: None, price: Some(wire.clone()) };
         let revision = self.change_prices(caller, vec![change], "").await?;
@@ -209,16 +209,20 @@ impl Control {
 fn model_name(model: &str) -> Result<&str, ApiError> {
     let model = model.trim();
     if model.is_empty() || model.len() > 200 {
-        return Err(ApiError::BadRequest(format!("model: expected 1 to 200 characters, got {model:?}")));
+        return Err(ApiError::bad_field(
+            "model",
+            format_args!("expected 1 to 200 characters, got {model:?}"),
+        ));
     }
     Ok(model)
 }
 
 fn provider_kind(kind: &str) -> Result<ProviderKind, ApiError> {
     ProviderKind::parse(kind).ok_or_else(|| {
-        ApiError::BadRequest(format!(
-            "kind: expected \"openai\", \"anthropic\", \"azure_openai\" or \"gemini\", got {kind:?}"
-        ))
+        ApiError::bad_field(
+            "kind",
+            format_args!("expected \"openai\", \"anthropic\", \"azure_openai\" or \"gemini\", got {kind:?}"),
+        )
     })
 }
 
@@ -226,12 +230,14 @@ fn provider_kind(kind: &str) -> Result<ProviderKind, ApiError> {
 fn fallback_kind(kind: &str) -> Result<ProviderKind, ApiError> {
     let kind = provider_kind(kind)?;
     if kind.priced_like() != kind {
-        return Err(ApiError::BadRequest(format!(
-            "kind: {} is priced as {}: set the fallback price of {}",
-            kind.as_str(),
-            kind.priced_like().as_str(),
-            kind.priced_like().as_str()
-        )));
+        let priced_like = kind.priced_like().as_str();
+        return Err(ApiError::bad_field(
+            "kind",
+            format_args!(
+                "{} is priced as {priced_like}: set the fallback price of {priced_like}",
+                kind.as_str()
+            ),
+        ));
     }
     Ok(kind)
 }

@@ -13,9 +13,7 @@ impl Params {
         let mut pairs = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let decode = |s: &str| {
-                percent_decode(s).ok_or_else(|| ApiError::BadRequest(format!("{name}: bad escape")))
-            };
+            let decode = |s: &str| percent_decode(s).ok_or_else(|| ApiError::bad_field(name, "bad escape"));
             pairs.push((decode(name)?, decode(value)?));
         }
         Ok(Self(pairs))
@@ -34,7 +32,7 @@ impl Params {
         self.get(name)
             .map(|text| {
                 Timestamp::parse_rfc3339(text)
-                    .ok_or_else(|| ApiError::BadRequest(format!("{name}: expected an RFC 3339 time")))
+                    .ok_or_else(|| ApiError::bad_field(name, "expected an RFC 3339 time"))
             })
             .transpose()
     }

@@ -57,7 +57,7 @@ impl Control {
         let csv = match params.get("format") {
             None | Some("json") => false,
             Some("csv") => true,
-            Some(_) => return Err(ApiError::BadRequest("format: expected json or csv".into())),
+            Some(_) => return Err(ApiError::bad_field("format", "expected json or csv")),
         };
         let limit = if csv {
             parse_limit(&params, MAX_CSV_ROWS, MAX_CSV_ROWS)?
@@ -73,25 +73,25 @@ impl Control {
             status: params
                 .get("status")
                 .map(|s| {
-                    s.parse::<u16>().ok().filter(|n| (100..=599).contains(n)).ok_or_else(|| {
-                        ApiError::BadRequest("status: expected an HTTP status, 100 to 599".into())
-                    })
+                    s.parse::<u16>()
+                        .ok()
+                        .filter(|n| (100..=599).contains(n))
+                        .ok_or_else(|| ApiError::bad_field("status", "expected an HTTP status, 100 to 599"))
                 })
                 .transpose()?,
             usage_source: params
                 .get("usage_source")
                 .map(|s| {
                     UsageSource::parse(s).ok_or_else(|| {
-                        ApiError::BadRequest("usage_source: expected provider, estimated or unmetered".into())
+                        ApiError::bad_field("usage_source", "expected provider, estimated or unmetered")
                     })
                 })
                 .transpose()?,
             provider_key: params
                 .get("provider_key")
                 .map(|s| {
-                    ProviderKey::parse(s).ok_or_else(|| {
-                        ApiError::BadRequest("provider_key: expected managed or client".into())
-                    })
+                    ProviderKey::parse(s)
+                        .ok_or_else(|| ApiError::bad_field("provider_key", "expected managed or client"))
                 })
                 .transpose()?,
             // One more than asked tells whether another page follows.
@@ -99,7 +99,7 @@ impl Control {
             after: params.get("cursor").map(parse_cursor).transpose()?,
             tag: params
                 .get("tag")
-                .map(|text| tags::parse_filter(text).map_err(|e| ApiError::BadRequest(format!("tag: {e}"))))
+                .map(|text| tags::parse_filter(text).map_err(|e| ApiError::bad_field("tag", e)))
                 .transpose()?,
         };
         let mut receipts = self.ledger(move |l| l.receipts(&query)).await?;
@@ -131,7 +131,7 @@ impl Control {
                 .filter(|key| {
                     !key.is_empty() && key.len() <= tags::MAX_KEY_LEN && key.bytes().all(tags::is_key_char)
                 })
-                .ok_or_else(|| ApiError::BadRequest("group_by: expected tag:KEY, a tag key".into()))?
+                .ok_or_else(|| ApiError::bad_field("group_by", "expected tag:KEY, a tag key"))?
                 .to_owned();
             let rows = self.ledger(move |l| l.spend_by_tag(&org_id, key_id.as_ref(), from, to, &key)).await?;
             let rows: Vec<Value> = rows
@@ -174,20 +174,20 @@ pub(crate) fn parse_limit(params: &Params, default: u32, max: u32) -> Result<u32
     text.parse::<u32>()
         .ok()
         .filter(|n| (1..=max).contains(n))
-        .ok_or_else(|| ApiError::BadRequest(format!("limit: expected 1 to {max}")))
+        .ok_or_else(|| ApiError::bad_field("limit", format_args!("expected 1 to {max}")))
 }
 
 /// The `key_id` parameter, when given.
 fn key_filter(params: &Params) -> Result<Option<KeyId>, ApiError> {
     params
         .get("key_id")
-        .map(|k| KeyId::parse(k).ok_or_else(|| ApiError::BadRequest("key_id: not a key id".into())))
+        .map(|k| KeyId::parse(k).ok_or_else(|| ApiError::bad_field("key_id", "not a key id")))
         .transpose()
 }
 
 /// A cursor (`MILLISECONDS.ID`) as the receipts hand them out.
 fn parse_cursor(cursor: &str) -> Result<(Timestamp, String), ApiError> {
-    let bad = || ApiError::BadRequest("cursor: not a cursor this API gave".into());
+    let bad = || ApiError::bad_field("cursor", "not a cursor this API gave");
     let (time, id) = cursor.split_once('.').ok_or_else(bad)?;
     Ok((Timestamp(time.parse().map_err(|_| bad())?), id.to_owned()))
 }
@@ -258,7 +258,7 @@ mod tests {
             max,
         ) {
             Ok(n) => Ok(n),
-            Err(ApiError::BadRequest(message)) => Err(message),
+            Err(ApiError::BadRequest { message, .. }) => Err(message),
             Err(other) => panic!("{other:?}"),
         };
         assert_eq!(limit("", DEFAULT_LIMIT, MAX_LIMIT), Ok(100));

@@ -263,7 +263,7 @@ impl Control {
             Err(
                 ApiError::Unavailable(_)
                 | ApiError::Internal(_)
-                | ApiError::BadRequest(_)
+                | ApiError::BadRequest { .. }
                 | ApiError::NodeUnauthorized
                 | ApiError::PermissionDenied(_)
                 | ApiError::NotFound(_)

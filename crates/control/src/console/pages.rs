@@ -14,9 +14,10 @@ use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 use maud::{DOCTYPE, Markup, html};
 use recovea_core::timestamp::Timestamp;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::api::{ConsoleApi, Refusal, encode};
+use super::format::rfc3339_from_field;
 use super::{Form, Visit, page, redirect};
 use crate::admin::routes::Route;
 use crate::principal::Reach;
@@ -318,12 +319,14 @@ fn number_or_text(text: &str) -> Value {
     text.parse::<u64>().map_or_else(|_| json!(text), |n| json!(n))
 }
 
-/// Puts the form's `field` into `body` if the form gave it: an empty field is left for the API's
-/// default.
-fn insert_if_given(body: &mut Map<String, Value>, form: &Form, field: &str) {
-    if !form.text(field).is_empty() {
-        body.insert(field.into(), json!(form.text(field)));
-    }
+/// The form's `field` if the form gave it: an empty field is left out, for the API's default.
+fn given(form: &Form, field: &str) -> Option<String> {
+    Some(form.text(field)).filter(|text| !text.is_empty()).map(str::to_owned)
+}
+
+/// A `datetime-local` expiry (a key's, a token's) as the API reads it, if the form gave one.
+fn expiry(form: &Form) -> Option<String> {
+    given(form, "expires_at").map(|text| rfc3339_from_field(&text))
 }
 
 #[cfg(test)]
@@ -378,10 +381,8 @@ mod tests {
     #[test]
     fn a_form_field_left_empty_is_left_out_of_the_body() {
         let form = Form(crate::admin::query::Params::parse("key_id=key_1&base_url=+&kind=").expect("parses"));
-        let mut body = Map::new();
-        for field in ["key_id", "base_url", "kind", "absent"] {
-            insert_if_given(&mut body, &form, field);
-        }
-        assert_eq!(Value::Object(body), json!({ "key_id": "key_1" }));
+        let given: Vec<Option<String>> =
+            ["key_id", "base_url", "kind", "absent"].iter().map(|field| given(&form, field)).collect();
+        assert_eq!(given, [Some("key_1".to_owned()), None, None, None]);
     }
 }

@@ -3,12 +3,12 @@
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
 use http_body_util::Full;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::org::org_page;
-use super::{NewSecret, Refused, insert_if_given, message, number_or_text, refused_page, str_of};
-use crate::console::api::{ConsoleApi, Refusal, encode};
-use crate::console::format::rfc3339_from_field;
+use super::{NewSecret, Refused, expiry, given, message, number_or_text, refused_page, str_of};
+use crate::admin::requests::{CapPatch, Change, KeyPatch, NewCap, NewKey, ProviderBody};
+use crate::console::api::{Body, ConsoleApi, Refusal, encode};
 use crate::console::{Form, Visit, page, redirect};
 
 /// Answers a form of `org`'s page: back to its `section` once the API took it, or the page again
@@ -49,21 +49,20 @@ pub(super) async fn create_cap(
     org: &str,
     form: &Form,
 ) -> Response<Full<Bytes>> {
-    let mut body = Map::new();
-    body.insert("scope".into(), json!(form.text("scope")));
-    insert_if_given(&mut body, form, "key_id");
-    body.insert("window".into(), json!(form.text("window")));
-    body.insert("limit_usd".into(), json!(form.text("limit_usd")));
-    body.insert("hard_stop".into(), json!(form.text("hard_stop") == "true"));
     let alert_at = form.text("alert_at");
-    if !alert_at.is_empty() {
+    let body: NewCap<Value> = NewCap {
+        scope: form.text("scope").to_owned(),
+        key_id: given(form, "key_id"),
+        window: form.text("window").to_owned(),
+        limit_usd: form.text("limit_usd").to_owned(),
+        hard_stop: form.text("hard_stop") == "true",
         // `0.5, 0.8, 1` is a JSON array's contents; anything else goes as text for the API to refuse.
-        let parsed =
-            serde_json::from_str::<Value>(&format!("[{alert_at}]")).unwrap_or_else(|_| json!(alert_at));
-        body.insert("alert_at".into(), parsed);
-    }
-    insert_if_given(&mut body, form, "alert_webhook");
-    let result = control.api_json(Method::POST, &["orgs", org, "caps"], "", Some(Value::Object(body))).await;
+        alert_at: (!alert_at.is_empty()).then(|| {
+            serde_json::from_str::<Value>(&format!("[{alert_at}]")).unwrap_or_else(|_| json!(alert_at))
+        }),
+        alert_webhook: given(form, "alert_webhook"),
+    };
+    let result = control.api_json(Method::POST, &["orgs", org, "caps"], "", Some(Body::of(&body))).await;
     back_to_org(control, visit, org, "caps", ("new-cap", form), result).await
 }
 
@@ -82,18 +81,16 @@ pub(super) async fn cap_action(
     let org = str_of(&current, "org_id").to_owned();
     let result = match action {
         None => {
-            let webhook = form.text("alert_webhook");
-            let body = json!({
-                "limit_usd": form.text("limit_usd"),
-                "alert_webhook": if webhook.is_empty() { Value::Null } else { json!(webhook) },
-            });
-            control.api_json(Method::PATCH, &["caps", cap], "", Some(body)).await
+            let body: CapPatch = CapPatch {
+                limit_usd: Some(form.text("limit_usd").to_owned()),
+                alert_webhook: Some(given(form, "alert_webhook").map_or(Change::Remove, Change::Set)),
+                ..CapPatch::default()
+            };
+            control.api_json(Method::PATCH, &["caps", cap], "", Some(Body::of(&body))).await
         }
-        Some("arm") => {
-            control.api_json(Method::PATCH, &["caps", cap], "", Some(json!({ "hard_stop": true }))).await
-        }
-        Some("disarm") => {
-            control.api_json(Method::PATCH, &["caps", cap], "", Some(json!({ "hard_stop": false }))).await
+        Some(armed @ ("arm" | "disarm")) => {
+            let body: CapPatch = CapPatch { hard_stop: Some(armed == "arm"), ..CapPatch::default() };
+            control.api_json(Method::PATCH, &["caps", cap], "", Some(Body::of(&body))).await
         }
         Some("delete") => control.api_json(Method::DELETE, &["caps", cap], "", None).await,
         Some(_) => return page(StatusCode::NOT_FOUND, message("No such page.", Some(visit))),
@@ -107,30 +104,27 @@ pub(super) async fn create_key(
     org: &str,
     form: &Form,
 ) -> Response<Full<Bytes>> {
-    let mut body = Map::new();
-    body.insert("name".into(), json!(form.text("name")));
-    for field in ["requests_per_minute", "tokens_per_minute"] {
-        if !form.text(field).is_empty() {
-            body.insert(field.into(), number_or_text(form.text(field)));
-        }
-    }
-    create_with_secret(control, visit, (org, "keys"), ("Key", "new-key"), form, body).await
+    let body: NewKey<Value> = NewKey {
+        name: form.text("name").to_owned(),
+        expires_at: expiry(form),
+        requests_per_minute: given(form, "requests_per_minute").map(|text| number_or_text(&text)),
+        tokens_per_minute: given(form, "tokens_per_minute").map(|text| number_or_text(&text)),
+        ..NewKey::default()
+    };
+    create_with_secret(control, visit, (org, "keys"), ("Key", "new-key"), form, Body::of(&body)).await
 }
 
-/// `POST /orgs/{org}/{what}` with `body` (and the form's expiry, if any): the organization's page
-/// showing the new secret (a key's, a token's) once, or the form again with the refusal.
+/// `POST /orgs/{org}/{what}` with `body`: the organization's page showing the new secret (a key's, a
+/// token's) once, or the form again with the refusal.
 pub(super) async fn create_with_secret(
     control: &ConsoleApi<'_>,
     visit: &Visit,
     (org, collection): (&str, &str),
     (what, form_id): (&'static str, &'static str),
     form: &Form,
-    mut body: Map<String, Value>,
+    body: Body,
 ) -> Response<Full<Bytes>> {
-    if !form.text("expires_at").is_empty() {
-        body.insert("expires_at".into(), json!(rfc3339_from_field(form.text("expires_at"))));
-    }
-    match control.api_json(Method::POST, &["orgs", org, collection], "", Some(Value::Object(body))).await {
+    match control.api_json(Method::POST, &["orgs", org, collection], "", Some(body)).await {
         Ok(created) => {
             let secret = NewSecret {
                 what,
@@ -154,15 +148,15 @@ pub(super) async fn key_action(
         "revoke" => control.api_json(Method::POST, &["keys", key, "revoke"], "", None).await,
         "limits" => {
             // An empty field removes the limit (`null`), as the API's patch reads it.
-            let limit = |field: &str| match form.text(field) {
-                "" => Value::Null,
-                text => number_or_text(text),
+            let limit = |field: &str| {
+                Some(given(form, field).map_or(Change::Remove, |text| Change::Set(number_or_text(&text))))
             };
-            let body = json!({
-                "requests_per_minute": limit("requests_per_minute"),
-                "tokens_per_minute": limit("tokens_per_minute"),
-            });
-            control.api_json(Method::PATCH, &["keys", key], "", Some(body)).await
+            let body: KeyPatch<Value> = KeyPatch {
+                requests_per_minute: limit("requests_per_minute"),
+                tokens_per_minute: limit("tokens_per_minute"),
+                ..KeyPatch::default()
+            };
+            control.api_json(Method::PATCH, &["keys", key], "", Some(Body::of(&body))).await
         }
         _ => return page(StatusCode::NOT_FOUND, message("No such page.", Some(visit))),
     };
@@ -184,16 +178,16 @@ pub(super) async fn put_provider(
     org: &str,
     form: &Form,
 ) -> Response<Full<Bytes>> {
-    let mut body = Map::new();
-    body.insert("kind".into(), json!(form.text("kind")));
-    for field in
-        ["base_url", "price_namespace", "fallback_input_per_mtok_usd", "fallback_output_per_mtok_usd"]
-    {
-        insert_if_given(&mut body, form, field);
-    }
-    body.insert("api_key".into(), json!(form.get("api_key").unwrap_or("")));
+    let body = ProviderBody {
+        kind: form.text("kind").to_owned(),
+        base_url: given(form, "base_url"),
+        api_key: form.get("api_key").unwrap_or("").to_owned(),
+        price_namespace: given(form, "price_namespace"),
+        fallback_input_per_mtok_usd: given(form, "fallback_input_per_mtok_usd"),
+        fallback_output_per_mtok_usd: given(form, "fallback_output_per_mtok_usd"),
+    };
     let name = form.text("name");
     let result =
-        control.api_json(Method::PUT, &["orgs", org, "providers", name], "", Some(Value::Object(body))).await;
+        control.api_json(Method::PUT, &["orgs", org, "providers", name], "", Some(Body::of(&body))).await;
     back_to_org(control, visit, org, "providers", ("provider", form), result).await
 }

@@ -5,12 +5,11 @@ use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 use maud::html;
 use recovea_core::timestamp::Timestamp;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
-use super::{
-    FormView, Refused, action_button, csrf_field, insert_if_given, layout, list, now, refused_page, str_of,
-};
-use crate::console::api::ConsoleApi;
+use super::{FormView, Refused, action_button, csrf_field, given, layout, list, now, refused_page, str_of};
+use crate::admin::requests::PriceWire;
+use crate::console::api::{Body, ConsoleApi};
 use crate::console::format::{exact, nanos, utc, utc_at};
 use crate::console::{Form, Visit, page, redirect};
 
@@ -140,17 +139,18 @@ pub(super) async fn prices_page(
 }
 
 pub(super) async fn put_price(control: &ConsoleApi<'_>, visit: &Visit, form: &Form) -> Response<Full<Bytes>> {
-    let mut body = Map::new();
-    insert_if_given(&mut body, form, "kind");
-    for (field, _) in PRICE_FIELDS {
-        if !form.text(field).is_empty() || field.starts_with("input") || field.starts_with("output") {
-            body.insert(field.into(), json!(form.text(field)));
-        }
-    }
+    let body = PriceWire {
+        kind: given(form, "kind"),
+        input_per_mtok_usd: form.text("input_per_mtok_usd").to_owned(),
+        output_per_mtok_usd: form.text("output_per_mtok_usd").to_owned(),
+        cached_input_per_mtok_usd: given(form, "cached_input_per_mtok_usd"),
+        cache_write_per_mtok_usd: given(form, "cache_write_per_mtok_usd"),
+        ..PriceWire::default()
+    };
     let model = form.text("model");
     let mut segments = vec!["prices"];
     segments.extend(model.split('/'));
-    match control.api_json(Method::PUT, &segments, "", Some(Value::Object(body))).await {
+    match control.api_json(Method::PUT, &segments, "", Some(Body::of(&body))).await {
         Ok(_) => redirect("/prices"),
         Err(refusal) => prices_page(control, visit, Some(&Refused::new("price", form, refusal))).await,
     }

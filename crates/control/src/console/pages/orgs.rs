@@ -8,12 +8,13 @@ use recovea_core::money::Nanos;
 use recovea_core::projection::{Projection, reaches_line};
 use recovea_core::timestamp::Timestamp;
 use recovea_core::window::Window;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::org::spend_since;
 use super::{FormView, Refused, csrf_field, layout, list, now, refused_page, shown, str_of};
+use crate::admin::requests::NewOrg;
 use crate::admin::routes::Route;
-use crate::console::api::{ConsoleApi, Refusal, encode, query};
+use crate::console::api::{Body, ConsoleApi, Refusal, encode, query};
 use crate::console::chart;
 use crate::console::format::{cents, nanos, utc_at, utc_minute};
 use crate::console::{Form, Visit, page, redirect};
@@ -146,8 +147,8 @@ pub(super) async fn create_org(
     visit: &Visit,
     form: &Form,
 ) -> Response<Full<Bytes>> {
-    let body = json!({ "name": form.text("name") });
-    match control.api_json(Method::POST, &["orgs"], "", Some(body)).await {
+    let body = NewOrg { name: form.text("name").to_owned(), ..NewOrg::default() };
+    match control.api_json(Method::POST, &["orgs"], "", Some(Body::of(&body))).await {
         Ok(org) => redirect(&format!("/orgs/{}", encode(str_of(&org, "id")))),
         // Only the operator is offered the form: anyone else's is the API's 403 alone.
         Err(refusal) if refusal.status == StatusCode::FORBIDDEN => refused_page(&refusal, visit),

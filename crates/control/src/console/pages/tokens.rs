@@ -5,12 +5,13 @@ use bytes::Bytes;
 use http::{Method, Response};
 use http_body_util::Full;
 use maud::{Markup, html};
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use super::changes::create_with_secret;
-use super::{FormView, Refused, action_button, csrf_field, list, refused_page, shown, str_of};
+use super::{FormView, Refused, action_button, csrf_field, expiry, list, refused_page, shown, str_of};
+use crate::admin::requests::NewOrgToken;
 use crate::admin::routes::Route;
-use crate::console::api::{ConsoleApi, encode};
+use crate::console::api::{Body, ConsoleApi, encode};
 use crate::console::format::utc;
 use crate::console::{Form, Visit, redirect};
 
@@ -65,10 +66,12 @@ pub(super) async fn create_token(
     org: &str,
     form: &Form,
 ) -> Response<Full<Bytes>> {
-    let mut body = Map::new();
-    body.insert("name".into(), json!(form.text("name")));
-    body.insert("role".into(), json!(form.text("role")));
-    create_with_secret(control, visit, (org, "tokens"), ("Token", "new-token"), form, body).await
+    let body = NewOrgToken {
+        name: form.text("name").to_owned(),
+        role: form.text("role").to_owned(),
+        expires_at: expiry(form),
+    };
+    create_with_secret(control, visit, (org, "tokens"), ("Token", "new-token"), form, Body::of(&body)).await
 }
 
 /// `POST /tokens/{token}/revoke`, back to its organization's page.
