@@ -27,6 +27,8 @@ struct ErrorFields {
     kind: String,
     code: String,
     message: String,
+    /// The one request member or parameter the error is about (the body's `param`), if any.
+    param: Option<String>,
 }
 
 /// The wire dialect a request speaks, which decides the envelope of the gateway's own answers.
@@ -115,8 +117,17 @@ impl Answer {
             kind: kind.to_owned(),
             code: code.to_owned(),
             message: message.to_owned(),
+            param: None,
         });
         Self { status, headers: Vec::new(), body: render(&error, status, WireShape::OpenAi), error }
+    }
+
+    /// The same answer with its body's `param` naming the one request member or parameter it is
+    /// about (the admin API's 400s; the gateway's refusals are about no one member and keep `null`).
+    pub fn with_param(mut self, param: &str) -> Self {
+        self.error.param = Some(param.to_owned());
+        self.body = render(&self.error, self.status, WireShape::OpenAi);
+        self
     }
 
     /// The same answer in the envelope of `shape`: status, headers and the `error` object are kept.
@@ -441,7 +452,8 @@ fn quoted(text: &str) -> String {
 }
 
 fn render(error: &ErrorFields, status: u16, shape: WireShape) -> Vec<u8> {
-    let body = ErrorBody { message: &error.message, kind: &error.kind, param: None, code: &error.code };
+    let param = error.param.as_deref();
+    let body = ErrorBody { message: &error.message, kind: &error.kind, param, code: &error.code };
     let rendered = match shape {
         WireShape::OpenAi => serde_json::to_vec_pretty(&Envelope { kind: None, error: body }),
         WireShape::Anthropic => serde_json::to_vec_pretty(&Envelope { kind: Some("error"), error: body }),
@@ -521,6 +533,18 @@ fn google_status(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_param_is_named_in_every_envelope_that_has_one() {
+        let answer = Answer::error(400, "invalid_request_error", "invalid_request", "limit_usd: no")
+            .with_param("limit_usd");
+        assert_eq!(
+            String::from_utf8(answer.body.clone()).expect("UTF-8"),
+            "{\n  \"error\": {\n    \"message\": \"limit_usd: no\",\n    \"type\": \"invalid_request_error\",\n    \"param\": \"limit_usd\",\n    \"code\": \"invalid_request\"\n  }\n}"
+        );
+        let anthropic = String::from_utf8(answer.shaped(WireShape::Anthropic).body).expect("UTF-8");
+        assert!(anthropic.contains("\"param\": \"limit_usd\""), "{anthropic}");
+    }
 
     #[test]
     fn invalid_api_key_bytes_are_exact() {
