@@ -9,10 +9,12 @@ use crate::money::Nanos;
 use crate::usage::Usage;
 
 pub mod import;
+mod resolution;
 mod table;
 mod wire;
 
-pub use table::{Fallback, KINDS, PriceScope, PriceSource, PriceTable, PricedAs, Resolution, TableEntry};
+pub use resolution::{Fallback, PriceScope, PriceSource, PricedAs, Resolution, TableEntry};
+pub use table::{KINDS, PriceTable};
 pub(crate) use wire::TableFile;
 pub use wire::{LongContextWire, PriceError, PriceTableError, PriceWire, RatesWire};
 
