@@ -21,10 +21,6 @@ pub use surface::{Surface, model_in_path, streams_by_path};
 /// Beyond it the usage is given up (`None`) rather than memory grown without bound.
 pub const MAX_TAPPED_BYTES: usize = 16 << 20;
 
-/// The most text of stream chunks kept unread (see `stream::Tally::unread`); beyond it they are read
-/// at once, so that a long stream costs no more memory than this. Every open stream holds up to
-/// this much (a node holds ten thousand at once): 64 KiB took a 20 s stream to 116 KiB of RSS.
-
 /// The estimation rule of thumb: about four characters of English per token.
 const CHARS_PER_TOKEN: u64 = 4;
 
