@@ -8,7 +8,6 @@
 //! hash, plus about 4 bytes of directory; organizations are shared by index rather than by a
 //! pointer per key.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -20,6 +19,15 @@ use crate::models::ModelAllowlist;
 use crate::pricing::PriceTable;
 use crate::ratelimit::KeyLimits;
 use crate::timestamp::Timestamp;
+
+mod builder;
+mod key_table;
+
+pub use builder::SnapshotBuilder;
+use key_table::{
+    ALLOWED_ENDPOINTS, ALLOWED_MODELS, EXPIRES, KeyTable, LONG_ID, MAX_CONCURRENT, PackedId,
+    REQUESTS_PER_MINUTE, Row, TOKENS_PER_MINUTE,
+};
 
 pub use crate::provider_kind::ProviderKind;
 
@@ -120,302 +128,6 @@ impl std::fmt::Debug for StoredId<'_> {
             Self::Packed(packed) => std::fmt::Debug::fmt(&packed.key_id(), f),
             Self::Long(id) => std::fmt::Debug::fmt(id, f),
         }
-    }
-}
-
-/// The most characters after `key_` a key id may have to be stored in its row; longer ids (none
-/// that Recovea mints) are kept beside the table.
-const PACKED_ID_CHARS: usize = 32;
-
-/// A key id's base62 characters after its prefix, six bits each: 32 of them in 24 bytes.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct PackedId {
-    bits: [u8; PACKED_ID_CHARS * 6 / 8],
-    len: u8,
-}
-
-impl PackedId {
-    /// Stands in the row of a key whose id is too long to pack.
-    const LONG: Self = Self { bits: [0; PACKED_ID_CHARS * 6 / 8], len: 0 };
-
-    fn pack(suffix: &str) -> Option<Self> {
-        let chars = suffix.as_bytes();
-        if chars.len() > PACKED_ID_CHARS {
-            return None;
-        }
-        let mut bits = [0u8; PACKED_ID_CHARS * 6 / 8];
-        // Eight characters (48 bits) per six bytes.
-        for (group, chunk) in chars.chunks(8).enumerate() {
-            let mut word = 0u64;
-            for (i, &c) in chunk.iter().enumerate() {
-                word |= u64::from(crate::ids::base62_value(c)?) << (6 * i);
-            }
-            bits[group * 6..group * 6 + 6].copy_from_slice(&word.to_le_bytes()[..6]);
-        }
-        Some(Self { bits, len: u8::try_from(chars.len()).ok()? })
-    }
-
-    /// Writes the characters into `out` and returns how many there are.
-    fn unpack(&self, out: &mut [u8; PACKED_ID_CHARS]) -> usize {
-        let len = usize::from(self.len).min(PACKED_ID_CHARS);
-        for (group, chunk) in out[..len].chunks_mut(8).enumerate() {
-            let mut word = [0u8; 8];
-            word[..6].copy_from_slice(&self.bits[group * 6..group * 6 + 6]);
-            let word = u64::from_le_bytes(word);
-            for (i, c) in chunk.iter_mut().enumerate() {
-                *c = crate::ids::BASE62[((word >> (6 * i)) & 63) as usize % 62];
-            }
-        }
-        len
-    }
-
-    fn key_id(&self) -> KeyId {
-        let mut text = [0u8; KeyId::PREFIX.len() + PACKED_ID_CHARS];
-        text[..KeyId::PREFIX.len()].copy_from_slice(KeyId::PREFIX.as_bytes());
-        let mut chars = [0u8; PACKED_ID_CHARS];
-        let len = self.unpack(&mut chars);
-        text[KeyId::PREFIX.len()..KeyId::PREFIX.len() + len].copy_from_slice(&chars[..len]);
-        std::str::from_utf8(&text[..KeyId::PREFIX.len() + len])
-            .ok()
-            .and_then(KeyId::parse)
-            .expect("a packed id was packed from a valid id")
-    }
-}
-
-const EXPIRES: u8 = 1;
-const REQUESTS_PER_MINUTE: u8 = 2;
-const TOKENS_PER_MINUTE: u8 = 4;
-const LONG_ID: u8 = 8;
-/// Only in a change: the key goes.
-const REMOVED: u8 = 16;
-/// The key lists its models (kept beside the table: few keys do).
-const ALLOWED_MODELS: u8 = 32;
-/// The key lists its endpoints (kept beside the table).
-const ALLOWED_ENDPOINTS: u8 = 64;
-/// The key limits its requests in flight (kept beside the table). The last bit of `flags`: a
-/// further rule kept beside the table shares a map rather than take a bit.
-const MAX_CONCURRENT: u8 = 128;
-
-/// A key in the table: 80 bytes, no pointer to follow. `org` indexes the snapshot's organizations.
-#[derive(Clone, Copy)]
-struct Row {
-    hash: KeyHash,
-    id: PackedId,
-    flags: u8,
-    org: u32,
-    expires_at: i64,
-    requests_per_minute: u32,
-    tokens_per_minute: u32,
-}
-
-impl Row {
-    /// The row of `key`, and whether its id is too long to pack.
-    fn new(hash: KeyHash, key: &KeyParts<'_>, org: u32) -> (Row, bool) {
-        let packed = PackedId::pack(key.id.suffix());
-        let limits = key.limits;
-        let flags = key.expires_at.map_or(0, |_| EXPIRES)
-            | limits.requests_per_minute.map_or(0, |_| REQUESTS_PER_MINUTE)
-            | limits.tokens_per_minute.map_or(0, |_| TOKENS_PER_MINUTE)
-            | packed.map_or(LONG_ID, |_| 0)
-            | key.allowed_models.map_or(0, |_| ALLOWED_MODELS)
-            | key.allowed_endpoints.map_or(0, |_| ALLOWED_ENDPOINTS)
-            | key.max_concurrent_requests.map_or(0, |_| MAX_CONCURRENT);
-        let row = Row {
-            hash,
-            id: packed.unwrap_or(PackedId::LONG),
-            flags,
-            org,
-            expires_at: key.expires_at.map_or(0, |t| t.0),
-            requests_per_minute: limits.requests_per_minute.unwrap_or(0),
-            tokens_per_minute: limits.tokens_per_minute.unwrap_or(0),
-        };
-        (row, packed.is_none())
-    }
-
-    /// A change that removes the key of `hash`.
-    fn removal(hash: KeyHash) -> Row {
-        Row {
-            hash,
-            id: PackedId::LONG,
-            flags: REMOVED,
-            org: 0,
-            expires_at: 0,
-            requests_per_minute: 0,
-            tokens_per_minute: 0,
-        }
-    }
-}
-
-/// The first eight bytes of a hash, in the order hashes sort in.
-fn prefix(hash: &KeyHash) -> u64 {
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&hash.0[..8]);
-    u64::from_be_bytes(first)
-}
-
-/// How many leading bits of the hash choose a key's bucket: about one key per bucket.
-fn bucket_bits(keys: usize) -> u32 {
-    (usize::BITS - keys.leading_zeros()).clamp(1, 32)
-}
-
-/// The keys: rows sorted by hash in a dense vector, and a directory of where each bucket (the
-/// hashes sharing their first `bits` bits) starts. SHA-256 spreads the hashes uniformly, so a
-/// bucket holds about one key: a lookup reads one directory entry (4 bytes a key, small enough to
-/// stay cached) and then the row, where a hash table would read its index and then the row.
-#[derive(Clone, Default)]
-struct KeyTable {
-    rows: Vec<Row>,
-    /// `dir[b]`: the first row of bucket `b` and later ones; `2^bits + 1` long (empty: no rows).
-    dir: Vec<u32>,
-    bits: u32,
-    /// The ids too long to pack, by key.
-    long_ids: HashMap<KeyHash, KeyId>,
-    /// The rules of the keys that have them, kept beside the table: few keys do.
-    beside: Beside,
-}
-
-/// What only some keys have, by key: their model and endpoint allowlists and their limit of
-/// requests in flight.
-#[derive(Clone, Default)]
-struct Beside {
-    models: HashMap<KeyHash, Arc<ModelAllowlist>>,
-    endpoints: HashMap<KeyHash, Arc<EndpointAllowlist>>,
-    concurrency: HashMap<KeyHash, u32>,
-}
-
-impl Beside {
-    /// Sets (or clears) what the key of `hash` has beside the table.
-    fn put(&mut self, hash: KeyHash, key: &KeyParts<'_>) {
-        fn set<V>(map: &mut HashMap<KeyHash, V>, hash: KeyHash, value: Option<V>) {
-            match value {
-                Some(value) => {
-                    map.insert(hash, value);
-                }
-                None if !map.is_empty() => {
-                    map.remove(&hash);
-                }
-                None => {}
-            }
-        }
-        set(&mut self.models, hash, key.allowed_models.map(|list| Arc::new(list.clone())));
-        set(&mut self.endpoints, hash, key.allowed_endpoints.map(|list| Arc::new(list.clone())));
-        set(&mut self.concurrency, hash, key.max_concurrent_requests);
-    }
-
-    fn remove(&mut self, hash: &KeyHash) {
-        if !self.models.is_empty() {
-            self.models.remove(hash);
-        }
-        if !self.endpoints.is_empty() {
-            self.endpoints.remove(hash);
-        }
-        if !self.concurrency.is_empty() {
-            self.concurrency.remove(hash);
-        }
-    }
-
-    /// Only the entries of keys `kept` holds.
-    fn retain(&mut self, kept: impl Fn(&KeyHash) -> bool) {
-        self.models.retain(|hash, _| kept(hash));
-        self.endpoints.retain(|hash, _| kept(hash));
-        self.concurrency.retain(|hash, _| kept(hash));
-    }
-
-    fn is_empty(&self) -> bool {
-        self.models.is_empty() && self.endpoints.is_empty() && self.concurrency.is_empty()
-    }
-}
-
-impl KeyTable {
-    /// `rows` sorted by hash, each hash once.
-    fn from_sorted(rows: Vec<Row>, long_ids: HashMap<KeyHash, KeyId>, beside: Beside) -> KeyTable {
-        let bits = bucket_bits(rows.len());
-        let buckets = 1usize << bits;
-        let shift = 64 - bits;
-        let mut dir = Vec::with_capacity(buckets + 1);
-        let mut at = 0;
-        for bucket in 0..=buckets as u64 {
-            while rows.get(at).is_some_and(|row| prefix(&row.hash) >> shift < bucket) {
-                at += 1;
-            }
-            dir.push(at as u32);
-        }
-        KeyTable { rows, dir, bits, long_ids, beside }
-    }
-
-    fn len(&self) -> usize {
-        self.rows.len()
-    }
-
-    fn get(&self, hash: &KeyHash) -> Option<&Row> {
-        let bucket = (prefix(hash) >> (64 - self.bits)) as usize;
-        let (&start, &end) = (self.dir.get(bucket)?, self.dir.get(bucket + 1)?);
-        self.rows.get(start as usize..end as usize)?.iter().find(|row| row.hash == *hash)
-    }
-
-    /// The table after `changes` (rows, or removals, in any order; the last change of a key wins),
-    /// keeping only the rows of `self` that `keep` says to keep.
-    fn changed(
-        &self,
-        mut changes: Vec<Row>,
-        long_ids: HashMap<KeyHash, KeyId>,
-        beside: Beside,
-        keep: impl Fn(&Row) -> bool,
-    ) -> KeyTable {
-        // Stable, so that the last change of a key is the last of its run.
-        changes.sort_by_key(|row| row.hash);
-        changes.dedup_by(|later, earlier| {
-            if later.hash == earlier.hash {
-                *earlier = *later;
-                true
-            } else {
-                false
-            }
-        });
-        let kept: Cow<'_, [Row]> = if self.rows.iter().all(&keep) {
-            Cow::Borrowed(&self.rows)
-        } else {
-            Cow::Owned(self.rows.iter().filter(|row| keep(row)).copied().collect())
-        };
-        let rows = if kept.is_empty() {
-            changes.retain(|row| row.flags & REMOVED == 0);
-            changes
-        } else {
-            // Runs of unchanged rows are copied whole between the changes.
-            let added = changes.iter().filter(|row| row.flags & REMOVED == 0).count();
-            let mut rows = Vec::with_capacity(kept.len() + added);
-            let mut from = 0;
-            for change in changes {
-                let at = from + kept[from..].partition_point(|row| row.hash < change.hash);
-                rows.extend_from_slice(&kept[from..at]);
-                from = at;
-                if kept.get(at).is_some_and(|row| row.hash == change.hash) {
-                    from += 1;
-                }
-                if change.flags & REMOVED == 0 {
-                    rows.push(change);
-                }
-            }
-            rows.extend_from_slice(&kept[from..]);
-            rows
-        };
-        let mut table = KeyTable::from_sorted(rows, long_ids, beside);
-        if !table.long_ids.is_empty() && matches!(kept, Cow::Owned(_)) {
-            let long_ids = std::mem::take(&mut table.long_ids);
-            table.long_ids = long_ids.into_iter().filter(|(hash, _)| table.get(hash).is_some()).collect();
-        }
-        if !table.beside.is_empty() && matches!(kept, Cow::Owned(_)) {
-            let mut beside = std::mem::take(&mut table.beside);
-            beside.retain(|hash| table.get(hash).is_some());
-            table.beside = beside;
-        }
-        table
-    }
-}
-
-impl std::fmt::Debug for KeyTable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyTable").field("keys", &self.rows.len()).field("bucket_bits", &self.bits).finish()
     }
 }
 
@@ -621,145 +333,6 @@ fn shared(mut org: Org) -> Arc<Org> {
     Arc::new(org)
 }
 
-/// Builds a snapshot: organizations with their credentials first, then the keys that point at them.
-#[derive(Debug, Default)]
-pub struct SnapshotBuilder {
-    version: u64,
-    orgs: HashMap<OrgId, (Vec<ProviderCredential>, Vec<Cap>)>,
-    keys: Vec<(KeyHash, KeyId, OrgId, Option<Timestamp>, KeyLimits)>,
-    key_rules: HashMap<KeyHash, Rules>,
-    org_rules: HashMap<OrgId, Rules>,
-    prices: Option<Prices>,
-}
-
-/// What a key or an organization may do beyond its caps and rate limits, as the builder gathers it.
-#[derive(Debug, Default)]
-struct Rules {
-    models: Option<ModelAllowlist>,
-    endpoints: Option<EndpointAllowlist>,
-    max_concurrent_requests: Option<u32>,
-}
-
-impl SnapshotBuilder {
-    pub fn new(version: u64) -> Self {
-        Self { version, ..Self::default() }
-    }
-
-    pub fn org(&mut self, id: OrgId) -> &mut Self {
-        self.orgs.entry(id).or_default();
-        self
-    }
-
-    pub fn provider(&mut self, org: &OrgId, credential: ProviderCredential) -> &mut Self {
-        if let Some((providers, _)) = self.orgs.get_mut(org) {
-            match providers.iter_mut().find(|held| held.name == credential.name) {
-                Some(held) => *held = credential,
-                None => providers.push(credential),
-            }
-        }
-        self
-    }
-
-    /// Caps of organizations the builder does not hold are dropped.
-    pub fn cap(&mut self, cap: Cap) -> &mut Self {
-        if let Some((_, caps)) = self.orgs.get_mut(&cap.org_id) {
-            caps.push(cap);
-        }
-        self
-    }
-
-    pub fn key(&mut self, hash: KeyHash, id: KeyId, org: OrgId, expires_at: Option<Timestamp>) -> &mut Self {
-        self.key_with_limits(hash, id, org, expires_at, KeyLimits::default())
-    }
-
-    pub fn key_with_limits(
-        &mut self,
-        hash: KeyHash,
-        id: KeyId,
-        org: OrgId,
-        expires_at: Option<Timestamp>,
-        limits: KeyLimits,
-    ) -> &mut Self {
-        self.keys.push((hash, id, org, expires_at, limits));
-        self
-    }
-
-    /// The models the key of `hash` may use.
-    pub fn key_allowed_models(&mut self, hash: KeyHash, list: ModelAllowlist) -> &mut Self {
-        self.key_rules.entry(hash).or_default().models = Some(list);
-        self
-    }
-
-    /// The models the keys of `org` may use.
-    pub fn org_allowed_models(&mut self, org: OrgId, list: ModelAllowlist) -> &mut Self {
-        self.org_rules.entry(org).or_default().models = Some(list);
-        self
-    }
-
-    /// The endpoints the key of `hash` may call.
-    pub fn key_allowed_endpoints(&mut self, hash: KeyHash, list: EndpointAllowlist) -> &mut Self {
-        self.key_rules.entry(hash).or_default().endpoints = Some(list);
-        self
-    }
-
-    /// The endpoints the keys of `org` may call.
-    pub fn org_allowed_endpoints(&mut self, org: OrgId, list: EndpointAllowlist) -> &mut Self {
-        self.org_rules.entry(org).or_default().endpoints = Some(list);
-        self
-    }
-
-    /// The most requests of the key of `hash` in flight at once.
-    pub fn key_max_concurrent_requests(&mut self, hash: KeyHash, limit: u32) -> &mut Self {
-        self.key_rules.entry(hash).or_default().max_concurrent_requests = Some(limit);
-        self
-    }
-
-    /// The most requests of the keys of `org` in flight at once.
-    pub fn org_max_concurrent_requests(&mut self, org: OrgId, limit: u32) -> &mut Self {
-        self.org_rules.entry(org).or_default().max_concurrent_requests = Some(limit);
-        self
-    }
-
-    /// Without this, the built-in table at revision 0.
-    pub fn prices(&mut self, prices: Prices) -> &mut Self {
-        self.prices = Some(prices);
-        self
-    }
-
-    /// Keys of organizations the builder does not hold are dropped: they could not be served.
-    pub fn build(self) -> Snapshot {
-        let key_rules = &self.key_rules;
-        let none = Rules::default();
-        let keys = self.keys.iter().map(|(hash, id, org, expires_at, limits)| {
-            let rules = key_rules.get(hash).unwrap_or(&none);
-            let parts = KeyParts {
-                id,
-                org,
-                expires_at: *expires_at,
-                limits: *limits,
-                allowed_models: rules.models.as_ref(),
-                allowed_endpoints: rules.endpoints.as_ref(),
-                max_concurrent_requests: rules.max_concurrent_requests,
-            };
-            (*hash, Some(parts))
-        });
-        let mut org_rules = self.org_rules;
-        let orgs = self.orgs.into_iter().map(|(id, (providers, caps))| {
-            let rules = org_rules.remove(&id).unwrap_or_default();
-            let org = Org {
-                id: id.clone(),
-                providers: providers.into(),
-                caps: caps.into(),
-                allowed_models: rules.models,
-                allowed_endpoints: rules.endpoints,
-                max_concurrent_requests: rules.max_concurrent_requests,
-            };
-            (id, Some(org))
-        });
-        Snapshot::default().with_changes(self.version, orgs, keys, Some(self.prices.unwrap_or_default()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -769,7 +342,7 @@ mod tests {
         OrgId::parse(s).expect("a valid org id")
     }
 
-    fn key_id(s: &str) -> KeyId {
+    pub(super) fn key_id(s: &str) -> KeyId {
         KeyId::parse(s).expect("a valid key id")
     }
 
@@ -801,21 +374,6 @@ mod tests {
         let mut bytes = [n; 32];
         bytes[..4].copy_from_slice(&tag.to_be_bytes());
         KeyHash(bytes)
-    }
-
-    #[test]
-    fn a_row_is_eighty_bytes() {
-        assert_eq!(std::mem::size_of::<Row>(), 80);
-    }
-
-    #[test]
-    fn minted_ids_pack_and_long_ids_do_not() {
-        let minted = crate::ids::mint(KeyId::PREFIX, KeyId::RANDOM_LEN, || 201);
-        let id = key_id(&minted);
-        let packed = PackedId::pack(id.suffix()).expect("a minted id packs");
-        assert_eq!(packed.key_id(), id);
-        assert!(PackedId::pack(&"a".repeat(PACKED_ID_CHARS + 1)).is_none());
-        assert!(PackedId::pack("a-b").is_none());
     }
 
     #[test]

@@ -32,9 +32,11 @@ use crate::shared::{
     CounterError, LineAsk, LineWindow, Seed, SharedCounters, SyncPush, Unseeded, WindowPush,
 };
 
+mod entry;
 mod line;
 mod sync;
 
+use entry::{Entry, State};
 pub use line::Reservation;
 
 /// Past this many entries the least recently used ones holding nothing unconfirmed are forgotten.
@@ -173,59 +175,6 @@ const NOT_MEASURED: i64 = i64::MIN;
 /// [`DEADLINE_PER_ROUND_TRIP`] of them, at least [`AT_THE_LINE`] and at most [`MOST_AT_THE_LINE`].
 pub fn line_deadline(round_trip: Duration) -> Duration {
     round_trip.saturating_mul(DEADLINE_PER_ROUND_TRIP).clamp(AT_THE_LINE, MOST_AT_THE_LINE)
-}
-
-struct Entry {
-    id: u64,
-    org: OrgId,
-    cap: CapId,
-    start: Timestamp,
-    last_used: AtomicU64,
-    state: Mutex<State>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    /// Unknown for a window that was only read.
-    end: Option<Timestamp>,
-    /// The store's total as last read (or seeded); it includes `acked`.
-    confirmed: Nanos,
-    /// The store's total as last read, seeded or not.
-    store_total: Nanos,
-    /// The last total read while the store held a seeded total, plus what this node pushed since:
-    /// while the store's total is not seeded (lost in a flush) the view never drops below it.
-    floor: Nanos,
-    /// Every increment this entry added.
-    cumulative: Nanos,
-    /// The part of `cumulative` the store acknowledged.
-    acked: Nanos,
-    own_reserved: Nanos,
-    /// Live reservations (an estimate may be zero).
-    live: u32,
-    others_reserved: Nanos,
-    /// A ledger-rebuilt total waiting to be pushed.
-    seed: Option<Seed>,
-    /// The earliest start of a request counted or reserved for here (see [`WindowPush::since`]).
-    since: Option<Timestamp>,
-    /// The store has held this window seeded: found unseeded again, the store lost it.
-    was_seeded: bool,
-    /// The store reported the window unseeded and no seed is waiting.
-    missing: bool,
-    /// The limit of the window's cap while it is armed.
-    line: Option<Nanos>,
-    /// Room the store holds in this entry's reservation for requests not received yet (shared
-    /// counters only); a request it covers takes its estimate from it.
-    spare: Nanos,
-    /// Estimates admitted since the last push: what sizes the next spare.
-    admitted: Nanos,
-    /// Estimates of requests waiting for the store's answer at the line.
-    pending: Nanos,
-    /// Requests reserved at the line whose records the next push removes (their estimates are in
-    /// `own_reserved` by then, or they ended).
-    fold: Vec<u64>,
-    /// Spend the line counts that the store does not hold: deferred jobs' holds and settled
-    /// costs, from the control plane's book ([`Counters::set_external`]).
-    external: Nanos,
 }
 
 /// A window a request counts against, and its cap's limit while the cap is armed.
@@ -474,102 +423,6 @@ impl Counters {
 
     fn write_map(&self) -> RwLockWriteGuard<'_, HashMap<(CapId, Timestamp), Arc<Entry>>> {
         self.windows.write().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl Entry {
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// What the next sync pushes for this window. On shared counters an armed window's spare is
-    /// resized here: what it gives back is taken from the view before the push (no request may
-    /// use room the push returns), and what it asks for more is added when granted.
-    fn push(&self, shared_line: bool) -> WindowPush {
-        let mut s = self.state();
-        let (grow, ceiling) = match s.line {
-            Some(limit) if shared_line && s.end.is_some() => {
-                let room = s.room(limit);
-                let wanted = spare_wanted(limit, room, std::mem::take(&mut s.admitted));
-                s.spare = s.spare.min(wanted);
-                let ceiling = Nanos(spare_ceiling(limit).0.saturating_sub(s.external.0).max(0));
-                (Nanos(wanted.0 - s.spare.0), Some(ceiling))
-            }
-            _ => {
-                s.admitted = Nanos::ZERO;
-                s.spare = Nanos::ZERO;
-                (Nanos::ZERO, None)
-            }
-        };
-        WindowPush {
-            org: self.org.clone(),
-            cap: self.cap.clone(),
-            start: self.start,
-            end: s.end,
-            entry: self.id,
-            cumulative: s.cumulative,
-            since: s.since,
-            reserved: s.own_reserved.saturating_add(s.spare),
-            seed: s.seed.clone(),
-            spare: s.spare,
-            grow,
-            ceiling,
-            fold: std::mem::take(&mut s.fold),
-        }
-    }
-
-    /// A push that failed: its records are removed at the next one, and the spare is given up
-    /// until a sync confirms it again (the store may expire this node's reservation meanwhile).
-    fn unpushed(&self, pushed: &WindowPush) {
-        let mut s = self.state();
-        s.fold.extend_from_slice(&pushed.fold);
-        s.spare = Nanos::ZERO;
-    }
-
-    fn forgettable(&self, now: Timestamp) -> bool {
-        let s = self.state();
-        // A window that has not ended is kept however idle (the LRU bound of `forget` aside):
-        // forgotten, its next read would count from zero and let a cap's line be crossed.
-        match s.end {
-            Some(end) if end.0.saturating_add(ABANDON_AFTER_END_MS) <= now.0 => true,
-            Some(end) => s.is_clean() && end <= now,
-            None => false,
-        }
-    }
-}
-
-impl State {
-    /// A request that started at `started_at` counts here.
-    fn counts_from(&mut self, started_at: Timestamp) {
-        self.since = Some(self.since.map_or(started_at, |since| since.min(started_at)));
-    }
-
-    /// The room left below `limit` by the spend and reservations this node knows of, its own
-    /// spare aside.
-    fn room(&self, limit: Nanos) -> Nanos {
-        let committed = i128::from(self.confirmed.0)
-            + i128::from(self.cumulative.0.saturating_sub(self.acked.0))
-            + i128::from(self.others_reserved.0)
-            + i128::from(self.own_reserved.0)
-            + i128::from(self.pending.0)
-            + i128::from(self.external.0);
-        let room = i128::from(limit.0) - committed;
-        Nanos(i64::try_from(room).unwrap_or(if room < 0 { i64::MIN } else { i64::MAX }))
-    }
-
-    /// Whether no spare may be held: within a fifth of the line.
-    fn near_the_line(&self, limit: Nanos) -> bool {
-        spare_wanted(limit, self.room(limit), Nanos(i64::MAX)) == Nanos::ZERO
-    }
-
-    /// Nothing here that the store has not acknowledged, and no live reservation or spare.
-    fn is_clean(&self) -> bool {
-        self.live == 0
-            && self.cumulative == self.acked
-            && self.seed.is_none()
-            && self.spare == Nanos::ZERO
-            && self.pending == Nanos::ZERO
-            && self.fold.is_empty()
     }
 }
 

@@ -1,6 +1,9 @@
 //! The control store on PostgreSQL: organizations, keys, providers, prices, caps, alerts and nodes,
 //! and the state nodes are built from.
 
+mod credentials;
+mod state;
+
 use postgres::{GenericClient, Transaction};
 use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId, OrgTokenId};
 use recovea_core::keys::KeyHash;
@@ -10,13 +13,12 @@ use recovea_core::timestamp::Timestamp;
 use super::{PostgresStore, backend, select, select_optional};
 use crate::audit::{self, AUDIT_COLUMNS, AuditContext, AuditEntry, AuditQuery};
 use crate::rows::{
-    self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, Columns, KEY_COLUMNS, NODE_COLUMNS, NODE_CREDENTIAL_COLUMNS,
-    ORG_COLUMNS, ORG_TOKEN_COLUMNS, OrgIds, PRICE_COLUMNS, PROVIDER_COLUMNS, alert_at_text, corrupt,
+    self, ALERT_COLUMNS, Columns, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, PROVIDER_COLUMNS, alert_at_text,
     presented_columns, saturating_i64,
 };
 use crate::{
     AccessRules, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeCredentialRecord, NodeRecord,
-    OrgRecord, OrgTokenRecord, PriceChange, PriceOverride, ProviderRecord, Result, State, StoreError,
+    OrgRecord, OrgTokenRecord, PriceChange, ProviderRecord, Result, State, StoreError,
 };
 
 /// A cap's columns, in the order [`rows::cap`] reads them (`window` is a reserved word here).
@@ -221,70 +223,11 @@ impl ControlStore for PostgresStore {
     }
 
     fn state(&self) -> Result<State> {
-        let mut client = self.client()?;
-        // One snapshot for every read, so the version matches the rows read with it.
-        let mut tx = super::snapshot(&mut client)?;
-        let version = tx.query_one("SELECT version FROM state_version", &[]).map_err(backend)?.count(0)?;
-        let orgs = select(
-            &mut tx,
-            &format!("SELECT {ORG_COLUMNS} FROM orgs ORDER BY created_at, id"),
-            &[],
-            rows::org,
-        )?;
-        let org_ids = OrgIds::of(&orgs);
-        let active_keys = select(
-            &mut tx,
-            &format!(
-                "SELECT {ACTIVE_KEY_COLUMNS} FROM keys WHERE revoked_at IS NULL ORDER BY created_at, id"
-            ),
-            &[],
-            |row| rows::active_key(row, &org_ids),
-        )?;
-        let providers = select(
-            &mut tx,
-            &format!("SELECT {PROVIDER_COLUMNS} FROM providers ORDER BY org_id, name"),
-            &[],
-            rows::provider,
-        )?;
-        let price_revision = tx
-            .query_one("SELECT COALESCE(MAX(revision), 0)::BIGINT FROM price_log", &[])
-            .map_err(backend)?
-            .count(0)?;
-        let price_overrides = prices_in_force(&mut tx)?;
-        let caps = select(
-            &mut tx,
-            &format!("SELECT {CAP_COLUMNS} FROM caps ORDER BY created_at, id"),
-            &[],
-            rows::cap,
-        )?;
-        tx.commit().map_err(backend)?;
-        Ok(State { version, orgs, active_keys, providers, price_revision, price_overrides, caps })
+        state::state(self)
     }
 
     fn change_prices(&self, changes: &[PriceChange], at: Timestamp, audit: &AuditContext) -> Result<u64> {
-        let log_rows = rows::price_rows(changes)?;
-        self.change(audit, |tx| {
-            let in_force = prices_in_force(tx)?;
-            if !rows::removes_only_prices_in_force(&log_rows, &in_force) {
-                return Err(StoreError::NotFound);
-            }
-            let revision = tx
-                .query_one("SELECT COALESCE(MAX(revision), 0)::BIGINT + 1 FROM price_log", &[])
-                .map_err(backend)?
-                .integer(0)?;
-            let insert = tx
-                .prepare(
-                    "INSERT INTO price_log (revision, target, name, kind, price, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6)",
-                )
-                .map_err(backend)?;
-            for (target, name, kind, price) in &log_rows {
-                tx.execute(&insert, &[&revision, target, name, kind, price, &at.0]).map_err(backend)?;
-            }
-            let revision =
-                u64::try_from(revision).map_err(|_| corrupt(format!("bad revision {revision}")))?;
-            Ok((revision, Some(audit::price_change(changes, &in_force, revision))))
-        })
+        state::change_prices(self, changes, at, audit)
     }
 
     fn create_cap(&self, record: &CapRecord, audit: &AuditContext) -> Result<()> {
@@ -430,25 +373,11 @@ impl ControlStore for PostgresStore {
         hash: KeyHash,
         audit: &AuditContext,
     ) -> Result<()> {
-        self.change(audit, |tx| {
-            tx.execute(
-                &format!("INSERT INTO node_credentials ({NODE_CREDENTIAL_COLUMNS}, hash) VALUES ($1, $2, $3, $4, $5)"),
-                &[
-                    &credential.id.as_str(),
-                    &credential.name,
-                    &credential.created_at.0,
-                    &credential.revoked_at.map(|t| t.0),
-                    &&hash.0[..],
-                ],
-            )
-            .map_err(backend)?;
-            Ok(((), Some(audit::node_credential_change("create", None, credential))))
-        })
+        credentials::create_node_credential(self, credential, hash, audit)
     }
 
     fn node_credentials(&self) -> Result<Vec<NodeCredentialRecord>> {
-        let sql = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials ORDER BY created_at, id");
-        select(&mut *self.client()?, &sql, &[], rows::node_credential)
+        credentials::node_credentials(self)
     }
 
     fn revoke_node_credential(
@@ -457,60 +386,23 @@ impl ControlStore for PostgresStore {
         at: Timestamp,
         audit: &AuditContext,
     ) -> Result<Option<NodeCredentialRecord>> {
-        self.change(audit, |tx| {
-            let by_id = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials WHERE id = $1");
-            let before = select_optional(tx, &by_id, &[&id.as_str()], rows::node_credential)?;
-            tx.execute(
-                "UPDATE node_credentials SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1",
-                &[&id.as_str(), &at.0],
-            )
-            .map_err(backend)?;
-            let after = select_optional(tx, &by_id, &[&id.as_str()], rows::node_credential)?;
-            let row =
-                after.as_ref().map(|after| audit::node_credential_change("revoke", before.as_ref(), after));
-            Ok((after, row))
-        })
+        credentials::revoke_node_credential(self, id, at, audit)
     }
 
     fn node_credential_by_hash(&self, hash: KeyHash) -> Result<Option<NodeCredentialRecord>> {
-        let sql = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials WHERE hash = $1");
-        select_optional(&mut *self.client()?, &sql, &[&&hash.0[..]], rows::node_credential)
+        credentials::node_credential_by_hash(self, hash)
     }
 
     fn create_org_token(&self, token: &OrgTokenRecord, hash: KeyHash, audit: &AuditContext) -> Result<()> {
-        self.change(audit, |tx| {
-            if !org_exists(tx, &token.org_id)? {
-                return Err(StoreError::NotFound);
-            }
-            tx.execute(
-                &format!(
-                    "INSERT INTO org_tokens ({ORG_TOKEN_COLUMNS}, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-                ),
-                &[
-                    &token.id.as_str(),
-                    &token.org_id.as_str(),
-                    &token.name,
-                    &token.role.as_str(),
-                    &token.prefix,
-                    &token.created_at.0,
-                    &token.expires_at.map(|t| t.0),
-                    &token.revoked_at.map(|t| t.0),
-                    &&hash.0[..],
-                ],
-            )
-            .map_err(backend)?;
-            Ok(((), Some(audit::org_token_change("create", None, token))))
-        })
+        credentials::create_org_token(self, token, hash, audit)
     }
 
     fn org_tokens(&self, org: &OrgId) -> Result<Vec<OrgTokenRecord>> {
-        let sql =
-            format!("SELECT {ORG_TOKEN_COLUMNS} FROM org_tokens WHERE org_id = $1 ORDER BY created_at, id");
-        select(&mut *self.client()?, &sql, &[&org.as_str()], rows::org_token)
+        credentials::org_tokens(self, org)
     }
 
     fn org_token(&self, id: &OrgTokenId) -> Result<Option<OrgTokenRecord>> {
-        org_token_by_id(&mut *self.client()?, id)
+        credentials::org_token(self, id)
     }
 
     fn revoke_org_token(
@@ -519,22 +411,11 @@ impl ControlStore for PostgresStore {
         at: Timestamp,
         audit: &AuditContext,
     ) -> Result<Option<OrgTokenRecord>> {
-        self.change(audit, |tx| {
-            let before = org_token_by_id(tx, id)?;
-            tx.execute(
-                "UPDATE org_tokens SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1",
-                &[&id.as_str(), &at.0],
-            )
-            .map_err(backend)?;
-            let after = org_token_by_id(tx, id)?;
-            let row = after.as_ref().map(|after| audit::org_token_change("revoke", before.as_ref(), after));
-            Ok((after, row))
-        })
+        credentials::revoke_org_token(self, id, at, audit)
     }
 
     fn org_token_by_hash(&self, hash: KeyHash) -> Result<Option<OrgTokenRecord>> {
-        let sql = format!("SELECT {ORG_TOKEN_COLUMNS} FROM org_tokens WHERE hash = $1");
-        select_optional(&mut *self.client()?, &sql, &[&&hash.0[..]], rows::org_token)
+        credentials::org_token_by_hash(self, hash)
     }
 
     fn key_owners(&self, ids: &[KeyId]) -> Result<Vec<(KeyId, OrgId)>> {
@@ -606,23 +487,7 @@ fn cap_by_id(client: &mut impl GenericClient, id: &CapId) -> Result<Option<CapRe
     select_optional(client, &sql, &[&id.as_str()], rows::cap)
 }
 
-fn org_token_by_id(client: &mut impl GenericClient, id: &OrgTokenId) -> Result<Option<OrgTokenRecord>> {
-    let sql = format!("SELECT {ORG_TOKEN_COLUMNS} FROM org_tokens WHERE id = $1");
-    select_optional(client, &sql, &[&id.as_str()], rows::org_token)
-}
-
 fn key_by_id(client: &mut impl GenericClient, id: &KeyId) -> Result<Option<KeyRecord>> {
     let sql = format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = $1");
     select_optional(client, &sql, &[&id.as_str()], rows::key)
-}
-
-/// The operators' prices in force: the latest row of each target, unless it removed the price.
-fn prices_in_force(client: &mut impl GenericClient) -> Result<Vec<PriceOverride>> {
-    let sql = format!(
-        "SELECT {PRICE_COLUMNS} FROM (
-             SELECT DISTINCT ON (target, name) {PRICE_COLUMNS}
-             FROM price_log ORDER BY target, name, revision DESC
-         ) latest WHERE price IS NOT NULL ORDER BY target, name"
-    );
-    select(client, &sql, &[], rows::price_override)
 }

@@ -1,6 +1,9 @@
 //! The control store on SQLite: organizations, keys, providers, prices, caps, alerts and nodes,
 //! and the state nodes are built from.
 
+mod credentials;
+mod state;
+
 use recovea_core::ids::{CapId, KeyId, NodeCredentialId, OrgId, OrgTokenId};
 use recovea_core::keys::KeyHash;
 use recovea_core::ratelimit::KeyLimits;
@@ -10,13 +13,12 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{SqliteStore, backend, select, select_optional};
 use crate::audit::{self, AUDIT_COLUMNS, AuditContext, AuditEntry, AuditQuery};
 use crate::rows::{
-    self, ACTIVE_KEY_COLUMNS, ALERT_COLUMNS, KEY_COLUMNS, NODE_COLUMNS, NODE_CREDENTIAL_COLUMNS, ORG_COLUMNS,
-    ORG_TOKEN_COLUMNS, OrgIds, PRICE_COLUMNS, PROVIDER_COLUMNS, alert_at_text, allowed_endpoints_text,
-    allowed_models_text, presented_columns, saturating_i64,
+    self, ALERT_COLUMNS, KEY_COLUMNS, NODE_COLUMNS, ORG_COLUMNS, PROVIDER_COLUMNS, alert_at_text,
+    allowed_endpoints_text, allowed_models_text, presented_columns, saturating_i64,
 };
 use crate::{
     AccessRules, AlertRecord, CapRecord, ControlStore, KeyRecord, NodeCredentialRecord, NodeRecord,
-    OrgRecord, OrgTokenRecord, PriceChange, PriceOverride, ProviderRecord, Result, State, StoreError,
+    OrgRecord, OrgTokenRecord, PriceChange, ProviderRecord, Result, State, StoreError,
 };
 
 /// A cap's columns, in the order [`rows::cap`] reads them.
@@ -355,25 +357,11 @@ impl ControlStore for SqliteStore {
         hash: KeyHash,
         audit: &AuditContext,
     ) -> Result<()> {
-        self.change(audit, |tx| {
-            tx.execute(
-                &format!("INSERT INTO node_credentials ({NODE_CREDENTIAL_COLUMNS}, hash) VALUES (?1, ?2, ?3, ?4, ?5)"),
-                params![
-                    credential.id.as_str(),
-                    credential.name,
-                    credential.created_at.0,
-                    credential.revoked_at.map(|t| t.0),
-                    &hash.0[..]
-                ],
-            )
-            .map_err(backend)?;
-            Ok(((), Some(audit::node_credential_change("create", None, credential))))
-        })
+        credentials::create_node_credential(self, credential, hash, audit)
     }
 
     fn node_credentials(&self) -> Result<Vec<NodeCredentialRecord>> {
-        let sql = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials ORDER BY created_at, id");
-        select(&self.conn(), &sql, [], rows::node_credential)
+        credentials::node_credentials(self)
     }
 
     fn revoke_node_credential(
@@ -382,60 +370,23 @@ impl ControlStore for SqliteStore {
         at: Timestamp,
         audit: &AuditContext,
     ) -> Result<Option<NodeCredentialRecord>> {
-        self.change(audit, |tx| {
-            let by_id = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials WHERE id = ?1");
-            let before = select_optional(tx, &by_id, [id.as_str()], rows::node_credential)?;
-            tx.execute(
-                "UPDATE node_credentials SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1",
-                params![id.as_str(), at.0],
-            )
-            .map_err(backend)?;
-            let after = select_optional(tx, &by_id, [id.as_str()], rows::node_credential)?;
-            let row =
-                after.as_ref().map(|after| audit::node_credential_change("revoke", before.as_ref(), after));
-            Ok((after, row))
-        })
+        credentials::revoke_node_credential(self, id, at, audit)
     }
 
     fn node_credential_by_hash(&self, hash: KeyHash) -> Result<Option<NodeCredentialRecord>> {
-        let sql = format!("SELECT {NODE_CREDENTIAL_COLUMNS} FROM node_credentials WHERE hash = ?1");
-        select_optional(&self.conn(), &sql, [&hash.0[..]], rows::node_credential)
+        credentials::node_credential_by_hash(self, hash)
     }
 
     fn create_org_token(&self, token: &OrgTokenRecord, hash: KeyHash, audit: &AuditContext) -> Result<()> {
-        self.change(audit, |tx| {
-            if !org_exists(tx, &token.org_id)? {
-                return Err(StoreError::NotFound);
-            }
-            tx.execute(
-                &format!(
-                    "INSERT INTO org_tokens ({ORG_TOKEN_COLUMNS}, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-                ),
-                params![
-                    token.id.as_str(),
-                    token.org_id.as_str(),
-                    token.name,
-                    token.role.as_str(),
-                    token.prefix,
-                    token.created_at.0,
-                    token.expires_at.map(|t| t.0),
-                    token.revoked_at.map(|t| t.0),
-                    &hash.0[..]
-                ],
-            )
-            .map_err(backend)?;
-            Ok(((), Some(audit::org_token_change("create", None, token))))
-        })
+        credentials::create_org_token(self, token, hash, audit)
     }
 
     fn org_tokens(&self, org: &OrgId) -> Result<Vec<OrgTokenRecord>> {
-        let sql =
-            format!("SELECT {ORG_TOKEN_COLUMNS} FROM org_tokens WHERE org_id = ?1 ORDER BY created_at, id");
-        select(&self.conn(), &sql, [org.as_str()], rows::org_token)
+        credentials::org_tokens(self, org)
     }
 
     fn org_token(&self, id: &OrgTokenId) -> Result<Option<OrgTokenRecord>> {
-        org_token_by_id(&self.conn(), id)
+        credentials::org_token(self, id)
     }
 
     fn revoke_org_token(
@@ -444,22 +395,11 @@ impl ControlStore for SqliteStore {
         at: Timestamp,
         audit: &AuditContext,
     ) -> Result<Option<OrgTokenRecord>> {
-        self.change(audit, |tx| {
-            let before = org_token_by_id(tx, id)?;
-            tx.execute(
-                "UPDATE org_tokens SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1",
-                params![id.as_str(), at.0],
-            )
-            .map_err(backend)?;
-            let after = org_token_by_id(tx, id)?;
-            let row = after.as_ref().map(|after| audit::org_token_change("revoke", before.as_ref(), after));
-            Ok((after, row))
-        })
+        credentials::revoke_org_token(self, id, at, audit)
     }
 
     fn org_token_by_hash(&self, hash: KeyHash) -> Result<Option<OrgTokenRecord>> {
-        let sql = format!("SELECT {ORG_TOKEN_COLUMNS} FROM org_tokens WHERE hash = ?1");
-        select_optional(&self.conn(), &sql, [&hash.0[..]], rows::org_token)
+        credentials::org_token_by_hash(self, hash)
     }
 
     fn key_owners(&self, ids: &[KeyId]) -> Result<Vec<(KeyId, OrgId)>> {
@@ -482,60 +422,11 @@ impl ControlStore for SqliteStore {
     }
 
     fn state(&self) -> Result<State> {
-        let mut conn = self.conn();
-        // One read transaction, so the version matches the rows read with it.
-        let tx = conn.transaction().map_err(backend)?;
-        let version: i64 =
-            tx.query_row("SELECT version FROM state_version", [], |r| r.get(0)).map_err(backend)?;
-        let orgs = select(&tx, &format!("SELECT {ORG_COLUMNS} FROM orgs"), [], rows::org)?;
-        let org_ids = OrgIds::of(&orgs);
-        let active_keys = select(
-            &tx,
-            &format!("SELECT {ACTIVE_KEY_COLUMNS} FROM keys WHERE revoked_at IS NULL"),
-            [],
-            |row| rows::active_key(row, &org_ids),
-        )?;
-        let providers =
-            select(&tx, &format!("SELECT {PROVIDER_COLUMNS} FROM providers"), [], rows::provider)?;
-        let price_revision: i64 = tx
-            .query_row("SELECT COALESCE(MAX(revision), 0) FROM price_log", [], |r| r.get(0))
-            .map_err(backend)?;
-        let price_overrides = prices_in_force(&tx)?;
-        let caps = select(&tx, &format!("SELECT {CAP_COLUMNS} FROM caps"), [], rows::cap)?;
-        tx.commit().map_err(backend)?;
-        Ok(State {
-            caps,
-            version: u64::try_from(version).unwrap_or(0),
-            orgs,
-            active_keys,
-            providers,
-            price_revision: u64::try_from(price_revision).unwrap_or(0),
-            price_overrides,
-        })
+        state::state(self)
     }
 
     fn change_prices(&self, changes: &[PriceChange], at: Timestamp, audit: &AuditContext) -> Result<u64> {
-        let log_rows = rows::price_rows(changes)?;
-        self.change(audit, |tx| {
-            let in_force = prices_in_force(tx)?;
-            if !rows::removes_only_prices_in_force(&log_rows, &in_force) {
-                return Err(StoreError::NotFound);
-            }
-            let revision: i64 = tx
-                .query_row("SELECT COALESCE(MAX(revision), 0) + 1 FROM price_log", [], |r| r.get(0))
-                .map_err(backend)?;
-            let mut insert = tx
-                .prepare(
-                    "INSERT INTO price_log (revision, target, name, kind, price, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )
-                .map_err(backend)?;
-            for (target, name, kind, price) in &log_rows {
-                insert.execute(params![revision, target, name, kind, price, at.0]).map_err(backend)?;
-            }
-            let revision = u64::try_from(revision).unwrap_or(0);
-            Ok((revision, Some(audit::price_change(changes, &in_force, revision))))
-        })
+        state::change_prices(self, changes, at, audit)
     }
 
     fn audit_log(&self, q: &AuditQuery) -> Result<Vec<AuditEntry>> {
@@ -590,24 +481,8 @@ fn cap_by_id(conn: &Connection, id: &CapId) -> Result<Option<CapRecord>> {
     select_optional(conn, &format!("SELECT {CAP_COLUMNS} FROM caps WHERE id = ?1"), [id.as_str()], rows::cap)
 }
 
-fn org_token_by_id(conn: &Connection, id: &OrgTokenId) -> Result<Option<OrgTokenRecord>> {
-    let sql = format!("SELECT {ORG_TOKEN_COLUMNS} FROM org_tokens WHERE id = ?1");
-    select_optional(conn, &sql, [id.as_str()], rows::org_token)
-}
-
 fn key_by_id(conn: &Connection, id: &KeyId) -> Result<Option<KeyRecord>> {
     select_optional(conn, &format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = ?1"), [id.as_str()], rows::key)
-}
-
-/// The operators' prices in force: the latest row of each target, unless it removed the price.
-fn prices_in_force(conn: &Connection) -> Result<Vec<PriceOverride>> {
-    let sql = format!(
-        "SELECT {PRICE_COLUMNS} FROM price_log p
-         WHERE price IS NOT NULL AND revision =
-             (SELECT MAX(revision) FROM price_log q WHERE q.target = p.target AND q.name = p.name)
-         ORDER BY target, name"
-    );
-    select(conn, &sql, [], rows::price_override)
 }
 
 fn cap_params(record: &CapRecord) -> Vec<Box<dyn rusqlite::ToSql>> {
