@@ -6,9 +6,8 @@
 use libfuzzer_sys::fuzz_target;
 use recovea_core::Answer;
 use recovea_providers::media;
-use recovea_providers::rewrite::{
-    Ambiguity, MAX_NAME_CHARS, force_include_usage, inspect, inspect_and_estimate,
-};
+use recovea_providers::request_body::{self, Ambiguity, MAX_NAME_CHARS};
+use recovea_providers::rewrite::force_include_usage;
 use recovea_providers::usage::{Surface, estimate_input_tokens};
 use serde_json::Value;
 
@@ -25,13 +24,13 @@ fuzz_target!(|body: &[u8]| {
             let _ = read.request.audio_seconds();
         }
     }
-    let facts = inspect(body);
+    let facts = request_body::facts(body);
     let Some(rewritten) = force_include_usage(body) else { return };
     assert!(facts.stream && !facts.client_asked_usage);
-    let after_facts = inspect(&rewritten);
+    let after_facts = request_body::facts(&rewritten);
     assert!(after_facts.stream && after_facts.client_asked_usage);
     assert_eq!(after_facts.model, facts.model);
-    // serde_json skips unread strings without checking their UTF-8, so `inspect` accepts some bodies
+    // serde_json skips unread strings without checking their UTF-8, so `request_body::facts` accepts some bodies
     // a full parse refuses; those are edited all the same, and compared only when they parse.
     let Ok(Value::Object(mut before)) = serde_json::from_slice::<Value>(body) else { return };
     let Ok(Value::Object(mut after)) = serde_json::from_slice::<Value>(&rewritten) else {
@@ -50,11 +49,11 @@ fuzz_target!(|body: &[u8]| {
     }
 });
 
-/// `inspect_and_estimate` on any body: the ambiguity it finds, and what it reads beside it.
+/// `request_body::read` on any body: the ambiguity it finds, and what it reads beside it.
 fn one_reading(body: &[u8]) {
-    let read = inspect_and_estimate(body);
-    // The facts are `inspect`'s, ambiguous or not: only the refusal is new.
-    assert_eq!(read.facts, inspect(body));
+    let read = request_body::read(body);
+    // The facts are `request_body::facts`'s, ambiguous or not: only the refusal is new.
+    assert_eq!(read.facts, request_body::facts(body));
     let marked = [&b"\xEF\xBB\xBF"[..], b"\xFE\xFF", b"\xFF\xFE", b"\x00\x00\xFE\xFF"]
         .iter()
         .any(|mark| body.trim_ascii_start().starts_with(mark));
@@ -77,7 +76,7 @@ fn one_reading(body: &[u8]) {
     let Ok(Value::Object(object)) = serde_json::from_slice::<Value>(body) else { return };
     // The same request with every name once, as a provider reading last-wins sees it.
     let once = serde_json::to_vec(&Value::Object(object)).expect("a value serialises");
-    let once_read = inspect_and_estimate(&once);
+    let once_read = request_body::read(&once);
     assert_eq!(once_read.ambiguity, None, "{}", String::from_utf8_lossy(&once));
     if read.ambiguity.is_none() {
         // Not refused: the gateway reads what the provider runs.

@@ -10,7 +10,7 @@ use recovea_core::Answer;
 use recovea_core::answer::WireShape;
 use recovea_core::caps::CapRefusal;
 use recovea_http1::{FramingError, RequestError};
-use recovea_providers::rewrite::Ambiguity;
+use recovea_providers::request_body::Ambiguity;
 use recovea_upstream::{BoxError, ResponseBody};
 
 use crate::metrics::Outcome;

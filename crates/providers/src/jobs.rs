@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::multipart;
-use crate::rewrite::inspect_and_estimate;
+use crate::request_body;
 use crate::usage::{Surface, Tapped, read_json};
 
 /// The estimate of a batch input file uploaded to `POST /v1/files`: `None` unless the form's
@@ -89,7 +89,7 @@ pub fn inline_batch(kind: JobKind, body: &[u8], path_model: Option<&str>) -> Opt
 /// Counts one request body of a batch: its model (the body's, else the path's), estimated input
 /// and output limit.
 fn add_request(input: &mut BatchInput, request: &[u8], path_model: Option<&str>) {
-    let inspected = inspect_and_estimate(request);
+    let inspected = request_body::read(request);
     let model = inspected.facts.model.as_deref().or(path_model);
     input.add(model, inspected.input_tokens, inspected.facts.max_output_tokens);
 }

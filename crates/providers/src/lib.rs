@@ -8,6 +8,7 @@ mod json_strategy;
 pub mod media;
 pub mod multipart;
 pub mod realtime;
+pub mod request_body;
 pub mod rewrite;
 pub mod route;
 pub mod sse;

@@ -212,10 +212,10 @@ impl UsageTap {
 /// audio part (`type` `image_url`, `input_image`, `image`, `document`, `input_file`, `file`,
 /// `input_audio`) counts as 1,000 tokens whatever its size. A body that is not a JSON object: 0.
 ///
-/// The request path has this from [`crate::rewrite::inspect_and_estimate`], in the parse that reads
+/// The request path has this from [`crate::request_body::read`], in the parse that reads
 /// the request's other facts.
 pub fn estimate_input_tokens(request_body: &[u8]) -> u64 {
-    crate::rewrite::inspect_and_estimate(request_body).input_tokens
+    crate::request_body::read(request_body).input_tokens
 }
 
 /// Estimates output tokens from the characters seen: `ceil(chars / 4)`.

@@ -13,7 +13,7 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use recovea_core::ids::OrgId;
 use recovea_core::models;
-use recovea_providers::rewrite::{self, InspectedRequest, RequestFacts};
+use recovea_providers::request_body::{self, BodyReading, RequestFacts};
 use recovea_providers::usage::Surface;
 use recovea_providers::{Route, headers};
 use recovea_upstream::BoxError;
@@ -138,7 +138,7 @@ pub(super) fn inspect(
 ) -> Result<Read, Refusal> {
     // One parse gives the facts and the input estimate that the caps and the receipt both need,
     // and whether the provider could read the body otherwise.
-    let InspectedRequest { mut facts, input_tokens, ambiguity } = rewrite::inspect_and_estimate(body);
+    let BodyReading { mut facts, input_tokens, ambiguity } = request_body::read(body);
     if let Some(ambiguity) = ambiguity
         && ctx.admitted.is_some()
         && !recovea_providers::body_is_a_file(endpoint)

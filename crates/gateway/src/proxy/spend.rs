@@ -19,7 +19,7 @@ use recovea_core::snapshot::Prices;
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::Reservation;
 use recovea_providers::jobs as provider_jobs;
-use recovea_providers::rewrite::RequestFacts;
+use recovea_providers::request_body::RequestFacts;
 
 use crate::line::{self, Ask};
 use crate::metering::{Charge, Creating};

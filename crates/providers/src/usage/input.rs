@@ -8,7 +8,7 @@
 //! decides about, so an object's members are held until its end.
 //!
 //! `tools` is counted here, so its tools' names (and their `function`'s) are checked for repeats
-//! here too, as they are read (`rewrite::ambiguity`), and its built-in web search tools found, with
+//! here too, as they are read (`request_body::ambiguity`), and its built-in web search tools found, with
 //! their call limits (`max_uses`), for the reservation.
 
 use std::borrow::Cow;
@@ -16,7 +16,7 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::rewrite::ambiguity::{self, LISTED_INSIDE, Names, Place, Watched};
+use crate::request_body::ambiguity::{self, LISTED_INSIDE, Names, Place, Watched};
 
 use super::{CHARS_PER_TOKEN, INPUT_FIELDS, MEDIA_PART_TOKENS, MEDIA_PART_TYPES, REQUEST_OVERHEAD_TOKENS};
 
@@ -360,12 +360,10 @@ mod tests {
     use super::super::{
         CHARS_PER_TOKEN, INPUT_FIELDS, MEDIA_PART_TOKENS, MEDIA_PART_TYPES, REQUEST_OVERHEAD_TOKENS,
     };
-    use crate::rewrite::ambiguity::tests::reference_first_repeat;
-    use crate::rewrite::ambiguity::{lenient_scan, starts_with_byte_order_mark};
-    use crate::rewrite::{
-        Ambiguity, InspectedRequest, force_include_usage, force_include_usage_with, inspect,
-        inspect_and_estimate,
-    };
+    use crate::request_body::ambiguity::tests::reference_first_repeat;
+    use crate::request_body::ambiguity::{lenient_scan, starts_with_byte_order_mark};
+    use crate::request_body::{self, Ambiguity, BodyReading};
+    use crate::rewrite::{force_include_usage, force_include_usage_with};
 
     /// The estimate as it was computed before the single pass: the body parsed into a `Value`.
     fn reference_estimate(request_body: &[u8]) -> u64 {
@@ -414,10 +412,10 @@ mod tests {
             .saturating_add(REQUEST_OVERHEAD_TOKENS)
     }
 
-    /// The single pass reads as `inspect`, the `Value` estimate and the rule of repeats read;
+    /// The single pass reads as `request_body::facts`, the `Value` estimate and the rule of repeats read;
     /// the repeats of a body the strict pass refuses are as the lenient scan finds them.
     fn assert_same(body: &[u8]) {
-        let read = inspect_and_estimate(body);
+        let read = request_body::read(body);
         let ambiguity = if starts_with_byte_order_mark(body) {
             Some(Ambiguity::ByteOrderMark)
         } else {
@@ -435,7 +433,11 @@ mod tests {
         };
         assert_eq!(
             read,
-            InspectedRequest { facts: inspect(body), input_tokens: reference_estimate(body), ambiguity },
+            BodyReading {
+                facts: request_body::facts(body),
+                input_tokens: reference_estimate(body),
+                ambiguity
+            },
             "{}",
             String::from_utf8_lossy(body)
         );
@@ -565,11 +567,11 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(2048))]
 
         #[test]
-        fn the_single_pass_reads_what_inspect_and_the_value_estimate_read(body in request()) {
+        fn the_single_pass_reads_what_facts_and_the_value_estimate_read(body in request()) {
             assert_same(&body);
             // The gateway estimates once, before the rewrite, for the receipt too: the rewrite must
             // not change the estimate, and given the facts it must rewrite as without them.
-            let read = inspect_and_estimate(&body);
+            let read = request_body::read(&body);
             let rewritten = force_include_usage_with(&body, &read.facts);
             prop_assert_eq!(&rewritten, &force_include_usage(&body));
             if let Some(rewritten) = rewritten {
@@ -592,7 +594,7 @@ mod tests {
     fn a_media_part_counts_flat_whatever_comes_before_its_type() {
         let body = br#"{"messages":[{"content":[{"image_url":{"url":"data:AAAA"},"type":"image_url"}],"role":"user"}]}"#;
         // "content" + "role" + "user" = 15 chars -> 4 tokens, one media part, 3 overhead.
-        assert_eq!(inspect_and_estimate(body).input_tokens, 4 + 1_000 + 3);
+        assert_eq!(request_body::read(body).input_tokens, 4 + 1_000 + 3);
         assert_same(body);
     }
 
@@ -611,7 +613,7 @@ mod tests {
     }
 
     #[test]
-    fn what_a_value_parse_refuses_counts_nothing_while_inspect_may_still_read_it() {
+    fn what_a_value_parse_refuses_counts_nothing_while_facts_may_still_read_it() {
         let deep =
             format!(r#"{{"model":"m","stream":true,"metadata":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
         for body in [
@@ -620,7 +622,7 @@ mod tests {
             br#"{"model":"m","user":"\udc00","input":"abc"}"#,
             deep.as_bytes(),
         ] {
-            let read = inspect_and_estimate(body);
+            let read = request_body::read(body);
             assert_eq!(read.input_tokens, 0);
             assert_eq!(read.facts.model.as_deref(), Some("m"));
             assert_same(body);

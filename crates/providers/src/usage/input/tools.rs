@@ -1,5 +1,5 @@
 //! The paid tools a request offers (web search, with its call limits, file search, code
-//! interpreter), read leniently, as `rewrite::inspect` reads a body.
+//! interpreter), read leniently, as `request_body::facts` reads a body.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -39,8 +39,8 @@ impl PaidTools {
 pub(crate) type SearchLimit = Option<u64>;
 
 /// The web search tools of a `tools` value as [`InputFields::web_search`] finds them, read as
-/// leniently as `rewrite::inspect` reads a body (what it does not need, skipped unchecked), so that
-/// `inspect` and the counting pass give the same facts.
+/// leniently as `request_body::facts` reads a body (what it does not need, skipped unchecked), so that
+/// `request_body::facts` and the counting pass give the same facts.
 #[derive(Default)]
 pub(crate) struct SearchTools(pub(crate) Option<SearchLimit>, pub(crate) PaidTools);
 

@@ -4,7 +4,7 @@
 //! (which a provider's decoder may drop, where the gateway reads no JSON at all).
 //!
 //! The strict pass ([`super::RequestPass`]) notes repeats as it reads; a body it refuses is looked
-//! at again by [`lenient_scan`], as leniently as [`super::inspect`] reads it, so that a repeat cannot
+//! at again by [`lenient_scan`], as leniently as [`super::facts`] reads it, so that a repeat cannot
 //! hide behind a construct the strict pass refuses and a provider accepts (a lone surrogate, a
 //! number out of range, deep nesting).
 
@@ -321,7 +321,7 @@ impl<'de, K: DeserializeSeed<'de>> Visitor<'de> for NotingKey<'_, 'de, K> {
 }
 
 /// The first repeated member of a body that starts with `{`, read as leniently as
-/// [`super::inspect`] reads it: the objects the gateway reads are looked into, every other value
+/// [`super::facts`] reads it: the objects the gateway reads are looked into, every other value
 /// is skipped unchecked (any UTF-8, number and depth). What it found before an error stands.
 pub(crate) fn lenient_scan(body: &[u8]) -> Option<String> {
     let mut first_repeat = None;
@@ -426,7 +426,7 @@ pub(crate) mod tests {
     use proptest::sample::select;
 
     use super::*;
-    use crate::rewrite::{inspect, inspect_and_estimate};
+    use crate::request_body;
 
     /// A JSON text as a tree that keeps every member, repeated names included, read as strictly as
     /// a `Value` parse.
@@ -516,7 +516,7 @@ pub(crate) mod tests {
     }
 
     fn repeated(body: &str) -> Option<Ambiguity> {
-        inspect_and_estimate(body.as_bytes()).ambiguity
+        request_body::read(body.as_bytes()).ambiguity
     }
 
     fn member(path: &str) -> Option<Ambiguity> {
@@ -527,10 +527,10 @@ pub(crate) mod tests {
     fn the_issues_body_names_stream_twice() {
         let body =
             r#"{"model":"o3","stream":false,"messages":[{"role":"user","content":"Hi"}],"stream":true}"#;
-        let read = inspect_and_estimate(body.as_bytes());
+        let read = request_body::read(body.as_bytes());
         assert_eq!(read.ambiguity, member("stream"));
         // Read as before: no model and no stream, which is why it is refused.
-        assert_eq!(read.facts, inspect(body.as_bytes()));
+        assert_eq!(read.facts, request_body::facts(body.as_bytes()));
         assert_eq!(read.facts.model, None);
         assert_eq!(repeated(r#"{"model":"gpt-4o-mini","messages":[],"model":"o3"}"#), member("model"));
         // A name spelled with an escape is the same name.
@@ -656,9 +656,9 @@ pub(crate) mod tests {
             b"\x00\x00\xFE\xFF\x00\x00\x00{",
             b"\xFF\xFE\x00\x00{\x00\x00\x00",
         ] {
-            let read = inspect_and_estimate(body);
+            let read = request_body::read(body);
             assert_eq!(read.ambiguity, Some(Ambiguity::ByteOrderMark), "{body:?}");
-            assert_eq!(read.facts, inspect(body), "{body:?}");
+            assert_eq!(read.facts, request_body::facts(body), "{body:?}");
         }
         for body in [
             &b"{\"content\":\"\xEF\xBB\xBF\"}"[..],
@@ -669,7 +669,7 @@ pub(crate) mod tests {
             b"   ",
             b"\xFF",
         ] {
-            assert_eq!(inspect_and_estimate(body).ambiguity, None, "{body:?}");
+            assert_eq!(request_body::read(body).ambiguity, None, "{body:?}");
         }
     }
 
@@ -690,7 +690,7 @@ pub(crate) mod tests {
             assert_eq!(reference_first_repeat(body.as_bytes()), None, "the strict pass refuses {body}");
         }
         let invalid_utf8 = b"{\"user\":\"\xff\",\"model\":\"a\",\"model\":\"b\"}";
-        assert_eq!(inspect_and_estimate(invalid_utf8).ambiguity, member("model"));
+        assert_eq!(request_body::read(invalid_utf8).ambiguity, member("model"));
     }
 
     /// Member names: those the gateway reads and a few others, some spelled with escapes or
@@ -804,9 +804,9 @@ pub(crate) mod tests {
         #[test]
         fn a_body_without_repeats_is_never_ambiguous(members in unambiguous_members()) {
             let body = object_text(&members, false);
-            let read = inspect_and_estimate(body.as_bytes());
+            let read = request_body::read(body.as_bytes());
             prop_assert_eq!(&read.ambiguity, &None, "{}", body);
-            prop_assert_eq!(&read.facts, &inspect(body.as_bytes()), "{}", body);
+            prop_assert_eq!(&read.facts, &request_body::facts(body.as_bytes()), "{}", body);
             prop_assert_eq!(lenient_scan(body.as_bytes()), None, "{}", body);
             prop_assert_eq!(reference_first_repeat(body.as_bytes()), Some(None), "{}", body);
         }
@@ -825,7 +825,7 @@ pub(crate) mod tests {
             members.insert(at.index(members.len() + 1), (name.clone(), escape, value));
             let body = object_text(&members, false);
             let expected = Some(Ambiguity::RepeatedMember(name));
-            prop_assert_eq!(&inspect_and_estimate(body.as_bytes()).ambiguity, &expected, "{}", body);
+            prop_assert_eq!(&request_body::read(body.as_bytes()).ambiguity, &expected, "{}", body);
         }
 
         /// A copy of a member of `stream_options`, `generationConfig`, a tool or its function is
@@ -867,7 +867,7 @@ pub(crate) mod tests {
             members.push((member, false, value));
             let body = object_text(&members, false);
             let expected = Some(Ambiguity::RepeatedMember(path));
-            prop_assert_eq!(&inspect_and_estimate(body.as_bytes()).ambiguity, &expected, "{}", body);
+            prop_assert_eq!(&request_body::read(body.as_bytes()).ambiguity, &expected, "{}", body);
             prop_assert_eq!(&lenient_scan(body.as_bytes()).map(Ambiguity::RepeatedMember), &expected, "{}", body);
         }
     }
