@@ -139,6 +139,27 @@ impl MockProvider {
         self.shared.log.snapshot()
     }
 
+    /// Every provider request received so far, once there are at least `count` of them: each
+    /// request recorded wakes the wait, which fails after [`crate::wait::DEADLINE`].
+    ///
+    /// # Panics
+    ///
+    /// When fewer than `count` requests arrived in time.
+    pub async fn received(&self, count: usize) -> Vec<RecordedRequest> {
+        let mut recorded = self.shared.log.watch();
+        let arrived = async {
+            while self.shared.log.len() < count {
+                // The sender lives as long as the mock.
+                let _ = recorded.changed().await;
+            }
+        };
+        let within = crate::wait::DEADLINE;
+        if tokio::time::timeout(within, arrived).await.is_err() {
+            panic!("the mock received {} of {count} requests within {within:?}", self.shared.log.len());
+        }
+        self.requests()
+    }
+
     /// Queues `behaviour` for the next request(s).
     ///
     /// # Panics
