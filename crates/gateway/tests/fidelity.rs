@@ -17,6 +17,7 @@ use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
 use recovea_counters::InProcess;
 use recovea_gateway::{GatewayConfig, GatewaySettings};
+use recovea_testkit::wait::{DEADLINE, eventually};
 use recovea_testkit::{Behaviour, MockProvider};
 
 mod support;
@@ -288,17 +289,13 @@ async fn text_of(response: Response<hyper::body::Incoming>) -> (StatusCode, Stri
 /// Sends `body` as `secret` until it is admitted, with a deadline: a slot given back when a
 /// client leaves is free once the node sees the connection go.
 async fn admitted_soon(h: &Harness, secret: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
+    eventually(DEADLINE, "the slot given back", || async {
         let (status, body) =
             text_of(h.send(h.post_as("/v1/chat/completions", secret), CHAT_MINI).await).await;
-        if status == StatusCode::OK {
-            return;
-        }
-        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-        assert!(std::time::Instant::now() < deadline, "the slot was never given back");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+        assert!([StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].contains(&status), "{status}: {body}");
+        (status == StatusCode::OK).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -248,7 +248,7 @@ async fn a_gemini_model_named_only_in_the_path_is_held_to_the_allowlist() {
     let body = response.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("model_not_allowed"));
     assert!(h.mock.requests().is_empty());
-    assert!(h.receipts.0.lock().expect("lock").is_empty());
+    assert!(h.receipts.all().is_empty());
 }
 
 #[tokio::test]
@@ -266,7 +266,7 @@ async fn failing_open_gemini_goes_to_the_nodes_gemini_base_url_and_azure_has_non
     let body = response.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("provider_not_configured"));
     assert_eq!(h.mock.requests().len(), 1, "an Azure request has nowhere to go unadmitted");
-    assert!(h.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass is not metered");
+    assert!(h.receipts.all().is_empty(), "a fail-open pass is not metered");
 }
 
 /// The status and the body byte for byte of `expected`.
@@ -349,7 +349,7 @@ async fn failing_open_forwards_a_body_read_two_ways_as_it_was_sent() {
     }
     let sent: Vec<Vec<u8>> = h.mock.requests().iter().map(|r| r.body.to_vec()).collect();
     assert_eq!(sent, [twice.as_bytes().to_vec(), marked.into_bytes()]);
-    assert!(h.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass is not metered");
+    assert!(h.receipts.all().is_empty(), "a fail-open pass is not metered");
 }
 
 /// A file uploaded to Gemini's Files API is the client's document: its byte-order mark or
