@@ -146,18 +146,21 @@ impl MockProvider {
     ///
     /// When fewer than `count` requests arrived in time.
     pub async fn received(&self, count: usize) -> Vec<RecordedRequest> {
-        let mut recorded = self.shared.log.watch();
-        let arrived = async {
-            while self.shared.log.len() < count {
-                // The sender lives as long as the mock.
-                let _ = recorded.changed().await;
-            }
-        };
         let within = crate::wait::DEADLINE;
-        if tokio::time::timeout(within, arrived).await.is_err() {
+        if tokio::time::timeout(within, self.until_received(count)).await.is_err() {
             panic!("the mock received {} of {count} requests within {within:?}", self.shared.log.len());
         }
         self.requests()
+    }
+
+    /// Resolves once at least `count` requests are in the log, however long that takes: for a
+    /// test with a deadline of its own (`tokio::time::timeout`).
+    pub async fn until_received(&self, count: usize) {
+        let mut recorded = self.shared.log.watch();
+        while self.shared.log.len() < count {
+            // The sender lives as long as the mock.
+            let _ = recorded.changed().await;
+        }
     }
 
     /// Queues `behaviour` for the next request(s).
