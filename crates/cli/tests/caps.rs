@@ -269,20 +269,16 @@ async fn crossing_thresholds_raises_each_alert_once_and_posts_it_signed_with_ret
         assert_eq!(status, StatusCode::OK, "a soft cap never refuses");
     }
     // $0.003 spent over a $0.002 limit: both thresholds crossed, each raised once.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let alerts = harness::eventually(harness::DEADLINE, "both alerts listed and delivered", || async {
         let alerts = serve.ok(Method::GET, &format!("/orgs/{org_id}/alerts"), None).await;
         let delivered = received.lock().expect("lock").len();
-        if alerts["alerts"].as_array().is_some_and(|a| a.len() == 2) && delivered == 2 {
-            let thresholds: Vec<&Value> =
-                alerts["alerts"].as_array().expect("alerts").iter().map(|a| &a["threshold"]).collect();
-            assert_eq!(thresholds, [&json!(0.5), &json!(1.0)]);
-            assert!(alerts["alerts"].as_array().expect("alerts").iter().all(|a| a["cap_id"] == cap["id"]));
-            break;
-        }
-        assert!(Instant::now() < deadline, "alerts: {alerts}, delivered: {delivered}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (alerts["alerts"].as_array().is_some_and(|a| a.len() == 2) && delivered == 2).then_some(alerts)
+    })
+    .await;
+    let thresholds: Vec<&Value> =
+        alerts["alerts"].as_array().expect("alerts").iter().map(|a| &a["threshold"]).collect();
+    assert_eq!(thresholds, [&json!(0.5), &json!(1.0)]);
+    assert!(alerts["alerts"].as_array().expect("alerts").iter().all(|a| a["cap_id"] == cap["id"]));
     for (signature, body) in received.lock().expect("lock").iter() {
         assert!(verify(signature, body), "bad signature {signature}");
         let payload: Value = serde_json::from_slice(body).expect("JSON");
@@ -376,16 +372,12 @@ async fn an_unpriced_model_is_costed_at_the_fallback_and_stopped_at_the_line() {
     assert_eq!(refused["error"]["code"], "budget_exceeded");
     assert!(admitted >= 4, "refused after {admitted} requests, before the line");
 
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let receipts = loop {
+    let receipts = harness::eventually(harness::DEADLINE, "a receipt per admitted request", || async {
         let page = serve.ok(Method::GET, &format!("/orgs/{org_id}/receipts"), None).await;
         let receipts = page["receipts"].as_array().cloned().unwrap_or_default();
-        if receipts.len() == admitted {
-            break receipts;
-        }
-        assert!(Instant::now() < deadline, "receipts did not arrive: {page}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        (receipts.len() == admitted).then_some(receipts)
+    })
+    .await;
     for receipt in &receipts {
         assert_eq!(receipt["priced"], false, "{receipt}");
         assert_eq!(receipt["priced_as"], "fallback:openai", "{receipt}");
@@ -417,13 +409,12 @@ async fn an_uncapped_request_holds_its_worst_case_at_the_line_in_memory_and_on_r
         let (url, bearer) = (format!("{}/v1/chat/completions", serve.gateway), format!("Bearer {secret}"));
         let uncapped = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
         // The cap reaches the gateway: a first request is admitted, and settles at a few tokens.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await.0
-            != StatusCode::OK
-        {
-            assert!(Instant::now() < deadline, "the armed cap's counters never admitted a request");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let admits = || async {
+            let (status, _) =
+                call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await;
+            (status == StatusCode::OK).then_some(())
+        };
+        harness::eventually(harness::DEADLINE, "the armed cap's counters admitting a request", admits).await;
         mock.script(Behaviour::default().delay_ms(1_500).times(1));
         let first = {
             let (url, bearer, body) = (url.clone(), bearer.clone(), uncapped.clone());
@@ -431,11 +422,7 @@ async fn an_uncapped_request_holds_its_worst_case_at_the_line_in_memory_and_on_r
                 async move { call(Method::POST, &url, &[("authorization", &bearer)], Some(body)).await },
             )
         };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while mock.requests().len() < 2 {
-            assert!(Instant::now() < deadline, "the provider never received the request");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        mock.received(2).await;
         let (status, _) =
             call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await;
         assert_eq!(
@@ -445,16 +432,8 @@ async fn an_uncapped_request_holds_its_worst_case_at_the_line_in_memory_and_on_r
         );
         assert_eq!(first.await.expect("task").0, StatusCode::OK);
         // Settled at its real cost, the room is back.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await.0
-            != StatusCode::OK
-        {
-            assert!(
-                Instant::now() < deadline,
-                "redis {redis:?}: the cap still refuses after the request settled"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("redis {redis:?}: the room back once the request settled");
+        harness::eventually(harness::DEADLINE, &what, admits).await;
         serve.kill();
     }
 }

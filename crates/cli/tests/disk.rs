@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use recovea_testkit::MockProvider;
@@ -100,23 +100,16 @@ async fn a_full_disk_loses_no_receipt_and_every_response_has_one_once_space_retu
     );
 
     std::fs::remove_file(disk.filler()).expect("space freed");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = format!("{REQUESTS} receipts, none held or pending (the node's log is in {logs:?})");
+    harness::eventually(Duration::from_secs(30), &what, || async {
         let (_, page) =
             serve.admin_call(TOKEN, Method::GET, &format!("/orgs/{org_id}/receipts?limit=1000"), None).await;
         let receipts = page["receipts"].as_array().map_or(0, Vec::len);
         let (held, pending) =
             (metric(&serve, "recovea_receipts_held").await, metric(&serve, "recovea_receipts_pending").await);
-        if receipts == REQUESTS && held == 0 && pending == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{receipts} receipts of {REQUESTS} responses, {held} held, {pending} pending: {}",
-            log_of(&logs)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (receipts == REQUESTS && held == 0 && pending == 0).then_some(())
+    })
+    .await;
     assert_eq!(metric(&serve, "recovea_receipts_dropped_total").await, 0);
     assert!(!log_of(&logs).contains("receipts lost"), "{}", log_of(&logs));
     drop(serve);

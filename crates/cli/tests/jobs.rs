@@ -325,7 +325,15 @@ async fn a_hold_survives_a_restart_and_its_job_is_settled_once() {
     );
     let settled = serve.settlement(&org_id, &job_id).await;
     assert_eq!(settled["cost_usd"], "1.62");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A job created now, in an organization of its own, is settled two polls later at the
+    // earliest: a second settlement of the first, from a poll before those or from the restart,
+    // would have been spooled before its settlement, and so be in the ledger by then.
+    let (later_org, later_secret) = serve.tenant("100.00").await;
+    let later = serve
+        .post(&later_secret, "/v1/responses", json!({"model": "o3-pro", "input": "x", "background": true}))
+        .await;
+    let later_job = later.json()["id"].as_str().expect("id").to_owned();
+    serve.settlement(&later_org, &later_job).await;
     let settlements = serve
         .receipts(&org_id)
         .await

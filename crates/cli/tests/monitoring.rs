@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use recovea_testkit::{Behaviour, MockProvider};
@@ -64,19 +64,14 @@ async fn ask(serve: &Serve, secret: &str, body: Value) -> (StatusCode, String) {
 
 /// The receipt of `request_id`, once the ledger has it.
 async fn receipt_of(serve: &Serve, org_id: &str, request_id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    harness::eventually(harness::DEADLINE, &format!("the receipt of {request_id}"), || async {
         let (_, receipts) =
             serve.admin_call(TOKEN, Method::GET, &format!("/orgs/{org_id}/receipts?limit=100"), None).await;
-        let found = receipts["receipts"]
+        receipts["receipts"]
             .as_array()
-            .and_then(|all| all.iter().find(|r| r["request_id"] == request_id).cloned());
-        if let Some(receipt) = found {
-            return receipt;
-        }
-        assert!(Instant::now() < deadline, "no receipt of {request_id}: {receipts}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .and_then(|all| all.iter().find(|r| r["request_id"] == request_id).cloned())
+    })
+    .await
 }
 
 /// Arms a monthly cap of a millionth of a dollar on the organization and asks until it refuses:
@@ -85,14 +80,11 @@ async fn arm_a_spent_cap(serve: &Serve, org_id: &str, secret: &str) -> String {
     let cap = json!({"scope": "organization", "window": "month", "limit_usd": "0.000001", "hard_stop": true});
     let (status, _) = serve.admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
     assert_eq!(status, StatusCode::CREATED);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    harness::eventually(harness::DEADLINE, "the armed cap refusing", || async {
         let (status, request_id) = ask(serve, secret, chat("gpt-4o-mini", false)).await;
-        if status == StatusCode::PAYMENT_REQUIRED {
-            return request_id;
-        }
-        assert!(Instant::now() < deadline, "the armed cap never refused");
-    }
+        (status == StatusCode::PAYMENT_REQUIRED).then_some(request_id)
+    })
+    .await
 }
 
 /// `serve` with its log going to a file in `dir`.
@@ -107,16 +99,17 @@ fn serve_logging(dir: &Path, mock: &str, extra: &[&str]) -> (Serve, PathBuf) {
 /// The log's lines that mention `request_id` (or any text), once there are `count` of them (the log
 /// is written by a thread of its own, a moment after the answer).
 async fn lines_naming(log: &Path, request_id: &str, count: usize) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let lines: Vec<String> = text.lines().filter(|l| l.contains(request_id)).map(str::to_owned).collect();
-        if lines.len() >= count {
-            return lines;
-        }
-        assert!(Instant::now() < deadline, "no {count} line(s) naming {request_id} in:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    harness::eventually(
+        harness::DEADLINE,
+        &format!("{count} line(s) naming {request_id} in {log:?}"),
+        || async {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<String> =
+                text.lines().filter(|l| l.contains(request_id)).map(str::to_owned).collect();
+            (lines.len() >= count).then_some(lines)
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

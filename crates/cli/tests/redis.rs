@@ -3,7 +3,7 @@
 //! age, leaves a soft cap's traffic flowing, and restarting Redis clears the 503 by itself.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -64,15 +64,11 @@ impl Serve {
 
     /// Polls until the request answers `want`, or fails after `within`.
     async fn until(&self, secret: &str, want: StatusCode, within: Duration) -> (Bytes, http::HeaderMap) {
-        let deadline = Instant::now() + within;
-        loop {
+        harness::eventually(within, &format!("the answer {want}"), || async {
             let (status, body, headers) = self.chat(secret).await;
-            if status == want {
-                return (body, headers);
-            }
-            assert!(Instant::now() < deadline, "still {status} after {within:?}, wanted {want}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            (status == want).then_some((body, headers))
+        })
+        .await
     }
 }
 
@@ -135,15 +131,11 @@ async fn the_redis_password_is_never_logged() {
         &[],
         log,
     );
-    let started = Instant::now();
-    let logged = loop {
+    let logged = harness::eventually(harness::DEADLINE, "the failure logged", || async {
         let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if text.contains("counter store unavailable") || started.elapsed() > Duration::from_secs(10) {
-            break text;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(logged.contains("counter store unavailable"), "the failure is logged: {logged}");
+        text.contains("counter store unavailable").then_some(text)
+    })
+    .await;
     assert!(!logged.contains("s3cret-redis-password"), "{logged}");
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);

@@ -306,14 +306,11 @@ async fn sigterm_drains_in_flight_requests_and_flushes_the_spool() {
     });
     // While it drains, the node takes no new connection: polled until its listener is gone,
     // which must come while the in-flight request still holds the node open.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let refused = loop {
-        if tokio::net::TcpStream::connect(&address).await.is_err() {
-            break !slow.is_finished();
-        }
-        assert!(Instant::now() < deadline, "the node still takes connections 5 s after SIGTERM");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let refused = harness::eventually(Duration::from_secs(5), "the listener gone after SIGTERM", || async {
+        let gone = tokio::net::TcpStream::connect(&address).await.is_err();
+        gone.then(|| !slow.is_finished())
+    })
+    .await;
     let answer = slow.await.expect("the request task");
     assert_eq!(answer.status, StatusCode::OK, "the in-flight request finishes");
     let (_node, exit) = exit.await.expect("terminate");

@@ -16,6 +16,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
+/// The one bounded poll of these tests, and how long they wait for what comes by itself.
+#[allow(unused_imports)]
+pub use recovea_testkit::wait::{DEADLINE, eventually};
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_recovea");
 
 /// A fresh directory for one test, named after it and this process.
@@ -116,6 +120,7 @@ impl Process {
     pub fn terminate(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
         let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         assert!(sent.is_ok_and(|s| s.success()), "kill -TERM failed");
+        // No event tells a process's exit without waiting on it for good: asked every 20 ms.
         let deadline = std::time::Instant::now() + within;
         while std::time::Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -261,23 +266,6 @@ pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 pub fn http_client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// Polls `find` every 20 ms until it finds something, and returns it; panics with `what` after
-/// `within`.
-pub async fn eventually<T, F, Fut>(within: std::time::Duration, what: &str, mut find: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = std::time::Instant::now();
-    loop {
-        if let Some(found) = find().await {
-            return found;
-        }
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
 }
 
 /// One request with a raw body on a fresh connection, its answer read to the end.
