@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, temp_dir};
+use harness::{OPENAI, Serve, Tenant, temp_dir};
 
 const TOKEN: &str = "caps-test-token-0123456789abcdef01234567";
 const SIGNING_SECRET: &str = "whsec_test_secret";
@@ -40,20 +40,6 @@ impl Serve {
         assert!(status.is_success(), "{path}: {status} {value}");
         value
     }
-
-    /// An org with a key and an openai credential: (org id, key id, key secret).
-    async fn tenant(&self) -> (String, String, String) {
-        let org = self.ok(Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
-        let org_id = org["id"].as_str().expect("id").to_owned();
-        let key = self.ok(Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
-        let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-        self.ok(Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider)).await;
-        (
-            org_id,
-            key["id"].as_str().expect("id").to_owned(),
-            key["secret"].as_str().expect("secret").to_owned(),
-        )
-    }
 }
 
 async fn call(
@@ -71,7 +57,7 @@ async fn caps_are_created_validated_changed_and_deleted() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("crud");
     let serve = start(&dir, &mock.url());
-    let (org_id, key_id, _) = serve.tenant().await;
+    let Tenant { org_id, key_id, .. } = serve.organization(TOKEN, OPENAI).await;
     let caps = format!("/orgs/{org_id}/caps");
 
     for (body, field) in [
@@ -243,7 +229,7 @@ async fn crossing_thresholds_raises_each_alert_once_and_posts_it_signed_with_ret
     let mock = MockProvider::start().await;
     let dir = temp_dir("alerts");
     let serve = start(&dir, &mock.url());
-    let (org_id, _, secret) = serve.tenant().await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     let (hook, received) = webhook_receiver(1).await;
     // Each request: 1000 input + 1000 output tokens of gpt-4o-mini = $0.00015 + $0.0006 = $0.00075.
     let usage = json!({"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000});
@@ -340,7 +326,7 @@ async fn an_unpriced_model_is_costed_at_the_fallback_and_stopped_at_the_line() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("unpriced");
     let serve = start(&dir, &mock.url());
-    let (org_id, _, secret) = serve.tenant().await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     // The model nothing in the table resolves to: the openai kind's fallback prices it.
     let resolved = serve.ok(Method::GET, "/prices/mystery-model-7", None).await;
     assert_eq!(resolved["source"], "fallback", "{resolved}");
@@ -399,7 +385,7 @@ async fn an_uncapped_request_holds_its_worst_case_at_the_line_in_memory_and_on_r
             None => start(&dir, &mock.url()),
             Some(url) => Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN, "--redis-url", url]),
         };
-        let (org_id, _, secret) = serve.tenant().await;
+        let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
         // gpt-4o-mini, its tier left to the provider: at worst 16,384 output tokens at priority's
         // $1 per Mtok, $0.0164; typically 1,024 at $0.60, $0.0006. The mock answers 5.
         let cap =

@@ -16,25 +16,14 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, call, http_client, temp_dir};
+use harness::{OPENAI, Serve, call, http_client, temp_dir};
 
 const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 
 /// An organization with an openai credential and a key on `serve`: its id and the key's secret.
 async fn tenant(serve: &Serve) -> (String, String) {
-    let (status, org) = serve.admin_call(TOKEN, Method::POST, "/orgs", Some(json!({"name": "egress"}))).await;
-    assert_eq!(status, StatusCode::CREATED, "{org}");
-    let org_id = org["id"].as_str().expect("id");
-    let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-    let (status, _) = serve
-        .admin_call(TOKEN, Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider))
-        .await;
-    assert!(status.is_success(), "{status}");
-    let (status, key) = serve
-        .admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"})))
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{key}");
-    (org_id.to_owned(), key["secret"].as_str().expect("secret").to_owned())
+    let tenant = serve.organization(TOKEN, OPENAI).await;
+    (tenant.org_id, tenant.secret)
 }
 
 fn chat(stream: bool) -> Value {

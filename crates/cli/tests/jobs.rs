@@ -41,17 +41,14 @@ impl Serve {
 
     /// As [`Self::tenant`], its cap armed or not.
     async fn tenant_capped(&self, limit: &str, hard_stop: bool) -> (String, String) {
-        let org = self.ok(Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
-        let org_id = org["id"].as_str().expect("id").to_owned();
-        let key = self.ok(Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
-        for kind in ["openai", "anthropic", "gemini"] {
-            let credential = json!({"kind": kind, "api_key": format!("sk-{kind}-managed-0123456789")});
-            self.ok(Method::PUT, &format!("/orgs/{org_id}/providers/{kind}"), Some(credential)).await;
-        }
-        let cap =
-            json!({"scope": "organization", "window": "day", "limit_usd": limit, "hard_stop": hard_stop});
-        self.ok(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
-        (org_id, key["secret"].as_str().expect("secret").to_owned())
+        let credentials = [
+            ("openai", "sk-openai-managed-0123456789"),
+            ("anthropic", "sk-anthropic-managed-0123456789"),
+            ("gemini", "sk-gemini-managed-0123456789"),
+        ];
+        let tenant = self.organization(TOKEN, &credentials).await;
+        self.org_cap(TOKEN, &tenant.org_id, "day", limit, hard_stop).await;
+        (tenant.org_id, tenant.secret)
     }
 
     async fn spend(&self, org_id: &str) -> Value {

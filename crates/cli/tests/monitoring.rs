@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, call, temp_dir};
+use harness::{Serve, Tenant, call, temp_dir};
 
 const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 const PROVIDER_KEY: &str = "sk-managed-monitoring-0123456789";
@@ -27,21 +27,8 @@ fn repo_root() -> PathBuf {
 }
 
 /// An organization with an openai credential and a key on `serve`: its id, the key's id and secret.
-async fn tenant(serve: &Serve) -> (String, String, String) {
-    let (status, org) = serve.admin_call(TOKEN, Method::POST, "/orgs", Some(json!({"name": "mon"}))).await;
-    assert_eq!(status, StatusCode::CREATED, "{org}");
-    let org_id = org["id"].as_str().expect("id").to_owned();
-    let provider = json!({"kind": "openai", "api_key": PROVIDER_KEY});
-    let (status, _) = serve
-        .admin_call(TOKEN, Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider))
-        .await;
-    assert!(status.is_success(), "{status}");
-    let (status, key) = serve
-        .admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"})))
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{key}");
-    let key_id = key["id"].as_str().expect("id").to_owned();
-    (org_id, key_id, key["secret"].as_str().expect("secret").to_owned())
+async fn tenant(serve: &Serve) -> Tenant {
+    serve.organization(TOKEN, &[("openai", PROVIDER_KEY)]).await
 }
 
 fn chat(model: &str, stream: bool) -> Value {
@@ -117,7 +104,7 @@ async fn each_request_writes_one_json_access_line_with_plain_strings_and_no_secr
     let mock = MockProvider::start().await;
     let dir = temp_dir("access-json");
     let (serve, log) = serve_logging(&dir, &mock.url(), &["--log-format", "json"]);
-    let (org_id, key_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, key_id, secret } = tenant(&serve).await;
 
     let (status, admitted) = ask(&serve, &secret, chat("gpt-4o-mini", false)).await;
     assert_eq!(status, StatusCode::OK);
@@ -299,7 +286,7 @@ async fn a_client_cannot_forge_a_field_or_a_line_of_the_text_log() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("access-forged");
     let (serve, log) = serve_logging(&dir, &mock.url(), &[]);
-    let (_, _, secret) = tenant(&serve).await;
+    let Tenant { secret, .. } = tenant(&serve).await;
     let forged_field = "gpt-4o-mini org_id=org_VICTIM cost_usd=1234.00";
     let (status, id) = ask(&serve, &secret, chat(forged_field, false)).await;
     assert_eq!(status, StatusCode::OK);
@@ -332,7 +319,7 @@ async fn the_text_access_line_has_no_colour_codes_and_the_switch_turns_it_off() 
     let mock = MockProvider::start().await;
     let dir = temp_dir("access-text");
     let (serve, log) = serve_logging(&dir, &mock.url(), &[]);
-    let (_, _, secret) = tenant(&serve).await;
+    let Tenant { secret, .. } = tenant(&serve).await;
     let (status, id) = ask(&serve, &secret, chat("gpt-4o-mini", false)).await;
     assert_eq!(status, StatusCode::OK);
     let lines = lines_naming(&log, &id, 1).await;
@@ -354,7 +341,7 @@ async fn the_text_access_line_has_no_colour_codes_and_the_switch_turns_it_off() 
 
     let dir = temp_dir("access-off");
     let (serve, log) = serve_logging(&dir, &mock.url(), &["--access-log", "false"]);
-    let (_, _, secret) = tenant(&serve).await;
+    let Tenant { secret, .. } = tenant(&serve).await;
     let (status, id) = ask(&serve, &secret, chat("gpt-4o-mini", false)).await;
     assert_eq!(status, StatusCode::OK);
     // The request is still counted: once its duration is in the metrics, its line would have been
@@ -515,7 +502,7 @@ async fn metrics_parse_and_every_metric_the_rules_and_dashboard_query_is_exporte
     let mock = MockProvider::start().await;
     let dir = temp_dir("monitoring-metrics");
     let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
-    let (org_id, _, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = tenant(&serve).await;
     // Traffic of every kind the dashboard shows: admitted (a priced model and one the price table
     // does not know), streamed, refused for its key, refused by an armed cap.
     for body in [chat("gpt-4o-mini", false), chat("gpt-4o-mini", true), chat("a-model-without-price", false)]
@@ -621,7 +608,7 @@ async fn a_request_naming_no_model_raises_no_price_alarm() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("no-model-alarm");
     let (serve, log) = serve_logging(&dir, &mock.url(), &[]);
-    let (org_id, _, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = tenant(&serve).await;
     let usage = json!({"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7});
     let answer = json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [], "usage": usage});
     mock.script(Behaviour::default().body(answer));

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, temp_dir};
+use harness::{OPENAI, Serve, Tenant, temp_dir};
 
 const TOKEN: &str = "receipts-test-token-0123456789abcdef0123";
 
@@ -43,16 +43,6 @@ async fn admin(serve: &Serve, method: Method, path: &str, body: Option<Value>) -
     serde_json::from_slice(&bytes).expect("JSON")
 }
 
-/// An org with a key and an openai credential; returns (org id, key secret).
-async fn tenant(serve: &Serve) -> (String, String) {
-    let org = admin(serve, Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
-    let org_id = org["id"].as_str().expect("id").to_owned();
-    let key = admin(serve, Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
-    let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-    admin(serve, Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider)).await;
-    (org_id, key["secret"].as_str().expect("secret").to_owned())
-}
-
 /// Every receipt of the org, all pages.
 async fn all_receipts(serve: &Serve, org_id: &str) -> Vec<Value> {
     let mut out = Vec::new();
@@ -73,7 +63,7 @@ async fn after_sigkill_every_completed_response_has_exactly_one_receipt() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("sigkill");
     let serve = start(&dir, &mock.url());
-    let (org_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     let bearer = Arc::new(format!("Bearer {secret}"));
     let url = Arc::new(format!("{}/v1/chat/completions", serve.gateway));
 
@@ -146,7 +136,7 @@ async fn the_admin_cli_sets_prices_and_reads_receipts() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("cli");
     let serve = start(&dir, &mock.url());
-    let (org_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     let bearer = format!("Bearer {secret}");
     let chat = json!({"model": "house-model", "messages": [{"role": "user", "content": "Say hello"}]});
     let url = format!("{}/v1/chat/completions", serve.gateway);
@@ -275,7 +265,7 @@ async fn a_receipt_says_whether_the_organizations_key_or_the_clients_own_paid_th
     let mock = MockProvider::start().await;
     let dir = temp_dir("provider-key");
     let serve = start(&dir, &mock.url());
-    let (org_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
     let url = format!("{}/v1/chat/completions", serve.gateway);
     // The organization's managed key, then the client's own beside its Recovea key.
@@ -333,7 +323,7 @@ async fn tagged_receipts_are_filtered_exported_and_summed_by_tag() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("tags");
     let serve = start(&dir, &mock.url());
-    let (org_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     let bearer = format!("Bearer {secret}");
     let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
     let url = format!("{}/v1/chat/completions", serve.gateway);

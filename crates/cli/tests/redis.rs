@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, temp_dir};
+use harness::{OPENAI, Serve, temp_dir};
 #[path = "support/own_redis.rs"]
 mod own_redis;
 use own_redis::OwnRedis;
@@ -30,25 +30,11 @@ fn start(data_dir: &Path, mock_url: &str, redis_port: u16) -> Serve {
 }
 
 impl Serve {
-    async fn admin(&self, method: Method, path: &str, body: Value) -> Value {
-        let (status, bytes, _) =
-            call(method, &format!("{}/admin/v1{path}", self.admin), &format!("Bearer {TOKEN}"), Some(body))
-                .await;
-        assert!(status.is_success(), "{path}: {status}");
-        serde_json::from_slice(&bytes).expect("JSON")
-    }
-
     /// An org with a key, an openai credential and one cap; returns the key's secret.
     async fn tenant(&self, hard_stop: bool) -> String {
-        let org = self.admin(Method::POST, "/orgs", json!({"name": "acme"})).await;
-        let org_id = org["id"].as_str().expect("id");
-        let key = self.admin(Method::POST, &format!("/orgs/{org_id}/keys"), json!({"name": "k"})).await;
-        let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-        self.admin(Method::PUT, &format!("/orgs/{org_id}/providers/openai"), provider).await;
-        let cap =
-            json!({"scope": "organization", "window": "month", "limit_usd": "100", "hard_stop": hard_stop});
-        self.admin(Method::POST, &format!("/orgs/{org_id}/caps"), cap).await;
-        key["secret"].as_str().expect("secret").to_owned()
+        let tenant = self.organization(TOKEN, OPENAI).await;
+        self.org_cap(TOKEN, &tenant.org_id, "month", "100", hard_stop).await;
+        tenant.secret
     }
 
     async fn chat(&self, secret: &str) -> (StatusCode, Bytes, http::HeaderMap) {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{BIN, Serve, temp_dir};
+use harness::{BIN, OPENAI, Serve, temp_dir};
 
 const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 
@@ -628,25 +628,8 @@ async fn a_revocation_whose_client_hangs_up_still_reaches_the_gateway() {
     let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
     let auth = format!("Bearer {TOKEN}");
     let url = |path: &str| format!("{}/admin/v1{path}", serve.admin);
-    let (_, org) =
-        call(Method::POST, &url("/orgs"), &[("authorization", &auth)], Some(json!({"name": "a"}))).await;
-    let org_id = org["id"].as_str().expect("id");
-    let (_, key) = call(
-        Method::POST,
-        &url(&format!("/orgs/{org_id}/keys")),
-        &[("authorization", &auth)],
-        Some(json!({"name": "k"})),
-    )
-    .await;
-    let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-    call(
-        Method::PUT,
-        &url(&format!("/orgs/{org_id}/providers/openai")),
-        &[("authorization", &auth)],
-        Some(provider),
-    )
-    .await;
-    let bearer = format!("Bearer {}", key["secret"].as_str().expect("secret"));
+    let tenant = serve.organization(TOKEN, OPENAI).await;
+    let (org_id, bearer) = (tenant.org_id.as_str(), tenant.bearer());
     let (path, body) = chat();
     let (status, _) = call(
         Method::POST,
@@ -660,7 +643,7 @@ async fn a_revocation_whose_client_hangs_up_still_reaches_the_gateway() {
     // Send the revocation and hang up without reading the answer. A server may drop a request whose
     // client is gone before it reads it; what must hold is that a revocation once saved is served.
     let admin_addr = serve.admin.trim_start_matches("http://").to_owned();
-    let key_id = key["id"].as_str().expect("id");
+    let key_id = tenant.key_id.as_str();
     let keys_url = url(&format!("/orgs/{org_id}/keys"));
     let saved_at = loop {
         let mut stream = std::net::TcpStream::connect(&admin_addr).expect("connect");
