@@ -14,9 +14,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use recovea_core::Timestamp;
 use recovea_core::caps::{Cap, Scope};
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
-use recovea_core::money::Nanos;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
 use recovea_gateway::{ConfigError, GatewayConfig, GatewaySettings};
@@ -56,17 +55,8 @@ impl Harness {
                 ProviderCredential::new("openai".into(), ProviderKind::OpenAi, None, MANAGED.into());
             b.provider(org, credential);
         }
-        b.cap(Cap {
-            id: CapId::parse("cap_month").expect("id"),
-            org_id: capped.clone(),
-            scope: Scope::Organization,
-            key_id: None,
-            window: Window::Month,
-            limit: Nanos::parse_usd("100").expect("limit"),
-            hard_stop: true,
-            alert_at_permille: Vec::new(),
-            alert_webhook: None,
-        });
+        let month = support::cap("cap_month", Scope::Organization, Window::Month, "100", true);
+        b.cap(Cap { org_id: capped.clone(), ..month });
         b.key(hash_secret(KEY), KeyId::parse("key_live").expect("id"), capped, None);
         b.key(hash_secret(SENTINEL_KEY), KeyId::parse("key_sentinel").expect("id"), open, None);
         self.gateway.install_snapshot(Arc::new(b.build()));

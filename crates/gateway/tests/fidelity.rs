@@ -8,10 +8,9 @@ use recovea_core::Answer;
 use recovea_core::answer::WireShape;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::endpoints::EndpointAllowlist;
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
-use recovea_core::money::Nanos;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
@@ -108,17 +107,8 @@ fn snapshot() -> recovea_core::Snapshot {
         b.provider(org, credential("anthropic", ProviderKind::Anthropic, MANAGED_ANTHROPIC));
         b.provider(org, credential("gemini", ProviderKind::Gemini, MANAGED_GEMINI));
     }
-    b.cap(Cap {
-        id: CapId::parse("cap_zero").expect("id"),
-        org_id: capped.clone(),
-        scope: Scope::Organization,
-        key_id: None,
-        window: Window::Month,
-        limit: Nanos(0),
-        hard_stop: true,
-        alert_at_permille: Vec::new(),
-        alert_webhook: None,
-    });
+    let zero = support::cap("cap_zero", Scope::Organization, Window::Month, "0", true);
+    b.cap(Cap { org_id: capped.clone(), ..zero });
     b.key(hash_secret(OPEN_KEY), key("key_open"), acme.clone(), None);
     b.key(hash_secret(LISTED_KEY), key("key_listed"), acme.clone(), None);
     b.key_allowed_models(hash_secret(LISTED_KEY), models(&["gpt-4o-mini", "claude-*"]));

@@ -28,7 +28,7 @@ use tokio::net::TcpListener;
 
 mod support;
 
-use support::Harness;
+use support::{Harness, cap};
 
 const KEY: &str = "rk_live0000000000000000000000000000000000000001";
 const BYO_KEY: &str = "rk_byo00000000000000000000000000000000000000002";
@@ -1082,20 +1082,6 @@ async fn refusals_and_fail_open_passes_write_no_receipt_but_admitted_failures_do
 }
 
 // Caps: 402 at the line, 503 when spend cannot be confirmed, soft caps that never refuse.
-
-fn cap(id: &str, scope: Scope, window: Window, limit_usd: &str, hard_stop: bool) -> Cap {
-    Cap {
-        id: CapId::parse(id).expect("id"),
-        org_id: OrgId::parse("org_acme").expect("id"),
-        scope,
-        key_id: (scope == Scope::Key).then(|| KeyId::parse("key_live").expect("id")),
-        window,
-        limit: Nanos::parse_usd(limit_usd).expect("limit"),
-        hard_stop,
-        alert_at_permille: Vec::new(),
-        alert_webhook: None,
-    }
-}
 
 fn assert_refusal(status: StatusCode, headers: &http::HeaderMap, body: &[u8], expected: &Answer) {
     assert_answer(status, body, expected);

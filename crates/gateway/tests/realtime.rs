@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use recovea_core::caps::{Cap, Scope};
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
@@ -73,17 +73,7 @@ async fn node_with(
 }
 
 fn cap(limit_usd: &str) -> Cap {
-    Cap {
-        id: CapId::parse("cap_1").expect("id"),
-        org_id: OrgId::parse("org_acme").expect("id"),
-        scope: Scope::Organization,
-        key_id: None,
-        window: Window::Month,
-        limit: Nanos::parse_usd(limit_usd).expect("limit"),
-        hard_stop: true,
-        alert_at_permille: Vec::new(),
-        alert_webhook: None,
-    }
+    support::cap("cap_1", Scope::Organization, Window::Month, limit_usd, true)
 }
 
 /// The node's answer to an upgrade: its status and head, and the socket when it switched.

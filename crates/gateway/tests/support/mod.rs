@@ -15,7 +15,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use recovea_core::Timestamp;
+use recovea_core::caps::{Cap, Scope};
+use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::money::Nanos;
 use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink, SerializedReceipt};
+use recovea_core::window::Window;
 use recovea_counters::{Counters, InProcess};
 use recovea_gateway::spool::Spool;
 use recovea_gateway::{Gateway, GatewaySettings};
@@ -109,6 +113,23 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The cap the tests' snapshots hold: `id`, of org_acme (of its key key_live when `scope` is a
+/// key's), `limit_usd` a `window`, armed when `hard_stop`, with no alerts. Another organization's:
+/// `Cap { org_id, ..cap(...) }`.
+pub fn cap(id: &str, scope: Scope, window: Window, limit_usd: &str, hard_stop: bool) -> Cap {
+    Cap {
+        id: CapId::parse(id).expect("id"),
+        org_id: OrgId::parse("org_acme").expect("id"),
+        scope,
+        key_id: (scope == Scope::Key).then(|| KeyId::parse("key_live").expect("id")),
+        window,
+        limit: Nanos::parse_usd(limit_usd).expect("limit"),
+        hard_stop,
+        alert_at_permille: Vec::new(),
+        alert_webhook: None,
     }
 }
 
