@@ -72,6 +72,7 @@ async fn two_nodes_fed_by_two_control_replicas_share_caps_and_revocations() {
             break;
         }
         admitted_by_b += 1;
+        // Paced as a client is, not polled: every request admitted counts against the bound.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let refusal = refusal.expect("node B refuses once A reached the cap");
@@ -365,6 +366,7 @@ async fn a_key_rate_limit_is_shared_by_the_nodes_through_redis() {
         }
         admitted_by_b += 1;
         assert!(started.elapsed() < Duration::from_secs(3), "node B never learned A's use");
+        // Paced as a client is, not polled: every request admitted counts against the bound.
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     assert_rate_limited(&refusal);
