@@ -248,7 +248,13 @@ async fn a_gemini_model_named_only_in_the_path_is_held_to_the_allowlist() {
     let body = response.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("model_not_allowed"));
     assert!(h.mock.requests().is_empty());
-    assert!(h.receipts.all().is_empty());
+    // An admitted request after it: its receipt would come after one the refusal should not have.
+    let flash = "/v1beta/models/gemini-2.5-flash:generateContent";
+    let admitted = h.post_with(flash, ("x-goog-api-key", FLASH_KEY), GEMINI_BODY).await;
+    assert_eq!(admitted.status(), StatusCode::OK);
+    let id = admitted.headers()["x-request-id"].to_str().expect("text").to_owned();
+    body_text(admitted).await;
+    assert_eq!(h.receipts_through(&id).await.len(), 1, "the refused request has no receipt");
 }
 
 #[tokio::test]

@@ -1118,7 +1118,14 @@ async fn sequential_requests_are_refused_exactly_at_the_line() {
     );
     assert_eq!(headers.get("retry-after"), None, "a reached cap gives no retry hint");
     assert_eq!(h.mock.requests().len(), 3);
-    assert_eq!(h.receipts(3).await.len(), 3, "a refused request has no receipt");
+    // Another organization's request after it (its own key, no cap): its receipt would come after
+    // one the refused request should not have.
+    let byo = h.post("/v1/chat/completions").header("x-recovea-key", BYO_KEY);
+    let admitted = h.send(byo.header("authorization", "Bearer sk-client-own"), chat).await;
+    assert_eq!(admitted.status(), StatusCode::OK);
+    let id = admitted.headers()["x-request-id"].to_str().expect("text").to_owned();
+    body_of(admitted).await;
+    assert_eq!(h.receipts_through(&id).await.len(), 4, "a refused request has no receipt");
 }
 
 /// What `cap` holds reserved now, in its current window.
