@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, temp_dir};
+use harness::{OPENAI, Serve, Tenant, temp_dir};
 
 const TOKEN: &str = "caps-test-token-0123456789abcdef01234567";
 const SIGNING_SECRET: &str = "whsec_test_secret";
@@ -40,20 +40,6 @@ impl Serve {
         assert!(status.is_success(), "{path}: {status} {value}");
         value
     }
-
-    /// An org with a key and an openai credential: (org id, key id, key secret).
-    async fn tenant(&self) -> (String, String, String) {
-        let org = self.ok(Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
-        let org_id = org["id"].as_str().expect("id").to_owned();
-        let key = self.ok(Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
-        let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-        self.ok(Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider)).await;
-        (
-            org_id,
-            key["id"].as_str().expect("id").to_owned(),
-            key["secret"].as_str().expect("secret").to_owned(),
-        )
-    }
 }
 
 async fn call(
@@ -71,7 +57,7 @@ async fn caps_are_created_validated_changed_and_deleted() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("crud");
     let serve = start(&dir, &mock.url());
-    let (org_id, key_id, _) = serve.tenant().await;
+    let Tenant { org_id, key_id, .. } = serve.organization(TOKEN, OPENAI).await;
     let caps = format!("/orgs/{org_id}/caps");
 
     for (body, field) in [
@@ -243,7 +229,7 @@ async fn crossing_thresholds_raises_each_alert_once_and_posts_it_signed_with_ret
     let mock = MockProvider::start().await;
     let dir = temp_dir("alerts");
     let serve = start(&dir, &mock.url());
-    let (org_id, _, secret) = serve.tenant().await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     let (hook, received) = webhook_receiver(1).await;
     // Each request: 1000 input + 1000 output tokens of gpt-4o-mini = $0.00015 + $0.0006 = $0.00075.
     let usage = json!({"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000});
@@ -269,20 +255,16 @@ async fn crossing_thresholds_raises_each_alert_once_and_posts_it_signed_with_ret
         assert_eq!(status, StatusCode::OK, "a soft cap never refuses");
     }
     // $0.003 spent over a $0.002 limit: both thresholds crossed, each raised once.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let alerts = harness::eventually(harness::DEADLINE, "both alerts listed and delivered", || async {
         let alerts = serve.ok(Method::GET, &format!("/orgs/{org_id}/alerts"), None).await;
         let delivered = received.lock().expect("lock").len();
-        if alerts["alerts"].as_array().is_some_and(|a| a.len() == 2) && delivered == 2 {
-            let thresholds: Vec<&Value> =
-                alerts["alerts"].as_array().expect("alerts").iter().map(|a| &a["threshold"]).collect();
-            assert_eq!(thresholds, [&json!(0.5), &json!(1.0)]);
-            assert!(alerts["alerts"].as_array().expect("alerts").iter().all(|a| a["cap_id"] == cap["id"]));
-            break;
-        }
-        assert!(Instant::now() < deadline, "alerts: {alerts}, delivered: {delivered}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (alerts["alerts"].as_array().is_some_and(|a| a.len() == 2) && delivered == 2).then_some(alerts)
+    })
+    .await;
+    let thresholds: Vec<&Value> =
+        alerts["alerts"].as_array().expect("alerts").iter().map(|a| &a["threshold"]).collect();
+    assert_eq!(thresholds, [&json!(0.5), &json!(1.0)]);
+    assert!(alerts["alerts"].as_array().expect("alerts").iter().all(|a| a["cap_id"] == cap["id"]));
     for (signature, body) in received.lock().expect("lock").iter() {
         assert!(verify(signature, body), "bad signature {signature}");
         let payload: Value = serde_json::from_slice(body).expect("JSON");
@@ -344,7 +326,7 @@ async fn an_unpriced_model_is_costed_at_the_fallback_and_stopped_at_the_line() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("unpriced");
     let serve = start(&dir, &mock.url());
-    let (org_id, _, secret) = serve.tenant().await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     // The model nothing in the table resolves to: the openai kind's fallback prices it.
     let resolved = serve.ok(Method::GET, "/prices/mystery-model-7", None).await;
     assert_eq!(resolved["source"], "fallback", "{resolved}");
@@ -376,16 +358,12 @@ async fn an_unpriced_model_is_costed_at_the_fallback_and_stopped_at_the_line() {
     assert_eq!(refused["error"]["code"], "budget_exceeded");
     assert!(admitted >= 4, "refused after {admitted} requests, before the line");
 
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let receipts = loop {
+    let receipts = harness::eventually(harness::DEADLINE, "a receipt per admitted request", || async {
         let page = serve.ok(Method::GET, &format!("/orgs/{org_id}/receipts"), None).await;
         let receipts = page["receipts"].as_array().cloned().unwrap_or_default();
-        if receipts.len() == admitted {
-            break receipts;
-        }
-        assert!(Instant::now() < deadline, "receipts did not arrive: {page}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        (receipts.len() == admitted).then_some(receipts)
+    })
+    .await;
     for receipt in &receipts {
         assert_eq!(receipt["priced"], false, "{receipt}");
         assert_eq!(receipt["priced_as"], "fallback:openai", "{receipt}");
@@ -407,7 +385,7 @@ async fn an_uncapped_request_holds_its_worst_case_at_the_line_in_memory_and_on_r
             None => start(&dir, &mock.url()),
             Some(url) => Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN, "--redis-url", url]),
         };
-        let (org_id, _, secret) = serve.tenant().await;
+        let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
         // gpt-4o-mini, its tier left to the provider: at worst 16,384 output tokens at priority's
         // $1 per Mtok, $0.0164; typically 1,024 at $0.60, $0.0006. The mock answers 5.
         let cap =
@@ -417,13 +395,12 @@ async fn an_uncapped_request_holds_its_worst_case_at_the_line_in_memory_and_on_r
         let (url, bearer) = (format!("{}/v1/chat/completions", serve.gateway), format!("Bearer {secret}"));
         let uncapped = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
         // The cap reaches the gateway: a first request is admitted, and settles at a few tokens.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await.0
-            != StatusCode::OK
-        {
-            assert!(Instant::now() < deadline, "the armed cap's counters never admitted a request");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let admits = || async {
+            let (status, _) =
+                call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await;
+            (status == StatusCode::OK).then_some(())
+        };
+        harness::eventually(harness::DEADLINE, "the armed cap's counters admitting a request", admits).await;
         mock.script(Behaviour::default().delay_ms(1_500).times(1));
         let first = {
             let (url, bearer, body) = (url.clone(), bearer.clone(), uncapped.clone());
@@ -431,11 +408,7 @@ async fn an_uncapped_request_holds_its_worst_case_at_the_line_in_memory_and_on_r
                 async move { call(Method::POST, &url, &[("authorization", &bearer)], Some(body)).await },
             )
         };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while mock.requests().len() < 2 {
-            assert!(Instant::now() < deadline, "the provider never received the request");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        mock.received(2).await;
         let (status, _) =
             call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await;
         assert_eq!(
@@ -445,16 +418,8 @@ async fn an_uncapped_request_holds_its_worst_case_at_the_line_in_memory_and_on_r
         );
         assert_eq!(first.await.expect("task").0, StatusCode::OK);
         // Settled at its real cost, the room is back.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while call(Method::POST, &url, &[("authorization", &bearer)], Some(uncapped.clone())).await.0
-            != StatusCode::OK
-        {
-            assert!(
-                Instant::now() < deadline,
-                "redis {redis:?}: the cap still refuses after the request settled"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("redis {redis:?}: the room back once the request settled");
+        harness::eventually(harness::DEADLINE, &what, admits).await;
         serve.kill();
     }
 }

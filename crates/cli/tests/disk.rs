@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use recovea_testkit::MockProvider;
@@ -15,7 +15,7 @@ use serde_json::json;
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, call, temp_dir};
+use harness::{OPENAI, Serve, call, temp_dir};
 
 const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 
@@ -75,15 +75,8 @@ async fn a_full_disk_loses_no_receipt_and_every_response_has_one_once_space_retu
     let logs = temp_dir("disk-full-log");
     let log = File::create(logs.join("serve.log")).expect("log file");
     let serve = Serve::start_logging(&disk.0, &mock.url(), &["--admin-token", TOKEN], &[], log);
-    let (status, org) = serve.admin_call(TOKEN, Method::POST, "/orgs", Some(json!({"name": "disk"}))).await;
-    assert_eq!(status, StatusCode::CREATED);
-    let org_id = org["id"].as_str().expect("id").to_owned();
-    let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-    serve.admin_call(TOKEN, Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider)).await;
-    let (_, key) = serve
-        .admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"})))
-        .await;
-    let bearer = format!("Bearer {}", key["secret"].as_str().expect("secret"));
+    let tenant = serve.organization(TOKEN, OPENAI).await;
+    let (org_id, bearer) = (tenant.org_id.clone(), tenant.bearer());
 
     disk.fill();
     let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
@@ -100,23 +93,16 @@ async fn a_full_disk_loses_no_receipt_and_every_response_has_one_once_space_retu
     );
 
     std::fs::remove_file(disk.filler()).expect("space freed");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = format!("{REQUESTS} receipts, none held or pending (the node's log is in {logs:?})");
+    harness::eventually(Duration::from_secs(30), &what, || async {
         let (_, page) =
             serve.admin_call(TOKEN, Method::GET, &format!("/orgs/{org_id}/receipts?limit=1000"), None).await;
         let receipts = page["receipts"].as_array().map_or(0, Vec::len);
         let (held, pending) =
             (metric(&serve, "recovea_receipts_held").await, metric(&serve, "recovea_receipts_pending").await);
-        if receipts == REQUESTS && held == 0 && pending == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{receipts} receipts of {REQUESTS} responses, {held} held, {pending} pending: {}",
-            log_of(&logs)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (receipts == REQUESTS && held == 0 && pending == 0).then_some(())
+    })
+    .await;
     assert_eq!(metric(&serve, "recovea_receipts_dropped_total").await, 0);
     assert!(!log_of(&logs).contains("receipts lost"), "{}", log_of(&logs));
     drop(serve);

@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
@@ -16,25 +16,14 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, call, http_client, temp_dir};
+use harness::{OPENAI, Serve, call, http_client, temp_dir};
 
 const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 
 /// An organization with an openai credential and a key on `serve`: its id and the key's secret.
 async fn tenant(serve: &Serve) -> (String, String) {
-    let (status, org) = serve.admin_call(TOKEN, Method::POST, "/orgs", Some(json!({"name": "egress"}))).await;
-    assert_eq!(status, StatusCode::CREATED, "{org}");
-    let org_id = org["id"].as_str().expect("id");
-    let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-    let (status, _) = serve
-        .admin_call(TOKEN, Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider))
-        .await;
-    assert!(status.is_success(), "{status}");
-    let (status, key) = serve
-        .admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"})))
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{key}");
-    (org_id.to_owned(), key["secret"].as_str().expect("secret").to_owned())
+    let tenant = serve.organization(TOKEN, OPENAI).await;
+    (tenant.org_id, tenant.secret)
 }
 
 fn chat(stream: bool) -> Value {
@@ -114,17 +103,12 @@ async fn five_hundred_slow_streams_over_http2_to_a_provider_allowing_a_hundred_a
     assert!((5..=7).contains(&opened), "{opened} HTTP/2 connections for {STREAMS} streams");
     assert_eq!(metric(&serve, "recovea_upstream_connections_opened_total{protocol=\"http1\"}").await, 0);
     // Every stream has its receipt.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    harness::eventually(harness::DEADLINE, "a receipt per stream", || async {
         let (_, receipts) =
             serve.admin_call(TOKEN, Method::GET, &format!("/orgs/{org_id}/receipts?limit=1000"), None).await;
-        let count = receipts["receipts"].as_array().map_or(0, Vec::len);
-        if count == STREAMS {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{count} receipts of {STREAMS} streams");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (receipts["receipts"].as_array().map_or(0, Vec::len) == STREAMS).then_some(())
+    })
+    .await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 

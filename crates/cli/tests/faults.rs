@@ -122,6 +122,7 @@ async fn race(nodes: &[Node], secret: &str, for_at_most: Duration) -> Vec<Answer
                             );
                             assert_eq!(answer.headers["retry-after"], "1");
                             answers.unverifiable += 1;
+                            // A client as the answer asks: it retries a moment later.
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
                         other => panic!("a request at the line was answered {other}: {:?}", answer.body),
@@ -199,6 +200,7 @@ async fn a_node_cut_off_from_the_store_cannot_spend_past_the_line() {
         proxy.set(fault);
         let switch = proxy.switch();
         let restore = tokio::spawn(async move {
+            // The behaviour under test: a fault that lasts this long.
             tokio::time::sleep(lasting).await;
             switch.set(Fault::Pass);
         });
@@ -237,6 +239,7 @@ async fn a_store_wiped_near_the_line_is_rebuilt_and_the_line_holds() {
                 let until = Instant::now() + Duration::from_secs(30);
                 while store_total(&redis, &cap_id) < at_85_percent {
                     assert!(Instant::now() < until, "the race never reached 85% of the room");
+                    // Asked every millisecond, so that the wipe comes near 85%, not well past it.
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 assert_eq!(redis.command(&["FLUSHALL"]), "+OK");

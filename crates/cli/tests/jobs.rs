@@ -41,17 +41,14 @@ impl Serve {
 
     /// As [`Self::tenant`], its cap armed or not.
     async fn tenant_capped(&self, limit: &str, hard_stop: bool) -> (String, String) {
-        let org = self.ok(Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
-        let org_id = org["id"].as_str().expect("id").to_owned();
-        let key = self.ok(Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
-        for kind in ["openai", "anthropic", "gemini"] {
-            let credential = json!({"kind": kind, "api_key": format!("sk-{kind}-managed-0123456789")});
-            self.ok(Method::PUT, &format!("/orgs/{org_id}/providers/{kind}"), Some(credential)).await;
-        }
-        let cap =
-            json!({"scope": "organization", "window": "day", "limit_usd": limit, "hard_stop": hard_stop});
-        self.ok(Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
-        (org_id, key["secret"].as_str().expect("secret").to_owned())
+        let credentials = [
+            ("openai", "sk-openai-managed-0123456789"),
+            ("anthropic", "sk-anthropic-managed-0123456789"),
+            ("gemini", "sk-gemini-managed-0123456789"),
+        ];
+        let tenant = self.organization(TOKEN, &credentials).await;
+        self.org_cap(TOKEN, &tenant.org_id, "day", limit, hard_stop).await;
+        (tenant.org_id, tenant.secret)
     }
 
     async fn spend(&self, org_id: &str) -> Value {
@@ -325,7 +322,15 @@ async fn a_hold_survives_a_restart_and_its_job_is_settled_once() {
     );
     let settled = serve.settlement(&org_id, &job_id).await;
     assert_eq!(settled["cost_usd"], "1.62");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A job created now, in an organization of its own, is settled two polls later at the
+    // earliest: a second settlement of the first, from a poll before those or from the restart,
+    // would have been spooled before its settlement, and so be in the ledger by then.
+    let (later_org, later_secret) = serve.tenant("100.00").await;
+    let later = serve
+        .post(&later_secret, "/v1/responses", json!({"model": "o3-pro", "input": "x", "background": true}))
+        .await;
+    let later_job = later.json()["id"].as_str().expect("id").to_owned();
+    serve.settlement(&later_org, &later_job).await;
     let settlements = serve
         .receipts(&org_id)
         .await

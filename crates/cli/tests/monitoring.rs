@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use recovea_testkit::{Behaviour, MockProvider};
@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, call, temp_dir};
+use harness::{Serve, Tenant, call, temp_dir};
 
 const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 const PROVIDER_KEY: &str = "sk-managed-monitoring-0123456789";
@@ -27,21 +27,8 @@ fn repo_root() -> PathBuf {
 }
 
 /// An organization with an openai credential and a key on `serve`: its id, the key's id and secret.
-async fn tenant(serve: &Serve) -> (String, String, String) {
-    let (status, org) = serve.admin_call(TOKEN, Method::POST, "/orgs", Some(json!({"name": "mon"}))).await;
-    assert_eq!(status, StatusCode::CREATED, "{org}");
-    let org_id = org["id"].as_str().expect("id").to_owned();
-    let provider = json!({"kind": "openai", "api_key": PROVIDER_KEY});
-    let (status, _) = serve
-        .admin_call(TOKEN, Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider))
-        .await;
-    assert!(status.is_success(), "{status}");
-    let (status, key) = serve
-        .admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"})))
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{key}");
-    let key_id = key["id"].as_str().expect("id").to_owned();
-    (org_id, key_id, key["secret"].as_str().expect("secret").to_owned())
+async fn tenant(serve: &Serve) -> Tenant {
+    serve.organization(TOKEN, &[("openai", PROVIDER_KEY)]).await
 }
 
 fn chat(model: &str, stream: bool) -> Value {
@@ -64,19 +51,14 @@ async fn ask(serve: &Serve, secret: &str, body: Value) -> (StatusCode, String) {
 
 /// The receipt of `request_id`, once the ledger has it.
 async fn receipt_of(serve: &Serve, org_id: &str, request_id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    harness::eventually(harness::DEADLINE, &format!("the receipt of {request_id}"), || async {
         let (_, receipts) =
             serve.admin_call(TOKEN, Method::GET, &format!("/orgs/{org_id}/receipts?limit=100"), None).await;
-        let found = receipts["receipts"]
+        receipts["receipts"]
             .as_array()
-            .and_then(|all| all.iter().find(|r| r["request_id"] == request_id).cloned());
-        if let Some(receipt) = found {
-            return receipt;
-        }
-        assert!(Instant::now() < deadline, "no receipt of {request_id}: {receipts}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .and_then(|all| all.iter().find(|r| r["request_id"] == request_id).cloned())
+    })
+    .await
 }
 
 /// Arms a monthly cap of a millionth of a dollar on the organization and asks until it refuses:
@@ -85,14 +67,11 @@ async fn arm_a_spent_cap(serve: &Serve, org_id: &str, secret: &str) -> String {
     let cap = json!({"scope": "organization", "window": "month", "limit_usd": "0.000001", "hard_stop": true});
     let (status, _) = serve.admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await;
     assert_eq!(status, StatusCode::CREATED);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    harness::eventually(harness::DEADLINE, "the armed cap refusing", || async {
         let (status, request_id) = ask(serve, secret, chat("gpt-4o-mini", false)).await;
-        if status == StatusCode::PAYMENT_REQUIRED {
-            return request_id;
-        }
-        assert!(Instant::now() < deadline, "the armed cap never refused");
-    }
+        (status == StatusCode::PAYMENT_REQUIRED).then_some(request_id)
+    })
+    .await
 }
 
 /// `serve` with its log going to a file in `dir`.
@@ -107,16 +86,17 @@ fn serve_logging(dir: &Path, mock: &str, extra: &[&str]) -> (Serve, PathBuf) {
 /// The log's lines that mention `request_id` (or any text), once there are `count` of them (the log
 /// is written by a thread of its own, a moment after the answer).
 async fn lines_naming(log: &Path, request_id: &str, count: usize) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let lines: Vec<String> = text.lines().filter(|l| l.contains(request_id)).map(str::to_owned).collect();
-        if lines.len() >= count {
-            return lines;
-        }
-        assert!(Instant::now() < deadline, "no {count} line(s) naming {request_id} in:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    harness::eventually(
+        harness::DEADLINE,
+        &format!("{count} line(s) naming {request_id} in {log:?}"),
+        || async {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<String> =
+                text.lines().filter(|l| l.contains(request_id)).map(str::to_owned).collect();
+            (lines.len() >= count).then_some(lines)
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,7 +104,7 @@ async fn each_request_writes_one_json_access_line_with_plain_strings_and_no_secr
     let mock = MockProvider::start().await;
     let dir = temp_dir("access-json");
     let (serve, log) = serve_logging(&dir, &mock.url(), &["--log-format", "json"]);
-    let (org_id, key_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, key_id, secret } = tenant(&serve).await;
 
     let (status, admitted) = ask(&serve, &secret, chat("gpt-4o-mini", false)).await;
     assert_eq!(status, StatusCode::OK);
@@ -306,7 +286,7 @@ async fn a_client_cannot_forge_a_field_or_a_line_of_the_text_log() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("access-forged");
     let (serve, log) = serve_logging(&dir, &mock.url(), &[]);
-    let (_, _, secret) = tenant(&serve).await;
+    let Tenant { secret, .. } = tenant(&serve).await;
     let forged_field = "gpt-4o-mini org_id=org_VICTIM cost_usd=1234.00";
     let (status, id) = ask(&serve, &secret, chat(forged_field, false)).await;
     assert_eq!(status, StatusCode::OK);
@@ -339,7 +319,7 @@ async fn the_text_access_line_has_no_colour_codes_and_the_switch_turns_it_off() 
     let mock = MockProvider::start().await;
     let dir = temp_dir("access-text");
     let (serve, log) = serve_logging(&dir, &mock.url(), &[]);
-    let (_, _, secret) = tenant(&serve).await;
+    let Tenant { secret, .. } = tenant(&serve).await;
     let (status, id) = ask(&serve, &secret, chat("gpt-4o-mini", false)).await;
     assert_eq!(status, StatusCode::OK);
     let lines = lines_naming(&log, &id, 1).await;
@@ -361,7 +341,7 @@ async fn the_text_access_line_has_no_colour_codes_and_the_switch_turns_it_off() 
 
     let dir = temp_dir("access-off");
     let (serve, log) = serve_logging(&dir, &mock.url(), &["--access-log", "false"]);
-    let (_, _, secret) = tenant(&serve).await;
+    let Tenant { secret, .. } = tenant(&serve).await;
     let (status, id) = ask(&serve, &secret, chat("gpt-4o-mini", false)).await;
     assert_eq!(status, StatusCode::OK);
     // The request is still counted: once its duration is in the metrics, its line would have been
@@ -522,7 +502,7 @@ async fn metrics_parse_and_every_metric_the_rules_and_dashboard_query_is_exporte
     let mock = MockProvider::start().await;
     let dir = temp_dir("monitoring-metrics");
     let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
-    let (org_id, _, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = tenant(&serve).await;
     // Traffic of every kind the dashboard shows: admitted (a priced model and one the price table
     // does not know), streamed, refused for its key, refused by an armed cap.
     for body in [chat("gpt-4o-mini", false), chat("gpt-4o-mini", true), chat("a-model-without-price", false)]
@@ -628,7 +608,7 @@ async fn a_request_naming_no_model_raises_no_price_alarm() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("no-model-alarm");
     let (serve, log) = serve_logging(&dir, &mock.url(), &[]);
-    let (org_id, _, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = tenant(&serve).await;
     let usage = json!({"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7});
     let answer = json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [], "usage": usage});
     mock.script(Behaviour::default().body(answer));

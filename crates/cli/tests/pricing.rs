@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, call, temp_dir};
+use harness::{Serve, Tenant, call, temp_dir};
 
 const TOKEN: &str = "pricing-test-token-0123456789abcdef01234";
 
@@ -25,14 +25,6 @@ impl Serve {
         let (status, value) = self.admin_call(TOKEN, method, path, body).await;
         assert!(status.is_success(), "{path}: {status} {value}");
         value
-    }
-
-    /// An organization with a key: (org id, key secret).
-    async fn tenant(&self) -> (String, String) {
-        let org = self.ok(Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
-        let org_id = org["id"].as_str().expect("id").to_owned();
-        let key = self.ok(Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
-        (org_id, key["secret"].as_str().expect("secret").to_owned())
     }
 
     /// The receipt of request `request_id`, once the ledger has it.
@@ -70,7 +62,7 @@ async fn an_openai_compatible_provider_is_priced_in_its_namespace_with_no_setup(
     let mock = MockProvider::start().await;
     let dir = temp_dir("namespace");
     let serve = start(&dir, &mock.url());
-    let (org_id, secret) = serve.tenant().await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, &[]).await;
     let credential = |namespace: Option<&str>, fallback: Option<(&str, &str)>| {
         let mut body = json!({"kind": "openai", "api_key": "sk-groq-0123456789", "base_url": mock.url()});
         if let Some(namespace) = namespace {
@@ -167,7 +159,7 @@ async fn a_credentials_pricing_is_checked_as_it_is_set() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("namespace-checks");
     let serve = start(&dir, &mock.url());
-    let (org_id, _) = serve.tenant().await;
+    let Tenant { org_id, .. } = serve.organization(TOKEN, &[]).await;
     for (body, message) in [
         (
             json!({"kind": "openai", "api_key": "sk-0123456789", "price_namespace": "Bad Name"}),

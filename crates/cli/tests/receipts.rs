@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, temp_dir};
+use harness::{OPENAI, Serve, Tenant, temp_dir};
 
 const TOKEN: &str = "receipts-test-token-0123456789abcdef0123";
 
@@ -43,16 +43,6 @@ async fn admin(serve: &Serve, method: Method, path: &str, body: Option<Value>) -
     serde_json::from_slice(&bytes).expect("JSON")
 }
 
-/// An org with a key and an openai credential; returns (org id, key secret).
-async fn tenant(serve: &Serve) -> (String, String) {
-    let org = admin(serve, Method::POST, "/orgs", Some(json!({"name": "acme"}))).await;
-    let org_id = org["id"].as_str().expect("id").to_owned();
-    let key = admin(serve, Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"}))).await;
-    let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-    admin(serve, Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider)).await;
-    (org_id, key["secret"].as_str().expect("secret").to_owned())
-}
-
 /// Every receipt of the org, all pages.
 async fn all_receipts(serve: &Serve, org_id: &str) -> Vec<Value> {
     let mut out = Vec::new();
@@ -73,7 +63,7 @@ async fn after_sigkill_every_completed_response_has_exactly_one_receipt() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("sigkill");
     let serve = start(&dir, &mock.url());
-    let (org_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     let bearer = Arc::new(format!("Bearer {secret}"));
     let url = Arc::new(format!("{}/v1/chat/completions", serve.gateway));
 
@@ -104,15 +94,9 @@ async fn after_sigkill_every_completed_response_has_exactly_one_receipt() {
             (completed, sent)
         }));
     }
-    // Kill once a good number of responses completed, with requests still in flight.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let served = mock.requests().len();
-        if served >= 400 || Instant::now() > deadline {
-            break;
-        }
-    }
+    // Kill once a good number of responses completed (or 20 s went by), with requests still in
+    // flight.
+    let _ = tokio::time::timeout(Duration::from_secs(20), mock.until_received(400)).await;
     serve.kill();
     stop.store(true, Ordering::Relaxed);
     let mut completed = Vec::new();
@@ -125,18 +109,14 @@ async fn after_sigkill_every_completed_response_has_exactly_one_receipt() {
     assert!(completed.len() >= 100, "too few completed responses to say anything: {}", completed.len());
 
     let serve = start(&dir, &mock.url());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let receipts = loop {
+    let what = "every completed response's receipt after restart";
+    let receipts = harness::eventually(Duration::from_secs(15), what, || async {
         let receipts = all_receipts(&serve, &org_id).await;
         let ids: std::collections::HashSet<&str> =
             receipts.iter().filter_map(|r| r["request_id"].as_str()).collect();
-        if completed.iter().all(|id| ids.contains(id.as_str())) {
-            break receipts;
-        }
-        let missing = completed.iter().filter(|id| !ids.contains(id.as_str())).count();
-        assert!(Instant::now() < deadline, "{missing} completed responses have no receipt after restart");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        completed.iter().all(|id| ids.contains(id.as_str())).then_some(receipts)
+    })
+    .await;
     let mut ids: Vec<&str> = receipts.iter().filter_map(|r| r["request_id"].as_str()).collect();
     let total = ids.len();
     ids.sort_unstable();
@@ -156,7 +136,7 @@ async fn the_admin_cli_sets_prices_and_reads_receipts() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("cli");
     let serve = start(&dir, &mock.url());
-    let (org_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     let bearer = format!("Bearer {secret}");
     let chat = json!({"model": "house-model", "messages": [{"role": "user", "content": "Say hello"}]});
     let url = format!("{}/v1/chat/completions", serve.gateway);
@@ -178,16 +158,12 @@ async fn the_admin_cli_sets_prices_and_reads_receipts() {
     let (status, _) = call(Method::POST, &url, &[("authorization", &bearer)], Some(chat)).await;
     assert_eq!(status, StatusCode::OK);
 
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let page: Value = loop {
+    let page: Value = harness::eventually(harness::DEADLINE, "both receipts", || async {
         let page: Value =
             serde_json::from_str(&admin_cli(&serve, &["receipts", "list", "--org", &org_id])).expect("JSON");
-        if page["receipts"].as_array().is_some_and(|r| r.len() == 2) {
-            break page;
-        }
-        assert!(Instant::now() < deadline, "receipts did not arrive: {page}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        page["receipts"].as_array().is_some_and(|r| r.len() == 2).then_some(page)
+    })
+    .await;
     let (before, after) = (&page["receipts"][0], &page["receipts"][1]);
     // 3 input x $150 + 5 output x $600 per million tokens: the built-in table's dearest openai prices.
     assert_eq!((before["priced"].as_bool(), before["cost_usd"].as_str()), (Some(false), Some("0.00345")));
@@ -289,7 +265,7 @@ async fn a_receipt_says_whether_the_organizations_key_or_the_clients_own_paid_th
     let mock = MockProvider::start().await;
     let dir = temp_dir("provider-key");
     let serve = start(&dir, &mock.url());
-    let (org_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
     let url = format!("{}/v1/chat/completions", serve.gateway);
     // The organization's managed key, then the client's own beside its Recovea key.
@@ -305,15 +281,11 @@ async fn a_receipt_says_whether_the_organizations_key_or_the_clients_own_paid_th
         [Some("Bearer sk-managed-0123456789".to_owned()), Some("Bearer sk-client-own-0123456789".to_owned())]
     );
 
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let receipts = loop {
+    let receipts = harness::eventually(harness::DEADLINE, "both receipts", || async {
         let receipts = all_receipts(&serve, &org_id).await;
-        if receipts.len() == 2 {
-            break receipts;
-        }
-        assert!(Instant::now() < deadline, "receipts did not arrive: {receipts:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        (receipts.len() == 2).then_some(receipts)
+    })
+    .await;
     let paid: Vec<&str> =
         receipts.iter().map(|r| r["provider_key"].as_str().expect("provider_key")).collect();
     assert_eq!(paid, ["managed", "client"]);
@@ -351,20 +323,22 @@ async fn tagged_receipts_are_filtered_exported_and_summed_by_tag() {
     let mock = MockProvider::start().await;
     let dir = temp_dir("tags");
     let serve = start(&dir, &mock.url());
-    let (org_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = serve.organization(TOKEN, OPENAI).await;
     let bearer = format!("Bearer {secret}");
     let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
     let url = format!("{}/v1/chat/completions", serve.gateway);
-    for tags in ["team=search,feature=autocomplete", "team=search", "team=ads", ""] {
-        let mut headers = vec![("authorization", bearer.as_str())];
-        if !tags.is_empty() {
-            headers.push(("x-recovea-tags", tags));
-        }
+    for tags in ["team=search,feature=autocomplete", "team=search", "team=ads"] {
+        let headers = [("authorization", bearer.as_str()), ("x-recovea-tags", tags)];
         let (status, body) = call(Method::POST, &url, &headers, Some(chat.clone())).await;
         assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     }
-    let (status, body) =
-        call(Method::POST, &url, &[("authorization", &bearer), ("x-recovea-tags", "team")], Some(chat)).await;
+    let (status, body) = call(
+        Method::POST,
+        &url,
+        &[("authorization", &bearer), ("x-recovea-tags", "team")],
+        Some(chat.clone()),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let error: Value = serde_json::from_slice(&body).expect("JSON");
     assert_eq!(error["error"]["code"], "invalid_tags");
@@ -373,13 +347,17 @@ async fn tagged_receipts_are_filtered_exported_and_summed_by_tag() {
         mock.requests().iter().all(|r| r.header("x-recovea-tags").is_none()),
         "tags reached the provider"
     );
-
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while all_receipts(&serve, &org_id).await.len() < 4 {
-        assert!(Instant::now() < deadline, "the receipts did not arrive");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(all_receipts(&serve, &org_id).await.len(), 4, "the refused request has no receipt");
+    // An untagged request after the refused one: its receipt is spooled after any the refused one
+    // could have had, so once it is in the ledger, a receipt too many would be there too.
+    let last = harness::call(Method::POST, &url, &[("authorization", &bearer)], Some(chat)).await;
+    assert_eq!(last.status, StatusCode::OK);
+    let last_id = last.headers["x-request-id"].to_str().expect("text").to_owned();
+    let receipts = harness::eventually(harness::DEADLINE, "the last request's receipt", || async {
+        let receipts = all_receipts(&serve, &org_id).await;
+        receipts.iter().any(|r| r["request_id"] == last_id.as_str()).then_some(receipts)
+    })
+    .await;
+    assert_eq!(receipts.len(), 4, "the refused request has no receipt");
     let listed: Value = serde_json::from_str(&admin_cli(
         &serve,
         &["receipts", "list", "--org", &org_id, "--tag", "team:search"],

@@ -3,7 +3,7 @@
 //! age, leaves a soft cap's traffic flowing, and restarting Redis clears the 503 by itself.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, temp_dir};
+use harness::{OPENAI, Serve, temp_dir};
 #[path = "support/own_redis.rs"]
 mod own_redis;
 use own_redis::OwnRedis;
@@ -30,25 +30,11 @@ fn start(data_dir: &Path, mock_url: &str, redis_port: u16) -> Serve {
 }
 
 impl Serve {
-    async fn admin(&self, method: Method, path: &str, body: Value) -> Value {
-        let (status, bytes, _) =
-            call(method, &format!("{}/admin/v1{path}", self.admin), &format!("Bearer {TOKEN}"), Some(body))
-                .await;
-        assert!(status.is_success(), "{path}: {status}");
-        serde_json::from_slice(&bytes).expect("JSON")
-    }
-
     /// An org with a key, an openai credential and one cap; returns the key's secret.
     async fn tenant(&self, hard_stop: bool) -> String {
-        let org = self.admin(Method::POST, "/orgs", json!({"name": "acme"})).await;
-        let org_id = org["id"].as_str().expect("id");
-        let key = self.admin(Method::POST, &format!("/orgs/{org_id}/keys"), json!({"name": "k"})).await;
-        let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-        self.admin(Method::PUT, &format!("/orgs/{org_id}/providers/openai"), provider).await;
-        let cap =
-            json!({"scope": "organization", "window": "month", "limit_usd": "100", "hard_stop": hard_stop});
-        self.admin(Method::POST, &format!("/orgs/{org_id}/caps"), cap).await;
-        key["secret"].as_str().expect("secret").to_owned()
+        let tenant = self.organization(TOKEN, OPENAI).await;
+        self.org_cap(TOKEN, &tenant.org_id, "month", "100", hard_stop).await;
+        tenant.secret
     }
 
     async fn chat(&self, secret: &str) -> (StatusCode, Bytes, http::HeaderMap) {
@@ -64,15 +50,11 @@ impl Serve {
 
     /// Polls until the request answers `want`, or fails after `within`.
     async fn until(&self, secret: &str, want: StatusCode, within: Duration) -> (Bytes, http::HeaderMap) {
-        let deadline = Instant::now() + within;
-        loop {
+        harness::eventually(within, &format!("the answer {want}"), || async {
             let (status, body, headers) = self.chat(secret).await;
-            if status == want {
-                return (body, headers);
-            }
-            assert!(Instant::now() < deadline, "still {status} after {within:?}, wanted {want}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            (status == want).then_some((body, headers))
+        })
+        .await
     }
 }
 
@@ -135,15 +117,11 @@ async fn the_redis_password_is_never_logged() {
         &[],
         log,
     );
-    let started = Instant::now();
-    let logged = loop {
+    let logged = harness::eventually(harness::DEADLINE, "the failure logged", || async {
         let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if text.contains("counter store unavailable") || started.elapsed() > Duration::from_secs(10) {
-            break text;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(logged.contains("counter store unavailable"), "the failure is logged: {logged}");
+        text.contains("counter store unavailable").then_some(text)
+    })
+    .await;
     assert!(!logged.contains("s3cret-redis-password"), "{logged}");
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{BIN, Serve, temp_dir};
+use harness::{BIN, OPENAI, Serve, temp_dir};
 
 const TOKEN: &str = "test-admin-token-0123456789abcdef0123456";
 
@@ -34,6 +34,24 @@ async fn call(
 ) -> (StatusCode, Value) {
     let answer = harness::call(method, url, headers, body).await;
     (answer.status, answer.json())
+}
+
+/// Sends `body` to the gateway's `path` with `bearer` until it answers 401; fails after `within`.
+async fn unauthorized_within(
+    serve: &Serve,
+    path: &str,
+    bearer: &str,
+    body: &Value,
+    within: Duration,
+    what: &str,
+) {
+    harness::eventually(within, what, || async {
+        let gateway = format!("{}{path}", serve.gateway);
+        let (status, _) =
+            call(Method::POST, &gateway, &[("authorization", bearer)], Some(body.clone())).await;
+        (status == StatusCode::UNAUTHORIZED).then_some(())
+    })
+    .await;
 }
 
 fn admin_cli(serve: &Serve, data_dir: &Path, args: &[&str]) -> Value {
@@ -141,21 +159,8 @@ async fn zero_setup_start_generates_secrets_once_and_serves_through_the_admin_cl
     let revoked = admin_cli(&serve, &dir, &["keys", "revoke", key["id"].as_str().expect("id")]);
     assert!(revoked["revoked_at"].is_string());
     assert!(admin_cli(&serve, &dir, &["nodes"])["nodes"].is_array(), "the nodes that reported");
-    let deadline = Instant::now() + Duration::from_secs(1);
-    loop {
-        let (status, _) = call(
-            Method::POST,
-            &format!("{}{path}", serve.gateway),
-            &[("authorization", &bearer)],
-            Some(body.clone()),
-        )
-        .await;
-        if status == StatusCode::UNAUTHORIZED {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the revocation did not reach the gateway within a second");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = "the revocation at the gateway";
+    unauthorized_within(&serve, &path, &bearer, &body, Duration::from_secs(1), what).await;
 
     // The data directory and everything in it (database, spool, saved state) are the owner's
     // alone: they hold sealed provider keys, key hashes and every receipt.
@@ -623,25 +628,8 @@ async fn a_revocation_whose_client_hangs_up_still_reaches_the_gateway() {
     let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
     let auth = format!("Bearer {TOKEN}");
     let url = |path: &str| format!("{}/admin/v1{path}", serve.admin);
-    let (_, org) =
-        call(Method::POST, &url("/orgs"), &[("authorization", &auth)], Some(json!({"name": "a"}))).await;
-    let org_id = org["id"].as_str().expect("id");
-    let (_, key) = call(
-        Method::POST,
-        &url(&format!("/orgs/{org_id}/keys")),
-        &[("authorization", &auth)],
-        Some(json!({"name": "k"})),
-    )
-    .await;
-    let provider = json!({"kind": "openai", "api_key": "sk-managed-0123456789"});
-    call(
-        Method::PUT,
-        &url(&format!("/orgs/{org_id}/providers/openai")),
-        &[("authorization", &auth)],
-        Some(provider),
-    )
-    .await;
-    let bearer = format!("Bearer {}", key["secret"].as_str().expect("secret"));
+    let tenant = serve.organization(TOKEN, OPENAI).await;
+    let (org_id, bearer) = (tenant.org_id.as_str(), tenant.bearer());
     let (path, body) = chat();
     let (status, _) = call(
         Method::POST,
@@ -655,7 +643,7 @@ async fn a_revocation_whose_client_hangs_up_still_reaches_the_gateway() {
     // Send the revocation and hang up without reading the answer. A server may drop a request whose
     // client is gone before it reads it; what must hold is that a revocation once saved is served.
     let admin_addr = serve.admin.trim_start_matches("http://").to_owned();
-    let key_id = key["id"].as_str().expect("id");
+    let key_id = tenant.key_id.as_str();
     let keys_url = url(&format!("/orgs/{org_id}/keys"));
     let saved_at = loop {
         let mut stream = std::net::TcpStream::connect(&admin_addr).expect("connect");
@@ -665,37 +653,19 @@ async fn a_revocation_whose_client_hangs_up_still_reaches_the_gateway() {
         )
         .expect("send");
         drop(stream);
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let saved = loop {
+        // Saved within 2 s, or sent again.
+        let saved = harness::eventually(Duration::from_secs(3), "the revocation saved", || async {
             let (_, keys) = call(Method::GET, &keys_url, &[("authorization", &auth)], None).await;
-            if keys["keys"][0]["revoked_at"].is_string() {
-                break Some(Instant::now());
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
-        if let Some(at) = saved {
+            keys["keys"][0]["revoked_at"].is_string().then(Instant::now)
+        });
+        if let Ok(at) = tokio::time::timeout(Duration::from_secs(2), saved).await {
             break at;
         }
     };
 
-    let deadline = saved_at + Duration::from_secs(1);
-    loop {
-        let (status, _) = call(
-            Method::POST,
-            &format!("{}{path}", serve.gateway),
-            &[("authorization", &bearer)],
-            Some(body.clone()),
-        )
-        .await;
-        if status == StatusCode::UNAUTHORIZED {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the saved revocation did not reach the gateway within a second");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let within = Duration::from_secs(1).saturating_sub(saved_at.elapsed());
+    let what = "the saved revocation at the gateway, a second after it was saved";
+    unauthorized_within(&serve, &path, &bearer, &body, within, what).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -796,7 +766,8 @@ async fn the_snapshot_age_of_serve_stays_near_zero_without_changes() {
     let dir = temp_dir("snapshot-age");
     let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN]);
     // The state is in the same process and checked every 250 ms: with no change for two seconds,
-    // its age must still read as fresh, not as the time since the last change.
+    // its age must still read as fresh, not as the time since the last change. The two seconds
+    // are the behaviour under test, sampled every 100 ms.
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(2) {
         let answer = harness::call(Method::GET, &format!("{}/metrics", serve.gateway), &[], None).await;

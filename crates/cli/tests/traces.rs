@@ -6,13 +6,13 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use recovea_testkit::otlp::{OtlpReceiver, ReceivedSpan};
 use recovea_testkit::{Behaviour, MockProvider};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Serve, call, temp_dir};
+use harness::{Serve, Tenant, call, temp_dir};
 
 const TOKEN: &str = "traces-test-token-0123456789abcdef012345";
 const MANAGED_KEY: &str = "sk-managed-traces-0123456789";
@@ -20,21 +20,8 @@ const PROMPT: &str = "a prompt that must never reach a span";
 const WITHIN: Duration = Duration::from_secs(10);
 
 /// An org with a key and an openai credential: (org id, key id, key secret).
-async fn tenant(serve: &Serve) -> (String, String, String) {
-    let ok = |(status, value): (StatusCode, Value)| {
-        assert!(status.is_success(), "{status} {value}");
-        value
-    };
-    let org = ok(serve.admin_call(TOKEN, Method::POST, "/orgs", Some(json!({"name": "acme"}))).await);
-    let org_id = org["id"].as_str().expect("id").to_owned();
-    let key = ok(serve
-        .admin_call(TOKEN, Method::POST, &format!("/orgs/{org_id}/keys"), Some(json!({"name": "k"})))
-        .await);
-    let provider = json!({"kind": "openai", "api_key": MANAGED_KEY});
-    ok(serve
-        .admin_call(TOKEN, Method::PUT, &format!("/orgs/{org_id}/providers/openai"), Some(provider))
-        .await);
-    (org_id, key["id"].as_str().expect("id").to_owned(), key["secret"].as_str().expect("secret").to_owned())
+async fn tenant(serve: &Serve) -> Tenant {
+    serve.organization(TOKEN, &[("openai", MANAGED_KEY)]).await
 }
 
 /// The children's names, sorted.
@@ -66,7 +53,7 @@ async fn each_request_is_a_span_with_a_child_per_phase() {
         &mock.url(),
         &["--admin-token", TOKEN, "--otlp-endpoint", &endpoint, "--otlp-service-name", "recovea-test"],
     );
-    let (org_id, key_id, secret) = tenant(&serve).await;
+    let Tenant { org_id, key_id, secret } = tenant(&serve).await;
     let bearer = format!("Bearer {secret}");
     let url = format!("{}/v1/chat/completions", serve.gateway);
     let chat = |stream: bool| json!({"model": "gpt-4o-mini", "stream": stream, "messages": [{"role": "user", "content": PROMPT}]});
@@ -162,7 +149,7 @@ async fn a_client_gone_before_the_answer_still_ends_its_trace_as_client_closed()
     let dir = temp_dir("traces-abandoned");
     let endpoint = receiver.url();
     let serve = Serve::start(&dir, &mock.url(), &["--admin-token", TOKEN, "--otlp-endpoint", &endpoint]);
-    let (org_id, _, secret) = tenant(&serve).await;
+    let Tenant { org_id, secret, .. } = tenant(&serve).await;
     // The provider takes its time; the client does not wait for it.
     mock.script(Behaviour::default().delay_ms(5_000));
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": PROMPT}]}).to_string();
@@ -173,11 +160,7 @@ async fn a_client_gone_before_the_answer_still_ends_its_trace_as_client_closed()
         body.len()
     );
     client.write_all(format!("{head}{body}").as_bytes()).await.expect("send");
-    let deadline = std::time::Instant::now() + WITHIN;
-    while mock.requests().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the request never reached the provider");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    mock.received(1).await;
     drop(client);
 
     let (root, children) =

@@ -66,6 +66,7 @@ async fn traffic(store: &Redis, warm_up: usize, kill: impl FnOnce()) -> Seen {
                     failed += 1;
                 }
             }
+            // Rounds a tick apart: the failover takes its time, counted in rounds.
             tokio::time::sleep(TICK).await;
             failed
         }

@@ -27,16 +27,13 @@ impl Server {
             .expect("redis-server must be installed to run this test");
         let server = Self { child };
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("url");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut connection) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING").query_async::<()>(&mut connection).await.is_ok()
-            {
-                return server;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "redis-server on port {port} did not come up");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("redis-server up on port {port}");
+        recovea_testkit::eventually(recovea_testkit::wait::DEADLINE, &what, || async {
+            let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("PING").query_async::<()>(&mut connection).await.ok()
+        })
+        .await;
+        server
     }
 
     fn kill(mut self) {
@@ -114,6 +111,7 @@ async fn a_restarted_redis_is_a_flush_and_pending_increments_count_once() {
         "the store lost its data: no window is rebuilt before every node has pushed again"
     );
     assert_eq!(a.spend(&w.org, &cap, w.start).spent, Nanos(108), "the view does not drop to the store's 8");
+    // The behaviour under test: the store's refill time passes before the window is rebuilt.
     tokio::time::sleep(STORE_REFILL).await;
     let outcome = a.sync_with(&store, recovered).await.expect("sync");
     let [lost] = &outcome.missing[..] else {

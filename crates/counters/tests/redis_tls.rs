@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use recovea_core::timestamp::Timestamp;
 use recovea_counters::{Redis, RedisRateShare, RedisTls, SharedCounters, StoreOptions, SyncPush};
+use recovea_testkit::wait::DEADLINE;
 
 const PASSWORD: &str = "s3cret-acl-password";
 
@@ -55,9 +56,8 @@ impl Server {
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server must be installed to run this test");
-        let server = Self { child, dir, port };
-        std::thread::sleep(Duration::from_millis(300));
-        server
+        // Up when a sync first succeeds (the test asks until then).
+        Self { child, dir, port }
     }
 
     fn url(&self, password: &str) -> String {
@@ -93,15 +93,9 @@ async fn sync(url: &str, tls: &RedisTls) -> Result<(), String> {
 async fn the_store_reaches_redis_over_tls_as_an_acl_user_and_only_so() {
     let server = Server::start();
     let url = server.url(PASSWORD);
-    let mut last = Err(String::new());
-    for _ in 0..50 {
-        last = sync(&url, &server.tls("ca.pem", true)).await;
-        if last.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    last.expect("over TLS, trusting the test's CA, with a client certificate, as recovea");
+    let tls = server.tls("ca.pem", true);
+    let what = "a sync over TLS, trusting the test's CA, with a client certificate, as recovea";
+    recovea_testkit::eventually(DEADLINE, what, || async { sync(&url, &tls).await.ok() }).await;
 
     // Rate sharing takes the same settings.
     let share = RedisRateShare::with_tls(&url, &server.tls("ca.pem", true), "recovea:rate").expect("a share");

@@ -43,7 +43,7 @@ impl Harness {
 
     /// Sends `body` to `path` with the key, answered 200, and returns the one receipt it made.
     async fn billed(&self, path: &str, content_type: &str, body: &str) -> Receipt {
-        let before = self.receipts.0.lock().expect("lock").len();
+        let before = self.receipts.all().len();
         let request = http::Request::post(format!("{}{path}", self.url))
             .header("content-type", content_type)
             .header("authorization", format!("Bearer {KEY}"));

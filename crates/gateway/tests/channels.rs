@@ -26,17 +26,7 @@ const KEY: &str = "rk_live0000000000000000000000000000000000000001";
 const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello"}]}"#;
 
 fn cap(scope: Scope, window: Window, limit_usd: &str, hard_stop: bool) -> Cap {
-    Cap {
-        id: CapId::parse("cap_1").expect("id"),
-        org_id: OrgId::parse("org_acme").expect("id"),
-        scope,
-        key_id: (scope == Scope::Key).then(|| KeyId::parse("key_live").expect("id")),
-        window,
-        limit: Nanos::parse_usd(limit_usd).expect("limit"),
-        hard_stop,
-        alert_at_permille: Vec::new(),
-        alert_webhook: None,
-    }
+    support::cap("cap_1", scope, window, limit_usd, hard_stop)
 }
 
 /// A node whose one organization has managed OpenAI, Anthropic and Gemini credentials and `caps`; its

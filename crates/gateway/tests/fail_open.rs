@@ -6,7 +6,7 @@
 //! lock runs them one at a time, so that no test sees another's faults.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use fail::FailScenario;
@@ -14,9 +14,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use recovea_core::Timestamp;
 use recovea_core::caps::{Cap, Scope};
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
-use recovea_core::money::Nanos;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
 use recovea_gateway::{ConfigError, GatewayConfig, GatewaySettings};
@@ -56,17 +55,8 @@ impl Harness {
                 ProviderCredential::new("openai".into(), ProviderKind::OpenAi, None, MANAGED.into());
             b.provider(org, credential);
         }
-        b.cap(Cap {
-            id: CapId::parse("cap_month").expect("id"),
-            org_id: capped.clone(),
-            scope: Scope::Organization,
-            key_id: None,
-            window: Window::Month,
-            limit: Nanos::parse_usd("100").expect("limit"),
-            hard_stop: true,
-            alert_at_permille: Vec::new(),
-            alert_webhook: None,
-        });
+        let month = support::cap("cap_month", Scope::Organization, Window::Month, "100", true);
+        b.cap(Cap { org_id: capped.clone(), ..month });
         b.key(hash_secret(KEY), KeyId::parse("key_live").expect("id"), capped, None);
         b.key(hash_secret(SENTINEL_KEY), KeyId::parse("key_sentinel").expect("id"), open, None);
         self.gateway.install_snapshot(Arc::new(b.build()));
@@ -100,22 +90,15 @@ async fn webhook() -> MockProvider {
 
 /// The alarms `webhook` received, once at least `count` have arrived.
 async fn alarms(webhook: &MockProvider, count: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let received = webhook.requests();
-        if received.len() >= count {
-            return received
-                .iter()
-                .map(|alarm| {
-                    assert_eq!((alarm.method.as_str(), alarm.path.as_str()), ("POST", "/alarm"));
-                    assert_eq!(alarm.header("content-type"), Some("application/json"));
-                    alarm.body_json().expect("a JSON alarm")
-                })
-                .collect();
-        }
-        assert!(Instant::now() < deadline, "{} of {count} alarms arrived", received.len());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let received = webhook.received(count).await;
+    received
+        .iter()
+        .map(|alarm| {
+            assert_eq!((alarm.method.as_str(), alarm.path.as_str()), ("POST", "/alarm"));
+            assert_eq!(alarm.header("content-type"), Some("application/json"));
+            alarm.body_json().expect("a JSON alarm")
+        })
+        .collect()
 }
 
 /// Three passes, with every property of a fail-open pass checked on what the mock received.
@@ -197,17 +180,13 @@ async fn every_fail_open_pass_strips_the_key_writes_no_receipt_and_alarms_once_p
     let sentinel = response.headers().get("x-request-id").expect("id").to_str().expect("text").to_owned();
     body_of(response).await;
     assert_eq!(node.mock.requests()[0].header("authorization"), Some(format!("Bearer {MANAGED}").as_str()));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while node.receipts.0.lock().expect("lock").is_empty() {
-        assert!(Instant::now() < deadline, "the admitted request's receipt never arrived");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let receipts = node.receipts.0.lock().expect("lock").clone();
+    let receipts = node.receipts_through(&sentinel).await;
     let ids: Vec<&str> = receipts.iter().map(|r| r.request_id.as_str()).collect();
     assert_eq!(ids, [sentinel.as_str()], "no receipt for a fail-open pass");
 
-    // Fifteen passes of four reasons within one interval: four alarms, in the order raised, and
-    // being delivered one after another, none can still be on its way behind the last.
+    // Fifteen passes of four reasons within one interval: four alarms, in the order raised. An
+    // alarm too many, raised by a pass before the last reason's first, would be delivered before
+    // the last reason's alarm (one queue, one alarm at a time): it would stand in these four.
     let received = alarms(&webhook, 4).await;
     let reasons: Vec<&str> = received.iter().map(|a| a["reason"].as_str().expect("reason")).collect();
     assert_eq!(reasons, ["no_snapshot", "snapshot_error", "rate_limiter_error", "admission_panic"]);
@@ -218,8 +197,8 @@ async fn every_fail_open_pass_strips_the_key_writes_no_receipt_and_alarms_once_p
         let at = alarm["at"].as_str().expect("at");
         assert!(Timestamp::parse_rfc3339(at).is_some(), "{at}");
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(webhook.requests().len(), 4, "once per interval per reason");
+    // The rule itself (once per interval per reason, however many passes) is `alarm::tests`'s,
+    // which needs no waiting to show that no fifth alarm comes.
 
     // Each pass was timed, its provider's first byte too; the one 503 is counted by its cap.
     let metrics = node.metrics().await;
@@ -269,19 +248,21 @@ async fn the_next_alarm_after_the_interval_counts_the_passes_kept_quiet() {
         body_of(response).await;
     }
     alarms(&webhook, 1).await;
+    // The behaviour under test: the interval passes (the alarm's clock is the system's, not
+    // tokio's, so the time cannot be advanced).
     tokio::time::sleep(interval + Duration::from_millis(100)).await;
     let response = node.chat(&[("x-recovea-key", KEY), ("authorization", "Bearer sk-own")]).await;
     body_of(response).await;
     // The fourth pass alarms whatever came before; its alarm is the last to be delivered.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut count = 1;
     let counts = loop {
-        let received = alarms(&webhook, 1).await;
+        let received = alarms(&webhook, count).await;
         assert!(received.iter().all(|a| a["reason"] == "no_snapshot"), "{received:?}");
         let counts: Vec<u64> = received.iter().map(|a| a["count"].as_u64().expect("count")).collect();
-        if counts.iter().sum::<u64>() == 4 || Instant::now() > deadline {
+        if counts.iter().sum::<u64>() >= 4 {
             break counts;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        count = received.len() + 1;
     };
     // How many alarms the first three passes make depends on how long they took (the rule itself,
     // with an interval no machine is slow enough to pass, is `alarm::tests`'s): the first pass
@@ -301,6 +282,7 @@ async fn a_dead_webhook_never_reaches_traffic() {
         let response = node.chat(&[("x-recovea-key", KEY), ("authorization", "Bearer sk-own")]).await;
         assert_eq!(response.status(), StatusCode::OK);
         body_of(response).await;
+        // Past the 1 ms interval: each pass raises an alarm of its own, for the dead webhook.
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     assert_eq!(fail_open_count(&node.metrics().await, "no_snapshot"), 5);

@@ -8,15 +8,15 @@ use recovea_core::Answer;
 use recovea_core::answer::WireShape;
 use recovea_core::caps::{Cap, Scope};
 use recovea_core::endpoints::EndpointAllowlist;
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
-use recovea_core::money::Nanos;
 use recovea_core::ratelimit::KeyLimits;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::window::Window;
 use recovea_counters::InProcess;
 use recovea_gateway::{GatewayConfig, GatewaySettings};
+use recovea_testkit::wait::{DEADLINE, eventually};
 use recovea_testkit::{Behaviour, MockProvider};
 
 mod support;
@@ -107,17 +107,8 @@ fn snapshot() -> recovea_core::Snapshot {
         b.provider(org, credential("anthropic", ProviderKind::Anthropic, MANAGED_ANTHROPIC));
         b.provider(org, credential("gemini", ProviderKind::Gemini, MANAGED_GEMINI));
     }
-    b.cap(Cap {
-        id: CapId::parse("cap_zero").expect("id"),
-        org_id: capped.clone(),
-        scope: Scope::Organization,
-        key_id: None,
-        window: Window::Month,
-        limit: Nanos(0),
-        hard_stop: true,
-        alert_at_permille: Vec::new(),
-        alert_webhook: None,
-    });
+    let zero = support::cap("cap_zero", Scope::Organization, Window::Month, "0", true);
+    b.cap(Cap { org_id: capped.clone(), ..zero });
     b.key(hash_secret(OPEN_KEY), key("key_open"), acme.clone(), None);
     b.key(hash_secret(LISTED_KEY), key("key_listed"), acme.clone(), None);
     b.key_allowed_models(hash_secret(LISTED_KEY), models(&["gpt-4o-mini", "claude-*"]));
@@ -288,17 +279,13 @@ async fn text_of(response: Response<hyper::body::Incoming>) -> (StatusCode, Stri
 /// Sends `body` as `secret` until it is admitted, with a deadline: a slot given back when a
 /// client leaves is free once the node sees the connection go.
 async fn admitted_soon(h: &Harness, secret: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
+    eventually(DEADLINE, "the slot given back", || async {
         let (status, body) =
             text_of(h.send(h.post_as("/v1/chat/completions", secret), CHAT_MINI).await).await;
-        if status == StatusCode::OK {
-            return;
-        }
-        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-        assert!(std::time::Instant::now() < deadline, "the slot was never given back");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+        assert!([StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].contains(&status), "{status}: {body}");
+        (status == StatusCode::OK).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

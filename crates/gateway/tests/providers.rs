@@ -248,7 +248,13 @@ async fn a_gemini_model_named_only_in_the_path_is_held_to_the_allowlist() {
     let body = response.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("model_not_allowed"));
     assert!(h.mock.requests().is_empty());
-    assert!(h.receipts.0.lock().expect("lock").is_empty());
+    // An admitted request after it: its receipt would come after one the refusal should not have.
+    let flash = "/v1beta/models/gemini-2.5-flash:generateContent";
+    let admitted = h.post_with(flash, ("x-goog-api-key", FLASH_KEY), GEMINI_BODY).await;
+    assert_eq!(admitted.status(), StatusCode::OK);
+    let id = admitted.headers()["x-request-id"].to_str().expect("text").to_owned();
+    body_text(admitted).await;
+    assert_eq!(h.receipts_through(&id).await.len(), 1, "the refused request has no receipt");
 }
 
 #[tokio::test]
@@ -266,7 +272,7 @@ async fn failing_open_gemini_goes_to_the_nodes_gemini_base_url_and_azure_has_non
     let body = response.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("provider_not_configured"));
     assert_eq!(h.mock.requests().len(), 1, "an Azure request has nowhere to go unadmitted");
-    assert!(h.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass is not metered");
+    assert!(h.receipts.all().is_empty(), "a fail-open pass is not metered");
 }
 
 /// The status and the body byte for byte of `expected`.
@@ -349,7 +355,7 @@ async fn failing_open_forwards_a_body_read_two_ways_as_it_was_sent() {
     }
     let sent: Vec<Vec<u8>> = h.mock.requests().iter().map(|r| r.body.to_vec()).collect();
     assert_eq!(sent, [twice.as_bytes().to_vec(), marked.into_bytes()]);
-    assert!(h.receipts.0.lock().expect("lock").is_empty(), "a fail-open pass is not metered");
+    assert!(h.receipts.all().is_empty(), "a fail-open pass is not metered");
 }
 
 /// A file uploaded to Gemini's Files API is the client's document: its byte-order mark or

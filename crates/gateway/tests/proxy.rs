@@ -22,12 +22,13 @@ use recovea_core::window::Window;
 use recovea_core::{Answer, Timestamp};
 use recovea_counters::InProcess;
 use recovea_gateway::{GatewayConfig, GatewaySettings};
+use recovea_testkit::wait::{DEADLINE, eventually};
 use recovea_testkit::{Behaviour, MockProvider};
 use tokio::net::TcpListener;
 
 mod support;
 
-use support::Harness;
+use support::{Harness, cap};
 
 const KEY: &str = "rk_live0000000000000000000000000000000000000001";
 const BYO_KEY: &str = "rk_byo00000000000000000000000000000000000000002";
@@ -1082,20 +1083,6 @@ async fn refusals_and_fail_open_passes_write_no_receipt_but_admitted_failures_do
 
 // Caps: 402 at the line, 503 when spend cannot be confirmed, soft caps that never refuse.
 
-fn cap(id: &str, scope: Scope, window: Window, limit_usd: &str, hard_stop: bool) -> Cap {
-    Cap {
-        id: CapId::parse(id).expect("id"),
-        org_id: OrgId::parse("org_acme").expect("id"),
-        scope,
-        key_id: (scope == Scope::Key).then(|| KeyId::parse("key_live").expect("id")),
-        window,
-        limit: Nanos::parse_usd(limit_usd).expect("limit"),
-        hard_stop,
-        alert_at_permille: Vec::new(),
-        alert_webhook: None,
-    }
-}
-
 fn assert_refusal(status: StatusCode, headers: &http::HeaderMap, body: &[u8], expected: &Answer) {
     assert_answer(status, body, expected);
     for (name, value) in &expected.headers {
@@ -1131,7 +1118,14 @@ async fn sequential_requests_are_refused_exactly_at_the_line() {
     );
     assert_eq!(headers.get("retry-after"), None, "a reached cap gives no retry hint");
     assert_eq!(h.mock.requests().len(), 3);
-    assert_eq!(h.receipts(3).await.len(), 3, "a refused request has no receipt");
+    // Another organization's request after it (its own key, no cap): its receipt would come after
+    // one the refused request should not have.
+    let byo = h.post("/v1/chat/completions").header("x-recovea-key", BYO_KEY);
+    let admitted = h.send(byo.header("authorization", "Bearer sk-client-own"), chat).await;
+    assert_eq!(admitted.status(), StatusCode::OK);
+    let id = admitted.headers()["x-request-id"].to_str().expect("text").to_owned();
+    body_of(admitted).await;
+    assert_eq!(h.receipts_through(&id).await.len(), 4, "a refused request has no receipt");
 }
 
 /// What `cap` holds reserved now, in its current window.
@@ -1416,18 +1410,14 @@ async fn a_stalled_stream_releases_its_reservation() {
     // The idle limit cuts the stall; its receipt settles the reservation at its estimated cost.
     let (_, clean) = read_until_cut(stalled_body).await;
     assert!(!clean);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
+    eventually(DEADLINE, "the cap admitting again after the stall was cut", || async {
         let response = h.send(h.post_as("/v1/chat/completions", KEY), chat).await;
         let status = response.status();
         body_of(response).await;
-        if status == StatusCode::OK {
-            break;
-        }
-        assert_eq!(status, StatusCode::PAYMENT_REQUIRED);
-        assert!(std::time::Instant::now() < deadline, "the cap still refuses after the stall was cut");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        assert!([StatusCode::OK, StatusCode::PAYMENT_REQUIRED].contains(&status), "{status}");
+        (status == StatusCode::OK).then_some(())
+    })
+    .await;
     let receipts = h.receipts(2).await;
     let cut = receipts.iter().find(|r| r.stream).expect("the stalled stream's receipt");
     assert_eq!(cut.usage_source, UsageSource::Estimated);
@@ -1541,9 +1531,7 @@ async fn a_body_without_room_in_the_nodes_memory_is_503_while_another_organizati
         let client = h.client.clone();
         tokio::spawn(async move { client.request(request.expect("request")).await.expect("answer").status() })
     };
-    while h.mock.requests().is_empty() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    h.mock.received(1).await;
     let waiter = {
         let request = h.post_as("/v1/chat/completions", KEY).body(Full::new(Bytes::from(chat_of(100 << 10))));
         let client = h.client.clone();

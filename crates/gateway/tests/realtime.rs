@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use recovea_core::caps::{Cap, Scope};
-use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::ids::{KeyId, OrgId};
 use recovea_core::keys::hash_secret;
 use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
@@ -15,6 +15,7 @@ use recovea_core::usage::UsageSource;
 use recovea_core::window::Window;
 use recovea_counters::InProcess;
 use recovea_gateway::GatewayConfig;
+use recovea_testkit::wait::{DEADLINE, eventually};
 use recovea_testkit::{MockProvider, RealtimeUsage, UNFINISHED_RESPONSE};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -72,17 +73,7 @@ async fn node_with(
 }
 
 fn cap(limit_usd: &str) -> Cap {
-    Cap {
-        id: CapId::parse("cap_1").expect("id"),
-        org_id: OrgId::parse("org_acme").expect("id"),
-        scope: Scope::Organization,
-        key_id: None,
-        window: Window::Month,
-        limit: Nanos::parse_usd(limit_usd).expect("limit"),
-        hard_stop: true,
-        alert_at_permille: Vec::new(),
-        alert_webhook: None,
-    }
+    support::cap("cap_1", Scope::Organization, Window::Month, limit_usd, true)
 }
 
 /// The node's answer to an upgrade: its status and head, and the socket when it switched.
@@ -199,17 +190,12 @@ async fn a_session_holds_its_place_among_the_keys_requests_in_flight_until_it_cl
     assert!(head.contains("retry-after: 1"), "{head}");
     ws.close(None).await.expect("close");
     // Closed, it gives its place back.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let (status, _, ws) = upgrade(&h, "/v1/realtime?model=gpt-realtime").await;
-        if status == 101 {
-            drop(ws);
-            break;
-        }
-        assert_eq!(status, 429);
-        assert!(std::time::Instant::now() < deadline, "the session's place was never given back");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(DEADLINE, "the session's place given back", || async {
+        let (status, _, _) = upgrade(&h, "/v1/realtime?model=gpt-realtime").await;
+        assert!([101, 429].contains(&status), "{status}");
+        (status == 101).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

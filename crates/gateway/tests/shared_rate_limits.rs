@@ -22,6 +22,7 @@ use recovea_counters::{Counters, RateShare, RedisRateShare};
 use recovea_gateway::spool::Spool;
 use recovea_gateway::{Gateway, GatewayConfig};
 use recovea_testkit::MockProvider;
+use recovea_testkit::wait::{DEADLINE, eventually};
 use tokio::net::TcpListener;
 
 mod support;
@@ -69,11 +70,8 @@ impl Node {
         // The first sync answered may have taken its push before this call; the one after it
         // began after.
         let target = self.gateway.rate_limit_syncs() + 2;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.gateway.rate_limit_syncs() < target {
-            assert!(Instant::now() < deadline, "no rate limit sync answered in 5 s: is Redis up?");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        let answered = || async { (self.gateway.rate_limit_syncs() >= target).then_some(()) };
+        eventually(DEADLINE, "a rate limit sync answered (is Redis up?)", answered).await;
     }
 }
 

@@ -10,6 +10,7 @@
 mod background;
 mod batches;
 mod gemini_batches;
+mod lines;
 mod message_batches;
 
 use std::collections::VecDeque;
@@ -22,10 +23,10 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use crate::clock;
-use crate::request::{Answer, Ctx, Fields, json_string};
-use crate::usage::{INPUT_TOKEN_OVERHEAD, REPLY_PIECES, input_tokens, shapes};
+use crate::request::{Answer, Ctx};
 
 use background::Remembered;
+use lines::{LineApi, answer_line, line_body_problem};
 
 /// Which provider's job this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -504,93 +505,6 @@ struct Outputs {
     status: EndStatus,
     /// Lines that ran (every line when completed).
     ran: usize,
-}
-
-/// The API a batch line is answered as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LineApi {
-    Chat,
-    Completions,
-    Responses,
-    Embeddings,
-    Messages,
-    Gemini,
-}
-
-/// A batch line answered as its endpoint answers a lone request.
-struct LineAnswer {
-    status: StatusCode,
-    body: Bytes,
-    input_tokens: u64,
-    output_tokens: u64,
-}
-
-/// Answers one line's `body` as `api` would, numbered `n`, with the job-level usage override if
-/// any. `model` names the model when the body does not (Gemini's is in the URL).
-fn answer_line(
-    api: LineApi,
-    body: &[u8],
-    n: u64,
-    model: Option<&str>,
-    usage: Option<JobUsage>,
-) -> LineAnswer {
-    // Lines were checked when the job was created; a default stands in for the impossible.
-    let fields: Fields = serde_json::from_slice(body).unwrap_or_default();
-    let pieces = REPLY_PIECES.len();
-    let (input, output) = match usage {
-        Some(u) => (u.input_tokens, u.output_tokens),
-        None => (input_tokens(body).unwrap_or(INPUT_TOKEN_OVERHEAD), pieces as u64),
-    };
-    let output = if api == LineApi::Embeddings { 0 } else { output };
-    let shape = match api {
-        LineApi::Chat => shapes::chat(input, output),
-        LineApi::Completions => shapes::legacy(input, output),
-        LineApi::Responses => shapes::responses(input, output),
-        LineApi::Embeddings => shapes::embeddings(input),
-        LineApi::Messages => shapes::anthropic(input, output),
-        LineApi::Gemini => shapes::gemini(input, output),
-    };
-    let ctx = Ctx {
-        n,
-        created: clock::seconds(clock::now_micros()),
-        model: json_string(model.unwrap_or_else(|| fields.model())),
-        fields: &fields,
-        input_tokens: input,
-        usage: Some(&shape),
-        pieces,
-        web_search_calls: 0,
-    };
-    let answer = match api {
-        LineApi::Chat => crate::openai::chat(&ctx),
-        LineApi::Completions => crate::openai::completions(&ctx),
-        LineApi::Responses => crate::openai::responses(&ctx),
-        LineApi::Embeddings => crate::openai::embeddings(&ctx, body),
-        LineApi::Messages => crate::anthropic::messages(&ctx),
-        LineApi::Gemini => crate::gemini::generate_content(&ctx, false, false),
-    };
-    let (status, body) = match answer {
-        Answer::Json(status, body) => (status, body),
-        // Streaming lines are refused at creation, so every answer is JSON.
-        Answer::Events(_) | Answer::Raw(..) => (StatusCode::INTERNAL_SERVER_ERROR, Bytes::new()),
-    };
-    let ok = status == StatusCode::OK;
-    LineAnswer {
-        status,
-        body,
-        input_tokens: if ok { input } else { 0 },
-        output_tokens: if ok { output } else { 0 },
-    }
-}
-
-/// Why a line's body cannot be run: not a JSON object, or asking to stream.
-fn line_body_problem(body: &Value) -> Option<&'static str> {
-    if !body.is_object() {
-        return Some("the request body must be a JSON object");
-    }
-    if body.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Some("streaming is not supported in batches");
-    }
-    None
 }
 
 fn json_answer(status: StatusCode, value: &Value) -> Answer {

@@ -256,6 +256,7 @@ mod server;
 mod sse;
 pub mod tls;
 mod usage;
+pub mod wait;
 
 pub use jobs::{EndStatus, JobEnd, JobError, JobInfo, JobKind, JobSettings, JobUsage};
 pub use realtime::{DEFAULT_REALTIME_USAGE, RealtimeUsage, UNFINISHED_RESPONSE};
@@ -265,3 +266,4 @@ pub use usage::{
     DEFAULT_EMBEDDING_DIMENSIONS, INPUT_TOKEN_OVERHEAD, MAX_PIECES, OUTPUT_TOKENS, REPLY_PIECES, REPLY_TEXT,
     input_tokens, reply_piece, reply_text,
 };
+pub use wait::eventually;

@@ -320,11 +320,14 @@ impl Entry {
 pub(crate) struct Log {
     entries: Mutex<VecDeque<Entry>>,
     limit: AtomicUsize,
+    /// Told of every request recorded, so that a test awaits one instead of polling the log.
+    recorded: tokio::sync::watch::Sender<()>,
 }
 
 impl Default for Log {
     fn default() -> Self {
-        Self { entries: Mutex::default(), limit: AtomicUsize::new(usize::MAX) }
+        let recorded = tokio::sync::watch::Sender::new(());
+        Self { entries: Mutex::default(), limit: AtomicUsize::new(usize::MAX), recorded }
     }
 }
 
@@ -340,6 +343,17 @@ impl Log {
             entries.pop_front();
         }
         entries.push_back(entry);
+        drop(entries);
+        self.recorded.send_replace(());
+    }
+
+    /// Changes with every request recorded from now on.
+    pub(crate) fn watch(&self) -> tokio::sync::watch::Receiver<()> {
+        self.recorded.subscribe()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.entries).len()
     }
 
     pub(crate) fn set_limit(&self, limit: usize) {

@@ -1,15 +1,19 @@
-//! The HTTP server: connections, routing, the `/__mock/` control endpoints and the script's effects.
+//! The HTTP server: connections, the script's effects, and the mock's in-process handle. Which
+//! answer a request gets is `routes`'s; the `/__mock/` control endpoints are `control`'s.
+
+mod control;
+mod routes;
 
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -20,12 +24,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::body::MockBody;
-use crate::jobs::{JobEnd, JobError, JobInfo, JobRequest, JobSettings, JobUsage, Jobs, SettingsPatch};
+use crate::jobs::{JobEnd, JobError, JobInfo, JobSettings, JobUsage, Jobs};
+use crate::openai;
 use crate::realtime::{self, Realtime};
-use crate::request::{Answer, Ctx, Fields, json_string};
+use crate::request::Answer;
 use crate::script::{Behaviour, InvalidBehaviour, Log, Plan, RecordedRequest, Script};
-use crate::usage::{REPLY_PIECES, input_tokens};
-use crate::{anthropic, gemini, media, openai};
+use control::control;
+use routes::{error_body, route};
 
 /// A running mock provider; it stops serving when dropped or shut down.
 pub struct MockProvider {
@@ -132,6 +137,30 @@ impl MockProvider {
     /// Every provider request received so far, oldest first.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared.log.snapshot()
+    }
+
+    /// Every provider request received so far, once there are at least `count` of them: each
+    /// request recorded wakes the wait, which fails after [`crate::wait::DEADLINE`].
+    ///
+    /// # Panics
+    ///
+    /// When fewer than `count` requests arrived in time.
+    pub async fn received(&self, count: usize) -> Vec<RecordedRequest> {
+        let within = crate::wait::DEADLINE;
+        if tokio::time::timeout(within, self.until_received(count)).await.is_err() {
+            panic!("the mock received {} of {count} requests within {within:?}", self.shared.log.len());
+        }
+        self.requests()
+    }
+
+    /// Resolves once at least `count` requests are in the log, however long that takes: for a
+    /// test with a deadline of its own (`tokio::time::timeout`).
+    pub async fn until_received(&self, count: usize) {
+        let mut recorded = self.shared.log.watch();
+        while self.shared.log.len() < count {
+            // The sender lives as long as the mock.
+            let _ = recorded.changed().await;
+        }
     }
 
     /// Queues `behaviour` for the next request(s).
@@ -420,277 +449,4 @@ fn finish(
         }
     }
     response
-}
-
-/// A path of OpenAI's API as answered.
-struct OpenAiPath<'a> {
-    /// The `/v1/...` path it is answered as.
-    path: String,
-    /// An Azure deployment's name.
-    deployment: Option<&'a str>,
-    /// Azure's legacy paths answer 404 without an `api-version` query parameter.
-    needs_version: bool,
-}
-
-/// A path of Azure OpenAI (`/openai/deployments/{deployment}/...`, `/openai/v1/...`, the legacy
-/// `/openai/files...` and `/openai/batches...`) or of Gemini's OpenAI-compatible endpoint
-/// (`/v1beta/openai/...`) as the `/v1/...` path it is answered as; any other path as it is.
-fn as_openai_path(path: &str) -> OpenAiPath<'_> {
-    if let Some(rest) = path.strip_prefix("/openai/deployments/")
-        && let Some((deployment, api)) = rest.split_once('/')
-    {
-        return OpenAiPath { path: format!("/v1/{api}"), deployment: Some(deployment), needs_version: true };
-    }
-    for root in ["/openai/v1/", "/v1beta/openai/"] {
-        if let Some(api) = path.strip_prefix(root) {
-            return OpenAiPath { path: format!("/v1/{api}"), deployment: None, needs_version: false };
-        }
-    }
-    if let Some(api) = path.strip_prefix("/openai/")
-        && ["files", "batches"].iter().any(|root| api == *root || api.starts_with(&format!("{root}/")))
-    {
-        return OpenAiPath { path: format!("/v1/{api}"), deployment: None, needs_version: true };
-    }
-    OpenAiPath { path: path.to_owned(), deployment: None, needs_version: false }
-}
-
-/// Gemini's `/v1beta/models/{model}:{method}`, or its `/v1/` twin with a Gemini method: the model and
-/// the method.
-fn gemini_call(path: &str) -> Option<(&str, &str)> {
-    if let Some(rest) = path.strip_prefix("/v1beta/models/") {
-        return rest.split_once(':').filter(|(model, _)| !model.is_empty());
-    }
-    let (model, method) = path.strip_prefix("/v1/models/")?.split_once(':')?;
-    let gemini = ["generateContent", "streamGenerateContent", "batchGenerateContent"].contains(&method);
-    (gemini && !model.is_empty()).then_some((model, method))
-}
-
-/// The generated answer for a provider request.
-fn route(shared: &Shared, parts: &http::request::Parts, body: &[u8], n: u64, plan: Option<&Plan>) -> Answer {
-    let (method, path) = (&parts.method, parts.uri.path());
-    let query = parts.uri.query().unwrap_or("");
-    let error = |status: StatusCode, message: &str| Answer::Json(status, error_body(path, status, message));
-    if let Some((model, call)) = gemini_call(path) {
-        let stream = match (method.as_str(), call) {
-            ("POST", "generateContent") => false,
-            ("POST", "streamGenerateContent") => true,
-            ("POST", "batchGenerateContent") => return shared.jobs.create_gemini_batch(model, body),
-            _ => return error(StatusCode::NOT_FOUND, &format!("Invalid URL ({method} {path})")),
-        };
-        let Some(input_tokens) = input_tokens(body) else {
-            return error(StatusCode::BAD_REQUEST, "Invalid JSON payload received.");
-        };
-        let fields = Fields::default();
-        let ctx = Ctx {
-            n,
-            created: 0,
-            model: json_string(model),
-            fields: &fields,
-            input_tokens,
-            usage: plan.and_then(|p| p.usage.as_deref()),
-            pieces: plan.and_then(|p| p.pieces).unwrap_or(REPLY_PIECES.len()),
-            web_search_calls: 0,
-        };
-        let sse = query.split('&').any(|pair| pair == "alt=sse");
-        return gemini::generate_content(&ctx, stream, sse);
-    }
-    let openai_path = as_openai_path(path);
-    if openai_path.needs_version && !query.split('&').any(|pair| pair.starts_with("api-version=")) {
-        return error(
-            StatusCode::NOT_FOUND,
-            "Resource not found: the api-version query parameter is required",
-        );
-    }
-    let (path, deployment) = (openai_path.path.as_str(), openai_path.deployment);
-    let header = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
-    let host_url;
-    let base_url = match &shared.own_url {
-        Some(url) => url.as_str(),
-        None => {
-            host_url = base_url(shared.transport, header("host").unwrap_or("localhost"));
-            host_url.as_str()
-        }
-    };
-    let job = JobRequest { method, path, content_type: header("content-type"), body, base_url };
-    if let Some(answer) = shared.jobs.route(&job) {
-        return answer;
-    }
-    if *method == Method::GET {
-        if path == "/v1/models" {
-            return Answer::Json(StatusCode::OK, shared.models.clone());
-        }
-        if let Some(id) = path.strip_prefix("/v1/models/").filter(|id| !id.is_empty()) {
-            return openai::model(id);
-        }
-    }
-    if *method == Method::POST {
-        let usage = plan.and_then(|p| p.usage.as_deref());
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        match path {
-            "/v1/images/generations" | "/v1/images/edits" => {
-                return media::images(n, created, header("content-type"), body, usage);
-            }
-            "/v1/audio/speech" => return media::speech(body, usage),
-            "/v1/audio/transcriptions" | "/v1/audio/translations" => {
-                return media::transcription(header("content-type"), body, usage);
-            }
-            _ => {}
-        }
-    }
-    let known = [
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/responses",
-        "/v1/embeddings",
-        "/v1/messages",
-        "/v1/messages/count_tokens",
-    ];
-    if *method != Method::POST || !known.contains(&path) {
-        return error(StatusCode::NOT_FOUND, &format!("Invalid URL ({method} {path})"));
-    }
-    let (Ok(fields), Some(input_tokens)) = (serde_json::from_slice::<Fields>(body), input_tokens(body))
-    else {
-        let message = "The request body is not valid JSON or has fields of the wrong type.";
-        return error(StatusCode::BAD_REQUEST, message);
-    };
-    // An Azure deployment answers with the model the body names, else with its own name.
-    let model = match (fields.named_model(), deployment) {
-        (None, Some(deployment)) => deployment,
-        _ => fields.model(),
-    };
-    let ctx = Ctx {
-        n,
-        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        model: json_string(model),
-        fields: &fields,
-        input_tokens,
-        usage: plan.and_then(|p| p.usage.as_deref()),
-        pieces: plan.and_then(|p| p.pieces).unwrap_or(REPLY_PIECES.len()),
-        web_search_calls: plan.and_then(|p| p.web_search_calls).unwrap_or(0),
-    };
-    match path {
-        "/v1/chat/completions" => openai::chat(&ctx),
-        "/v1/completions" => openai::completions(&ctx),
-        "/v1/responses" if fields.background() => shared.jobs.create_response(&ctx),
-        "/v1/responses" => {
-            shared.jobs.remember_response(&ctx);
-            openai::responses(&ctx)
-        }
-        "/v1/embeddings" => openai::embeddings(&ctx, body),
-        "/v1/messages/count_tokens" => anthropic::count_tokens(&ctx),
-        _ => anthropic::messages(&ctx),
-    }
-}
-
-/// An error in the shape of the API the path belongs to.
-fn error_body(path: &str, status: StatusCode, message: &str) -> Bytes {
-    if path.starts_with("/v1/messages") {
-        anthropic::error_body(status, message)
-    } else if (path.starts_with("/v1beta/") && !path.starts_with("/v1beta/openai/"))
-        || gemini_call(path).is_some()
-    {
-        gemini::error_body(status, message)
-    } else {
-        openai::error_body(status, message)
-    }
-}
-
-/// `/__mock/<action>`: what black-box tests use instead of the in-process methods.
-fn control(shared: &Shared, method: &Method, action: &str, body: &[u8]) -> Response<MockBody> {
-    let reply = |status: StatusCode, body: MockBody| {
-        let mut r = Response::new(body);
-        *r.status_mut() = status;
-        if status != StatusCode::NO_CONTENT {
-            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        }
-        r
-    };
-    let problem = |status: StatusCode, message: &str| {
-        let json = format!(r#"{{"error":{}}}"#, json_string(message));
-        reply(status, MockBody::json(json.into()))
-    };
-    let json = |value: Result<Vec<u8>, serde_json::Error>| match value {
-        Ok(json) => reply(StatusCode::OK, MockBody::json(json.into())),
-        Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    };
-    match (method.as_str(), action) {
-        ("GET", "requests") => {
-            let requests = shared.log.snapshot();
-            let wire: Vec<_> = requests.iter().map(RecordedRequest::wire).collect();
-            match serde_json::to_vec(&wire) {
-                Ok(json) => reply(StatusCode::OK, MockBody::json(json.into())),
-                Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-            }
-        }
-        ("POST", "script") => {
-            let prepared = serde_json::from_slice::<Behaviour>(body)
-                .map_err(|e| e.to_string())
-                .and_then(|b| b.prepare().map_err(|e| e.to_string()));
-            match prepared {
-                Ok((plan, times)) => {
-                    shared.script.push(plan, times);
-                    reply(StatusCode::NO_CONTENT, MockBody::empty())
-                }
-                Err(message) => problem(StatusCode::BAD_REQUEST, &message),
-            }
-        }
-        ("POST", "reset") => {
-            shared.reset();
-            reply(StatusCode::NO_CONTENT, MockBody::empty())
-        }
-        ("GET", "jobs") => json(serde_json::to_vec(&shared.jobs.list())),
-        ("GET", "jobs/settings") => json(serde_json::to_vec(&shared.jobs.settings())),
-        ("POST", "jobs/settings") => match serde_json::from_slice::<SettingsPatch>(body) {
-            Ok(patch) => json(serde_json::to_vec(&shared.jobs.patch_settings(patch))),
-            Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
-        },
-        ("POST", "jobs/usage") => match serde_json::from_slice::<Option<JobUsage>>(body) {
-            Ok(usage) => {
-                shared.jobs.update_settings(|s| s.usage = usage);
-                reply(StatusCode::NO_CONTENT, MockBody::empty())
-            }
-            Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
-        },
-        ("POST", action) if action.starts_with("jobs/") => {
-            let id = action.strip_prefix("jobs/").unwrap_or_default();
-            match serde_json::from_slice::<JobEnd>(body) {
-                Ok(end) => match shared.jobs.end(id, end) {
-                    Ok(info) => json(serde_json::to_vec(&info)),
-                    Err(e) => problem(e.status(), &e.to_string()),
-                },
-                Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
-            }
-        }
-        ("GET", "realtime") => json(serde_json::to_vec(&serde_json::json!({
-            "open_sessions": shared.realtime.open_sessions(),
-            "queued_usages": shared.realtime.queued_usages(),
-        }))),
-        ("POST", "realtime/usage") => match serde_json::from_slice::<Vec<serde_json::Value>>(body) {
-            Ok(usages) => {
-                shared.realtime.queue_usages(usages);
-                reply(StatusCode::NO_CONTENT, MockBody::empty())
-            }
-            Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
-        },
-        ("POST", "realtime/close") => match serde_json::from_slice::<CloseRequest>(body) {
-            Ok(close) => {
-                if let Some(why) = realtime::close_problem(close.code, &close.reason) {
-                    return problem(StatusCode::BAD_REQUEST, &why);
-                }
-                let closed = shared.realtime.close_all(close.code, &close.reason);
-                json(serde_json::to_vec(&serde_json::json!({"closed": closed})))
-            }
-            Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
-        },
-        _ => problem(StatusCode::NOT_FOUND, "unknown control endpoint"),
-    }
-}
-
-/// The body of `POST /__mock/realtime/close`.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CloseRequest {
-    code: u16,
-    #[serde(default)]
-    reason: String,
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::harness::{Answer, Database, HttpClient, Process, call, call_on};
+use crate::harness::{self, Answer, Database, HttpClient, Process, call, call_on};
 
 pub const ADMIN_TOKEN: &str = "split-admin-token-0123456789abcdef012345";
 pub const NODE_TOKEN: &str = "split-node-token-0123456789abcdef0123456";
@@ -40,20 +40,20 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
-/// Polls `check` every 10 ms until it holds; panics with `what` after `within`. Returns the time it took.
+/// Asks `check` (through [`harness::eventually`]) until it holds; panics with `what` after `within`.
+/// Returns the time it took.
 pub async fn within<F, Fut>(within: Duration, what: &str, mut check: F) -> Duration
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
     let started = Instant::now();
-    loop {
-        if check().await {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    harness::eventually(within, what, || {
+        let holds = check();
+        async move { holds.await.then_some(()) }
+    })
+    .await;
+    started.elapsed()
 }
 
 pub struct Control {

@@ -16,6 +16,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
+/// The one bounded poll of these tests, and how long they wait for what comes by itself.
+#[allow(unused_imports)]
+pub use recovea_testkit::wait::{DEADLINE, eventually};
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_recovea");
 
 /// A fresh directory for one test, named after it and this process.
@@ -116,6 +120,7 @@ impl Process {
     pub fn terminate(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
         let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         assert!(sent.is_ok_and(|s| s.success()), "kill -TERM failed");
+        // No event tells a process's exit without waiting on it for good: asked every 20 ms.
         let deadline = std::time::Instant::now() + within;
         while std::time::Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -197,6 +202,67 @@ impl Serve {
     }
 }
 
+/// The managed OpenAI key most tests give their organization.
+pub const MANAGED_OPENAI: &str = "sk-managed-0123456789";
+/// The credentials most tests give their organization: OpenAI's, managed.
+pub const OPENAI: &[(&str, &str)] = &[("openai", MANAGED_OPENAI)];
+
+/// An organization set up through the admin API ([`Serve::organization`]): its id, and its key's.
+pub struct Tenant {
+    pub org_id: String,
+    pub key_id: String,
+    pub secret: String,
+}
+
+impl Tenant {
+    /// `Bearer <secret>`: the key as a client sends it.
+    pub fn bearer(&self) -> String {
+        format!("Bearer {}", self.secret)
+    }
+}
+
+impl Serve {
+    /// One admin API call with `token` that must succeed: its JSON answer.
+    pub async fn admin_ok(&self, token: &str, method: Method, path: &str, body: Option<Value>) -> Value {
+        let (status, value) = self.admin_call(token, method, path, body).await;
+        assert!(status.is_success(), "{path}: {status} {value}");
+        value
+    }
+
+    /// The set-up the tests share: an organization with a key and, for each `(kind, api_key)` of
+    /// `credentials`, a managed provider credential, made with `token`.
+    pub async fn organization(&self, token: &str, credentials: &[(&str, &str)]) -> Tenant {
+        let org =
+            self.admin_ok(token, Method::POST, "/orgs", Some(serde_json::json!({"name": "acme"}))).await;
+        let org_id = org["id"].as_str().expect("id").to_owned();
+        let keys = format!("/orgs/{org_id}/keys");
+        let key = self.admin_ok(token, Method::POST, &keys, Some(serde_json::json!({"name": "k"}))).await;
+        for (kind, api_key) in credentials {
+            let credential = serde_json::json!({"kind": kind, "api_key": api_key});
+            self.admin_ok(token, Method::PUT, &format!("/orgs/{org_id}/providers/{kind}"), Some(credential))
+                .await;
+        }
+        let (key_id, secret) = (key["id"].as_str().expect("id"), key["secret"].as_str().expect("secret"));
+        Tenant { org_id, key_id: key_id.to_owned(), secret: secret.to_owned() }
+    }
+
+    /// A cap on the whole of organization `org_id` for `window` (`day`, `month`...) at `limit_usd`,
+    /// armed (`hard_stop`) or not: the cap as created.
+    pub async fn org_cap(
+        &self,
+        token: &str,
+        org_id: &str,
+        window: &str,
+        limit_usd: &str,
+        hard_stop: bool,
+    ) -> Value {
+        let cap = serde_json::json!({
+            "scope": "organization", "window": window, "limit_usd": limit_usd, "hard_stop": hard_stop
+        });
+        self.admin_ok(token, Method::POST, &format!("/orgs/{org_id}/caps"), Some(cap)).await
+    }
+}
+
 /// An HTTP answer, read whole.
 pub struct Answer {
     pub status: StatusCode,
@@ -261,23 +327,6 @@ pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 pub fn http_client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// Polls `find` every 20 ms until it finds something, and returns it; panics with `what` after
-/// `within`.
-pub async fn eventually<T, F, Fut>(within: std::time::Duration, what: &str, mut find: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = std::time::Instant::now();
-    loop {
-        if let Some(found) = find().await {
-            return found;
-        }
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
 }
 
 /// One request with a raw body on a fresh connection, its answer read to the end.

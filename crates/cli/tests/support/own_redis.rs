@@ -34,6 +34,7 @@ impl OwnRedis {
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "redis-server did not come up on {port}");
+            // A plain blocking fn, so no eventually(): the port asked every 20 ms.
             std::thread::sleep(Duration::from_millis(20));
         }
         Self { child, port }

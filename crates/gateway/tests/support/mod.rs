@@ -15,22 +15,62 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use recovea_core::Timestamp;
+use recovea_core::caps::{Cap, Scope};
+use recovea_core::ids::{CapId, KeyId, OrgId};
+use recovea_core::money::Nanos;
 use recovea_core::receipt::{DeliveryError, Receipt, ReceiptSink, SerializedReceipt};
+use recovea_core::window::Window;
 use recovea_counters::{Counters, InProcess};
 use recovea_gateway::spool::Spool;
 use recovea_gateway::{Gateway, GatewaySettings};
 use recovea_testkit::MockProvider;
 
-/// Receipts as the ledger would get them.
-#[derive(Default)]
-pub struct MemorySink(pub std::sync::Mutex<Vec<Receipt>>);
+/// Receipts as the ledger would get them, each delivery told to whoever awaits one.
+pub struct MemorySink {
+    receipts: std::sync::Mutex<Vec<Receipt>>,
+    delivered: tokio::sync::watch::Sender<()>,
+}
+
+impl Default for MemorySink {
+    fn default() -> Self {
+        Self { receipts: std::sync::Mutex::default(), delivered: tokio::sync::watch::Sender::new(()) }
+    }
+}
+
+impl MemorySink {
+    /// Every receipt delivered so far, in the order delivered.
+    pub fn all(&self) -> Vec<Receipt> {
+        self.receipts.lock().expect("lock").clone()
+    }
+
+    /// Every receipt delivered, once there are at least `count`: each delivery wakes the wait.
+    pub async fn at_least(&self, count: usize) -> Vec<Receipt> {
+        let mut delivered = self.delivered.subscribe();
+        let arrived = async {
+            loop {
+                let receipts = self.all();
+                if receipts.len() >= count {
+                    return receipts;
+                }
+                // The sender lives as long as the sink.
+                let _ = delivered.changed().await;
+            }
+        };
+        let within = recovea_testkit::wait::DEADLINE;
+        match tokio::time::timeout(within, arrived).await {
+            Ok(receipts) => receipts,
+            Err(_) => panic!("only {} of {count} receipts arrived within {within:?}", self.all().len()),
+        }
+    }
+}
 
 impl ReceiptSink for MemorySink {
     fn deliver(
         &self,
         batch: Vec<SerializedReceipt>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DeliveryError>> + Send + '_>> {
-        self.0.lock().expect("lock").extend(batch.into_iter().map(SerializedReceipt::into_receipt));
+        self.receipts.lock().expect("lock").extend(batch.into_iter().map(SerializedReceipt::into_receipt));
+        self.delivered.send_replace(());
         Box::pin(async { Ok(()) })
     }
 }
@@ -73,6 +113,23 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The cap the tests' snapshots hold: `id`, of org_acme (of its key key_live when `scope` is a
+/// key's), `limit_usd` a `window`, armed when `hard_stop`, with no alerts. Another organization's:
+/// `Cap { org_id, ..cap(...) }`.
+pub fn cap(id: &str, scope: Scope, window: Window, limit_usd: &str, hard_stop: bool) -> Cap {
+    Cap {
+        id: CapId::parse(id).expect("id"),
+        org_id: OrgId::parse("org_acme").expect("id"),
+        scope,
+        key_id: (scope == Scope::Key).then(|| KeyId::parse("key_live").expect("id")),
+        window,
+        limit: Nanos::parse_usd(limit_usd).expect("limit"),
+        hard_stop,
+        alert_at_permille: Vec::new(),
+        alert_webhook: None,
     }
 }
 
@@ -144,29 +201,29 @@ impl Harness {
 
     /// Waits (with a deadline) until the provider has received `count` requests.
     pub async fn forwarded(&self, count: usize) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while self.mock.requests().len() < count {
-            assert!(std::time::Instant::now() < deadline, "the provider never received the request");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        self.mock.received(count).await;
     }
 
     /// Waits (with a deadline) until `count` receipts have been delivered, and returns them; fails
     /// on more.
     pub async fn receipts(&self, count: usize) -> Vec<Receipt> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let receipts = self.receipts.at_least(count).await;
+        assert_eq!(receipts.len(), count, "more receipts than admitted requests: {receipts:#?}");
+        receipts
+    }
+
+    /// The receipts delivered up to the one of `request_id` (an admitted request sent after those
+    /// that must have none), which must be the last: the spool delivers in the order written, so a
+    /// receipt that should not exist cannot hide behind it by being late.
+    pub async fn receipts_through(&self, request_id: &str) -> Vec<Receipt> {
+        let mut count = 1;
         loop {
-            let receipts = self.receipts.0.lock().expect("lock").clone();
-            if receipts.len() >= count {
-                assert_eq!(receipts.len(), count, "more receipts than admitted requests: {receipts:#?}");
+            let receipts = self.receipts.at_least(count).await;
+            if let Some(at) = receipts.iter().position(|r| r.request_id.as_str() == request_id) {
+                assert_eq!(at + 1, receipts.len(), "receipts after {request_id}'s: {receipts:#?}");
                 return receipts;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "only {} of {count} receipts arrived",
-                receipts.len()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            count = receipts.len() + 1;
         }
     }
 

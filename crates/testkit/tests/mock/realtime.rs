@@ -110,13 +110,11 @@ fn types(events: &[Value]) -> Vec<&str> {
 }
 
 async fn wait_for_sessions(mock: &MockProvider, open: usize) {
-    for _ in 0..200 {
-        if mock.realtime_sessions() == open {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{} sessions open, expected {open}", mock.realtime_sessions());
+    let what = format!("{open} sessions open");
+    recovea_testkit::eventually(recovea_testkit::wait::DEADLINE, &what, || async {
+        (mock.realtime_sessions() == open).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
