@@ -119,6 +119,7 @@ fn body_refusal(error: &BoxError, limit: u64) -> Refusal {
 }
 
 /// What the body says that the caps, the provider and the receipt need.
+#[derive(Debug)]
 pub(super) struct Read {
     pub(super) facts: RequestFacts,
     /// The input tokens estimated from the body.
@@ -191,4 +192,91 @@ pub(super) fn inspect(
         }
     }
     Ok(Read { facts, input_tokens })
+}
+
+#[cfg(test)]
+mod tests {
+    use recovea_core::admission::{Decision, admit};
+    use recovea_core::ids::KeyId;
+    use recovea_core::keys::hash_secret;
+    use recovea_core::models::ModelAllowlist;
+    use recovea_core::snapshot::SnapshotBuilder;
+    use recovea_core::{Credential, CredentialHeader, Timestamp};
+    use recovea_providers::request_body::Ambiguity;
+
+    use super::*;
+
+    const SECRET: &str = "rk_0000000000000000000000000000000000000000body";
+
+    /// A context of a request admitted for a key whose organization may use `allowed` models.
+    fn admitted(allowed: Option<&[&str]>) -> RequestContext {
+        let org = OrgId::parse("org_a").expect("id");
+        let mut snapshot = SnapshotBuilder::new(1);
+        snapshot.org(org.clone());
+        snapshot.key(hash_secret(SECRET), KeyId::parse("key_a").expect("id"), org.clone(), None);
+        if let Some(models) = allowed {
+            let list = ModelAllowlist::parse(models.iter().map(|m| (*m).to_owned()).collect()).expect("list");
+            snapshot.org_allowed_models(org, list);
+        }
+        let snapshot = snapshot.build();
+        let credential = Credential { secret: SECRET, header: CredentialHeader::AuthorizationBearer };
+        let Decision::Admit(admitted) = admit(Some(&snapshot), Some(credential), Timestamp(0)) else {
+            panic!("the key is the snapshot's");
+        };
+        let mut ctx = RequestContext::new(Timestamp(0));
+        ctx.admitted = Some(admitted);
+        ctx
+    }
+
+    /// The body phase on `body` sent to `path`, in `ctx`.
+    fn read(ctx: &mut RequestContext, path: &str, surface: Surface, body: &str) -> Result<Read, Refusal> {
+        let route = recovea_providers::route_for(path, false).expect("a route");
+        let endpoint = recovea_core::endpoints::endpoint_of(route.upstream_path);
+        inspect(ctx, &HeaderMap::new(), &route, endpoint, surface, &Bytes::copy_from_slice(body.as_bytes()))
+    }
+
+    const CHAT: &str = "/v1/chat/completions";
+
+    #[test]
+    fn an_admitted_body_with_two_readings_is_refused_and_a_pass_goes_as_sent() {
+        let twice = r#"{"model":"gpt-4o-mini","model":"gpt-4o","messages":[]}"#;
+        let refused = read(&mut admitted(None), CHAT, Surface::ChatCompletions, twice);
+        assert!(
+            matches!(&refused, Err(Refusal::AmbiguousBody(Ambiguity::RepeatedMember(m))) if m == "model"),
+            "{refused:?}"
+        );
+        // A fail-open pass has no key to refuse for: its body goes to the provider as sent.
+        let pass = read(&mut RequestContext::new(Timestamp(0)), CHAT, Surface::ChatCompletions, twice);
+        assert!(pass.is_ok(), "{pass:?}");
+    }
+
+    #[test]
+    fn the_model_comes_from_the_body_else_the_path() {
+        let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+        let read_chat = read(&mut admitted(None), CHAT, Surface::ChatCompletions, body).expect("read");
+        assert_eq!(read_chat.facts.model.as_deref(), Some("gpt-4o"));
+        assert!(read_chat.input_tokens > 0);
+        let gemini = "/v1beta/models/gemini-2.0-flash:generateContent";
+        let read_gemini =
+            read(&mut admitted(None), gemini, Surface::GenerateContent, r#"{"contents":[]}"#).expect("read");
+        assert_eq!(read_gemini.facts.model.as_deref(), Some("gemini-2.0-flash"));
+    }
+
+    #[test]
+    fn a_model_outside_the_allowlist_or_unprintable_is_refused_before_the_caps() {
+        let mut ctx = admitted(Some(&["gpt-4o-mini"]));
+        let refused = read(&mut ctx, CHAT, Surface::ChatCompletions, r#"{"model":"gpt-4o","messages":[]}"#);
+        assert!(matches!(&refused, Err(Refusal::ModelNotAllowed(m)) if m == "gpt-4o"), "{refused:?}");
+        assert_eq!(ctx.refused_model.as_deref(), Some("gpt-4o"), "the log line names it");
+        let allowed =
+            read(&mut ctx, CHAT, Surface::ChatCompletions, r#"{"model":"gpt-4o-mini","messages":[]}"#);
+        assert!(allowed.is_ok(), "{allowed:?}");
+        let bell = read(
+            &mut admitted(None),
+            CHAT,
+            Surface::ChatCompletions,
+            r#"{"model":"gpt\u0007","messages":[]}"#,
+        );
+        assert!(matches!(bell, Err(Refusal::ModelName)), "{bell:?}");
+    }
 }
