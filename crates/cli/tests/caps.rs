@@ -271,8 +271,13 @@ async fn crossing_thresholds_raises_each_alert_once_and_posts_it_signed_with_ret
         assert_eq!(payload["type"], "cap.alert");
         assert_eq!(payload["cap"]["id"], cap["id"]);
     }
-    let spend = serve.ok(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
-    assert_eq!(spend["spend"][0]["spend_usd"], "0.003");
+    // The second receipt crosses the last threshold: the third may reach the ledger after both
+    // alerts are out.
+    let spend = harness::eventually(harness::DEADLINE, "the third receipt in the ledger", || async {
+        let spend = serve.ok(Method::GET, &format!("/orgs/{org_id}/spend"), None).await;
+        (spend["spend"][0]["spend_usd"] == "0.003").then_some(spend)
+    })
+    .await;
     // Reconciliation: the counters agree with the ledger once every receipt is in.
     assert_eq!(spend["spend"][0]["counter_usd"], "0.003");
     assert_eq!(spend["spend"][0]["drift_usd"], "0.00");

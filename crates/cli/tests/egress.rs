@@ -151,7 +151,8 @@ async fn a_provider_behind_a_private_ca_is_reached_through_an_egress_proxy_whose
 
     // With it, and HTTPS_PROXY: through a CONNECT tunnel, showing the proxy its credentials.
     let dir = temp_dir("egress-proxied");
-    let serve = serve_logged(&dir, &mock.url(), &["--upstream-ca-file", &ca], &[("HTTPS_PROXY", &proxy_url)]);
+    let mut serve =
+        serve_logged(&dir, &mock.url(), &["--upstream-ca-file", &ca], &[("HTTPS_PROXY", &proxy_url)]);
     let (_, secret) = tenant(&serve).await;
     assert_eq!(chat_status(&serve, &secret).await, (StatusCode::OK, Value::Null));
     let tunnel = Asked {
@@ -160,6 +161,8 @@ async fn a_provider_behind_a_private_ca_is_reached_through_an_egress_proxy_whose
     };
     assert_eq!(proxy.asked(), vec![tunnel.clone()]);
     assert_eq!(mock.requests().len(), 1);
+    // Stopped, not killed: the log's queue is written out before the file is read.
+    assert!(serve.process.terminate(std::time::Duration::from_secs(10)).is_some(), "serve stops on SIGTERM");
     drop(serve);
     let log = std::fs::read_to_string(dir.join("serve.log")).expect("log");
     assert!(log.contains("DEBUG"), "the log is at debug: {log}");
