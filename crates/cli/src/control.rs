@@ -24,7 +24,8 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), Failure> {
     let node_token = problems
         .check(args.node_token.as_deref().map(|token| operator_token("node-token", token)).transpose());
     let network = problems.check(args.providers.network());
-    let (Some(master_key), Some(admin), Some(node_token), Some(_)) = (master_key, admin, node_token, network)
+    let (Some(master_key), Some(admin), Some(node_token), Some(network)) =
+        (master_key, admin, node_token, network)
     else {
         return Err(problems.into());
     };
@@ -63,7 +64,7 @@ pub(crate) async fn run(args: ControlArgs) -> Result<(), Failure> {
             .with_jobs(Arc::clone(&jobs), poll_interval),
     );
     control.serve_nodes(node_token.as_deref(), sink);
-    let poller = poller_settings(poll_interval, &args.providers, Some(alerts))?;
+    let poller = poller_settings(poll_interval, &args.providers, &network, Some(alerts));
     control.publish_latest().await.map_err(|e| format!("loading the initial state: {e:?}"))?;
     jobs.refresh().await.map_err(|e| format!("reading the book of jobs: {e}"))?;
     let listener = bind("admin-listen", args.admin.admin_listen).await?;

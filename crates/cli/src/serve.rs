@@ -95,7 +95,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), Failure> {
             .with_limit(args.admin.store_limit())
             .with_jobs(Arc::clone(&jobs), poll_interval),
     );
-    let poller = poller_settings(poll_interval, &args.gateway.providers, Some(alerts))?;
+    let network = args.gateway.providers.network()?;
+    let poller = poller_settings(poll_interval, &args.gateway.providers, &network, Some(alerts));
     if let Err(e) = spool.ship_available(sink.as_ref()).await {
         tracing::warn!(error = %e, "the spool could not be delivered at start-up; it will be retried");
     }

@@ -18,7 +18,7 @@ use recovea_control::oidc::{OidcConfig, SignOn};
 use recovea_core::ConfigError;
 use recovea_core::config_error::non_blank;
 use recovea_store::postgres::Bounds;
-use recovea_upstream::Upstream;
+use recovea_upstream::{ProviderNetwork, Upstream};
 
 use crate::args::{AdminArgs, GatewayArgs, ProviderArgs, operator_token};
 use crate::data_dir;
@@ -31,24 +31,24 @@ pub(crate) struct Stores {
     pub(crate) jobs: Arc<dyn JobStore>,
 }
 
-/// The poller's settings: its interval, a provider client as nodes have (`network`), and the
-/// kinds' default base URLs.
+/// The poller's settings: its interval, a provider client as nodes have (reaching providers
+/// through `network`, as `providers` sets it), and the kinds' default base URLs.
 pub(crate) fn poller_settings(
     interval: Duration,
     providers: &ProviderArgs,
+    network: &ProviderNetwork,
     alerts: Option<Arc<recovea_control::alerts::Alerts>>,
-) -> Result<PollerSettings, ConfigError> {
-    let network = providers.network()?;
-    Ok(PollerSettings {
+) -> PollerSettings {
+    PollerSettings {
         interval,
-        upstream: Upstream::new(providers.connect_timeout, 0, &network),
+        upstream: Upstream::new(providers.connect_timeout, 0, network),
         defaults: ProviderDefaults {
             openai: providers.openai_base_url.clone(),
             anthropic: providers.anthropic_base_url.clone(),
             gemini: providers.gemini_base_url.clone(),
         },
         alerts,
-    })
+    }
 }
 
 /// The admin API's settings (`serve`, `control`), every one checked before anything starts.
@@ -65,13 +65,11 @@ impl AdminSettings {
         let mut problems = Problems::default();
         let bounds = problems.check(admin.database_bounds());
         let sign_on = problems.check(admin.oidc.config());
-        let given = |value: &Option<String>, check: &dyn Fn(&str) -> Result<String, ConfigError>| {
-            value.as_deref().map(check).transpose()
-        };
-        let admin_token =
-            problems.check(given(&admin.admin_token, &|token| operator_token("admin-token", token)));
-        let alert_signing_secret = problems
-            .check(given(&admin.alert_signing_secret, &|secret| non_blank("alert-signing-secret", secret)));
+        let admin_token = admin.admin_token.as_deref().map(|token| operator_token("admin-token", token));
+        let admin_token = problems.check(admin_token.transpose());
+        let alert_signing_secret =
+            admin.alert_signing_secret.as_deref().map(|secret| non_blank("alert-signing-secret", secret));
+        let alert_signing_secret = problems.check(alert_signing_secret.transpose());
         let (Some(bounds), Some(sign_on), Some(admin_token), Some(alert_signing_secret)) =
             (bounds, sign_on, admin_token, alert_signing_secret)
         else {
