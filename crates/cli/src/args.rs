@@ -12,7 +12,7 @@ use recovea_gateway::log_writer::{DEFAULT_LOG_QUEUE_LINES, LogFlusher, bounded_s
 use recovea_gateway::spool::{DEFAULT_MEMORY_BOUND, MemoryBound};
 use recovea_gateway::{
     ConfigError, DEFAULT_HTTP2_CONNECTIONS, Egress, GatewayConfig, GatewaySettings, PrivateNetworks,
-    ProviderNetwork, default_max_connections,
+    ProviderNetwork, TraceTarget, default_max_connections,
 };
 
 use crate::failure::{Failure, Problems};
@@ -192,39 +192,40 @@ impl ProviderArgs {
 
 impl GatewayArgs {
     /// The node's configuration, every setting checked: a start-up that fails names every wrong
-    /// setting at once, one a line.
+    /// setting at once.
     pub(crate) fn config(&self) -> Result<GatewayConfig, Failure> {
         let providers = &self.providers;
-        let mut problems = Problems::default();
         let settings = GatewaySettings {
             openai_base_url: providers.openai_base_url.clone(),
             anthropic_base_url: providers.anthropic_base_url.clone(),
+            gemini_base_url: providers.gemini_base_url.clone(),
             max_body_bytes: self.max_body_size,
+            body_memory: Some(self.body_memory),
             upstream_timeout: self.upstream_timeout,
             connect_timeout: providers.connect_timeout,
             body_read_timeout: self.request_body_timeout,
             counter_max_age: self.counter_max_age,
+            stream_idle_timeout: self.stream_idle_timeout,
+            max_connections: self
+                .max_connections
+                .unwrap_or_else(|| default_max_connections(descriptor_limit())),
+            alarm_webhook: self.alarm_webhook.clone(),
+            alarm_interval: self.alarm_interval,
+            metrics_token: self.metrics_token.clone(),
+            traces: self.otlp_endpoint.as_ref().map(|endpoint| TraceTarget {
+                endpoint: endpoint.clone(),
+                service_name: Some(self.otlp_service_name.clone()),
+            }),
         };
-        let built = problems.check(GatewayConfig::new(settings.clone()));
-        // Wrong base settings still leave the others to check: against a stand-in with valid ones.
-        let mut config = built.clone().unwrap_or_else(|| stand_in(settings));
-        let max_connections =
-            self.max_connections.unwrap_or_else(|| default_max_connections(descriptor_limit()));
-        problems.apply(&mut config, |c| c.with_gemini_base_url(&providers.gemini_base_url));
-        problems.apply(&mut config, |c| c.with_alarm(self.alarm_webhook.as_deref(), self.alarm_interval));
-        problems.apply(&mut config, |c| c.with_stream_idle_timeout(self.stream_idle_timeout));
-        problems.apply(&mut config, |c| c.with_body_memory(self.body_memory));
-        problems.apply(&mut config, |c| c.with_max_connections(max_connections));
-        problems.apply(&mut config, |c| c.with_metrics_token(self.metrics_token.as_deref()));
-        if let Some(endpoint) = self.otlp_endpoint.as_deref() {
-            problems.apply(&mut config, |c| c.with_traces(endpoint, Some(&self.otlp_service_name)));
-        }
+        let mut problems = Problems::default();
+        let config = problems.check(GatewayConfig::new(settings));
         let network = problems.check(providers.network());
-        let config = config
+        let (Some(config), Some(network)) = (config, network) else { return Err(problems.into()) };
+        Ok(config
+            .with_network(network)
             .with_memory_release(crate::allocator::release_freed_memory)
             .with_access_log(self.access_log)
-            .with_metrics_elsewhere(self.metrics_listen.is_some());
-        problems.into_result(built.and(network).map(|network| config.with_network(network)))
+            .with_metrics_elsewhere(self.metrics_listen.is_some()))
     }
 
     /// The shared Redis, if any: its URL and the certificates read from their files.
@@ -241,25 +242,6 @@ impl GatewayArgs {
     pub(crate) fn spool_memory(&self) -> MemoryBound {
         let bytes = usize::try_from(self.spool_memory_bytes).unwrap_or(usize::MAX);
         MemoryBound { receipts: self.spool_memory_receipts, bytes }
-    }
-}
-
-/// A configuration with valid base settings in place of `given`'s, only to check the other settings
-/// against when the base ones are wrong; never served.
-fn stand_in(given: GatewaySettings) -> GatewayConfig {
-    let second = Duration::from_secs(1);
-    let valid = GatewaySettings {
-        openai_base_url: "https://api.openai.com".to_owned(),
-        anthropic_base_url: "https://api.anthropic.com".to_owned(),
-        upstream_timeout: second,
-        connect_timeout: second,
-        body_read_timeout: second,
-        counter_max_age: second,
-        ..given
-    };
-    match GatewayConfig::new(valid) {
-        Ok(config) => config,
-        Err(e) => unreachable!("the stand-in's settings are valid: {e:?}"),
     }
 }
 

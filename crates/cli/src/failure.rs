@@ -42,27 +42,6 @@ impl Problems {
     pub(crate) fn check<T, E: Into<Vec<ConfigError>>>(&mut self, result: Result<T, E>) -> Option<T> {
         result.map_err(|e| self.0.extend(e.into())).ok()
     }
-
-    /// Applies `step` to `value`; a step that fails is noted and leaves `value` as it was, so
-    /// that the next steps are checked too.
-    pub(crate) fn apply<T: Clone, E: Into<Vec<ConfigError>>>(
-        &mut self,
-        value: &mut T,
-        step: impl FnOnce(T) -> Result<T, E>,
-    ) {
-        if let Some(stepped) = self.check(step(value.clone())) {
-            *value = stepped;
-        }
-    }
-
-    /// `value` when nothing was wrong, else every problem. (A `None` always comes with a problem
-    /// noted: [`Problems::check`] made it.)
-    pub(crate) fn into_result<T>(self, value: Option<T>) -> Result<T, Failure> {
-        match value {
-            Some(value) if self.0.is_empty() => Ok(value),
-            _ => Err(Failure(self.0)),
-        }
-    }
 }
 
 impl From<Problems> for Failure {

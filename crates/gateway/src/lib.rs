@@ -32,7 +32,7 @@ mod trace;
 
 pub use config::{
     ConfigError, DEFAULT_ALARM_INTERVAL, DEFAULT_BODY_MEMORY, DEFAULT_GEMINI_BASE_URL, GatewayConfig,
-    GatewaySettings, default_max_connections,
+    GatewaySettings, TraceTarget, default_max_connections,
 };
 pub use control_link::ControlLink;
 pub use feed::book::follow_book;

@@ -16,7 +16,7 @@ use recovea_core::receipt::Receipt;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_core::usage::UsageSource;
 use recovea_counters::InProcess;
-use recovea_gateway::GatewayConfig;
+use recovea_gateway::{GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider};
 use serde_json::json;
 
@@ -31,10 +31,8 @@ impl Harness {
     /// A node whose organization has OpenAI, Anthropic and Gemini credentials, all at the mock.
     async fn start() -> Self {
         let mock = MockProvider::start().await;
-        let config = GatewayConfig::new(support::settings(&mock.url()))
-            .expect("valid config")
-            .with_gemini_base_url(&mock.url())
-            .expect("valid URL");
+        let settings = GatewaySettings { gemini_base_url: mock.url(), ..support::settings(&mock.url()) };
+        let config = GatewayConfig::new(settings).expect("valid config");
         let snapshot = snapshot(&mock.url());
         let h = Self::serve(mock, config, Some(snapshot)).await;
         h.confirm(&InProcess::default()).await;

@@ -37,11 +37,13 @@ impl Harness {
     /// A node with no snapshot yet, in front of the mock, alarming to `webhook`.
     async fn start(webhook: &str, alarm_interval: Duration) -> Self {
         let mock = MockProvider::start().await;
-        let settings =
-            GatewaySettings { upstream_timeout: Duration::from_secs(5), ..support::settings(&mock.url()) };
-        let config = GatewayConfig::new(settings)
-            .and_then(|config| config.with_alarm(Some(webhook), alarm_interval))
-            .expect("valid config");
+        let settings = GatewaySettings {
+            upstream_timeout: Duration::from_secs(5),
+            alarm_webhook: Some(webhook.to_owned()),
+            alarm_interval,
+            ..support::settings(&mock.url())
+        };
+        let config = GatewayConfig::new(settings).expect("valid config");
         Self::serve(mock, config, None).await
     }
 
@@ -291,27 +293,22 @@ async fn a_dead_webhook_never_reaches_traffic() {
 
 #[test]
 fn alarm_settings_are_checked() {
-    let config = || {
+    let config = |alarm_webhook: Option<&str>, alarm_interval: Duration| {
         GatewayConfig::new(GatewaySettings {
-            openai_base_url: "http://127.0.0.1:9".into(),
-            anthropic_base_url: "http://127.0.0.1:9".into(),
-            max_body_bytes: 1024,
-            upstream_timeout: Duration::from_secs(1),
-            connect_timeout: Duration::from_secs(1),
-            body_read_timeout: Duration::from_secs(1),
-            counter_max_age: Duration::from_secs(1),
+            alarm_webhook: alarm_webhook.map(str::to_owned),
+            alarm_interval,
+            ..support::settings("http://127.0.0.1:9")
         })
-        .expect("valid config")
     };
     let second = Duration::from_secs(1);
-    assert!(config().with_alarm(None, second).is_ok());
-    assert!(config().with_alarm(Some("https://hooks.example.com/recovea?token=t"), second).is_ok());
-    let error = config().with_alarm(Some("hooks.example.com"), second).expect_err("no scheme");
+    assert!(config(None, second).is_ok());
+    assert!(config(Some("https://hooks.example.com/recovea?token=t"), second).is_ok());
+    let error = config(Some("hooks.example.com"), second).expect_err("no scheme");
     assert!(matches!(&error[..], [e] if e.flag == Some("alarm-webhook")), "{error:?}");
-    let error = config().with_alarm(None, Duration::ZERO).expect_err("zero interval");
+    let error = config(None, Duration::ZERO).expect_err("zero interval");
     assert_eq!(error, [ConfigError::zero("alarm-interval")]);
     // Both wrong: both named, the interval's problem first.
-    let error = config().with_alarm(Some("hooks.example.com"), Duration::ZERO).expect_err("both");
+    let error = config(Some("hooks.example.com"), Duration::ZERO).expect_err("both");
     let flags: Vec<_> = error.iter().map(|e| e.flag).collect();
     assert_eq!(flags, [Some("alarm-interval"), Some("alarm-webhook")]);
 }

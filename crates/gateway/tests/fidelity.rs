@@ -64,10 +64,9 @@ impl Harness {
 
     async fn start_confirmed(max_body_bytes: u64, confirmed: bool) -> Self {
         let mock = MockProvider::start().await;
-        let config = GatewayConfig::new(GatewaySettings { max_body_bytes, ..support::settings(&mock.url()) })
-            .expect("valid config")
-            .with_gemini_base_url(&mock.url())
-            .expect("the mock's URL");
+        let settings =
+            GatewaySettings { max_body_bytes, gemini_base_url: mock.url(), ..support::settings(&mock.url()) };
+        let config = GatewayConfig::new(settings).expect("valid config");
         let h = Self::serve(mock, config, Some(snapshot())).await;
         if confirmed {
             h.confirm(&InProcess::default()).await;

@@ -12,7 +12,7 @@ use recovea_core::models::ModelAllowlist;
 use recovea_core::money::Nanos;
 use recovea_core::snapshot::{ProviderCredential, ProviderKind, SnapshotBuilder};
 use recovea_counters::InProcess;
-use recovea_gateway::GatewayConfig;
+use recovea_gateway::{GatewayConfig, GatewaySettings};
 use recovea_testkit::{Behaviour, MockProvider, RecordedRequest};
 use serde_json::json;
 
@@ -41,10 +41,9 @@ impl Harness {
     /// Gemini's default base URL is the mock's: the default OpenAI and Anthropic ones lead nowhere.
     async fn start_with(installed: bool) -> Self {
         let mock = MockProvider::start().await;
-        let config = GatewayConfig::new(support::settings("http://127.0.0.1:9"))
-            .expect("valid config")
-            .with_gemini_base_url(&mock.url())
-            .expect("valid URL");
+        let settings =
+            GatewaySettings { gemini_base_url: mock.url(), ..support::settings("http://127.0.0.1:9") };
+        let config = GatewayConfig::new(settings).expect("valid config");
         let snapshot = installed.then(|| snapshot(&mock.url()));
         let h = Self::serve(mock, config, snapshot).await;
         h.confirm(&InProcess::default()).await;

@@ -1342,9 +1342,12 @@ const IDLE: Duration = Duration::from_millis(300);
 /// A gateway whose answers are cut after [`IDLE`] of silence, its org under `caps`.
 async fn stalling(caps: Vec<Cap>) -> Harness {
     let mock = MockProvider::start().await;
-    let cfg = config(&mock.url(), &mock.url(), 1 << 20, Duration::from_secs(5))
-        .with_stream_idle_timeout(IDLE)
-        .expect("valid limit");
+    let settings = GatewaySettings {
+        stream_idle_timeout: IDLE,
+        upstream_timeout: Duration::from_secs(5),
+        ..support::settings(&mock.url())
+    };
+    let cfg = GatewayConfig::new(settings).expect("valid config");
     let h = Harness::with_caps(mock, cfg, true, caps).await;
     h.confirm(&InProcess::default()).await;
     h
@@ -1522,7 +1525,7 @@ async fn a_body_without_room_in_the_nodes_memory_is_503_while_another_organizati
         GatewaySettings { body_read_timeout: Duration::from_secs(1), ..support::settings(&mock.url()) };
     // 1 MiB bodies at most, 2 MiB for all of them: one organization may hold 1 MiB.
     let config =
-        GatewayConfig::new(settings).expect("valid config").with_body_memory(2 << 20).expect("twice");
+        GatewayConfig::new(GatewaySettings { body_memory: Some(2 << 20), ..settings }).expect("valid config");
     let h = Harness::with_config(mock, config, true).await;
     // The first body holds org_acme's share while the provider takes 3 s to answer it.
     h.mock.script(Behaviour::default().delay_ms(3000));

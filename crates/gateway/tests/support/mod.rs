@@ -145,6 +145,14 @@ pub fn settings(provider_url: &str) -> GatewaySettings {
         connect_timeout: Duration::from_millis(500),
         body_read_timeout: Duration::from_secs(2),
         counter_max_age: Duration::from_secs(60),
+        gemini_base_url: recovea_gateway::DEFAULT_GEMINI_BASE_URL.to_owned(),
+        body_memory: None,
+        stream_idle_timeout: recovea_gateway::DEFAULT_STREAM_IDLE_TIMEOUT,
+        max_connections: recovea_gateway::default_max_connections(None),
+        alarm_webhook: None,
+        alarm_interval: recovea_gateway::DEFAULT_ALARM_INTERVAL,
+        metrics_token: None,
+        traces: None,
     }
 }
 
