@@ -55,6 +55,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), Failure> {
 
     let (counters, shared_counters) = counters(&node_id, redis.as_ref())?;
     let rate_share = rate_share(redis.as_ref())?;
+    let network = config.network().clone();
     let gateway = Gateway::new(config, &spool, &node_id, Arc::clone(&counters));
     let publish_to = gateway.clone();
     let opener = master_key.clone();
@@ -95,7 +96,6 @@ pub(crate) async fn run(args: ServeArgs) -> Result<(), Failure> {
             .with_limit(args.admin.store_limit())
             .with_jobs(Arc::clone(&jobs), poll_interval),
     );
-    let network = args.gateway.providers.network()?;
     let poller = poller_settings(poll_interval, &args.gateway.providers, &network, Some(alerts));
     if let Err(e) = spool.ship_available(sink.as_ref()).await {
         tracing::warn!(error = %e, "the spool could not be delivered at start-up; it will be retried");

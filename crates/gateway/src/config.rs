@@ -208,6 +208,12 @@ impl GatewayConfig {
         self
     }
 
+    /// How providers are reached: the control plane's job poller in the same process reaches them
+    /// as the node does.
+    pub fn network(&self) -> &ProviderNetwork {
+        &self.network
+    }
+
     /// The node's base URL for a kind; `None` for Azure OpenAI, whose endpoint is each resource's
     /// own (a credential of that kind always has one).
     pub(crate) fn default_base_url(&self, kind: ProviderKind) -> Option<&str> {
