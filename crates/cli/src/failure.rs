@@ -2,6 +2,7 @@
 //! the value came from (the flag, or its environment variable) without reading the message.
 
 use recovea_core::ConfigError;
+pub(crate) use recovea_core::config_error::Problems;
 
 /// What stopped a command: the wrong settings found (all of them, where they could be checked
 /// together), or one error of another kind (a port taken, a database away).
@@ -33,19 +34,8 @@ impl From<Failure> for Vec<ConfigError> {
     }
 }
 
-/// Every problem of a set of settings, kept to be reported together.
-#[derive(Default)]
-pub(crate) struct Problems(Vec<ConfigError>);
-
-impl Problems {
-    /// The value of `result`, or `None` with its problems noted.
-    pub(crate) fn check<T, E: Into<Vec<ConfigError>>>(&mut self, result: Result<T, E>) -> Option<T> {
-        result.map_err(|e| self.0.extend(e.into())).ok()
-    }
-}
-
 impl From<Problems> for Failure {
     fn from(problems: Problems) -> Self {
-        Failure(problems.0)
+        Failure(problems.into())
     }
 }

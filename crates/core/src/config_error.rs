@@ -35,6 +35,32 @@ impl ConfigError {
     }
 }
 
+/// Every problem of a set of settings, kept to be reported together: each setting is checked
+/// even when an earlier one was wrong.
+#[derive(Debug, Default)]
+pub struct Problems(Vec<ConfigError>);
+
+impl Problems {
+    /// The value of `result`, or `None` with its problems noted.
+    pub fn check<T, E: Into<Vec<ConfigError>>>(&mut self, result: Result<T, E>) -> Option<T> {
+        result.map_err(|e| self.0.extend(e.into())).ok()
+    }
+
+    pub fn push(&mut self, problem: ConfigError) {
+        self.0.push(problem);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl From<Problems> for Vec<ConfigError> {
+    fn from(problems: Problems) -> Self {
+        problems.0
+    }
+}
+
 /// `value` trimmed, refused when blank: a name or secret of blanks is a mistake, never a choice.
 pub fn non_blank(flag: &'static str, value: &str) -> Result<String, ConfigError> {
     let value = value.trim();

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 pub use recovea_core::ConfigError;
+use recovea_core::config_error::Problems;
 use recovea_core::snapshot::ProviderKind;
 use recovea_upstream::ProviderNetwork;
 
@@ -98,7 +99,8 @@ pub const DEFAULT_ALARM_INTERVAL: Duration = Duration::from_secs(10);
 impl GatewayConfig {
     /// The configuration of `settings`, or every setting that is wrong.
     pub fn new(settings: GatewaySettings) -> Result<Self, Vec<ConfigError>> {
-        let mut wrong: Vec<ConfigError> = [
+        let mut problems = Problems::default();
+        let zero = [
             ("upstream-timeout", settings.upstream_timeout),
             ("connect-timeout", settings.connect_timeout),
             ("request-body-timeout", settings.body_read_timeout),
@@ -108,32 +110,31 @@ impl GatewayConfig {
         ]
         .into_iter()
         .filter(|(_, value)| value.is_zero())
-        .map(|(flag, _)| ConfigError::zero(flag))
-        .collect();
+        .map(|(flag, _)| ConfigError::zero(flag));
+        zero.for_each(|problem| problems.push(problem));
         if settings.max_connections == 0 {
-            wrong.push(ConfigError::zero("max-connections"));
+            problems.push(ConfigError::zero("max-connections"));
         }
-        let openai_base_url = noted(&mut wrong, base_url("openai-base-url", &settings.openai_base_url));
-        let anthropic_base_url =
-            noted(&mut wrong, base_url("anthropic-base-url", &settings.anthropic_base_url));
-        let gemini_base_url = noted(&mut wrong, base_url("gemini-base-url", &settings.gemini_base_url));
+        let openai_base_url = problems.check(base_url("openai-base-url", &settings.openai_base_url));
+        let anthropic_base_url = problems.check(base_url("anthropic-base-url", &settings.anthropic_base_url));
+        let gemini_base_url = problems.check(base_url("gemini-base-url", &settings.gemini_base_url));
         let alarm_webhook = settings
             .alarm_webhook
             .as_deref()
             .map(|url| parse_webhook(url).map_err(|why| ConfigError::flag("alarm-webhook", why)));
-        let alarm_webhook = noted(&mut wrong, alarm_webhook.transpose());
+        let alarm_webhook = problems.check(alarm_webhook.transpose());
         let metrics_token_hash = settings.metrics_token.as_deref().map(|token| {
             let token = recovea_core::keys::operator_token(token)
                 .map_err(|why| ConfigError::flag("metrics-token", why));
             token.map(recovea_core::keys::hash_secret)
         });
-        let metrics_token_hash = noted(&mut wrong, metrics_token_hash.transpose());
+        let metrics_token_hash = problems.check(metrics_token_hash.transpose());
         let traces = settings
             .traces
             .as_ref()
             .map(|target| crate::trace::TraceSettings::new(&target.endpoint, target.service_name.as_deref()));
-        let traces = noted(&mut wrong, traces.transpose());
-        let body_memory = noted(&mut wrong, body_memory(settings.body_memory, settings.max_body_bytes));
+        let traces = problems.check(traces.transpose());
+        let body_memory = problems.check(body_memory(settings.body_memory, settings.max_body_bytes));
         let (
             Some(openai_base_url),
             Some(anthropic_base_url),
@@ -151,10 +152,10 @@ impl GatewayConfig {
             metrics_token_hash,
             traces,
             body_memory,
-            wrong.is_empty(),
+            problems.is_empty(),
         )
         else {
-            return Err(wrong);
+            return Err(problems.into());
         };
         Ok(Self {
             openai_base_url,
@@ -224,11 +225,6 @@ impl GatewayConfig {
             ProviderKind::AzureOpenAi => None,
         }
     }
-}
-
-/// The value of `checked`, or `None` with its problem added to `wrong`.
-fn noted<T>(wrong: &mut Vec<ConfigError>, checked: Result<T, ConfigError>) -> Option<T> {
-    checked.map_err(|e| wrong.push(e)).ok()
 }
 
 /// The memory bodies may take at once: `given`, which must hold two of the largest bodies, or by
